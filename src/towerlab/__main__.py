@@ -1,0 +1,3 @@
+from towerlab.cli import main
+
+raise SystemExit(main())

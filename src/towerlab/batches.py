@@ -1,0 +1,160 @@
+"""Minibatches for one replica, in the three input modes of the seeds.
+
+Every rank draws the same permutation of the training set from (seed + epoch) and takes
+`perm[rank::world_size]`, cut to `steps_per_epoch * batch_size`. So 2 replicas with batch B see,
+step for step, exactly the examples 1 replica with batch 2B sees.
+
+- `resident`: the split is moved to the device once, as uint8; batches are gathered there.
+- `feed`: the split stays on the host; each batch is gathered on the host and copied over (the
+  seeds' "direct feed").
+- `queue`: a background thread gathers the next batches into pinned host memory while the device
+  works on the current one (the seeds' "batching" queue).
+
+All three yield the same numbers: uint8 -> float, scaled and normalised on the device.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from typing import Iterator
+
+import torch
+
+from towerlab.distributed import Context
+
+PREFETCH = 4  # batches the queue mode keeps ready
+
+
+def mix_seed(*parts: int) -> int:
+    """A 63-bit seed from integers (splitmix64 steps), for per-step and per-rank streams."""
+    state = 0x9E3779B97F4A7C15
+    for part in parts:
+        state = (state ^ (part & 0xFFFFFFFFFFFFFFFF)) * 0xBF58476D1CE4E5B9 & 0xFFFFFFFFFFFFFFFF
+        state = (state ^ (state >> 31)) * 0x94D049BB133111EB & 0xFFFFFFFFFFFFFFFF
+    return state >> 1
+
+
+class Normalizer:
+    """uint8 images -> normalised float, as one multiply-add: (x/255 - mean)/std = x*scale + shift."""
+
+    def __init__(self, mean: tuple[float, ...], std: tuple[float, ...], device: torch.device,
+                 channels_last: bool = False):
+        m = torch.tensor(mean, dtype=torch.float32, device=device).view(1, -1, 1, 1)
+        s = torch.tensor(std, dtype=torch.float32, device=device).view(1, -1, 1, 1)
+        self.scale = 1.0 / (255.0 * s)
+        self.shift = -m / s
+        self.memory_format = torch.channels_last if channels_last else torch.contiguous_format
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        x = torch.addcmul(self.shift, x.float(), self.scale)
+        return x.contiguous(memory_format=self.memory_format)
+
+
+def augment(x: torch.Tensor, generator: torch.Generator, pad: int = 4) -> torch.Tensor:
+    """Random crop after zero padding, and a random horizontal flip, on the device (uint8 in, uint8 out)."""
+    n, _, h, w = x.shape
+    padded = torch.nn.functional.pad(x, (pad, pad, pad, pad))
+    dy = torch.randint(0, 2 * pad + 1, (n,), device=x.device, generator=generator)
+    dx = torch.randint(0, 2 * pad + 1, (n,), device=x.device, generator=generator)
+    rows = (dy[:, None] + torch.arange(h, device=x.device)[None, :])[:, None, :, None]
+    cols = (dx[:, None] + torch.arange(w, device=x.device)[None, :])[:, None, None, :]
+    batch = torch.arange(n, device=x.device)[:, None, None, None]
+    chan = torch.arange(x.shape[1], device=x.device)[None, :, None, None]
+    out = padded[batch, chan, rows, cols]
+    flip = torch.rand(n, device=x.device, generator=generator) < 0.5
+    return torch.where(flip[:, None, None, None], out.flip(3), out)
+
+
+class Batches:
+    """This rank's minibatches of one split."""
+
+    def __init__(self, x: torch.Tensor, y: torch.Tensor, ctx: Context, batch_size: int, seed: int,
+                 mode: str, normalize: Normalizer, augment_images: bool = False):
+        self.ctx = ctx
+        self.batch_size = batch_size
+        self.seed = seed
+        self.mode = mode
+        self.normalize = normalize
+        self.augment_images = augment_images
+        self.n = x.shape[0]
+        self.steps_per_epoch = (self.n // ctx.world_size) // batch_size
+        on_device = mode == "resident"
+        self.x = x.to(ctx.device) if on_device else x
+        self.y = y.to(ctx.device) if on_device else y
+        self.pin = ctx.device.type == "cuda" and mode == "queue"
+        self.generator = torch.Generator(device=ctx.device) if augment_images else None
+
+    def indices(self, epoch: int) -> torch.Tensor:
+        """This rank's example indices for `epoch`, identical on every run with the same seed."""
+        g = torch.Generator().manual_seed(self.seed + epoch)
+        perm = torch.randperm(self.n, generator=g)
+        mine = perm[self.ctx.rank::self.ctx.world_size][: self.steps_per_epoch * self.batch_size]
+        return mine.to(self.x.device)
+
+    def epoch(self, epoch: int, start_step: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """Batches `start_step` .. end of `epoch` (a resumed epoch starts mid-way)."""
+        idx = self.indices(epoch)
+        steps = range(start_step, self.steps_per_epoch)
+        chunks = (idx[s * self.batch_size:(s + 1) * self.batch_size] for s in steps)
+        if self.mode == "queue":
+            source = _prefetch(((self.x[i], self.y[i]) for i in chunks), self.pin)
+        else:
+            source = ((self.x[i], self.y[i]) for i in chunks)
+        for step, (xb, yb) in zip(steps, source):
+            xb = xb.to(self.ctx.device, non_blocking=self.pin)
+            yb = yb.to(self.ctx.device, non_blocking=self.pin)
+            if self.augment_images:
+                self.generator.manual_seed(mix_seed(self.seed, self.ctx.rank, epoch, step))
+                xb = augment(xb, self.generator)
+            yield self.normalize(xb), yb
+
+
+def _prefetch(items: Iterator[tuple[torch.Tensor, torch.Tensor]], pin: bool
+              ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Run `items` in a daemon thread, PREFETCH ahead, optionally into pinned memory."""
+    ready: queue.Queue = queue.Queue(maxsize=PREFETCH)
+    done = object()
+    stop = threading.Event()
+
+    def put(item: object) -> bool:
+        # Give up once the consumer has gone, so an abandoned epoch never leaves a thread blocked.
+        while not stop.is_set():
+            try:
+                ready.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def produce() -> None:
+        try:
+            for xb, yb in items:
+                if not put((xb.pin_memory(), yb.pin_memory()) if pin else (xb, yb)):
+                    return
+        except BaseException as exc:  # noqa: BLE001 - handed to the consumer, re-raised there
+            put(exc)
+            return
+        put(done)
+
+    thread = threading.Thread(target=produce, name="towerlab-prefetch", daemon=True)
+    thread.start()
+    try:
+        while True:
+            item = ready.get()
+            if item is done:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()
+
+
+def eval_batches(x: torch.Tensor, y: torch.Tensor, ctx: Context, batch_size: int,
+                 normalize: Normalizer) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """This rank's shard of an evaluation split (`rank::world_size`), in large batches."""
+    xs, ys = x[ctx.rank::ctx.world_size], y[ctx.rank::ctx.world_size]
+    for start in range(0, xs.shape[0], batch_size):
+        xb = xs[start:start + batch_size].to(ctx.device)
+        yield normalize(xb), ys[start:start + batch_size].to(ctx.device)

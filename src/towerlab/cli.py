@@ -1,0 +1,126 @@
+"""The command line: the only module that reads argv and chooses the exit status.
+
+User mistakes (`UserError`) become one line on stderr and exit status 2; Ctrl-C and SIGTERM exit
+130 and 143 after the run saved what it had; anything else is our bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Sequence
+
+# The Agg backend before anything imports pyplot: plots are files, never windows.
+os.environ.setdefault("MPLBACKEND", "Agg")
+
+from towerlab import __version__  # noqa: E402
+from towerlab.config import RunConfig, TrainConfig, add_arguments, given, replace  # noqa: E402
+from towerlab.distributed import EXIT_USER_ERROR, Interrupted  # noqa: E402
+from towerlab.errors import UserError  # noqa: E402
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # argparse's own errors: one line, exit 2, like ours
+        raise UserError(f"{message} (see {self.prog} --help)")
+
+
+def _train_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("train", help="train a network over one or more replicas",
+                       description="Synchronous data-parallel training: one replica per device, gradients "
+                                   "averaged every step (all-reduce or a CPU parameter server).")
+    add_arguments(p, TrainConfig)
+    add_arguments(p, RunConfig)
+    p.set_defaults(handler=_cmd_train)
+
+
+def _data_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("data", help="download datasets or show which are found")
+    data_sub = p.add_subparsers(dest="data_command", required=True, parser_class=_Parser)
+    fetch = data_sub.add_parser("fetch", help="download a dataset's official files (checksums verified)")
+    fetch.add_argument("name", help="mnist, fashion-mnist or cifar10")
+    fetch.add_argument("--data-dir", default=None, help="target folder (default: $TOWERLAB_DATA, else the user cache)")
+    fetch.set_defaults(handler=_cmd_data_fetch)
+    info = data_sub.add_parser("info", help="which datasets are found where")
+    info.add_argument("--data-dir", default=None, help="folder to look in (default: $TOWERLAB_DATA, else the user cache)")
+    info.set_defaults(handler=_cmd_data_info)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="towerlab", description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--version", action="version", version=f"towerlab {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    _train_parser(sub)
+    _data_parser(sub)
+    return parser
+
+
+def resolve_train(args: argparse.Namespace) -> tuple[TrainConfig, RunConfig]:
+    """The run's configs: from the flags, or for --resume from the stored run (where only run
+    options may be changed)."""
+    from towerlab.runner import read_run_config
+
+    train_given, run_given = given(args, TrainConfig), given(args, RunConfig)
+    if "resume" not in run_given:
+        return TrainConfig(**train_given), RunConfig(**run_given)
+    folder = Path(run_given["resume"])
+    cfg, stored_run = read_run_config(folder)
+    changed = [k for k, v in train_given.items() if getattr(cfg, k) != v]
+    if changed:
+        flags = ", ".join("--" + k.replace("_", "-") for k in changed)
+        raise UserError(f"--resume continues the stored run, whose {flags} differ(s) from what you passed: "
+                        "drop those flags or start a new run")
+    if "devices" in run_given and run_given["devices"] != stored_run.devices:
+        raise UserError(f"{folder} was trained on {stored_run.devices} replica(s): resume with "
+                        f"--devices {stored_run.devices} so the result equals an uninterrupted run")
+    return cfg, replace(stored_run, **{**run_given, "out": str(folder)})
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    from towerlab.runner import start
+
+    cfg, run = resolve_train(args)
+    return start(cfg, run)
+
+
+def _cmd_data_fetch(args: argparse.Namespace) -> int:
+    from towerlab.data import resolve_data_dir
+    from towerlab.fetch import fetch
+
+    folder = resolve_data_dir(args.data_dir)
+    paths = fetch(args.name, folder, progress=lambda line: print(line, flush=True))
+    for path in paths:
+        print(path)
+    return 0
+
+
+def _cmd_data_info(args: argparse.Namespace) -> int:
+    from towerlab.data import dataset_info, resolve_data_dir
+
+    folder = resolve_data_dir(args.data_dir)
+    print(f"data folder: {folder}")
+    for row in dataset_info(folder):
+        where = row.get("path") or row.get("where") or ""
+        status = "found" if row.get("found") else "missing"
+        print(f"  {row['name']:<14} {status:<8} {row.get('format') or '':<13} {where}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+        return int(args.handler(args) or 0)
+    except UserError as exc:
+        print(f"towerlab: error: {exc}", file=sys.stderr, flush=True)
+        return EXIT_USER_ERROR
+    except Interrupted as exc:
+        return exc.exit_status
+    except KeyboardInterrupt:
+        print("towerlab: interrupted", file=sys.stderr, flush=True)
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,285 @@
+"""Typed, frozen run configuration and its command-line mapping. Standard library only.
+
+One dataclass per concern: `TrainConfig` holds what changes the numbers (the searchable
+hyperparameters), `RunConfig` holds where and how the run happens (devices, paths, logging).
+Every field carries its help text; the CLI flags are generated from the fields, so a flag and
+a config key cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from towerlab.errors import UserError
+
+DATASETS = ("mnist", "fashion-mnist", "cifar10", "synthetic")
+MODELS = ("lenet5", "cifarnet", "convnet", "mlp", "cnn")
+OPTIMIZERS = ("adam", "sgd", "rmsprop", "adagrad", "adadelta", "adamax", "nadam")
+SCHEDULES = ("constant", "onecycle")
+STRATEGIES = ("ddp", "ps")
+INPUTS = ("resident", "feed", "queue")
+PRECISIONS = ("fp32", "bf16")
+
+
+def _opt(default: Any, help: str, **meta: Any) -> Any:
+    return field(default=default, metadata={"help": help, **meta})
+
+
+def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise UserError(f"unknown {name} {value!r}: choose one of {', '.join(choices)}")
+
+
+def _check_positive(name: str, value: float | int | None, *, allow_none: bool = False) -> None:
+    if value is None and allow_none:
+        return
+    if value is None or value <= 0:
+        raise UserError(f"--{name.replace('_', '-')} must be positive, got {value}")
+
+
+def parse_shape(text: str) -> tuple[int, int, int]:
+    """'3x32x32' -> (3, 32, 32)."""
+    try:
+        shape = tuple(int(part) for part in text.lower().split("x"))
+    except ValueError:
+        shape = ()
+    if len(shape) != 3 or min(shape) < 1 or shape[0] > 4:
+        raise UserError(f"--synthetic-shape must look like 1x28x28 or 3x32x32 (CxHxW), got {text!r}")
+    return shape  # type: ignore[return-value]
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """What a training run computes: equal configs give equal numbers."""
+
+    model: str = _opt("lenet5", "network to train", choices=MODELS)
+    model_options: dict = field(
+        default_factory=dict,
+        metadata={
+            "help": "model hyperparameter KEY=VALUE, repeatable "
+            "(mlp: layers, neurons, activation; cnn: blocks, filters, kernel_size, dense, dropout)",
+            "flag": "model-opt",
+        },
+    )
+    dataset: str = _opt("mnist", "dataset", choices=DATASETS)
+    val_size: int = _opt(5000, "validation images held out from the end of the training set")
+    synthetic_shape: str = _opt("1x28x28", "synthetic dataset only: image shape CxHxW")
+    synthetic_train: int = _opt(6000, "synthetic dataset only: training images (test: a sixth of it)")
+    batch_size: int = _opt(512, "examples per replica per step (global batch = this x replicas)")
+    epochs: int = _opt(10, "passes over the training set (ignored when --steps is given)")
+    steps: Optional[int] = _opt(None, "total optimizer steps; overrides --epochs")
+    lr: float = _opt(0.001, "learning rate (peak rate with --schedule onecycle)")
+    optimizer: str = _opt("adam", "optimizer (sgd uses momentum 0.9)", choices=OPTIMIZERS)
+    schedule: str = _opt("constant", "learning-rate schedule", choices=SCHEDULES)
+    seed: int = _opt(0, "seed of the model init, the shuffle and dropout")
+    augment: bool = _opt(False, "random crop (pad 4) and horizontal flip on the device; for CIFAR-10")
+    precision: str = _opt("fp32", "compute precision (bf16 autocast pays on GPUs)", choices=PRECISIONS)
+    label_smoothing: float = _opt(0.0, "label smoothing of the cross-entropy loss")
+    weight_decay: float = _opt(0.0, "decoupled weight decay (adam becomes AdamW when > 0)")
+    patience: Optional[int] = _opt(None, "stop after this many epochs without a lower validation loss")
+    target_accuracy: Optional[float] = _opt(
+        None, "stop as soon as validation accuracy reaches this fraction (checked each --eval-every)"
+    )
+    eval_every: int = _opt(0, "evaluate on validation every N steps as well as each epoch (0: epochs only)")
+
+    def __post_init__(self) -> None:
+        _check_choice("model", self.model, MODELS)
+        _check_choice("dataset", self.dataset, DATASETS)
+        _check_choice("optimizer", self.optimizer, OPTIMIZERS)
+        _check_choice("schedule", self.schedule, SCHEDULES)
+        _check_choice("precision", self.precision, PRECISIONS)
+        parse_shape(self.synthetic_shape)
+        _check_positive("synthetic_train", self.synthetic_train)
+        _check_positive("batch_size", self.batch_size)
+        _check_positive("epochs", self.epochs)
+        _check_positive("steps", self.steps, allow_none=True)
+        _check_positive("lr", self.lr)
+        _check_positive("patience", self.patience, allow_none=True)
+        if self.val_size < 0:
+            raise UserError(f"--val-size must be 0 or more, got {self.val_size}")
+        if self.eval_every < 0:
+            raise UserError(f"--eval-every must be 0 or more, got {self.eval_every}")
+        if not 0.0 <= self.label_smoothing < 1.0:
+            raise UserError(f"--label-smoothing must be in [0, 1), got {self.label_smoothing}")
+        if self.weight_decay < 0:
+            raise UserError(f"--weight-decay must be 0 or more, got {self.weight_decay}")
+        if self.target_accuracy is not None and not 0.0 < self.target_accuracy <= 1.0:
+            raise UserError(f"--target-accuracy is a fraction in (0, 1], got {self.target_accuracy}")
+        if (self.patience or self.target_accuracy) and self.val_size == 0:
+            raise UserError("--patience and --target-accuracy need validation data: set --val-size > 0")
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Where and how a run happens: changing these never changes the numbers it computes."""
+
+    devices: int = _opt(1, "local replicas: GPUs when CUDA is present, else CPU processes over gloo")
+    strategy: str = _opt("ddp", "how gradients meet: ddp all-reduce, or ps (CPU parameter server)",
+                         choices=STRATEGIES)
+    input: str = _opt("resident", "resident: data lives on the device; feed: host slices each batch; "
+                      "queue: a background thread prefetches pinned batches", choices=INPUTS)
+    data_dir: Optional[str] = _opt(None, "dataset folder (default: $TOWERLAB_DATA, else the user cache)")
+    download: bool = _opt(True, "download a missing dataset (with checksums)")
+    out: Optional[str] = _opt(None, "output folder (default: runs/<timestamp>-<model>-<dataset>)")
+    resume: Optional[str] = _opt(None, "continue the interrupted run in this folder")
+    display_step: int = _opt(100, "print the minibatch loss and accuracy every N steps")
+    threads: Optional[int] = _opt(None, "CPU threads per process (default: cores / local processes)")
+    compile: bool = _opt(False, "torch.compile the model (pays only when amortised)")
+    tensorboard: bool = _opt(False, "write TensorBoard scalars to <out>/tb (needs the tensorboard extra)")
+    timeout: float = _opt(120.0, "seconds a collective may wait for a peer before the job fails")
+    progress: bool = _opt(True, "progress bar when the terminal is interactive")
+
+    def __post_init__(self) -> None:
+        _check_choice("strategy", self.strategy, STRATEGIES)
+        _check_choice("input", self.input, INPUTS)
+        if self.devices < 1:
+            raise UserError(f"--devices must be at least 1, got {self.devices}")
+        _check_positive("display_step", self.display_step)
+        _check_positive("threads", self.threads, allow_none=True)
+        _check_positive("timeout", self.timeout)
+
+
+SPACES = ("mlp", "cnn")
+
+
+def _check_fraction(name: str, value: float) -> None:
+    if not 0.0 <= value <= 1.0:
+        raise UserError(f"--{name.replace('_', '-')} is a probability in [0, 1], got {value}")
+
+
+@dataclass(frozen=True)
+class SearchConfig:
+    """A genetic search (or a grid) over network hyperparameters; the defaults are the original's."""
+
+    space: str = _opt("mlp", "search space: mlp, cnn, or a TOML file listing each gene's values")
+    dataset: str = _opt("mnist", "dataset the candidates train on", choices=DATASETS)
+    val_size: int = _opt(5000, "validation images (the fitness is validation accuracy)")
+    population: int = _opt(20, "networks per generation")
+    generations: int = _opt(10, "generations to evolve")
+    retain: float = _opt(0.4, "fraction of the best networks kept as parents")
+    random_select: float = _opt(0.1, "probability of also keeping each rejected network")
+    mutate_chance: float = _opt(0.2, "probability that a child has one gene redrawn")
+    elite: int = _opt(1, "the best K networks always survive unchanged")
+    seed: int = _opt(0, "seed of the search; candidate seeds derive from (seed, generation, index)")
+    max_epochs: int = _opt(10, "epochs a candidate may train at most")
+    patience: int = _opt(5, "a candidate stops after this many epochs without a lower validation loss")
+    batch_size: Optional[int] = _opt(None, "batch size of candidates (default: 128 for MNIST-like, "
+                                     "64 for CIFAR-10; a batch_size gene overrides it)")
+    limit: Optional[int] = _opt(None, "grid only: evaluate a random subset of this many genomes")
+    top: int = _opt(5, "networks listed (and tested) at the end")
+    export_best: bool = _opt(False, "retrain the winner with its full budget and save it as model.pt")
+    workers_per_device: int = _opt(1, "candidates trained at once on each device (small nets cannot fill a GPU)")
+    store: Optional[str] = _opt(None, "SQLite store to read cached evaluations from and write to "
+                                "(default: <out>/search.db)")
+
+    def __post_init__(self) -> None:
+        _check_choice("dataset", self.dataset, DATASETS)
+        if self.population < 2:
+            raise UserError(f"--population must be at least 2, got {self.population}")
+        for name in ("retain", "random_select", "mutate_chance"):
+            _check_fraction(name, getattr(self, name))
+        for name in ("generations", "max_epochs", "patience", "top", "workers_per_device"):
+            _check_positive(name, getattr(self, name))
+        _check_positive("batch_size", self.batch_size, allow_none=True)
+        _check_positive("limit", self.limit, allow_none=True)
+        if not 0 <= self.elite <= self.population:
+            raise UserError(f"--elite must be between 0 and --population ({self.population}), got {self.elite}")
+        if self.val_size <= 0:
+            raise UserError("--val-size must be positive: the fitness is validation accuracy")
+
+
+# ---------------------------------------------------------------------------------------------
+# dataclass <-> dict <-> argparse
+
+
+def to_dict(cfg: Any) -> dict:
+    return dataclasses.asdict(cfg)
+
+
+def from_dict(cls: type, data: dict, *, what: str = "config") -> Any:
+    """Build `cls` from a dict, refusing unknown keys (a typo must not be ignored)."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - names)
+    if unknown:
+        raise UserError(f"unknown {what} key(s) {', '.join(unknown)}: known keys are {', '.join(sorted(names))}")
+    return cls(**data)
+
+
+def replace(cfg: Any, **changes: Any) -> Any:
+    return dataclasses.replace(cfg, **changes)
+
+
+def dumps(**configs: Any) -> str:
+    """The resolved configuration as JSON, one object per concern."""
+    return json.dumps({k: to_dict(v) if dataclasses.is_dataclass(v) else v for k, v in configs.items()},
+                      indent=2, sort_keys=True)
+
+
+def _base_type(annotation: Any) -> tuple[type, bool]:
+    """(the scalar type, whether None is allowed) of a field annotation."""
+    hint = annotation if not isinstance(annotation, str) else eval(annotation, vars(typing), {})  # noqa: S307
+    origin = typing.get_origin(hint)
+    if origin is typing.Union or origin is types.UnionType:
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        return args[0], True
+    return hint, False
+
+
+def parse_option_value(text: str) -> Any:
+    """'3' -> 3, '0.5' -> 0.5, 'true' -> True, anything else stays a string."""
+    lowered = text.lower()
+    if lowered in ("true", "false"):
+        return lowered == "true"
+    for convert in (int, float):
+        try:
+            return convert(text)
+        except ValueError:
+            pass
+    return text
+
+
+class _KeyValueAction(argparse.Action):
+    def __call__(self, parser, namespace, values, option_string=None):  # noqa: ANN001
+        key, sep, value = values.partition("=")
+        if not sep or not key:
+            raise UserError(f"{option_string} expects KEY=VALUE, got {values!r}")
+        current = dict(getattr(namespace, self.dest, None) or {})
+        current[key.strip().replace("-", "_")] = parse_option_value(value.strip())
+        setattr(namespace, self.dest, current)
+
+
+def add_arguments(parser: argparse.ArgumentParser, cls: type, *, skip: tuple[str, ...] = ()) -> None:
+    """One flag per field. Defaults are left out of the namespace (argparse.SUPPRESS) so the caller
+    can tell what the user typed from what is a default (needed by --resume and presets)."""
+    group = parser.add_argument_group(cls.__name__)
+    for f in dataclasses.fields(cls):
+        if f.name in skip:
+            continue
+        flag = "--" + f.metadata.get("flag", f.name.replace("_", "-"))
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        choices = f.metadata.get("choices")
+        # Choices are checked by the dataclass, whose message names them all in one line.
+        one_of = f"; one of {', '.join(choices)}" if choices else ""
+        help_text = f"{f.metadata['help']} (default: {default}{one_of})"
+        kind, optional = _base_type(f.type)
+        if kind is dict:
+            group.add_argument(flag, dest=f.name, action=_KeyValueAction, metavar="KEY=VALUE",
+                               default=argparse.SUPPRESS, help=help_text)
+        elif kind is bool:
+            group.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction,
+                               default=argparse.SUPPRESS, help=help_text)
+        else:
+            group.add_argument(flag, dest=f.name, type=kind, default=argparse.SUPPRESS, help=help_text,
+                               metavar="NAME" if choices else kind.__name__.upper())
+
+
+def given(namespace: argparse.Namespace, cls: type) -> dict:
+    """The fields of `cls` the user set on the command line."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    return {k: v for k, v in vars(namespace).items() if k in names}

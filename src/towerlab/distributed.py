@@ -1,0 +1,304 @@
+"""Processes and process groups. The ONLY module that reads RANK / WORLD_SIZE / LOCAL_RANK, picks
+nccl or gloo, spawns local workers and tears groups down.
+
+Three ways a process can be part of a run:
+- alone (world size 1): no process group at all;
+- spawned by `launch` for `--devices N`: rendezvous through a FileStore in a private temp folder,
+  so no code names a port;
+- started by torchrun (RANK and WORLD_SIZE set): join the group torchrun describes (env://).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+from multiprocessing.connection import wait
+from typing import Any, Callable, Iterator
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from towerlab.errors import UserError
+
+# Exit statuses shared by workers and the launcher.
+EXIT_USER_ERROR = 2
+EXIT_PEER_LOST = 3
+EXIT_SIGINT = 130
+EXIT_SIGTERM = 143
+
+
+class Interrupted(Exception):
+    """Raised by the training loop after it saved its state on SIGINT / SIGTERM."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.exit_status = EXIT_SIGINT if signum == signal.SIGINT else EXIT_SIGTERM
+
+
+class StopFlag:
+    """Records SIGINT / SIGTERM instead of dying, so the training loop can stop at a step boundary,
+    agree with the other ranks, save, and exit 130 / 143."""
+
+    # A Ctrl-C reaches a worker twice (from the terminal and forwarded by the launcher), so a repeat
+    # only means "stop now, without saving" once this many seconds have passed since the first.
+    REPEAT_WINDOW = 3.0
+
+    def __init__(self) -> None:
+        self.signum = 0
+        self._first = 0.0
+        self._previous: dict[int, Any] = {}
+
+    def _handle(self, signum: int, _frame: Any) -> None:
+        if not self.signum:
+            self.signum, self._first = signum, time.monotonic()
+        elif time.monotonic() - self._first > self.REPEAT_WINDOW:
+            raise KeyboardInterrupt
+
+    def __enter__(self) -> "StopFlag":
+        for s in (signal.SIGINT, signal.SIGTERM):
+            self._previous[s] = signal.signal(s, self._handle)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for s, handler in self._previous.items():
+            signal.signal(s, handler)
+
+
+@dataclass(frozen=True)
+class Context:
+    """Who this process is in the run."""
+
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+    device: torch.device = torch.device("cpu")
+    backend: str | None = None  # None: a single process without a process group
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.backend is not None
+
+
+def under_torchrun() -> bool:
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def torchrun_world_size() -> int:
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def device_type() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def check_devices(devices: int) -> str:
+    """The device type a `--devices N` run uses; more GPUs than present is a user error."""
+    kind = device_type()
+    if kind == "cuda" and devices > torch.cuda.device_count():
+        raise UserError(f"--devices {devices} asks for more GPUs than the {torch.cuda.device_count()} present")
+    return kind
+
+
+def default_threads(processes: int) -> int:
+    return max(1, (os.cpu_count() or 1) // max(1, processes))
+
+
+def local_processes(run: Any) -> int:
+    """Processes of this job on this machine: torchrun says so, otherwise --devices."""
+    if under_torchrun():
+        return int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    return run.devices
+
+
+@contextlib.contextmanager
+def session(*, rank: int = 0, world_size: int = 1, store_path: str | None = None,
+            timeout: float = 120.0) -> Iterator[Context]:
+    """Join (or skip, when alone) the process group and always tear it down.
+
+    Under torchrun the environment decides rank and world size; otherwise the caller does.
+    """
+    kind = device_type()
+    if under_torchrun():
+        rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    else:
+        local_rank = rank
+    device = torch.device(kind, local_rank) if kind == "cuda" else torch.device("cpu")
+    if kind == "cuda":
+        torch.cuda.set_device(device)
+    if world_size == 1 and not under_torchrun():
+        yield Context(device=device)
+        return
+    backend = "nccl" if kind == "cuda" else "gloo"
+    options: dict[str, Any] = {"backend": backend, "timeout": timedelta(seconds=timeout)}
+    if under_torchrun():
+        options["init_method"] = "env://"
+    else:
+        options.update(store=dist.FileStore(store_path, world_size), rank=rank, world_size=world_size)
+    if kind == "cuda":
+        options["device_id"] = device
+    dist.init_process_group(**options)
+    try:
+        yield Context(rank=rank, local_rank=local_rank, world_size=world_size, device=device, backend=backend)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def cpu_group(ctx: Context) -> Any:
+    """A group that moves CPU tensors: the default group under gloo, a gloo side group under nccl.
+    Every rank must call this at the same point."""
+    if ctx.backend == "gloo":
+        return dist.group.WORLD
+    return dist.new_group(backend="gloo")
+
+
+def kv_store() -> Any:
+    """The key-value store of the default process group (the search's coordination channel)."""
+    return dist.distributed_c10d._get_default_store()  # noqa: SLF001 - the public API has no getter
+
+
+def max_over_ranks(ctx: Context, value: float, group: Any = None) -> float:
+    """The largest `value` of all ranks, on every rank. A collective: all ranks must call it."""
+    if not ctx.distributed:
+        return value
+    device = torch.device("cpu") if group is not None else ctx.device
+    tensor = torch.tensor([float(value)], device=device)
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=group)
+    return float(tensor.item())
+
+
+def sum_over_ranks(ctx: Context, values: torch.Tensor) -> torch.Tensor:
+    """Element-wise sum over ranks (in place). A collective: all ranks must call it."""
+    if ctx.distributed:
+        dist.all_reduce(values, op=dist.ReduceOp.SUM)
+    return values
+
+
+def broadcast_object(ctx: Context, obj: Any) -> Any:
+    """Rank 0's `obj` on every rank."""
+    if not ctx.distributed:
+        return obj
+    box = [obj if ctx.is_main else None]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def barrier(ctx: Context) -> None:
+    if ctx.distributed:
+        dist.barrier()
+
+
+# ---------------------------------------------------------------------------------------------
+# local workers
+
+
+def _signal_name(exitcode: int) -> str:
+    try:
+        return signal.Signals(-exitcode).name
+    except ValueError:
+        return f"signal {-exitcode}"
+
+
+def _worker_entry(fn: Callable[..., None], rank: int, world_size: int, store_path: str,
+                  args: tuple) -> None:
+    # Each worker exits with a status the launcher understands; user errors print once, on rank 0.
+    try:
+        fn(rank, world_size, store_path, *args)
+    except UserError as exc:
+        if rank == 0:
+            print(f"towerlab: error: {exc}", file=sys.stderr, flush=True)
+        sys.exit(EXIT_USER_ERROR)
+    except Interrupted as exc:
+        sys.exit(exc.exit_status)
+    except KeyboardInterrupt:
+        sys.exit(EXIT_SIGINT)
+    except (dist.DistError, RuntimeError) as exc:
+        # Most likely a peer died and the collective broke; the launcher names that peer.
+        if "Connection" in str(exc) or isinstance(exc, dist.DistError) or "Gloo" in str(exc):
+            sys.exit(EXIT_PEER_LOST)
+        raise
+
+
+def launch(fn: Callable[..., None], world_size: int, args: tuple = (), *, grace: float = 20.0,
+           log: Callable[[str], None] | None = None, hint: str = "") -> int:
+    """Run `fn(rank, world_size, store_path, *args)` in `world_size` fresh processes.
+
+    Returns the job's exit status. When one worker dies, the others get `grace` seconds to stop on
+    their own (they usually fail at once on the broken collective), then are terminated. SIGINT and
+    SIGTERM are passed on to the workers, which save a checkpoint and exit 130 / 143.
+    """
+    log = log or (lambda line: print(line, file=sys.stderr, flush=True))
+    rdzv = tempfile.mkdtemp(prefix="towerlab-rdzv-")
+    store_path = os.path.join(rdzv, "store")
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=_worker_entry, args=(fn, rank, world_size, store_path, args), daemon=False)
+             for rank in range(world_size)]
+    received: list[int] = []
+
+    def forward(signum: int, _frame: Any) -> None:
+        received.append(signum)
+        for p in procs:
+            if p.is_alive() and p.pid is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(p.pid, signum)
+
+    previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        for p in procs:
+            p.start()
+        return _monitor(procs, grace, log, received, hint)
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+            p.join()
+        shutil.rmtree(rdzv, ignore_errors=True)
+
+
+def _monitor(procs: list, grace: float, log: Callable[[str], None], received: list[int], hint: str) -> int:
+    failures: dict[int, int] = {}  # rank -> exit code, in the order seen
+    deadline = None
+    while any(p.is_alive() for p in procs):
+        wait([p.sentinel for p in procs if p.is_alive()], timeout=1.0)
+        for rank, p in enumerate(procs):
+            if p.exitcode not in (None, 0) and rank not in failures:
+                failures[rank] = p.exitcode
+                deadline = deadline or time.monotonic() + grace
+        if deadline is not None and time.monotonic() > deadline:
+            for p in procs:
+                if p.is_alive():
+                    p.terminate()
+            for p in procs:
+                p.join(timeout=5.0)
+                if p.is_alive():
+                    p.kill()
+    for rank, p in enumerate(procs):
+        if p.exitcode not in (None, 0) and rank not in failures:
+            failures[rank] = p.exitcode
+    if not failures:
+        return 0
+    if received:
+        return EXIT_SIGINT if received[0] == signal.SIGINT else EXIT_SIGTERM
+    # The root cause is the first failure that is not a survivor noticing a lost peer.
+    rank, code = next(((r, c) for r, c in failures.items() if c != EXIT_PEER_LOST), next(iter(failures.items())))
+    if code in (EXIT_USER_ERROR, EXIT_SIGINT, EXIT_SIGTERM):
+        return code
+    what = f"was killed by {_signal_name(code)}" if code < 0 else f"exited with status {code}"
+    log(f"towerlab: error: replica rank {rank} (pid {procs[rank].pid}) {what}; the other replicas were stopped"
+        + (f". {hint}" if hint else ""))
+    return 1

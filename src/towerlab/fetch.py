@@ -1,0 +1,200 @@
+"""Downloads of the official dataset files, checked against their published MD5 and written atomically.
+
+stdlib only (urllib), so fetching needs nothing beyond Python. Each file is streamed into a temporary
+file in its destination folder, verified, then moved into place with `os.replace`: an interrupted or
+corrupt download never leaves a file under the official name. Mirrors are tried in order.
+
+Where files go (the same places `towerlab.data` looks): mnist and cifar10 directly into the data
+directory, fashion-mnist into `<data_dir>/fashion-mnist/` because its IDX names clash with MNIST's.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import http.client
+import os
+import tempfile
+import urllib.error
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from towerlab.errors import UserError
+
+# Long enough for a slow mirror to start answering, short enough that an offline machine gives up soon.
+TIMEOUT_S = 30.0
+# The largest official file (CIFAR-10) is ~170 MB: a longer stream is not the file we asked for.
+MAX_DOWNLOAD_BYTES = 512 * 2**20
+_CHUNK = 1 << 20
+
+Progress = Callable[[str, int, "int | None"], None]
+
+
+@dataclass(frozen=True)
+class RemoteFile:
+    filename: str
+    md5: str
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where one dataset's official files come from and where they go."""
+
+    subdir: str  # relative to the data directory; "" for the data directory itself
+    mirrors: tuple[str, ...]  # base URLs ending in "/", tried in order
+    files: tuple[RemoteFile, ...]
+    npz_name: str  # the single-file alternative a user can copy in by hand
+
+
+# Module-level so tests can point it at a local server.
+SOURCES: dict[str, Source] = {
+    "mnist": Source(
+        subdir="",
+        mirrors=("https://ossci-datasets.s3.amazonaws.com/mnist/",
+                 "https://storage.googleapis.com/cvdf-datasets/mnist/"),
+        files=(RemoteFile("train-images-idx3-ubyte.gz", "f68b3c2dcbeaaa9fbdd348bbdeb94873"),
+               RemoteFile("train-labels-idx1-ubyte.gz", "d53e105ee54ea40749a09fcbcd1e9432"),
+               RemoteFile("t10k-images-idx3-ubyte.gz", "9fb629c4189551a2d022fa330f9573f3"),
+               RemoteFile("t10k-labels-idx1-ubyte.gz", "ec29112dd5afa0611ce80d1b7f02629c")),
+        npz_name="mnist.npz",
+    ),
+    "fashion-mnist": Source(
+        subdir="fashion-mnist",
+        mirrors=("http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/",
+                 "https://raw.githubusercontent.com/zalandoresearch/fashion-mnist/master/data/fashion/"),
+        files=(RemoteFile("train-images-idx3-ubyte.gz", "8d4fb7e6c68d591d4c3dfef9ec88bf0d"),
+               RemoteFile("train-labels-idx1-ubyte.gz", "25c81989df183df01b3e8a0aad5dffbe"),
+               RemoteFile("t10k-images-idx3-ubyte.gz", "bef4ecab320f06d8554ea6380940ec79"),
+               RemoteFile("t10k-labels-idx1-ubyte.gz", "bb300cfdad3c16e7a12a480ee83cd310")),
+        npz_name="fashion_mnist.npz",
+    ),
+    "cifar10": Source(
+        subdir="",
+        mirrors=("https://www.cs.toronto.edu/~kriz/",),
+        files=(RemoteFile("cifar-10-python.tar.gz", "c58f30108f718f92721af3b95e74349a"),),
+        npz_name="cifar10.npz",
+    ),
+}
+
+
+def source_for(name: str) -> Source:
+    if name not in SOURCES:
+        raise UserError(f"nothing to download for dataset '{name}': downloadable ones are {', '.join(SOURCES)}")
+    return SOURCES[name]
+
+
+def target_dir(name: str, data_dir: str | os.PathLike) -> Path:
+    """The folder `fetch` writes `name`'s files into."""
+    subdir = source_for(name).subdir
+    return Path(data_dir) / subdir if subdir else Path(data_dir)
+
+
+def mirror_hosts(name: str) -> list[str]:
+    return [urllib.parse.urlsplit(url).netloc or url for url in source_for(name).mirrors]
+
+
+def fetch(name: str, data_dir: str | os.PathLike, progress: Progress | None = None) -> list[Path]:
+    """Download `name`'s official files into the data directory and return their paths.
+
+    Files already present with the right MD5 are kept. `progress(filename, bytes_done, bytes_total)`
+    is called after every chunk; bytes_total is None when the server does not say.
+    """
+    source = source_for(name)
+    dest = target_dir(name, data_dir)
+    try:
+        dest.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise UserError(f"cannot create {dest}: {err.strerror or err}: choose another --data-dir") from None
+    paths = []
+    for remote in source.files:
+        path = dest / remote.filename
+        if not (path.is_file() and _md5_of_file(path) == remote.md5):  # a stale or partial copy is replaced
+            _download(name, source, remote, path, Path(data_dir), progress)
+        paths.append(path)
+    return paths
+
+
+def _download(name: str, source: Source, remote: RemoteFile, path: Path, data_dir: Path,
+              progress: Progress | None) -> None:
+    network_failures, bad_checksums = [], []
+    for base in source.mirrors:
+        url = base + remote.filename
+        host = urllib.parse.urlsplit(url).netloc or base
+        got_md5, failure = _download_verified(url, path, remote, progress)
+        if failure is None and got_md5 == remote.md5:
+            return
+        if failure is None:
+            bad_checksums.append(f"{host} gave md5 {got_md5}")
+        else:
+            network_failures.append(f"{host} ({failure})")
+    if bad_checksums:
+        raise UserError(f"{remote.filename} for {name} has the wrong checksum ({'; '.join(bad_checksums)}, "
+                        f"expected {remote.md5}; a corrupt mirror or a proxy page?): try again later or put the "
+                        f"official files in {path.parent} by hand")
+    raise UserError(f"could not download {name} from {', '.join(network_failures)} (offline?): put the files "
+                    f"in {path.parent} by hand or copy a {source.npz_name} into {data_dir}")
+
+
+def _download_verified(url: str, path: Path, remote: RemoteFile,
+                       progress: Progress | None) -> tuple[str | None, str | None]:
+    """Stream `url` next to `path` and move it there if its MD5 matches.
+
+    Returns (md5 of what arrived, None) or (None, why the mirror failed). Local write errors raise.
+    """
+    try:
+        handle, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".part")
+    except OSError as err:
+        raise UserError(f"cannot write in {path.parent}: {err.strerror or err}: "
+                        "choose another --data-dir") from None
+    tmp = Path(tmp_name)
+    try:
+        with os.fdopen(handle, "wb") as out:
+            digest, failure = _stream(url, out, tmp, remote.filename, progress)
+        if failure is None and digest == remote.md5:
+            os.replace(tmp, path)
+        return digest, failure
+    finally:
+        tmp.unlink(missing_ok=True)  # a no-op after the replace; otherwise no partial file stays behind
+
+
+def _stream(url: str, out, tmp: Path, filename: str, progress: Progress | None) -> tuple[str | None, str | None]:
+    md5 = hashlib.md5(usedforsecurity=False)
+    done = 0
+    try:
+        with urllib.request.urlopen(url, timeout=TIMEOUT_S) as response:
+            length = response.headers.get("Content-Length", "")
+            total = int(length) if length.isdigit() else None
+            while chunk := response.read(_CHUNK):
+                done += len(chunk)
+                if done > MAX_DOWNLOAD_BYTES:
+                    return None, f"more than {MAX_DOWNLOAD_BYTES} bytes, not the expected file"
+                md5.update(chunk)
+                try:
+                    out.write(chunk)
+                except OSError as err:
+                    raise UserError(f"cannot write {tmp}: {err.strerror or err}: free some space or choose "
+                                    "another --data-dir") from None
+                if progress is not None:
+                    progress(filename, done, total)
+            if total is not None and done != total:
+                return None, f"connection closed after {done} of {total} bytes"
+    except urllib.error.HTTPError as err:
+        return None, f"HTTP {err.code}"
+    except urllib.error.URLError as err:
+        return None, str(err.reason)
+    except (http.client.HTTPException, OSError, ValueError) as err:  # timeouts and resets are OSErrors
+        return None, f"{type(err).__name__}: {err}"
+    return md5.hexdigest(), None
+
+
+def _md5_of_file(path: Path) -> str:
+    md5 = hashlib.md5(usedforsecurity=False)
+    try:
+        with open(path, "rb") as stream:
+            while chunk := stream.read(_CHUNK):
+                md5.update(chunk)
+    except OSError as err:
+        raise UserError(f"cannot read {path}: {err.strerror or err}: fix its permissions or delete it") from None
+    return md5.hexdigest()

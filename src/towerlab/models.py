@@ -1,0 +1,241 @@
+"""The networks, and `build_model(name, input_shape, num_classes, **hp)`. No training code here.
+
+Every model takes (N, C, H, W) float input, normalised, and returns (N, num_classes) logits. They
+are built for 1x28x28 (MNIST, Fashion-MNIST) and 3x32x32 (CIFAR-10) but accept any image size the
+layers can reduce.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from towerlab.config import MODELS
+from towerlab.errors import UserError
+
+ACTIVATIONS: dict[str, Callable[[], nn.Module]] = {
+    "relu": nn.ReLU, "elu": nn.ELU, "tanh": nn.Tanh, "sigmoid": nn.Sigmoid,
+}
+
+
+def _trunc_normal_(tensor: torch.Tensor, std: float) -> None:
+    # TensorFlow's truncated_normal: redraw beyond two standard deviations.
+    nn.init.trunc_normal_(tensor, mean=0.0, std=std, a=-2 * std, b=2 * std)
+
+
+def _flat_size(features: nn.Module, input_shape: tuple[int, int, int]) -> int:
+    with torch.no_grad():
+        return features(torch.zeros(1, *input_shape)).numel()
+
+
+class LeNet5(nn.Module):
+    """LeCun et al. 1998, as in the seeds: 28x28 digits are zero-padded to 32x32."""
+
+    def __init__(self, input_shape: tuple[int, int, int], num_classes: int = 10):
+        super().__init__()
+        channels, height, width = input_shape
+        self.pad = (max(0, (32 - width) // 2), max(0, (32 - width + 1) // 2),
+                    max(0, (32 - height) // 2), max(0, (32 - height + 1) // 2))
+        self.features = nn.Sequential(
+            nn.Conv2d(channels, 6, 5), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(6, 16, 5), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
+        )
+        padded = (channels, height + self.pad[2] + self.pad[3], width + self.pad[0] + self.pad[1])
+        self.classifier = nn.Sequential(
+            nn.Linear(_flat_size(self.features, padded), 120), nn.ReLU(),
+            nn.Linear(120, 84), nn.ReLU(),
+            nn.Linear(84, num_classes),
+        )
+        for module in self.modules():
+            if isinstance(module, (nn.Conv2d, nn.Linear)):
+                _trunc_normal_(module.weight, 0.1)
+                nn.init.zeros_(module.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if any(self.pad):
+            x = F.pad(x, self.pad)
+        return self.classifier(self.features(x))
+
+
+def tf_local_response_norm() -> nn.LocalResponseNorm:
+    """TensorFlow's tf.nn.lrn(depth_radius=4, bias=1, alpha=0.001/9, beta=0.75) of the CIFAR tutorial.
+
+    TF divides by (bias + alpha * sum of squares over 2*radius+1 channels) ** beta. PyTorch divides
+    its alpha by the window size, so PyTorch's alpha is TF's alpha times 9 = 0.001.
+    """
+    window = 2 * 4 + 1
+    return nn.LocalResponseNorm(size=window, alpha=(0.001 / 9.0) * window, beta=0.75, k=1.0)
+
+
+class CifarNet(nn.Module):
+    """The TensorFlow CIFAR-10 tutorial network (the seeds' layer table), with its initialisers."""
+
+    def __init__(self, input_shape: tuple[int, int, int], num_classes: int = 10):
+        super().__init__()
+        channels = input_shape[0]
+        # "SAME" padding everywhere, as in the tutorial; pools are 3x3 with stride 2.
+        self.features = nn.Sequential(
+            nn.Conv2d(channels, 64, 5, padding=2), nn.ReLU(),                  # conv1
+            nn.MaxPool2d(3, stride=2, padding=1),                              # pool1
+            tf_local_response_norm(),                                          # norm1
+            nn.Conv2d(64, 64, 5, padding=2), nn.ReLU(),                        # conv2
+            tf_local_response_norm(),                                          # norm2
+            nn.MaxPool2d(3, stride=2, padding=1),                              # pool2
+            nn.Flatten(),
+        )
+        self.classifier = nn.Sequential(
+            nn.Linear(_flat_size(self.features, input_shape), 384), nn.ReLU(),  # local3
+            nn.Linear(384, 192), nn.ReLU(),                                     # local4
+            nn.Linear(192, num_classes),                                        # softmax_linear
+        )
+        conv1, conv2 = self.features[0], self.features[4]
+        local3, local4, logits = self.classifier[0], self.classifier[2], self.classifier[4]
+        for layer, std, bias in ((conv1, 5e-2, 0.0), (conv2, 5e-2, 0.1), (local3, 0.04, 0.1),
+                                 (local4, 0.04, 0.1), (logits, 1 / 192.0, 0.0)):
+            _trunc_normal_(layer.weight, std)
+            nn.init.constant_(layer.bias, bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.classifier(self.features(x))
+
+
+class ConvNet(nn.Module):
+    """The seeds' 64-256-512 ConvNet. The original had no activation on its fully connected
+    layers, which makes fc2048 -> fc1024 -> fc10 one linear map; we add ReLU there."""
+
+    def __init__(self, input_shape: tuple[int, int, int], num_classes: int = 10, dropout: float = 0.25):
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(input_shape[0], 64, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(64, 256, 3, padding=1), nn.ReLU(),
+            nn.Conv2d(256, 512, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Flatten(),
+        )
+        self.classifier = nn.Sequential(
+            nn.Linear(_flat_size(self.features, input_shape), 2048), nn.ReLU(), nn.Dropout(dropout),
+            nn.Linear(2048, 1024), nn.ReLU(), nn.Dropout(dropout),
+            nn.Linear(1024, num_classes),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.classifier(self.features(x))
+
+
+class MLP(nn.Module):
+    """`layers` hidden layers of `neurons` units, each followed by dropout 0.2 (the search's network)."""
+
+    def __init__(self, input_shape: tuple[int, int, int], num_classes: int = 10, *, layers: int = 2,
+                 neurons: int = 512, activation: str = "relu", dropout: float = 0.2):
+        super().__init__()
+        if activation not in ACTIVATIONS:
+            raise UserError(f"unknown activation {activation!r}: choose one of {', '.join(ACTIVATIONS)}")
+        _require_positive_int("layers", layers)
+        _require_positive_int("neurons", neurons)
+        _require_fraction("dropout", dropout)
+        width = math.prod(input_shape)
+        body: list[nn.Module] = [nn.Flatten()]
+        for _ in range(layers):
+            body += [nn.Linear(width, neurons), ACTIVATIONS[activation](), nn.Dropout(dropout)]
+            width = neurons
+        body.append(nn.Linear(width, num_classes))
+        self.net = nn.Sequential(*body)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+
+class CNN(nn.Module):
+    """A searchable ConvNet: `blocks` of conv-BN-ReLU-maxpool (filters double per block), then a
+    dense layer with dropout."""
+
+    def __init__(self, input_shape: tuple[int, int, int], num_classes: int = 10, *, blocks: int = 2,
+                 filters: int = 32, kernel_size: int = 3, dense: int = 256, dropout: float = 0.25):
+        super().__init__()
+        _require_positive_int("blocks", blocks)
+        _require_positive_int("filters", filters)
+        _require_positive_int("dense", dense)
+        _require_fraction("dropout", dropout)
+        if not isinstance(kernel_size, int) or kernel_size < 1 or kernel_size % 2 == 0:
+            raise UserError(f"cnn kernel_size must be an odd positive integer, got {kernel_size!r}")
+        if min(input_shape[1:]) >> blocks < 1:
+            raise UserError(f"cnn with {blocks} blocks pools a {input_shape[1]}x{input_shape[2]} image "
+                            "below one pixel: use fewer blocks")
+        layers: list[nn.Module] = []
+        channels = input_shape[0]
+        for block in range(blocks):
+            out = filters << block
+            layers += [nn.Conv2d(channels, out, kernel_size, padding=kernel_size // 2, bias=False),
+                       nn.BatchNorm2d(out), nn.ReLU(), nn.MaxPool2d(2)]
+            channels = out
+        layers.append(nn.Flatten())
+        self.features = nn.Sequential(*layers)
+        self.classifier = nn.Sequential(
+            nn.Linear(_flat_size(self.features, input_shape), dense), nn.ReLU(), nn.Dropout(dropout),
+            nn.Linear(dense, num_classes),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.classifier(self.features(x))
+
+
+def _require_positive_int(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise UserError(f"model option {name} must be a positive integer, got {value!r}")
+
+
+def _require_fraction(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
+        raise UserError(f"model option {name} must be a number in [0, 1), got {value!r}")
+
+
+_REGISTRY: dict[str, Callable[..., nn.Module]] = {
+    "lenet5": LeNet5, "cifarnet": CifarNet, "convnet": ConvNet, "mlp": MLP, "cnn": CNN,
+}
+assert tuple(_REGISTRY) == MODELS, "config.MODELS and the model registry must list the same names"
+
+_OPTIONS = {"lenet5": (), "cifarnet": (), "convnet": ("dropout",),
+            "mlp": ("layers", "neurons", "activation", "dropout"),
+            "cnn": ("blocks", "filters", "kernel_size", "dense", "dropout")}
+
+
+def build_model(name: str, input_shape: tuple[int, int, int], num_classes: int = 10, **hp: Any) -> nn.Module:
+    """A freshly initialised model. Unknown names and options are user errors."""
+    if name not in _REGISTRY:
+        raise UserError(f"unknown model {name!r}: choose one of {', '.join(MODELS)}")
+    unknown = sorted(set(hp) - set(_OPTIONS[name]))
+    if unknown:
+        allowed = ", ".join(_OPTIONS[name]) or "none"
+        raise UserError(f"model {name} has no option {', '.join(unknown)} (its options: {allowed})")
+    return _REGISTRY[name](tuple(input_shape), num_classes, **hp)
+
+
+def model_record(model: nn.Module, name: str, input_shape: tuple[int, ...], num_classes: int,
+                 options: dict, **extra: Any) -> dict:
+    """What `model.pt` holds: enough to rebuild the network with `load_model`, plus the run's config."""
+    return {"format": "towerlab-model", "version": 1, "name": name, "input_shape": list(input_shape),
+            "num_classes": num_classes, "options": dict(options),
+            "state_dict": {k: v.detach().cpu() for k, v in model.state_dict().items()}, **extra}
+
+
+def load_model(path: str | Path, map_location: str | torch.device = "cpu") -> tuple[nn.Module, dict]:
+    """Rebuild a saved network. Never executes code from the file (weights_only loading)."""
+    try:
+        record = torch.load(path, map_location=map_location, weights_only=True)
+    except FileNotFoundError:
+        raise UserError(f"no model file at {path}") from None
+    except Exception as exc:  # noqa: BLE001 - any unpickling failure means a bad file
+        raise UserError(f"{path} is not a readable towerlab model ({type(exc).__name__}): "
+                        "re-export it with towerlab train") from None
+    if not isinstance(record, dict) or record.get("format") != "towerlab-model":
+        raise UserError(f"{path} is not a towerlab model file")
+    model = build_model(record["name"], tuple(record["input_shape"]), record["num_classes"], **record["options"])
+    try:
+        model.load_state_dict(record["state_dict"])
+    except RuntimeError as exc:
+        raise UserError(f"{path} does not match model {record['name']}: {str(exc).splitlines()[0]}") from None
+    return model, record

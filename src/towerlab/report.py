@@ -1,0 +1,127 @@
+"""What rank 0 shows and records: console lines, the progress bar, metrics.jsonl, TensorBoard.
+
+Other ranks get a `Reporter(None, enabled=False)`, which does nothing, so callers never test
+`is_main` before reporting.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any, TextIO
+
+from towerlab.errors import UserError
+
+
+def require_tensorboard() -> Any:
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:
+        raise UserError("--tensorboard needs the tensorboard package: pip install 'towerlab[tensorboard]'") from None
+    return SummaryWriter
+
+
+def _interactive(stream: TextIO) -> bool:
+    return hasattr(stream, "isatty") and stream.isatty()
+
+
+class Reporter:
+    def __init__(self, out_dir: Path | None, *, enabled: bool = True, progress: bool = True,
+                 tensorboard: bool = False, stream: TextIO | None = None):
+        self.enabled = enabled
+        self.out_dir = out_dir
+        self.stream = stream or sys.stdout
+        self.bar = None
+        self.progress = enabled and progress and _interactive(sys.stderr)
+        self.tb = None
+        self.metrics = None
+        if enabled and out_dir is not None:
+            self.metrics = open(out_dir / "metrics.jsonl", "a", encoding="utf-8")
+            if tensorboard:
+                self.tb = require_tensorboard()(log_dir=str(out_dir / "tb"))
+
+    def line(self, text: str) -> None:
+        if not self.enabled:
+            return
+        if self.bar is not None:
+            self.bar.write(text, file=self.stream)
+        else:
+            print(text, file=self.stream, flush=True)
+
+    def start_progress(self, total: int, done: int, unit: str = "step") -> None:
+        if self.progress and self.bar is None:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, initial=done, unit=unit, file=sys.stderr, dynamic_ncols=True, leave=False)
+
+    def advance(self, n: int = 1) -> None:
+        if self.bar is not None:
+            self.bar.update(n)
+
+    def record(self, kind: str, **fields: Any) -> None:
+        """One line of metrics.jsonl (flushed at once, so a crash loses nothing written) and the
+        numeric fields as TensorBoard scalars."""
+        if not self.enabled:
+            return
+        if self.metrics is not None:
+            self.metrics.write(json.dumps({"kind": kind, **fields}, sort_keys=True) + "\n")
+            self.metrics.flush()
+        if self.tb is not None and "step" in fields:
+            for key, value in fields.items():
+                if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool):
+                    self.tb.add_scalar(f"{kind}/{key}", value, fields["step"])
+
+    def end_progress(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+    def close(self) -> None:
+        self.end_progress()
+        if self.metrics is not None:
+            self.metrics.close()
+            self.metrics = None
+        if self.tb is not None:
+            self.tb.close()
+            self.tb = None
+
+
+def truncate_metrics(path: Path, last_step: int) -> None:
+    """Drop metrics.jsonl lines written after the checkpoint a resumed run restarts from, so the
+    file reads as if the run had never been interrupted."""
+    if not path.exists():
+        return
+    from towerlab import atomic
+
+    kept = []
+    for raw in path.read_text(encoding="utf-8").splitlines():
+        try:
+            record = json.loads(raw)
+        except json.JSONDecodeError:
+            continue  # a line torn by the crash
+        if record.get("step", 0) <= last_step and record.get("kind") not in ("test", "summary"):
+            kept.append(raw)
+    atomic.write_text(path, "".join(line + "\n" for line in kept))
+
+
+def format_step(step: int, loss: float, accuracy: float, examples_per_sec: float) -> str:
+    return (f"Step {step}: Minibatch Loss= {loss:.4f}, Training Accuracy= {accuracy:.3f}, "
+            f"{examples_per_sec:.0f} Examples/sec")
+
+
+def format_epoch(epoch: int, epochs: int, val_loss: float | None, val_accuracy: float | None,
+                 seconds: float) -> str:
+    if val_accuracy is None:
+        return f"Epoch {epoch}/{epochs}: no validation set ({seconds:.1f} s)"
+    return (f"Epoch {epoch}/{epochs}: Validation Loss= {val_loss:.4f}, "
+            f"Validation Accuracy= {val_accuracy:.4f} ({seconds:.1f} s)")
+
+
+def format_final(summary: dict) -> str:
+    test = summary.get("test_accuracy")
+    parts = [f"Test Accuracy= {test:.4f}" if test is not None else "no test set",
+             f"training {summary['train_seconds']:.1f} s",
+             f"{summary['examples_per_sec']:.0f} Examples/sec",
+             f"{summary['world_size']} x {summary['device_type']}"]
+    return "Done: " + " | ".join(parts)

@@ -1,0 +1,216 @@
+"""How the replicas' gradients meet. Both strategies are synchronous: every replica computes
+gradients on its own slice of the global batch, the gradients are averaged, one update is applied,
+and every replica starts the next step with the same parameters.
+
+- `AllReduce` (`--strategy ddp`): DistributedDataParallel; gradients are all-reduced in buckets
+  while backward still runs, and every replica steps its own (identical) optimizer.
+- `ParameterServer` (`--strategy ps`): the seeds' towers design. The master copy of the parameters
+  and the optimizer state live on rank 0's CPU; each step the gradients are summed there, the
+  optimizer steps on the CPU, and the fresh parameters are broadcast to every replica. On GPUs this
+  runs over a gloo side group, since NCCL cannot move CPU tensors.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Iterable
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from towerlab.config import TrainConfig
+from towerlab.distributed import Context, cpu_group
+
+# Each optimizer's default learning rate (Keras' values, which the original search used); a search
+# space without an lr gene trains each optimizer at its own default.
+DEFAULT_LR = {"adam": 1e-3, "sgd": 1e-2, "rmsprop": 1e-3, "adagrad": 1e-2, "adadelta": 1.0,
+              "adamax": 2e-3, "nadam": 2e-3}
+
+
+def make_optimizer(name: str, params: Iterable[torch.Tensor], lr: float, weight_decay: float,
+                   device: torch.device) -> torch.optim.Optimizer:
+    params = list(params)
+    # One fused kernel per step where torch has one (Adam, SGD on CUDA); else multi-tensor foreach.
+    fast = {"fused": True} if device.type == "cuda" else {"foreach": True}
+    if name == "adam":
+        cls = torch.optim.AdamW if weight_decay > 0 else torch.optim.Adam
+        return cls(params, lr=lr, weight_decay=weight_decay, **fast)
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=lr, momentum=0.9, weight_decay=weight_decay, **fast)
+    classes = {"rmsprop": torch.optim.RMSprop, "adagrad": torch.optim.Adagrad,
+               "adadelta": torch.optim.Adadelta, "adamax": torch.optim.Adamax, "nadam": torch.optim.NAdam}
+    return classes[name](params, lr=lr, weight_decay=weight_decay, foreach=True)
+
+
+def make_scheduler(cfg: TrainConfig, optimizer: torch.optim.Optimizer, total_steps: int) -> Any:
+    if cfg.schedule == "onecycle":
+        return torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=cfg.lr, total_steps=max(2, total_steps))
+    return None
+
+
+class Strategy:
+    """One synchronous update per `step(x, y)`; nothing in it waits for the host."""
+
+    name = ""
+
+    def __init__(self, module: nn.Module, cfg: TrainConfig, ctx: Context, total_steps: int,
+                 compile_model: bool = False):
+        self.module = module
+        self.cfg = cfg
+        self.ctx = ctx
+        self.total_steps = total_steps
+        self.compile_model = compile_model
+        self._autocast = (torch.autocast(ctx.device.type, dtype=torch.bfloat16)
+                          if cfg.precision == "bf16" else contextlib.nullcontext())
+
+    def forward_loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        with self._autocast:
+            logits = model(x)
+            loss = F.cross_entropy(logits, y, label_smoothing=self.cfg.label_smoothing)
+        return loss, logits
+
+    def step(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        raise NotImplementedError
+
+    def state_dict(self) -> dict:
+        raise NotImplementedError
+
+    def load_state_dict(self, state: dict) -> None:
+        raise NotImplementedError
+
+    def lr(self) -> float:
+        raise NotImplementedError
+
+
+class AllReduce(Strategy):
+    name = "ddp"
+
+    def __init__(self, module: nn.Module, cfg: TrainConfig, ctx: Context, total_steps: int,
+                 compile_model: bool = False):
+        super().__init__(module, cfg, ctx, total_steps, compile_model)
+        model: nn.Module = module
+        if ctx.distributed:
+            # Buckets as views of the gradients (no copy) and a static graph (buckets rebuilt once).
+            model = nn.parallel.DistributedDataParallel(
+                module, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None,
+                gradient_as_bucket_view=True, static_graph=True)
+        self.model = torch.compile(model) if compile_model else model
+        self.optimizer = make_optimizer(cfg.optimizer, module.parameters(), cfg.lr, cfg.weight_decay, ctx.device)
+        self.scheduler = make_scheduler(cfg, self.optimizer, total_steps)
+
+    def step(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        loss, logits = self.forward_loss(self.model, x, y)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        self.optimizer.step()
+        if self.scheduler is not None:
+            self.scheduler.step()
+        return loss.detach(), logits.detach()
+
+    def state_dict(self) -> dict:
+        return {"model": self.module.state_dict(), "optimizer": self.optimizer.state_dict(),
+                "scheduler": self.scheduler.state_dict() if self.scheduler else None}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.module.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        if self.scheduler is not None and state.get("scheduler"):
+            self.scheduler.load_state_dict(state["scheduler"])
+
+    def lr(self) -> float:
+        return float(self.optimizer.param_groups[0]["lr"])
+
+
+class ParameterServer(Strategy):
+    name = "ps"
+
+    def __init__(self, module: nn.Module, cfg: TrainConfig, ctx: Context, total_steps: int,
+                 compile_model: bool = False):
+        super().__init__(module, cfg, ctx, total_steps, compile_model)
+        self.model = torch.compile(module) if compile_model else module
+        self.group = cpu_group(ctx) if ctx.distributed else None
+        self.params = [p for p in module.parameters() if p.requires_grad]
+        self.buffers = list(module.buffers())
+        self.sizes = [p.numel() for p in self.params]
+        pin = ctx.device.type == "cuda"
+        total = sum(self.sizes)
+        self.grad_flat = torch.zeros(total, pin_memory=pin)
+        self.param_flat = torch.zeros(total, pin_memory=pin)
+        self.master: list[torch.Tensor] = []
+        self.optimizer = None
+        self.scheduler = None
+        if ctx.is_main:
+            self.master = [p.detach().to("cpu", torch.float32, copy=True).requires_grad_() for p in self.params]
+            # The master's gradients are views of the reduced flat buffer: no copy per parameter.
+            for m, g in zip(self.master, self._views(self.grad_flat)):
+                m.grad = g
+            self.optimizer = make_optimizer(cfg.optimizer, self.master, cfg.lr, cfg.weight_decay,
+                                            torch.device("cpu"))
+            self.scheduler = make_scheduler(cfg, self.optimizer, total_steps)
+
+    def _views(self, flat: torch.Tensor) -> list[torch.Tensor]:
+        return [chunk.view_as(p) for chunk, p in zip(torch.split(flat, self.sizes), self.params)]
+
+    def step(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        loss, logits = self.forward_loss(self.model, x, y)
+        for p in self.params:
+            p.grad = None
+        loss.backward()
+        # Replica gradients -> one CPU buffer -> summed on rank 0.
+        self.grad_flat.copy_(torch.cat([p.grad.reshape(-1) for p in self.params]))
+        if self.ctx.distributed:
+            dist.reduce(self.grad_flat, dst=0, op=dist.ReduceOp.SUM, group=self.group)
+        if self.ctx.is_main:
+            if self.ctx.world_size > 1:
+                self.grad_flat.div_(self.ctx.world_size)
+            self.optimizer.step()
+            if self.scheduler is not None:
+                self.scheduler.step()
+            torch.cat([m.detach().reshape(-1) for m in self.master], out=self.param_flat)
+        if self.ctx.distributed:
+            dist.broadcast(self.param_flat, src=0, group=self.group)
+        with torch.no_grad():
+            for p, fresh in zip(self.params, self._views(self.param_flat)):
+                p.copy_(fresh, non_blocking=True)
+            self._sync_buffers()
+        return loss.detach(), logits.detach()
+
+    def _sync_buffers(self) -> None:
+        # BatchNorm statistics follow rank 0's replica, as DDP's broadcast_buffers does.
+        if not self.ctx.distributed or not self.buffers:
+            return
+        flat = torch.cat([b.detach().reshape(-1).float().cpu() for b in self.buffers])
+        dist.broadcast(flat, src=0, group=self.group)
+        for b, chunk in zip(self.buffers, torch.split(flat, [b.numel() for b in self.buffers])):
+            b.copy_(chunk.view_as(b))
+
+    def state_dict(self) -> dict:
+        # Rank 0 holds the only optimizer; its replica equals the master after every step.
+        return {"model": self.module.state_dict(),
+                "optimizer": self.optimizer.state_dict() if self.optimizer else None,
+                "scheduler": self.scheduler.state_dict() if self.scheduler else None}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.module.load_state_dict(state["model"])
+        if self.ctx.is_main:
+            with torch.no_grad():
+                for m, p in zip(self.master, self.params):
+                    m.copy_(p.detach().cpu())
+            self.optimizer.load_state_dict(state["optimizer"])
+            for m, g in zip(self.master, self._views(self.grad_flat)):
+                m.grad = g
+            if self.scheduler is not None and state.get("scheduler"):
+                self.scheduler.load_state_dict(state["scheduler"])
+
+    def lr(self) -> float:
+        return float(self.optimizer.param_groups[0]["lr"]) if self.optimizer else float("nan")
+
+
+STRATEGIES = {"ddp": AllReduce, "ps": ParameterServer}
+
+
+def make_strategy(name: str, module: nn.Module, cfg: TrainConfig, ctx: Context, total_steps: int,
+                  compile_model: bool = False) -> Strategy:
+    return STRATEGIES[name](module, cfg, ctx, total_steps, compile_model)

@@ -1,0 +1,281 @@
+"""train(cfg, ctx, data) -> TrainResult: the synchronous data-parallel training loop, evaluation
+and checkpoints. No argv, no process spawning: the caller places this process in its group.
+
+The step itself never waits for the host: losses and accuracies are read (and reduced over the
+ranks) only at display steps and evaluations.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from towerlab import checkpoint
+from towerlab.batches import Batches, Normalizer, eval_batches, mix_seed
+from towerlab.config import TrainConfig, to_dict
+from towerlab.distributed import Context, Interrupted, StopFlag, max_over_ranks, sum_over_ranks
+from towerlab.errors import UserError
+from towerlab.models import build_model
+from towerlab.report import Reporter, format_epoch, format_step
+from towerlab.strategies import Strategy, make_strategy
+
+EVAL_BATCH = 1024
+STOP_CHECK_EVERY = 10  # steps between the ranks' agreement on a Ctrl-C (a tiny all-reduce)
+
+
+@dataclass
+class TrainResult:
+    steps: int
+    epochs: float                      # steps / steps_per_epoch
+    steps_per_epoch: int
+    train_seconds: float               # optimizer steps only: no evaluation, no checkpoints
+    examples_per_sec: float            # global examples per training second
+    val_loss: float | None
+    val_accuracy: float | None         # of the returned model (the best epoch under --patience)
+    test_loss: float | None
+    test_accuracy: float | None
+    best_epoch: int | None
+    stopped: str | None                # None, "patience" or "target_accuracy"
+    history: list[dict] = field(default_factory=list)
+    model: nn.Module | None = None
+
+
+@dataclass
+class _Progress:
+    step: int = 0
+    train_seconds: float = 0.0
+    history: list = field(default_factory=list)
+    best_val_loss: float = float("inf")
+    best_epoch: int | None = None
+    best_state: dict | None = None
+    since_best: int = 0
+    stopped: str | None = None
+
+
+def uses_dropout(module: nn.Module) -> bool:
+    return any(isinstance(m, nn.modules.dropout._DropoutNd) for m in module.modules())
+
+
+def evaluate(module: nn.Module, x: torch.Tensor, y: torch.Tensor, ctx: Context, normalize: Normalizer,
+             precision: str = "fp32") -> tuple[float, float]:
+    """(mean loss, accuracy) over a whole split; each rank scores its shard, the sums are reduced."""
+    was_training = module.training
+    module.eval()
+    totals = torch.zeros(3, dtype=torch.float64, device=ctx.device)
+    autocast = torch.autocast(ctx.device.type, dtype=torch.bfloat16, enabled=precision == "bf16")
+    with torch.no_grad(), autocast:
+        for xb, yb in eval_batches(x, y, ctx, EVAL_BATCH, normalize):
+            logits = module(xb).float()
+            totals[0] += F.cross_entropy(logits, yb, reduction="sum")
+            totals[1] += (logits.argmax(1) == yb).sum()
+            totals[2] += yb.numel()
+    module.train(was_training)
+    loss_sum, correct, count = sum_over_ranks(ctx, totals).tolist()
+    if count == 0:
+        return float("nan"), float("nan")
+    return loss_sum / count, correct / count
+
+
+class _Clock:
+    """Training time only; synchronises the device at the edges so GPU time is counted in full."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.started: float | None = None
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def start(self) -> None:
+        self._sync()
+        self.started = time.perf_counter()
+
+    def stop(self) -> float:
+        self._sync()
+        elapsed = time.perf_counter() - self.started if self.started is not None else 0.0
+        self.started = None
+        return elapsed
+
+
+def build(cfg: TrainConfig, input_shape: tuple[int, int, int], num_classes: int, ctx: Context) -> nn.Module:
+    """The model, identically initialised on every rank (seeded before it is built)."""
+    torch.manual_seed(cfg.seed)
+    module = build_model(cfg.model, input_shape, num_classes, **cfg.model_options)
+    module = module.to(ctx.device)
+    if ctx.device.type == "cuda" and cfg.model != "mlp":
+        module = module.to(memory_format=torch.channels_last)
+    return module
+
+
+def train(cfg: TrainConfig, ctx: Context, data: Any, *, input_mode: str = "resident", strategy: str = "ddp",
+          reporter: Reporter | None = None, display_step: int = 100, checkpoint_path: Path | None = None,
+          resume_state: dict | None = None, test: bool = True, compile_model: bool = False,
+          stop: StopFlag | None = None) -> TrainResult:
+    """Train `cfg.model` on `data` (a towerlab.data.Dataset) over the replicas of `ctx`."""
+    reporter = reporter or Reporter(None, enabled=False)
+    batches = _make_batches(cfg, ctx, data, input_mode)
+    steps_per_epoch = batches.steps_per_epoch
+    total_steps = cfg.steps or cfg.epochs * steps_per_epoch
+    epochs_total = -(-total_steps // steps_per_epoch)
+    module = build(cfg, data.input_shape, data.num_classes, ctx)
+    strat = make_strategy(strategy, module, cfg, ctx, total_steps, compile_model)
+    progress = _Progress()
+    if resume_state is not None:
+        progress = _restore(resume_state, strat)
+    resident = input_mode == "resident"
+    val = (data.x_val.to(ctx.device), data.y_val.to(ctx.device)) if resident else (data.x_val, data.y_val)
+    global_batch = cfg.batch_size * ctx.world_size
+    dropout = uses_dropout(module)
+    clock = _Clock(ctx.device)
+
+    def evaluate_val() -> tuple[float | None, float | None]:
+        if data.n_val == 0:
+            return None, None
+        return evaluate(module, *val, ctx, batches.normalize, cfg.precision)
+
+    def save(step: int) -> None:
+        if checkpoint_path is not None and ctx.is_main:
+            checkpoint.save(checkpoint_path, _state(cfg, ctx, progress, strat, step))
+
+    reporter.start_progress(total_steps, progress.step)
+    module.train()
+    last_display = (progress.step, time.perf_counter())
+    while progress.step < total_steps and progress.stopped is None:
+        epoch, start = divmod(progress.step, steps_per_epoch)
+        clock.start()
+        for x, y in batches.epoch(epoch, start):
+            if dropout:
+                torch.manual_seed(mix_seed(cfg.seed, ctx.rank, progress.step))
+            loss, logits = strat.step(x, y)
+            progress.step += 1
+            reporter.advance()
+            step = progress.step
+            if step % display_step == 0:
+                last_display = _display(reporter, ctx, step, loss, logits, y, last_display, global_batch)
+            if stop is not None and (ctx.world_size == 1 or step % STOP_CHECK_EVERY == 0):
+                signum = int(max_over_ranks(ctx, stop.signum))
+                if signum:
+                    progress.train_seconds += clock.stop()
+                    save(step)
+                    reporter.line(f"Interrupted at step {step}: checkpoint saved; continue with --resume")
+                    raise Interrupted(signum)
+            if cfg.eval_every and step % cfg.eval_every == 0 and step % steps_per_epoch:
+                progress.train_seconds += clock.stop()
+                _after_eval(cfg, progress, reporter, step, steps_per_epoch, evaluate_val(), module, epochs_total,
+                            global_batch, end_of_epoch=False)
+                clock.start()
+                if progress.stopped:
+                    break
+            if step >= total_steps:
+                break
+        if clock.started is not None:
+            progress.train_seconds += clock.stop()
+        if progress.stopped is None:
+            _after_eval(cfg, progress, reporter, progress.step, steps_per_epoch, evaluate_val(), module,
+                        epochs_total, global_batch, end_of_epoch=True)
+            save(progress.step)
+    reporter.end_progress()
+    if cfg.patience and progress.best_state is not None:
+        module.load_state_dict(progress.best_state)  # the weights of the best validation loss
+    val_loss, val_acc = _final_val(progress)
+    test_loss = test_acc = None
+    if test and data.n_test > 0:
+        test_data = (data.x_test.to(ctx.device), data.y_test.to(ctx.device)) if resident else (data.x_test, data.y_test)
+        test_loss, test_acc = evaluate(module, *test_data, ctx, batches.normalize, cfg.precision)
+    seconds = progress.train_seconds
+    return TrainResult(
+        steps=progress.step, epochs=progress.step / steps_per_epoch, steps_per_epoch=steps_per_epoch,
+        train_seconds=seconds, examples_per_sec=progress.step * global_batch / seconds if seconds else 0.0,
+        val_loss=val_loss, val_accuracy=val_acc, test_loss=test_loss, test_accuracy=test_acc,
+        best_epoch=progress.best_epoch, stopped=progress.stopped, history=progress.history, model=module)
+
+
+def check_setup(cfg: TrainConfig, world_size: int, data: Any) -> None:
+    """Every mistake that would otherwise surface mid-run, found before anything is written: the
+    model and its options (built on the meta device, so nothing is allocated) and the batch size."""
+    with torch.device("meta"):
+        build_model(cfg.model, data.input_shape, data.num_classes, **cfg.model_options)
+    if (data.n_train // world_size) // cfg.batch_size == 0:
+        raise UserError(f"--batch-size {cfg.batch_size} x {world_size} replica(s) is more than the "
+                        f"{data.n_train} training examples: lower --batch-size or --devices")
+
+
+def _make_batches(cfg: TrainConfig, ctx: Context, data: Any, input_mode: str) -> Batches:
+    check_setup(cfg, ctx.world_size, data)
+    channels_last = ctx.device.type == "cuda" and cfg.model != "mlp"
+    normalize = Normalizer(data.mean, data.std, ctx.device, channels_last)
+    return Batches(data.x_train, data.y_train, ctx, cfg.batch_size, cfg.seed, input_mode, normalize,
+                   augment_images=cfg.augment)
+
+
+def _display(reporter: Reporter, ctx: Context, step: int, loss: torch.Tensor, logits: torch.Tensor,
+             y: torch.Tensor, last: tuple[int, float], global_batch: int) -> tuple[int, float]:
+    stats = torch.stack([loss.float(), (logits.argmax(1) == y).float().mean()]).to(torch.float64)
+    loss_value, accuracy = (sum_over_ranks(ctx, stats) / ctx.world_size).tolist()
+    now = time.perf_counter()
+    rate = (step - last[0]) * global_batch / max(now - last[1], 1e-9)
+    reporter.line(format_step(step, loss_value, accuracy, rate))
+    reporter.record("step", step=step, loss=loss_value, accuracy=accuracy, examples_per_sec=rate)
+    return step, now
+
+
+def _after_eval(cfg: TrainConfig, progress: _Progress, reporter: Reporter, step: int, steps_per_epoch: int,
+                scores: tuple[float | None, float | None], module: nn.Module, epochs_total: int,
+                global_batch: int, *, end_of_epoch: bool) -> None:
+    val_loss, val_acc = scores
+    epoch = -(-step // steps_per_epoch)
+    seconds = progress.train_seconds
+    record = {"epoch": epoch, "step": step, "val_loss": val_loss, "val_accuracy": val_acc,
+              "train_seconds": seconds, "examples_per_sec": step * global_batch / seconds if seconds else 0.0}
+    progress.history.append(record)
+    reporter.record("epoch" if end_of_epoch else "eval", **record)
+    if end_of_epoch:
+        reporter.line(format_epoch(epoch, epochs_total, val_loss, val_acc, seconds))
+    if val_loss is None:
+        return
+    if val_loss < progress.best_val_loss:
+        progress.best_val_loss, progress.best_epoch, progress.since_best = val_loss, epoch, 0
+        if cfg.patience:
+            progress.best_state = copy.deepcopy(module.state_dict())
+    elif end_of_epoch:
+        progress.since_best += 1
+    if cfg.target_accuracy is not None and val_acc >= cfg.target_accuracy:
+        progress.stopped = "target_accuracy"
+        reporter.line(f"Reached the target validation accuracy {cfg.target_accuracy} at step {step}")
+    elif cfg.patience and progress.since_best >= cfg.patience:
+        progress.stopped = "patience"
+        reporter.line(f"Stopping: no lower validation loss for {cfg.patience} epochs")
+
+
+def _final_val(progress: _Progress) -> tuple[float | None, float | None]:
+    if not progress.history:
+        return None, None
+    if progress.best_epoch is not None and progress.best_state is not None:
+        best = [r for r in progress.history if r["epoch"] == progress.best_epoch and r["val_loss"] is not None]
+        record = min(best, key=lambda r: r["val_loss"])
+    else:
+        record = progress.history[-1]
+    return record["val_loss"], record["val_accuracy"]
+
+
+def _state(cfg: TrainConfig, ctx: Context, progress: _Progress, strat: Strategy, step: int) -> dict:
+    return {"config": to_dict(cfg), "model": cfg.model, "dataset": cfg.dataset, "world_size": ctx.world_size,
+            "step": step, "train_seconds": progress.train_seconds, "history": progress.history,
+            "best_val_loss": progress.best_val_loss, "best_epoch": progress.best_epoch,
+            "best_state": progress.best_state, "since_best": progress.since_best, "stopped": progress.stopped,
+            "strategy": strat.state_dict()}
+
+
+def _restore(state: dict, strat: Strategy) -> _Progress:
+    strat.load_state_dict(state["strategy"])
+    return _Progress(step=state["step"], train_seconds=state["train_seconds"], history=list(state["history"]),
+                     best_val_loss=state["best_val_loss"], best_epoch=state["best_epoch"],
+                     best_state=state["best_state"], since_best=state["since_best"], stopped=state["stopped"])

@@ -1,0 +1,69 @@
+"""Helpers shared by the tests (plain functions; pytest fixtures live in conftest.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_DATA = REPO.parent / "shared" / "data"
+
+# A tiny learnable problem: 2,000 synthetic 28x28 images, 500 of them for validation.
+TINY = ["--dataset", "synthetic", "--synthetic-train", "2000", "--val-size", "500",
+        "--display-step", "1000", "--no-progress"]
+
+
+def real_data_dir() -> Path | None:
+    """Where the real MNIST / CIFAR-10 files are, if anywhere (TOWERLAB_DATA, else ../shared/data)."""
+    for candidate in (os.environ.get("TOWERLAB_DATA"), SHARED_DATA):
+        if candidate and (Path(candidate) / "mnist.npz").exists():
+            return Path(candidate)
+    return None
+
+
+def run_cli(*args: str, cwd: Path | None = None, timeout: float = 300, env: dict | None = None,
+             ) -> subprocess.CompletedProcess:
+    """Run the real command line in a fresh interpreter."""
+    return subprocess.run([sys.executable, "-m", "towerlab", *args], capture_output=True, text=True,
+                          cwd=cwd, timeout=timeout, env={**os.environ, **(env or {})})
+
+
+def start_towerlab(*args: str, log: Path) -> subprocess.Popen:
+    """Start the command line in its own process group (as a terminal job would be)."""
+    out = open(log, "w")
+    return subprocess.Popen([sys.executable, "-m", "towerlab", *args], stdout=out, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+
+
+def weights(run_dir: Path) -> dict[str, torch.Tensor]:
+    return torch.load(run_dir / "model.pt", weights_only=True)["state_dict"]
+
+
+def max_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    assert a.keys() == b.keys()
+    return max((a[k].float() - b[k].float()).abs().max().item() for k in a)
+
+
+def summary(run_dir: Path) -> dict:
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+def metrics(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def replica_pids(pid: int) -> list[int]:
+    """The worker processes `pid` spawned, in rank order (Linux /proc; skips multiprocessing's
+    resource tracker)."""
+    found = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        for child in (task / "children").read_text().split():
+            cmdline = Path(f"/proc/{child}/cmdline").read_bytes()
+            if b"spawn_main" in cmdline:
+                found.append(int(child))
+    return sorted(found)

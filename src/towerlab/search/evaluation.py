@@ -1,0 +1,118 @@
+"""The evaluation protocol between the search and whoever trains its candidates (the torch side).
+
+`evaluate(candidates, record) -> None` is the swappable batch map. The engine passes only the
+candidates the store cannot serve (each unique genome once) and a `record(candidate, outcome)`
+callback. The evaluator calls `record` exactly once per candidate, as soon as that candidate has
+finished, in any order and from any thread of this process; `record` writes the outcome to the
+store in its own transaction before it returns, so a crash loses only the unfinished candidates.
+A candidate that fails (out of memory, diverged, ...) is recorded as `Outcome.failed(reason)`; an
+exception escaping `evaluate` stops the search (it can be resumed), and an evaluator that returns
+without recording every candidate is a bug (RuntimeError). `serial(fitness)` turns a function
+`fitness(candidate) -> Outcome` into an evaluator that trains in this process.
+
+Every random stream of a search derives from its seed: `make_rng(seed, *stream)`, and each
+candidate's training seed from (search seed, generation, index), whichever worker trains it.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+import numpy as np
+
+from towerlab.errors import UserError
+
+STATUSES = ("ok", "failed")
+# SeedSequence spawn keys keep the streams apart: (0, generation) draws a generation's population,
+# (1,) the grid's subset, (2, generation, index) a candidate's training seed.
+GENERATION_STREAM, GRID_STREAM, CANDIDATE_STREAM = 0, 1, 2
+
+
+def make_rng(search_seed: int, *stream: int) -> np.random.Generator:
+    """The search's own PCG64 stream `stream` (never the global `random` or `np.random` state)."""
+    return np.random.Generator(np.random.PCG64(np.random.SeedSequence(search_seed, spawn_key=stream)))
+
+
+def candidate_seed(search_seed: int, generation: int, index: int) -> int:
+    """Training seed of the candidate at `index` of `generation`: a Python int in [0, 2**31), the
+    same whichever worker trains it."""
+    seq = np.random.SeedSequence(search_seed, spawn_key=(CANDIDATE_STREAM, generation, index))
+    return int(seq.generate_state(1)[0]) >> 1
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A genome to train: its place in the search and the seed to train it with."""
+
+    generation: int
+    index: int
+    genome: dict
+    genome_hash: str
+    seed: int
+
+    def __hash__(self) -> int:
+        return hash((self.generation, self.index, self.genome_hash))
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What training a candidate gave. `fitness` is the validation accuracy (needed when ok);
+    a failed outcome needs a `reason`. A non-finite val_loss is stored as None."""
+
+    status: str
+    fitness: Optional[float] = None
+    val_loss: Optional[float] = None
+    epochs: int = 0
+    seconds: float = 0.0
+    worker: str = ""
+    reason: Optional[str] = None
+
+    def __post_init__(self) -> None:
+        if self.status not in STATUSES:
+            raise ValueError(f"outcome status must be one of {STATUSES}, got {self.status!r}")
+        if self.fitness is not None:
+            object.__setattr__(self, "fitness", float(self.fitness))
+        if self.status == "ok" and (self.fitness is None or not math.isfinite(self.fitness)):
+            raise ValueError(f"an ok outcome needs a finite fitness, got {self.fitness!r}")
+        if self.status == "failed" and not self.reason:
+            raise ValueError("a failed outcome needs a reason")
+        if self.val_loss is not None:
+            loss = float(self.val_loss)
+            object.__setattr__(self, "val_loss", loss if math.isfinite(loss) else None)
+        object.__setattr__(self, "epochs", int(self.epochs))
+        object.__setattr__(self, "seconds", float(self.seconds))
+
+    @classmethod
+    def ok(cls, fitness: float, **details: Any) -> Outcome:
+        return cls("ok", fitness=fitness, **details)
+
+    @classmethod
+    def failed(cls, reason: str, **details: Any) -> Outcome:
+        return cls("failed", reason=reason, **details)
+
+
+Record = Callable[[Candidate, Outcome], None]
+Evaluate = Callable[[list[Candidate], Record], None]
+
+
+def serial(fitness: Callable[[Candidate], Outcome]) -> Evaluate:
+    """An evaluator that trains the candidates one after another in this process. An exception
+    from `fitness` becomes a failed outcome, except a UserError (a mistake no other candidate
+    would escape) and KeyboardInterrupt/SystemExit, which stop the search."""
+
+    def evaluate(candidates: list[Candidate], record: Record) -> None:
+        for candidate in candidates:
+            started = time.perf_counter()
+            try:
+                outcome = fitness(candidate)
+            except UserError:
+                raise
+            except Exception as e:  # noqa: BLE001: a candidate's failure is data, not a crash
+                outcome = Outcome.failed(f"{type(e).__name__}: {e}",
+                                         seconds=time.perf_counter() - started)
+            record(candidate, outcome)
+
+    return evaluate

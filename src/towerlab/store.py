@@ -1,0 +1,388 @@
+"""The search's SQLite record: every evaluation, every generation, and what resume replays.
+
+One process writes (the search's main process; `record` may be called from its threads); any
+number may read, e.g. `towerlab search show` while a search runs. Tables:
+
+searches     id, kind ('evolve'|'grid'), config (SearchConfig JSON), space (JSON: name, model,
+             genes), space_fingerprint, train_config_hash, created, finished (NULL while running
+             or interrupted), summary (JSON counts, when finished).
+evaluations  one row per training: genome_hash, train_config_hash, genome (JSON), status
+             ('ok'|'failed'), fitness (validation accuracy; NULL unless ok), val_loss,
+             test_accuracy (set afterwards by `set_test_accuracy`), epochs, seconds, worker,
+             reason (why it failed), search_id, generation, idx, seed, finished_at.
+             Unique: one 'ok' row per (genome_hash, train_config_hash), the cache every search
+             shares; and one row of any status per (search_id, genome_hash, train_config_hash).
+generations  (search_id, generation) key, members (JSON list of {genome_hash, genome} in
+             population order, written when the generation begins), results (JSON per-member
+             records) and stats (JSON), written with complete = 1 when it ends; started, finished.
+
+Failures: `lookup` serves a search its own row first, whatever its status, and otherwise only an
+'ok' row. So a failed candidate is not retried by the search that failed it, resumed or not (its
+history stays reproducible), while a later search retries it (the failure may have been the
+machine's: out of memory, a lost worker).
+
+Durability: WAL journal, one transaction per write, so a process killed mid-write leaves no half
+row. synchronous=FULL: a commit happens once per finished training (seconds to hours of compute),
+so one fsync each costs nothing, and a recorded evaluation then survives a power loss too (NORMAL
+in WAL mode may lose the last commits then). The schema version is `PRAGMA user_version`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sqlite3
+import threading
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Iterator, Optional
+
+from towerlab.errors import UserError
+
+if TYPE_CHECKING:
+    from towerlab.search import Candidate, Outcome, Space
+
+SCHEMA_VERSION = 1
+STORE_NAME = "search.db"  # the store's file name inside a search folder
+
+_SCHEMA = """
+CREATE TABLE searches (
+    id INTEGER PRIMARY KEY,
+    kind TEXT NOT NULL CHECK (kind IN ('evolve', 'grid')),
+    config TEXT NOT NULL,
+    space TEXT NOT NULL,
+    space_fingerprint TEXT NOT NULL,
+    train_config_hash TEXT NOT NULL,
+    created TEXT NOT NULL,
+    finished TEXT,
+    summary TEXT
+);
+CREATE TABLE evaluations (
+    id INTEGER PRIMARY KEY,
+    genome_hash TEXT NOT NULL,
+    train_config_hash TEXT NOT NULL,
+    genome TEXT NOT NULL,
+    status TEXT NOT NULL CHECK (status IN ('ok', 'failed')),
+    fitness REAL CHECK (status <> 'ok' OR fitness IS NOT NULL),
+    val_loss REAL,
+    test_accuracy REAL,
+    epochs INTEGER NOT NULL,
+    seconds REAL NOT NULL,
+    worker TEXT NOT NULL,
+    reason TEXT,
+    search_id INTEGER NOT NULL REFERENCES searches (id),
+    generation INTEGER NOT NULL,
+    idx INTEGER NOT NULL,
+    seed INTEGER NOT NULL,
+    finished_at TEXT NOT NULL
+);
+CREATE UNIQUE INDEX evaluations_ok ON evaluations (genome_hash, train_config_hash) WHERE status = 'ok';
+CREATE UNIQUE INDEX evaluations_search ON evaluations (search_id, genome_hash, train_config_hash);
+CREATE TABLE generations (
+    search_id INTEGER NOT NULL REFERENCES searches (id),
+    generation INTEGER NOT NULL,
+    members TEXT NOT NULL,
+    results TEXT,
+    stats TEXT,
+    complete INTEGER NOT NULL DEFAULT 0 CHECK (complete IN (0, 1)),
+    started TEXT NOT NULL,
+    finished TEXT,
+    PRIMARY KEY (search_id, generation)
+);
+"""
+_TABLES = {"searches", "evaluations", "generations"}
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+@dataclass(frozen=True)
+class SearchRow:
+    id: int
+    kind: str
+    config: dict
+    space: dict
+    space_fingerprint: str
+    train_config_hash: str
+    created: str
+    finished: Optional[str]
+    summary: Optional[dict]
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    id: int
+    genome_hash: str
+    train_config_hash: str
+    genome: dict
+    status: str
+    fitness: Optional[float]
+    val_loss: Optional[float]
+    test_accuracy: Optional[float]
+    epochs: int
+    seconds: float
+    worker: str
+    reason: Optional[str]
+    search_id: int
+    generation: int
+    index: int
+    seed: int
+    finished_at: str
+
+
+@dataclass(frozen=True)
+class GenerationRow:
+    search_id: int
+    generation: int
+    members: list
+    results: Optional[list]
+    stats: Optional[dict]
+    complete: bool
+    started: str
+    finished: Optional[str]
+
+
+def _loads(text: Optional[str]) -> Any:
+    return None if text is None else json.loads(text)
+
+
+def _evaluation(row: sqlite3.Row) -> Evaluation:
+    data = dict(row)
+    data["genome"] = json.loads(data["genome"])
+    data["index"] = data.pop("idx")
+    return Evaluation(**data)
+
+
+class Store:
+    """A search store at `path`, or at `path`/search.db when `path` is a folder (created, with its
+    folder, unless `create=False`)."""
+
+    def __init__(self, path: str | os.PathLike, *, create: bool = True) -> None:
+        self.path = Path(path)
+        if self.path.is_dir():
+            self.path = self.path / STORE_NAME
+        if not create and not self.path.is_file():
+            raise UserError(f"no search store at {self.path}: give the search.db of a search "
+                            f"(or the folder holding it)")
+        if create:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.RLock()
+        try:
+            # isolation_level=None: we open every transaction ourselves (BEGIN IMMEDIATE).
+            self._db = sqlite3.connect(self.path, timeout=30.0, isolation_level=None,
+                                       check_same_thread=False)
+        except sqlite3.Error as e:
+            raise UserError(f"cannot open search store {self.path}: {e}") from None
+        try:
+            self._db.row_factory = sqlite3.Row
+            self._db.execute("PRAGMA foreign_keys = ON")
+            self._check_schema(create)
+            self._db.execute("PRAGMA journal_mode = WAL")
+            self._db.execute("PRAGMA synchronous = FULL")
+        except sqlite3.DatabaseError as e:
+            self._db.close()
+            raise UserError(f"{self.path} is not a towerlab search store ({e}): "
+                            f"give the search.db of a search, or a new path") from None
+        except BaseException:
+            self._db.close()
+            raise
+
+    def _schema(self) -> tuple[int, set[str]]:
+        version = self._db.execute("PRAGMA user_version").fetchone()[0]
+        tables = {r[0] for r in self._db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        return version, tables
+
+    def _check_schema(self, create: bool) -> None:
+        """Refuse a newer schema or a foreign file before writing anything; create an empty one."""
+        version, tables = self._schema()
+        if version > SCHEMA_VERSION:
+            raise UserError(f"search store {self.path} has schema version {version}, newer than this "
+                            f"towerlab reads ({SCHEMA_VERSION}): upgrade towerlab to open it")
+        if version == SCHEMA_VERSION and _TABLES <= tables:
+            return
+        if version != 0 or tables or not create:
+            raise UserError(f"{self.path} is an SQLite file but not a towerlab search store: "
+                            f"give the search.db of a search, or a new path")
+        with self._write():
+            raced = self._schema() != (0, set())  # another process wrote it meanwhile
+            if not raced:
+                for statement in _SCHEMA.split(";"):
+                    if statement.strip():
+                        self._db.execute(statement)
+                self._db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+        if raced:
+            self._check_schema(create=False)
+
+    @contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        """One transaction: committed whole, or rolled back whole (even on KeyboardInterrupt)."""
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._db
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+
+    def _read(self, sql: str, args: tuple = ()) -> list[sqlite3.Row]:
+        with self._lock:
+            return self._db.execute(sql, args).fetchall()
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- searches -------------------------------------------------------------------------------
+
+    def begin_search(self, kind: str, config: dict, space: Space, train_config_hash: str) -> int:
+        with self._write() as db:
+            cursor = db.execute(
+                "INSERT INTO searches (kind, config, space, space_fingerprint, train_config_hash, created)"
+                " VALUES (?, ?, ?, ?, ?, ?)",
+                (kind, json.dumps(config, sort_keys=True), json.dumps(space.to_dict()), space.fingerprint,
+                 train_config_hash, _now()))
+            return int(cursor.lastrowid)
+
+    def resume_search(self, search_id: int, config: dict) -> None:
+        """Mark the search running again, under `config` (it may extend the generations)."""
+        with self._write() as db:
+            db.execute("UPDATE searches SET config = ?, finished = NULL, summary = NULL WHERE id = ?",
+                       (json.dumps(config, sort_keys=True), search_id))
+
+    def finish_search(self, search_id: int, summary: dict) -> None:
+        with self._write() as db:
+            db.execute("UPDATE searches SET finished = ?, summary = ? WHERE id = ?",
+                       (_now(), json.dumps(summary), search_id))
+
+    def _search(self, row: sqlite3.Row) -> SearchRow:
+        data = dict(row)
+        for key in ("config", "space", "summary"):
+            data[key] = _loads(data[key])
+        return SearchRow(**data)
+
+    def search(self, search_id: int) -> Optional[SearchRow]:
+        rows = self._read("SELECT * FROM searches WHERE id = ?", (search_id,))
+        return self._search(rows[0]) if rows else None
+
+    def latest_search(self, kind: Optional[str] = None) -> Optional[SearchRow]:
+        rows = self._read("SELECT * FROM searches WHERE ? IS NULL OR kind = ? ORDER BY id DESC LIMIT 1",
+                          (kind, kind))
+        return self._search(rows[0]) if rows else None
+
+    def searches(self) -> list[SearchRow]:
+        return [self._search(r) for r in self._read("SELECT * FROM searches ORDER BY id")]
+
+    # -- evaluations ----------------------------------------------------------------------------
+
+    def lookup(self, genome_hash: str, train_config_hash: str,
+               search_id: Optional[int] = None) -> Optional[Evaluation]:
+        """The evaluation that serves this genome: the row of `search_id` itself if it has one (ok or
+        failed), else the successful row of any search; None when it must be trained."""
+        rows = self._read(
+            "SELECT * FROM evaluations WHERE genome_hash = ? AND train_config_hash = ?"
+            " AND (status = 'ok' OR search_id IS ?) ORDER BY search_id IS ? DESC, id LIMIT 1",
+            (genome_hash, train_config_hash, search_id, search_id))
+        return _evaluation(rows[0]) if rows else None
+
+    def record(self, candidate: Candidate, outcome: Outcome, train_config_hash: str,
+               search_id: int) -> Evaluation:
+        """Write one finished evaluation (one transaction) and return its row."""
+        fitness = outcome.fitness if outcome.status == "ok" else None
+        val_loss = outcome.val_loss if outcome.val_loss is None or math.isfinite(outcome.val_loss) else None
+        values = (candidate.genome_hash, train_config_hash, json.dumps(candidate.genome), outcome.status,
+                  fitness, val_loss, None, outcome.epochs, outcome.seconds, outcome.worker,
+                  outcome.reason, search_id, candidate.generation, candidate.index, candidate.seed, _now())
+        with self._write() as db:
+            cursor = db.execute(
+                "INSERT INTO evaluations (genome_hash, train_config_hash, genome, status, fitness,"
+                " val_loss, test_accuracy, epochs, seconds, worker, reason, search_id, generation, idx,"
+                " seed, finished_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", values)
+            row = db.execute("SELECT * FROM evaluations WHERE id = ?", (cursor.lastrowid,)).fetchone()
+        return _evaluation(row)
+
+    def set_test_accuracy(self, genome_hash: str, train_config_hash: str, accuracy: float) -> None:
+        """Attach the test accuracy to the successful evaluation of this genome."""
+        with self._write() as db:
+            cursor = db.execute(
+                "UPDATE evaluations SET test_accuracy = ? WHERE genome_hash = ? AND train_config_hash = ?"
+                " AND status = 'ok'", (float(accuracy), genome_hash, train_config_hash))
+            if cursor.rowcount != 1:
+                raise KeyError(f"no successful evaluation of genome {genome_hash[:12]} under training "
+                               f"config {train_config_hash[:12]} in {self.path}")
+
+    def top(self, n: int, train_config_hash: Optional[str] = None) -> list[Evaluation]:
+        """The `n` best successful evaluations (of one training config, or all), best first."""
+        rows = self._read(
+            "SELECT * FROM evaluations WHERE status = 'ok' AND (? IS NULL OR train_config_hash = ?)"
+            " ORDER BY fitness DESC, genome_hash LIMIT ?", (train_config_hash, train_config_hash, n))
+        return [_evaluation(r) for r in rows]
+
+    def search_top(self, search_id: int, n: int) -> list[Evaluation]:
+        """The `n` best successful evaluations among the genomes of this search's generations
+        (those it trained and those the cache served it), best first."""
+        search = self.search(search_id)
+        if search is None:
+            return []
+        wanted = sorted({m["genome_hash"] for gen in self.generations(search_id) for m in gen.members})
+        best: list[Evaluation] = []
+        for start in range(0, len(wanted), 500):  # SQLite caps the parameters of one statement
+            chunk = wanted[start:start + 500]
+            rows = self._read(
+                "SELECT * FROM evaluations WHERE status = 'ok' AND train_config_hash = ?"
+                f" AND genome_hash IN ({', '.join('?' * len(chunk))})", (search.train_config_hash, *chunk))
+            best.extend(_evaluation(r) for r in rows)
+        best.sort(key=lambda e: (-e.fitness, e.genome_hash))
+        return best[:n]
+
+    def evaluations(self, search_id: Optional[int] = None) -> list[Evaluation]:
+        """Evaluations in the order they finished (of one search, or all)."""
+        rows = self._read("SELECT * FROM evaluations WHERE ? IS NULL OR search_id = ? ORDER BY id",
+                          (search_id, search_id))
+        return [_evaluation(r) for r in rows]
+
+    # -- generations ----------------------------------------------------------------------------
+
+    def begin_generation(self, search_id: int, generation: int, genomes: list[dict],
+                         hashes: list[str]) -> None:
+        """Record a generation's members (genomes and their hashes, in population order)."""
+        members = [{"genome_hash": h, "genome": g} for h, g in zip(hashes, genomes, strict=True)]
+        with self._write() as db:
+            db.execute("INSERT INTO generations (search_id, generation, members, started) VALUES (?, ?, ?, ?)",
+                       (search_id, generation, json.dumps(members), _now()))
+
+    def complete_generation(self, search_id: int, generation: int, results: list[dict],
+                            stats: dict) -> None:
+        with self._write() as db:
+            cursor = db.execute(
+                "UPDATE generations SET results = ?, stats = ?, complete = 1, finished = ?"
+                " WHERE search_id = ? AND generation = ?",
+                (json.dumps(results), json.dumps(stats), _now(), search_id, generation))
+            if cursor.rowcount != 1:
+                raise KeyError(f"generation {generation} of search {search_id} was never begun")
+
+    def _generation(self, row: sqlite3.Row) -> GenerationRow:
+        data = dict(row)
+        for key in ("members", "results", "stats"):
+            data[key] = _loads(data[key])
+        data["complete"] = bool(data["complete"])
+        return GenerationRow(**data)
+
+    def generation(self, search_id: int, generation: int) -> Optional[GenerationRow]:
+        rows = self._read("SELECT * FROM generations WHERE search_id = ? AND generation = ?",
+                          (search_id, generation))
+        return self._generation(rows[0]) if rows else None
+
+    def generations(self, search_id: int) -> list[GenerationRow]:
+        rows = self._read("SELECT * FROM generations WHERE search_id = ? ORDER BY generation", (search_id,))
+        return [self._generation(r) for r in rows]

@@ -1,0 +1,180 @@
+"""The SQLite store: schema, cache semantics, atomic writes, and `towerlab search show` text."""
+
+import sqlite3
+import subprocess
+import sys
+
+import pytest
+
+from towerlab.config import SearchConfig, to_dict
+from towerlab.errors import UserError
+from towerlab.search import Candidate, Outcome, format_search, genome_hash, load_space, run_evolution, serial
+from towerlab.store import SCHEMA_VERSION, Store
+
+TCH = "tch"
+
+
+def candidate(genome, generation=0, index=0):
+    return Candidate(generation, index, genome, genome_hash(genome), 1234)
+
+
+@pytest.fixture
+def store(tmp_path):
+    with Store(tmp_path / "sub" / "search.db") as s:
+        yield s
+
+
+def new_search(store, seed=0):
+    return store.begin_search("evolve", to_dict(SearchConfig(seed=seed)), load_space("mlp"), TCH)
+
+
+def test_a_new_store_is_wal_with_foreign_keys_and_a_schema_version(store):
+    db = sqlite3.connect(store.path)
+    assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+    assert store._db.execute("PRAGMA foreign_keys").fetchone()[0] == 1
+    assert store._db.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
+    with pytest.raises(sqlite3.IntegrityError):  # no evaluation without its search
+        store.record(candidate({"a": 1}), Outcome.ok(0.5), TCH, search_id=99)
+
+
+def test_record_and_lookup(store):
+    sid = new_search(store)
+    genome = {"neurons": 64, "layers": 2}
+    assert store.lookup(genome_hash(genome), TCH, sid) is None
+    row = store.record(candidate(genome, 3, 7), Outcome.ok(0.91, val_loss=0.3, epochs=4, seconds=2.5,
+                                                             worker="cuda:1"), TCH, sid)
+    assert store.lookup(genome_hash(genome), TCH) == row == store.lookup(genome_hash(genome), TCH, sid)
+    assert (row.genome, row.status, row.fitness, row.val_loss, row.epochs, row.seconds, row.worker) == \
+        (genome, "ok", 0.91, 0.3, 4, 2.5, "cuda:1")
+    assert (row.search_id, row.generation, row.index, row.seed) == (sid, 3, 7, 1234)
+    assert store.lookup(genome_hash(genome), "other config") is None
+    with pytest.raises(sqlite3.IntegrityError):  # one successful evaluation per genome and config
+        store.record(candidate(genome), Outcome.ok(0.5), TCH, new_search(store))
+
+
+def test_failures_serve_only_the_search_that_made_them(store):
+    first, second = new_search(store), new_search(store, seed=1)
+    genome = {"neurons": 64}
+    h = genome_hash(genome)
+    failed = store.record(candidate(genome), Outcome.failed("CUDA out of memory"), TCH, first)
+    assert store.lookup(h, TCH, first) == failed and failed.reason == "CUDA out of memory"
+    assert store.lookup(h, TCH, second) is None and store.lookup(h, TCH) is None
+    ok = store.record(candidate(genome), Outcome.ok(0.8), TCH, second)  # the later search retries
+    assert store.lookup(h, TCH, second) == ok == store.lookup(h, TCH, 3)
+    assert store.lookup(h, TCH, first) == failed  # the first search's history stays as it was
+
+
+def test_test_accuracy_and_top(store):
+    sid = new_search(store)
+    for i, fitness in enumerate([0.5, 0.9, 0.7, 0.9]):
+        store.record(candidate({"n": i}), Outcome.ok(fitness), TCH, sid)
+    store.record(candidate({"n": 9}), Outcome.failed("diverged"), TCH, sid)
+    store.record(candidate({"n": 5}), Outcome.ok(0.99), "other", sid)
+    top = store.top(3, TCH)
+    assert [e.fitness for e in top] == [0.9, 0.9, 0.7] and top[0].genome_hash < top[1].genome_hash
+    assert store.top(1)[0].fitness == 0.99
+    store.set_test_accuracy(genome_hash({"n": 2}), TCH, 0.68)
+    assert store.lookup(genome_hash({"n": 2}), TCH).test_accuracy == 0.68
+    with pytest.raises(KeyError):
+        store.set_test_accuracy(genome_hash({"n": 9}), TCH, 0.1)
+
+
+def test_a_write_interrupted_in_process_is_rolled_back(store):
+    sid = new_search(store)
+    with pytest.raises(KeyboardInterrupt):
+        with store._write() as db:
+            db.execute("UPDATE searches SET finished = 'x' WHERE id = ?", (sid,))
+            raise KeyboardInterrupt
+    assert store.search(sid).finished is None
+    store.finish_search(sid, {"evaluations": 0})  # the store still works
+    assert store.search(sid).summary == {"evaluations": 0}
+
+
+def test_a_process_killed_mid_transaction_leaves_no_row(tmp_path):
+    path = tmp_path / "search.db"
+    Store(path).close()
+    code = ("import os, sys; from towerlab.store import Store; s = Store(sys.argv[1]);"
+            "s._db.execute('BEGIN IMMEDIATE');"
+            "s._db.execute(\"INSERT INTO searches (kind, config, space, space_fingerprint, train_config_hash,"
+            " created) VALUES ('grid', '{}', '{}', 'f', 't', 'now')\"); os._exit(9)")
+    assert subprocess.run([sys.executable, "-c", code, str(path)]).returncode == 9
+    with Store(path) as store:
+        assert store.searches() == []
+
+
+def test_newer_schema_is_refused(tmp_path):
+    path = tmp_path / "search.db"
+    Store(path).close()
+    db = sqlite3.connect(path)
+    db.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
+    db.close()
+    with pytest.raises(UserError, match=f"schema version {SCHEMA_VERSION + 1}, newer .* upgrade towerlab"):
+        Store(path)
+
+
+def test_missing_foreign_and_non_sqlite_files_are_refused(tmp_path):
+    with pytest.raises(UserError, match="no search store at"):
+        Store(tmp_path / "missing.db", create=False)
+    with pytest.raises(UserError, match="no search store at"):
+        format_search(tmp_path / "missing.db")
+    text = tmp_path / "notes.db"
+    text.write_text("these are not the tables you are looking for\n" * 100)
+    with pytest.raises(UserError, match="not a towerlab search store"):
+        Store(text)
+    with pytest.raises(UserError, match="not a towerlab search store"):
+        format_search(text)
+    other = tmp_path / "other.db"
+    db = sqlite3.connect(other)
+    db.execute("CREATE TABLE photos (id INTEGER)")
+    db.commit()
+    db.close()
+    with pytest.raises(UserError, match="SQLite file but not a towerlab search store"):
+        Store(other)
+    empty = tmp_path / "empty.db"
+    empty.touch()
+    with pytest.raises(UserError, match="not a towerlab search store"):
+        format_search(empty)
+    assert empty.read_bytes() == b"" and text.read_text().startswith("these")  # refused files stay untouched
+
+
+def test_format_search_shows_generations_counts_and_top(tmp_path):
+    space = load_space("mlp")
+
+    def fit(c):
+        if c.genome["activation"] == "sigmoid":
+            return Outcome.failed("diverged")
+        return Outcome.ok(0.5 + c.genome["neurons"] / 4096 + c.genome["layers"] / 100, seconds=1.25)
+
+    with Store(tmp_path / "search.db") as store:
+        result = run_evolution(SearchConfig(population=8, generations=3, top=3), space, serial(fit), store, TCH)
+        best = result.top[0]
+        store.set_test_accuracy(best.genome_hash, TCH, 0.8765)
+        text = format_search(store)
+    assert text == format_search(tmp_path) == format_search(tmp_path / "search.db")
+    with Store(tmp_path) as again:  # a folder means its search.db
+        assert again.path == tmp_path / "search.db" and len(again.searches()) == 1
+    assert "search 1: evolve over space mlp (model mlp, 672 genomes), seed 0, population 8, 3 generations" in text
+    for gen in result.history:
+        s = gen.stats
+        assert (f"{gen.generation:>4} {s.evaluated:>9} {s.cached:>7} {s.failed:>6} {s.best:>7.4f} "
+                f"{s.mean:>7.4f} {s.worst:>7.4f}") in text
+    assert (f"{result.evaluations} evaluations, {result.cache_hits} cache hits, "
+            f"{result.failures} failures") in text
+    genome = " ".join(f"{k}={v}" for k, v in best.genome.items())
+    assert f"     1 {best.fitness:>8.4f}   0.8765  {genome}" in text
+
+
+def test_format_search_shows_an_interrupted_generation(tmp_path):
+    def crash(candidates, record):
+        if candidates[0].generation == 1:
+            record(candidates[0], Outcome.ok(0.5))
+            raise KeyboardInterrupt
+        for c in candidates:
+            record(c, Outcome.ok(0.25))
+
+    with Store(tmp_path / "search.db") as store, pytest.raises(KeyboardInterrupt):
+        run_evolution(SearchConfig(population=6, generations=3), load_space("mlp"), crash, store, TCH)
+    text = format_search(tmp_path)
+    assert "not finished (resume it with --resume)" in text
+    assert "   1 incomplete: 1 evaluation(s) recorded of 6 members" in text

@@ -157,7 +157,7 @@ def test_format_search_shows_generations_counts_and_top(tmp_path):
     assert "search 1: evolve over space mlp (model mlp, 672 genomes), seed 0, population 8, 3 generations" in text
     for gen in result.history:
         s = gen.stats
-        assert (f"{gen.generation:>4} {s.evaluated:>9} {s.cached:>7} {s.failed:>6} {s.best:>7.4f} "
+        assert (f"{gen.generation + 1:>4} {s.evaluated:>9} {s.cached:>7} {s.failed:>6} {s.best:>7.4f} "
                 f"{s.mean:>7.4f} {s.worst:>7.4f}") in text
     assert (f"{result.evaluations} evaluations, {result.cache_hits} cache hits, "
             f"{result.failures} failures") in text
@@ -177,4 +177,4 @@ def test_format_search_shows_an_interrupted_generation(tmp_path):
         run_evolution(SearchConfig(population=6, generations=3), load_space("mlp"), crash, store, TCH)
     text = format_search(tmp_path)
     assert "not finished (resume it with --resume)" in text
-    assert "   1 incomplete: 1 evaluation(s) recorded of 6 members" in text
+    assert "   2 incomplete: 1 evaluation(s) recorded of 6 members" in text

@@ -7,6 +7,7 @@ User mistakes (`UserError`) become one line on stderr and exit status 2; Ctrl-C 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from pathlib import Path
@@ -16,7 +17,8 @@ from typing import Sequence
 os.environ.setdefault("MPLBACKEND", "Agg")
 
 from towerlab import __version__  # noqa: E402
-from towerlab.config import RunConfig, TrainConfig, add_arguments, given, replace  # noqa: E402
+from towerlab.config import (RunConfig, SearchConfig, TrainConfig, add_arguments, from_dict, given,  # noqa: E402
+                             replace)
 from towerlab.distributed import EXIT_USER_ERROR, Interrupted  # noqa: E402
 from towerlab.errors import UserError  # noqa: E402
 
@@ -47,11 +49,29 @@ def _data_parser(sub: argparse._SubParsersAction) -> None:
     info.set_defaults(handler=_cmd_data_info)
 
 
+SEARCH_RUN_SKIP = ("strategy", "input", "display_step", "compile", "tensorboard")
+
+
+def _search_parsers(sub: argparse._SubParsersAction) -> None:
+    for kind, text in (("evolve", "evolve network hyperparameters with a genetic algorithm"),
+                       ("grid", "evaluate every genome of a search space (or a random --limit of them)")):
+        p = sub.add_parser(kind, help=text, description=text + ", on every device and machine.")
+        add_arguments(p, SearchConfig)
+        add_arguments(p, RunConfig, skip=SEARCH_RUN_SKIP)
+        p.set_defaults(handler=_cmd_search, kind=kind)
+    show = sub.add_parser("search", help="inspect stored searches")
+    show_sub = show.add_subparsers(dest="search_command", required=True, parser_class=_Parser)
+    p = show_sub.add_parser("show", help="the generations and top genomes of a stored search")
+    p.add_argument("path", help="a search's output folder, or its search.db")
+    p.set_defaults(handler=_cmd_search_show)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="towerlab", description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--version", action="version", version=f"towerlab {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     _train_parser(sub)
+    _search_parsers(sub)
     _data_parser(sub)
     return parser
 
@@ -75,6 +95,46 @@ def resolve_train(args: argparse.Namespace) -> tuple[TrainConfig, RunConfig]:
         raise UserError(f"{folder} was trained on {stored_run.devices} replica(s): resume with "
                         f"--devices {stored_run.devices} so the result equals an uninterrupted run")
     return cfg, replace(stored_run, **{**run_given, "out": str(folder)})
+
+
+# Settings a resumed search may change: they do not alter what has been computed.
+SEARCH_EXTENSIBLE = ("generations", "top", "export_best", "workers_per_device")
+
+
+def resolve_search(args: argparse.Namespace) -> tuple[SearchConfig, RunConfig]:
+    search_given, run_given = given(args, SearchConfig), given(args, RunConfig)
+    if "resume" not in run_given:
+        return SearchConfig(**search_given), RunConfig(**run_given)
+    folder = Path(run_given["resume"])
+    try:
+        stored = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+        cfg, stored_run = from_dict(SearchConfig, stored["search"]), from_dict(RunConfig, stored["run"])
+        if stored["kind"] != args.kind:
+            raise UserError(f"{folder} holds a {stored['kind']} search: resume it with towerlab {stored['kind']}")
+    except FileNotFoundError:
+        raise UserError(f"{folder} is not a towerlab search (no config.json): check the --resume path") from None
+    except (json.JSONDecodeError, KeyError, TypeError):
+        raise UserError(f"{folder}/config.json is unreadable: it was not written by towerlab {args.kind}") from None
+    changed = [k for k, v in search_given.items() if getattr(cfg, k) != v and k not in SEARCH_EXTENSIBLE]
+    if changed:
+        flags = ", ".join("--" + k.replace("_", "-") for k in changed)
+        raise UserError(f"--resume continues the stored search, whose {flags} differ(s) from what you passed: "
+                        "drop those flags or start a new search")
+    return replace(cfg, **search_given), replace(stored_run, **{**run_given, "out": str(folder)})
+
+
+def _cmd_search(args: argparse.Namespace) -> int:
+    from towerlab.search_job import start_search
+
+    cfg, run = resolve_search(args)
+    return start_search(args.kind, cfg, run)
+
+
+def _cmd_search_show(args: argparse.Namespace) -> int:
+    from towerlab.search import format_search
+
+    print(format_search(args.path))
+    return 0
 
 
 def _cmd_train(args: argparse.Namespace) -> int:

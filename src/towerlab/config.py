@@ -145,9 +145,6 @@ class RunConfig:
         _check_positive("timeout", self.timeout)
 
 
-SPACES = ("mlp", "cnn")
-
-
 def _check_fraction(name: str, value: float) -> None:
     if not 0.0 <= value <= 1.0:
         raise UserError(f"--{name.replace('_', '-')} is a probability in [0, 1], got {value}")
@@ -192,6 +189,8 @@ class SearchConfig:
             raise UserError(f"--elite must be between 0 and --population ({self.population}), got {self.elite}")
         if self.val_size <= 0:
             raise UserError("--val-size must be positive: the fitness is validation accuracy")
+        if self.seed < 0:
+            raise UserError(f"--seed must be 0 or more, got {self.seed}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -277,6 +276,25 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type, *, skip: tuple[str
         else:
             group.add_argument(flag, dest=f.name, type=kind, default=argparse.SUPPRESS, help=help_text,
                                metavar="NAME" if choices else kind.__name__.upper())
+
+
+def to_flags(cfg: Any) -> list[str]:
+    """The command-line flags that reproduce `cfg` (the fields that differ from their defaults)."""
+    flags = []
+    for f in dataclasses.fields(cfg):
+        value = getattr(cfg, f.name)
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        if value == default:
+            continue
+        flag = "--" + f.metadata.get("flag", f.name.replace("_", "-"))
+        if isinstance(value, bool):
+            flags.append(flag if value else "--no-" + flag[2:])
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                flags += [flag, f"{key}={item}"]
+        else:
+            flags += [flag, str(value)]
+    return flags
 
 
 def given(namespace: argparse.Namespace, cls: type) -> dict:

@@ -123,11 +123,13 @@ def local_processes(run: Any) -> int:
 
 
 @contextlib.contextmanager
-def session(*, rank: int = 0, world_size: int = 1, store_path: str | None = None,
-            timeout: float = 120.0) -> Iterator[Context]:
+def session(*, rank: int = 0, world_size: int = 1, store_path: str | None = None, timeout: float = 120.0,
+            backend: str | None = None, per_device: int = 1) -> Iterator[Context]:
     """Join (or skip, when alone) the process group and always tear it down.
 
     Under torchrun the environment decides rank and world size; otherwise the caller does.
+    `per_device` processes share each GPU (the search packs small candidates that way); they must
+    then talk over gloo (`backend="gloo"`), since NCCL allows one rank per GPU.
     """
     kind = device_type()
     if under_torchrun():
@@ -135,19 +137,19 @@ def session(*, rank: int = 0, world_size: int = 1, store_path: str | None = None
         local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     else:
         local_rank = rank
-    device = torch.device(kind, local_rank) if kind == "cuda" else torch.device("cpu")
+    device = torch.device(kind, local_rank // per_device) if kind == "cuda" else torch.device("cpu")
     if kind == "cuda":
         torch.cuda.set_device(device)
     if world_size == 1 and not under_torchrun():
         yield Context(device=device)
         return
-    backend = "nccl" if kind == "cuda" else "gloo"
+    backend = backend or ("nccl" if kind == "cuda" else "gloo")
     options: dict[str, Any] = {"backend": backend, "timeout": timedelta(seconds=timeout)}
     if under_torchrun():
         options["init_method"] = "env://"
     else:
         options.update(store=dist.FileStore(store_path, world_size), rank=rank, world_size=world_size)
-    if kind == "cuda":
+    if backend == "nccl":
         options["device_id"] = device
     dist.init_process_group(**options)
     try:
@@ -233,12 +235,14 @@ def _worker_entry(fn: Callable[..., None], rank: int, world_size: int, store_pat
 
 
 def launch(fn: Callable[..., None], world_size: int, args: tuple = (), *, grace: float = 20.0,
-           log: Callable[[str], None] | None = None, hint: str = "") -> int:
+           log: Callable[[str], None] | None = None, hint: str = "", essential: set[int] | None = None) -> int:
     """Run `fn(rank, world_size, store_path, *args)` in `world_size` fresh processes.
 
     Returns the job's exit status. When one worker dies, the others get `grace` seconds to stop on
     their own (they usually fail at once on the broken collective), then are terminated. SIGINT and
     SIGTERM are passed on to the workers, which save a checkpoint and exit 130 / 143.
+    With `essential` given, only the failure of those ranks stops the job; the others' deaths are
+    logged and the job goes on (the search hands their work to someone else).
     """
     log = log or (lambda line: print(line, file=sys.stderr, flush=True))
     rdzv = tempfile.mkdtemp(prefix="towerlab-rdzv-")
@@ -259,7 +263,7 @@ def launch(fn: Callable[..., None], world_size: int, args: tuple = (), *, grace:
     try:
         for p in procs:
             p.start()
-        return _monitor(procs, grace, log, received, hint)
+        return _monitor(procs, grace, log, received, hint, essential)
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
@@ -270,15 +274,23 @@ def launch(fn: Callable[..., None], world_size: int, args: tuple = (), *, grace:
         shutil.rmtree(rdzv, ignore_errors=True)
 
 
-def _monitor(procs: list, grace: float, log: Callable[[str], None], received: list[int], hint: str) -> int:
+def _monitor(procs: list, grace: float, log: Callable[[str], None], received: list[int], hint: str,
+             essential: set[int] | None) -> int:
     failures: dict[int, int] = {}  # rank -> exit code, in the order seen
     deadline = None
     while any(p.is_alive() for p in procs):
         wait([p.sentinel for p in procs if p.is_alive()], timeout=1.0)
         for rank, p in enumerate(procs):
-            if p.exitcode not in (None, 0) and rank not in failures:
-                failures[rank] = p.exitcode
-                deadline = deadline or time.monotonic() + grace
+            if p.exitcode in (None, 0) or rank in failures:
+                continue
+            failures[rank] = p.exitcode
+            if essential is not None and rank not in essential and not received:
+                log(f"towerlab: warning: worker rank {rank} (pid {p.pid}) {_describe(p.exitcode)}; "
+                    "the others carry on")
+            elif deadline is None:
+                deadline = time.monotonic() + grace
+        if essential is not None and deadline is None and not any(procs[r].is_alive() for r in essential):
+            deadline = time.monotonic() + grace  # the job is over; the rest only have to leave
         if deadline is not None and time.monotonic() > deadline:
             for p in procs:
                 if p.is_alive():
@@ -290,6 +302,8 @@ def _monitor(procs: list, grace: float, log: Callable[[str], None], received: li
     for rank, p in enumerate(procs):
         if p.exitcode not in (None, 0) and rank not in failures:
             failures[rank] = p.exitcode
+    if essential is not None:
+        failures = {r: c for r, c in failures.items() if r in essential}
     if not failures:
         return 0
     if received:
@@ -298,7 +312,10 @@ def _monitor(procs: list, grace: float, log: Callable[[str], None], received: li
     rank, code = next(((r, c) for r, c in failures.items() if c != EXIT_PEER_LOST), next(iter(failures.items())))
     if code in (EXIT_USER_ERROR, EXIT_SIGINT, EXIT_SIGTERM):
         return code
-    what = f"was killed by {_signal_name(code)}" if code < 0 else f"exited with status {code}"
-    log(f"towerlab: error: replica rank {rank} (pid {procs[rank].pid}) {what}; the other replicas were stopped"
-        + (f". {hint}" if hint else ""))
+    log(f"towerlab: error: replica rank {rank} (pid {procs[rank].pid}) {_describe(code)}; "
+        "the other replicas were stopped" + (f". {hint}" if hint else ""))
     return 1
+
+
+def _describe(exitcode: int) -> str:
+    return f"was killed by {_signal_name(exitcode)}" if exitcode < 0 else f"exited with status {exitcode}"

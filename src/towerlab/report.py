@@ -125,3 +125,54 @@ def format_final(summary: dict) -> str:
              f"{summary['examples_per_sec']:.0f} Examples/sec",
              f"{summary['world_size']} x {summary['device_type']}"]
     return "Done: " + " | ".join(parts)
+
+
+def format_generation(stats: Any, generations: int) -> str:
+    """`stats` is a towerlab.search GenerationStats."""
+    def acc(x: float | None) -> str:
+        return "-" if x is None else f"{x:.4f}"
+
+    replayed = " (from the store)" if getattr(stats, "replayed", False) else ""
+    return (f"Generation {stats.generation + 1}/{generations}: evaluated {stats.evaluated}, cached {stats.cached}, "
+            f"failed {stats.failed} | best {acc(stats.best)} mean {acc(stats.mean)} worst {acc(stats.worst)} | "
+            f"{stats.seconds:.1f} s{replayed}")
+
+
+def format_top(rows: list[dict]) -> str:
+    """The final table: rank, validation and test accuracy, genome."""
+    lines = [f"Top {len(rows)} networks (fitness = validation accuracy):",
+             f"  {'#':>2}  {'val acc':>7}  {'test acc':>8}  genome"]
+    for i, row in enumerate(rows, 1):
+        test = "-" if row.get("test_accuracy") is None else f"{row['test_accuracy']:.4f}"
+        genome = ", ".join(f"{k}={v}" for k, v in row["genome"].items())
+        lines.append(f"  {i:>2}  {row['val_accuracy']:.4f}  {test:>8}  {genome}")
+    return "\n".join(lines)
+
+
+def plot_fitness(stats: list[dict], path: Path, title: str) -> None:
+    """fitness.png: best, mean and worst validation accuracy per generation (written atomically)."""
+    import io
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from towerlab import atomic
+
+    generations = [s["generation"] + 1 for s in stats]
+    fig, ax = plt.subplots(figsize=(6, 4), dpi=120)
+    for key, style in (("best", "-o"), ("mean", "--s"), ("worst", ":^")):
+        points = [(g, s[key]) for g, s in zip(generations, stats) if s[key] is not None]
+        if points:
+            ax.plot(*zip(*points), style, label=key)
+    ax.set_xlabel("generation")
+    ax.set_ylabel("validation accuracy")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    buffer = io.BytesIO()
+    fig.tight_layout()
+    fig.savefig(buffer, format="png")
+    plt.close(fig)
+    atomic.write_bytes(path, buffer.getvalue())

@@ -48,13 +48,13 @@ def _format_one(store: Store, search: SearchRow) -> str:
     for gen in store.generations(search.id):
         if not gen.complete:
             done = sum(e.generation == gen.generation for e in trained)
-            lines.append(f"  {gen.generation:>4} incomplete: {done} evaluation(s) recorded of "
+            lines.append(f"  {gen.generation + 1:>4} incomplete: {done} evaluation(s) recorded of "
                          f"{len(gen.members)} members")
             continue
         s = gen.stats
         for key in totals:
             totals[key] += s[key]
-        lines.append(f"  {gen.generation:>4} {s['evaluated']:>9} {s['cached']:>7} {s['failed']:>6} "
+        lines.append(f"  {gen.generation + 1:>4} {s['evaluated']:>9} {s['cached']:>7} {s['failed']:>6} "
                      f"{_acc(s['best']):>7} {_acc(s['mean']):>7} {_acc(s['worst']):>7} "
                      f"{s['seconds']:>9.1f}")
     lines.append(f"  {totals['evaluated']} evaluations, {totals['cached']} cache hits, "

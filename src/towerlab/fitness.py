@@ -1,0 +1,92 @@
+"""The bridge between the search and training: genome -> TrainConfig -> validation accuracy.
+
+A genome holds model genes (the options of the space's model family) and training genes
+(optimizer, lr, batch_size, epochs). What a genome leaves open comes from the search's settings:
+each optimizer trains at its own default learning rate (as in the original), the batch size is
+128 (64 on CIFAR-10), at most `max_epochs` epochs with early stopping after `patience` epochs
+without a lower validation loss; the weights of the best epoch are the candidate's.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+import torch
+
+from towerlab.config import SearchConfig, TrainConfig
+from towerlab.distributed import Context, Interrupted, StopFlag
+from towerlab.search import Candidate, Outcome, genome_hash
+from towerlab.strategies import DEFAULT_LR
+from towerlab.train import train
+
+TRAINING_GENES = ("optimizer", "lr", "batch_size", "epochs")
+DEFAULT_BATCH = {"cifar10": 64}  # the original's; 128 for the MNIST-like sets
+# Bumped whenever candidate training changes what it computes, so a store's cache never serves
+# fitnesses that today's code would not reproduce.
+FITNESS_VERSION = 1
+
+
+def training_settings(cfg: SearchConfig) -> dict:
+    """Everything besides the genome and the seed that decides a candidate's fitness."""
+    return {"dataset": cfg.dataset, "val_size": cfg.val_size, "max_epochs": cfg.max_epochs,
+            "patience": cfg.patience, "batch_size": cfg.batch_size, "fitness_version": FITNESS_VERSION}
+
+
+def train_config_hash(cfg: SearchConfig) -> str:
+    return genome_hash(training_settings(cfg))
+
+
+def candidate_config(cfg: SearchConfig, model: str, genome: dict, seed: int) -> TrainConfig:
+    optimizer = genome.get("optimizer", "adam")
+    return TrainConfig(
+        model=model,
+        model_options={k: v for k, v in genome.items() if k not in TRAINING_GENES},
+        dataset=cfg.dataset, val_size=cfg.val_size,
+        batch_size=genome.get("batch_size", cfg.batch_size or DEFAULT_BATCH.get(cfg.dataset, 128)),
+        epochs=genome.get("epochs", cfg.max_epochs),
+        lr=genome.get("lr", DEFAULT_LR[optimizer]), optimizer=optimizer,
+        seed=seed, patience=cfg.patience,
+    )
+
+
+def train_candidate(cfg: SearchConfig, model: str, genome: dict, seed: int, data: Any, device: torch.device,
+                    *, test: bool = False, stop: StopFlag | None = None) -> tuple[dict, Any]:
+    """Train one genome on this process's device. Returns (the outcome's fields, the TrainResult);
+    a candidate that diverges or runs out of memory is a failure with its reason, not a crash."""
+    started = time.perf_counter()
+    tc = candidate_config(cfg, model, genome, seed)
+    try:
+        result = train(tc, Context(device=device), data, test=test, stop=stop)
+    except Interrupted:
+        raise
+    except torch.cuda.OutOfMemoryError:
+        _free(device)
+        return {"status": "failed", "reason": "out of memory", "seconds": time.perf_counter() - started}, None
+    except Exception as exc:  # noqa: BLE001 - a candidate's failure is data: the search goes on
+        reason = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        return {"status": "failed", "reason": reason, "seconds": time.perf_counter() - started}, None
+    seconds = time.perf_counter() - started
+    if result.val_loss is None or not math.isfinite(result.val_loss):
+        return {"status": "failed", "reason": "diverged: the validation loss is not finite",
+                "epochs": math.ceil(result.epochs), "seconds": seconds}, result
+    fields = {"status": "ok", "fitness": result.val_accuracy, "val_loss": result.val_loss,
+              "epochs": math.ceil(result.epochs), "seconds": seconds}
+    if test:
+        fields["test_accuracy"] = result.test_accuracy
+    return fields, result
+
+
+def _free(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def outcome(fields: dict) -> Outcome:
+    """The search's Outcome of a worker's result (its test accuracy, if any, is not part of it)."""
+    return Outcome(**{k: v for k, v in fields.items() if k != "test_accuracy"})
+
+
+def candidate_task(candidate: Candidate, kind: str = "fitness") -> dict:
+    return {"kind": kind, "genome": candidate.genome, "seed": candidate.seed}

@@ -1,0 +1,234 @@
+"""One `towerlab evolve` or `towerlab grid` job: start the workers (alone, spawned locally, or
+under torchrun), let rank 0 run the search against its SQLite store while every rank trains
+candidates, then test the top networks and write the record.
+
+The output folder holds config.json, search.db (unless --store points elsewhere),
+generations.jsonl, best.json, fitness.png, summary.json and, with --export-best, model.pt.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import socket
+import sys
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+import towerlab
+from towerlab import atomic
+from towerlab.config import RunConfig, SearchConfig, TrainConfig, to_dict, to_flags
+from towerlab.distributed import (Context, StopFlag, check_devices, default_threads, kv_store, launch,
+                                  local_processes, session, torchrun_world_size, under_torchrun)
+from towerlab.errors import UserError
+from towerlab.fitness import candidate_config, candidate_task, outcome, train_candidate, train_config_hash
+from towerlab.models import model_record
+from towerlab.pool import Pool
+from towerlab.report import Reporter, format_generation, format_top, plot_fitness
+from towerlab.runner import check_new_out, load_data, stderr_line
+from towerlab.search import Candidate, Space, load_space, run_evolution, run_grid
+from towerlab.search.engine import open_search
+from towerlab.store import Store
+
+KINDS = ("evolve", "grid")
+
+
+def start_search(kind: str, cfg: SearchConfig, run: RunConfig) -> int:
+    """Run the search job; returns its exit status."""
+    space = load_space(cfg.space)
+    out = Path(run.resume or run.out or default_out(kind, cfg, space))
+    if run.resume is None:
+        check_new_out(out)
+    if under_torchrun():
+        if run.resume is None and run.out is None:
+            raise UserError("under torchrun every rank must agree on the output folder: pass --out")
+        return _process(0, torchrun_world_size(), None, kind, cfg, run, str(out))
+    check_devices(run.devices)
+    workers = run.devices * cfg.workers_per_device
+    _data(cfg, run, download=run.download)  # every data problem (and the download) before any worker starts
+    if workers == 1:
+        return _process(0, 1, None, kind, cfg, run, str(out))
+    return launch(_spawned, workers, (kind, cfg, run, str(out)), essential={0},
+                  hint=f"Continue the search with: towerlab {kind} --resume {out}")
+
+
+def default_out(kind: str, cfg: SearchConfig, space: Space) -> Path:
+    return Path("runs") / f"{datetime.now():%Y%m%d-%H%M%S}-{kind}-{Path(space.name).stem}-{cfg.dataset}"
+
+
+def _data(cfg: SearchConfig, run: RunConfig, *, download: bool, log: Callable[[str], None] = stderr_line) -> Any:
+    return load_data(TrainConfig(dataset=cfg.dataset, val_size=cfg.val_size), run, download=download, log=log)
+
+
+def _spawned(rank: int, world_size: int, store_path: str, kind: str, cfg: SearchConfig, run: RunConfig,
+             out: str) -> None:
+    status = _process(rank, world_size, store_path, kind, cfg, run, out)
+    if status:
+        sys.exit(status)
+
+
+def _process(rank: int, world_size: int, store_path: str | None, kind: str, cfg: SearchConfig,
+             run: RunConfig, out: str) -> int:
+    local = local_processes(run) * (1 if under_torchrun() else cfg.workers_per_device)
+    torch.set_num_threads(run.threads or default_threads(local))
+    with StopFlag() as stop, session(rank=rank, world_size=world_size, store_path=store_path, timeout=run.timeout,
+                                     backend="gloo", per_device=cfg.workers_per_device) as ctx:
+        data = _data(cfg, run, download=False, log=stderr_line if ctx.is_main else (lambda _line: None))
+        space = load_space(cfg.space)
+        worker = f"rank{ctx.rank}@{socket.gethostname()}:{ctx.device}"
+
+        def work(task: dict) -> dict:
+            fields, _ = train_candidate(cfg, space.model, task["genome"], task["seed"], data, ctx.device,
+                                        test=task["kind"] == "test", stop=stop if ctx.is_main else None)
+            return {**fields, "worker": worker}
+
+        pool = Pool(kv_store(), ctx.rank, ctx.world_size, work) if ctx.distributed else None
+        if not ctx.is_main:
+            pool.serve()
+            return 0
+        try:
+            _coordinate(kind, cfg, run, Path(out), space, ctx, pool.map if pool else _local_map(work), data)
+        finally:
+            if pool is not None:
+                pool.shutdown()
+    return 0
+
+
+def _local_map(work: Callable[[dict], dict]) -> Callable:
+    def run_here(tasks: list[dict], on_result: Callable[[int, dict], None]) -> None:
+        for index, task in enumerate(tasks):
+            on_result(index, work(task))
+    return run_here
+
+
+def _coordinate(kind: str, cfg: SearchConfig, run: RunConfig, out: Path, space: Space, ctx: Context,
+                run_tasks: Callable, data: Any) -> None:
+    reporter = Reporter(None, progress=run.progress)
+    tch = train_config_hash(cfg)
+    if cfg.store:
+        store = Store(cfg.store)  # a foreign or broken file is refused before the folder is made
+        out.mkdir(parents=True, exist_ok=True)
+    else:
+        out.mkdir(parents=True, exist_ok=True)
+        store = Store(out / "search.db")
+    with store:
+        if run.resume:
+            search_id = json.loads((out / "config.json").read_text())["search_id"]
+        else:
+            search_id = open_search(store, kind, cfg, space, tch, None)
+            _write_config(out, kind, cfg, run, ctx, store, search_id)
+        reporter.line(f"towerlab {kind}: space {space.name} ({space.size} genomes, model {space.model}) on "
+                      f"{cfg.dataset}, {ctx.world_size} worker(s) on {ctx.device.type} -> {out}")
+
+        def evaluate(candidates: list[Candidate], record: Callable) -> None:
+            reporter.start_progress(len(candidates), 0, unit="net")
+
+            def on_result(index: int, result: dict) -> None:
+                record(candidates[index], outcome(result))
+                reporter.advance()
+
+            try:
+                run_tasks([candidate_task(c) for c in candidates], on_result)
+            finally:
+                reporter.end_progress()
+
+        generations = cfg.generations if kind == "evolve" else 1
+        stats_log = out / "generations.jsonl"
+        if run.resume:
+            stats_log.unlink(missing_ok=True)  # rewritten from the store as the generations replay
+
+        def on_generation(stats: Any) -> None:
+            reporter.line(format_generation(stats, generations))
+            with open(stats_log, "a", encoding="utf-8") as f:
+                f.write(json.dumps(stats.to_json(), sort_keys=True) + "\n")
+
+        started = time.perf_counter()
+        search = run_evolution if kind == "evolve" else run_grid
+        result = search(cfg, space, evaluate, store, tch, on_generation, resume=search_id)
+        top = _test_top(result.top, store, tch, run_tasks, reporter)
+        reporter.line(format_top(top))
+        _write_results(kind, cfg, space, out, result, top, ctx, time.perf_counter() - started)
+        if cfg.export_best and top:
+            _export_best(cfg, space, top[0], data, ctx.device, out, reporter)
+    reporter.close()
+
+
+def _test_top(top: tuple, store: Store, tch: str, run_tasks: Callable, reporter: Reporter) -> list[dict]:
+    """Test accuracy, computed once and only for the top genomes: each is retrained with the seed of
+    its evaluation (so it is the same network) and scored on the test set."""
+    rows = [{"genome": t.genome, "genome_hash": t.genome_hash, "val_accuracy": t.fitness,
+             "val_loss": t.val_loss, "seed": t.seed, "epochs": t.epochs,
+             "test_accuracy": getattr(store.lookup(t.genome_hash, tch), "test_accuracy", None)} for t in top]
+    todo = [i for i, row in enumerate(rows) if row["test_accuracy"] is None]
+    if todo:
+        reporter.line(f"Testing the top {len(rows)} networks (retraining {len(todo)} with their seeds)")
+
+        def on_result(index: int, result: dict) -> None:
+            row = rows[todo[index]]
+            if result.get("status") != "ok" or result.get("test_accuracy") is None:
+                reporter.line(f"towerlab: warning: retraining a top network failed ({result.get('reason')}); "
+                              "its test accuracy stays unknown")
+                return
+            if result["fitness"] != row["val_accuracy"]:
+                reporter.line(f"towerlab: warning: a retrained top network reached validation accuracy "
+                              f"{result['fitness']:.4f}, not {row['val_accuracy']:.4f} (non-deterministic kernels)")
+            row["test_accuracy"] = result["test_accuracy"]
+            store.set_test_accuracy(row["genome_hash"], tch, row["test_accuracy"])
+
+        run_tasks([{"kind": "test", "genome": rows[i]["genome"], "seed": rows[i]["seed"]} for i in todo], on_result)
+    return rows
+
+
+def _write_config(out: Path, kind: str, cfg: SearchConfig, run: RunConfig, ctx: Context, store: Store,
+                  search_id: int) -> None:
+    atomic.write_json(out / "config.json", {
+        "kind": kind, "search": to_dict(cfg), "run": to_dict(run), "search_id": search_id,
+        "store": str(store.path), "workers": ctx.world_size, "device_type": ctx.device.type,
+        "torch_version": torch.__version__, "towerlab_version": towerlab.__version__,
+        "command": [Path(sys.argv[0]).name, *sys.argv[1:]]})
+
+
+def retrain_command(cfg: SearchConfig, space: Space, genome: dict, seed: int) -> str:
+    return " ".join(["towerlab", "train", *to_flags(candidate_config(cfg, space.model, genome, seed))])
+
+
+def _write_results(kind: str, cfg: SearchConfig, space: Space, out: Path, result: Any, top: list[dict],
+                   ctx: Context, seconds: float) -> None:
+    best = top[0] if top else None
+    if best is not None:
+        atomic.write_json(out / "best.json", {
+            "genome": best["genome"], "val_accuracy": best["val_accuracy"], "test_accuracy": best["test_accuracy"],
+            "seed": best["seed"], "model": space.model, "dataset": cfg.dataset,
+            "command": retrain_command(cfg, space, best["genome"], best["seed"])})
+    stats = [g.stats.to_json() for g in result.history]
+    plot_fitness(stats, out / "fitness.png", f"{kind}: {Path(space.name).stem} on {cfg.dataset}")
+    atomic.write_json(out / "summary.json", {
+        "kind": kind, "space": space.name, "model": space.model, "dataset": cfg.dataset,
+        "best_genome": best["genome"] if best else None,
+        "best_val_accuracy": best["val_accuracy"] if best else None,
+        "best_test_accuracy": best["test_accuracy"] if best else None,
+        "top": top, "evaluations": result.evaluations, "cache_hits": result.cache_hits,
+        "failures": result.failures, "generations": result.generations, "seconds": seconds,
+        "workers": ctx.world_size, "device_type": ctx.device.type, "search_id": result.search_id,
+        "generation_stats": stats, "seed": cfg.seed, "torch_version": torch.__version__,
+        "towerlab_version": towerlab.__version__})
+
+
+def _export_best(cfg: SearchConfig, space: Space, best: dict, data: Any, device: torch.device, out: Path,
+                 reporter: Reporter) -> None:
+    """model.pt of the winner: retrained exactly as it was evaluated (same seed, same budget, the
+    weights of its best epoch), so the file is the network whose accuracies are reported."""
+    reporter.line("Exporting the best network (retraining it) ...")
+    fields, result = train_candidate(cfg, space.model, best["genome"], best["seed"], data, device, test=True)
+    if result is None or fields["status"] != "ok":
+        raise UserError(f"retraining the best network failed ({fields.get('reason')}): model.pt not written")
+    tc = candidate_config(cfg, space.model, best["genome"], best["seed"])
+    buffer = io.BytesIO()
+    torch.save(model_record(result.model, tc.model, data.input_shape, data.num_classes, tc.model_options,
+                            config=to_dict(tc), mean=list(data.mean), std=list(data.std)), buffer)
+    atomic.write_bytes(out / "model.pt", buffer.getvalue())
+    reporter.line(f"Wrote {out / 'model.pt'} (validation {result.val_accuracy:.4f}, test {result.test_accuracy:.4f})")

@@ -1,0 +1,140 @@
+"""The search with real training: parallel workers, outputs, resume and bad input."""
+
+import json
+
+import pytest
+
+from towerlab.cli import main
+from towerlab.models import load_model
+
+SPACE = """
+model = "mlp"
+[genes]
+neurons = [16, 32, 64]
+layers = [1, 2]
+activation = ["relu", "tanh", "sigmoid"]
+optimizer = ["adam", "sgd", "rmsprop"]
+"""
+# 6,000 synthetic images, 1,000 of them for validation; one epoch per candidate; 1 thread each,
+# so that one worker and two workers do the very same arithmetic.
+BASE = ["--dataset", "synthetic", "--val-size", "1000", "--max-epochs", "1", "--threads", "1", "--no-progress"]
+
+
+@pytest.fixture()
+def space_file(tmp_path):
+    path = tmp_path / "space.toml"
+    path.write_text(SPACE)
+    return str(path)
+
+
+def _history(out):
+    summary = json.loads((out / "summary.json").read_text())
+    stats = [{k: v for k, v in s.items() if "seconds" not in k} for s in summary["generation_stats"]]
+    top = [(t["genome"], t["val_accuracy"], t["test_accuracy"]) for t in summary["top"]]
+    return stats, top, summary
+
+
+@pytest.mark.slow
+def test_two_workers_give_the_history_of_one_worker(tmp_path, space_file):
+    args = ["evolve", *BASE, "--space", space_file, "--population", "6", "--generations", "3", "--seed", "7"]
+    assert main([*args, "--out", str(tmp_path / "one")]) == 0
+    assert main([*args, "--devices", "2", "--out", str(tmp_path / "two")]) == 0
+    one, two = _history(tmp_path / "one"), _history(tmp_path / "two")
+    assert one[:2] == two[:2]
+    assert two[2]["workers"] == 2 and one[2]["workers"] == 1
+    workers = {json.loads(line)["generation"] for line in (tmp_path / "two" / "generations.jsonl").read_text().splitlines()}
+    assert workers == {0, 1, 2}
+    summary = two[2]
+    assert summary["evaluations"] + summary["cache_hits"] == 6 * 3
+    assert summary["best_val_accuracy"] == max(s["best"] for s in one[0])
+
+
+def test_grid_writes_its_record_and_exports_the_winner(tmp_path, space_file, capsys):
+    out = tmp_path / "grid"
+    assert main(["grid", *BASE, "--space", space_file, "--limit", "4", "--top", "2", "--export-best",
+                 "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "Generation 1/1: evaluated 4, cached 0, failed 0" in printed and "Top 2 networks" in printed
+    summary = json.loads((out / "summary.json").read_text())
+    for key in ("best_genome", "best_val_accuracy", "best_test_accuracy", "evaluations", "cache_hits", "failures",
+                "generations", "seconds", "workers"):
+        assert key in summary
+    assert (summary["evaluations"], summary["cache_hits"], summary["failures"], summary["generations"]) == (4, 0, 0, 1)
+    assert len(summary["top"]) == 2 and summary["top"][0]["val_accuracy"] >= summary["top"][1]["val_accuracy"]
+    assert summary["best_val_accuracy"] > 0.5 and summary["best_test_accuracy"] > 0.5
+    best = json.loads((out / "best.json").read_text())
+    assert best["genome"] == summary["best_genome"] and best["command"].startswith("towerlab train --model mlp")
+    assert (out / "fitness.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    model, record = load_model(out / "model.pt")
+    assert record["options"]["neurons"] == summary["best_genome"]["neurons"]
+    # `search show` reads it all back from the store
+    assert main(["search", "show", str(out)]) == 0
+    shown = capsys.readouterr().out
+    assert "4 evaluations, 0 cache hits, 0 failures" in shown and f"{summary['best_test_accuracy']:.4f}" in shown
+
+
+def test_retraining_the_winner_from_best_json_reproduces_its_accuracy(tmp_path, space_file):
+    out = tmp_path / "grid"
+    assert main(["grid", *BASE, "--space", space_file, "--limit", "2", "--out", str(out)]) == 0
+    best = json.loads((out / "best.json").read_text())
+    command = best["command"].split()[2:]
+    assert main(["train", *command, "--threads", "1", "--no-progress", "--out", str(tmp_path / "again")]) == 0
+    again = json.loads((tmp_path / "again" / "summary.json").read_text())
+    assert again["val_accuracy"] == best["val_accuracy"] and again["test_accuracy"] == best["test_accuracy"]
+
+
+def test_a_search_sharing_a_store_trains_nothing_twice(tmp_path, space_file):
+    store = str(tmp_path / "shared.db")
+    args = ["grid", *BASE, "--space", space_file, "--limit", "3", "--store", store]
+    assert main([*args, "--out", str(tmp_path / "first")]) == 0
+    assert main([*args, "--out", str(tmp_path / "second")]) == 0
+    second = json.loads((tmp_path / "second" / "summary.json").read_text())
+    assert (second["evaluations"], second["cache_hits"]) == (0, 3)
+
+
+def test_resume_extends_a_finished_search_with_more_generations(tmp_path, space_file):
+    out = tmp_path / "evo"
+    args = ["evolve", *BASE, "--space", space_file, "--population", "4", "--seed", "3"]
+    assert main([*args, "--generations", "2", "--out", str(out)]) == 0
+    first = json.loads((out / "summary.json").read_text())
+    assert main(["evolve", "--resume", str(out), "--generations", "3"]) == 0
+    extended = json.loads((out / "summary.json").read_text())
+    assert extended["generations"] == 3
+    assert extended["generation_stats"][:2] == first["generation_stats"][:2]  # replayed, not retrained
+    assert len((out / "generations.jsonl").read_text().splitlines()) == 3
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--population", "1"], "--population must be at least 2"),
+    (["--retain", "1.5"], "--retain is a probability"),
+    (["--random-select", "-0.1"], "--random-select is a probability"),
+    (["--mutate-chance", "2"], "--mutate-chance is a probability"),
+    (["--space", "nosuch"], "nosuch"),
+    (["--elite", "30"], "--elite must be between 0 and --population"),
+])
+def test_bad_search_settings(args, fragment, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["evolve", *BASE, *args, "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert fragment in err and err.count("\n") == 1
+    assert not out.exists()
+
+
+def test_bad_space_file_and_foreign_store(tmp_path, capsys):
+    bad = tmp_path / "bad.toml"
+    bad.write_text('model = "mlp"\n[genes]\nneurons = []\n')
+    assert main(["evolve", *BASE, "--space", str(bad), "--out", str(tmp_path / "a")]) == 2
+    assert "bad.toml" in capsys.readouterr().err
+    foreign = tmp_path / "foreign.db"
+    foreign.write_text("not a database at all")
+    assert main(["grid", *BASE, "--store", str(foreign), "--out", str(tmp_path / "b")]) == 2
+    assert "foreign.db" in capsys.readouterr().err
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+def test_resuming_with_another_space_is_refused(tmp_path, space_file, capsys):
+    out = tmp_path / "evo"
+    assert main(["evolve", *BASE, "--space", space_file, "--population", "2", "--generations", "1",
+                 "--out", str(out)]) == 0
+    assert main(["evolve", "--resume", str(out), "--space", "cnn"]) == 2
+    assert "--space differ" in capsys.readouterr().err

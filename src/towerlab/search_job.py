@@ -8,6 +8,7 @@ generations.jsonl, best.json, fitness.png, summary.json and, with --export-best,
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import socket
@@ -75,8 +76,11 @@ def _process(rank: int, world_size: int, store_path: str | None, kind: str, cfg:
              run: RunConfig, out: str) -> int:
     local = local_processes(run) * (1 if under_torchrun() else cfg.workers_per_device)
     torch.set_num_threads(run.threads or default_threads(local))
-    with StopFlag() as stop, session(rank=rank, world_size=world_size, store_path=store_path, timeout=run.timeout,
-                                     backend="gloo", per_device=cfg.workers_per_device) as ctx:
+    with session(rank=rank, world_size=world_size, store_path=store_path, timeout=run.timeout,
+                 backend="gloo", per_device=cfg.workers_per_device) as ctx, \
+            (StopFlag() if ctx.is_main else contextlib.nullcontext()) as stop:
+        # Only the coordinator turns Ctrl-C into an orderly stop (it owns the store); a worker just
+        # dies, losing at most the candidate in flight, which the resumed search trains again.
         data = _data(cfg, run, download=False, log=stderr_line if ctx.is_main else (lambda _line: None))
         space = load_space(cfg.space)
         worker = f"rank{ctx.rank}@{socket.gethostname()}:{ctx.device}"

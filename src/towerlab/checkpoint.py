@@ -4,6 +4,11 @@ A checkpoint file is a `torch.save` archive followed by a 40-byte trailer: the m
 and the SHA-256 of the archive. The previous checkpoint is kept as `<name>.prev`, so a corrupt
 latest one falls back to the one before. Loading never executes code from the file
 (`weights_only=True`).
+
+Saving writes `.<name>.new` completely (fsynced), renames `<name>` to `<name>.prev`, then
+`.<name>.new` to `<name>`. A crash at any point leaves at least one complete, checksummed file:
+between the two renames only `<name>.prev` and `.<name>.new` exist, and loading tries `<name>`,
+then `<name>.prev`, then `.<name>.new`. A torn file never loads: its checksum does not match.
 """
 
 from __future__ import annotations
@@ -28,6 +33,22 @@ def previous(path: Path) -> Path:
     return path.with_name(path.name + ".prev")
 
 
+def pending(path: Path) -> Path:
+    """Where `save` writes the new checkpoint before renaming it into place."""
+    return path.with_name(f".{path.name}.new")
+
+
+def candidates(path: str | Path) -> tuple[Path, ...]:
+    """The files `load` tries, in order."""
+    path = Path(path)
+    return path, previous(path), pending(path)
+
+
+def exists(path: str | Path) -> bool:
+    """Whether `load` has anything to try (not whether it is good)."""
+    return any(p.is_file() for p in candidates(path))
+
+
 def save(path: str | Path, state: dict) -> None:
     """Write `state` to `path`; the checkpoint it replaces becomes `<path>.prev`."""
     path = Path(path)
@@ -35,11 +56,15 @@ def save(path: str | Path, state: dict) -> None:
     torch.save({"format": FORMAT, "version": VERSION, **state}, buffer)
     payload = buffer.getvalue()
     data = payload + MARKER + hashlib.sha256(payload).digest()
-    tmp = path.with_name(f".{path.name}.new")
-    atomic.write_bytes(tmp, data)
-    if path.exists():
-        os.replace(path, previous(path))
-    os.replace(tmp, path)
+    tmp = pending(path)
+    atomic.write_bytes(tmp, data)  # a full disk fails here, with both older files untouched
+    try:
+        if path.exists():
+            os.replace(path, previous(path))
+        os.replace(tmp, path)
+    except OSError as exc:
+        raise UserError(f"could not put the new checkpoint in place as {path}: {exc.strerror or exc}; "
+                        f"the last good one is still loadable") from None
 
 
 def _read(path: Path) -> dict:
@@ -63,9 +88,13 @@ def _read(path: Path) -> dict:
 def load(path: str | Path, log: Callable[[str], None] = print) -> dict:
     """The newest good checkpoint at `path` (falling back to `<path>.prev`), or a UserError."""
     path = Path(path)
+    if not exists(path):
+        raise UserError(f"no checkpoint in {path.parent}: nothing to resume (was the run started with towerlab train?)")
     problems = []
-    for candidate in (path, previous(path)):
-        if not candidate.exists():
+    for candidate in candidates(path):
+        if not candidate.is_file():
+            if candidate == path:
+                problems.append(f"{path.name} is missing (a save was interrupted)")
             continue
         try:
             state = _read(candidate)
@@ -75,9 +104,8 @@ def load(path: str | Path, log: Callable[[str], None] = print) -> dict:
         if problems:
             log(f"towerlab: warning: {problems[0]}; resuming from {candidate.name} instead")
         return state
-    if problems:
-        raise UserError(f"no usable checkpoint in {path.parent}: {'; '.join(problems)}")
-    raise UserError(f"no checkpoint in {path.parent}: nothing to resume (was the run started with towerlab train?)")
+    raise UserError(f"no usable checkpoint in {path.parent}: {'; '.join(problems)}: "
+                    "start the run again (a new --out), the files here cannot be resumed")
 
 
 def check_compatible(state: dict, expected: dict[str, Any], where: Path) -> None:

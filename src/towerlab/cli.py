@@ -19,7 +19,7 @@ os.environ.setdefault("MPLBACKEND", "Agg")
 from towerlab import __version__  # noqa: E402
 from towerlab.config import (RunConfig, SearchConfig, TrainConfig, add_arguments, from_dict, given,  # noqa: E402
                              replace)
-from towerlab.distributed import EXIT_USER_ERROR, Interrupted  # noqa: E402
+from towerlab.distributed import EXIT_PEER_LOST, EXIT_USER_ERROR, Interrupted, peer_lost  # noqa: E402
 from towerlab.errors import UserError  # noqa: E402
 
 
@@ -180,6 +180,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("towerlab: interrupted", file=sys.stderr, flush=True)
         return 130
+    except RuntimeError as exc:
+        # Under torchrun a worker runs main() itself: when another worker dies, say so in one line
+        # (torchrun's agent reports which one died, and restarts the group with --max-restarts).
+        if not peer_lost(exc):
+            raise
+        print(f"towerlab: error: another process of the job is gone ({' '.join(str(exc).split())[:200]}); "
+              "stopping", file=sys.stderr, flush=True)
+        return EXIT_PEER_LOST
 
 
 if __name__ == "__main__":

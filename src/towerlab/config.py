@@ -124,12 +124,12 @@ class RunConfig:
                          choices=STRATEGIES)
     input: str = _opt("resident", "resident: data lives on the device; feed: host slices each batch; "
                       "queue: a background thread prefetches pinned batches", choices=INPUTS)
-    data_dir: Optional[str] = _opt(None, "dataset folder (default: $TOWERLAB_DATA, else the user cache)")
+    data_dir: Optional[str] = _opt(None, "dataset folder (None: $TOWERLAB_DATA, else the user cache)")
     download: bool = _opt(True, "download a missing dataset (with checksums)")
-    out: Optional[str] = _opt(None, "output folder (default: runs/<timestamp>-<model>-<dataset>)")
+    out: Optional[str] = _opt(None, "output folder (None: runs/<timestamp>-<model>-<dataset>)")
     resume: Optional[str] = _opt(None, "continue the interrupted run in this folder")
     display_step: int = _opt(100, "print the minibatch loss and accuracy every N steps")
-    threads: Optional[int] = _opt(None, "CPU threads per process (default: cores / local processes)")
+    threads: Optional[int] = _opt(None, "CPU threads per process (None: cores / local processes)")
     compile: bool = _opt(False, "torch.compile the model (pays only when amortised)")
     tensorboard: bool = _opt(False, "write TensorBoard scalars to <out>/tb (needs the tensorboard extra)")
     timeout: float = _opt(120.0, "seconds a collective may wait for a peer before the job fails")
@@ -166,14 +166,14 @@ class SearchConfig:
     seed: int = _opt(0, "seed of the search; candidate seeds derive from (seed, generation, index)")
     max_epochs: int = _opt(10, "epochs a candidate may train at most")
     patience: int = _opt(5, "a candidate stops after this many epochs without a lower validation loss")
-    batch_size: Optional[int] = _opt(None, "batch size of candidates (default: 128 for MNIST-like, "
-                                     "64 for CIFAR-10; a batch_size gene overrides it)")
+    batch_size: Optional[int] = _opt(None, "batch size of candidates (None: 128, or 64 on CIFAR-10; "
+                                     "a batch_size gene overrides it)")
     limit: Optional[int] = _opt(None, "grid only: evaluate a random subset of this many genomes")
     top: int = _opt(5, "networks listed (and tested) at the end")
-    export_best: bool = _opt(False, "retrain the winner with its full budget and save it as model.pt")
+    export_best: bool = _opt(False, "retrain the winner exactly as it was evaluated and save it as model.pt")
     workers_per_device: int = _opt(1, "candidates trained at once on each device (small nets cannot fill a GPU)")
     store: Optional[str] = _opt(None, "SQLite store to read cached evaluations from and write to "
-                                "(default: <out>/search.db)")
+                                "(None: <out>/search.db)")
 
     def __post_init__(self) -> None:
         _check_choice("dataset", self.dataset, DATASETS)
@@ -256,7 +256,7 @@ class _KeyValueAction(argparse.Action):
 def add_arguments(parser: argparse.ArgumentParser, cls: type, *, skip: tuple[str, ...] = ()) -> None:
     """One flag per field. Defaults are left out of the namespace (argparse.SUPPRESS) so the caller
     can tell what the user typed from what is a default (needed by --resume and presets)."""
-    group = parser.add_argument_group(cls.__name__)
+    group = parser.add_argument_group(cls.__name__, (cls.__doc__ or "").strip().splitlines()[0])
     for f in dataclasses.fields(cls):
         if f.name in skip:
             continue

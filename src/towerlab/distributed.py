@@ -99,6 +99,16 @@ def torchrun_world_size() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
 
 
+def torchrun_restart() -> tuple[str | None, int]:
+    """(the torchrun job's run id, how many times torchrun restarted this worker group); (None, 0)
+    outside torchrun. The run id stays the same across the restarts of one `torchrun` command
+    (`--standalone` makes a fresh one per command), so it tells "my own earlier attempt" apart from
+    an older run that happens to use the same output folder."""
+    if not under_torchrun():
+        return None, 0
+    return os.environ.get("TORCHELASTIC_RUN_ID"), int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+
+
 def device_type() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -144,11 +154,12 @@ def session(*, rank: int = 0, world_size: int = 1, store_path: str | None = None
         yield Context(device=device)
         return
     backend = backend or ("nccl" if kind == "cuda" else "gloo")
-    options: dict[str, Any] = {"backend": backend, "timeout": timedelta(seconds=timeout)}
+    options: dict[str, Any] = {"backend": backend, "timeout": timedelta(seconds=timeout),
+                               "rank": rank, "world_size": world_size}
     if under_torchrun():
-        options["init_method"] = "env://"
+        options["store"] = _torchrun_store(timeout)
     else:
-        options.update(store=dist.FileStore(store_path, world_size), rank=rank, world_size=world_size)
+        options["store"] = dist.FileStore(store_path, world_size)
     if backend == "nccl":
         options["device_id"] = device
     dist.init_process_group(**options)
@@ -157,6 +168,18 @@ def session(*, rank: int = 0, world_size: int = 1, store_path: str | None = None
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def _torchrun_store(timeout: float) -> Any:
+    """The store torchrun describes (env://), with this restart attempt's keys under their own prefix.
+
+    torchrun's agent keeps one store for every restart of a worker group (its shared rendezvous
+    store): without the prefix a restarted group reads the keys of the attempt before, and gloo
+    connects to the dead workers' addresses ("Connection refused", pytorch/pytorch#167288), or the
+    search's pool takes old results for new tasks.
+    """
+    store, _rank, _world_size = next(dist.rendezvous("env://", timeout=timedelta(seconds=timeout)))
+    return dist.PrefixStore(f"towerlab/attempt{torchrun_restart()[1]}", store)
 
 
 def cpu_group(ctx: Context) -> Any:
@@ -219,19 +242,39 @@ def _worker_entry(fn: Callable[..., None], rank: int, world_size: int, store_pat
     # Each worker exits with a status the launcher understands; user errors print once, on rank 0.
     try:
         fn(rank, world_size, store_path, *args)
+        status = 0
+    except SystemExit as exc:
+        status = 0 if exc.code is None else exc.code if isinstance(exc.code, int) else 1
     except UserError as exc:
         if rank == 0:
             print(f"towerlab: error: {exc}", file=sys.stderr, flush=True)
-        sys.exit(EXIT_USER_ERROR)
+        status = EXIT_USER_ERROR
     except Interrupted as exc:
-        sys.exit(exc.exit_status)
+        status = exc.exit_status
     except KeyboardInterrupt:
-        sys.exit(EXIT_SIGINT)
+        status = EXIT_SIGINT
     except (dist.DistError, RuntimeError) as exc:
-        # Most likely a peer died and the collective broke; the launcher names that peer.
-        if "Connection" in str(exc) or isinstance(exc, dist.DistError) or "Gloo" in str(exc):
-            sys.exit(EXIT_PEER_LOST)
-        raise
+        if not peer_lost(exc):  # the launcher names the peer that died
+            raise
+        status = EXIT_PEER_LOST
+    _leave(status)
+
+
+def _leave(status: int) -> None:
+    """Exit without the interpreter's teardown. Everything is written and closed by now; what is
+    left are native threads (gloo's, the store's) that a full teardown may destroy while they still
+    run, which aborts the process ("terminate called without an active exception", SIGABRT) and
+    turns a finished replica into a failed one."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):  # closed, or a broken pipe: nothing to keep
+            stream.flush()
+    os._exit(status)
+
+
+def peer_lost(exc: BaseException) -> bool:
+    """Whether `exc` is a collective or store operation broken by another process of the job dying."""
+    return isinstance(exc, dist.DistError) or (
+        isinstance(exc, RuntimeError) and any(s in str(exc) for s in ("Connection", "Gloo", "connection")))
 
 
 def launch(fn: Callable[..., None], world_size: int, args: tuple = (), *, grace: float = 20.0,
@@ -254,10 +297,7 @@ def launch(fn: Callable[..., None], world_size: int, args: tuple = (), *, grace:
 
     def forward(signum: int, _frame: Any) -> None:
         received.append(signum)
-        for p in procs:
-            if p.is_alive() and p.pid is not None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(p.pid, signum)
+        _signal_alive(procs, signum)
 
     previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
@@ -285,10 +325,15 @@ def _monitor(procs: list, grace: float, log: Callable[[str], None], received: li
                 continue
             failures[rank] = p.exitcode
             if essential is not None and rank not in essential and not received:
-                log(f"towerlab: warning: worker rank {rank} (pid {p.pid}) {_describe(p.exitcode)}; "
-                    "the others carry on")
+                if deadline is None:  # once the job ends, the others' exits are no news
+                    log(f"towerlab: warning: worker rank {rank} (pid {p.pid}) {_describe(p.exitcode)}; "
+                        "the others carry on")
             elif deadline is None:
                 deadline = time.monotonic() + grace
+                if essential is not None and rank in essential and not received:
+                    # Without this rank the job cannot go on, and the others would only wait for it:
+                    # ask them to stop now (they exit at their next step) rather than after `grace`.
+                    _signal_alive(procs, signal.SIGTERM)
         if essential is not None and deadline is None and not any(procs[r].is_alive() for r in essential):
             deadline = time.monotonic() + grace  # the job is over; the rest only have to leave
         if deadline is not None and time.monotonic() > deadline:
@@ -315,6 +360,13 @@ def _monitor(procs: list, grace: float, log: Callable[[str], None], received: li
     log(f"towerlab: error: replica rank {rank} (pid {procs[rank].pid}) {_describe(code)}; "
         "the other replicas were stopped" + (f". {hint}" if hint else ""))
     return 1
+
+
+def _signal_alive(procs: list, signum: int) -> None:
+    for p in procs:
+        if p.is_alive() and p.pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p.pid, signum)
 
 
 def _describe(exitcode: int) -> str:

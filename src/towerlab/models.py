@@ -233,9 +233,28 @@ def load_model(path: str | Path, map_location: str | torch.device = "cpu") -> tu
                         "re-export it with towerlab train") from None
     if not isinstance(record, dict) or record.get("format") != "towerlab-model":
         raise UserError(f"{path} is not a towerlab model file")
-    model = build_model(record["name"], tuple(record["input_shape"]), record["num_classes"], **record["options"])
+    name, shape, classes, options, state = (record.get(k) for k in
+                                            ("name", "input_shape", "num_classes", "options", "state_dict"))
+    if not (isinstance(name, str) and isinstance(shape, (list, tuple)) and len(shape) == 3
+            and all(type(d) is int and d > 0 for d in shape) and type(classes) is int and classes > 0
+            and isinstance(options, dict) and isinstance(state, dict)
+            and all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in state.items())):
+        raise UserError(f"{path} is an incomplete or damaged towerlab model file (name, input_shape, "
+                        "num_classes, options and state_dict are required): re-export it with towerlab train")
+    # Check the record against a skeleton on the meta device first, so a small file that claims a
+    # huge network cannot make us allocate it.
     try:
-        model.load_state_dict(record["state_dict"])
-    except RuntimeError as exc:
-        raise UserError(f"{path} does not match model {record['name']}: {str(exc).splitlines()[0]}") from None
+        with torch.device("meta"):
+            skeleton = build_model(name, tuple(shape), classes, **options)
+    except UserError:
+        raise
+    except (TypeError, ValueError, RuntimeError) as exc:
+        raise UserError(f"{path} describes an impossible {name} ({type(exc).__name__}: "
+                        f"{' '.join(str(exc).split())[:200]})") from None
+    expected = {k: tuple(v.shape) for k, v in skeleton.state_dict().items()}
+    if expected != {k: tuple(v.shape) for k, v in state.items()}:
+        raise UserError(f"{path} does not match model {name}: its tensors are not those of {name} "
+                        f"with options {options} and input {tuple(shape)}")
+    model = build_model(name, tuple(shape), classes, **options)
+    model.load_state_dict(state)
     return model, record

@@ -15,6 +15,7 @@ import io
 import math
 import os
 import pickle
+import pickletools
 import struct
 import tarfile
 import zipfile
@@ -39,6 +40,11 @@ try:  # numpy >= 2 moved the pickling helpers; files written by numpy 1 name the
     from numpy._core.multiarray import _reconstruct as _np_reconstruct
 except ImportError:  # pragma: no cover - numpy 1.x
     from numpy.core.multiarray import _reconstruct as _np_reconstruct
+
+
+def _one_line(err: BaseException) -> str:
+    """An error's text on one line (tarfile and zipfile list their attempts on several)."""
+    return " ".join(str(err).split())
 
 
 # ----------------------------------------------------------------------------------------------- IDX
@@ -76,7 +82,8 @@ def idx_header(path: str | os.PathLike) -> tuple[int, ...]:
 
 
 def _corrupt_gzip(path: Path, err: Exception) -> UserError:
-    return UserError(f"{path} is a corrupt or truncated gzip file ({err}): delete it and download it again")
+    return UserError(f"{path} is a corrupt or truncated gzip file ({_one_line(err)}): "
+                     "delete it and download it again")
 
 
 def _idx_dims(stream, path: Path, file_size: int | None) -> tuple[int, ...]:
@@ -94,7 +101,9 @@ def _idx_dims(stream, path: Path, file_size: int | None) -> tuple[int, ...]:
     if 0 in dims:
         raise UserError(f"{path} declares an empty array {dims}: replace it with the official file")
     n_bytes = math.prod(dims)
-    if n_bytes > MAX_ARRAY_BYTES:
+    # Labels come back as int64: 8 bytes held per byte read, so they are capped 8 times lower.
+    held = n_bytes * (8 if ndim == 1 else 1)
+    if held > MAX_ARRAY_BYTES:
         raise UserError(f"{path} declares {dims} = {n_bytes} bytes, more than any dataset here: "
                         "the header is corrupt")
     if file_size is not None and file_size != 4 + 4 * ndim + n_bytes:
@@ -120,7 +129,7 @@ def _parse_idx(stream, path: Path, file_size: int | None) -> np.ndarray:
                         "the file is truncated or corrupt, replace it")
     flat = np.frombuffer(body, dtype=np.uint8)
     if len(dims) == 1:
-        return _check_labels(flat.astype(np.int64), str(path))
+        return _check_labels(flat, str(path)).astype(np.int64)  # checked before the 8x wider copy
     return flat.reshape(dims[0], 1, dims[1], dims[2])
 
 
@@ -173,7 +182,9 @@ class _ArrayOnlyUnpickler(pickle.Unpickler):
             spec = spec.decode("ascii", "replace")
         if not isinstance(spec, str):
             raise UserError(f"{self._name}: unexpected dtype in pickle; the file is not a CIFAR batch")
-        dtype = np.dtype(spec, bool(align), bool(copy))
+        # Always a fresh copy, never numpy's shared builtin instance, so a BUILD opcode that follows
+        # (numpy pickles set a dtype's state that way) can only touch this copy.
+        dtype = np.dtype(spec, bool(align), True)
         if dtype.kind not in "biuf" or dtype.fields is not None or dtype.subdtype is not None:
             raise UserError(f"{self._name}: array of type {dtype} in pickle; a CIFAR batch holds numbers only")
         return dtype
@@ -186,14 +197,38 @@ class _ArrayOnlyUnpickler(pickle.Unpickler):
         return text.encode("latin1")
 
 
+_MEMO_OPCODES = {"PUT", "BINPUT", "LONG_BINPUT", "GET", "BINGET", "LONG_BINGET"}
+
+
+def _scan_pickle(data: bytes, name: str) -> None:
+    """Walk the opcodes before unpickling, so that no size field is trusted: the C unpickler allocates
+    what a BINBYTES / BYTEARRAY8 length claims before reading it, and grows (and zeroes) its memo to
+    any index a PUT names, so a 10-byte pickle could make it hold gigabytes. pickletools reads each
+    argument from the data itself (a claimed length longer than the data is an error) and memo
+    indices must stay within the puts made so far, as every pickler writes them."""
+    puts = 0
+    try:
+        for opcode, arg, _pos in pickletools.genops(data):
+            if opcode.name in _MEMO_OPCODES:
+                if not isinstance(arg, int) or arg < 0 or arg > puts:
+                    raise ValueError(f"memo index {arg!r} out of sequence")
+                puts += opcode.name.endswith("PUT")
+            elif opcode.name == "MEMOIZE":
+                puts += 1
+    except ValueError as err:
+        raise UserError(f"{name} is not a readable CIFAR-10 batch (malformed pickle: {_one_line(err)}): "
+                        "replace it with the official file") from None
+
+
 def read_cifar_batch(data: bytes, name: str) -> tuple[np.ndarray, np.ndarray]:
     """Parse one CIFAR-10 python batch: uint8 (N, 3, 32, 32) images (RGB planes) and int64 (N,) labels."""
+    _scan_pickle(data, name)
     try:
         batch = _ArrayOnlyUnpickler(data, name).load()
     except UserError:
         raise
     except Exception as err:  # noqa: BLE001 - any failure of a hostile or corrupt pickle is the file's fault
-        raise UserError(f"{name} is not a readable CIFAR-10 batch ({type(err).__name__}: {err}): "
+        raise UserError(f"{name} is not a readable CIFAR-10 batch ({type(err).__name__}: {_one_line(err)}): "
                         "replace it with the official file") from None
     if not isinstance(batch, dict) or b"data" not in batch or b"labels" not in batch:
         raise UserError(f"{name} is not a CIFAR-10 batch (expected a dict with b'data' and b'labels'): "
@@ -254,7 +289,7 @@ def _cifar_blobs_from_tar(archive: Path, wanted: tuple[str, ...]) -> dict[str, b
                                     "a CIFAR-10 batch: use the official archive")
                 blobs[base] = tar.extractfile(member).read()
     except (tarfile.TarError, *_GZIP_ERRORS) as err:
-        raise UserError(f"{archive} is not a readable tar archive ({err}): "
+        raise UserError(f"{archive} is not a readable tar archive ({_one_line(err)}): "
                         "delete it and download it again") from None
     except OSError as err:
         raise UserError(f"cannot read {archive}: {err.strerror or err}") from None
@@ -283,7 +318,7 @@ def npz_summary(path: str | os.PathLike) -> dict[str, tuple[tuple[int, ...], np.
                 with archive.open(info) as member:
                     summary[key] = _npy_header(member, info.file_size, f"{path}:{key}")
     except (zipfile.BadZipFile, *_GZIP_ERRORS) as err:
-        raise UserError(f"{path} is not a readable .npz (zip) file ({err}): replace it") from None
+        raise UserError(f"{path} is not a readable .npz (zip) file ({_one_line(err)}): replace it") from None
     except OSError as err:
         raise UserError(f"cannot read {path}: {err.strerror or err}") from None
     return summary
@@ -299,7 +334,7 @@ def _npy_header(member, member_size: int, where: str) -> tuple[tuple[int, ...], 
         else:
             raise UserError(f"{where}: .npy format version {version} is not supported: save with numpy.savez")
     except ValueError as err:
-        raise UserError(f"{where} is not a valid .npy array ({err}): replace the file") from None
+        raise UserError(f"{where} is not a valid .npy array ({_one_line(err)}): replace the file") from None
     if dtype.hasobject:
         raise UserError(f"{where} is an object array (pickled Python objects), which is refused: "
                         "save plain integer arrays")
@@ -323,7 +358,7 @@ def read_npz(path: str | os.PathLike,
         with np.load(path, allow_pickle=False) as npz:
             raw = {key: npz[key] for key in NPZ_KEYS}
     except (zipfile.BadZipFile, ValueError, *_GZIP_ERRORS) as err:
-        raise UserError(f"{path} is corrupt ({type(err).__name__}: {err}): replace it") from None
+        raise UserError(f"{path} is corrupt ({type(err).__name__}: {_one_line(err)}): replace it") from None
     except OSError as err:
         raise UserError(f"cannot read {path}: {err.strerror or err}") from None
     out = {}
@@ -342,7 +377,7 @@ def read_npz(path: str | os.PathLike,
 def _npz_images(x: np.ndarray, where: str, hint: tuple[int, int, int] | None) -> np.ndarray:
     if x.dtype != np.uint8:
         raise UserError(f"{where} is {x.dtype}, expected uint8 pixels 0-255")
-    if len(x) == 0:
+    if x.ndim == 0 or len(x) == 0:
         raise UserError(f"{where} holds no images")
     if hint is None:
         if x.ndim == 3:

@@ -3,6 +3,12 @@ torchrun), load the data, train, and write the run's record. Only rank 0 writes 
 
 The output folder holds config.json (fully resolved), metrics.jsonl, checkpoint.pt (each epoch,
 atomically replaced, with checkpoint.pt.prev), model.pt and summary.json.
+
+Under torchrun with --max-restarts, a restarted worker group (TORCHELASTIC_RESTART_COUNT > 0)
+continues from the folder's last checkpoint on its own, when the folder is that same torchrun
+job's (config.json records its TORCHELASTIC_RUN_ID) and holds the same training config; without a
+checkpoint yet, it starts over in the folder. Any other existing folder is refused, as without
+torchrun.
 """
 
 from __future__ import annotations
@@ -20,14 +26,17 @@ import towerlab
 from towerlab import atomic, checkpoint
 from towerlab.config import RunConfig, TrainConfig, from_dict, parse_shape, to_dict
 from towerlab.distributed import (Context, StopFlag, barrier, broadcast_object, check_devices,
-                                  default_threads, launch, local_processes, session, torchrun_world_size,
-                                  under_torchrun)
+                                  default_threads, launch, local_processes, session, torchrun_restart,
+                                  torchrun_world_size, under_torchrun)
 from towerlab.errors import UserError
 from towerlab.models import model_record
 from towerlab.report import Reporter, format_final, require_tensorboard, truncate_metrics
 from towerlab.train import TrainResult, check_setup, train
 
 CHECKPOINT = "checkpoint.pt"
+# What train() restores from a checkpoint (train._state writes them).
+RESUME_KEYS = ("step", "train_seconds", "history", "best_val_loss", "best_epoch", "best_state", "since_best",
+               "stopped", "strategy")
 
 
 def stderr_line(text: str) -> None:
@@ -103,10 +112,11 @@ def _process(rank: int, world_size: int, store_path: str | None, cfg: TrainConfi
                                      timeout=run.timeout) as ctx:
         data = _load_in_order(cfg, run, ctx)
         check_setup(cfg, ctx.world_size, data)
-        resume_state = _resume_state(cfg, ctx, out) if run.resume else None
+        resume_state = _start_state(cfg, run, ctx, out)
         if ctx.is_main:
             out.mkdir(parents=True, exist_ok=True)
             if resume_state is None:
+                (out / "metrics.jsonl").unlink(missing_ok=True)  # left by a restarted attempt, if any
                 _write_config(out, cfg, run, ctx)
             else:
                 truncate_metrics(out / "metrics.jsonl", resume_state["step"])
@@ -148,13 +158,57 @@ def _load_in_order(cfg: TrainConfig, run: RunConfig, ctx: Context) -> Any:
     return data
 
 
-def _resume_state(cfg: TrainConfig, ctx: Context, out: Path) -> dict | None:
-    state = None
+def _start_state(cfg: TrainConfig, run: RunConfig, ctx: Context, out: Path) -> dict | None:
+    """The checkpoint this run continues from, or None for a new run. Rank 0 decides (only it may
+    see the folder); every rank gets the same answer, or the same UserError."""
+    decision: dict = {}
     if ctx.is_main:
-        state = checkpoint.load(out / CHECKPOINT, log=stderr_line)
-        checkpoint.check_compatible(state, {"model": cfg.model, "dataset": cfg.dataset,
-                                            "world_size": ctx.world_size, "config": to_dict(cfg)}, out)
-    return broadcast_object(ctx, state)
+        try:
+            decision["state"] = _decide_start(cfg, run, ctx, out)
+        except UserError as exc:
+            decision["error"] = str(exc)
+    decision = broadcast_object(ctx, decision)
+    if "error" in decision:
+        raise UserError(decision["error"])
+    return decision["state"]
+
+
+def _decide_start(cfg: TrainConfig, run: RunConfig, ctx: Context, out: Path) -> dict | None:
+    if run.resume:
+        return _resume_state(cfg, ctx, out)
+    run_id, restarts = torchrun_restart()
+    if restarts > 0 and _same_torchrun_job(out, cfg, run_id):
+        if not checkpoint.exists(out / CHECKPOINT):
+            stderr_line(f"towerlab: torchrun restart {restarts}: no checkpoint in {out} yet, starting over")
+            return None
+        state = _resume_state(cfg, ctx, out)
+        stderr_line(f"towerlab: torchrun restart {restarts}: continuing from the checkpoint of step "
+                    f"{state['step']} in {out}")
+        return state
+    if under_torchrun():
+        check_new_out(out)
+    return None
+
+
+def _same_torchrun_job(out: Path, cfg: TrainConfig, run_id: str | None) -> bool:
+    """Whether `out` was started by this very torchrun job with this training config."""
+    try:
+        stored = json.loads((out / "config.json").read_text(encoding="utf-8"))
+        same_config = from_dict(TrainConfig, stored["train"]) == cfg
+    except (OSError, ValueError, KeyError, TypeError, UserError):
+        return False
+    return run_id is not None and stored.get("torchelastic_run_id") == run_id and same_config
+
+
+def _resume_state(cfg: TrainConfig, ctx: Context, out: Path) -> dict:
+    state = checkpoint.load(out / CHECKPOINT, log=stderr_line)
+    checkpoint.check_compatible(state, {"model": cfg.model, "dataset": cfg.dataset,
+                                        "world_size": ctx.world_size, "config": to_dict(cfg)}, out)
+    missing = [k for k in RESUME_KEYS if k not in state]
+    if missing:
+        raise UserError(f"checkpoint in {out} lacks {', '.join(missing)}: it was not written by this towerlab "
+                        "train; start a new run")
+    return state
 
 
 def _write_config(out: Path, cfg: TrainConfig, run: RunConfig, ctx: Context) -> None:
@@ -162,6 +216,7 @@ def _write_config(out: Path, cfg: TrainConfig, run: RunConfig, ctx: Context) -> 
         "train": to_dict(cfg), "run": to_dict(run), "world_size": ctx.world_size,
         "device_type": ctx.device.type, "global_batch_size": cfg.batch_size * ctx.world_size,
         "torch_version": torch.__version__, "towerlab_version": towerlab.__version__,
+        "torchelastic_run_id": torchrun_restart()[0],
         "command": [Path(sys.argv[0]).name, *sys.argv[1:]]})
 
 

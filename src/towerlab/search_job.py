@@ -22,13 +22,14 @@ import torch
 
 import towerlab
 from towerlab import atomic
-from towerlab.config import RunConfig, SearchConfig, TrainConfig, to_dict, to_flags
-from towerlab.distributed import (Context, StopFlag, check_devices, default_threads, kv_store, launch,
-                                  local_processes, session, torchrun_world_size, under_torchrun)
+from towerlab.config import RunConfig, SearchConfig, TrainConfig, replace, to_dict, to_flags
+from towerlab.distributed import (Context, Interrupted, StopFlag, check_devices, default_threads, kv_store,
+                                  launch, local_processes, session, torchrun_restart, torchrun_world_size,
+                                  under_torchrun)
 from towerlab.errors import UserError
 from towerlab.fitness import candidate_config, candidate_task, outcome, train_candidate, train_config_hash
 from towerlab.models import model_record
-from towerlab.pool import Pool
+from towerlab.pool import Pool, stale_seconds
 from towerlab.report import Reporter, format_generation, format_top, plot_fitness
 from towerlab.runner import check_new_out, load_data, stderr_line
 from towerlab.search import Candidate, Space, load_space, run_evolution, run_grid
@@ -42,19 +43,37 @@ def start_search(kind: str, cfg: SearchConfig, run: RunConfig) -> int:
     """Run the search job; returns its exit status."""
     space = load_space(cfg.space)
     out = Path(run.resume or run.out or default_out(kind, cfg, space))
+    if under_torchrun() and run.resume is None and run.out is None:
+        raise UserError("under torchrun every rank must agree on the output folder: pass --out")
+    if run.resume is None and _restarted_by_torchrun(out, kind, cfg):
+        run = replace(run, resume=str(out))  # torchrun restarted this job's workers: continue the search
     if run.resume is None:
         check_new_out(out)
     if under_torchrun():
-        if run.resume is None and run.out is None:
-            raise UserError("under torchrun every rank must agree on the output folder: pass --out")
         return _process(0, torchrun_world_size(), None, kind, cfg, run, str(out))
     check_devices(run.devices)
     workers = run.devices * cfg.workers_per_device
+    if workers > 1:
+        stale_seconds()  # a bad TOWERLAB_WORKER_STALE_SECONDS is refused before any worker starts
     _data(cfg, run, download=run.download)  # every data problem (and the download) before any worker starts
     if workers == 1:
         return _process(0, 1, None, kind, cfg, run, str(out))
     return launch(_spawned, workers, (kind, cfg, run, str(out)), essential={0},
                   hint=f"Continue the search with: towerlab {kind} --resume {out}")
+
+
+def _restarted_by_torchrun(out: Path, kind: str, cfg: SearchConfig) -> bool:
+    """Whether this is a torchrun restart (TORCHELASTIC_RESTART_COUNT > 0) of the very job that made
+    `out` (same TORCHELASTIC_RUN_ID, kind and search settings)."""
+    run_id, restarts = torchrun_restart()
+    if restarts == 0 or run_id is None:
+        return False
+    try:
+        stored = json.loads((out / "config.json").read_text(encoding="utf-8"))
+        return (stored.get("torchelastic_run_id") == run_id and stored.get("kind") == kind
+                and stored.get("search") == json.loads(json.dumps(to_dict(cfg))))
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def default_out(kind: str, cfg: SearchConfig, space: Space) -> Path:
@@ -87,15 +106,22 @@ def _process(rank: int, world_size: int, store_path: str | None, kind: str, cfg:
 
         def work(task: dict) -> dict:
             fields, _ = train_candidate(cfg, space.model, task["genome"], task["seed"], data, ctx.device,
-                                        test=task["kind"] == "test", stop=stop if ctx.is_main else None)
+                                        test=task["kind"] == "test", stop=stop)
             return {**fields, "worker": worker}
 
-        pool = Pool(kv_store(), ctx.rank, ctx.world_size, work) if ctx.distributed else None
+        def check_stop() -> None:
+            # The coordinator also leaves on Ctrl-C / SIGTERM while it only waits for the workers' results.
+            if stop is not None and stop.signum:
+                raise Interrupted(stop.signum)
+
+        # A fresh key namespace per torchrun attempt: its store outlives a restarted worker group.
+        pool = (Pool(kv_store(), ctx.rank, ctx.world_size, work, check_stop=check_stop,
+                     namespace=f"attempt{torchrun_restart()[1]}") if ctx.distributed else None)
         if not ctx.is_main:
             pool.serve()
             return 0
         try:
-            _coordinate(kind, cfg, run, Path(out), space, ctx, pool.map if pool else _local_map(work), data)
+            _coordinate(kind, cfg, run, Path(out), space, ctx, pool.map if pool else _local_map(work), data, stop)
         finally:
             if pool is not None:
                 pool.shutdown()
@@ -110,7 +136,7 @@ def _local_map(work: Callable[[dict], dict]) -> Callable:
 
 
 def _coordinate(kind: str, cfg: SearchConfig, run: RunConfig, out: Path, space: Space, ctx: Context,
-                run_tasks: Callable, data: Any) -> None:
+                run_tasks: Callable, data: Any, stop: StopFlag | None = None) -> None:
     reporter = Reporter(None, progress=run.progress)
     tch = train_config_hash(cfg)
     if cfg.store:
@@ -157,7 +183,7 @@ def _coordinate(kind: str, cfg: SearchConfig, run: RunConfig, out: Path, space: 
         reporter.line(format_top(top))
         _write_results(kind, cfg, space, out, result, top, ctx, time.perf_counter() - started)
         if cfg.export_best and top:
-            _export_best(cfg, space, top[0], data, ctx.device, out, reporter)
+            _export_best(cfg, space, top[0], data, ctx.device, out, reporter, stop)
     reporter.close()
 
 
@@ -193,6 +219,7 @@ def _write_config(out: Path, kind: str, cfg: SearchConfig, run: RunConfig, ctx: 
         "kind": kind, "search": to_dict(cfg), "run": to_dict(run), "search_id": search_id,
         "store": str(store.path), "workers": ctx.world_size, "device_type": ctx.device.type,
         "torch_version": torch.__version__, "towerlab_version": towerlab.__version__,
+        "torchelastic_run_id": torchrun_restart()[0],
         "command": [Path(sys.argv[0]).name, *sys.argv[1:]]})
 
 
@@ -223,11 +250,12 @@ def _write_results(kind: str, cfg: SearchConfig, space: Space, out: Path, result
 
 
 def _export_best(cfg: SearchConfig, space: Space, best: dict, data: Any, device: torch.device, out: Path,
-                 reporter: Reporter) -> None:
+                 reporter: Reporter, stop: StopFlag | None = None) -> None:
     """model.pt of the winner: retrained exactly as it was evaluated (same seed, same budget, the
     weights of its best epoch), so the file is the network whose accuracies are reported."""
     reporter.line("Exporting the best network (retraining it) ...")
-    fields, result = train_candidate(cfg, space.model, best["genome"], best["seed"], data, device, test=True)
+    fields, result = train_candidate(cfg, space.model, best["genome"], best["seed"], data, device, test=True,
+                                     stop=stop)
     if result is None or fields["status"] != "ok":
         raise UserError(f"retraining the best network failed ({fields.get('reason')}): model.pt not written")
     tc = candidate_config(cfg, space.model, best["genome"], best["seed"])

@@ -34,7 +34,7 @@ import math
 import os
 import sqlite3
 import threading
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -219,15 +219,26 @@ class Store:
 
     @contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:
-        """One transaction: committed whole, or rolled back whole (even on KeyboardInterrupt)."""
+        """One transaction: committed whole, or rolled back whole (even on KeyboardInterrupt).
+
+        A write the disk refuses (full, I/O error, read-only, locked for 30 s) is a UserError: what
+        was committed before stays, and the search can be resumed once the disk is fixed."""
         with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
             try:
-                yield self._db
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
-            self._db.execute("COMMIT")
+                self._db.execute("BEGIN IMMEDIATE")
+                try:
+                    yield self._db
+                    self._db.execute("COMMIT")
+                except BaseException:
+                    # SQLite may have rolled back already (e.g. SQLITE_FULL): then ROLLBACK itself fails.
+                    if self._db.in_transaction:
+                        with suppress(sqlite3.Error):
+                            self._db.execute("ROLLBACK")
+                    raise
+            except sqlite3.OperationalError as e:
+                raise UserError(f"cannot write to search store {self.path} ({e}): every evaluation recorded "
+                                f"before is kept; fix the disk (space, permissions) and continue with --resume"
+                                ) from None
 
     def _read(self, sql: str, args: tuple = ()) -> list[sqlite3.Row]:
         with self._lock:

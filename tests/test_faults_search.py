@@ -1,0 +1,226 @@
+"""Fault injection into real searches (`towerlab evolve` on synthetic data): the process, the
+coordinator or a worker killed mid-generation, SIGTERM and Ctrl-C. Every evaluation that finished
+is kept (its row in the store is untouched), none is trained twice (the store's row count equals
+an uninterrupted search's), the ones in flight are redone, and the final history equals an
+uninterrupted search with the same seed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from util import replica_pids, run_cli, start_towerlab
+
+
+SPACE = """
+model = "mlp"
+[genes]
+neurons = [16, 32, 64]
+layers = [1, 2]
+activation = ["relu", "tanh", "sigmoid"]
+optimizer = ["adam", "sgd"]
+"""
+# Each candidate: 3 epochs on 5,000 synthetic images, about half a second; 1 thread per process, so
+# that one worker and two workers do the very same arithmetic.
+BASE = ["--dataset", "synthetic", "--val-size", "1000", "--max-epochs", "3", "--patience", "3", "--threads", "1",
+        "--no-progress", "--population", "6", "--generations", "3", "--seed", "5", "--top", "2"]
+
+
+@pytest.fixture(scope="module")
+def space(tmp_path_factory) -> str:
+    path = tmp_path_factory.mktemp("space") / "space.toml"
+    path.write_text(SPACE)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, space):
+    out = tmp_path_factory.mktemp("reference") / "evo"
+    done = run_cli("evolve", *BASE, "--space", space, "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    return out
+
+
+def rows(out: Path) -> list[dict]:
+    """The store's evaluations, read while the search may still be writing (WAL allows it)."""
+    path = out / "search.db"
+    if not path.exists():
+        return []
+    try:
+        db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5)
+        try:
+            db.row_factory = sqlite3.Row
+            return [dict(r) for r in db.execute("SELECT * FROM evaluations ORDER BY id")]
+        finally:
+            db.close()
+    except sqlite3.OperationalError:  # not created yet
+        return []
+
+
+def history(out: Path) -> dict:
+    summary = json.loads((out / "summary.json").read_text())
+    return {"stats": [{k: v for k, v in s.items() if "seconds" not in k} for s in summary["generation_stats"]],
+            "top": [(t["genome"], t["val_accuracy"], t["test_accuracy"]) for t in summary["top"]],
+            "counts": (summary["evaluations"], summary["cache_hits"], summary["failures"], summary["generations"])}
+
+
+def wait_for(condition, timeout: float = 120.0, what: str = "") -> None:
+    deadline = time.time() + timeout
+    while not condition():
+        assert time.time() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def busy(pid: int, window: float = 0.15) -> bool:
+    """Whether `pid` computes (a worker trains only inside a claimed task; waiting, it sleeps)."""
+    def cpu() -> float:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+    before = cpu()
+    time.sleep(window)
+    return cpu() - before > window / 4  # waiting costs ~1% of a core; training, a core (or its share)
+
+
+def in_generation_1(out: Path) -> bool:
+    return any(r["generation"] == 1 for r in rows(out))
+
+
+def assert_nothing_lost_or_repeated(out: Path, reference: Path, kept: list[dict]) -> None:
+    """The resumed search ends as the reference did; the rows made before the fault are untouched;
+    and the store holds exactly as many evaluations (so the kept ones were not trained again)."""
+    assert history(out) == history(reference)
+    final = rows(out)
+    by_id = {r["id"]: r for r in final}
+    for row in kept:  # same row: same fitness, same finished_at, not redone (the top ones gain a test accuracy)
+        assert {**by_id[row["id"]], "test_accuracy": None} == {**row, "test_accuracy": None}
+    assert len(final) == len(rows(reference))
+    fitness = {r["genome_hash"]: r["fitness"] for r in final}
+    assert fitness == {r["genome_hash"]: r["fitness"] for r in rows(reference)}
+
+
+def resume(out: Path, *extra: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    done = run_cli("evolve", "--resume", str(out), *extra, env=env)
+    assert done.returncode == 0, done.stderr
+    return done
+
+
+# --------------------------------------------------------------------------- one process
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signum, status", [(signal.SIGTERM, 143), (signal.SIGKILL, -signal.SIGKILL)],
+                         ids=["SIGTERM", "SIGKILL"])
+def test_a_search_stopped_mid_generation_resumes_to_the_uninterrupted_history(tmp_path, space, reference,
+                                                                               signum, status):
+    out = tmp_path / "evo"
+    log = tmp_path / "log"
+    job = start_towerlab("evolve", *BASE, "--space", space, "--out", str(out), log=log)
+    wait_for(lambda: in_generation_1(out), what="generation 1")
+    os.kill(job.pid, signum)
+    sent = time.time()
+    assert job.wait(timeout=60) == status, log.read_text()
+    assert time.time() - sent < 30
+    assert "Traceback" not in log.read_text()
+    kept = rows(out)
+    assert kept and not (out / "summary.json").exists()
+    with sqlite3.connect(out / "search.db") as db:  # the interrupted generation is recorded as begun, not done
+        assert db.execute("SELECT COUNT(*) FROM generations WHERE complete = 0").fetchone()[0] == 1
+    resume(out)
+    assert_nothing_lost_or_repeated(out, reference, kept)
+
+
+# --------------------------------------------------------------------------- two workers
+
+@pytest.mark.slow
+def test_a_killed_coordinator_ends_the_job_at_once_and_resume_loses_nothing(tmp_path, space, reference):
+    out = tmp_path / "evo"
+    log = tmp_path / "log"
+    job = start_towerlab("evolve", *BASE, "--space", space, "--devices", "2", "--out", str(out), log=log)
+    wait_for(lambda: in_generation_1(out), what="generation 1")
+    workers = replica_pids(job.pid)
+    assert len(workers) == 2
+    os.kill(workers[0], signal.SIGKILL)
+    killed = time.time()
+    status = job.wait(timeout=60)
+    text = log.read_text()
+    assert status == 1 and time.time() - killed < 30, text
+    assert "rank 0" in text and "SIGKILL" in text and "--resume" in text and "Traceback" not in text, text
+    kept = rows(out)
+    resume(out)  # on the two workers it was started with
+    assert_nothing_lost_or_repeated(out, reference, kept)
+
+
+@pytest.mark.slow
+def test_a_killed_worker_hands_its_candidate_on_and_the_search_finishes(tmp_path, space, reference, monkeypatch):
+    monkeypatch.setenv("TOWERLAB_WORKER_STALE_SECONDS", "3")
+    out = tmp_path / "evo"
+    log = tmp_path / "log"
+    job = start_towerlab("evolve", *BASE, "--space", space, "--devices", "2", "--out", str(out), log=log)
+    wait_for(lambda: any(r["worker"].startswith("rank1@") for r in rows(out)), what="a result of rank 1")
+    workers = replica_pids(job.pid)
+    wait_for(lambda: busy(workers[1]), what="rank 1 training a candidate")  # it holds a claimed task
+    os.kill(workers[1], signal.SIGKILL)
+    status = job.wait(timeout=120)
+    text = log.read_text()
+    assert status == 0, text
+    assert "worker rank 1" in text and "SIGKILL" in text and "the others carry on" in text, text
+    assert "worker rank 1 stopped beating while training task" in text, text  # its candidate, trained again
+    assert history(out) == history(reference)
+    assert len(rows(out)) == len(rows(reference))
+
+
+def test_a_bad_stale_setting_is_refused_before_any_worker_starts(tmp_path, space):
+    done = run_cli("evolve", *BASE, "--space", space, "--devices", "2", "--out", str(tmp_path / "evo"),
+                   env={"TOWERLAB_WORKER_STALE_SECONDS": "soon"})
+    assert done.returncode == 2 and "TOWERLAB_WORKER_STALE_SECONDS='soon'" in done.stderr, done.stderr
+    assert done.stderr.count("\n") == 1 and not (tmp_path / "evo").exists()
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_a_two_worker_search_within_seconds_and_resume_loses_nothing(tmp_path, space, reference):
+    out = tmp_path / "evo"
+    log = tmp_path / "log"
+    job = start_towerlab("evolve", *BASE, "--space", space, "--devices", "2", "--out", str(out), log=log)
+    wait_for(lambda: in_generation_1(out), what="generation 1")
+    os.killpg(job.pid, signal.SIGINT)  # what Ctrl-C in a terminal does: every process of the job
+    sent = time.time()
+    status = job.wait(timeout=60)
+    text = log.read_text()
+    assert status == 130 and time.time() - sent < 15, text
+    assert "Traceback" not in text, text
+    kept = rows(out)
+    resume(out)
+    assert_nothing_lost_or_repeated(out, reference, kept)
+
+
+@pytest.mark.slow
+def test_torchrun_restarts_a_search_whose_worker_died_and_it_ends_as_uninterrupted(tmp_path, space, reference):
+    out = tmp_path / "evo"
+    log = tmp_path / "log"
+    with open(log, "w") as sink:
+        agent = subprocess.Popen(
+            [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+             "--max-restarts", "1", "--monitor-interval", "0.2", "-m", "towerlab", "evolve", *BASE,
+             "--space", space, "--out", str(out)], stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            wait_for(lambda: in_generation_1(out), what="generation 1")
+            kept = rows(out)
+            from test_faults_training import torchrun_workers
+
+            os.kill(torchrun_workers(agent.pid)[1], signal.SIGKILL)
+            status = agent.wait(timeout=240)
+        finally:
+            if agent.poll() is None:
+                os.killpg(agent.pid, signal.SIGKILL)
+    assert status == 0, log.read_text()
+    assert "towerlab evolve" in log.read_text()
+    assert_nothing_lost_or_repeated(out, reference, kept)

@@ -52,18 +52,23 @@ class Normalizer:
 
 
 def augment(x: torch.Tensor, generator: torch.Generator, pad: int = 4) -> torch.Tensor:
-    """Random crop after zero padding, and a random horizontal flip, on the device (uint8 in, uint8 out)."""
-    n, _, h, w = x.shape
+    """Random crop after zero padding, and a random horizontal flip, on the device (uint8 in, uint8 out).
+
+    One `gather` per batch: each output pixel's offset in its padded plane is computed from the
+    example's shift and flip, so crop and flip cost a single pass over the images (no 4-way advanced
+    indexing, no flipped copy and `where`). Draws dy, dx, then the flips, in that order.
+    """
+    n, c, h, w = x.shape
     padded = torch.nn.functional.pad(x, (pad, pad, pad, pad))
     dy = torch.randint(0, 2 * pad + 1, (n,), device=x.device, generator=generator)
     dx = torch.randint(0, 2 * pad + 1, (n,), device=x.device, generator=generator)
-    rows = (dy[:, None] + torch.arange(h, device=x.device)[None, :])[:, None, :, None]
-    cols = (dx[:, None] + torch.arange(w, device=x.device)[None, :])[:, None, None, :]
-    batch = torch.arange(n, device=x.device)[:, None, None, None]
-    chan = torch.arange(x.shape[1], device=x.device)[None, :, None, None]
-    out = padded[batch, chan, rows, cols]
     flip = torch.rand(n, device=x.device, generator=generator) < 0.5
-    return torch.where(flip[:, None, None, None], out.flip(3), out)
+    j = torch.arange(w, device=x.device)
+    cols = dx[:, None] + torch.where(flip[:, None], (w - 1) - j, j)              # (n, w)
+    rows = dy[:, None] + torch.arange(h, device=x.device)                        # (n, h)
+    offsets = (rows[:, :, None] * (w + 2 * pad) + cols[:, None, :]).view(n, 1, h * w)
+    out = padded.view(n, c, -1).gather(2, offsets.expand(n, c, h * w))
+    return out.view(n, c, h, w)
 
 
 class Batches:

@@ -25,7 +25,7 @@ TRAINING_GENES = ("optimizer", "lr", "batch_size", "epochs")
 DEFAULT_BATCH = {"cifar10": 64}  # the original's; 128 for the MNIST-like sets
 # Bumped whenever candidate training changes what it computes, so a store's cache never serves
 # fitnesses that today's code would not reproduce.
-FITNESS_VERSION = 1
+FITNESS_VERSION = 2
 
 
 def training_settings(cfg: SearchConfig) -> dict:

@@ -1,0 +1,124 @@
+"""The GPU figures (one H100 in the targets). Written and dry-checked on a CPU machine: nothing here
+has been measured yet, and `unavailable()` makes `--suite gpu` refuse to start without CUDA.
+
+- lenet5 to 99.0% MNIST test accuracy, training seconds        target <= 1.5 s
+- cifarnet to 80% CIFAR-10 test accuracy, training seconds     target <= 10 s
+- --input resident vs feed vs queue, lenet5 batch 512          resident >= 3x feed
+- --strategy ps vs ddp step time, one GPU                      reported
+- --compile (CUDA graphs on one GPU) vs eager, examples/s      reported
+- search evaluations/min, --workers-per-device 4 vs 1          target >= 2.5x (slot, not wired)
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import measure
+from presets_bridge import preset_flags
+from suite_cpu import throughput
+
+Log = Callable[[str], None]
+
+
+def unavailable() -> str | None:
+    """Why the GPU suite cannot run here, or None."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return "no CUDA device (torch.cuda.is_available() is False; this torch is " + torch.__version__ + ")"
+    return None
+
+
+def _tta(figure_id: str, preset: str, target: float, limit: float, title: str, data_dir: str, repeats: int,
+         quick: bool, log: Log) -> dict:
+    """Training seconds of `preset` on one GPU until its final test accuracy; repeated over seeds."""
+    def run(r: int) -> dict:
+        extra = {"steps": None, "epochs": 1} if quick else {}
+        sample = measure.towerlab(preset_flags(preset, device="cuda", seed=r, **extra), data_dir)
+        s = sample["summary"]
+        sample["reached"] = s["test_accuracy"] is not None and s["test_accuracy"] >= target
+        sample.update(value=s["train_seconds"] if sample["reached"] else None, unit="s")
+        return sample
+
+    log(f"[{figure_id}] towerlab --preset {preset} on one GPU, to {target:.0%} test accuracy")
+    samples = measure.alternate({"towerlab": run}, repeats, log, quiet=False)
+    seconds = measure.median([s["value"] for s in samples["towerlab"]])
+    return {"id": figure_id, "title": title, "target": f"<= {limit:g} s", "target_value": limit,
+            "value": seconds, "unit": "s", "tta": True,
+            "met": None if quick or seconds is None else seconds <= limit,
+            "detail": {"target_accuracy": target, "reached": [s["reached"] for s in samples["towerlab"]],
+                       "test_accuracy": [s["summary"]["test_accuracy"] for s in samples["towerlab"]]},
+            "samples": samples}
+
+
+def lenet5_tta(data_dir: str, repeats: int, quick: bool, log: Log) -> dict:
+    return _tta("lenet5_tta_gpu", "mnist-fast", 0.99, 1.5, "lenet5 to 99.0% MNIST test accuracy, "
+                "training seconds, one GPU", data_dir, repeats, quick, log)
+
+
+def cifarnet_tta(data_dir: str, repeats: int, quick: bool, log: Log) -> dict:
+    return _tta("cifarnet_tta_gpu", "cifar-fast", 0.80, 10.0, "cifarnet to 80% CIFAR-10 test accuracy, "
+                "training seconds, one GPU", data_dir, repeats, quick, log)
+
+
+def input_modes(data_dir: str, repeats: int, quick: bool, log: Log) -> dict:
+    log("[input_modes_gpu] lenet5 batch 512: resident vs feed vs queue")
+    sides = {m: throughput("lenet5", "mnist", 512, 1, 60000 if quick else 300000, data_dir, input_mode=m,
+                           threads=None) for m in ("resident", "feed", "queue")}
+    samples = measure.alternate(sides, repeats, log, quiet=False)
+    rounds = measure.usable_rounds(samples)
+    ratio = measure.ratio_stats(samples, "resident", "feed", rounds)
+    return {"id": "input_modes_gpu", "title": "--input resident vs feed, lenet5 batch 512, examples/s (GPU)",
+            "target": ">= 3x", "target_value": 3.0, "value": ratio["median"], "unit": "x",
+            "met": None if quick or ratio["median"] is None else ratio["median"] >= 3.0,
+            "detail": {"examples_per_sec": {m: measure.median(measure.values(samples, m, rounds)) for m in sides},
+                       "queue_over_feed": measure.ratio_stats(samples, "queue", "feed", rounds)},
+            "samples": samples}
+
+
+def ps_vs_ddp(data_dir: str, repeats: int, quick: bool, log: Log) -> list[dict]:
+    figures = []
+    for model, dataset, batch in (("lenet5", "mnist", 512), ("cifarnet", "cifar10", 512)):
+        log(f"[ps_vs_ddp_gpu] {model} batch {batch}, one GPU: ddp vs ps (master copy on the CPU)")
+        sides = {s: throughput(model, dataset, batch, 1, 30000 if quick else 150000, data_dir, strategy=s,
+                               threads=None) for s in ("ddp", "ps")}
+        samples = measure.alternate(sides, repeats, log, quiet=False)
+        rounds = measure.usable_rounds(samples)
+        ratio = measure.ratio_stats(samples, "ddp", "ps", rounds)
+        figures.append({"id": f"ps_vs_ddp_gpu_{model}", "title": f"--strategy ps / ddp step time, {model} "
+                        f"batch {batch}, one GPU", "target": "reported", "target_value": None,
+                        "value": ratio["median"], "unit": "x", "met": None,
+                        "detail": {"step_ms": {s: measure.median([x["step_ms"] for x in samples[s]]) for s in sides}},
+                        "samples": samples})
+    return figures
+
+
+def compile_modes(data_dir: str, repeats: int, quick: bool, log: Log) -> list[dict]:
+    """--compile (torch.compile; CUDA graphs on a single GPU) against eager. Steady-state rate: the
+    compilation itself falls in the first display window, which the rate leaves out."""
+    figures = []
+    for model, dataset, batch in (("lenet5", "mnist", 128), ("cifarnet", "cifar10", 512)):
+        log(f"[compile_gpu] {model} batch {batch}: eager vs --compile")
+        sides = {name: throughput(model, dataset, batch, 1, 60000 if quick else 300000, data_dir, threads=None,
+                                  compile=flag) for name, flag in (("eager", False), ("compiled", True))}
+        samples = measure.alternate(sides, repeats, log, quiet=False)
+        rounds = measure.usable_rounds(samples)
+        ratio = measure.ratio_stats(samples, "compiled", "eager", rounds)
+        figures.append({"id": f"compile_gpu_{model}", "title": f"--compile / eager examples/s, {model} batch "
+                        f"{batch}, one GPU", "target": "reported", "target_value": None, "value": ratio["median"],
+                        "unit": "x", "met": None, "samples": samples})
+    return figures
+
+
+def search_workers_slot(data_dir: str, repeats: int, quick: bool, log: Log) -> dict:
+    # ------------------------------------------------------------------------------------------
+    # SLOT: search evaluations per minute, --workers-per-device 4 vs 1 on one H100 (target >= 2.5x).
+    # Being written by someone else; wire it like suite_cpu.search_scaling_slot.
+    # ------------------------------------------------------------------------------------------
+    return {"id": "search_workers_gpu", "title": "search evaluations/min, --workers-per-device 4 vs 1, one GPU",
+            "target": ">= 2.5x", "target_value": 2.5, "value": None, "unit": "x", "met": None,
+            "status": "slot: not wired", "samples": {}}
+
+
+FIGURES = {"lenet5_tta": lenet5_tta, "cifarnet_tta": cifarnet_tta, "input_modes": input_modes,
+           "ps_vs_ddp": ps_vs_ddp, "compile": compile_modes, "search": search_workers_slot}

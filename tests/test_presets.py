@@ -1,0 +1,28 @@
+"""Presets are data: every one must build valid configs on every device type, and a wrong name is a
+user error that lists the right ones."""
+
+import pytest
+
+from towerlab.config import RunConfig, TrainConfig
+from towerlab.errors import UserError
+from towerlab.presets import PRESETS, apply_preset, names, run_options
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+@pytest.mark.parametrize("device_type", ["cpu", "cuda"])
+def test_every_preset_builds_valid_configs(name, device_type):
+    cfg = TrainConfig(**apply_preset(name, device_type))
+    RunConfig(**run_options(name, device_type))
+    assert cfg.model == PRESETS[name].train["model"]
+    assert PRESETS[name].measured, "a preset says what it reached and how it was chosen"
+
+
+def test_apply_preset_returns_a_fresh_dict():
+    first = apply_preset(names()[0])
+    first["lr"] = -1.0
+    assert apply_preset(names()[0]).get("lr") != -1.0
+
+
+def test_unknown_preset_is_a_user_error_naming_the_known_ones():
+    with pytest.raises(UserError, match="mnist-fast"):
+        apply_preset("mnist-fastest")

@@ -125,6 +125,29 @@ def _towerlab_once(args: list[str], data_dir: str, timeout: float) -> dict:
             "steady_examples_per_sec": steady_rate(steps), "evals": evals, "cpu": cpu}
 
 
+def towerlab_search(args: list[str], data_dir: str, timeout: float = 1800) -> dict:
+    """One `towerlab evolve` run in a fresh process; its summary and CPU use."""
+    out = Path(tempfile.mkdtemp(prefix="towerlab-bench-")) / "search"
+    cmd = [sys.executable, "-m", "towerlab", "evolve", *args, "--data-dir", data_dir, "--no-progress",
+           "--out", str(out)]
+    if DRY_RUN:
+        from towerlab.cli import build_parser, resolve_search
+
+        resolve_search(build_parser().parse_args(cmd[3:]))
+        shutil.rmtree(out.parent, ignore_errors=True)
+        DRY_COMMANDS.append(["towerlab", *cmd[3:-1], "DIR"])
+        stats = [{"evaluated": 1, "seconds": 1.0}]
+        return {"command": DRY_COMMANDS[-1], "summary": {"generation_stats": stats, "workers": 1},
+                "cpu": {"foreign_cores": 0.0}}
+    try:
+        _, cpu = _run(cmd, timeout)
+        summary = json.loads((out / "summary.json").read_text())
+    finally:
+        shutil.rmtree(out.parent, ignore_errors=True)
+    keep = ("generation_stats", "evaluations", "cache_hits", "failures", "workers", "seconds", "best_val_accuracy")
+    return {"command": ["towerlab", *cmd[3:-1], "DIR"], "summary": {k: summary[k] for k in keep}, "cpu": cpu}
+
+
 def baseline(data_dir: str, epochs: int, target: float, seed: int, threads: int | None = None,
              timeout: float = 1800) -> dict:
     """One run of bench/baseline.py in a fresh process."""

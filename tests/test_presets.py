@@ -26,3 +26,22 @@ def test_apply_preset_returns_a_fresh_dict():
 def test_unknown_preset_is_a_user_error_naming_the_known_ones():
     with pytest.raises(UserError, match="mnist-fast"):
         apply_preset("mnist-fastest")
+
+
+def test_preset_flag_applies_the_recipe_under_typed_flags():
+    from towerlab.cli import build_parser, resolve_train
+
+    cfg, run = resolve_train(build_parser().parse_args(["train", "--preset", "mnist-fast", "--seed", "3"]))
+    assert (cfg.model, cfg.batch_size, cfg.schedule, cfg.steps, cfg.seed) == ("lenet5", 256, "onecycle", 537, 3)
+    assert run.preset == "mnist-fast" and run.threads == 2
+    cfg, _ = resolve_train(build_parser().parse_args(["train", "--preset", "mnist-fast", "--batch-size", "64"]))
+    assert cfg.batch_size == 64 and cfg.lr == 0.012
+
+
+def test_unknown_preset_and_preset_with_resume_are_user_errors(tmp_path, capsys):
+    from towerlab.cli import main
+
+    assert main(["train", "--preset", "imagenet-fast", "--out", str(tmp_path / "a")]) == 2
+    assert "unknown preset 'imagenet-fast'" in capsys.readouterr().err
+    assert main(["train", "--resume", str(tmp_path), "--preset", "mnist-fast"]) == 2
+    assert "--preset does not go with --resume" in capsys.readouterr().err

@@ -49,7 +49,7 @@ def _data_parser(sub: argparse._SubParsersAction) -> None:
     info.set_defaults(handler=_cmd_data_info)
 
 
-SEARCH_RUN_SKIP = ("strategy", "input", "display_step", "compile", "tensorboard")
+SEARCH_RUN_SKIP = ("preset", "strategy", "input", "display_step", "compile", "tensorboard")
 
 
 def _search_parsers(sub: argparse._SubParsersAction) -> None:
@@ -83,7 +83,11 @@ def resolve_train(args: argparse.Namespace) -> tuple[TrainConfig, RunConfig]:
 
     train_given, run_given = given(args, TrainConfig), given(args, RunConfig)
     if "resume" not in run_given:
+        if "preset" in run_given:
+            train_given, run_given = _with_preset(run_given["preset"], train_given, run_given)
         return TrainConfig(**train_given), RunConfig(**run_given)
+    if "preset" in run_given:
+        raise UserError("--preset does not go with --resume: the stored run already holds the preset's settings")
     folder = Path(run_given["resume"])
     cfg, stored_run = read_run_config(folder)
     changed = [k for k, v in train_given.items() if getattr(cfg, k) != v]
@@ -135,6 +139,15 @@ def _cmd_search_show(args: argparse.Namespace) -> int:
 
     print(format_search(args.path))
     return 0
+
+
+def _with_preset(name: str, train_given: dict, run_given: dict) -> tuple[dict, dict]:
+    """The preset's settings for this machine's device type, under the flags the user typed."""
+    from towerlab.distributed import device_type
+    from towerlab.presets import apply_preset, run_options
+
+    kind = device_type()
+    return {**apply_preset(name, kind), **train_given}, {**run_options(name, kind), **run_given}
 
 
 def _cmd_train(args: argparse.Namespace) -> int:

@@ -119,6 +119,8 @@ class TrainConfig:
 class RunConfig:
     """Where and how a run happens: changing these never changes the numbers it computes."""
 
+    preset: Optional[str] = _opt(None, "a measured recipe (mnist-fast, cifar-fast) whose settings apply "
+                                 "under the flags you type; see towerlab.presets")
     devices: int = _opt(1, "local replicas: GPUs when CUDA is present, else CPU processes over gloo")
     strategy: str = _opt("ddp", "how gradients meet: ddp all-reduce, or ps (CPU parameter server)",
                          choices=STRATEGIES)
@@ -138,6 +140,10 @@ class RunConfig:
     def __post_init__(self) -> None:
         _check_choice("strategy", self.strategy, STRATEGIES)
         _check_choice("input", self.input, INPUTS)
+        if self.preset is not None:
+            from towerlab.presets import get
+
+            get(self.preset)
         if self.devices < 1:
             raise UserError(f"--devices must be at least 1, got {self.devices}")
         _check_positive("display_step", self.display_step)

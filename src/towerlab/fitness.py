@@ -51,6 +51,24 @@ def candidate_config(cfg: SearchConfig, model: str, genome: dict, seed: int) -> 
     )
 
 
+def estimated_cost(cfg: SearchConfig, model: str, genome: dict, input_shape: tuple[int, int, int],
+                   num_classes: int) -> float:
+    """Forward FLOPs per example times epochs, counted on the meta device (nothing is allocated).
+    Only used to hand the most expensive candidates out first, so that a generation does not end
+    waiting for one big network that started last. 0 for a genome that cannot be built."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from towerlab.models import build_model
+
+    tc = candidate_config(cfg, model, genome, 0)
+    try:
+        with torch.device("meta"), FlopCounterMode(display=False) as counter:
+            build_model(tc.model, input_shape, num_classes, **tc.model_options)(torch.zeros(1, *input_shape))
+    except Exception:  # noqa: BLE001 - the candidate will fail in training and be recorded so
+        return 0.0
+    return float(counter.get_total_flops()) * tc.epochs
+
+
 def train_candidate(cfg: SearchConfig, model: str, genome: dict, seed: int, data: Any, device: torch.device,
                     *, test: bool = False, stop: StopFlag | None = None) -> tuple[dict, Any]:
     """Train one genome on this process's device. Returns (the outcome's fields, the TrainResult);

@@ -3,8 +3,10 @@
 A preset is data: the TrainConfig fields it sets, and the RunConfig fields (processes, threads)
 of the machine it was measured on. Flags the user types still win over a preset's values.
 
-    apply_preset("mnist-fast")  -> {"model": "lenet5", "batch_size": 64, ...}   (TrainConfig fields)
-    run_options("mnist-fast")   -> {"devices": 2, "threads": 1}                 (RunConfig fields)
+    apply_preset("mnist-fast")  -> {"model": "lenet5", "batch_size": 256, ...}  (TrainConfig fields)
+    run_options("mnist-fast")   -> {"devices": 1, "threads": 2}                 (RunConfig fields)
+
+`towerlab train --preset NAME` applies both; config.json records the resolved values.
 
 Standard library only, like config.py.
 """

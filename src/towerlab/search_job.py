@@ -27,7 +27,8 @@ from towerlab.distributed import (Context, Interrupted, StopFlag, check_devices,
                                   launch, local_processes, session, torchrun_restart, torchrun_world_size,
                                   under_torchrun)
 from towerlab.errors import UserError
-from towerlab.fitness import candidate_config, candidate_task, outcome, train_candidate, train_config_hash
+from towerlab.fitness import (candidate_config, candidate_task, estimated_cost, outcome, train_candidate,
+                              train_config_hash)
 from towerlab.models import model_record
 from towerlab.pool import Pool, stale_seconds
 from towerlab.report import Reporter, format_generation, format_top, plot_fitness
@@ -156,13 +157,18 @@ def _coordinate(kind: str, cfg: SearchConfig, run: RunConfig, out: Path, space: 
 
         def evaluate(candidates: list[Candidate], record: Callable) -> None:
             reporter.start_progress(len(candidates), 0, unit="net")
+            # Largest first: the generation then ends on small candidates, not on a big one that
+            # started last while the other workers sat idle.
+            costs = [estimated_cost(cfg, space.model, c.genome, data.input_shape, data.num_classes)
+                     for c in candidates]
+            order = sorted(range(len(candidates)), key=lambda i: -costs[i])
 
             def on_result(index: int, result: dict) -> None:
-                record(candidates[index], outcome(result))
+                record(candidates[order[index]], outcome(result))
                 reporter.advance()
 
             try:
-                run_tasks([candidate_task(c) for c in candidates], on_result)
+                run_tasks([candidate_task(candidates[i]) for i in order], on_result)
             finally:
                 reporter.end_progress()
 

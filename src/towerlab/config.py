@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import types
 import typing
 from dataclasses import dataclass, field
@@ -34,6 +35,27 @@ def _opt(default: Any, help: str, **meta: Any) -> Any:
 def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
     if value not in choices:
         raise UserError(f"unknown {name} {value!r}: choose one of {', '.join(choices)}")
+
+
+def is_custom_dataset(name: str) -> bool:
+    """A dataset named by the path of an .npz file rather than by one of DATASETS."""
+    return name.lower().endswith(".npz")
+
+
+def dataset_label(name: str) -> str:
+    """A short name for folder names and titles: the file's stem for a custom dataset."""
+    return os.path.splitext(os.path.basename(name))[0] if is_custom_dataset(name) else name
+
+
+def _check_dataset(name: str) -> str:
+    """The dataset as stored in a config: a known name, or a custom .npz made absolute (so a resumed
+    run or a torchrun worker started elsewhere reads the same file)."""
+    if is_custom_dataset(name):
+        return os.path.abspath(os.path.expanduser(name))
+    if name not in DATASETS:
+        raise UserError(f"unknown dataset {name!r}: choose one of {', '.join(DATASETS)}, "
+                        "or give the path of your own .npz (x_train, y_train, x_test, y_test)")
+    return name
 
 
 def _check_positive(name: str, value: float | int | None, *, allow_none: bool = False) -> None:
@@ -67,7 +89,7 @@ class TrainConfig:
             "flag": "model-opt",
         },
     )
-    dataset: str = _opt("mnist", "dataset", choices=DATASETS)
+    dataset: str = _opt("mnist", "dataset: one of the names, or the path of your own .npz", choices=DATASETS)
     val_size: int = _opt(5000, "validation images held out from the end of the training set")
     synthetic_shape: str = _opt("1x28x28", "synthetic dataset only: image shape CxHxW")
     synthetic_train: int = _opt(6000, "synthetic dataset only: training images (test: a sixth of it)")
@@ -90,7 +112,7 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         _check_choice("model", self.model, MODELS)
-        _check_choice("dataset", self.dataset, DATASETS)
+        object.__setattr__(self, "dataset", _check_dataset(self.dataset))
         _check_choice("optimizer", self.optimizer, OPTIMIZERS)
         _check_choice("schedule", self.schedule, SCHEDULES)
         _check_choice("precision", self.precision, PRECISIONS)
@@ -161,7 +183,8 @@ class SearchConfig:
     """A genetic search (or a grid) over network hyperparameters; the defaults are the original's."""
 
     space: str = _opt("mlp", "search space: mlp, cnn, or a TOML file listing each gene's values")
-    dataset: str = _opt("mnist", "dataset the candidates train on", choices=DATASETS)
+    dataset: str = _opt("mnist", "dataset the candidates train on: one of the names, or the path of your own "
+                        ".npz", choices=DATASETS)
     val_size: int = _opt(5000, "validation images (the fitness is validation accuracy)")
     population: int = _opt(20, "networks per generation")
     generations: int = _opt(10, "generations to evolve")
@@ -182,7 +205,7 @@ class SearchConfig:
                                 "(None: <out>/search.db)")
 
     def __post_init__(self) -> None:
-        _check_choice("dataset", self.dataset, DATASETS)
+        object.__setattr__(self, "dataset", _check_dataset(self.dataset))
         if self.population < 2:
             raise UserError(f"--population must be at least 2, got {self.population}")
         for name in ("retain", "random_select", "mutate_chance"):

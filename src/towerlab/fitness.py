@@ -15,7 +15,8 @@ from typing import Any
 
 import torch
 
-from towerlab.config import SearchConfig, TrainConfig
+from towerlab.config import SearchConfig, TrainConfig, is_custom_dataset
+from towerlab.data import fingerprint
 from towerlab.distributed import Context, Interrupted, StopFlag
 from towerlab.search import Candidate, Outcome, genome_hash
 from towerlab.strategies import DEFAULT_LR
@@ -30,8 +31,11 @@ FITNESS_VERSION = 2
 
 def training_settings(cfg: SearchConfig) -> dict:
     """Everything besides the genome and the seed that decides a candidate's fitness."""
-    return {"dataset": cfg.dataset, "val_size": cfg.val_size, "max_epochs": cfg.max_epochs,
-            "patience": cfg.patience, "batch_size": cfg.batch_size, "fitness_version": FITNESS_VERSION}
+    settings = {"dataset": cfg.dataset, "val_size": cfg.val_size, "max_epochs": cfg.max_epochs,
+                "patience": cfg.patience, "batch_size": cfg.batch_size, "fitness_version": FITNESS_VERSION}
+    if is_custom_dataset(cfg.dataset):
+        settings["dataset_content"] = fingerprint(cfg.dataset)  # a replaced file invalidates the cache
+    return settings
 
 
 def train_config_hash(cfg: SearchConfig) -> str:

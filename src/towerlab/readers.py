@@ -133,9 +133,9 @@ def _parse_idx(stream, path: Path, file_size: int | None) -> np.ndarray:
     return flat.reshape(dims[0], 1, dims[1], dims[2])
 
 
-def _check_labels(labels: np.ndarray, where: str) -> np.ndarray:
-    if labels.size and (labels.min() < 0 or labels.max() >= NUM_CLASSES):
-        raise UserError(f"{where}: labels range {labels.min()}..{labels.max()}, expected 0..{NUM_CLASSES - 1}")
+def _check_labels(labels: np.ndarray, where: str, num_classes: int = NUM_CLASSES) -> np.ndarray:
+    if labels.size and (labels.min() < 0 or labels.max() >= num_classes):
+        raise UserError(f"{where}: labels range {labels.min()}..{labels.max()}, expected 0..{num_classes - 1}")
     return labels
 
 
@@ -345,12 +345,13 @@ def _npy_header(member, member_size: int, where: str) -> tuple[tuple[int, ...], 
     return shape, dtype
 
 
-def read_npz(path: str | os.PathLike,
-             image_shape_hint: tuple[int, int, int] | None = None) -> dict[str, np.ndarray]:
+def read_npz(path: str | os.PathLike, image_shape_hint: tuple[int, int, int] | None = None,
+             num_classes: int = NUM_CLASSES) -> dict[str, np.ndarray]:
     """Read a Keras-layout .npz: x_train/x_test uint8 (N,H,W) or (N,H,W,C); y_* integers (N,) or (N,1).
 
     `image_shape_hint` is the expected (C, H, W). With it, images may also be stored NCHW or flat
-    (N, C*H*W), and any other shape is refused; without it, the Keras layouts above are assumed.
+    (N, C*H*W), and any other shape is refused; without it, the Keras layouts above are assumed and
+    C must be 1 to 4. Labels must lie in 0..num_classes-1.
     """
     path = Path(path)
     npz_summary(path)  # every size is vouched for before np.load allocates from the headers
@@ -364,7 +365,7 @@ def read_npz(path: str | os.PathLike,
     out = {}
     for split in ("train", "test"):
         x = _npz_images(raw[f"x_{split}"], f"{path}:x_{split}", image_shape_hint)
-        y = _npz_labels(raw[f"y_{split}"], f"{path}:y_{split}")
+        y = _npz_labels(raw[f"y_{split}"], f"{path}:y_{split}", num_classes)
         if len(x) != len(y):
             raise UserError(f"{path}: x_{split} has {len(x)} images but y_{split} has {len(y)} labels")
         out[f"x_{split}"], out[f"y_{split}"] = x, y
@@ -380,11 +381,12 @@ def _npz_images(x: np.ndarray, where: str, hint: tuple[int, int, int] | None) ->
     if x.ndim == 0 or len(x) == 0:
         raise UserError(f"{where} holds no images")
     if hint is None:
-        if x.ndim == 3:
+        if x.ndim == 3 and min(x.shape[1:]) >= 1:
             return x[:, None]
-        if x.ndim == 4:
+        if x.ndim == 4 and 1 <= x.shape[3] <= 4 and min(x.shape[1:3]) >= 1:
             return np.ascontiguousarray(x.transpose(0, 3, 1, 2))
-        raise UserError(f"{where} has shape {x.shape}, expected (N, H, W) or (N, H, W, C)")
+        raise UserError(f"{where} has shape {x.shape}, expected (N, H, W) or (N, H, W, C) with C of 1 to 4 "
+                        "(channels last, as Keras stores them)")
     c, h, w = hint
     rest = x.shape[1:]
     if rest == (h, w, c):
@@ -397,11 +399,11 @@ def _npz_images(x: np.ndarray, where: str, hint: tuple[int, int, int] | None) ->
                     f"such as (N, {h}, {w}{', ' + str(c) if c != 1 else ''}): is this the right dataset?")
 
 
-def _npz_labels(y: np.ndarray, where: str) -> np.ndarray:
+def _npz_labels(y: np.ndarray, where: str, num_classes: int) -> np.ndarray:
     if y.dtype.kind not in "iu":
         raise UserError(f"{where} is {y.dtype}, expected integer class labels")
     if y.ndim == 2 and y.shape[1] == 1:
         y = y[:, 0]
     if y.ndim != 1:
         raise UserError(f"{where} has shape {y.shape}, expected (N,) or (N, 1)")
-    return _check_labels(y.astype(np.int64), where)
+    return _check_labels(y.astype(np.int64), where, num_classes)

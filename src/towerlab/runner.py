@@ -24,7 +24,7 @@ import torch
 
 import towerlab
 from towerlab import atomic, checkpoint
-from towerlab.config import RunConfig, TrainConfig, from_dict, parse_shape, to_dict
+from towerlab.config import RunConfig, TrainConfig, dataset_label, from_dict, parse_shape, to_dict
 from towerlab.distributed import (Context, StopFlag, barrier, broadcast_object, check_devices,
                                   default_threads, launch, local_processes, session, torchrun_restart,
                                   torchrun_world_size, under_torchrun)
@@ -53,7 +53,7 @@ def load_data(cfg: TrainConfig, run: RunConfig, *, download: bool, log: Any = st
 
 
 def default_out(cfg: TrainConfig) -> Path:
-    return Path("runs") / f"{datetime.now():%Y%m%d-%H%M%S}-{cfg.model}-{cfg.dataset}"
+    return Path("runs") / f"{datetime.now():%Y%m%d-%H%M%S}-{cfg.model}-{dataset_label(cfg.dataset)}"
 
 
 def check_new_out(out: Path) -> None:

@@ -22,7 +22,8 @@ import torch
 
 import towerlab
 from towerlab import atomic
-from towerlab.config import RunConfig, SearchConfig, TrainConfig, replace, to_dict, to_flags
+from towerlab.config import (RunConfig, SearchConfig, TrainConfig, dataset_label, replace, to_dict,
+                             to_flags)
 from towerlab.distributed import (Context, Interrupted, StopFlag, check_devices, default_threads, kv_store,
                                   launch, local_processes, session, torchrun_restart, torchrun_world_size,
                                   under_torchrun)
@@ -78,7 +79,7 @@ def _restarted_by_torchrun(out: Path, kind: str, cfg: SearchConfig) -> bool:
 
 
 def default_out(kind: str, cfg: SearchConfig, space: Space) -> Path:
-    return Path("runs") / f"{datetime.now():%Y%m%d-%H%M%S}-{kind}-{Path(space.name).stem}-{cfg.dataset}"
+    return Path("runs") / f"{datetime.now():%Y%m%d-%H%M%S}-{kind}-{Path(space.name).stem}-{dataset_label(cfg.dataset)}"
 
 
 def _data(cfg: SearchConfig, run: RunConfig, *, download: bool, log: Callable[[str], None] = stderr_line) -> Any:
@@ -242,7 +243,7 @@ def _write_results(kind: str, cfg: SearchConfig, space: Space, out: Path, result
             "seed": best["seed"], "model": space.model, "dataset": cfg.dataset,
             "command": retrain_command(cfg, space, best["genome"], best["seed"])})
     stats = [g.stats.to_json() for g in result.history]
-    plot_fitness(stats, out / "fitness.png", f"{kind}: {Path(space.name).stem} on {cfg.dataset}")
+    plot_fitness(stats, out / "fitness.png", f"{kind}: {Path(space.name).stem} on {dataset_label(cfg.dataset)}")
     atomic.write_json(out / "summary.json", {
         "kind": kind, "space": space.name, "model": space.model, "dataset": cfg.dataset,
         "best_genome": best["genome"] if best else None,

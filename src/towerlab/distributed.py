@@ -237,9 +237,17 @@ def _signal_name(exitcode: int) -> str:
         return f"signal {-exitcode}"
 
 
+def _interrupt_once(_signum: int, _frame: Any) -> None:
+    # A Ctrl-C reaches a worker twice (from the terminal and forwarded by the launcher): the repeat
+    # must not interrupt the handling of the first, or the worker dies with a traceback.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    raise KeyboardInterrupt
+
+
 def _worker_entry(fn: Callable[..., None], rank: int, world_size: int, store_path: str,
                   args: tuple) -> None:
     # Each worker exits with a status the launcher understands; user errors print once, on rank 0.
+    signal.signal(signal.SIGINT, _interrupt_once)
     try:
         fn(rank, world_size, store_path, *args)
         status = 0

@@ -7,7 +7,6 @@ import signal
 import time
 
 import pytest
-import torch
 
 import towerlab.runner
 from towerlab.cli import main

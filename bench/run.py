@@ -191,15 +191,12 @@ def main(argv: list[str] | None = None) -> int:
               "data_dir": args.data_dir,
               "figures": figures, "changes": changes}
     out_dir = Path(args.out_dir or (RESULTS / "quick" if args.quick else RESULTS))
-    out_dir.mkdir(parents=True, exist_ok=True)
     name = f"{args.suite}{'-quick' if args.quick else ''}-{datetime.date.today():%Y-%m-%d}.json"
-    tmp = out_dir / (name + ".tmp")
-    tmp.write_text(json.dumps(record, indent=1, default=str) + "\n", encoding="utf-8")
-    os.replace(tmp, out_dir / name)
+    written = machine.write_record(out_dir, name, record)
     import plots
     drawn = plots.draw(figures, out_dir, suffix="" if args.suite == "cpu" else f"-{args.suite}")
     print(table(figures, changes))
-    log(f"\nwrote {out_dir / name}" + "".join(f", {p}" for p in drawn) + f" ({record['minutes']} min)")
+    log(f"\nwrote {written}" + "".join(f", {p}" for p in drawn) + f" ({record['minutes']} min)")
     return 0
 
 

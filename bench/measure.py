@@ -31,6 +31,10 @@ DRY_RUN = False         # set by run.py --dry-run: validate and list every comma
 DRY_COMMANDS: list[list[str]] = []
 
 
+def default_data_dir() -> str:
+    return os.environ.get("TOWERLAB_DATA") or str(REPO.parent / "shared" / "data")
+
+
 class BenchError(RuntimeError):
     pass
 

@@ -30,10 +30,6 @@ import measure  # noqa: E402
 RESULTS = measure.BENCH / "results"
 
 
-def default_data_dir() -> str:
-    return os.environ.get("TOWERLAB_DATA") or str(measure.REPO.parent / "shared" / "data")
-
-
 def log(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
@@ -123,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", nargs="*", default=None,
                         help="run only these figure groups (cpu: mnist_tta mnist_fast_layout scaling ps_vs_ddp input_modes "
                              "search changes; gpu: see suite_gpu.py)")
-    parser.add_argument("--data-dir", default=default_data_dir(),
+    parser.add_argument("--data-dir", default=measure.default_data_dir(),
                         help="folder with mnist.npz and cifar10.npz ($TOWERLAB_DATA, else ../shared/data)")
     parser.add_argument("--out-dir", default=None,
                         help="where the JSON and the plots go (default: bench/results; --quick: bench/results/quick)")

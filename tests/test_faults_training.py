@@ -155,8 +155,8 @@ def test_a_torchrun_restart_resumes_only_its_own_folder(tmp_path, monkeypatch):
     assert main(["train", *TINY, "--model", "mlp", "--steps", "3", "--out", str(out)]) == 0
     cfg, run = runner.read_run_config(out)
     run = replace(run, resume=None)
-    for name, value in {"RANK": "0", "WORLD_SIZE": "1", "TORCHELASTIC_RUN_ID": "this-job",
-                        "TORCHELASTIC_RESTART_COUNT": "1"}.items():
+    for name, value in {"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "localhost", "MASTER_PORT": "29500",
+                        "TORCHELASTIC_RUN_ID": "this-job", "TORCHELASTIC_RESTART_COUNT": "1"}.items():
         monkeypatch.setenv(name, value)
 
     def decide(config=cfg):

@@ -10,6 +10,7 @@ import argparse
 import json
 import os
 import sys
+from dataclasses import fields
 from pathlib import Path
 from typing import Sequence
 
@@ -19,7 +20,7 @@ os.environ.setdefault("MPLBACKEND", "Agg")
 from towerlab import __version__  # noqa: E402
 from towerlab.config import (RunConfig, SearchConfig, TrainConfig, add_arguments, from_dict, given,  # noqa: E402
                              replace)
-from towerlab.distributed import EXIT_PEER_LOST, EXIT_USER_ERROR, Interrupted, peer_lost  # noqa: E402
+from towerlab.distributed import EXIT_PEER_LOST, EXIT_SIGPIPE, EXIT_USER_ERROR, Interrupted, peer_lost  # noqa: E402
 from towerlab.errors import UserError  # noqa: E402
 
 
@@ -54,7 +55,7 @@ def _data_parser(sub: argparse._SubParsersAction) -> None:
     info.set_defaults(handler=_cmd_data_info)
 
 
-SEARCH_RUN_SKIP = ("preset", "strategy", "input", "display_step", "compile", "tensorboard")
+SEARCH_RUN_SKIP = ("preset", "strategy", "input", "display_step", "compile", "tensorboard", "allow_changed_data")
 
 
 def _search_parsers(sub: argparse._SubParsersAction) -> None:
@@ -101,14 +102,36 @@ def resolve_train(args: argparse.Namespace) -> tuple[TrainConfig, RunConfig]:
         flags = ", ".join("--" + k.replace("_", "-") for k in changed)
         raise UserError(f"--resume continues the stored run, whose {flags} differ(s) from what you passed: "
                         "drop those flags or start a new run")
-    if "devices" in run_given and run_given["devices"] != stored_run.devices:
-        raise UserError(f"{folder} was trained on {stored_run.devices} replica(s): resume with "
-                        f"--devices {stored_run.devices} so the result equals an uninterrupted run")
+    _check_kept_run_options(folder, stored_run, run_given)
     return cfg, replace(stored_run, **{**run_given, "out": str(folder)})
 
 
+def _check_kept_run_options(folder: Path, stored: RunConfig, run_given: dict) -> None:
+    """A resumed run keeps the options that change its arithmetic (config's `resume="keep"`), so that
+    it ends with the parameters of the uninterrupted run; the others may change."""
+    from towerlab.distributed import device_type
+
+    for f in fields(RunConfig):
+        if f.metadata.get("resume") != "keep" or f.name not in run_given:
+            continue
+        value, kept = run_given[f.name], getattr(stored, f.name)
+        if f.name == "device":
+            value, kept = device_type(value), device_type(kept)
+        if value != kept:
+            flag = "--" + f.name.replace("_", "-")
+            wanted = (flag if kept else "--no-" + flag[2:]) if isinstance(kept, bool) else f"{flag} {kept}"
+            raise UserError(f"{folder} was trained with {wanted}: resume with that (or without {flag}); another "
+                            "value computes differently, so the result would not equal an uninterrupted run")
+
+
 def _check_resume_out(folder: Path, run_given: dict) -> None:
-    """--resume writes into the folder it continues; a different --out would be silently ignored."""
+    """--resume names a folder, and writes into the folder it continues; a different --out would be
+    silently ignored."""
+    RunConfig(**run_given)  # the path itself (not empty, not too long) and every other flag given
+    if not folder.exists():
+        raise UserError(f"--resume {folder} does not exist: give the output folder of the run to continue")
+    if not folder.is_dir():
+        raise UserError(f"--resume {folder} is a file: give the output folder of the run to continue")
     out = run_given.get("out")
     if out is not None and Path(out).absolute() != folder.absolute():
         raise UserError(f"--resume {folder} continues that folder and writes there: drop --out {out}")
@@ -124,15 +147,19 @@ def resolve_search(args: argparse.Namespace) -> tuple[SearchConfig, RunConfig]:
         return SearchConfig(**search_given), RunConfig(**run_given)
     folder = Path(run_given["resume"])
     _check_resume_out(folder, run_given)
+    path = folder / "config.json"
     try:
-        stored = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-        cfg, stored_run = from_dict(SearchConfig, stored["search"]), from_dict(RunConfig, stored["run"])
+        stored = json.loads(path.read_text(encoding="utf-8"))
+        cfg, stored_run = (from_dict(SearchConfig, stored["search"], where=path),
+                             from_dict(RunConfig, stored["run"], where=path))
         if stored["kind"] != args.kind:
             raise UserError(f"{folder} holds a {stored['kind']} search: resume it with towerlab {stored['kind']}")
+        if type(stored["search_id"]) is not int:
+            raise TypeError("search_id")
     except FileNotFoundError:
         raise UserError(f"{folder} is not a towerlab search (no config.json): check the --resume path") from None
-    except (json.JSONDecodeError, KeyError, TypeError):
-        raise UserError(f"{folder}/config.json is unreadable: it was not written by towerlab {args.kind}") from None
+    except (OSError, ValueError, KeyError, TypeError):
+        raise UserError(f"{path} is unreadable: it was not written by towerlab {args.kind}") from None
     changed = [k for k, v in search_given.items() if getattr(cfg, k) != v and k not in SEARCH_EXTENSIBLE]
     if changed:
         flags = ", ".join("--" + k.replace("_", "-") for k in changed)
@@ -207,6 +234,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("towerlab: interrupted", file=sys.stderr, flush=True)
         return 130
+    except BrokenPipeError:  # the reader of our output went away (`towerlab search show DIR | head`)
+        from towerlab.report import closed_by_reader
+
+        closed_by_reader(sys.stdout)
+        return EXIT_SIGPIPE
     except RuntimeError as exc:
         # Under torchrun a worker runs main() itself: when another worker dies, say so in one line
         # (torchrun's agent reports which one died, and restarts the group with --max-restarts).

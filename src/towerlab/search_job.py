@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import signal
 import socket
 import sys
 import time
@@ -23,13 +24,14 @@ import towerlab
 from towerlab import atomic
 from towerlab.config import (RunConfig, SearchConfig, TrainConfig, dataset_label, replace, to_dict,
                              to_flags)
-from towerlab.distributed import (Context, Interrupted, StopFlag, default_threads, device_type, kv_store,
-                                  local_processes, resolve_devices, session, torchrun_restart, torchrun_world_size,
-                                  under_torchrun)
+from towerlab.distributed import (Context, Interrupted, StopFlag, check_capacity, default_threads, device_type,
+                                  kv_store, local_processes, resolve_devices, session, torchrun_restart,
+                                  torchrun_world_size, under_torchrun)
 from towerlab.errors import UserError
 from towerlab.fitness import (candidate_config, candidate_task, estimated_cost, outcome, train_candidate,
                               train_config_hash)
-from towerlab.job import require_out_under_torchrun, restarted_by_torchrun, save_model, start_job, write_config
+from towerlab.job import (check_writable_file, require_out_under_torchrun, restarted_by_torchrun, save_model,
+                          start_job, write_config)
 from towerlab.pool import Pool, stale_seconds
 from towerlab.report import Reporter, format_generation, format_top, plot_fitness
 from towerlab.runner import load_data, stderr_line
@@ -44,12 +46,17 @@ def start_search(kind: str, cfg: SearchConfig, run: RunConfig) -> int:
     """Run the search job; returns its exit status."""
     space = load_space(cfg.space)
     require_out_under_torchrun(run)
+    if cfg.store:
+        check_writable_file(cfg.store, "--store")
     if not under_torchrun():
         run = replace(run, device=device_type(run.device), devices=resolve_devices(run.devices, run.device))
     out = Path(run.resume or run.out or default_out(kind, cfg, space))
     if run.resume is None and _restarted_by_torchrun(out, kind, cfg):
         run = replace(run, resume=str(out))  # torchrun restarted this job's workers: continue the search
     workers = 1 if under_torchrun() else run.devices * cfg.workers_per_device
+    if not under_torchrun():
+        check_capacity(workers, run.threads or default_threads(workers),
+                       f"--devices {run.devices} x --workers-per-device {cfg.workers_per_device}")
 
     def preflight() -> None:
         stale_seconds()  # a bad TOWERLAB_WORKER_STALE_SECONDS is refused before any worker starts
@@ -61,7 +68,8 @@ def start_search(kind: str, cfg: SearchConfig, run: RunConfig) -> int:
     return start_job(out, resume=run.resume is not None, processes=workers,
                      run_here=lambda: _process(0, torchrun_world_size(), None, kind, cfg, run, str(out)),
                      spawned=_spawned, args=(kind, cfg, run, str(out)), preflight=preflight,
-                     hint=resume_hint, essential={0})
+                     hint=resume_hint, essential={0}, timeout=run.timeout,
+                     name=lambda rank: "coordinator rank 0" if rank == 0 else f"worker rank {rank}")
 
 
 def _restarted_by_torchrun(out: Path, kind: str, cfg: SearchConfig) -> bool:
@@ -133,14 +141,19 @@ def _local_map(work: Callable[[dict], dict]) -> Callable:
 
 def _coordinate(kind: str, cfg: SearchConfig, run: RunConfig, out: Path, space: Space, ctx: Context,
                 run_tasks: Callable, data: Any, stop: StopFlag | None = None) -> None:
-    reporter = Reporter(None, progress=run.progress)
+    reporter = Reporter(None, progress=run.progress,
+                        on_closed=lambda: stop.request(signal.SIGPIPE) if stop is not None else None)
     tch = train_config_hash(cfg)
-    if cfg.store:
-        store = Store(cfg.store)  # a foreign or broken file is refused before the folder is made
-        out.mkdir(parents=True, exist_ok=True)
-    else:
-        out.mkdir(parents=True, exist_ok=True)
-        store = Store(out / "search.db")
+    try:
+        if cfg.store:
+            store = Store(cfg.store)  # a foreign or broken file is refused before the folder is made
+            out.mkdir(parents=True, exist_ok=True)
+        else:
+            out.mkdir(parents=True, exist_ok=True)
+            store = Store(out / "search.db")
+    except OSError as exc:
+        raise UserError(f"cannot create the search store {cfg.store or out / 'search.db'}: "
+                        f"{exc.strerror or exc}") from None
     with store:
         if run.resume:
             search_id = json.loads((out / "config.json").read_text())["search_id"]
@@ -160,6 +173,7 @@ def _coordinate(kind: str, cfg: SearchConfig, run: RunConfig, out: Path, space: 
 
             def on_result(index: int, result: dict) -> None:
                 record(candidates[order[index]], outcome(result))
+                recorded.append(index)
                 reporter.advance()
 
             try:
@@ -175,17 +189,34 @@ def _coordinate(kind: str, cfg: SearchConfig, run: RunConfig, out: Path, space: 
         def on_generation(stats: Any) -> None:
             reporter.line(format_generation(stats, generations))
             with open(stats_log, "a", encoding="utf-8") as f:
-                f.write(json.dumps(stats.to_json(), sort_keys=True) + "\n")
+                f.write(atomic.json_text(stats.to_json(), sort_keys=True) + "\n")
 
         started = time.perf_counter()
         search = run_evolution if kind == "evolve" else run_grid
-        result = search(cfg, space, evaluate, store, tch, on_generation, resume=search_id)
+        recorded: list[int] = []
+        try:
+            result = search(cfg, space, evaluate, store, tch, on_generation, resume=search_id)
+        except Interrupted:
+            reporter.line(f"Interrupted: the {len(recorded)} evaluation(s) finished since this start are kept in "
+                          f"{store.path}, with every earlier one")
+            raise
         top = _test_top(result.top, store, tch, run_tasks, reporter)
-        reporter.line(format_top(top))
+        if top:
+            reporter.line(format_top(top))
         _write_results(kind, cfg, space, out, result, top, ctx, time.perf_counter() - started)
-        if cfg.export_best and top:
+        if not top:
+            raise UserError(_all_failed(result, out))
+        if cfg.export_best:
             _export_best(cfg, space, top[0], data, ctx.device, out, reporter, stop)
     reporter.close()
+
+
+def _all_failed(result: Any, out: Path) -> str:
+    """The line that ends a search in which no candidate succeeded: the search failed, whatever it wrote."""
+    genomes = {m.genome_hash: m for g in result.history for m in g.members}
+    reason = next((m.reason for m in genomes.values() if m.reason), "unknown")
+    return (f"all {len(genomes)} candidates failed (the first: {reason}), so there is no network to report: "
+            f"`towerlab search show {out}` lists each failure")
 
 
 def _test_top(top: tuple, store: Store, tch: str, run_tasks: Callable, reporter: Reporter) -> list[dict]:

@@ -109,8 +109,8 @@ def _conv3x3(channels_in: int, channels_out: int) -> nn.Conv2d:
 
 def patch_whitening(images: torch.Tensor, kernel: int, eps: float) -> torch.Tensor:
     """(C*k*k, C, k, k) filters whose outputs on `images` (N, C, H, W, float) have identity
-    covariance, up to `eps` added to the eigenvalues: the covariance of all k x k patches, in float64,
-    eigendecomposed, its eigenvectors divided by sqrt(eigenvalue + eps)."""
+    covariance, up to `eps` added to the eigenvalues: the covariance of all k x k patches (summed in
+    float64, on the images' device), eigendecomposed, its eigenvectors divided by sqrt(eigenvalue + eps)."""
     c = images.shape[1]
     dims = c * kernel * kernel
     total = torch.zeros(dims, dtype=torch.float64, device=images.device)
@@ -122,10 +122,11 @@ def patch_whitening(images: torch.Tensor, kernel: int, eps: float) -> torch.Tens
         gram += patches.T @ patches
         count += patches.shape[0]
     mean = total / count
-    covariance = gram / count - torch.outer(mean, mean)
+    # A 12x12 eigenproblem: on the CPU, where it needs no solver start-up on a GPU.
+    covariance = (gram / count - torch.outer(mean, mean)).cpu()
     eigenvalues, eigenvectors = torch.linalg.eigh(covariance)
     filters = eigenvectors.T / torch.sqrt(eigenvalues.clamp_min(0) + eps)[:, None]
-    return filters.reshape(dims, c, kernel, kernel).float()
+    return filters.reshape(dims, c, kernel, kernel).float().to(images.device)
 
 
 class WhitenedConvNet(nn.Module):
@@ -161,7 +162,7 @@ class WhitenedConvNet(nn.Module):
         """Set the first layer from normalised training images (N, C, H, W): the filters that whiten
         their 2x2 patches, and their negatives."""
         filters = patch_whitening(images, WHITEN_KERNEL, WHITEN_EPS)
-        self.whiten_weight.copy_(torch.cat([filters, -filters]).to(self.whiten_weight.device))
+        self.whiten_weight.copy_(torch.cat([filters, -filters]))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = F.conv2d(x, self.whiten_weight, self.whiten_bias)

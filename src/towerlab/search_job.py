@@ -96,7 +96,7 @@ def _process(rank: int, world_size: int, store_path: str | None, kind: str, cfg:
         # dies, losing at most the candidate in flight, which the resumed search trains again.
         # A single process may download; spawned workers find what the launcher fetched before them.
         data = _data(cfg, run, download=run.download and not ctx.distributed,
-                     log=stderr_line if ctx.is_main else (lambda _line: None))
+                     log=stderr_line if ctx.is_main else (lambda _line: None)).to(ctx.device)
         space = load_space(cfg.space)
         worker = f"rank{ctx.rank}@{socket.gethostname()}:{ctx.device}"
 

@@ -47,7 +47,7 @@ BUDGETS = {
     "quick": {"seeds": 1, "overrides": {"epochs": 1}},
     "smoke": {"seeds": 2, "overrides": {
         "dataset": "synthetic", "synthetic_shape": "3x32x32", "synthetic_train": 1200, "val_size": 200,
-        "batch_size": 64, "steps": 3, "devices": 1, "display_step": 1,
+        "batch_size": 64, "steps": 3, "device": "cpu", "devices": 1, "threads": 1, "display_step": 1,
         "model_options": {"width1": 8, "width2": 16, "width3": 16}}},
 }
 

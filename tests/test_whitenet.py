@@ -19,10 +19,10 @@ from towerlab.lookahead import Lookahead
 from towerlab.models import build_model, load_model
 from towerlab.strategies import make_optimizer, make_scheduler, parameter_groups
 from towerlab.whitenet import GlobalBatchNorm, patch_whitening
-from util import StopAtRead, max_difference, summary, weights
+from util import ONE_CPU, StopAtRead, max_difference, summary, weights
 
 TINY32 = ["--dataset", "synthetic", "--synthetic-shape", "3x32x32", "--synthetic-train", "600", "--val-size", "100",
-          "--display-step", "1000", "--no-progress", "--threads", "1"]
+          "--display-step", "1000", "--no-progress", "--threads", "1", *ONE_CPU]
 SMALL = {"width1": 8, "width2": 16, "width3": 16}
 SMALL_FLAGS = ["--model", "whitenet", *[a for k, v in SMALL.items() for a in ("--model-opt", f"{k}={v}")]]
 # Every option airbench94's recipe uses, at small scale.

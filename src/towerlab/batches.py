@@ -123,12 +123,12 @@ def tta_logits(model: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, m
     """The logits of `model` averaged over test-time views of the normalised batch `x`, as airbench94
     weighs them: `flip`, the image and its mirror, 1/2 each; `flip-translate`, that pair with weight
     1/2 and the pairs of the image shifted by one pixel up-left and down-right (reflected borders)
-    with 1/4 each. `none`: the plain logits."""
+    with 1/4 each, averaged in float32. `none`: the plain logits."""
     if mode == "none":
         return model(x)
 
     def mirrored(view: torch.Tensor) -> torch.Tensor:
-        return 0.5 * (model(view) + model(view.flip(-1)))
+        return 0.5 * (model(view).float() + model(view.flip(-1)).float())
 
     logits = mirrored(x)
     if mode == "flip":

@@ -166,7 +166,7 @@ def train(cfg: TrainConfig, ctx: Context, data: Any, *, input_mode: str = "resid
     if resume_state is None:
         # Part of training, as in airbench94's timing: a pass over training images.
         clock.start()
-        fit_to_data(module, data.x_train, batches.normalize)
+        fit_to_data(module, batches.x, batches.normalize)  # resident: already on the device
         progress.train_seconds += clock.stop()
     strat = make_strategy(strategy, module, cfg, ctx, total_steps, compile_model)
     if resume_state is not None:

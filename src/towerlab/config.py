@@ -107,12 +107,12 @@ class TrainConfig:
                          "the steps, then down to 0.07 x lr at the last step (airbench94's)", choices=SCHEDULES)
     warmup: Optional[float] = _opt(None, "fraction of the steps the learning rate rises (None: onecycle 0.3, "
                                    "linear 0.23)")
-    norm_lr_scale: float = _opt(1.0, "learning-rate multiplier of normalisation layers' parameters, their "
-                                "weight decay kept (airbench94: 64)")
+    norm_lr_scale: float = _opt(1.0, "learning-rate multiplier of normalisation layers' parameters; their "
+                                "weight decay is divided by it, so they decay as much per step (airbench94: 64)")
     lookahead: int = _opt(0, "every N steps pull the weights (and BatchNorm statistics) back to their slow "
                           "moving average, which the last step returns (Lookahead); 0: off")
-    lookahead_decay: float = _opt(0.95, "per-step decay of the --lookahead average; ramped up from 0 by "
-                                  "(step / steps) ** 3")
+    lookahead_decay: float = _opt(0.95, "per-step decay of the --lookahead average: each pull keeps "
+                                  "decay ** N x (step / total steps) ** 3 of the slow weights")
     seed: int = _opt(0, "seed of the model init, the shuffle, dropout and augmentation")
     augment: bool = _opt(False, "augmentation on the device; for CIFAR-10: random crop (zero pad 4) and "
                          "horizontal flip, or see --translate")

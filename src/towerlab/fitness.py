@@ -19,8 +19,8 @@ import torch
 
 from towerlab.config import SearchConfig, TrainConfig, is_custom_dataset
 from towerlab.data import fingerprint
-from towerlab.presets import apply_preset
 from towerlab.distributed import Context, Interrupted, StopFlag
+from towerlab.presets import apply_preset
 from towerlab.search import Candidate, Outcome, genome_hash
 from towerlab.strategies import DEFAULT_LR
 from towerlab.train import train

@@ -317,3 +317,14 @@ def test_whitenet_candidates_train_with_the_cifar94_recipe():
     plain = candidate_config(SearchConfig(dataset="cifar10"), "cnn", {"blocks": 2, "label_smoothing": 0.2}, 1)
     assert plain == dataclasses.replace(TrainConfig(model="cnn", dataset="cifar10", batch_size=64, seed=1,
                                                     patience=5, model_options={"blocks": 2}), label_smoothing=0.2)
+
+
+def test_a_changed_recipe_fails_here_until_fitness_version_is_bumped():
+    """A search store serves cached fitnesses by the training settings' hash, which holds
+    FITNESS_VERSION but not the recipes (so an mlp or cnn store stays valid when cifar-94 changes).
+    Whoever changes a recipe bumps FITNESS_VERSION and records the new pair here."""
+    from towerlab.fitness import FITNESS_VERSION, RECIPES, recipe
+    from towerlab.search import genome_hash
+
+    pinned = {"whitenet": "a12d8ee16e67394c37b808762865055baf9a3fcb7159898e417fd0f7b089414e"}
+    assert (FITNESS_VERSION, {m: genome_hash(recipe(m)) for m in RECIPES}) == (2, pinned)

@@ -27,8 +27,8 @@ from towerlab.train import train
 
 TRAINING_GENES = ("optimizer", "lr", "batch_size", "epochs", "label_smoothing")
 DEFAULT_BATCH = {"cifar10": 64}  # the original's; 128 for the MNIST-like sets
-# Bumped whenever candidate training changes what it computes, so a store's cache never serves
-# fitnesses that today's code would not reproduce.
+# Bumped whenever candidate training changes what it computes (a recipe below included: a test pins
+# their content), so a store's cache never serves fitnesses that today's code would not reproduce.
 FITNESS_VERSION = 2
 RECIPES = {"whitenet": "cifar-94"}  # model family -> the preset its candidates train with
 # What a recipe does not decide for a candidate: the search's own settings and the genome do.
@@ -50,8 +50,7 @@ def recipe(model: str, optimizer: str | None = None) -> dict:
 def training_settings(cfg: SearchConfig) -> dict:
     """Everything besides the genome and the seed that decides a candidate's fitness."""
     settings = {"dataset": cfg.dataset, "val_size": cfg.val_size, "max_epochs": cfg.max_epochs,
-                "patience": cfg.patience, "batch_size": cfg.batch_size, "fitness_version": FITNESS_VERSION,
-                "recipes": {model: recipe(model) for model in RECIPES}}  # a changed preset re-evaluates
+                "patience": cfg.patience, "batch_size": cfg.batch_size, "fitness_version": FITNESS_VERSION}
     if is_custom_dataset(cfg.dataset):
         settings["dataset_content"] = fingerprint(cfg.dataset)  # a replaced file invalidates the cache
     return settings

@@ -14,10 +14,11 @@ from util import TINY, summary
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
-    """A LeNet-5 trained with bf16 autocast (so the precision must follow the model into predict)."""
+    """A LeNet-5 trained with bf16 autocast and scored with flip test-time augmentation (so both must
+    follow the model into predict)."""
     out = tmp_path_factory.mktemp("eval") / "run"
     assert main(["train", *TINY, "--model", "lenet5", "--steps", "12", "--batch-size", "64",
-                 "--precision", "bf16", "--out", str(out)]) == 0
+                 "--precision", "bf16", "--tta", "flip", "--out", str(out)]) == 0
     return out
 
 
@@ -29,7 +30,7 @@ def synthetic_test_split():
 def test_load_model_predicts_raw_images_with_the_runs_accuracy(trained):
     model, record = load_model(trained)  # the run folder, or its model.pt
     x, y = synthetic_test_split()
-    assert record["config"]["precision"] == "bf16" and model.precision == "bf16"
+    assert (model.precision, model.tta) == ("bf16", "flip") == (record["config"]["precision"], record["config"]["tta"])
     assert float((model.predict(x) == y).mean()) == summary(trained)["test_accuracy"]
     probabilities = model.predict_proba(x[:7])
     assert probabilities.shape == (7, 10) and np.allclose(probabilities.sum(1), 1, atol=1e-5)

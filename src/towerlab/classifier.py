@@ -1,8 +1,8 @@
 """A trained network together with what it needs to be fed raw images: `load_model` returns one.
 
 `model.pt` records the network, its input shape and class count, the training split's per-channel
-mean and std, and the training config (its precision among it). A `Classifier` applies them, so
-raw uint8 images give the predictions the run was scored with.
+mean and std, and the training config (its precision and test-time augmentation among it). A
+`Classifier` applies them, so raw uint8 images give the predictions the run was scored with.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from towerlab.batches import Normalizer
+from towerlab.batches import Normalizer, tta_logits
 from towerlab.errors import UserError
 from towerlab.readers import images_as_nchw
 
@@ -25,7 +25,8 @@ class Classifier(nn.Module):
 
     - `model(images)`: uint8 images (N, C, H, W), pixel values 0-255 as the datasets hold them, are
       normalised with the training split's mean and std, as in training; a float tensor is taken as
-      input normalised already and goes to the network unchanged. Returns logits (N, classes).
+      input normalised already. Returns the logits (N, classes) the run evaluated with: in its
+      precision, averaged over its test-time views (--tta).
     - `model.predict(images)` / `model.predict_proba(images)`: numpy (or CPU tensor) uint8 images in
       the Keras layout (N, H, W) or (N, H, W, C), or (N, C, H, W); class indices / probabilities out.
     - `model.network`: the bare network, which takes normalised float input.
@@ -33,7 +34,7 @@ class Classifier(nn.Module):
 
     def __init__(self, network: nn.Module, input_shape: tuple[int, int, int], num_classes: int,
                  mean: tuple[float, ...] | None, std: tuple[float, ...] | None, *, precision: str = "fp32",
-                 channels_last: bool = False):
+                 tta: str = "none", channels_last: bool = False):
         super().__init__()
         self.network = network
         self.input_shape = tuple(input_shape)
@@ -41,6 +42,7 @@ class Classifier(nn.Module):
         self.mean = None if mean is None else tuple(float(m) for m in mean)
         self.std = None if std is None else tuple(float(s) for s in std)
         self.precision = precision
+        self.tta = tta
         self.channels_last = channels_last
         if channels_last:
             network.to(memory_format=torch.channels_last)  # as in training: the same kernels, the same numbers
@@ -64,7 +66,7 @@ class Classifier(nn.Module):
             x = self.normalize(x)
         autocast = torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=self.precision == "bf16")
         with autocast:
-            return self.network(x).float()
+            return tta_logits(self.network, x, self.tta).float()
 
     def as_images(self, images: Any) -> torch.Tensor:
         """uint8 images in any layout `predict` accepts, as a CPU tensor (N, C, H, W)."""

@@ -1,4 +1,5 @@
 """The networks, and `build_model(name, input_shape, num_classes, **hp)`. No training code here.
+(`whitenet`, the airbench94-class network, and its layers live in towerlab.whitenet.)
 
 Every model takes (N, C, H, W) float input, normalised, and returns (N, num_classes) logits. They
 are built for 1x28x28 (MNIST, Fashion-MNIST) and 3x32x32 (CIFAR-10) but accept any image size the
@@ -16,8 +17,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from towerlab.config import CUSTOM_MODEL, MODELS
+from towerlab.config import CUSTOM_MODEL, MODELS, PRECISIONS, TTA
 from towerlab.errors import UserError
+from towerlab.whitenet import WhitenedConvNet
 
 ACTIVATIONS: dict[str, Callable[[], nn.Module]] = {
     "relu": nn.ReLU, "elu": nn.ELU, "tanh": nn.Tanh, "sigmoid": nn.Sigmoid,
@@ -189,9 +191,9 @@ class MLP(nn.Module):
         super().__init__()
         if activation not in ACTIVATIONS:
             raise UserError(f"unknown activation {activation!r}: choose one of {', '.join(ACTIVATIONS)}")
-        _require_positive_int("layers", layers)
-        _require_positive_int("neurons", neurons)
-        _require_fraction("dropout", dropout)
+        require_positive_int("layers", layers)
+        require_positive_int("neurons", neurons)
+        require_fraction("dropout", dropout)
         width = math.prod(input_shape)
         body: list[nn.Module] = [nn.Flatten()]
         for _ in range(layers):
@@ -211,10 +213,10 @@ class CNN(nn.Module):
     def __init__(self, input_shape: tuple[int, int, int], num_classes: int = 10, *, blocks: int = 2,
                  filters: int = 32, kernel_size: int = 3, dense: int = 256, dropout: float = 0.25):
         super().__init__()
-        _require_positive_int("blocks", blocks)
-        _require_positive_int("filters", filters)
-        _require_positive_int("dense", dense)
-        _require_fraction("dropout", dropout)
+        require_positive_int("blocks", blocks)
+        require_positive_int("filters", filters)
+        require_positive_int("dense", dense)
+        require_fraction("dropout", dropout)
         if not isinstance(kernel_size, int) or kernel_size < 1 or kernel_size % 2 == 0:
             raise UserError(f"cnn kernel_size must be an odd positive integer, got {kernel_size!r}")
         if min(input_shape[1:]) >> blocks < 1:
@@ -238,24 +240,26 @@ class CNN(nn.Module):
         return self.classifier(self.features(x))
 
 
-def _require_positive_int(name: str, value: Any) -> None:
+def require_positive_int(name: str, value: Any) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise UserError(f"model option {name} must be a positive integer, got {value!r}")
 
 
-def _require_fraction(name: str, value: Any) -> None:
+def require_fraction(name: str, value: Any) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
         raise UserError(f"model option {name} must be a number in [0, 1), got {value!r}")
 
 
 _REGISTRY: dict[str, Callable[..., nn.Module]] = {
     "lenet5": LeNet5, "cifarnet": CifarNet, "convnet": ConvNet, "mlp": MLP, "cnn": CNN,
+    "whitenet": WhitenedConvNet,
 }
 assert tuple(_REGISTRY) == MODELS, "config.MODELS and the model registry must list the same names"
 
 _OPTIONS = {"lenet5": (), "cifarnet": (), "convnet": ("dropout",),
             "mlp": ("layers", "neurons", "activation", "dropout"),
-            "cnn": ("blocks", "filters", "kernel_size", "dense", "dropout")}
+            "cnn": ("blocks", "filters", "kernel_size", "dense", "dropout"),
+            "whitenet": ("width1", "width2", "width3", "depth")}
 
 
 def build_model(name: str, input_shape: tuple[int, int, int], num_classes: int = 10, **hp: Any) -> nn.Module:
@@ -341,9 +345,10 @@ def load_model(path: str | Path, map_location: str | torch.device = "cpu", *,
     stats_ok = all(isinstance(v, (list, tuple)) and len(v) == shape[0]
                    and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v) for v in (mean, std))
     config = record.get("config") if isinstance(record.get("config"), dict) else {}
-    precision = config.get("precision") if config.get("precision") in ("fp32", "bf16") else "fp32"
+    precision = config.get("precision") if config.get("precision") in PRECISIONS else "fp32"
+    tta = config.get("tta") if config.get("tta") in TTA else "none"
     return Classifier(network, tuple(shape), classes, mean if stats_ok else None, std if stats_ok else None,
-                      precision=precision, channels_last=uses_channels_last(name)), record
+                      precision=precision, tta=tta, channels_last=uses_channels_last(name)), record
 
 
 def _rebuild(path: str | Path, name: str, shape: tuple, classes: int, options: dict, state: dict) -> nn.Module:

@@ -100,7 +100,7 @@ def _process(rank: int, world_size: int, store_path: str | None, kind: str, cfg:
             (StopFlag() if ctx.is_main else contextlib.nullcontext()) as stop:
         # Only the coordinator turns Ctrl-C into an orderly stop (it owns the store); a worker just
         # dies, losing at most the candidate in flight, which the resumed search trains again.
-        data = worker_data(ctx, functools.partial(_data, cfg, run), data, fallback)
+        data = worker_data(ctx, functools.partial(_data, cfg, run), data, fallback).to(ctx.device)
         space = load_space(cfg.space)
         worker = f"rank{ctx.rank}@{socket.gethostname()}:{ctx.device}"
 

@@ -186,3 +186,13 @@ def test_an_offline_search_over_two_processes_falls_back_once_on_every_worker(tm
     assert err.count("Using the OFFLINE FALLBACK") == 1 and "towerlab: error" not in err and "warning" not in err
     assert search.data_fallback is True and search.workers == 2 and search.evaluations == 2
     assert search.failures == 0  # the worker that is not the coordinator trained on the same fallback data
+
+
+def test_a_run_on_arrays_resumes_with_the_same_arrays(tmp_path):
+    x, y, x_test, y_test = synthetic_arrays()
+    kwargs = dict(validation=(x[1000:], y[1000:]), test=(x_test, y_test), devices=1, batch_size=50, **QUIET)
+    first = api.train(SmallNet, (x[:1000], y[:1000]), epochs=1, out=str(tmp_path / "a"), **kwargs)
+    with pytest.raises(UserError, match="--resume continues the stored run, whose --epochs"):
+        api.train(SmallNet, (x[:1000], y[:1000]), epochs=2, resume=str(first.out), **kwargs)
+    again = api.train(SmallNet, (x[:1000], y[:1000]), resume=str(first.out), **kwargs)  # a finished run stays put
+    assert (again.n_val, again.steps, again.test_accuracy) == (200, 20, first.test_accuracy)

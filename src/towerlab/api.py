@@ -114,8 +114,8 @@ def train(model: str | Any | Callable[[], Any] | None = None, data: str | os.Pat
     cfg, run = resolve_train(options, config)
     dataset = None
     if arrays:
-        chosen = "val_size" in split_options(options, "train")[0] or \
-            (config is not None and "val_size" in read_config_file(config, "train")[0])
+        chosen = run.resume is not None or "val_size" in split_options(options, "train")[0] or \
+            (config is not None and "val_size" in read_config_file(config, "train")[0])  # else a tenth
         val_size = cfg.val_size if chosen else min(cfg.val_size, len(data[1]) // 10)
         dataset = datasets.from_arrays(data, validation, test, val_size)
         cfg = replace(cfg, val_size=dataset.n_val)

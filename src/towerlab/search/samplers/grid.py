@@ -1,0 +1,32 @@
+"""The brute-force baseline (`--sampler grid`, `towerlab grid`): every genome of a space (or a
+seeded random subset) as one generation, through the same store, cache and resume as any search."""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+from towerlab.config import MAX_MEMBERS
+from towerlab.errors import UserError
+from towerlab.search.evaluation import GRID_STREAM, make_rng
+from towerlab.search.history import Generation
+from towerlab.search.samplers import Sampler
+from towerlab.search.space import Space
+
+
+def grid_genomes(space: Space, limit: Optional[int], seed: int) -> list[dict]:
+    """All genomes in `space.all_genomes()` order or, with a `limit` below the space size, that
+    many drawn without replacement by the search RNG, kept in the same order."""
+    if limit is None or limit >= space.size:
+        if space.size > MAX_MEMBERS:
+            raise UserError(f"space {space.name} has {space.size} genomes: grid a random subset "
+                            f"with --limit N (N up to {MAX_MEMBERS})")
+        return list(space.all_genomes())
+    picks = make_rng(seed, GRID_STREAM).choice(space.size, size=limit, replace=False)
+    return [space.genome_at(int(i)) for i in sorted(picks)]
+
+
+class GridSampler(Sampler):
+    identity = ("limit",)
+
+    def propose(self, history: Sequence[Generation]) -> list[dict]:
+        return [] if history else grid_genomes(self.space, self.cfg.limit, self.cfg.seed)

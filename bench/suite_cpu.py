@@ -260,3 +260,6 @@ def not_measured_here() -> list[dict]:
 
 FIGURES = {"mnist_tta": mnist_time_to_accuracy, "mnist_fast_layout": mnist_fast_layout, "scaling": scaling,
            "ps_vs_ddp": ps_vs_ddp, "input_modes": input_modes, "search": search_scaling}
+# The data sets each figure group reads (bench/run.py asks only for these).
+NEEDS = {"mnist_tta": ("mnist",), "mnist_fast_layout": ("mnist",), "scaling": ("mnist", "cifar10"),
+         "ps_vs_ddp": ("mnist", "cifar10"), "input_modes": ("mnist",), "search": ("mnist",), "changes": ()}

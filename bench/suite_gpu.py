@@ -138,3 +138,6 @@ def search_workers(data_dir: str, repeats: int, quick: bool, log: Log) -> dict:
 
 FIGURES = {"lenet5_tta": lenet5_tta, "cifarnet_tta": cifarnet_tta, "input_modes": input_modes,
            "ps_vs_ddp": ps_vs_ddp, "compile": compile_modes, "search": search_workers}
+# The data sets each figure group reads (bench/run.py asks only for these).
+NEEDS = {"lenet5_tta": ("mnist",), "cifarnet_tta": ("cifar10",), "input_modes": ("mnist",),
+         "ps_vs_ddp": ("mnist", "cifar10"), "compile": ("mnist", "cifar10"), "search": ("mnist",)}

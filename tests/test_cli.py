@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from towerlab.cli import main
-from util import TINY, run_cli
+from util import ONE_CPU, TINY, run_cli
 
 
 @pytest.mark.parametrize("args, fragment", [
@@ -121,7 +121,7 @@ def test_offline_main_job_falls_back_loudly_and_records_it(tmp_path, monkeypatch
     monkeypatch.setattr(fetch, "SOURCES", closed)
     out = tmp_path / "run"
     assert main(["train", "--data-dir", str(tmp_path / "empty"), "--model", "lenet5", "--steps", "2",
-                 "--no-progress", "--out", str(out)]) == 0
+                 "--no-progress", *ONE_CPU, "--out", str(out)]) == 0
     captured = capsys.readouterr()
     assert "OFFLINE FALLBACK" in captured.err and "NOT full MNIST" in captured.err
     assert "OFFLINE FALLBACK DATA" in captured.out  # repeated on the last line, where it cannot scroll away

@@ -15,6 +15,7 @@ from towerlab.config import SearchConfig, TrainConfig
 from towerlab.errors import UserError
 from towerlab.fitness import train_config_hash
 from towerlab.models import load_model
+from util import ONE_CPU
 
 
 def colour_classes(path, n_train=600, n_test=200, seed=0, classes=3, side=12):
@@ -84,7 +85,7 @@ def test_train_on_a_custom_npz_end_to_end(tmp_path, capsys):
     path = colour_classes(tmp_path / "colours.npz")
     out = tmp_path / "run"
     assert main(["train", "--model", "lenet5", "--dataset", str(path), "--val-size", "100", "--batch-size", "50",
-                 "--epochs", "2", "--no-progress", "--threads", "1", "--out", str(out)]) == 0
+                 "--epochs", "2", "--no-progress", "--threads", "1", *ONE_CPU, "--out", str(out)]) == 0
     summary = json.loads((out / "summary.json").read_text())
     assert summary["dataset"] == str(path) and summary["n_train"] == 500 and summary["n_test"] == 200
     assert summary["test_accuracy"] >= 0.9  # nearest class mean gets ~100% on this set
@@ -97,7 +98,7 @@ def test_a_search_on_a_custom_npz_and_its_cache_follow_the_files_content(tmp_pat
     path = colour_classes(tmp_path / "colours.npz")
     before = train_config_hash(SearchConfig(dataset=str(path)))
     args = ["grid", "--space", "mlp", "--dataset", str(path), "--val-size", "100", "--limit", "2", "--top", "1",
-            "--max-epochs", "1", "--no-progress", "--threads", "1"]
+            "--max-epochs", "1", "--no-progress", "--threads", "1", *ONE_CPU]
     assert main([*args, "--out", str(tmp_path / "grid")]) == 0
     summary = json.loads((tmp_path / "grid" / "summary.json").read_text())
     assert summary["evaluations"] == 2 and summary["failures"] == 0 and summary["best_val_accuracy"] >= 0.5

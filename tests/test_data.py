@@ -354,3 +354,12 @@ def test_real_cifar10():
     assert ds.x_train[0].reshape(-1)[:3].tolist() == [59, 43, 50]  # official row layout: R plane first
     np.testing.assert_allclose(ds.mean, (0.4914, 0.4822, 0.4465), atol=3e-3)
     np.testing.assert_allclose(ds.std, (0.2470, 0.2435, 0.2616), atol=3e-3)
+
+
+def test_a_dataset_moves_every_split_at_once():
+    loaded = data.load_dataset("synthetic", val_size=100, synthetic_train=600)
+    moved = loaded.to("meta")
+    splits = ("x_train", "y_train", "x_val", "y_val", "x_test", "y_test")
+    assert all(getattr(moved, k).device.type == "meta" and getattr(moved, k).shape == getattr(loaded, k).shape
+               for k in splits)
+    assert moved.mean == loaded.mean and moved.source == loaded.source and loaded.x_train.device.type == "cpu"

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from util import replica_pids, run_cli, start_towerlab
+from util import ONE_CPU, replica_pids, run_cli, start_towerlab
 
 
 SPACE = """
@@ -31,7 +31,7 @@ optimizer = ["adam", "sgd"]
 """
 # Each candidate: 3 epochs on 5,000 synthetic images, about half a second; 1 thread per process, so
 # that one worker and two workers do the very same arithmetic.
-BASE = ["--dataset", "synthetic", "--val-size", "1000", "--max-epochs", "3", "--patience", "3", "--threads", "1",
+BASE = [*ONE_CPU, "--dataset", "synthetic", "--val-size", "1000", "--max-epochs", "3", "--patience", "3", "--threads", "1",
         "--no-progress", "--population", "6", "--generations", "3", "--seed", "5", "--top", "2"]
 
 

@@ -6,6 +6,7 @@ import pytest
 
 from towerlab.cli import main
 from towerlab.models import load_model
+from util import ONE_CPU
 
 SPACE = """
 model = "mlp"
@@ -17,7 +18,7 @@ optimizer = ["adam", "sgd", "rmsprop"]
 """
 # 6,000 synthetic images, 1,000 of them for validation; one epoch per candidate; 1 thread each,
 # so that one worker and two workers do the very same arithmetic.
-BASE = ["--dataset", "synthetic", "--val-size", "1000", "--max-epochs", "1", "--threads", "1", "--no-progress"]
+BASE = [*ONE_CPU, "--dataset", "synthetic", "--val-size", "1000", "--max-epochs", "1", "--threads", "1", "--no-progress"]
 
 
 @pytest.fixture()

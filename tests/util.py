@@ -13,9 +13,11 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
 
+# One CPU process, whatever the machine has (a later --devices 2 means two CPU processes over gloo).
+ONE_CPU = ["--device", "cpu", "--devices", "1"]
 # A tiny learnable problem: 2,000 synthetic 28x28 images, 500 of them for validation.
 TINY = ["--dataset", "synthetic", "--synthetic-train", "2000", "--val-size", "500",
-        "--display-step", "1000", "--no-progress"]
+        "--display-step", "1000", "--no-progress", *ONE_CPU]
 
 
 def real_data_dir() -> Path | None:

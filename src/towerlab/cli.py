@@ -24,6 +24,11 @@ from towerlab.errors import UserError  # noqa: E402
 
 
 class _Parser(argparse.ArgumentParser):
+    def __init__(self, *args, **kwargs):  # noqa: ANN002, ANN003
+        # No abbreviations: `--device cpu` must never be read as an abbreviation of `--devices`.
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
     def error(self, message: str) -> None:  # argparse's own errors: one line, exit 2, like ours
         raise UserError(f"{message} (see {self.prog} --help)")
 
@@ -102,6 +107,7 @@ def resolve_train(args: argparse.Namespace) -> tuple[TrainConfig, RunConfig]:
     if "preset" in run_given:
         raise UserError("--preset does not go with --resume: the stored run already holds the preset's settings")
     folder = Path(run_given["resume"])
+    _check_resume_out(folder, run_given)
     cfg, stored_run = read_run_config(folder)
     changed = [k for k, v in train_given.items() if getattr(cfg, k) != v]
     if changed:
@@ -112,6 +118,13 @@ def resolve_train(args: argparse.Namespace) -> tuple[TrainConfig, RunConfig]:
         raise UserError(f"{folder} was trained on {stored_run.devices} replica(s): resume with "
                         f"--devices {stored_run.devices} so the result equals an uninterrupted run")
     return cfg, replace(stored_run, **{**run_given, "out": str(folder)})
+
+
+def _check_resume_out(folder: Path, run_given: dict) -> None:
+    """--resume writes into the folder it continues; a different --out would be silently ignored."""
+    out = run_given.get("out")
+    if out is not None and Path(out).absolute() != folder.absolute():
+        raise UserError(f"--resume {folder} continues that folder and writes there: drop --out {out}")
 
 
 # Settings a resumed search may change: they do not alter what has been computed.
@@ -125,6 +138,7 @@ def resolve_search(args: argparse.Namespace) -> tuple[SearchConfig, RunConfig]:
     if "resume" not in run_given:
         return SearchConfig(**search_given), RunConfig(**run_given)
     folder = Path(run_given["resume"])
+    _check_resume_out(folder, run_given)
     try:
         stored = json.loads((folder / "config.json").read_text(encoding="utf-8"))
         search = upgrade_search_config(stored["search"], stored["kind"])
@@ -172,7 +186,7 @@ def _with_preset(name: str, train_given: dict, run_given: dict) -> tuple[dict, d
     from towerlab.distributed import device_type
     from towerlab.presets import apply_preset, run_options
 
-    kind = device_type()
+    kind = device_type(run_given.get("device", "auto"))
     return {**apply_preset(name, kind), **train_given}, {**run_options(name, kind), **run_given}
 
 

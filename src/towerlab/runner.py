@@ -24,12 +24,13 @@ import torch
 
 import towerlab
 from towerlab import atomic, checkpoint
-from towerlab.config import RunConfig, TrainConfig, dataset_label, from_dict, parse_shape, to_dict
-from towerlab.distributed import (Context, StopFlag, barrier, broadcast_object, check_devices,
-                                  default_threads, launch, local_processes, session, torchrun_restart,
-                                  torchrun_world_size, under_torchrun)
+from towerlab.config import RunConfig, TrainConfig, dataset_label, from_dict, parse_shape, replace, to_dict
+from towerlab.distributed import (Context, StopFlag, barrier, broadcast_object, default_threads, device_type,
+                                  local_processes, resolve_devices, session, torchrun_restart, torchrun_world_size,
+                                  under_torchrun)
 from towerlab.errors import UserError
-from towerlab.models import model_record
+from towerlab.job import (OutputFolder, require_out_under_torchrun, restarted_by_torchrun, save_model, start_job,
+                          write_config)
 from towerlab.report import Reporter, format_final, require_tensorboard, truncate_metrics
 from towerlab.train import TrainResult, check_setup, train
 
@@ -56,12 +57,6 @@ def default_out(cfg: TrainConfig) -> Path:
     return Path("runs") / f"{datetime.now():%Y%m%d-%H%M%S}-{cfg.model}-{dataset_label(cfg.dataset)}"
 
 
-def check_new_out(out: Path) -> None:
-    if out.exists() and any(out.iterdir()):
-        raise UserError(f"output folder {out} already holds files: continue that run with --resume {out}, "
-                        "or choose another --out")
-
-
 def read_run_config(folder: Path) -> tuple[TrainConfig, RunConfig]:
     path = folder / "config.json"
     try:
@@ -77,24 +72,24 @@ def start(cfg: TrainConfig, run: RunConfig) -> int:
     """Run the job; returns its exit status."""
     if run.tensorboard:
         require_tensorboard()
-    if under_torchrun():
-        out = Path(run.resume or run.out or default_out(cfg))
-        if run.resume is None and run.out is None:
-            raise UserError("under torchrun every rank must agree on the output folder: pass --out")
-        return _process(0, torchrun_world_size(), None, cfg, run, str(out))
-    check_devices(run.devices)
+    require_out_under_torchrun(run)
+    if not under_torchrun():
+        run = replace(run, device=device_type(run.device), devices=resolve_devices(run.devices, run.device))
     out = Path(run.resume or run.out or default_out(cfg))
-    if run.resume is None:
-        check_new_out(out)
-    if run.devices == 1:
-        return _process(0, 1, None, cfg, run, str(out))
-    # Find every mistake (and download the data) once, here, before any worker starts.
-    _preflight(cfg, run)
-    return launch(_spawned, run.devices, (cfg, run, str(out)),
-                  hint=f"Continue from the last checkpoint with: towerlab train --resume {out}")
+
+    def resume_hint() -> str:
+        return f"Continue from the last checkpoint with: towerlab train --resume {out}" \
+            if checkpoint.exists(out / CHECKPOINT) else ""
+
+    # Under torchrun, rank 0 decides in _decide_start whether the folder is its own restart.
+    return start_job(out, resume=run.resume is not None, new=not under_torchrun(),
+                     run_here=lambda: _process(0, torchrun_world_size(), None, cfg, run, str(out)),
+                     processes=run.devices, spawned=_spawned, args=(cfg, run, str(out)),
+                     preflight=lambda: _preflight(cfg, run), hint=resume_hint)
 
 
 def _preflight(cfg: TrainConfig, run: RunConfig) -> None:
+    """Every mistake (and the download) once, here, before any worker starts."""
     check_setup(cfg, run.devices, load_data(cfg, run, download=run.download))
 
 
@@ -109,7 +104,7 @@ def _process(rank: int, world_size: int, store_path: str | None, cfg: TrainConfi
     torch.set_num_threads(run.threads or default_threads(local_processes(run)))
     out = Path(out_dir)
     with StopFlag() as stop, session(rank=rank, world_size=world_size, store_path=store_path,
-                                     timeout=run.timeout) as ctx:
+                                     timeout=run.timeout, device=run.device) as ctx:
         data = _load_in_order(cfg, run, ctx)
         check_setup(cfg, ctx.world_size, data)
         resume_state = _start_state(cfg, run, ctx, out)
@@ -135,7 +130,7 @@ def _process(rank: int, world_size: int, store_path: str | None, cfg: TrainConfi
                            resume_state=resume_state, compile_model=run.compile, stop=stop)
             if ctx.is_main:
                 summary = _summary(cfg, run, ctx, data, result, out, time.time() - started)
-                atomic.write_bytes(out / "model.pt", _model_bytes(result, cfg, data))
+                save_model(out / "model.pt", result.model, cfg, data)
                 atomic.write_json(out / "summary.json", summary)
                 reporter.record("test", step=result.steps, test_loss=result.test_loss,
                                 test_accuracy=result.test_accuracy)
@@ -176,8 +171,8 @@ def _start_state(cfg: TrainConfig, run: RunConfig, ctx: Context, out: Path) -> d
 def _decide_start(cfg: TrainConfig, run: RunConfig, ctx: Context, out: Path) -> dict | None:
     if run.resume:
         return _resume_state(cfg, ctx, out)
-    run_id, restarts = torchrun_restart()
-    if restarts > 0 and _same_torchrun_job(out, cfg, run_id):
+    restarts = torchrun_restart()[1]
+    if restarts_here(out, cfg):
         if not checkpoint.exists(out / CHECKPOINT):
             stderr_line(f"towerlab: torchrun restart {restarts}: no checkpoint in {out} yet, starting over")
             return None
@@ -186,18 +181,13 @@ def _decide_start(cfg: TrainConfig, run: RunConfig, ctx: Context, out: Path) -> 
                     f"{state['step']} in {out}")
         return state
     if under_torchrun():
-        check_new_out(out)
+        OutputFolder(out).require_new()
     return None
 
 
-def _same_torchrun_job(out: Path, cfg: TrainConfig, run_id: str | None) -> bool:
-    """Whether `out` was started by this very torchrun job with this training config."""
-    try:
-        stored = json.loads((out / "config.json").read_text(encoding="utf-8"))
-        same_config = from_dict(TrainConfig, stored["train"]) == cfg
-    except (OSError, ValueError, KeyError, TypeError, UserError):
-        return False
-    return run_id is not None and stored.get("torchelastic_run_id") == run_id and same_config
+def restarts_here(out: Path, cfg: TrainConfig) -> bool:
+    """Whether this torchrun attempt restarts the very job that made `out`, with this training config."""
+    return restarted_by_torchrun(out, lambda stored: from_dict(TrainConfig, stored["train"]) == cfg)
 
 
 def _resume_state(cfg: TrainConfig, ctx: Context, out: Path) -> dict:
@@ -212,21 +202,8 @@ def _resume_state(cfg: TrainConfig, ctx: Context, out: Path) -> dict:
 
 
 def _write_config(out: Path, cfg: TrainConfig, run: RunConfig, ctx: Context) -> None:
-    atomic.write_json(out / "config.json", {
-        "train": to_dict(cfg), "run": to_dict(run), "world_size": ctx.world_size,
-        "device_type": ctx.device.type, "global_batch_size": cfg.batch_size * ctx.world_size,
-        "torch_version": torch.__version__, "towerlab_version": towerlab.__version__,
-        "torchelastic_run_id": torchrun_restart()[0],
-        "command": [Path(sys.argv[0]).name, *sys.argv[1:]]})
-
-
-def _model_bytes(result: TrainResult, cfg: TrainConfig, data: Any) -> bytes:
-    import io
-
-    buffer = io.BytesIO()
-    torch.save(model_record(result.model, cfg.model, data.input_shape, data.num_classes, cfg.model_options,
-                            config=to_dict(cfg), mean=list(data.mean), std=list(data.std)), buffer)
-    return buffer.getvalue()
+    write_config(out, {"train": to_dict(cfg), "run": to_dict(run), "world_size": ctx.world_size,
+                       "device_type": ctx.device.type, "global_batch_size": cfg.batch_size * ctx.world_size})
 
 
 def _summary(cfg: TrainConfig, run: RunConfig, ctx: Context, data: Any, result: TrainResult, out: Path,

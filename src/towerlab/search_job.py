@@ -10,7 +10,6 @@ generations.jsonl, best.json, fitness.png, accuracy_time.png, summary.json and, 
 from __future__ import annotations
 
 import contextlib
-import io
 import json
 import socket
 import sys
@@ -25,15 +24,15 @@ import towerlab
 from towerlab import atomic
 from towerlab.config import (RunConfig, SearchConfig, TrainConfig, dataset_label, replace, to_dict,
                              to_flags)
-from towerlab.distributed import (Context, Interrupted, StopFlag, check_devices, default_threads, kv_store,
-                                  launch, local_processes, session, torchrun_restart, torchrun_world_size,
+from towerlab.distributed import (Context, Interrupted, StopFlag, default_threads, device_type, kv_store,
+                                  local_processes, resolve_devices, session, torchrun_restart, torchrun_world_size,
                                   under_torchrun)
 from towerlab.errors import UserError
 from towerlab.fitness import (candidate_config, candidate_task, estimated_cost, outcome, train_candidate,
                               train_config_hash)
-from towerlab.models import model_record
+from towerlab.job import require_out_under_torchrun, restarted_by_torchrun, save_model, start_job, write_config
 from towerlab.report import Reporter, format_generation, format_top, plot_accuracy_time, plot_fitness
-from towerlab.runner import check_new_out, load_data, stderr_line
+from towerlab.runner import load_data, stderr_line
 from towerlab.search import (Candidate, Space, evaluation_records, load_space, make_sampler, open_search,
                              run_search)
 from towerlab.search.pool import Pool, stale_seconds
@@ -47,38 +46,32 @@ def start_search(kind: str, cfg: SearchConfig, run: RunConfig) -> int:
     """Run the search job; returns its exit status."""
     space = load_space(cfg.space)
     make_sampler(cfg, space)  # an unknown sampler or a setting it refuses: before any folder or worker
+    require_out_under_torchrun(run)
+    if not under_torchrun():
+        run = replace(run, device=device_type(run.device), devices=resolve_devices(run.devices, run.device))
     out = Path(run.resume or run.out or default_out(kind, cfg, space))
-    if under_torchrun() and run.resume is None and run.out is None:
-        raise UserError("under torchrun every rank must agree on the output folder: pass --out")
     if run.resume is None and _restarted_by_torchrun(out, kind, cfg):
         run = replace(run, resume=str(out))  # torchrun restarted this job's workers: continue the search
-    if run.resume is None:
-        check_new_out(out)
-    if under_torchrun():
-        return _process(0, torchrun_world_size(), None, kind, cfg, run, str(out))
-    check_devices(run.devices)
-    workers = run.devices * cfg.workers_per_device
-    if workers > 1:
+    workers = 1 if under_torchrun() else run.devices * cfg.workers_per_device
+
+    def preflight() -> None:
         stale_seconds()  # a bad TOWERLAB_WORKER_STALE_SECONDS is refused before any worker starts
-    _data(cfg, run, download=run.download)  # every data problem (and the download) before any worker starts
-    if workers == 1:
-        return _process(0, 1, None, kind, cfg, run, str(out))
-    return launch(_spawned, workers, (kind, cfg, run, str(out)), essential={0},
-                  hint=f"Continue the search with: towerlab {COMMANDS[kind]} --resume {out}")
+        _data(cfg, run, download=run.download)  # every data problem (and the download) before any worker starts
+
+    def resume_hint() -> str:
+        return (f"Continue the search with: towerlab {COMMANDS[kind]} --resume {out}"
+                if (out / "config.json").exists() else "")
+
+    return start_job(out, resume=run.resume is not None, processes=workers,
+                     run_here=lambda: _process(0, torchrun_world_size(), None, kind, cfg, run, str(out)),
+                     spawned=_spawned, args=(kind, cfg, run, str(out)), preflight=preflight,
+                     hint=resume_hint, essential={0})
 
 
 def _restarted_by_torchrun(out: Path, kind: str, cfg: SearchConfig) -> bool:
-    """Whether this is a torchrun restart (TORCHELASTIC_RESTART_COUNT > 0) of the very job that made
-    `out` (same TORCHELASTIC_RUN_ID, kind and search settings)."""
-    run_id, restarts = torchrun_restart()
-    if restarts == 0 or run_id is None:
-        return False
-    try:
-        stored = json.loads((out / "config.json").read_text(encoding="utf-8"))
-        return (stored.get("torchelastic_run_id") == run_id and stored.get("kind") == kind
-                and stored.get("search") == json.loads(json.dumps(to_dict(cfg))))
-    except (OSError, ValueError, AttributeError):
-        return False
+    """Whether this is a torchrun restart of the very job that made `out` (same kind and settings)."""
+    return restarted_by_torchrun(out, lambda stored: stored.get("kind") == kind
+                                 and stored.get("search") == json.loads(json.dumps(to_dict(cfg))))
 
 
 def default_out(kind: str, cfg: SearchConfig, space: Space) -> Path:
@@ -101,11 +94,13 @@ def _process(rank: int, world_size: int, store_path: str | None, kind: str, cfg:
     local = local_processes(run) * (1 if under_torchrun() else cfg.workers_per_device)
     torch.set_num_threads(run.threads or default_threads(local))
     with session(rank=rank, world_size=world_size, store_path=store_path, timeout=run.timeout,
-                 backend="gloo", per_device=cfg.workers_per_device) as ctx, \
+                 backend="gloo", per_device=cfg.workers_per_device, device=run.device) as ctx, \
             (StopFlag() if ctx.is_main else contextlib.nullcontext()) as stop:
         # Only the coordinator turns Ctrl-C into an orderly stop (it owns the store); a worker just
         # dies, losing at most the candidate in flight, which the resumed search trains again.
-        data = _data(cfg, run, download=False, log=stderr_line if ctx.is_main else (lambda _line: None))
+        # A single process may download; spawned workers find what the launcher fetched before them.
+        data = _data(cfg, run, download=run.download and not ctx.distributed,
+                     log=stderr_line if ctx.is_main else (lambda _line: None)).to(ctx.device)
         space = load_space(cfg.space)
         worker = f"rank{ctx.rank}@{socket.gethostname()}:{ctx.device}"
 
@@ -233,16 +228,14 @@ def _test_top(result: Any, store: Store, run_tasks: Callable, reporter: Reporter
 
 def _write_config(out: Path, kind: str, cfg: SearchConfig, run: RunConfig, ctx: Context, store: Store,
                   search_id: int) -> None:
-    atomic.write_json(out / "config.json", {
-        "kind": kind, "search": to_dict(cfg), "run": to_dict(run), "search_id": search_id,
-        "store": str(store.path), "workers": ctx.world_size, "device_type": ctx.device.type,
-        "torch_version": torch.__version__, "towerlab_version": towerlab.__version__,
-        "torchelastic_run_id": torchrun_restart()[0],
-        "command": [Path(sys.argv[0]).name, *sys.argv[1:]]})
+    write_config(out, {"kind": kind, "search": to_dict(cfg), "run": to_dict(run), "search_id": search_id,
+                       "store": str(store.path), "workers": ctx.world_size, "device_type": ctx.device.type})
 
 
 def retrain_command(cfg: SearchConfig, space: Space, genome: dict, seed: int, max_epochs: int | None = None) -> str:
-    return " ".join(["towerlab", "train", *to_flags(candidate_config(cfg, space.model, genome, seed, max_epochs))])
+    """The `towerlab train` command that trains this candidate again as it was evaluated: on one device."""
+    return " ".join(["towerlab", "train", *to_flags(candidate_config(cfg, space.model, genome, seed, max_epochs)),
+                     "--devices", "1"])
 
 
 def _write_results(kind: str, cfg: SearchConfig, space: Space, out: Path, store: Store, result: Any,
@@ -279,12 +272,9 @@ def _export_best(cfg: SearchConfig, space: Space, best: dict, data: Any, device:
     weights of its best epoch), so the file is the network whose accuracies are reported."""
     reporter.line("Exporting the best network (retraining it) ...")
     fields, result = train_candidate(cfg, space.model, best["genome"], best["seed"], data, device, test=True,
-                                     stop=stop)
+                                     stop=stop, max_epochs=best["max_epochs"])
     if result is None or fields["status"] != "ok":
         raise UserError(f"retraining the best network failed ({fields.get('reason')}): model.pt not written")
-    tc = candidate_config(cfg, space.model, best["genome"], best["seed"])
-    buffer = io.BytesIO()
-    torch.save(model_record(result.model, tc.model, data.input_shape, data.num_classes, tc.model_options,
-                            config=to_dict(tc), mean=list(data.mean), std=list(data.std)), buffer)
-    atomic.write_bytes(out / "model.pt", buffer.getvalue())
+    save_model(out / "model.pt", result.model,
+               candidate_config(cfg, space.model, best["genome"], best["seed"], best["max_epochs"]), data)
     reporter.line(f"Wrote {out / 'model.pt'} (validation {result.val_accuracy:.4f}, test {result.test_accuracy:.4f})")

@@ -1,0 +1,229 @@
+"""What every towerlab job shares, training and search alike: the output folder and the lock that
+makes one live job its owner, config.json's provenance, torchrun restart detection, starting the
+processes (here, spawned locally, or under torchrun), and model.pt.
+
+The lock is an exclusive `flock` on `<out>/.towerlab.lock`, held by the job's launching process
+(under torchrun: global rank 0) for as long as the job runs. The kernel drops it when that process
+ends, however it ends, so a crashed or killed job never leaves a folder locked; a second job on a
+folder in use (a new run, a `--resume`, a search) is refused with one line.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import io
+import json
+import os
+import platform
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+import towerlab
+from towerlab import atomic
+from towerlab.distributed import launch, torchrun_restart, under_torchrun
+from towerlab.errors import UserError
+from towerlab.models import model_record
+
+LOCK_NAME = ".towerlab.lock"
+
+
+class OutputFolder:
+    """A job's output folder, locked for this process while the job runs (use as a context manager).
+
+    `claim()` creates the folder when needed and takes the lock; leaving the context releases it and
+    removes the folder again when this job created it and wrote nothing into it (a job refused for
+    bad input leaves nothing behind that would block the same --out next time)."""
+
+    def __init__(self, path: str | os.PathLike, *, must_exist: bool = False):
+        self.path = Path(path)
+        self.must_exist = must_exist
+        self.created = False
+        self._fd: int | None = None
+
+    def __enter__(self) -> OutputFolder:
+        self.claim()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.release()
+
+    def claim(self) -> None:
+        path = self.path
+        if path.exists() and not path.is_dir():
+            raise UserError(f"output folder {path} is a file: choose another --out")
+        if self.must_exist and not path.is_dir():
+            raise UserError(f"{path} does not exist: check the --resume path")
+        if not path.exists():
+            try:
+                path.mkdir(parents=True)
+                self.created = True
+            except FileExistsError:
+                pass  # another job made it a moment ago: the lock decides who owns it
+            except OSError as exc:
+                raise UserError(f"cannot create output folder {path}: {_reason(exc)}: choose another --out") from None
+        self._fd = self._lock(path / LOCK_NAME)
+        with contextlib.suppress(OSError):  # the pid only makes the refusal of another job more helpful
+            os.ftruncate(self._fd, 0)
+            os.pwrite(self._fd, f"{os.getpid()}@{socket.gethostname()}\n".encode(), 0)
+
+    def _lock(self, lock: Path) -> int:
+        """An open descriptor of `lock`, exclusively locked. The file is removed when the job ends, so
+        the lock counts only if it is still the file at that path (else a job that opened the old one
+        just before its removal would own a file nobody else sees)."""
+        while True:
+            try:
+                fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+            except OSError as exc:
+                self._forget()
+                raise UserError(f"cannot write into output folder {self.path}: {_reason(exc)}: "
+                                "choose another --out") from None
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as exc:
+                owner = _read_owner(fd)
+                os.close(fd)
+                if exc.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
+                    raise UserError(f"cannot lock output folder {self.path}: {_reason(exc)}") from None
+                raise UserError(f"output folder {self.path} is in use by another towerlab job{owner}: wait for "
+                                "it to end, or choose another --out") from None
+            try:
+                if os.fstat(fd).st_ino == os.stat(lock).st_ino:
+                    return fd
+            except FileNotFoundError:
+                pass
+            os.close(fd)
+
+    def holds_results(self) -> bool:
+        """Whether anything besides the lock is in the folder."""
+        return self.path.is_dir() and any(p.name != LOCK_NAME for p in self.path.iterdir())
+
+    def require_new(self) -> None:
+        if self.holds_results():
+            raise UserError(f"output folder {self.path} already holds files: continue that run with --resume "
+                            f"{self.path}, or choose another --out")
+
+    def release(self) -> None:
+        if self._fd is None:
+            return
+        with contextlib.suppress(OSError):
+            (self.path / LOCK_NAME).unlink()  # before the lock goes: see _lock
+        if self.created and not self.holds_results():
+            with contextlib.suppress(OSError):
+                self.path.rmdir()
+        os.close(self._fd)
+        self._fd = None
+
+    def _forget(self) -> None:
+        if self.created:
+            with contextlib.suppress(OSError):
+                self.path.rmdir()
+
+
+def _reason(exc: OSError) -> str:
+    return exc.strerror or str(exc)
+
+
+def _read_owner(fd: int) -> str:
+    with contextlib.suppress(OSError, UnicodeDecodeError):
+        owner = os.pread(fd, 200, 0).decode().strip()
+        if owner:
+            return f" (process {owner})"
+    return ""
+
+
+def require_out_under_torchrun(run: Any) -> None:
+    if under_torchrun() and run.resume is None and run.out is None:
+        raise UserError("under torchrun every rank must agree on the output folder: pass --out")
+
+
+def launches_here() -> bool:
+    """Whether this process owns the job's folder: always, except the ranks > 0 of torchrun."""
+    return not under_torchrun() or os.environ.get("RANK") == "0"
+
+
+def start_job(out: Path, *, resume: bool, run_here: Callable[[], int], processes: int = 1,
+              spawned: Callable[..., None] | None = None, args: tuple = (),
+              preflight: Callable[[], None] | None = None, hint: Callable[[], str] | None = None,
+              essential: set[int] | None = None, new: bool = True) -> int:
+    """Run one job on `out`, owning the folder for its whole life; returns the exit status.
+
+    `run_here()` runs the job in this process (a single process, or a torchrun rank); with
+    `processes` > 1, `preflight()` finds every mistake once, then `spawned(rank, world_size,
+    store_path, *args)` runs in each of `processes` fresh processes (`essential` and `hint` as in
+    `distributed.launch`). `new` asks for an empty folder (a new job, neither resumed nor restarted).
+    """
+    folder = OutputFolder(out, must_exist=resume) if launches_here() else None
+    with folder or contextlib.nullcontext():
+        if folder is not None and new and not resume:
+            folder.require_new()
+        if processes == 1 or under_torchrun():
+            return run_here()
+        if preflight is not None:
+            preflight()
+        return launch(spawned, processes, args, essential=essential, hint=hint)
+
+
+def code_version() -> dict | None:
+    """The git commit of towerlab's own source, and whether the tree differs from it; None when
+    towerlab is not run from a git checkout (an installed wheel) or git is absent."""
+    source = Path(towerlab.__file__).resolve().parent
+    try:
+        commit = subprocess.run(["git", "-C", str(source), "rev-parse", "HEAD"], capture_output=True, text=True,
+                                timeout=10, check=True).stdout.strip()
+        status = subprocess.run(["git", "-C", str(source), "status", "--porcelain", "--untracked-files=no"],
+                                capture_output=True, text=True, timeout=10, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return {"git_commit": commit, "dirty": bool(status.strip())}
+
+
+def provenance() -> dict:
+    """What config.json records besides the configuration: versions, code, host, command."""
+    return {"torch_version": torch.__version__, "towerlab_version": towerlab.__version__,
+            "python_version": platform.python_version(), "code": code_version(), "host": socket.gethostname(),
+            "torchelastic_run_id": torchrun_restart()[0], "command": [Path(sys.argv[0]).name, *sys.argv[1:]]}
+
+
+def write_config(out: Path, record: dict) -> None:
+    """config.json: the job's resolved configuration (`record`) with its provenance."""
+    atomic.write_json(out / "config.json", {**record, **provenance()})
+
+
+def read_config(out: Path) -> dict | None:
+    """config.json of `out`, or None when it is missing or unreadable."""
+    try:
+        stored = json.loads((out / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return stored if isinstance(stored, dict) else None
+
+
+def restarted_by_torchrun(out: Path, same_job: Callable[[dict], bool]) -> bool:
+    """Whether this process is a torchrun restart (TORCHELASTIC_RESTART_COUNT > 0) of the very job
+    that made `out`: the same TORCHELASTIC_RUN_ID, and `same_job(stored config.json)`."""
+    run_id, restarts = torchrun_restart()
+    if restarts == 0 or run_id is None:
+        return False
+    stored = read_config(out)
+    try:
+        return stored is not None and stored.get("torchelastic_run_id") == run_id and bool(same_job(stored))
+    except (KeyError, TypeError, ValueError, UserError):
+        return False
+
+
+def save_model(path: Path, model: torch.nn.Module, cfg: Any, data: Any) -> None:
+    """model.pt: the network and what rebuilds it and feeds it (input shape, classes, the training
+    split's mean and std), with the TrainConfig that trained it; written atomically."""
+    from towerlab.config import to_dict
+
+    buffer = io.BytesIO()
+    torch.save(model_record(model, cfg.model, data.input_shape, data.num_classes, cfg.model_options,
+                            config=to_dict(cfg), mean=list(data.mean), std=list(data.std)), buffer)
+    atomic.write_bytes(path, buffer.getvalue())

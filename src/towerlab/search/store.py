@@ -165,6 +165,7 @@ class GenerationRow:
 
 
 def _damaged(path: Path, error: object) -> UserError:
+    error = " ".join(str(error).split())  # SQLite's reports span lines; ours is one
     return UserError(f"search store {path} is damaged ({error}): restore it from a copy, or save what is "
                      f"readable with `sqlite3 {path} .recover | sqlite3 recovered.db` and pass "
                      "--store recovered.db; a new search needs another --out")

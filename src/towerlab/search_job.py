@@ -183,7 +183,8 @@ def _coordinate(kind: str, cfg: SearchConfig, run: RunConfig, out: Path, space: 
                 f.write(json.dumps(stats.to_json(), sort_keys=True) + "\n")
 
         started = time.perf_counter()
-        result = run_search(cfg, space, evaluate, store, tch, on_generation, resume=search_id)
+        result = run_search(cfg, space, evaluate, store, tch, on_generation, resume=search_id,
+                            on_progress=reporter.line)
         top = _test_top(result, store, run_tasks, reporter)
         reporter.line(format_top(top))
         _write_results(kind, cfg, space, out, store, result, top, ctx, time.perf_counter() - started)

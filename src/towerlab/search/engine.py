@@ -23,6 +23,9 @@ from towerlab.search.store import Store
 # space and the training-config hash are checked as well, and each sampler adds its `identity`).
 # Other settings (generations, max_evaluations, top, workers...) may change on resume.
 _IDENTITY = ("seed", "remeasure", "min_epochs", "prune_factor")
+# From this many members on, proposing and looking up a generation takes seconds to minutes:
+# the search says what it is doing before it starts.
+LARGE_GENERATION = 10_000
 
 
 def open_search(store: Store, cfg: SearchConfig, sampler: Sampler, space: Space, train_config_hash: str,
@@ -64,13 +67,15 @@ def open_search(store: Store, cfg: SearchConfig, sampler: Sampler, space: Space,
 
 def run_search(cfg: SearchConfig, space: Space, evaluate: Evaluate, store: Store, train_config_hash: str,
                on_generation: Optional[Callable[[GenerationStats], None]] = None,
-               *, resume: int | bool | None = None) -> SearchResult:
+               *, resume: int | bool | None = None, on_progress: Optional[Callable[[str], None]] = None,
+               ) -> SearchResult:
     """Search `space` with the sampler `cfg.sampler`, for at most `cfg.generations` generations
     and `cfg.max_evaluations` distinct trainings, or until the sampler has nothing left.
 
     `evaluate(candidates, record)` trains what the store (keyed by genome hash and
     `train_config_hash`) cannot serve. `on_generation(stats)` is called after each generation,
-    replayed ones included (`stats.replayed`). `resume` continues a search of the store (True:
+    replayed ones included (`stats.replayed`); `on_progress(line)` hears what a large generation
+    is doing before it is trained. `resume` continues a search of the store (True:
     its latest search with this sampler; an int: that search id) instead of starting a new one:
     finished generations are replayed and checked, finished evaluations are kept, and the result
     equals an uninterrupted run's.
@@ -86,6 +91,9 @@ def run_search(cfg: SearchConfig, space: Space, evaluate: Evaluate, store: Store
             break
         if history and sampler.elite:
             history[-1] = rounds.crowned(history[-1], sampler.elite)
+        if on_progress is not None and sampler.population >= LARGE_GENERATION:
+            on_progress(f"Generation {len(history) + 1}: proposing {sampler.population} candidates and looking "
+                        "them up in the store ...")
         genomes = sampler.propose(history)
         if not genomes:
             break

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Optional, Sequence
 
-from towerlab.config import MAX_MEMBERS
+from towerlab.config import MAX_MEMBERS, SearchConfig
 from towerlab.errors import UserError
 from towerlab.search.evaluation import GRID_STREAM, make_rng
 from towerlab.search.history import Generation
@@ -27,6 +27,10 @@ def grid_genomes(space: Space, limit: Optional[int], seed: int) -> list[dict]:
 
 class GridSampler(Sampler):
     identity = ("limit",)
+
+    def __init__(self, cfg: SearchConfig, space: Space) -> None:
+        super().__init__(cfg, space)
+        self.population = min(cfg.limit or space.size, space.size)  # its one generation
 
     def propose(self, history: Sequence[Generation]) -> list[dict]:
         return [] if history else grid_genomes(self.space, self.cfg.limit, self.cfg.seed)

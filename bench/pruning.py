@@ -34,11 +34,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dataset", default="mnist")
     parser.add_argument("--seeds", nargs="*", type=int, default=[0, 1, 2])
-    parser.add_argument("--devices", type=int, default=2, help="CPU worker processes")
-    parser.add_argument("--threads", type=int, default=1, help="threads per worker")
     parser.add_argument("--smoke", action="store_true", help="synthetic data, population 9, 2 generations, 1 seed")
-    parser.add_argument("--data-dir", default=measure.default_data_dir())
-    parser.add_argument("--out-dir", default=str(search_runs.BENCH / "results"))
+    search_runs.add_run_arguments(parser)
     args = parser.parse_args(argv)
     budget = dict(BUDGET)
     if args.smoke:
@@ -88,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     ratio = "-" if summary["ratio_median"] is None else f"{summary['ratio_median']:.2f}x"
     print(f"| {len(record['seeds'])} seed(s) | {pct(summary['best_unpruned'])} | {pct(summary['best_pruned'])} | "
           f"{ratio} | {summary['reached']} | {summary['train_seconds_ratio']['mean']:.2f}x |")
-    print(machine.write_record(args.out_dir, f"pruning-{args.dataset}-{time.strftime('%Y-%m-%d')}.json", record))
+    search_runs.save(args.out_dir, "pruning", args.dataset, record)
     return 0
 
 

@@ -68,11 +68,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", nargs="*", type=int, default=list(range(6)))
     parser.add_argument("--budget", type=int, default=40, help="distinct trainings per run")
     parser.add_argument("--retrain", type=int, default=3, help="fresh seeds each pick is trained again with")
-    parser.add_argument("--devices", type=int, default=2, help="CPU worker processes")
-    parser.add_argument("--threads", type=int, default=1, help="threads per worker")
     parser.add_argument("--smoke", action="store_true", help="synthetic data, budget 6, 2 seeds, 1 retrain")
-    parser.add_argument("--data-dir", default=measure.default_data_dir())
-    parser.add_argument("--out-dir", default=str(search_runs.BENCH / "results"))
+    search_runs.add_run_arguments(parser)
     args = parser.parse_args(argv)
     if args.smoke:
         args.dataset, args.budget, args.seeds, args.retrain = "synthetic", 6, args.seeds[:2], 1
@@ -126,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
         p = m.get("p_vs_random", {})
         print(f"| {name} | {' | '.join(pct(m['best_at'][k]) for k in marks)} | {pct(m['pick_retrained'])} | "
               f"{m['trainings']['mean']:.1f} | {m['cache_hits']['mean']:.1f} | {p.get('best')}, {p.get('pick_retrained')} |")
-    print(machine.write_record(args.out_dir, f"samplers-{args.dataset}-{time.strftime('%Y-%m-%d')}.json", record))
+    search_runs.save(args.out_dir, "samplers", args.dataset, record)
     return 0
 
 

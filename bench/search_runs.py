@@ -4,6 +4,7 @@ and the statistics of a table (mean +- sd over seeds, a permutation test between
 
 from __future__ import annotations
 
+import argparse
 import itertools
 import json
 import math
@@ -16,6 +17,9 @@ from pathlib import Path
 from typing import Optional
 
 import numpy as np
+
+import machine
+import measure
 
 BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
@@ -97,3 +101,15 @@ def pct(stat: dict) -> str:
     if stat["mean"] is None:
         return "-"
     return f"{100 * stat['mean']:.2f}%" + (f" +- {100 * stat['sd']:.2f}" if stat["sd"] is not None else "")
+
+
+def add_run_arguments(parser: argparse.ArgumentParser) -> None:
+    """Where the runs happen and where their records go."""
+    parser.add_argument("--devices", type=int, default=2, help="CPU worker processes")
+    parser.add_argument("--threads", type=int, default=1, help="threads per worker")
+    parser.add_argument("--data-dir", default=measure.default_data_dir())
+    parser.add_argument("--out-dir", default=str(BENCH / "results"))
+
+
+def save(out_dir: str, kind: str, dataset: str, record: dict) -> None:
+    print(machine.write_record(out_dir, f"{kind}-{dataset}-{time.strftime('%Y-%m-%d')}.json", record))

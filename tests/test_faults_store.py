@@ -18,7 +18,7 @@ from towerlab.cli import main
 from towerlab.config import SearchConfig
 from towerlab.search import Outcome, Store, load_space, run_search, serial
 
-from util import run_cli
+from util import SEARCH_BASE, run_cli, small_space_file
 
 TCH = "tch"
 SPACE = load_space("mlp")
@@ -107,22 +107,12 @@ def test_two_processes_continuing_one_search_at_once_agree_and_lose_nothing(tmp_
 
 # ------------------------------------------------------------------------- the command line
 
-SPACE_TOML = """
-model = "mlp"
-[genes]
-neurons = [16, 32, 64]
-layers = [1, 2]
-activation = ["relu", "tanh"]
-"""
-BASE = ["--dataset", "synthetic", "--val-size", "1000", "--max-epochs", "1", "--threads", "1", "--no-progress",
-        "--devices", "1", "--device", "cpu"]
+BASE = SEARCH_BASE
 
 
 @pytest.fixture()
 def space_file(tmp_path):
-    path = tmp_path / "space.toml"
-    path.write_text(SPACE_TOML)
-    return str(path)
+    return small_space_file(tmp_path)
 
 
 @pytest.mark.slow
@@ -156,9 +146,8 @@ def damage(path: Path, how: str) -> None:
 @pytest.fixture(scope="module")
 def finished_search(tmp_path_factory):
     folder = tmp_path_factory.mktemp("search")
-    (folder / "space.toml").write_text(SPACE_TOML)
     out = folder / "evo"
-    assert main(["evolve", *BASE, "--space", str(folder / "space.toml"), "--population", "6", "--generations", "3",
+    assert main(["evolve", *BASE, "--space", small_space_file(folder), "--population", "6", "--generations", "3",
                  "--out", str(out)]) == 0
     with sqlite3.connect(out / "search.db") as db:
         assert db.execute("PRAGMA page_count").fetchone()[0] >= 4

@@ -10,24 +10,14 @@ import pytest
 from towerlab.cli import build_parser, main, resolve_search
 from towerlab.config import SearchConfig
 from towerlab.search import Outcome, Space, Store, run_search, serial
-from util import ONE_CPU
+from util import SEARCH_BASE, small_space_file
 
-SPACE = """
-model = "mlp"
-[genes]
-neurons = [16, 32, 64]
-layers = [1, 2]
-activation = ["relu", "tanh"]
-"""
-BASE = ["--dataset", "synthetic", "--val-size", "1000", "--max-epochs", "1", "--threads", "1", "--no-progress",
-        *ONE_CPU]
+BASE = SEARCH_BASE
 
 
 @pytest.fixture()
 def space_file(tmp_path):
-    path = tmp_path / "space.toml"
-    path.write_text(SPACE)
-    return str(path)
+    return small_space_file(tmp_path)
 
 
 def test_search_run_with_a_sampler_writes_its_record_and_every_evaluation_comes_out(tmp_path, space_file, capsys):

@@ -88,6 +88,7 @@ def test_pruning_trains_far_fewer_epochs_and_keeps_the_same_seed_per_rung(tmp_pa
     full = search(tmp_path / "u.db", pruned(generations=3, min_epochs=None), unpruned)
     assert epochs < sum(e * n for (h, e, r), n in unpruned.calls.items()) / 2
     assert full.evaluations == sum(unpruned.calls.values())
+    assert result.trainings == sum(fitness.calls.values()) > result.evaluations  # the promotions trained again
     with Store(tmp_path / "s.db") as store:
         seeds = {}
         for e in store.evaluations():

@@ -31,7 +31,8 @@ row. synchronous=FULL: a commit happens once per finished training (seconds to h
 so one fsync each costs nothing, and a recorded evaluation then survives a power loss too (NORMAL
 in WAL mode may lose the last commits then). The schema version is `PRAGMA user_version`; a
 version-1 store (before samplers) is migrated in place when opened. A damaged file (SQLite's
-integrity check at open, or a read that finds it malformed) is a UserError that names the file.
+quick_check at open, a read that finds a page malformed, a record that no longer parses) is a
+UserError that names the file and what to do.
 """
 
 from __future__ import annotations
@@ -200,8 +201,8 @@ class Store:
         try:
             self._db.row_factory = sqlite3.Row
             self._db.execute("PRAGMA foreign_keys = ON")
+            self._check_integrity()  # before anything is migrated or written
             self._check_schema(create)
-            self._check_integrity()
             self._db.execute("PRAGMA journal_mode = WAL")
             self._db.execute("PRAGMA synchronous = FULL")
         except sqlite3.DatabaseError as e:

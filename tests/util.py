@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -86,3 +87,24 @@ def replica_pids(pid: int) -> list[int]:
             if b"spawn_main" in cmdline:
                 found.append(int(child))
     return sorted(found)
+
+
+class StopAtRead:
+    """A stand-in for the Ctrl-C handler (runner.StopFlag): reports SIGINT from its n-th read on (one
+    read per step). Set `reads_before_stop` on the class before the run."""
+
+    reads_before_stop = 0
+
+    def __init__(self):
+        self.reads = 0
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return None
+
+    @property
+    def signum(self):
+        self.reads += 1
+        return int(signal.SIGINT) if self.reads >= self.reads_before_stop else 0

@@ -20,12 +20,13 @@ from typing import Any, Optional
 from towerlab.errors import UserError
 
 DATASETS = ("mnist", "fashion-mnist", "cifar10", "synthetic")
-MODELS = ("lenet5", "cifarnet", "convnet", "mlp", "cnn")
+MODELS = ("lenet5", "cifarnet", "convnet", "mlp", "cnn", "whitenet")
 OPTIMIZERS = ("adam", "sgd", "rmsprop", "adagrad", "adadelta", "adamax", "nadam")
-SCHEDULES = ("constant", "onecycle")
+SCHEDULES = ("constant", "onecycle", "linear")
 STRATEGIES = ("ddp", "ps")
 INPUTS = ("resident", "feed", "queue")
 PRECISIONS = ("fp32", "bf16")
+TTA = ("none", "flip", "flip-translate")
 DEVICE_KINDS = ("auto", "cpu", "cuda")
 
 
@@ -86,7 +87,8 @@ class TrainConfig:
         default_factory=dict,
         metadata={
             "help": "model hyperparameter KEY=VALUE, repeatable "
-            "(mlp: layers, neurons, activation; cnn: blocks, filters, kernel_size, dense, dropout)",
+            "(mlp: layers, neurons, activation; cnn: blocks, filters, kernel_size, dense, dropout; "
+            "whitenet: width1, width2, width3, depth)",
             "flag": "model-opt",
         },
     )
@@ -97,14 +99,32 @@ class TrainConfig:
     batch_size: int = _opt(512, "examples per replica per step (global batch = this x replicas)")
     epochs: int = _opt(10, "passes over the training set (ignored when --steps is given)")
     steps: Optional[int] = _opt(None, "total optimizer steps; overrides --epochs")
-    lr: float = _opt(0.001, "learning rate (peak rate with --schedule onecycle)")
-    optimizer: str = _opt("adam", "optimizer (sgd uses momentum 0.9)", choices=OPTIMIZERS)
-    schedule: str = _opt("constant", "learning-rate schedule", choices=SCHEDULES)
-    seed: int = _opt(0, "seed of the model init, the shuffle and dropout")
-    augment: bool = _opt(False, "random crop (pad 4) and horizontal flip on the device; for CIFAR-10")
+    lr: float = _opt(0.001, "learning rate (peak rate with --schedule onecycle or linear)")
+    optimizer: str = _opt("adam", "optimizer", choices=OPTIMIZERS)
+    momentum: float = _opt(0.9, "sgd only: momentum")
+    nesterov: bool = _opt(False, "sgd only: Nesterov momentum")
+    schedule: str = _opt("constant", "learning-rate schedule; linear: from 0.2 x lr up to lr over --warmup of "
+                         "the steps, then down to 0.07 x lr at the last step (airbench94's)", choices=SCHEDULES)
+    warmup: Optional[float] = _opt(None, "fraction of the steps the learning rate rises (None: onecycle 0.3, "
+                                   "linear 0.23)")
+    norm_lr_scale: float = _opt(1.0, "learning-rate multiplier of normalisation layers' parameters; their "
+                                "weight decay is divided by it, so they decay as much per step (airbench94: 64)")
+    lookahead: int = _opt(0, "every N steps pull the weights (and BatchNorm statistics) back to their slow "
+                          "moving average, which the last step returns (Lookahead); 0: off")
+    lookahead_decay: float = _opt(0.95, "per-step decay of the --lookahead average: each pull keeps "
+                                  "decay ** N x (step / total steps) ** 3 of the slow weights")
+    seed: int = _opt(0, "seed of the model init, the shuffle, dropout and augmentation")
+    augment: bool = _opt(False, "augmentation on the device; for CIFAR-10: random crop (zero pad 4) and "
+                         "horizontal flip, or see --translate")
+    translate: int = _opt(0, "with --augment: instead of the crop, shift each image by up to N pixels "
+                          "(reflected borders) and flip it every other epoch, drawn per example, so any "
+                          "number of replicas sees the same images (airbench94: 2)")
     precision: str = _opt("fp32", "compute precision (bf16 autocast pays on GPUs)", choices=PRECISIONS)
     label_smoothing: float = _opt(0.0, "label smoothing of the cross-entropy loss")
-    weight_decay: float = _opt(0.0, "decoupled weight decay (adam becomes AdamW when > 0)")
+    weight_decay: float = _opt(0.0, "weight decay (adam becomes AdamW when > 0; sgd adds it to the gradient)")
+    tta: str = _opt("none", "test-time augmentation of every evaluation: average the logits of the image and "
+                    "its mirror (flip), and of both shifted by one pixel up-left and down-right "
+                    "(flip-translate: weights 1/2, 1/4, 1/4)", choices=TTA)
     patience: Optional[int] = _opt(None, "stop after this many epochs without a lower validation loss")
     target_accuracy: Optional[float] = _opt(
         None, "stop as soon as validation accuracy reaches this fraction (checked each --eval-every)"
@@ -117,6 +137,7 @@ class TrainConfig:
         _check_choice("optimizer", self.optimizer, OPTIMIZERS)
         _check_choice("schedule", self.schedule, SCHEDULES)
         _check_choice("precision", self.precision, PRECISIONS)
+        _check_choice("tta", self.tta, TTA)
         parse_shape(self.synthetic_shape)
         _check_positive("synthetic_train", self.synthetic_train)
         _check_positive("batch_size", self.batch_size)
@@ -132,10 +153,31 @@ class TrainConfig:
             raise UserError(f"--label-smoothing must be in [0, 1), got {self.label_smoothing}")
         if self.weight_decay < 0:
             raise UserError(f"--weight-decay must be 0 or more, got {self.weight_decay}")
+        self._check_training_tricks()
         if self.target_accuracy is not None and not 0.0 < self.target_accuracy <= 1.0:
             raise UserError(f"--target-accuracy is a fraction in (0, 1], got {self.target_accuracy}")
         if (self.patience or self.target_accuracy) and self.val_size == 0:
             raise UserError("--patience and --target-accuracy need validation data: set --val-size > 0")
+
+    def _check_training_tricks(self) -> None:
+        if not 0.0 <= self.momentum < 1.0:
+            raise UserError(f"--momentum must be in [0, 1), got {self.momentum}")
+        if self.nesterov and (self.optimizer != "sgd" or self.momentum == 0):
+            raise UserError("--nesterov needs --optimizer sgd and a --momentum above 0")
+        if self.warmup is not None:
+            if self.schedule == "constant":
+                raise UserError("--warmup needs --schedule onecycle or linear")
+            if not 0.0 <= self.warmup < 1.0:
+                raise UserError(f"--warmup is a fraction of the steps in [0, 1), got {self.warmup}")
+        _check_positive("norm_lr_scale", self.norm_lr_scale)
+        if self.lookahead < 0:
+            raise UserError(f"--lookahead must be 0 (off) or a number of steps, got {self.lookahead}")
+        if not 0.0 <= self.lookahead_decay <= 1.0:
+            raise UserError(f"--lookahead-decay must be in [0, 1], got {self.lookahead_decay}")
+        if self.translate < 0:
+            raise UserError(f"--translate must be 0 or more pixels, got {self.translate}")
+        if self.translate and not self.augment:
+            raise UserError("--translate chooses how --augment shifts images: add --augment")
 
 
 @dataclass(frozen=True)
@@ -196,7 +238,7 @@ class SearchConfig:
     sampler: str = _opt("tpe", "how candidates are proposed: ga (the original's genetic algorithm), grid, "
                         "random (without replacement) or tpe (Optuna's TPE, needs the tpe extra); "
                         "`towerlab evolve` is ga and `towerlab grid` is grid")
-    space: str = _opt("mlp", "search space: mlp, cnn, or a TOML file listing each gene's values")
+    space: str = _opt("mlp", "search space: mlp, cnn, whitenet, or a TOML file listing each gene's values")
     dataset: str = _opt("mnist", "dataset the candidates train on: one of the names, or the path of your own "
                         ".npz", choices=DATASETS)
     val_size: int = _opt(5000, "validation images (the fitness is validation accuracy)")

@@ -203,6 +203,11 @@ def cpu_group(ctx: Context) -> Any:
     return dist.new_group(backend="gloo")
 
 
+def world_group(ctx: Context) -> Any:
+    """The group of every rank of the run, or None for a process alone."""
+    return dist.group.WORLD if ctx.distributed else None
+
+
 def kv_store() -> Any:
     """The key-value store of the default process group (the search's coordination channel)."""
     return dist.distributed_c10d._get_default_store()  # noqa: SLF001 - the public API has no getter

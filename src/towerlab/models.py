@@ -1,4 +1,5 @@
 """The networks, and `build_model(name, input_shape, num_classes, **hp)`. No training code here.
+(`whitenet`, the airbench94-class network, and its layers live in towerlab.whitenet.)
 
 Every model takes (N, C, H, W) float input, normalised, and returns (N, num_classes) logits. They
 are built for 1x28x28 (MNIST, Fashion-MNIST) and 3x32x32 (CIFAR-10) but accept any image size the
@@ -17,6 +18,7 @@ from torch import nn
 
 from towerlab.config import MODELS
 from towerlab.errors import UserError
+from towerlab.whitenet import WhitenedConvNet
 
 ACTIVATIONS: dict[str, Callable[[], nn.Module]] = {
     "relu": nn.ReLU, "elu": nn.ELU, "tanh": nn.Tanh, "sigmoid": nn.Sigmoid,
@@ -188,9 +190,9 @@ class MLP(nn.Module):
         super().__init__()
         if activation not in ACTIVATIONS:
             raise UserError(f"unknown activation {activation!r}: choose one of {', '.join(ACTIVATIONS)}")
-        _require_positive_int("layers", layers)
-        _require_positive_int("neurons", neurons)
-        _require_fraction("dropout", dropout)
+        require_positive_int("layers", layers)
+        require_positive_int("neurons", neurons)
+        require_fraction("dropout", dropout)
         width = math.prod(input_shape)
         body: list[nn.Module] = [nn.Flatten()]
         for _ in range(layers):
@@ -210,10 +212,10 @@ class CNN(nn.Module):
     def __init__(self, input_shape: tuple[int, int, int], num_classes: int = 10, *, blocks: int = 2,
                  filters: int = 32, kernel_size: int = 3, dense: int = 256, dropout: float = 0.25):
         super().__init__()
-        _require_positive_int("blocks", blocks)
-        _require_positive_int("filters", filters)
-        _require_positive_int("dense", dense)
-        _require_fraction("dropout", dropout)
+        require_positive_int("blocks", blocks)
+        require_positive_int("filters", filters)
+        require_positive_int("dense", dense)
+        require_fraction("dropout", dropout)
         if not isinstance(kernel_size, int) or kernel_size < 1 or kernel_size % 2 == 0:
             raise UserError(f"cnn kernel_size must be an odd positive integer, got {kernel_size!r}")
         if min(input_shape[1:]) >> blocks < 1:
@@ -237,24 +239,26 @@ class CNN(nn.Module):
         return self.classifier(self.features(x))
 
 
-def _require_positive_int(name: str, value: Any) -> None:
+def require_positive_int(name: str, value: Any) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise UserError(f"model option {name} must be a positive integer, got {value!r}")
 
 
-def _require_fraction(name: str, value: Any) -> None:
+def require_fraction(name: str, value: Any) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
         raise UserError(f"model option {name} must be a number in [0, 1), got {value!r}")
 
 
 _REGISTRY: dict[str, Callable[..., nn.Module]] = {
     "lenet5": LeNet5, "cifarnet": CifarNet, "convnet": ConvNet, "mlp": MLP, "cnn": CNN,
+    "whitenet": WhitenedConvNet,
 }
 assert tuple(_REGISTRY) == MODELS, "config.MODELS and the model registry must list the same names"
 
 _OPTIONS = {"lenet5": (), "cifarnet": (), "convnet": ("dropout",),
             "mlp": ("layers", "neurons", "activation", "dropout"),
-            "cnn": ("blocks", "filters", "kernel_size", "dense", "dropout")}
+            "cnn": ("blocks", "filters", "kernel_size", "dense", "dropout"),
+            "whitenet": ("width1", "width2", "width3", "depth")}
 
 
 def build_model(name: str, input_shape: tuple[int, int, int], num_classes: int = 10, **hp: Any) -> nn.Module:

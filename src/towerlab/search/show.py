@@ -95,12 +95,13 @@ def _acc(x: Optional[float]) -> str:
     return "-" if x is None else f"{x:.4f}"
 
 
-def _shape(search: SearchRow) -> str:
+def _shape(search: SearchRow, generations: list) -> str:
     cfg = search.config
     if search.sampler == "grid":
         shape = f"limit {cfg['limit']}" if cfg.get("limit") else "every genome"
-    else:
-        shape = f"population {cfg['population'] or 'default'}, {cfg['generations']} generations"
+    else:  # without --population, the sampler's own: the size of its generations (a budget may cut the last)
+        population = cfg["population"] or max((len(g.members) for g in generations), default="default")
+        shape = f"population {population}, {cfg['generations']} generations"
     if cfg.get("max_evaluations"):
         shape += f", at most {cfg['max_evaluations']} evaluations"
     if cfg.get("min_epochs"):
@@ -116,13 +117,15 @@ def _format_one(store: Store, search: SearchRow) -> str:
     for values in space["genes"].values():
         size *= len(values)
     state = f"finished {search.finished}" if search.finished else "not finished (resume it with --resume)"
+    generations = store.generations(search.id)
     lines = [f"search {search.id}: {search.sampler} over space {space['name']} (model {space['model']}, "
-             f"{size} genomes), seed {search.config['seed']}, {_shape(search)}; started {search.created}, {state}",
+             f"{size} genomes), seed {search.config['seed']}, {_shape(search, generations)}; "
+             f"started {search.created}, {state}",
              f"  {'gen':>4} {'evaluated':>9} {'cached':>7} {'failed':>6} {'best':>7} {'mean':>7} "
              f"{'worst':>7} {'seconds':>9}"]
     totals = {"evaluated": 0, "cached": 0, "failed": 0, "seconds": 0.0}
     trained = store.evaluations(search.id)
-    for gen in store.generations(search.id):
+    for gen in generations:
         if not gen.complete:
             done = sum(e.generation == gen.generation and e.replicate == 0 for e in trained)
             lines.append(f"  {gen.generation + 1:>4} incomplete: {done} evaluation(s) recorded of "

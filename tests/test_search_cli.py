@@ -95,3 +95,13 @@ def test_a_large_generation_says_what_it_is_doing(tmp_path):
                             serial(lambda c: Outcome.ok(0.5)), store, "tch", on_progress=lines.append)
     assert lines == ["Generation 1: proposing 10000 candidates and looking them up in the store ..."]
     assert result.evaluations == 6 and result.cache_hits == 10_000 - 6
+
+
+def test_a_grid_too_large_to_hold_is_refused_before_any_folder(tmp_path, capsys):
+    space = tmp_path / "big.toml"
+    space.write_text('model = "mlp"\n[genes]\nneurons = [%s]\nlayers = [%s]\n'
+                     % (", ".join(map(str, range(1, 1001))), ", ".join(map(str, range(1, 1002)))))
+    assert main(["grid", *BASE, "--space", str(space), "--out", str(tmp_path / "grid")]) == 2
+    err = capsys.readouterr().err
+    assert "has 1001000 genomes: grid a random subset with --limit N (N up to 1000000)" in err
+    assert err.count("\n") == 1 and not (tmp_path / "grid").exists()

@@ -13,13 +13,17 @@ from towerlab.search.samplers import Sampler
 from towerlab.search.space import Space
 
 
+def _check(space: Space, limit: Optional[int]) -> None:
+    if (limit is None or limit >= space.size) and space.size > MAX_MEMBERS:
+        raise UserError(f"space {space.name} has {space.size} genomes: grid a random subset "
+                        f"with --limit N (N up to {MAX_MEMBERS})")
+
+
 def grid_genomes(space: Space, limit: Optional[int], seed: int) -> list[dict]:
     """All genomes in `space.all_genomes()` order or, with a `limit` below the space size, that
     many drawn without replacement by the search RNG, kept in the same order."""
+    _check(space, limit)
     if limit is None or limit >= space.size:
-        if space.size > MAX_MEMBERS:
-            raise UserError(f"space {space.name} has {space.size} genomes: grid a random subset "
-                            f"with --limit N (N up to {MAX_MEMBERS})")
         return list(space.all_genomes())
     picks = make_rng(seed, GRID_STREAM).choice(space.size, size=limit, replace=False)
     return [space.genome_at(int(i)) for i in sorted(picks)]
@@ -30,6 +34,7 @@ class GridSampler(Sampler):
 
     def __init__(self, cfg: SearchConfig, space: Space) -> None:
         super().__init__(cfg, space)
+        _check(space, cfg.limit)  # before any folder or worker
         self.population = min(cfg.limit or space.size, space.size)  # its one generation
 
     def propose(self, history: Sequence[Generation]) -> list[dict]:

@@ -9,7 +9,9 @@ for more epochs. That costs the lower rungs' epochs once more for the few promot
 with that many epochs makes, whichever worker runs it, so it is cached and replayed like any other
 evaluation and no weights travel between workers or sit in the store. Each rung's trainings are
 stored under their own training-config hash (`rung_hash`); the last rung's is the search's own, so
-its rows are shared with unpruned searches of the same settings.
+its rows are shared with unpruned searches of the same settings. A rung's promotions are decided on
+all of its results, so the history never depends on which worker finished first; the price is that
+workers wait at the end of a rung for its last trainings (the costliest are handed out first).
 
 Re-measuring (`--remeasure K`): a network about to be crowned (the genetic algorithm's elite, the
 final top) is trained again with K fresh seeds (`remeasure_seed`) at its rung and ranked by the

@@ -18,7 +18,7 @@ os.environ.setdefault("MPLBACKEND", "Agg")
 
 from towerlab import __version__  # noqa: E402
 from towerlab.config import (RunConfig, SearchConfig, TrainConfig, add_arguments, from_dict, given,  # noqa: E402
-                             replace)
+                             replace, upgrade_search_config)
 from towerlab.distributed import EXIT_PEER_LOST, EXIT_USER_ERROR, Interrupted, peer_lost  # noqa: E402
 from towerlab.errors import UserError  # noqa: E402
 
@@ -55,19 +55,32 @@ def _data_parser(sub: argparse._SubParsersAction) -> None:
 
 
 SEARCH_RUN_SKIP = ("preset", "strategy", "input", "display_step", "compile", "tensorboard")
+# The sampler each search command runs (`towerlab search run` takes --sampler).
+SEARCH_COMMANDS = {"evolve": "ga", "grid": "grid"}
 
 
 def _search_parsers(sub: argparse._SubParsersAction) -> None:
     for kind, text in (("evolve", "evolve network hyperparameters with a genetic algorithm"),
                        ("grid", "evaluate every genome of a search space (or a random --limit of them)")):
         p = sub.add_parser(kind, help=text, description=text + ", on every device and machine.")
-        add_arguments(p, SearchConfig)
+        add_arguments(p, SearchConfig, skip=("sampler",))
         add_arguments(p, RunConfig, skip=SEARCH_RUN_SKIP)
         p.set_defaults(handler=_cmd_search, kind=kind)
-    show = sub.add_parser("search", help="inspect stored searches")
-    show_sub = show.add_subparsers(dest="search_command", required=True, parser_class=_Parser)
-    p = show_sub.add_parser("show", help="the generations and top genomes of a stored search")
+    search = sub.add_parser("search", help="search with any sampler; inspect stored searches")
+    search_sub = search.add_subparsers(dest="search_command", required=True, parser_class=_Parser)
+    text = "search network hyperparameters with the --sampler of your choice"
+    p = search_sub.add_parser("run", help=text, description=text + ", on every device and machine.")
+    add_arguments(p, SearchConfig)
+    add_arguments(p, RunConfig, skip=SEARCH_RUN_SKIP)
+    p.set_defaults(handler=_cmd_search, kind="search")
+    p = search_sub.add_parser("show", help="the generations and top genomes of a stored search, or every "
+                                           "evaluation as CSV or JSON")
     p.add_argument("path", help="a search's output folder, or its search.db")
+    form = p.add_mutually_exclusive_group()
+    form.add_argument("--csv", action="store_true", help="print every evaluation as CSV (genes as gene_<name>)")
+    form.add_argument("--json", action="store_true", help="print every evaluation as JSON")
+    p.add_argument("--plot", metavar="PNG", help="also draw validation accuracy against training time, "
+                                                 "one colour per search, into this file")
     p.set_defaults(handler=_cmd_search_show)
 
 
@@ -115,24 +128,28 @@ def _check_resume_out(folder: Path, run_given: dict) -> None:
 
 
 # Settings a resumed search may change: they do not alter what has been computed.
-SEARCH_EXTENSIBLE = ("generations", "top", "export_best", "workers_per_device")
+SEARCH_EXTENSIBLE = ("generations", "max_evaluations", "top", "export_best", "workers_per_device")
 
 
 def resolve_search(args: argparse.Namespace) -> tuple[SearchConfig, RunConfig]:
     search_given, run_given = given(args, SearchConfig), given(args, RunConfig)
+    if args.kind in SEARCH_COMMANDS:
+        search_given["sampler"] = SEARCH_COMMANDS[args.kind]
     if "resume" not in run_given:
         return SearchConfig(**search_given), RunConfig(**run_given)
     folder = Path(run_given["resume"])
     _check_resume_out(folder, run_given)
     try:
         stored = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-        cfg, stored_run = from_dict(SearchConfig, stored["search"]), from_dict(RunConfig, stored["run"])
-        if stored["kind"] != args.kind:
-            raise UserError(f"{folder} holds a {stored['kind']} search: resume it with towerlab {stored['kind']}")
+        search = upgrade_search_config(stored["search"], stored["kind"])
+        cfg, stored_run = from_dict(SearchConfig, search), from_dict(RunConfig, stored["run"])
     except FileNotFoundError:
         raise UserError(f"{folder} is not a towerlab search (no config.json): check the --resume path") from None
-    except (json.JSONDecodeError, KeyError, TypeError):
-        raise UserError(f"{folder}/config.json is unreadable: it was not written by towerlab {args.kind}") from None
+    except (json.JSONDecodeError, KeyError, TypeError, AttributeError):
+        raise UserError(f"{folder}/config.json is unreadable: it was not written by a towerlab search") from None
+    if args.kind in SEARCH_COMMANDS and cfg.sampler != SEARCH_COMMANDS[args.kind]:
+        command = next((k for k, v in SEARCH_COMMANDS.items() if v == cfg.sampler), "search run")
+        raise UserError(f"{folder} holds a {cfg.sampler} search: resume it with towerlab {command} --resume {folder}")
     changed = [k for k, v in search_given.items() if getattr(cfg, k) != v and k not in SEARCH_EXTENSIBLE]
     if changed:
         flags = ", ".join("--" + k.replace("_", "-") for k in changed)
@@ -149,9 +166,18 @@ def _cmd_search(args: argparse.Namespace) -> int:
 
 
 def _cmd_search_show(args: argparse.Namespace) -> int:
-    from towerlab.search import format_search
+    from towerlab.search import Store, evaluation_records, format_search
+    from towerlab.search.show import records_csv, records_json
 
-    print(format_search(args.path))
+    with Store(args.path, create=False) as store:
+        if args.csv or args.json or args.plot:
+            records = evaluation_records(store)
+            if args.plot:
+                from towerlab.report import plot_accuracy_time
+
+                plot_accuracy_time(records, Path(args.plot), f"searches of {store.path}")
+        text = records_csv(records) if args.csv else records_json(records) if args.json else format_search(store)
+    sys.stdout.write(text if text.endswith("\n") else text + "\n")
     return 0
 
 

@@ -224,7 +224,7 @@ def search_scaling(data_dir: str, repeats: int, quick: bool, log: Log) -> dict:
     (the generation's wall seconds, so worker start-up and the final test retraining are left out)."""
     population = 6 if quick else 12
     common = measure.flags({"space": "mlp", "dataset": "mnist", "population": population, "generations": 1,
-                            "max_epochs": 1, "threads": 1, "top": 1})
+                            "max_epochs": 1, "threads": 1, "top": 1, "remeasure": 0})
 
     def side(devices: int) -> Callable[[int], dict]:
         def run(r: int) -> dict:

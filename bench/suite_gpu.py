@@ -117,7 +117,7 @@ def search_workers(data_dir: str, repeats: int, quick: bool, log: Log) -> dict:
     H100, so four candidates share it. One generation of the mlp space on MNIST, one epoch each."""
     population = 8 if quick else 24
     common = measure.flags({"space": "mlp", "dataset": "mnist", "population": population, "generations": 1,
-                            "max_epochs": 1, "devices": 1, "top": 1})
+                            "max_epochs": 1, "devices": 1, "top": 1, "remeasure": 0})
 
     def side(per_device: int) -> Callable[[int], dict]:
         def run(r: int) -> dict:

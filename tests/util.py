@@ -16,6 +16,23 @@ SHARED_DATA = REPO.parent / "shared" / "data"
 
 # One CPU process, whatever the machine has (a later --devices 2 means two CPU processes over gloo).
 ONE_CPU = ["--device", "cpu", "--devices", "1"]
+# A small search space, and search settings that train it in seconds on synthetic data.
+SMALL_SPACE = """
+model = "mlp"
+[genes]
+neurons = [16, 32, 64]
+layers = [1, 2]
+activation = ["relu", "tanh"]
+"""
+SEARCH_BASE = ["--dataset", "synthetic", "--val-size", "1000", "--max-epochs", "1", "--threads", "1",
+               "--no-progress", "--device", "cpu", "--devices", "1"]
+
+
+def small_space_file(folder: Path) -> str:
+    path = folder / "space.toml"
+    path.write_text(SMALL_SPACE)
+    return str(path)
+
 # A tiny learnable problem: 2,000 synthetic 28x28 images, 500 of them for validation.
 TINY = ["--dataset", "synthetic", "--synthetic-train", "2000", "--val-size", "500",
         "--display-step", "1000", "--no-progress", *ONE_CPU]

@@ -146,6 +146,13 @@ def grid(space: str | os.PathLike | None = None, data: str | os.PathLike | None 
     return _search("grid", space, data, config, options)
 
 
+def search(space: str | os.PathLike | None = None, data: str | os.PathLike | None = None, *,
+           config: str | os.PathLike | dict | None = None, **options: Any) -> SearchRun:
+    """A search with the sampler of your choice (`sampler="tpe"`, ...), as `towerlab search run`
+    does; arguments as for `evolve`."""
+    return _search("search", space, data, config, options)
+
+
 def _search(kind: str, space: Any, data: Any, config: Any, options: dict) -> SearchRun:
     from towerlab.runner import resolved_run
     from towerlab.search_job import search_out, start_search

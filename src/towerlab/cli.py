@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from pathlib import Path
 from typing import Sequence
 
 # The Agg backend before anything imports pyplot: plots are files, never windows.
@@ -101,7 +102,7 @@ SEARCH_RUN_SKIP = ("preset", "strategy", "input", "display_step", "compile", "te
 def _search_run_helps(kind: str) -> dict[str, str]:
     """RunConfig's help texts as a search means them."""
     return {"out": f"output folder (None: runs/<timestamp>-{kind}-<space>-<dataset>)",
-            "resume": f"continue the interrupted {kind} search in this folder",
+            "resume": f"continue the interrupted {'' if kind == 'search' else kind + ' '}search in this folder",
             "devices": "local devices, one worker each (None: every GPU, or 2 CPU processes without one; "
                        "1 on a one-core machine)",
             "threads": "CPU threads per worker (None: cores / local workers)",
@@ -113,13 +114,25 @@ def _search_parsers(sub: argparse._SubParsersAction) -> None:
                        ("grid", "evaluate every genome of a search space (or a random --limit of them)")):
         p = sub.add_parser(kind, help=text, description=text + ", on every device and machine.")
         _config_flags(p)
-        add_arguments(p, SearchConfig)
+        add_arguments(p, SearchConfig, skip=("sampler",))
         add_arguments(p, RunConfig, skip=SEARCH_RUN_SKIP, helps=_search_run_helps(kind))
         p.set_defaults(handler=_cmd_search, kind=kind)
-    show = sub.add_parser("search", help="inspect stored searches")
-    show_sub = show.add_subparsers(dest="search_command", required=True, parser_class=_Parser)
-    p = show_sub.add_parser("show", help="the generations and top genomes of a stored search")
+    search = sub.add_parser("search", help="search with any sampler; inspect stored searches")
+    search_sub = search.add_subparsers(dest="search_command", required=True, parser_class=_Parser)
+    text = "search network hyperparameters with the --sampler of your choice"
+    p = search_sub.add_parser("run", help=text, description=text + ", on every device and machine.")
+    _config_flags(p)
+    add_arguments(p, SearchConfig)
+    add_arguments(p, RunConfig, skip=SEARCH_RUN_SKIP, helps=_search_run_helps("search"))
+    p.set_defaults(handler=_cmd_search, kind="search")
+    p = search_sub.add_parser("show", help="the generations and top genomes of a stored search, or every "
+                                           "evaluation as CSV or JSON")
     p.add_argument("path", help="a search's output folder, or its search.db")
+    form = p.add_mutually_exclusive_group()
+    form.add_argument("--csv", action="store_true", help="print every evaluation as CSV (genes as gene_<name>)")
+    form.add_argument("--json", action="store_true", help="print every evaluation as JSON")
+    p.add_argument("--plot", metavar="PNG", help="also draw validation accuracy against training time, "
+                                                 "one colour per search, into this file")
     p.set_defaults(handler=_cmd_search_show)
 
 
@@ -173,9 +186,18 @@ def _print_config(**sections: object) -> int:
 
 
 def _cmd_search_show(args: argparse.Namespace) -> int:
-    from towerlab.search import format_search
+    from towerlab.search import Store, evaluation_records, format_search
+    from towerlab.search.show import records_csv, records_json
 
-    print(format_search(args.path))
+    with Store(args.path, create=False) as store:
+        if args.csv or args.json or args.plot:
+            records = evaluation_records(store)
+            if args.plot:
+                from towerlab.report import plot_accuracy_time
+
+                plot_accuracy_time(records, Path(args.plot), f"searches of {store.path}")
+        text = records_csv(records) if args.csv else records_json(records) if args.json else format_search(store)
+    sys.stdout.write(text if text.endswith("\n") else text + "\n")
     return 0
 
 

@@ -232,23 +232,40 @@ def _check_fraction(name: str, value: float) -> None:
         raise UserError(f"--{name.replace('_', '-')} is a probability in [0, 1], got {value}")
 
 
+# A generation is held in memory and recorded as one row of the search store; a grid is one generation.
+MAX_MEMBERS = 1_000_000
+MAX_REMEASURE = 100
+
+
 @dataclass(frozen=True)
 class SearchConfig:
-    """A genetic search (or a grid) over network hyperparameters; the defaults are the original's."""
+    """A network search: the sampler that proposes candidates, its budget, and how candidates train.
+    The genetic algorithm's settings default to the original's."""
 
+    sampler: str = _opt("tpe", "how candidates are proposed: ga (the original's genetic algorithm), grid, "
+                        "random (without replacement) or tpe (Optuna's TPE, needs the tpe extra); "
+                        "`towerlab evolve` is ga and `towerlab grid` is grid")
     space: str = _opt("mlp", "search space: mlp, cnn, whitenet, or a TOML file listing each gene's values")
     dataset: str = _opt("mnist", "dataset the candidates train on: one of the names, or the path of your own "
                         ".npz", choices=DATASETS)
     val_size: int = _opt(5000, "validation images (the fitness is validation accuracy)")
-    population: int = _opt(20, "networks per generation")
-    generations: int = _opt(10, "generations to evolve")
-    retain: float = _opt(0.4, "fraction of the best networks kept as parents")
-    random_select: float = _opt(0.1, "probability of also keeping each rejected network")
-    mutate_chance: float = _opt(0.2, "probability that a child has one gene redrawn")
-    elite: int = _opt(1, "the best K networks always survive unchanged")
+    population: Optional[int] = _opt(None, "candidates per generation (None: the sampler's own: ga and random 20; "
+                                     "tpe 4, the candidates it proposes before any of their outcomes is told)")
+    generations: int = _opt(10, "generations (rounds of --population candidates) at most")
+    max_evaluations: Optional[int] = _opt(None, "stop after training this many distinct networks, whatever the "
+                                          "sampler (None: no limit; re-measures and higher rungs not counted)")
+    retain: float = _opt(0.4, "ga: fraction of the best networks kept as parents")
+    random_select: float = _opt(0.1, "ga: probability of also keeping each rejected network")
+    mutate_chance: float = _opt(0.2, "ga: probability that a child has one gene redrawn")
+    elite: int = _opt(1, "ga: the best K networks always survive unchanged")
     seed: int = _opt(0, "seed of the search; candidate seeds derive from (seed, generation, index)")
+    remeasure: int = _opt(2, "fresh seeds a network about to be crowned (ga's elite, the final top) is trained "
+                          "with again; such networks rank by their mean (0: every network is measured once)")
     max_epochs: int = _opt(10, "epochs a candidate may train at most")
     patience: int = _opt(5, "a candidate stops after this many epochs without a lower validation loss")
+    min_epochs: Optional[int] = _opt(None, "prune: train every candidate this many epochs first, then promote "
+                                     "the best 1/--prune-factor rung by rung up to --max-epochs (None: no pruning)")
+    prune_factor: int = _opt(3, "prune: each rung keeps the best 1/N of the rung below and trains about N times longer")
     batch_size: Optional[int] = _opt(None, "batch size of candidates (None: 128, or 64 on CIFAR-10; "
                                      "a batch_size gene overrides it)")
     limit: Optional[int] = _opt(None, "grid only: evaluate a random subset of this many genomes")
@@ -260,20 +277,45 @@ class SearchConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dataset", check_dataset(self.dataset))
-        if self.population < 2:
+        for name in ("population", "limit"):
+            value = getattr(self, name)
+            if value is not None and value > MAX_MEMBERS:
+                raise UserError(f"--{name} {value} is more than a generation can hold: at most {MAX_MEMBERS} "
+                                "(a generation is kept in memory and recorded as one row of the store)")
+        if self.population is not None and self.population < 2:
             raise UserError(f"--population must be at least 2, got {self.population}")
         for name in ("retain", "random_select", "mutate_chance"):
             _check_fraction(name, getattr(self, name))
         for name in ("generations", "max_epochs", "patience", "top", "workers_per_device"):
             _check_positive(name, getattr(self, name))
-        _check_positive("batch_size", self.batch_size, allow_none=True)
-        _check_positive("limit", self.limit, allow_none=True)
-        if not 0 <= self.elite <= self.population:
+        for name in ("batch_size", "limit", "max_evaluations", "min_epochs"):
+            _check_positive(name, getattr(self, name), allow_none=True)
+        if not 0 <= self.elite <= (self.population or self.elite):
             raise UserError(f"--elite must be between 0 and --population ({self.population}), got {self.elite}")
         if self.val_size <= 0:
             raise UserError("--val-size must be positive: the fitness is validation accuracy")
         if self.seed < 0:
             raise UserError(f"--seed must be 0 or more, got {self.seed}")
+        if not 0 <= self.remeasure <= MAX_REMEASURE:
+            raise UserError(f"--remeasure must be between 0 and {MAX_REMEASURE}, got {self.remeasure}")
+        if self.min_epochs is not None and self.min_epochs >= self.max_epochs:
+            raise UserError(f"--min-epochs ({self.min_epochs}) must be below --max-epochs ({self.max_epochs}): "
+                            "the first rung trains less than the last")
+        if self.prune_factor < 2:
+            raise UserError(f"--prune-factor must be at least 2, got {self.prune_factor}")
+
+
+# What a search recorded before these settings existed ran with: no re-measuring, budget or pruning.
+_BEFORE_SAMPLERS = {"remeasure": 0, "max_evaluations": None, "min_epochs": None, "prune_factor": 3}
+
+
+def upgrade_search_config(data: dict, kind: str) -> dict:
+    """A search's stored settings (a store's row, a config.json) in today's fields. One written before
+    samplers existed gets the sampler its `kind` meant (evolve: ga, grid: grid) and the settings
+    it ran with, so that it resumes and replays as it ran."""
+    if "sampler" in data:
+        return data
+    return {**_BEFORE_SAMPLERS, **data, "sampler": "ga" if kind == "evolve" else kind}
 
 
 # ---------------------------------------------------------------------------------------------

@@ -60,10 +60,16 @@ def train_config_hash(cfg: SearchConfig) -> str:
     return genome_hash(training_settings(cfg))
 
 
-def candidate_config(cfg: SearchConfig, model: str, genome: dict, seed: int) -> TrainConfig:
+def candidate_config(cfg: SearchConfig, model: str, genome: dict, seed: int,
+                     max_epochs: int | None = None) -> TrainConfig:
+    """The training of one candidate; `max_epochs` below the search's caps it (a pruned search's
+    lower rung), an epochs gene included."""
     base = recipe(model, genome.get("optimizer"))
     optimizer = genome.get("optimizer", base.get("optimizer", "adam"))
     training = {**base, **{k: v for k, v in genome.items() if k in TRAINING_GENES}}
+    epochs = genome.get("epochs", cfg.max_epochs)
+    if max_epochs is not None and max_epochs < cfg.max_epochs:
+        epochs = min(epochs, max_epochs)
     return TrainConfig(**{
         **training,
         "model": model,
@@ -71,14 +77,14 @@ def candidate_config(cfg: SearchConfig, model: str, genome: dict, seed: int) -> 
         "dataset": cfg.dataset, "val_size": cfg.val_size,
         "batch_size": genome.get("batch_size", cfg.batch_size or base.get("batch_size")
                                  or DEFAULT_BATCH.get(cfg.dataset, 128)),
-        "epochs": genome.get("epochs", cfg.max_epochs),
+        "epochs": epochs,
         "lr": training.get("lr", DEFAULT_LR[optimizer]), "optimizer": optimizer,
         "seed": seed, "patience": cfg.patience,
     })
 
 
 def estimated_cost(cfg: SearchConfig, model: str, genome: dict, input_shape: tuple[int, int, int],
-                   num_classes: int) -> float:
+                   num_classes: int, max_epochs: int | None = None) -> float:
     """Forward FLOPs per example times epochs, counted on the meta device (nothing is allocated).
     Only used to hand the most expensive candidates out first, so that a generation does not end
     waiting for one big network that started last. 0 for a genome that cannot be built."""
@@ -86,7 +92,7 @@ def estimated_cost(cfg: SearchConfig, model: str, genome: dict, input_shape: tup
 
     from towerlab.models import build_model
 
-    tc = candidate_config(cfg, model, genome, 0)
+    tc = candidate_config(cfg, model, genome, 0, max_epochs)
     try:
         with torch.device("meta"), FlopCounterMode(display=False) as counter:
             build_model(tc.model, input_shape, num_classes, **tc.model_options)(torch.zeros(1, *input_shape))
@@ -96,11 +102,12 @@ def estimated_cost(cfg: SearchConfig, model: str, genome: dict, input_shape: tup
 
 
 def train_candidate(cfg: SearchConfig, model: str, genome: dict, seed: int, data: Any, device: torch.device,
-                    *, test: bool = False, stop: StopFlag | None = None) -> tuple[dict, Any]:
+                    *, test: bool = False, stop: StopFlag | None = None,
+                    max_epochs: int | None = None) -> tuple[dict, Any]:
     """Train one genome on this process's device. Returns (the outcome's fields, the TrainResult);
     a candidate that diverges or runs out of memory is a failure with its reason, not a crash."""
     started = time.perf_counter()
-    tc = candidate_config(cfg, model, genome, seed)
+    tc = candidate_config(cfg, model, genome, seed, max_epochs)
     try:
         result = train(tc, Context(device=device), data, test=test, stop=stop)
     except Interrupted:
@@ -133,4 +140,4 @@ def outcome(fields: dict) -> Outcome:
 
 
 def candidate_task(candidate: Candidate, kind: str = "fitness") -> dict:
-    return {"kind": kind, "genome": candidate.genome, "seed": candidate.seed}
+    return {"kind": kind, "genome": candidate.genome, "seed": candidate.seed, "max_epochs": candidate.max_epochs}

@@ -21,7 +21,8 @@ import os
 from pathlib import Path
 from typing import Any, Mapping
 
-from towerlab.config import RunConfig, SearchConfig, TrainConfig, checked_values, from_dict, replace, to_dict
+from towerlab.config import (RunConfig, SearchConfig, TrainConfig, checked_values, from_dict, replace, to_dict,
+                             upgrade_search_config)
 from towerlab.errors import UserError
 
 try:
@@ -34,7 +35,9 @@ RECORD_MARKERS = ("towerlab_version", "torch_version", "command")
 # Run settings a record holds that must not carry over to a repeat: it gets a folder of its own.
 NOT_REPEATED = ("out", "resume")
 # Settings a resumed search may change: they do not alter what has been computed.
-SEARCH_EXTENSIBLE = ("generations", "top", "export_best", "workers_per_device")
+SEARCH_EXTENSIBLE = ("generations", "max_evaluations", "top", "export_best", "workers_per_device")
+# The sampler each search command runs (`towerlab search run`, kind "search", takes --sampler).
+SEARCH_COMMANDS = {"evolve": "ga", "grid": "grid"}
 
 MAIN = {"train": TrainConfig, "search": SearchConfig}
 
@@ -88,7 +91,10 @@ def read_config_file(config: str | os.PathLike | Mapping, main: str) -> tuple[di
             continue
         if not isinstance(data[section], Mapping):
             raise UserError(f"{where}: {section} must be a table ([{section}] and KEY = VALUE lines under it)")
-        into.update(checked_values(cls, _normalised(data[section], cls), what=f"{where} [{section}] key"))
+        values = data[section]
+        if is_record and section == "search" and isinstance(data.get("kind"), str):
+            values = upgrade_search_config(dict(values), data["kind"])  # a search from before samplers
+        into.update(checked_values(cls, _normalised(values, cls), what=f"{where} [{section}] key"))
     if is_record:
         for key in NOT_REPEATED:
             run_values.pop(key, None)
@@ -172,9 +178,12 @@ def _check_resume_out(folder: Path, run_given: dict) -> None:
 
 def resolve_search(kind: str, options: Mapping, config: str | os.PathLike | Mapping | None = None
                    ) -> tuple[SearchConfig, RunConfig]:
-    """The search's configs from `options` over `config`; for `resume`, the stored search's, where
-    only SEARCH_EXTENSIBLE settings and run options may be changed."""
+    """The search's configs from `options` over `config` (`kind`: evolve or grid, whose sampler is
+    theirs, or search); for `resume`, the stored search's, where only SEARCH_EXTENSIBLE settings and
+    run options may be changed."""
     search_given, run_given = split_options(options, "search")
+    if kind in SEARCH_COMMANDS:
+        search_given["sampler"] = SEARCH_COMMANDS[kind]
     if "resume" not in run_given:
         file_search, file_run = read_config_file(config, "search") if config is not None else ({}, {})
         return SearchConfig(**{**file_search, **search_given}), RunConfig(**{**file_run, **run_given})
@@ -184,13 +193,15 @@ def resolve_search(kind: str, options: Mapping, config: str | os.PathLike | Mapp
     _check_resume_out(folder, run_given)
     try:
         stored = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-        cfg, stored_run = from_dict(SearchConfig, stored["search"]), from_dict(RunConfig, stored["run"])
-        if stored["kind"] != kind:
-            raise UserError(f"{folder} holds a {stored['kind']} search: resume it with towerlab {stored['kind']}")
+        search = upgrade_search_config(stored["search"], stored["kind"])
+        cfg, stored_run = from_dict(SearchConfig, search), from_dict(RunConfig, stored["run"])
     except FileNotFoundError:
         raise UserError(f"{folder} is not a towerlab search (no config.json): check the --resume path") from None
-    except (json.JSONDecodeError, KeyError, TypeError):
-        raise UserError(f"{folder}/config.json is unreadable: it was not written by towerlab {kind}") from None
+    except (json.JSONDecodeError, KeyError, TypeError, AttributeError):
+        raise UserError(f"{folder}/config.json is unreadable: it was not written by a towerlab search") from None
+    if kind in SEARCH_COMMANDS and cfg.sampler != SEARCH_COMMANDS[kind]:
+        command = next((k for k, v in SEARCH_COMMANDS.items() if v == cfg.sampler), "search run")
+        raise UserError(f"{folder} holds a {cfg.sampler} search: resume it with towerlab {command} --resume {folder}")
     changed = [k for k, v in search_given.items() if getattr(cfg, k) != v and k not in SEARCH_EXTENSIBLE]
     if changed:
         flags = ", ".join("--" + k.replace("_", "-") for k in changed)

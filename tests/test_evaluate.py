@@ -32,6 +32,7 @@ def test_load_model_predicts_raw_images_with_the_runs_accuracy(trained):
     x, y = synthetic_test_split()
     assert (model.precision, model.tta) == ("bf16", "flip") == (record["config"]["precision"], record["config"]["tta"])
     assert float((model.predict(x) == y).mean()) == summary(trained)["test_accuracy"]
+    assert model.classifier is model.network.classifier  # the network's own attributes, as before
     probabilities = model.predict_proba(x[:7])
     assert probabilities.shape == (7, 10) and np.allclose(probabilities.sum(1), 1, atol=1e-5)
     # Raw pixels and the normalised float input the network takes give the same logits.

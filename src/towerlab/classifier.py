@@ -29,7 +29,8 @@ class Classifier(nn.Module):
       precision, averaged over its test-time views (--tta).
     - `model.predict(images)` / `model.predict_proba(images)`: numpy (or CPU tensor) uint8 images in
       the Keras layout (N, H, W) or (N, H, W, C), or (N, C, H, W); class indices / probabilities out.
-    - `model.network`: the bare network, which takes normalised float input.
+    - `model.network`: the bare network, which takes normalised float input; its attributes are
+      also the Classifier's (`model.features`).
     """
 
     def __init__(self, network: nn.Module, input_shape: tuple[int, int, int], num_classes: int,
@@ -46,6 +47,13 @@ class Classifier(nn.Module):
         self.channels_last = channels_last
         if channels_last:
             network.to(memory_format=torch.channels_last)  # as in training: the same kernels, the same numbers
+
+    def __getattr__(self, name: str) -> Any:
+        """The network's own attributes (`model.features`, ...), as before load_model wrapped it."""
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(super().__getattr__("network"), name)
 
     @property
     def device(self) -> torch.device:

@@ -196,3 +196,34 @@ def test_a_run_on_arrays_resumes_with_the_same_arrays(tmp_path):
         api.train(SmallNet, (x[:1000], y[:1000]), epochs=2, resume=str(first.out), **kwargs)
     again = api.train(SmallNet, (x[:1000], y[:1000]), resume=str(first.out), **kwargs)  # a finished run stays put
     assert (again.n_val, again.steps, again.test_accuracy) == (200, 20, first.test_accuracy)
+
+
+def load_like_a_torchrun_rank(rank, world_size, store_path, out_dir, rank0_finds):
+    """A rank of a job without a local launcher (torchrun's case): rank 0 decides, the others follow."""
+    from towerlab.distributed import session
+    from towerlab.runner import load_everywhere
+
+    calls = []
+
+    def load(**how):
+        calls.append(how)
+        if how["fallback_only"]:
+            return "fallback"
+        if rank == 0 and rank0_finds == "nothing":
+            raise UserError("mnist not found, and could not download mnist (offline?)")
+        if rank == 0:
+            return type("Data", (), {"source": {"fallback": rank0_finds == "fallback"}})()
+        raise UserError("this rank must not look on its own after rank 0 fell back")
+
+    with session(rank=rank, world_size=world_size, store_path=store_path, device="cpu") as ctx:
+        load_everywhere(ctx, load)
+    (out_dir / f"rank{rank}.json").write_text(json.dumps([{k: v for k, v in c.items() if k != "log"} for c in calls]))
+
+
+def test_without_a_launcher_rank_0_decides_and_every_rank_follows(tmp_path):
+    launch(load_like_a_torchrun_rank, 2, (tmp_path, "fallback"), start_method="fork")
+    assert json.loads((tmp_path / "rank1.json").read_text()) == [
+        {"download": False, "allow_fallback": False, "fallback_only": True}]  # rank 0's fallback, not its own look
+    assert json.loads((tmp_path / "rank0.json").read_text())[0]["allow_fallback"] is True
+    with pytest.raises(UserError, match="^mnist not found, and could not download"):
+        launch(load_like_a_torchrun_rank, 2, (tmp_path, "nothing"), start_method="fork")

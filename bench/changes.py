@@ -21,6 +21,7 @@ from torch import nn
 
 from towerlab.batches import augment as augment_gather
 from towerlab.models import build_model
+from towerlab.train import seed_dropout
 
 
 def augment_indexing(x: torch.Tensor, generator: torch.Generator, pad: int = 4) -> torch.Tensor:
@@ -87,6 +88,24 @@ def augment_call(fn: Callable, batch: int) -> Callable[[], None]:
     return lambda: fn(x, g)
 
 
+def mlp_step(seed: Callable[[int], object]) -> Callable[[], None]:
+    """A search candidate's step (the mlp space's 256 x 2 with dropout, batch 128, Adam), its dropout
+    reseeded from the step number first, as train() does."""
+    model = build_model("mlp", (1, 28, 28), layers=2, neurons=256)
+    x, y = torch.randn(128, 1, 28, 28), torch.randint(0, 10, (128,))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3, fused=True)
+    step = iter(range(10**9))
+
+    def run() -> None:
+        seed(next(step))
+        loss = F.cross_entropy(model(x), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+
+    return run
+
+
 def seconds_per_call(fn: Callable[[], None], calls: int) -> float:
     fn()  # warm-up: first-call allocations, oneDNN primitive creation
     started = time.perf_counter()
@@ -141,6 +160,9 @@ def changes(quick: bool) -> list[dict]:
          10 * steps_lenet),
         ("augment_gather", "CIFAR-10 crop+flip of 512 uint8 images: advanced indexing -> one gather",
          lambda: augment_call(augment_indexing, 512), lambda: augment_call(augment_gather, 512), 10 * steps_lenet),
+        ("dropout_seed_mlp", "MLP 256x2 train step, batch 128: per-step torch.manual_seed -> the device's generator",
+         lambda: mlp_step(torch.manual_seed), lambda: mlp_step(lambda s: seed_dropout(torch.device("cpu"), s)),
+         20 * steps_lenet),
     ]
 
 
@@ -149,11 +171,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", default=None, help="write the results here (default: print them)")
     parser.add_argument("--quick", action="store_true", help="fewer calls and rounds (a smoke run)")
     parser.add_argument("--rounds", type=int, default=None, help="before/after rounds (default: 5; quick: 1)")
+    parser.add_argument("--only", nargs="*", default=None, help="measure only these changes (by id)")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     rounds = args.rounds or (1 if args.quick else 5)
     results = []
     for name, what, before, after, calls in changes(args.quick):
+        if args.only is not None and name not in args.only:
+            continue
         row = {"id": name, "what": what, "calls": calls, "rounds": rounds, **ab(before, after, calls, rounds)}
         print(f"{name:32s} {row['before_ms']:9.3f} ms -> {row['after_ms']:9.3f} ms  x{row['speedup']:.2f}",
               file=sys.stderr, flush=True)

@@ -125,7 +125,9 @@ def _towerlab_once(args: list[str], data_dir: str, timeout: float) -> dict:
              if r["kind"] in ("eval", "epoch")]
     keep = ("train_seconds", "wall_seconds", "examples_per_sec", "steps", "epochs", "global_batch_size",
             "world_size", "test_accuracy", "val_accuracy", "stopped", "threads_per_process")
-    return {"command": ["towerlab", *cmd[3:-1], "DIR"], "summary": {k: summary[k] for k in keep},
+    optional = ("device_type", "setup_seconds")
+    return {"command": ["towerlab", *cmd[3:-1], "DIR"],
+            "summary": {**{k: summary[k] for k in keep}, **{k: summary[k] for k in optional if k in summary}},
             "steady_examples_per_sec": steady_rate(steps), "evals": evals, "cpu": cpu}
 
 

@@ -148,12 +148,9 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     else:
         import suite_cpu as suite
-    for name in ("mnist.npz", "cifar10.npz"):
-        if not (Path(args.data_dir) / name).exists():
-            log(f"bench: {name} not found in {args.data_dir}: pass --data-dir or set TOWERLAB_DATA")
-            return 2
+    data_path = Path(args.data_dir).resolve()
     shared = (measure.REPO.parent / "shared" / "data").resolve()
-    if Path(args.data_dir).resolve() == shared:
+    if data_path == shared:
         # The runs start in the repository root; a relative path keeps the recorded commands portable.
         args.data_dir = "../shared/data"
     else:
@@ -164,6 +161,11 @@ def main(argv: list[str] | None = None) -> int:
         log(f"bench: unknown figure group(s) {', '.join(unknown)}: choose from {', '.join(groups)}")
         return 2
     selected = [g for g in groups if args.only is None or g in args.only]
+    for name in sorted({d for g in selected for d in suite.NEEDS[g]}):
+        if not (data_path / f"{name}.npz").exists():
+            log(f"bench: {name}.npz not found in {args.data_dir} (needed by "
+                f"{', '.join(g for g in selected if name in suite.NEEDS[g])}): pass --data-dir or set TOWERLAB_DATA")
+            return 2
     if args.dry_run:
         return dry_run(suite, selected, args.data_dir, repeats, args.quick)
 

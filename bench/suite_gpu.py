@@ -7,12 +7,14 @@ has been measured yet, and `unavailable()` makes `--suite gpu` refuse to start w
 - --strategy ps vs ddp step time, one GPU                      reported
 - --compile (CUDA graphs on one GPU) vs eager, examples/s      reported
 - search evaluations/min, --workers-per-device 4 vs 1          target >= 2.5x (slot, not wired)
+- whitenet (--preset cifar-94) to 94% CIFAR-10 test, 5 seeds    target mean >= 94% in <= 1.8 s (cifar94.py)
 """
 
 from __future__ import annotations
 
 from typing import Callable
 
+import cifar94
 import measure
 from presets_bridge import preset_flags
 from suite_cpu import throughput
@@ -115,7 +117,7 @@ def search_workers(data_dir: str, repeats: int, quick: bool, log: Log) -> dict:
     H100, so four candidates share it. One generation of the mlp space on MNIST, one epoch each."""
     population = 8 if quick else 24
     common = measure.flags({"space": "mlp", "dataset": "mnist", "population": population, "generations": 1,
-                            "max_epochs": 1, "devices": 1, "top": 1})
+                            "max_epochs": 1, "devices": 1, "top": 1, "remeasure": 0})
 
     def side(per_device: int) -> Callable[[int], dict]:
         def run(r: int) -> dict:
@@ -136,5 +138,16 @@ def search_workers(data_dir: str, repeats: int, quick: bool, log: Log) -> dict:
             "detail": {"ratio": ratio, "rounds_used": rounds, "population": population}, "samples": samples}
 
 
+def cifar94_tta(data_dir: str, repeats: int, quick: bool, log: Log) -> dict:
+    """cifar94.py's figure: seeds 0..4 (at least --repeats), or one 1-epoch run with --quick."""
+    budget = "quick" if quick else "full"
+    seeds = cifar94.BUDGETS[budget]["seeds"] if quick else max(repeats, cifar94.BUDGETS[budget]["seeds"])
+    return cifar94.figure(data_dir, seeds, budget, log)
+
+
 FIGURES = {"lenet5_tta": lenet5_tta, "cifarnet_tta": cifarnet_tta, "input_modes": input_modes,
-           "ps_vs_ddp": ps_vs_ddp, "compile": compile_modes, "search": search_workers}
+           "ps_vs_ddp": ps_vs_ddp, "compile": compile_modes, "search": search_workers, "cifar94": cifar94_tta}
+# The data sets each figure group reads (bench/run.py asks only for these).
+NEEDS = {"lenet5_tta": ("mnist",), "cifarnet_tta": ("cifar10",), "input_modes": ("mnist",),
+         "ps_vs_ddp": ("mnist", "cifar10"), "compile": ("mnist", "cifar10"), "search": ("mnist",),
+         "cifar94": ("cifar10",)}

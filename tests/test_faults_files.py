@@ -26,9 +26,8 @@ import torch
 from towerlab import atomic, checkpoint
 from towerlab.config import SearchConfig
 from towerlab.errors import UserError
-from towerlab.search import Candidate, Outcome, load_space
-from towerlab.search.engine import open_search
-from towerlab.store import Store
+from towerlab.search import Candidate, Outcome, load_space, make_sampler, open_search
+from towerlab.search.store import Store
 
 
 def child(code: str, *args: str, fsize: int | None = None) -> subprocess.CompletedProcess:
@@ -188,7 +187,8 @@ def fill(store: Store, search_id: int, n: int, start: int = 0, padding: int = 0)
 
 def new_store(path: Path) -> int:
     with Store(path) as store:
-        search_id = open_search(store, "grid", SearchConfig(), load_space("mlp"), "tch", None)
+        cfg = SearchConfig(sampler="grid")
+        search_id = open_search(store, cfg, make_sampler(cfg, load_space("mlp")), load_space("mlp"), "tch", None)
         fill(store, search_id, 5)
     return search_id
 
@@ -205,7 +205,7 @@ def test_a_full_disk_under_the_store_is_our_error_and_keeps_every_committed_row(
     path = tmp_path / "search.db"
     search_id = new_store(path)
     done = child("""
-        from towerlab.store import Store
+        from towerlab.search.store import Store
         from towerlab.errors import UserError
         sys.path.insert(0, sys.argv[3])
         from test_faults_files import fill
@@ -234,7 +234,7 @@ def test_the_store_survives_sigkill_during_a_stream_of_writes(tmp_path):
         import sys
         sys.path.insert(0, sys.argv[3])
         from test_faults_files import fill
-        from towerlab.store import Store
+        from towerlab.search.store import Store
         store = Store(sys.argv[1])
         for i in range(5, 100000):
             fill(store, int(sys.argv[2]), 1, start=i, padding=500)

@@ -11,9 +11,9 @@ import time
 import pytest
 from torch.distributed import HashStore
 
-from towerlab import pool as pool_module
+from towerlab.search import pool as pool_module
 from towerlab.errors import UserError
-from towerlab.pool import Pool
+from towerlab.search.pool import Pool
 
 STALE = 0.5  # seconds; the real default is 30 (TOWERLAB_WORKER_STALE_SECONDS)
 

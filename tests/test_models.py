@@ -8,11 +8,12 @@ from towerlab.errors import UserError
 from towerlab.models import MLP, build_model, load_model, model_record, tf_local_response_norm
 
 SHAPES = [(1, 28, 28), (3, 32, 32)]
-SMALL_OPTIONS = {"mlp": {"layers": 2, "neurons": 32}, "cnn": {"blocks": 2, "filters": 8, "dense": 16}}
+SMALL_OPTIONS = {"mlp": {"layers": 2, "neurons": 32}, "cnn": {"blocks": 2, "filters": 8, "dense": 16},
+                 "whitenet": {"width1": 8, "width2": 16, "width3": 16}}
 
 
 @pytest.mark.parametrize("shape", SHAPES)
-@pytest.mark.parametrize("name", ["lenet5", "cifarnet", "convnet", "mlp", "cnn"])
+@pytest.mark.parametrize("name", ["lenet5", "cifarnet", "convnet", "mlp", "cnn", "whitenet"])
 def test_every_model_gives_logits_for_both_input_shapes(name, shape):
     torch.manual_seed(0)
     model = build_model(name, shape, 10, **SMALL_OPTIONS.get(name, {})).eval()

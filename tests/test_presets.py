@@ -45,3 +45,10 @@ def test_unknown_preset_and_preset_with_resume_are_user_errors(tmp_path, capsys)
     assert "unknown preset 'imagenet-fast'" in capsys.readouterr().err
     assert main(["train", "--resume", str(tmp_path), "--preset", "mnist-fast"]) == 2
     assert "--preset does not go with --resume" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_every_preset_trains_the_same_global_batch_on_cpus_and_gpus(name):
+    # What a preset measured on one device type is the same computation on the other.
+    batches = [apply_preset(name, kind)["batch_size"] * run_options(name, kind)["devices"] for kind in ("cpu", "cuda")]
+    assert batches[0] == batches[1]

@@ -1,4 +1,5 @@
-"""The genetic operators, the generation loop, the cache and the grid, with fake fitness functions."""
+"""The genetic operators, the generation loop, the cache and the grid, with fake fitness functions.
+Every network is measured once here (remeasure=0): re-measuring is tested in test_search_noise.py."""
 
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
@@ -24,13 +25,20 @@ from towerlab.search import (
     next_generation,
     random_genome,
     rank_key,
-    run_evolution,
-    run_grid,
+    run_search,
     serial,
 )
-from towerlab.store import Store
+from towerlab.search.store import Store
 
 TCH = "train-config-a"
+
+
+def GA(**settings):
+    return SearchConfig(sampler="ga", remeasure=0, **settings)
+
+
+def GRID(**settings):
+    return SearchConfig(sampler="grid", remeasure=0, **settings)
 
 
 def score(genome: dict) -> float:
@@ -52,10 +60,10 @@ class Counting:
         return Outcome.ok(score(candidate.genome), val_loss=1 - score(candidate.genome), epochs=3, seconds=0.5)
 
 
-def evolve(tmp_path, cfg=SearchConfig(), space="mlp", fitness=None, evaluate=None, tch=TCH, name="s.db", **kw):
+def evolve(tmp_path, cfg=GA(), space="mlp", fitness=None, evaluate=None, tch=TCH, name="s.db", **kw):
     fitness = fitness or Counting()
     with Store(tmp_path / name) as store:
-        return run_evolution(cfg, load_space(space) if isinstance(space, str) else space,
+        return run_search(cfg, load_space(space) if isinstance(space, str) else space,
                              evaluate or serial(fitness), store, tch, **kw)
 
 
@@ -195,7 +203,7 @@ def test_the_search_leaves_global_random_state_alone():
 # -- the loop ----------------------------------------------------------------------------------
 
 def test_population_size_kept_and_counts_add_up(tmp_path):
-    result = evolve(tmp_path, SearchConfig(population=12, generations=6))
+    result = evolve(tmp_path, GA(population=12, generations=6))
     assert result.generations == len(result.history) == 6
     for gen in result.history:
         assert len(gen.members) == gen.stats.size == 12
@@ -205,7 +213,7 @@ def test_population_size_kept_and_counts_add_up(tmp_path):
 
 
 def test_elites_survive_every_generation(tmp_path):
-    result = evolve(tmp_path, SearchConfig(population=10, generations=6, retain=0.0, random_select=0.0, elite=3))
+    result = evolve(tmp_path, GA(population=10, generations=6, retain=0.0, random_select=0.0, elite=3))
     for gen, nxt in zip(result.history, result.history[1:]):
         best = sorted(gen.members, key=lambda m: rank_key(m.genome, m.fitness))[:3]
         assert genomes_of(nxt)[:3] == [m.genome for m in best]
@@ -215,7 +223,7 @@ def test_elites_survive_every_generation(tmp_path):
 def test_same_seed_same_history_other_seed_other_history(tmp_path):
     a = evolve(tmp_path, name="a.db")
     b = evolve(tmp_path, name="b.db")
-    c = evolve(tmp_path, SearchConfig(seed=1), name="c.db")
+    c = evolve(tmp_path, GA(seed=1), name="c.db")
     assert a == b
     assert a.history[0].members != c.history[0].members
 
@@ -226,7 +234,7 @@ def test_fitness_is_called_once_per_unique_genome_across_generations_and_searche
     assert max(fitness.calls.values()) == 1 and sum(fitness.calls.values()) == first.evaluations
     unique = {m.genome_hash for g in first.history for m in g.members}
     assert len(unique) == first.evaluations < 200
-    second = evolve(tmp_path, SearchConfig(seed=1), fitness=fitness)  # same store, another search
+    second = evolve(tmp_path, GA(seed=1), fitness=fitness)  # same store, another search
     assert max(fitness.calls.values()) == 1
     assert sum(fitness.calls.values()) == first.evaluations + second.evaluations
     reused = {m.genome_hash for g in second.history for m in g.members} & unique
@@ -244,7 +252,7 @@ def test_each_unique_genome_is_trained_once_per_generation(tmp_path):
         batches.append([c.genome_hash for c in candidates])
         serial(Counting())(candidates, record)
 
-    result = evolve(tmp_path, SearchConfig(population=6, generations=3), space=tiny, evaluate=evaluate)
+    result = evolve(tmp_path, GA(population=6, generations=3), space=tiny, evaluate=evaluate)
     assert batches == [sorted(set(batches[0]), key=batches[0].index)] and len(batches[0]) == 3
     first = result.history[0]
     assert (first.stats.evaluated, first.stats.cached) == (3, 3)
@@ -319,7 +327,7 @@ def test_outcome_validation():
 
 def test_on_generation_sees_every_generation(tmp_path):
     seen = []
-    result = evolve(tmp_path, SearchConfig(generations=4), on_generation=seen.append)
+    result = evolve(tmp_path, GA(generations=4), on_generation=seen.append)
     assert seen == [g.stats for g in result.history]
 
 
@@ -335,7 +343,7 @@ def test_the_ga_beats_its_first_generation_on_the_original_space(tmp_path):
         return Outcome.ok(value + 0.01 * score(g))
 
     for seed in range(3):
-        result = evolve(tmp_path, SearchConfig(seed=seed), fitness=fitness, name=f"{seed}.db")
+        result = evolve(tmp_path, GA(seed=seed), fitness=fitness, name=f"{seed}.db")
         first, last = result.history[0].stats, result.history[-1].stats
         assert last.best > first.best and last.mean > first.mean + 0.05
         assert result.top[0].fitness == last.best
@@ -352,7 +360,7 @@ def small_space(tmp_path, layers="[1, 2]", neurons="[16, 32, 64]"):
 def test_grid_evaluates_every_genome_in_order(tmp_path):
     space, fitness = small_space(tmp_path), Counting()
     with Store(tmp_path / "g.db") as store:
-        result = run_grid(SearchConfig(top=3), space, serial(fitness), store, TCH)
+        result = run_search(GRID(top=3), space, serial(fitness), store, TCH)
     assert genomes_of(result.history[0]) == list(space.all_genomes())
     assert result.evaluations == 6 == sum(fitness.calls.values()) and result.cache_hits == 0
     assert [t.fitness for t in result.top] == sorted((score(g) for g in space.all_genomes()), reverse=True)[:3]
@@ -366,15 +374,15 @@ def test_grid_limit_draws_a_seeded_subset(tmp_path):
     assert grid_genomes(space, 5, seed=0) == picked != grid_genomes(space, 5, seed=1)
     assert grid_genomes(space, 50, seed=0) == order
     with Store(tmp_path / "g.db") as store:
-        result = run_grid(SearchConfig(limit=5), space, serial(Counting()), store, TCH)
+        result = run_search(GRID(limit=5), space, serial(Counting()), store, TCH)
     assert genomes_of(result.history[0]) == picked and result.evaluations == 5
 
 
 def test_grid_reuses_the_evolution_cache(tmp_path):
     space = small_space(tmp_path)
     fitness = Counting()
-    evolved = evolve(tmp_path, SearchConfig(population=4, generations=2), space=space, fitness=fitness)
+    evolved = evolve(tmp_path, GA(population=4, generations=2), space=space, fitness=fitness)
     with Store(tmp_path / "s.db") as store:
-        grid = run_grid(SearchConfig(), space, serial(fitness), store, TCH)
+        grid = run_search(GRID(), space, serial(fitness), store, TCH)
     assert grid.cache_hits == evolved.evaluations and grid.evaluations == 6 - evolved.evaluations
     assert max(fitness.calls.values()) == 1

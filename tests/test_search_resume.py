@@ -9,11 +9,17 @@ import pytest
 
 from towerlab.config import SearchConfig
 from towerlab.errors import UserError
-from towerlab.search import Candidate, Outcome, Space, load_space, run_evolution, run_grid, serial
-from towerlab.store import Store
+from towerlab.search import Candidate, Outcome, Space, load_space, run_search, serial
+from towerlab.search.store import Store
 
 TCH = "train-config"
-CFG = SearchConfig(population=10, generations=6, seed=11)
+
+
+def GA(**settings):
+    return SearchConfig(**{"sampler": "ga", "remeasure": 0, **settings})
+
+
+CFG = GA(population=10, generations=6, seed=11)
 
 
 class Counting:
@@ -42,11 +48,10 @@ def crashing(fitness, generation, after=0, exc=KeyboardInterrupt):
     return evaluate
 
 
-def run(path, cfg=CFG, evaluate=None, fitness=None, kind="evolve", space="mlp", **kw):
+def run(path, cfg=CFG, evaluate=None, fitness=None, space="mlp", **kw):
     fitness = fitness or Counting()
-    search = run_evolution if kind == "evolve" else run_grid
     with Store(path) as store:
-        return search(cfg, load_space(space) if isinstance(space, str) else space,
+        return run_search(cfg, load_space(space) if isinstance(space, str) else space,
                       evaluate or serial(fitness), store, TCH, **kw)
 
 
@@ -128,15 +133,15 @@ def test_resume_survives_two_interruptions_and_a_resumed_finished_search_trains_
 
 
 def test_resume_can_add_generations(tmp_path):
-    longer = run(tmp_path / "ref.db", cfg=SearchConfig(population=10, generations=8, seed=11))
+    longer = run(tmp_path / "ref.db", cfg=GA(population=10, generations=8, seed=11))
     fitness = Counting()
     shorter = run(tmp_path / "s.db", fitness=fitness)
     assert shorter.history == longer.history[:6]
-    extended = run(tmp_path / "s.db", cfg=SearchConfig(population=10, generations=8, seed=11),
+    extended = run(tmp_path / "s.db", cfg=GA(population=10, generations=8, seed=11),
                    fitness=fitness, resume=True)
     assert extended == longer and max(fitness.calls.values()) == 1
     with pytest.raises(UserError, match="already holds 8 complete generations: resume with --generations 8"):
-        run(tmp_path / "s.db", cfg=SearchConfig(population=10, generations=5, seed=11), resume=True)
+        run(tmp_path / "s.db", cfg=GA(population=10, generations=5, seed=11), resume=True)
 
 
 def test_failed_candidates_are_not_retried_by_their_search_but_by_a_later_one(tmp_path, reference):
@@ -159,7 +164,7 @@ def test_a_later_search_reuses_the_store_and_writes_its_own_rows(tmp_path, refer
     result, _ = reference
     fitness = Counting()
     run(tmp_path / "s.db", fitness=fitness)
-    other = run(tmp_path / "s.db", cfg=SearchConfig(population=10, generations=6, seed=12), fitness=fitness)
+    other = run(tmp_path / "s.db", cfg=GA(population=10, generations=6, seed=12), fitness=fitness)
     assert other.search_id == 2 and other.cache_hits > 0
     assert max(fitness.calls.values()) <= 2  # only failures retried
     with Store(tmp_path / "s.db") as store:
@@ -182,19 +187,19 @@ def test_resume_refuses_another_space(tmp_path):
 ])
 def test_resume_refuses_other_search_settings(tmp_path, change, message):
     run(tmp_path / "s.db")
-    cfg = SearchConfig(**{**dict(population=10, generations=6, seed=11), **change})
+    cfg = GA(**{**dict(population=10, generations=6, seed=11), **change})
     with pytest.raises(UserError, match=message):
         run(tmp_path / "s.db", cfg=cfg, resume=True)
 
 
 def test_resume_refuses_other_training_settings_and_an_empty_store(tmp_path):
-    with pytest.raises(UserError, match="holds no evolve search to resume"):
+    with pytest.raises(UserError, match="holds no ga search to resume"):
         run(tmp_path / "s.db", resume=True)
     run(tmp_path / "s.db")
     with Store(tmp_path / "s.db") as store, pytest.raises(UserError, match="other training settings"):
-        run_evolution(CFG, load_space("mlp"), serial(Counting()), store, "another", resume=True)
-    with pytest.raises(UserError, match="search 1 .* is a evolve search, not grid"):
-        run(tmp_path / "s.db", kind="grid", resume=1)
+        run_search(CFG, load_space("mlp"), serial(Counting()), store, "another", resume=True)
+    with pytest.raises(UserError, match="search 1 .* is a ga search, not grid"):
+        run(tmp_path / "s.db", cfg=SearchConfig(sampler="grid"), resume=1)
     with pytest.raises(UserError, match="holds no search 7 to resume"):
         run(tmp_path / "s.db", resume=7)
 
@@ -223,18 +228,19 @@ def grid_space(tmp_path):
 @pytest.mark.parametrize("limit", [None, 7])
 def test_grid_resume_redoes_only_the_unfinished(tmp_path, limit):
     space = grid_space(tmp_path)
-    cfg = SearchConfig(limit=limit, seed=3)
-    reference = run(tmp_path / "ref.db", cfg=cfg, kind="grid", space=space)
+    cfg = SearchConfig(sampler="grid", remeasure=0, limit=limit, seed=3)
+    reference = run(tmp_path / "ref.db", cfg=cfg, space=space)
     fitness = Counting()
     with pytest.raises(KeyboardInterrupt):
-        run(tmp_path / "s.db", cfg=cfg, evaluate=crashing(fitness, 0, 5), kind="grid", space=space)
+        run(tmp_path / "s.db", cfg=cfg, evaluate=crashing(fitness, 0, 5), space=space)
     assert sum(fitness.calls.values()) == 5
-    resumed = run(tmp_path / "s.db", cfg=cfg, fitness=fitness, kind="grid", space=space, resume=True)
+    resumed = run(tmp_path / "s.db", cfg=cfg, fitness=fitness, space=space, resume=True)
     assert_same_search(resumed, reference)
     assert sum(fitness.calls.values()) == (limit or 18) == resumed.evaluations
     assert max(fitness.calls.values()) == 1
     with pytest.raises(UserError, match="--limit"):
-        run(tmp_path / "s.db", cfg=SearchConfig(limit=5, seed=3), kind="grid", space=space, resume=True)
+        run(tmp_path / "s.db", cfg=SearchConfig(sampler="grid", remeasure=0, limit=5, seed=3), space=space,
+            resume=True)
 
 
 def test_the_candidate_seeds_survive_resume(tmp_path):

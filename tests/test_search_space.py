@@ -12,7 +12,8 @@ from towerlab.search.space import check_genes
 
 
 def test_search_and_store_never_import_torch():
-    code = "import towerlab.search, towerlab.store, sys; assert 'torch' not in sys.modules"
+    code = ("import towerlab.search, towerlab.search.pool, towerlab.search.samplers.tpe, sys; "
+            "assert 'torch' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
@@ -142,7 +143,7 @@ def test_bad_space_files_name_the_file_and_the_problem(tmp_path, text, message):
 
 
 def test_missing_or_unreadable_space_file(tmp_path):
-    with pytest.raises(UserError, match="unknown search space 'nope.toml': use mlp, cnn or the path"):
+    with pytest.raises(UserError, match="unknown search space 'nope.toml': use mlp, cnn, whitenet or the path"):
         load_space("nope.toml")
     with pytest.raises(UserError, match=f"cannot read search space {tmp_path}"):
         load_space(tmp_path)  # a folder
@@ -155,7 +156,8 @@ def test_missing_or_unreadable_space_file(tmp_path):
 def test_every_schema_gene_can_be_loaded(tmp_path):
     examples = {"neurons": "[64]", "layers": "[2]", "activation": '["elu"]', "blocks": "[4]",
                 "filters": "[32]", "kernel_size": "[5]", "dense": "[128]", "dropout": "[0.25]",
-                "optimizer": '["nadam"]', "lr": "[0.1]", "batch_size": "[32]", "epochs": "[3]"}
+                "optimizer": '["nadam"]', "lr": "[0.1]", "batch_size": "[32]", "epochs": "[3]",
+                "label_smoothing": "[0.2]", "width1": "[64]", "width2": "[256]", "width3": "[256]", "depth": "[3]"}
     for model, rules in GENE_RULES.items():
         body = "".join(f"{gene} = {examples[gene]}\n" for gene in rules)
         space = load_space(write(tmp_path, f'model = "{model}"\n[genes]\n{body}'))

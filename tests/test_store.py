@@ -8,8 +8,8 @@ import pytest
 
 from towerlab.config import SearchConfig, to_dict
 from towerlab.errors import UserError
-from towerlab.search import Candidate, Outcome, format_search, genome_hash, load_space, run_evolution, serial
-from towerlab.store import SCHEMA_VERSION, Store
+from towerlab.search import Candidate, Outcome, format_search, genome_hash, load_space, run_search, serial
+from towerlab.search.store import SCHEMA_VERSION, Store
 
 TCH = "tch"
 
@@ -25,7 +25,7 @@ def store(tmp_path):
 
 
 def new_search(store, seed=0):
-    return store.begin_search("evolve", to_dict(SearchConfig(seed=seed)), load_space("mlp"), TCH)
+    return store.begin_search("ga", to_dict(SearchConfig(sampler="ga", seed=seed)), load_space("mlp"), TCH)
 
 
 def test_a_new_store_is_wal_with_foreign_keys_and_a_schema_version(store):
@@ -47,10 +47,19 @@ def test_record_and_lookup(store):
     assert store.lookup(genome_hash(genome), TCH) == row == store.lookup(genome_hash(genome), TCH, sid)
     assert (row.genome, row.status, row.fitness, row.val_loss, row.epochs, row.seconds, row.worker) == \
         (genome, "ok", 0.91, 0.3, 4, 2.5, "cuda:1")
-    assert (row.search_id, row.generation, row.index, row.seed) == (sid, 3, 7, 1234)
+    assert (row.search_id, row.generation, row.index, row.seed, row.replicate) == (sid, 3, 7, 1234, 0)
     assert store.lookup(genome_hash(genome), "other config") is None
-    with pytest.raises(sqlite3.IntegrityError):  # one successful evaluation per genome and config
-        store.record(candidate(genome), Outcome.ok(0.5), TCH, new_search(store))
+    # recording a key the search has already is a no-op that returns the row it has
+    assert store.record(candidate(genome, 3, 7), Outcome.ok(0.5), TCH, sid) == row
+    # another search (running at the same time) keeps its own row; the cache serves the oldest
+    other = new_search(store, seed=1)
+    mine = store.record(candidate(genome), Outcome.ok(0.5), TCH, other)
+    assert mine.fitness == 0.5 and store.lookup(genome_hash(genome), TCH, other) == mine
+    assert store.lookup(genome_hash(genome), TCH) == row == store.lookup(genome_hash(genome), TCH, other + 1)
+    # a re-measure is a row of its own, served only as that replicate
+    again = store.record(Candidate(3, -1, genome, genome_hash(genome), 99, None, 1), Outcome.ok(0.7), TCH, sid)
+    assert store.lookup(genome_hash(genome), TCH, sid, replicate=1) == again != row
+    assert store.lookup(genome_hash(genome), TCH, sid, replicate=2) is None
 
 
 def test_failures_serve_only_the_search_that_made_them(store):
@@ -65,19 +74,19 @@ def test_failures_serve_only_the_search_that_made_them(store):
     assert store.lookup(h, TCH, first) == failed  # the first search's history stays as it was
 
 
-def test_test_accuracy_and_top(store):
+def test_test_accuracy_and_the_best_so_far(store):
     sid = new_search(store)
-    for i, fitness in enumerate([0.5, 0.9, 0.7, 0.9]):
-        store.record(candidate({"n": i}), Outcome.ok(fitness), TCH, sid)
-    store.record(candidate({"n": 9}), Outcome.failed("diverged"), TCH, sid)
+    genomes = [{"n": i} for i in range(4)]
+    store.begin_generation(sid, 0, genomes, [genome_hash(g) for g in genomes])
+    rows = [store.record(candidate(g), Outcome.ok(f), TCH, sid) for g, f in zip(genomes, [0.5, 0.9, 0.7, 0.9])]
+    failed = store.record(candidate({"n": 9}), Outcome.failed("diverged"), TCH, sid)
     store.record(candidate({"n": 5}), Outcome.ok(0.99), "other", sid)
-    top = store.top(3, TCH)
+    top = store.search_top(sid, 3)
     assert [e.fitness for e in top] == [0.9, 0.9, 0.7] and top[0].genome_hash < top[1].genome_hash
-    assert store.top(1)[0].fitness == 0.99
-    store.set_test_accuracy(genome_hash({"n": 2}), TCH, 0.68)
+    store.set_test_accuracy(rows[2].id, 0.68)
     assert store.lookup(genome_hash({"n": 2}), TCH).test_accuracy == 0.68
     with pytest.raises(KeyError):
-        store.set_test_accuracy(genome_hash({"n": 9}), TCH, 0.1)
+        store.set_test_accuracy(failed.id, 0.1)
 
 
 def test_a_write_interrupted_in_process_is_rolled_back(store):
@@ -94,9 +103,9 @@ def test_a_write_interrupted_in_process_is_rolled_back(store):
 def test_a_process_killed_mid_transaction_leaves_no_row(tmp_path):
     path = tmp_path / "search.db"
     Store(path).close()
-    code = ("import os, sys; from towerlab.store import Store; s = Store(sys.argv[1]);"
+    code = ("import os, sys; from towerlab.search.store import Store; s = Store(sys.argv[1]);"
             "s._db.execute('BEGIN IMMEDIATE');"
-            "s._db.execute(\"INSERT INTO searches (kind, config, space, space_fingerprint, train_config_hash,"
+            "s._db.execute(\"INSERT INTO searches (sampler, config, space, space_fingerprint, train_config_hash,"
             " created) VALUES ('grid', '{}', '{}', 'f', 't', 'now')\"); os._exit(9)")
     assert subprocess.run([sys.executable, "-c", code, str(path)]).returncode == 9
     with Store(path) as store:
@@ -147,14 +156,16 @@ def test_format_search_shows_generations_counts_and_top(tmp_path):
         return Outcome.ok(0.5 + c.genome["neurons"] / 4096 + c.genome["layers"] / 100, seconds=1.25)
 
     with Store(tmp_path / "search.db") as store:
-        result = run_evolution(SearchConfig(population=8, generations=3, top=3), space, serial(fit), store, TCH)
+        result = run_search(SearchConfig(sampler="ga", population=8, generations=3, top=3), space, serial(fit),
+                            store, TCH)
         best = result.top[0]
-        store.set_test_accuracy(best.genome_hash, TCH, 0.8765)
+        store.set_test_accuracy(store.lookup(best.genome_hash, TCH).id, 0.8765)
         text = format_search(store)
     assert text == format_search(tmp_path) == format_search(tmp_path / "search.db")
     with Store(tmp_path) as again:  # a folder means its search.db
         assert again.path == tmp_path / "search.db" and len(again.searches()) == 1
-    assert "search 1: evolve over space mlp (model mlp, 672 genomes), seed 0, population 8, 3 generations" in text
+    assert ("search 1: ga over space mlp (model mlp, 672 genomes), seed 0, population 8, 3 generations, "
+            "the crowned re-measured with 2 more seeds") in text
     for gen in result.history:
         s = gen.stats
         assert (f"{gen.generation + 1:>4} {s.evaluated:>9} {s.cached:>7} {s.failed:>6} {s.best:>7.4f} "
@@ -162,7 +173,7 @@ def test_format_search_shows_generations_counts_and_top(tmp_path):
     assert (f"{result.evaluations} evaluations, {result.cache_hits} cache hits, "
             f"{result.failures} failures") in text
     genome = " ".join(f"{k}={v}" for k, v in best.genome.items())
-    assert f"     1 {best.fitness:>8.4f}   0.8765  {genome}" in text
+    assert f"     1 {best.fitness:>8.4f} {best.spread:>7.4f}     3   0.8765  {genome}" in text
 
 
 def test_format_search_shows_an_interrupted_generation(tmp_path):
@@ -174,7 +185,7 @@ def test_format_search_shows_an_interrupted_generation(tmp_path):
             record(c, Outcome.ok(0.25))
 
     with Store(tmp_path / "search.db") as store, pytest.raises(KeyboardInterrupt):
-        run_evolution(SearchConfig(population=6, generations=3), load_space("mlp"), crash, store, TCH)
+        run_search(SearchConfig(sampler="ga", population=6, generations=3), load_space("mlp"), crash, store, TCH)
     text = format_search(tmp_path)
     assert "not finished (resume it with --resume)" in text
     assert "   2 incomplete: 1 evaluation(s) recorded of 6 members" in text

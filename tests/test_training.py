@@ -11,7 +11,7 @@ import pytest
 import towerlab.runner
 from towerlab.cli import main
 from towerlab.models import load_model
-from util import TINY, replica_pids, max_difference, metrics, run_cli, start_towerlab, summary, weights
+from util import TINY, StopAtRead, max_difference, metrics, replica_pids, run_cli, start_towerlab, summary, weights
 
 STEPS = ["--model", "lenet5", "--steps", "6"]  # no dropout: the replicas' arithmetic is comparable
 
@@ -52,26 +52,6 @@ def test_input_modes_compute_the_same_numbers(one_replica_double_batch, tmp_path
         out = tmp_path / mode
         assert main(["train", *TINY, *STEPS, "--batch-size", "64", "--input", mode, "--out", str(out)]) == 0
         assert max_difference(weights(out), one_replica_double_batch) == 0.0
-
-
-class StopAtRead:
-    """A stand-in for the Ctrl-C handler: reports SIGINT from its n-th read on (one read per step)."""
-
-    reads_before_stop = 0
-
-    def __init__(self):
-        self.reads = 0
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return None
-
-    @property
-    def signum(self):
-        self.reads += 1
-        return int(signal.SIGINT) if self.reads >= self.reads_before_stop else 0
 
 
 def test_interrupted_then_resumed_equals_uninterrupted(tmp_path, monkeypatch):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -15,15 +16,33 @@ SHARED_DATA = REPO.parent / "shared" / "data"
 
 # One CPU process, whatever the machine has (a later --devices 2 means two CPU processes over gloo).
 ONE_CPU = ["--device", "cpu", "--devices", "1"]
+# A small search space, and search settings that train it in seconds on synthetic data.
+SMALL_SPACE = """
+model = "mlp"
+[genes]
+neurons = [16, 32, 64]
+layers = [1, 2]
+activation = ["relu", "tanh"]
+"""
+SEARCH_BASE = ["--dataset", "synthetic", "--val-size", "1000", "--max-epochs", "1", "--threads", "1",
+               "--no-progress", "--device", "cpu", "--devices", "1"]
+
+
+def small_space_file(folder: Path) -> str:
+    path = folder / "space.toml"
+    path.write_text(SMALL_SPACE)
+    return str(path)
+
 # A tiny learnable problem: 2,000 synthetic 28x28 images, 500 of them for validation.
 TINY = ["--dataset", "synthetic", "--synthetic-train", "2000", "--val-size", "500",
         "--display-step", "1000", "--no-progress", *ONE_CPU]
 
 
-def real_data_dir() -> Path | None:
-    """Where the real MNIST / CIFAR-10 files are, if anywhere (TOWERLAB_DATA, else ../shared/data)."""
+def real_data_dir(file: str = "mnist.npz") -> Path | None:
+    """The folder holding the real `file` (mnist.npz, cifar10.npz), if any: $TOWERLAB_DATA, else
+    ../shared/data."""
     for candidate in (os.environ.get("TOWERLAB_DATA"), SHARED_DATA):
-        if candidate and (Path(candidate) / "mnist.npz").exists():
+        if candidate and (Path(candidate) / file).exists():
             return Path(candidate)
     return None
 
@@ -69,3 +88,24 @@ def replica_pids(pid: int) -> list[int]:
             if b"spawn_main" in cmdline:
                 found.append(int(child))
     return sorted(found)
+
+
+class StopAtRead:
+    """A stand-in for the Ctrl-C handler (runner.StopFlag): reports SIGINT from its n-th read on (one
+    read per step). Set `reads_before_stop` on the class before the run."""
+
+    reads_before_stop = 0
+
+    def __init__(self):
+        self.reads = 0
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return None
+
+    @property
+    def signum(self):
+        self.reads += 1
+        return int(signal.SIGINT) if self.reads >= self.reads_before_stop else 0

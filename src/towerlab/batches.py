@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import queue
 import threading
-from typing import Iterator
+from typing import Callable, Iterator
 
 import torch
 
@@ -51,6 +51,14 @@ class Normalizer:
         return x.contiguous(memory_format=self.memory_format)
 
 
+def _gather_pixels(images: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+    """out[k, :, i, j] = images[k, :, rows[k, i], cols[k, j]] as one `gather` (rows (n, h), cols (n, w))."""
+    n, c = images.shape[:2]
+    h, w = rows.shape[1], cols.shape[1]
+    offsets = (rows[:, :, None] * images.shape[3] + cols[:, None, :]).view(n, 1, h * w)
+    return images.reshape(n, c, -1).gather(2, offsets.expand(n, c, h * w)).view(n, c, h, w)
+
+
 def augment(x: torch.Tensor, generator: torch.Generator, pad: int = 4) -> torch.Tensor:
     """Random crop after zero padding, and a random horizontal flip, on the device (uint8 in, uint8 out).
 
@@ -66,29 +74,90 @@ def augment(x: torch.Tensor, generator: torch.Generator, pad: int = 4) -> torch.
     j = torch.arange(w, device=x.device)
     cols = dx[:, None] + torch.where(flip[:, None], (w - 1) - j, j)              # (n, w)
     rows = dy[:, None] + torch.arange(h, device=x.device)                        # (n, h)
-    offsets = (rows[:, :, None] * (w + 2 * pad) + cols[:, None, :]).view(n, 1, h * w)
-    out = padded.view(n, c, -1).gather(2, offsets.expand(n, c, h * w))
-    return out.view(n, c, h, w)
+    return _gather_pixels(padded, rows, cols)
+
+
+_WORD = 0x7FFFFFFF  # 31-bit words: every product below stays inside int64
+
+
+def example_words(seed: int, epoch: int | None, index: torch.Tensor) -> torch.Tensor:
+    """A pseudo-random 31-bit word per example index, a function of (seed, epoch, index) alone
+    (`epoch=None`: the same in every epoch). An integer hash (two multiply-xorshift rounds) on the
+    device: no generator state, so the draw does not depend on which replica holds the example."""
+    salt = mix_seed(seed, -1 if epoch is None else epoch) & _WORD
+    x = (index.long() ^ salt) & _WORD
+    for _ in range(2):
+        x = ((x >> 16) ^ x) * 0x45D9F3B & _WORD
+    return (x >> 16) ^ x
+
+
+def _reflect(position: torch.Tensor, size: int) -> torch.Tensor:
+    """Indices outside 0..size-1 mirrored back inside (edge pixel not repeated, like pad 'reflect')."""
+    position = position.abs()
+    return torch.where(position > size - 1, 2 * (size - 1) - position, position)
+
+
+def flip_translate(x: torch.Tensor, index: torch.Tensor, seed: int, epoch: int, shift: int) -> torch.Tensor:
+    """airbench94's augmentation (K. Jordan, arXiv 2404.00498), on the device, uint8 in and out:
+    each image is mirrored in alternate epochs (whether it starts mirrored is drawn once per example),
+    then shifted by dy, dx in -shift..shift with reflected borders (drawn per example and epoch):
+    out[i, j] = mirrored[reflect(i - dy), reflect(j - dx)]. Every draw comes from `example_words`
+    of the example's index in the training set, so the batch a replica gets is augmented exactly
+    as in a single replica's batch, and a resumed epoch repeats its draws."""
+    n, c, h, w = x.shape
+    if not 0 <= shift < min(h, w):
+        raise ValueError(f"shift {shift} must be below the image size {h}x{w}")
+    flip = ((example_words(seed, None, index) & 1) ^ (epoch & 1)).bool()
+    span = 2 * shift + 1
+    word = example_words(seed, epoch, index)
+    dy, dx = word % span - shift, (word // span) % span - shift
+    i = torch.arange(h, device=x.device)
+    j = torch.arange(w, device=x.device)
+    rows = _reflect(i[None, :] - dy[:, None], h)
+    cols = _reflect(j[None, :] - dx[:, None], w)
+    cols = torch.where(flip[:, None], (w - 1) - cols, cols)
+    return _gather_pixels(x, rows, cols)
+
+
+def tta_logits(model: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, mode: str) -> torch.Tensor:
+    """The logits of `model` averaged over test-time views of the normalised batch `x`, as airbench94
+    weighs them: `flip`, the image and its mirror, 1/2 each; `flip-translate`, that pair with weight
+    1/2 and the pairs of the image shifted by one pixel up-left and down-right (reflected borders)
+    with 1/4 each, averaged in float32. `none`: the plain logits."""
+    if mode == "none":
+        return model(x)
+
+    def mirrored(view: torch.Tensor) -> torch.Tensor:
+        return 0.5 * (model(view).float() + model(view.flip(-1)).float())
+
+    logits = mirrored(x)
+    if mode == "flip":
+        return logits
+    h, w = x.shape[-2:]
+    padded = torch.nn.functional.pad(x, (1, 1, 1, 1), mode="reflect")
+    shifted = mirrored(padded[..., :h, :w]) + mirrored(padded[..., 2:, 2:])
+    return 0.5 * logits + 0.25 * shifted
 
 
 class Batches:
     """This rank's minibatches of one split."""
 
     def __init__(self, x: torch.Tensor, y: torch.Tensor, ctx: Context, batch_size: int, seed: int,
-                 mode: str, normalize: Normalizer, augment_images: bool = False):
+                 mode: str, normalize: Normalizer, augment_images: bool = False, translate: int = 0):
         self.ctx = ctx
         self.batch_size = batch_size
         self.seed = seed
         self.mode = mode
         self.normalize = normalize
         self.augment_images = augment_images
+        self.translate = translate
         self.n = x.shape[0]
         self.steps_per_epoch = (self.n // ctx.world_size) // batch_size
         on_device = mode == "resident"
         self.x = x.to(ctx.device) if on_device else x
         self.y = y.to(ctx.device) if on_device else y
         self.pin = ctx.device.type == "cuda" and mode == "queue"
-        self.generator = torch.Generator(device=ctx.device) if augment_images else None
+        self.generator = torch.Generator(device=ctx.device) if augment_images and not translate else None
 
     def indices(self, epoch: int) -> torch.Tensor:
         """This rank's example indices for `epoch`, identical on every run with the same seed."""
@@ -101,15 +170,18 @@ class Batches:
         """Batches `start_step` .. end of `epoch` (a resumed epoch starts mid-way)."""
         idx = self.indices(epoch)
         steps = range(start_step, self.steps_per_epoch)
-        chunks = (idx[s * self.batch_size:(s + 1) * self.batch_size] for s in steps)
+        chunks = [idx[s * self.batch_size:(s + 1) * self.batch_size] for s in steps]
         if self.mode == "queue":
             source = _prefetch(((self.x[i], self.y[i]) for i in chunks), self.pin)
         else:
             source = ((self.x[i], self.y[i]) for i in chunks)
-        for step, (xb, yb) in zip(steps, source):
+        for step, i, (xb, yb) in zip(steps, chunks, source):
             xb = xb.to(self.ctx.device, non_blocking=self.pin)
             yb = yb.to(self.ctx.device, non_blocking=self.pin)
-            if self.augment_images:
+            if self.augment_images and self.translate:
+                xb = flip_translate(xb, i.to(self.ctx.device, non_blocking=self.pin), self.seed, epoch,
+                                    self.translate)
+            elif self.augment_images:
                 self.generator.manual_seed(mix_seed(self.seed, self.ctx.rank, epoch, step))
                 xb = augment(xb, self.generator)
             yield self.normalize(xb), yb

@@ -21,13 +21,18 @@ from typing import Any, Optional
 from towerlab.errors import UserError
 
 DATASETS = ("mnist", "fashion-mnist", "cifar10", "synthetic")
-MODELS = ("lenet5", "cifarnet", "convnet", "mlp", "cnn")
+MODELS = ("lenet5", "cifarnet", "convnet", "mlp", "cnn", "whitenet")
 OPTIMIZERS = ("adam", "sgd", "rmsprop", "adagrad", "adadelta", "adamax", "nadam")
-SCHEDULES = ("constant", "onecycle")
+SCHEDULES = ("constant", "onecycle", "linear")
 STRATEGIES = ("ddp", "ps")
 INPUTS = ("resident", "feed", "queue")
 PRECISIONS = ("fp32", "bf16")
+TTA = ("none", "flip", "flip-translate")
 DEVICE_KINDS = ("auto", "cpu", "cuda")
+# A network given from Python (an nn.Module or a factory of one: towerlab.api.train(model=...)), and
+# images given from Python as arrays (towerlab.api.train(data=(x, y))): names a config records for them.
+CUSTOM_MODEL = "custom"
+ARRAYS_DATASET = "arrays"
 
 
 # Seeds reach torch's generators as seed + epoch, which take at most 2**64 - 1.
@@ -90,7 +95,7 @@ def check_dataset(name: str) -> str:
     if is_custom_dataset(name):
         _check_path("--dataset", name)
         return os.path.abspath(os.path.expanduser(name))
-    if name not in DATASETS:
+    if name not in DATASETS and name != ARRAYS_DATASET:
         raise UserError(f"unknown dataset {name!r}: choose one of {', '.join(DATASETS)}, "
                         "or give the path of your own .npz (x_train, y_train, x_test, y_test)")
     return name
@@ -123,7 +128,8 @@ class TrainConfig:
         default_factory=dict,
         metadata={
             "help": "model hyperparameter KEY=VALUE, repeatable "
-            "(mlp: layers, neurons, activation; cnn: blocks, filters, kernel_size, dense, dropout)",
+            "(mlp: layers, neurons, activation; cnn: blocks, filters, kernel_size, dense, dropout; "
+            "whitenet: width1, width2, width3, depth)",
             "flag": "model-opt",
         },
     )
@@ -134,14 +140,32 @@ class TrainConfig:
     batch_size: int = _opt(512, "examples per replica per step (global batch = this x replicas)")
     epochs: int = _opt(10, "passes over the training set (ignored when --steps is given)")
     steps: Optional[int] = _opt(None, "total optimizer steps; overrides --epochs")
-    lr: float = _opt(0.001, "learning rate (peak rate with --schedule onecycle)")
-    optimizer: str = _opt("adam", "optimizer (sgd uses momentum 0.9)", choices=OPTIMIZERS)
-    schedule: str = _opt("constant", "learning-rate schedule", choices=SCHEDULES)
-    seed: int = _opt(0, "seed of the model init, the shuffle and dropout")
-    augment: bool = _opt(False, "random crop (pad 4) and horizontal flip on the device; for CIFAR-10")
+    lr: float = _opt(0.001, "learning rate (peak rate with --schedule onecycle or linear)")
+    optimizer: str = _opt("adam", "optimizer", choices=OPTIMIZERS)
+    momentum: float = _opt(0.9, "sgd only: momentum")
+    nesterov: bool = _opt(False, "sgd only: Nesterov momentum")
+    schedule: str = _opt("constant", "learning-rate schedule; linear: from 0.2 x lr up to lr over --warmup of "
+                         "the steps, then down to 0.07 x lr at the last step (airbench94's)", choices=SCHEDULES)
+    warmup: Optional[float] = _opt(None, "fraction of the steps the learning rate rises (None: onecycle 0.3, "
+                                   "linear 0.23)")
+    norm_lr_scale: float = _opt(1.0, "learning-rate multiplier of normalisation layers' parameters; their "
+                                "weight decay is divided by it, so they decay as much per step (airbench94: 64)")
+    lookahead: int = _opt(0, "every N steps pull the weights (and BatchNorm statistics) back to their slow "
+                          "moving average, which the last step returns (Lookahead); 0: off")
+    lookahead_decay: float = _opt(0.95, "per-step decay of the --lookahead average: each pull keeps "
+                                  "decay ** N x (step / total steps) ** 3 of the slow weights")
+    seed: int = _opt(0, "seed of the model init, the shuffle, dropout and augmentation")
+    augment: bool = _opt(False, "augmentation on the device; for CIFAR-10: random crop (zero pad 4) and "
+                         "horizontal flip, or see --translate")
+    translate: int = _opt(0, "with --augment: instead of the crop, shift each image by up to N pixels "
+                          "(reflected borders) and flip it every other epoch, drawn per example, so any "
+                          "number of replicas sees the same images (airbench94: 2)")
     precision: str = _opt("fp32", "compute precision (bf16 autocast pays on GPUs)", choices=PRECISIONS)
     label_smoothing: float = _opt(0.0, "label smoothing of the cross-entropy loss")
-    weight_decay: float = _opt(0.0, "decoupled weight decay (adam becomes AdamW when > 0)")
+    weight_decay: float = _opt(0.0, "weight decay (adam becomes AdamW when > 0; sgd adds it to the gradient)")
+    tta: str = _opt("none", "test-time augmentation of every evaluation: average the logits of the image and "
+                    "its mirror (flip), and of both shifted by one pixel up-left and down-right "
+                    "(flip-translate: weights 1/2, 1/4, 1/4)", choices=TTA)
     patience: Optional[int] = _opt(None, "stop after this many epochs without a lower validation loss")
     target_accuracy: Optional[float] = _opt(
         None, "stop as soon as validation accuracy reaches this fraction (checked each --eval-every)"
@@ -149,14 +173,17 @@ class TrainConfig:
     eval_every: int = _opt(0, "evaluate on validation every N steps as well as each epoch (0: epochs only)")
 
     def __post_init__(self) -> None:
-        _check_types(self)
         _check_finite(self)
         _check_seed(self.seed)
-        _check_choice("model", self.model, MODELS)
+        if self.model != CUSTOM_MODEL:
+            _check_choice("model", self.model, MODELS)
+        elif self.model_options:
+            raise UserError("--model-opt sets options of the built-in models, not of a module of your own")
         object.__setattr__(self, "dataset", check_dataset(self.dataset))
         _check_choice("optimizer", self.optimizer, OPTIMIZERS)
         _check_choice("schedule", self.schedule, SCHEDULES)
         _check_choice("precision", self.precision, PRECISIONS)
+        _check_choice("tta", self.tta, TTA)
         parse_shape(self.synthetic_shape)
         _check_positive("synthetic_train", self.synthetic_train)
         _check_positive("batch_size", self.batch_size)
@@ -172,10 +199,31 @@ class TrainConfig:
             raise UserError(f"--label-smoothing must be in [0, 1), got {self.label_smoothing}")
         if self.weight_decay < 0:
             raise UserError(f"--weight-decay must be 0 or more, got {self.weight_decay}")
+        self._check_training_tricks()
         if self.target_accuracy is not None and not 0.0 < self.target_accuracy <= 1.0:
             raise UserError(f"--target-accuracy is a fraction in (0, 1], got {self.target_accuracy}")
         if (self.patience or self.target_accuracy) and self.val_size == 0:
             raise UserError("--patience and --target-accuracy need validation data: set --val-size > 0")
+
+    def _check_training_tricks(self) -> None:
+        if not 0.0 <= self.momentum < 1.0:
+            raise UserError(f"--momentum must be in [0, 1), got {self.momentum}")
+        if self.nesterov and (self.optimizer != "sgd" or self.momentum == 0):
+            raise UserError("--nesterov needs --optimizer sgd and a --momentum above 0")
+        if self.warmup is not None:
+            if self.schedule == "constant":
+                raise UserError("--warmup needs --schedule onecycle or linear")
+            if not 0.0 <= self.warmup < 1.0:
+                raise UserError(f"--warmup is a fraction of the steps in [0, 1), got {self.warmup}")
+        _check_positive("norm_lr_scale", self.norm_lr_scale)
+        if self.lookahead < 0:
+            raise UserError(f"--lookahead must be 0 (off) or a number of steps, got {self.lookahead}")
+        if not 0.0 <= self.lookahead_decay <= 1.0:
+            raise UserError(f"--lookahead-decay must be in [0, 1], got {self.lookahead_decay}")
+        if self.translate < 0:
+            raise UserError(f"--translate must be 0 or more pixels, got {self.translate}")
+        if self.translate and not self.augment:
+            raise UserError("--translate chooses how --augment shifts images: add --augment")
 
 
 @dataclass(frozen=True)
@@ -212,7 +260,6 @@ class RunConfig:
     progress: bool = _opt(True, "progress bar when the terminal is interactive", resume="free")
 
     def __post_init__(self) -> None:
-        _check_types(self)
         _check_finite(self)
         _check_paths(self, "out", "resume", "data_dir")
         _check_choice("strategy", self.strategy, STRATEGIES)
@@ -236,23 +283,40 @@ def _check_fraction(name: str, value: float) -> None:
         raise UserError(f"--{name.replace('_', '-')} is a probability in [0, 1], got {value}")
 
 
+# A generation is held in memory and recorded as one row of the search store; a grid is one generation.
+MAX_MEMBERS = 1_000_000
+MAX_REMEASURE = 100
+
+
 @dataclass(frozen=True)
 class SearchConfig:
-    """A genetic search (or a grid) over network hyperparameters; the defaults are the original's."""
+    """A network search: the sampler that proposes candidates, its budget, and how candidates train.
+    The genetic algorithm's settings default to the original's."""
 
-    space: str = _opt("mlp", "search space: mlp, cnn, or a TOML file listing each gene's values")
+    sampler: str = _opt("tpe", "how candidates are proposed: ga (the original's genetic algorithm), grid, "
+                        "random (without replacement) or tpe (Optuna's TPE, needs the tpe extra); "
+                        "`towerlab evolve` is ga and `towerlab grid` is grid")
+    space: str = _opt("mlp", "search space: mlp, cnn, whitenet, or a TOML file listing each gene's values")
     dataset: str = _opt("mnist", "dataset the candidates train on: one of the names, or the path of your own "
                         ".npz", choices=DATASETS)
     val_size: int = _opt(5000, "validation images (the fitness is validation accuracy)")
-    population: int = _opt(20, "networks per generation")
-    generations: int = _opt(10, "generations to evolve")
-    retain: float = _opt(0.4, "fraction of the best networks kept as parents")
-    random_select: float = _opt(0.1, "probability of also keeping each rejected network")
-    mutate_chance: float = _opt(0.2, "probability that a child has one gene redrawn")
-    elite: int = _opt(1, "the best K networks always survive unchanged")
+    population: Optional[int] = _opt(None, "candidates per generation (None: the sampler's own: ga and random 20; "
+                                     "tpe 4, the candidates it proposes before any of their outcomes is told)")
+    generations: int = _opt(10, "generations (rounds of --population candidates) at most")
+    max_evaluations: Optional[int] = _opt(None, "stop after training this many distinct networks, whatever the "
+                                          "sampler (None: no limit; re-measures and higher rungs not counted)")
+    retain: float = _opt(0.4, "ga: fraction of the best networks kept as parents")
+    random_select: float = _opt(0.1, "ga: probability of also keeping each rejected network")
+    mutate_chance: float = _opt(0.2, "ga: probability that a child has one gene redrawn")
+    elite: int = _opt(1, "ga: the best K networks always survive unchanged")
     seed: int = _opt(0, "seed of the search; candidate seeds derive from (seed, generation, index)")
+    remeasure: int = _opt(2, "fresh seeds a network about to be crowned (ga's elite, the final top) is trained "
+                          "with again; such networks rank by their mean (0: every network is measured once)")
     max_epochs: int = _opt(10, "epochs a candidate may train at most")
     patience: int = _opt(5, "a candidate stops after this many epochs without a lower validation loss")
+    min_epochs: Optional[int] = _opt(None, "prune: train every candidate this many epochs first, then promote "
+                                     "the best 1/--prune-factor rung by rung up to --max-epochs (None: no pruning)")
+    prune_factor: int = _opt(3, "prune: each rung keeps the best 1/N of the rung below and trains about N times longer")
     batch_size: Optional[int] = _opt(None, "batch size of candidates (None: 128, or 64 on CIFAR-10; "
                                      "a batch_size gene overrides it)")
     limit: Optional[int] = _opt(None, "grid only: evaluate a random subset of this many genomes")
@@ -263,67 +327,95 @@ class SearchConfig:
                                 "(None: <out>/search.db)")
 
     def __post_init__(self) -> None:
-        _check_types(self)
         _check_finite(self)
         _check_seed(self.seed)
         _check_paths(self, "space", "store")
         object.__setattr__(self, "dataset", check_dataset(self.dataset))
-        if self.population < 2:
+        for name in ("population", "limit"):
+            value = getattr(self, name)
+            if value is not None and value > MAX_MEMBERS:
+                raise UserError(f"--{name} {value} is more than a generation can hold: at most {MAX_MEMBERS} "
+                                "(a generation is kept in memory and recorded as one row of the store)")
+        if self.population is not None and self.population < 2:
             raise UserError(f"--population must be at least 2, got {self.population}")
         for name in ("retain", "random_select", "mutate_chance"):
             _check_fraction(name, getattr(self, name))
         for name in ("generations", "max_epochs", "patience", "top", "workers_per_device"):
             _check_positive(name, getattr(self, name))
-        _check_positive("batch_size", self.batch_size, allow_none=True)
-        _check_positive("limit", self.limit, allow_none=True)
-        if not 0 <= self.elite <= self.population:
+        for name in ("batch_size", "limit", "max_evaluations", "min_epochs"):
+            _check_positive(name, getattr(self, name), allow_none=True)
+        if not 0 <= self.elite <= (self.population or self.elite):
             raise UserError(f"--elite must be between 0 and --population ({self.population}), got {self.elite}")
         if self.val_size <= 0:
             raise UserError("--val-size must be positive: the fitness is validation accuracy")
+        if not 0 <= self.remeasure <= MAX_REMEASURE:
+            raise UserError(f"--remeasure must be between 0 and {MAX_REMEASURE}, got {self.remeasure}")
+        if self.min_epochs is not None and self.min_epochs >= self.max_epochs:
+            raise UserError(f"--min-epochs ({self.min_epochs}) must be below --max-epochs ({self.max_epochs}): "
+                            "the first rung trains less than the last")
+        if self.prune_factor < 2:
+            raise UserError(f"--prune-factor must be at least 2, got {self.prune_factor}")
+
+
+# What a search recorded before these settings existed ran with: no re-measuring, budget or pruning.
+_BEFORE_SAMPLERS = {"remeasure": 0, "max_evaluations": None, "min_epochs": None, "prune_factor": 3}
+
+
+def upgrade_search_config(data: dict, kind: str) -> dict:
+    """A search's stored settings (a store's row, a config.json) in today's fields. One written before
+    samplers existed gets the sampler its `kind` meant (evolve: ga, grid: grid) and the settings
+    it ran with, so that it resumes and replays as it ran."""
+    if "sampler" in data:
+        return data
+    return {**_BEFORE_SAMPLERS, **data, "sampler": "ga" if kind == "evolve" else kind}
 
 
 # ---------------------------------------------------------------------------------------------
 # dataclass <-> dict <-> argparse
 
 
-_TYPE_NAMES = {int: "a whole number", float: "a number", str: "a string", bool: "true or false",
-               dict: "a table of KEY=VALUE"}
-
-
-def _check_types(cfg: Any) -> None:
-    """Each field holds a value of its annotated type (an int where a float is expected is fine), so
-    a hand-edited config.json or a Python caller gets one clear line, not an error deep inside."""
-    for f in dataclasses.fields(cfg):
-        value = getattr(cfg, f.name)
-        kind, optional = _base_type(f.type)
-        if value is None and optional:
-            continue
-        accepted = (int, float) if kind is float else kind
-        if not isinstance(value, accepted) or (isinstance(value, bool) and kind is not bool):
-            raise UserError(f"{f.name} must be {_TYPE_NAMES.get(kind, kind.__name__)}"
-                            f"{' or null' if optional else ''}, got {value!r}")
-        if kind is float:
-            try:
-                object.__setattr__(cfg, f.name, float(value))
-            except OverflowError:
-                raise UserError(f"{f.name} must be a finite number, got {value}") from None
-
-
 def to_dict(cfg: Any) -> dict:
     return dataclasses.asdict(cfg)
 
 
-def from_dict(cls: type, data: dict, *, what: str = "config", where: str | os.PathLike | None = None) -> Any:
-    """Build `cls` from a dict, refusing unknown keys (a typo must not be ignored); `where` (the file
-    it was read from) prefixes any complaint."""
-    names = {f.name for f in dataclasses.fields(cls)}
+def from_dict(cls: type, data: dict, *, what: str = "config key", where: str | os.PathLike | None = None) -> Any:
+    """Build `cls` from a dict, refusing unknown keys (a typo must not be ignored) and values of the
+    wrong type (a config file or a Python caller may give "2" for 2); `where` (the file it was read
+    from) prefixes any complaint."""
     try:
-        unknown = sorted(set(data) - names)
-        if unknown:
-            raise UserError(f"unknown {what} key(s) {', '.join(unknown)}: known keys are {', '.join(sorted(names))}")
-        return cls(**data)
+        return cls(**checked_values(cls, data, what=what))
     except UserError as exc:
-        raise UserError(f"{where}: {exc}" if where is not None else str(exc)) from None
+        if where is None:
+            raise
+        raise UserError(f"{where}: {exc}") from None
+
+
+def checked_values(cls: type, data: dict, *, what: str = "config key") -> dict:
+    """`data` with every key a field of `cls` and every value of its field's type (an int is
+    accepted for a float); a UserError naming the first that is not (`what` names a key: "config
+    key", "option")."""
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        raise UserError(f"unknown {what}(s) {', '.join(unknown)}: known ones are {', '.join(sorted(fields))}")
+    checked = {}
+    for key, value in data.items():
+        kind, optional = _base_type(fields[key].type)
+        if value is None and optional:
+            checked[key] = None
+        elif kind is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+            try:
+                checked[key] = float(value)
+            except OverflowError:  # an int beyond every float: as infinite as 1e400
+                checked[key] = math.inf
+        elif isinstance(value, kind) and not (kind is int and isinstance(value, bool)):
+            checked[key] = value
+        else:
+            expected = {int: "a whole number", float: "a number", str: "a string", bool: "true or false",
+                        dict: "a table of KEY = VALUE"}.get(kind, kind.__name__)
+            raise UserError(f"{what} {key} must be {expected}{' (or left out)' if optional else ''}, "
+                            f"got {value!r}")
+    return checked
 
 
 def replace(cfg: Any, **changes: Any) -> Any:
@@ -369,9 +461,11 @@ class _KeyValueAction(argparse.Action):
         setattr(namespace, self.dest, current)
 
 
-def add_arguments(parser: argparse.ArgumentParser, cls: type, *, skip: tuple[str, ...] = ()) -> None:
+def add_arguments(parser: argparse.ArgumentParser, cls: type, *, skip: tuple[str, ...] = (),
+                  helps: dict[str, str] | None = None) -> None:
     """One flag per field. Defaults are left out of the namespace (argparse.SUPPRESS) so the caller
-    can tell what the user typed from what is a default (needed by --resume and presets)."""
+    can tell what the user typed from what is a default (needed by --resume and presets). `helps`
+    replaces fields' help texts where a command means something of its own by them."""
     group = parser.add_argument_group(cls.__name__, (cls.__doc__ or "").strip().splitlines()[0])
     for f in dataclasses.fields(cls):
         if f.name in skip:
@@ -381,7 +475,7 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type, *, skip: tuple[str
         choices = f.metadata.get("choices")
         # Choices are checked by the dataclass, whose message names them all in one line.
         one_of = f"; one of {', '.join(choices)}" if choices else ""
-        help_text = f"{f.metadata['help']} (default: {default}{one_of})"
+        help_text = f"{(helps or {}).get(f.name, f.metadata['help'])} (default: {default}{one_of})"
         kind, optional = _base_type(f.type)
         if kind is dict:
             group.add_argument(flag, dest=f.name, action=_KeyValueAction, metavar="KEY=VALUE",

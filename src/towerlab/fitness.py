@@ -1,10 +1,12 @@
 """The bridge between the search and training: genome -> TrainConfig -> validation accuracy.
 
 A genome holds model genes (the options of the space's model family) and training genes
-(optimizer, lr, batch_size, epochs). What a genome leaves open comes from the search's settings:
-each optimizer trains at its own default learning rate (as in the original), the batch size is
-128 (64 on CIFAR-10), at most `max_epochs` epochs with early stopping after `patience` epochs
-without a lower validation loss; the weights of the best epoch are the candidate's.
+(optimizer, lr, batch_size, epochs, label_smoothing). What a genome leaves open comes from the
+search's settings: each optimizer trains at its own default learning rate (as in the original), the
+batch size is 128 (64 on CIFAR-10), at most `max_epochs` epochs with early stopping after `patience`
+epochs without a lower validation loss; the weights of the best epoch are the candidate's. A family
+with a training recipe (`RECIPES`: whitenet trains as the cifar-94 preset on one device) takes the
+rest from it: its optimizer settings, learning rate, batch size, schedule, augmentation.
 """
 
 from __future__ import annotations
@@ -18,15 +20,31 @@ import torch
 from towerlab.config import SearchConfig, TrainConfig, is_custom_dataset
 from towerlab.data import fingerprint
 from towerlab.distributed import Context, Interrupted, StopFlag
+from towerlab.presets import apply_preset
 from towerlab.search import Candidate, Outcome, genome_hash
 from towerlab.strategies import DEFAULT_LR
 from towerlab.train import Diverged, train
 
-TRAINING_GENES = ("optimizer", "lr", "batch_size", "epochs")
+TRAINING_GENES = ("optimizer", "lr", "batch_size", "epochs", "label_smoothing")
 DEFAULT_BATCH = {"cifar10": 64}  # the original's; 128 for the MNIST-like sets
-# Bumped whenever candidate training changes what it computes, so a store's cache never serves
-# fitnesses that today's code would not reproduce.
+# Bumped whenever candidate training changes what it computes (a recipe below included: a test pins
+# their content), so a store's cache never serves fitnesses that today's code would not reproduce.
 FITNESS_VERSION = 2
+RECIPES = {"whitenet": "cifar-94"}  # model family -> the preset its candidates train with
+# What a recipe does not decide for a candidate: the search's own settings and the genome do.
+_NOT_FROM_RECIPE = ("model", "dataset", "val_size", "epochs", "steps", "seed", "patience", "target_accuracy")
+_OPTIMIZER_SETTINGS = ("lr", "momentum", "nesterov")
+
+
+def recipe(model: str, optimizer: str | None = None) -> dict:
+    """The TrainConfig fields a candidate of family `model` takes from its preset (one device's
+    variant), without those of the preset's optimizer when the genome picks another one."""
+    if model not in RECIPES:
+        return {}
+    settings = {k: v for k, v in apply_preset(RECIPES[model], "cuda").items() if k not in _NOT_FROM_RECIPE}
+    if optimizer is not None and optimizer != settings.get("optimizer"):
+        settings = {k: v for k, v in settings.items() if k not in _OPTIMIZER_SETTINGS}
+    return settings
 
 
 def training_settings(cfg: SearchConfig) -> dict:
@@ -42,21 +60,31 @@ def train_config_hash(cfg: SearchConfig) -> str:
     return genome_hash(training_settings(cfg))
 
 
-def candidate_config(cfg: SearchConfig, model: str, genome: dict, seed: int) -> TrainConfig:
-    optimizer = genome.get("optimizer", "adam")
-    return TrainConfig(
-        model=model,
-        model_options={k: v for k, v in genome.items() if k not in TRAINING_GENES},
-        dataset=cfg.dataset, val_size=cfg.val_size,
-        batch_size=genome.get("batch_size", cfg.batch_size or DEFAULT_BATCH.get(cfg.dataset, 128)),
-        epochs=genome.get("epochs", cfg.max_epochs),
-        lr=genome.get("lr", DEFAULT_LR[optimizer]), optimizer=optimizer,
-        seed=seed, patience=cfg.patience,
-    )
+def candidate_config(cfg: SearchConfig, model: str, genome: dict, seed: int,
+                     max_epochs: int | None = None) -> TrainConfig:
+    """The training of one candidate; `max_epochs` below the search's caps it (a pruned search's
+    lower rung), an epochs gene included."""
+    base = recipe(model, genome.get("optimizer"))
+    optimizer = genome.get("optimizer", base.get("optimizer", "adam"))
+    training = {**base, **{k: v for k, v in genome.items() if k in TRAINING_GENES}}
+    epochs = genome.get("epochs", cfg.max_epochs)
+    if max_epochs is not None and max_epochs < cfg.max_epochs:
+        epochs = min(epochs, max_epochs)
+    return TrainConfig(**{
+        **training,
+        "model": model,
+        "model_options": {k: v for k, v in genome.items() if k not in TRAINING_GENES},
+        "dataset": cfg.dataset, "val_size": cfg.val_size,
+        "batch_size": genome.get("batch_size", cfg.batch_size or base.get("batch_size")
+                                 or DEFAULT_BATCH.get(cfg.dataset, 128)),
+        "epochs": epochs,
+        "lr": training.get("lr", DEFAULT_LR[optimizer]), "optimizer": optimizer,
+        "seed": seed, "patience": cfg.patience,
+    })
 
 
 def estimated_cost(cfg: SearchConfig, model: str, genome: dict, input_shape: tuple[int, int, int],
-                   num_classes: int) -> float:
+                   num_classes: int, max_epochs: int | None = None) -> float:
     """Forward FLOPs per example times epochs, counted on the meta device (nothing is allocated).
     Only used to hand the most expensive candidates out first, so that a generation does not end
     waiting for one big network that started last. 0 for a genome that cannot be built."""
@@ -64,7 +92,7 @@ def estimated_cost(cfg: SearchConfig, model: str, genome: dict, input_shape: tup
 
     from towerlab.models import build_model
 
-    tc = candidate_config(cfg, model, genome, 0)
+    tc = candidate_config(cfg, model, genome, 0, max_epochs)
     try:
         with torch.device("meta"), FlopCounterMode(display=False) as counter:
             build_model(tc.model, input_shape, num_classes, **tc.model_options)(torch.zeros(1, *input_shape))
@@ -74,11 +102,12 @@ def estimated_cost(cfg: SearchConfig, model: str, genome: dict, input_shape: tup
 
 
 def train_candidate(cfg: SearchConfig, model: str, genome: dict, seed: int, data: Any, device: torch.device,
-                    *, test: bool = False, stop: StopFlag | None = None) -> tuple[dict, Any]:
+                    *, test: bool = False, stop: StopFlag | None = None,
+                    max_epochs: int | None = None) -> tuple[dict, Any]:
     """Train one genome on this process's device. Returns (the outcome's fields, the TrainResult);
     a candidate that diverges or runs out of memory is a failure with its reason, not a crash."""
     started = time.perf_counter()
-    tc = candidate_config(cfg, model, genome, seed)
+    tc = candidate_config(cfg, model, genome, seed, max_epochs)
     try:
         result = train(tc, Context(device=device), data, test=test, stop=stop)
     except Interrupted:
@@ -110,4 +139,4 @@ def outcome(fields: dict) -> Outcome:
 
 
 def candidate_task(candidate: Candidate, kind: str = "fitness") -> dict:
-    return {"kind": kind, "genome": candidate.genome, "seed": candidate.seed}
+    return {"kind": kind, "genome": candidate.genome, "seed": candidate.seed, "max_epochs": candidate.max_epochs}

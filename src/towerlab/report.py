@@ -131,11 +131,11 @@ def format_step(step: int, loss: float, accuracy: float, examples_per_sec: float
             f"{examples_per_sec:.0f} Examples/sec")
 
 
-def format_epoch(epoch: int, epochs: int, val_loss: float | None, val_accuracy: float | None,
-                 seconds: float) -> str:
+def format_epoch(where: str, val_loss: float | None, val_accuracy: float | None, seconds: float) -> str:
+    """An evaluation line; `where` is "Epoch 3/10", or "Step 20/20 (epoch 0.19)" under --steps."""
     if val_accuracy is None:
-        return f"Epoch {epoch}/{epochs}: no validation set ({seconds:.1f} s)"
-    return (f"Epoch {epoch}/{epochs}: Validation Loss= {val_loss:.4f}, "
+        return f"{where}: no validation set ({seconds:.1f} s)"
+    return (f"{where}: Validation Loss= {val_loss:.4f}, "
             f"Validation Accuracy= {val_accuracy:.4f} ({seconds:.1f} s)")
 
 
@@ -162,24 +162,81 @@ def format_generation(stats: Any, generations: int) -> str:
 
 
 def format_top(rows: list[dict]) -> str:
-    """The final table: rank, validation and test accuracy, genome."""
-    lines = [f"Top {len(rows)} networks (fitness = validation accuracy):",
-             f"  {'#':>2}  {'val acc':>7}  {'test acc':>8}  genome"]
+    """The final table: rank, validation accuracy (the mean over its seeds) and its spread, test
+    accuracy, genome."""
+    lines = [f"Top {len(rows)} networks (fitness = validation accuracy, the mean over its seeds):",
+             f"  {'#':>2}  {'val acc':>7}  {'+-':>6}  {'seeds':>5}  {'test acc':>8}  genome"]
     for i, row in enumerate(rows, 1):
         test = "-" if row.get("test_accuracy") is None else f"{row['test_accuracy']:.4f}"
+        spread = "-" if row.get("val_accuracy_sd") is None else f"{row['val_accuracy_sd']:.4f}"
         genome = ", ".join(f"{k}={v}" for k, v in row["genome"].items())
-        lines.append(f"  {i:>2}  {row['val_accuracy']:.4f}  {test:>8}  {genome}")
+        lines.append(f"  {i:>2}  {row['val_accuracy']:.4f}  {spread:>6}  {len(row['seeds']):>5}  {test:>8}  {genome}")
     return "\n".join(lines)
 
 
-def plot_fitness(stats: list[dict], path: Path, title: str) -> None:
-    """fitness.png: best, mean and worst validation accuracy per generation (written atomically)."""
+def _save_figure(fig: Any, path: Path) -> None:
     import io
 
+    import matplotlib.pyplot as plt
+
+    buffer = io.BytesIO()
+    fig.tight_layout()
+    fig.savefig(buffer, format="png")
+    plt.close(fig)
+    atomic.write_bytes(path, buffer.getvalue())
+
+
+def _pyplot() -> Any:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_accuracy_time(records: list[dict], path: Path, title: str) -> None:
+    """Validation accuracy against training time, one colour per search of `records` (as
+    `towerlab.search.evaluation_records` gives them): each training is a point at the training
+    seconds its search had spent when it finished (every rung and re-measure counted), the line is
+    the best accuracy so far of the evaluations at the search's longest training (written atomically)."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6, 4), dpi=120)
+    for search in sorted({r["search"] for r in records}):
+        rows = [r for r in records if r["search"] == search]
+        longest = max(r["max_epochs"] or 0 for r in rows)
+        spent, points, best, curve = 0.0, [], None, []
+        for r in rows:
+            spent += r["seconds"]
+            if r["status"] != "ok":
+                continue
+            points.append((spent, r["val_accuracy"]))
+            if (r["max_epochs"] or 0) == longest and r["replicate"] == 0:
+                best = r["val_accuracy"] if best is None else max(best, r["val_accuracy"])
+                curve.append((spent, best))
+        label = f"search {search}: {rows[0]['sampler']}"
+        line = ax.step(*zip(*curve), where="post", label=label)[0] if curve else None
+        if points:
+            ax.plot(*zip(*points), ".", alpha=0.4, color=line.get_color() if line else None,
+                    label=None if line else label)
+    ax.set_xlabel("training seconds spent")
+    ax.set_ylabel("validation accuracy")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    if records:
+        ax.legend()
+    _save_figure(fig, path)
+
+
+def plot_fitness(stats: list[dict], path: Path, title: str) -> None:
+    """fitness.png: best, mean and worst validation accuracy per generation (written atomically)."""
+    _save_figure(fitness_figure(stats, title), path)
+
+
+def fitness_figure(stats: list[dict], title: str) -> Any:
+    """The figure of fitness.png (a matplotlib Figure; the caller closes it)."""
+    plt = _pyplot()
+    from matplotlib.ticker import MaxNLocator
 
     generations = [s["generation"] + 1 for s in stats]
     fig, ax = plt.subplots(figsize=(6, 4), dpi=120)
@@ -187,14 +244,11 @@ def plot_fitness(stats: list[dict], path: Path, title: str) -> None:
         points = [(g, s[key]) for g, s in zip(generations, stats) if s[key] is not None]
         if points:
             ax.plot(*zip(*points), style, label=key)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # generations are whole: no tick at 1.5
     ax.set_xlabel("generation")
     ax.set_ylabel("validation accuracy")
     ax.set_title(title)
     ax.grid(alpha=0.3)
     if ax.lines:  # not when every candidate failed
         ax.legend()
-    buffer = io.BytesIO()
-    fig.tight_layout()
-    fig.savefig(buffer, format="png")
-    plt.close(fig)
-    atomic.write_bytes(path, buffer.getvalue())
+    return fig

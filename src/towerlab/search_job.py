@@ -1,14 +1,16 @@
-"""One `towerlab evolve` or `towerlab grid` job: start the workers (alone, spawned locally, or
-under torchrun), let rank 0 run the search against its SQLite store while every rank trains
-candidates, then test the top networks and write the record.
+"""One `towerlab evolve`, `towerlab grid` or `towerlab search run` job: start the workers (alone,
+spawned locally, or under torchrun), let rank 0 run the search against its SQLite store while every
+rank trains candidates, then test the top networks and write the record.
 
 The output folder holds config.json, search.db (unless --store points elsewhere),
-generations.jsonl, best.json, fitness.png, summary.json and, with --export-best, model.pt.
+generations.jsonl, best.json, fitness.png, accuracy_time.png, summary.json and, with
+--export-best, model.pt.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import signal
 import socket
@@ -24,33 +26,33 @@ import towerlab
 from towerlab import atomic
 from towerlab.config import (RunConfig, SearchConfig, TrainConfig, dataset_label, replace, to_dict,
                              to_flags)
-from towerlab.distributed import (Context, Interrupted, StopFlag, check_capacity, default_threads, device_type,
-                                  kv_store, local_processes, resolve_devices, session, torchrun_restart,
-                                  torchrun_world_size, under_torchrun)
+from towerlab.distributed import (Context, Interrupted, StopFlag, check_capacity, default_threads, kv_store,
+                                  local_processes, session, torchrun_restart, torchrun_world_size, under_torchrun)
 from towerlab.errors import UserError
 from towerlab.fitness import (candidate_config, candidate_task, estimated_cost, outcome, train_candidate,
                               train_config_hash)
 from towerlab.job import (check_writable_file, require_out_under_torchrun, restarted_by_torchrun, save_model,
                           start_job, write_config)
-from towerlab.pool import Pool, stale_seconds
-from towerlab.report import Reporter, format_generation, format_top, plot_fitness
-from towerlab.runner import load_data, stderr_line
-from towerlab.search import Candidate, Space, load_space, run_evolution, run_grid
-from towerlab.search.engine import open_search
-from towerlab.store import Store
+from towerlab.report import Reporter, format_generation, format_top, plot_accuracy_time, plot_fitness
+from towerlab.runner import handed_over, load_data, resolved_run, worker_data
+from towerlab.search import (Candidate, Space, evaluation_records, load_space, make_sampler, open_search,
+                             run_search)
+from towerlab.search.pool import Pool, stale_seconds
+from towerlab.search.store import Store
 
-KINDS = ("evolve", "grid")
+# The command of each kind of search job (`towerlab <command>`).
+COMMANDS = {"evolve": "evolve", "grid": "grid", "search": "search run"}
 
 
-def start_search(kind: str, cfg: SearchConfig, run: RunConfig) -> int:
-    """Run the search job; returns its exit status."""
+def start_search(kind: str, cfg: SearchConfig, run: RunConfig, *, start_method: str = "spawn") -> int:
+    """Run the search job; returns its exit status (`start_method` as in `distributed.launch`)."""
     space = load_space(cfg.space)
+    make_sampler(cfg, space)  # an unknown sampler or a setting it refuses: before any folder or worker
     require_out_under_torchrun(run)
     if cfg.store:
         check_writable_file(cfg.store, "--store")
-    if not under_torchrun():
-        run = replace(run, device=device_type(run.device), devices=resolve_devices(run.devices, run.device))
-    out = Path(run.resume or run.out or default_out(kind, cfg, space))
+    run = resolved_run(run)
+    out = search_out(kind, cfg, run, space)
     if run.resume is None and _restarted_by_torchrun(out, kind, cfg):
         run = replace(run, resume=str(out))  # torchrun restarted this job's workers: continue the search
     workers = 1 if under_torchrun() else run.devices * cfg.workers_per_device
@@ -58,18 +60,26 @@ def start_search(kind: str, cfg: SearchConfig, run: RunConfig) -> int:
         check_capacity(workers, run.threads or default_threads(workers),
                        f"--devices {run.devices} x --workers-per-device {cfg.workers_per_device}")
 
-    def preflight() -> None:
+    def preflight() -> tuple:
         stale_seconds()  # a bad TOWERLAB_WORKER_STALE_SECONDS is refused before any worker starts
-        _data(cfg, run, download=run.download)  # every data problem (and the download) before any worker starts
+        # Every data problem (and the download, or the offline fallback) once, before any worker
+        # starts; the workers get this data, so every one of them reads the very same.
+        return (kind, cfg, run, str(out), *handed_over(_data(cfg, run), start_method))
 
     def resume_hint() -> str:
-        return f"Continue the search with: towerlab {kind} --resume {out}" if (out / "config.json").exists() else ""
+        return (f"Continue the search with: towerlab {COMMANDS[kind]} --resume {out}"
+                if (out / "config.json").exists() else "")
 
     return start_job(out, resume=run.resume is not None, processes=workers,
                      run_here=lambda: _process(0, torchrun_world_size(), None, kind, cfg, run, str(out)),
-                     spawned=_spawned, args=(kind, cfg, run, str(out)), preflight=preflight,
-                     hint=resume_hint, essential={0}, timeout=run.timeout,
+                     spawned=_spawned, preflight=preflight, hint=resume_hint, essential={0},
+                     start_method=start_method, timeout=run.timeout,
                      name=lambda rank: "coordinator rank 0" if rank == 0 else f"worker rank {rank}")
+
+
+def search_out(kind: str, cfg: SearchConfig, run: RunConfig, space: Space | None = None) -> Path:
+    """The job's output folder: --resume, else --out, else a new one under runs/."""
+    return Path(run.resume or run.out or default_out(kind, cfg, space or load_space(cfg.space)))
 
 
 def _restarted_by_torchrun(out: Path, kind: str, cfg: SearchConfig) -> bool:
@@ -82,19 +92,19 @@ def default_out(kind: str, cfg: SearchConfig, space: Space) -> Path:
     return Path("runs") / f"{datetime.now():%Y%m%d-%H%M%S}-{kind}-{Path(space.name).stem}-{dataset_label(cfg.dataset)}"
 
 
-def _data(cfg: SearchConfig, run: RunConfig, *, download: bool, log: Callable[[str], None] = stderr_line) -> Any:
-    return load_data(TrainConfig(dataset=cfg.dataset, val_size=cfg.val_size), run, download=download, log=log)
+def _data(cfg: SearchConfig, run: RunConfig, **how: Any) -> Any:
+    return load_data(TrainConfig(dataset=cfg.dataset, val_size=cfg.val_size), run, **how)
 
 
 def _spawned(rank: int, world_size: int, store_path: str, kind: str, cfg: SearchConfig, run: RunConfig,
-             out: str) -> None:
-    status = _process(rank, world_size, store_path, kind, cfg, run, out)
+             out: str, data: Any, fallback: bool | None) -> None:
+    status = _process(rank, world_size, store_path, kind, cfg, run, out, data, fallback)
     if status:
         sys.exit(status)
 
 
 def _process(rank: int, world_size: int, store_path: str | None, kind: str, cfg: SearchConfig,
-             run: RunConfig, out: str) -> int:
+             run: RunConfig, out: str, data: Any = None, fallback: bool | None = None) -> int:
     local = local_processes(run) * (1 if under_torchrun() else cfg.workers_per_device)
     torch.set_num_threads(run.threads or default_threads(local))
     with session(rank=rank, world_size=world_size, store_path=store_path, timeout=run.timeout,
@@ -102,15 +112,13 @@ def _process(rank: int, world_size: int, store_path: str | None, kind: str, cfg:
             (StopFlag() if ctx.is_main else contextlib.nullcontext()) as stop:
         # Only the coordinator turns Ctrl-C into an orderly stop (it owns the store); a worker just
         # dies, losing at most the candidate in flight, which the resumed search trains again.
-        # A single process may download; spawned workers find what the launcher fetched before them.
-        data = _data(cfg, run, download=run.download and not ctx.distributed,
-                     log=stderr_line if ctx.is_main else (lambda _line: None))
+        data = worker_data(ctx, functools.partial(_data, cfg, run), data, fallback).to(ctx.device)
         space = load_space(cfg.space)
         worker = f"rank{ctx.rank}@{socket.gethostname()}:{ctx.device}"
 
         def work(task: dict) -> dict:
             fields, _ = train_candidate(cfg, space.model, task["genome"], task["seed"], data, ctx.device,
-                                        test=task["kind"] == "test", stop=stop)
+                                        test=task["kind"] == "test", stop=stop, max_epochs=task["max_epochs"])
             return {**fields, "worker": worker}
 
         def check_stop() -> None:
@@ -158,16 +166,17 @@ def _coordinate(kind: str, cfg: SearchConfig, run: RunConfig, out: Path, space: 
         if run.resume:
             search_id = json.loads((out / "config.json").read_text())["search_id"]
         else:
-            search_id = open_search(store, kind, cfg, space, tch, None)
+            search_id = open_search(store, cfg, make_sampler(cfg, space), space, tch, None)
             _write_config(out, kind, cfg, run, ctx, store, search_id)
-        reporter.line(f"towerlab {kind}: space {space.name} ({space.size} genomes, model {space.model}) on "
-                      f"{cfg.dataset}, {ctx.world_size} worker(s) on {ctx.device.type} -> {out}")
+        reporter.line(f"towerlab {COMMANDS[kind]}: {cfg.sampler} over space {space.name} ({space.size} genomes, "
+                      f"model {space.model}) on {cfg.dataset}, {ctx.world_size} worker(s) on {ctx.device.type} "
+                      f"-> {out}")
 
         def evaluate(candidates: list[Candidate], record: Callable) -> None:
             reporter.start_progress(len(candidates), 0, unit="net")
             # Largest first: the generation then ends on small candidates, not on a big one that
             # started last while the other workers sat idle.
-            costs = [estimated_cost(cfg, space.model, c.genome, data.input_shape, data.num_classes)
+            costs = [estimated_cost(cfg, space.model, c.genome, data.input_shape, data.num_classes, c.max_epochs)
                      for c in candidates]
             order = sorted(range(len(candidates)), key=lambda i: -costs[i])
 
@@ -181,7 +190,7 @@ def _coordinate(kind: str, cfg: SearchConfig, run: RunConfig, out: Path, space: 
             finally:
                 reporter.end_progress()
 
-        generations = cfg.generations if kind == "evolve" else 1
+        generations = 1 if cfg.sampler == "grid" else cfg.generations
         stats_log = out / "generations.jsonl"
         if run.resume:
             stats_log.unlink(missing_ok=True)  # rewritten from the store as the generations replay
@@ -192,18 +201,21 @@ def _coordinate(kind: str, cfg: SearchConfig, run: RunConfig, out: Path, space: 
                 f.write(atomic.json_text(stats.to_json(), sort_keys=True) + "\n")
 
         started = time.perf_counter()
-        search = run_evolution if kind == "evolve" else run_grid
         recorded: list[int] = []
         try:
-            result = search(cfg, space, evaluate, store, tch, on_generation, resume=search_id)
+            result = run_search(cfg, space, evaluate, store, tch, on_generation, resume=search_id,
+                                on_progress=reporter.line)
         except Interrupted:
             reporter.line(f"Interrupted: the {len(recorded)} evaluation(s) finished since this start are kept in "
                           f"{store.path}, with every earlier one")
             raise
-        top = _test_top(result.top, store, tch, run_tasks, reporter)
+        top = _test_top(result, store, run_tasks, reporter)
         if top:
             reporter.line(format_top(top))
-        _write_results(kind, cfg, space, out, result, top, ctx, time.perf_counter() - started)
+        if data.source.get("fallback"):  # on the last lines, where it cannot scroll away
+            reporter.line("Trained on the OFFLINE FALLBACK DATA, not the full dataset: not comparable with "
+                          "MNIST results")
+        _write_results(kind, cfg, space, out, store, result, top, ctx, time.perf_counter() - started, data.source)
         if not top:
             raise UserError(_all_failed(result, out))
         if cfg.export_best:
@@ -219,29 +231,37 @@ def _all_failed(result: Any, out: Path) -> str:
             f"`towerlab search show {out}` lists each failure")
 
 
-def _test_top(top: tuple, store: Store, tch: str, run_tasks: Callable, reporter: Reporter) -> list[dict]:
+def _test_top(result: Any, store: Store, run_tasks: Callable, reporter: Reporter) -> list[dict]:
     """Test accuracy, computed once and only for the top genomes: each is retrained with the seed of
-    its evaluation (so it is the same network) and scored on the test set."""
-    rows = [{"genome": t.genome, "genome_hash": t.genome_hash, "val_accuracy": t.fitness,
-             "val_loss": t.val_loss, "seed": t.seed, "epochs": t.epochs,
-             "test_accuracy": getattr(store.lookup(t.genome_hash, tch), "test_accuracy", None)} for t in top]
+    its evaluation (so it is the same network) and scored on the test set. A top genome's validation
+    accuracy is the mean over its seeds (the evaluation's, then its re-measures'), listed with
+    their spread; its test accuracy is the evaluation's network's."""
+    rows, evaluations = [], []
+    for t in result.top:
+        evaluation = store.lookup(t.genome_hash, t.train_config_hash, result.search_id)
+        evaluations.append(evaluation)
+        rows.append({"genome": t.genome, "genome_hash": t.genome_hash, "val_accuracy": t.fitness,
+                     "val_accuracy_sd": t.spread, "val_accuracies": list(t.fitnesses), "seeds": list(t.seeds),
+                     "val_loss": t.val_loss, "seed": t.seed, "epochs": t.epochs, "rung": t.rung,
+                     "max_epochs": evaluation.max_epochs, "test_accuracy": evaluation.test_accuracy})
     todo = [i for i, row in enumerate(rows) if row["test_accuracy"] is None]
     if todo:
         reporter.line(f"Testing the top {len(rows)} networks (retraining {len(todo)} with their seeds)")
 
-        def on_result(index: int, result: dict) -> None:
-            row = rows[todo[index]]
-            if result.get("status") != "ok" or result.get("test_accuracy") is None:
-                reporter.line(f"towerlab: warning: retraining a top network failed ({result.get('reason')}); "
+        def on_result(index: int, outcome: dict) -> None:
+            row, evaluation = rows[todo[index]], evaluations[todo[index]]
+            if outcome.get("status") != "ok" or outcome.get("test_accuracy") is None:
+                reporter.line(f"towerlab: warning: retraining a top network failed ({outcome.get('reason')}); "
                               "its test accuracy stays unknown")
                 return
-            if result["fitness"] != row["val_accuracy"]:
+            if outcome["fitness"] != evaluation.fitness:
                 reporter.line(f"towerlab: warning: a retrained top network reached validation accuracy "
-                              f"{result['fitness']:.4f}, not {row['val_accuracy']:.4f} (non-deterministic kernels)")
-            row["test_accuracy"] = result["test_accuracy"]
-            store.set_test_accuracy(row["genome_hash"], tch, row["test_accuracy"])
+                              f"{outcome['fitness']:.4f}, not {evaluation.fitness:.4f} (non-deterministic kernels)")
+            row["test_accuracy"] = outcome["test_accuracy"]
+            store.set_test_accuracy(evaluation.id, row["test_accuracy"])
 
-        run_tasks([{"kind": "test", "genome": rows[i]["genome"], "seed": rows[i]["seed"]} for i in todo], on_result)
+        run_tasks([{"kind": "test", "genome": rows[i]["genome"], "seed": rows[i]["seed"],
+                    "max_epochs": rows[i]["max_epochs"]} for i in todo], on_result)
     return rows
 
 
@@ -251,29 +271,36 @@ def _write_config(out: Path, kind: str, cfg: SearchConfig, run: RunConfig, ctx: 
                        "store": str(store.path), "workers": ctx.world_size, "device_type": ctx.device.type})
 
 
-def retrain_command(cfg: SearchConfig, space: Space, genome: dict, seed: int) -> str:
+def retrain_command(cfg: SearchConfig, space: Space, genome: dict, seed: int, max_epochs: int | None = None) -> str:
     """The `towerlab train` command that trains this candidate again as it was evaluated: on one device."""
-    return " ".join(["towerlab", "train", *to_flags(candidate_config(cfg, space.model, genome, seed)),
+    return " ".join(["towerlab", "train", *to_flags(candidate_config(cfg, space.model, genome, seed, max_epochs)),
                      "--devices", "1"])
 
 
-def _write_results(kind: str, cfg: SearchConfig, space: Space, out: Path, result: Any, top: list[dict],
-                   ctx: Context, seconds: float) -> None:
+def _write_results(kind: str, cfg: SearchConfig, space: Space, out: Path, store: Store, result: Any,
+                   top: list[dict], ctx: Context, seconds: float, data_source: dict) -> None:
     best = top[0] if top else None
     if best is not None:
         atomic.write_json(out / "best.json", {
-            "genome": best["genome"], "val_accuracy": best["val_accuracy"], "test_accuracy": best["test_accuracy"],
+            "genome": best["genome"], "val_accuracy": best["val_accuracy"], "val_accuracy_sd": best["val_accuracy_sd"],
+            "val_accuracies": best["val_accuracies"], "seeds": best["seeds"], "test_accuracy": best["test_accuracy"],
             "seed": best["seed"], "model": space.model, "dataset": cfg.dataset,
-            "command": retrain_command(cfg, space, best["genome"], best["seed"])})
+            "command": retrain_command(cfg, space, best["genome"], best["seed"], best["max_epochs"])})
     stats = [g.stats.to_json() for g in result.history]
-    plot_fitness(stats, out / "fitness.png", f"{kind}: {Path(space.name).stem} on {dataset_label(cfg.dataset)}")
+    title = f"{cfg.sampler}: {Path(space.name).stem} on {dataset_label(cfg.dataset)}"
+    plot_fitness(stats, out / "fitness.png", title)
+    plot_accuracy_time([r for r in evaluation_records(store) if r["search"] == result.search_id],
+                       out / "accuracy_time.png", title)
     atomic.write_json(out / "summary.json", {
-        "kind": kind, "space": space.name, "model": space.model, "dataset": cfg.dataset,
+        "kind": kind, "sampler": cfg.sampler, "space": space.name, "model": space.model, "dataset": cfg.dataset,
+        "data_source": data_source, "data_fallback": bool(data_source.get("fallback")),
         "best_genome": best["genome"] if best else None,
         "best_val_accuracy": best["val_accuracy"] if best else None,
+        "best_val_accuracy_sd": best["val_accuracy_sd"] if best else None,
         "best_test_accuracy": best["test_accuracy"] if best else None,
         "top": top, "evaluations": result.evaluations, "cache_hits": result.cache_hits,
-        "failures": result.failures, "generations": result.generations, "seconds": seconds,
+        "failures": result.failures, "generations": result.generations, "trainings": result.trainings,
+        "train_seconds": result.train_seconds, "seconds": seconds,
         "workers": ctx.world_size, "device_type": ctx.device.type, "search_id": result.search_id,
         "generation_stats": stats, "seed": cfg.seed, "torch_version": torch.__version__,
         "towerlab_version": towerlab.__version__})
@@ -285,8 +312,9 @@ def _export_best(cfg: SearchConfig, space: Space, best: dict, data: Any, device:
     weights of its best epoch), so the file is the network whose accuracies are reported."""
     reporter.line("Exporting the best network (retraining it) ...")
     fields, result = train_candidate(cfg, space.model, best["genome"], best["seed"], data, device, test=True,
-                                     stop=stop)
+                                     stop=stop, max_epochs=best["max_epochs"])
     if result is None or fields["status"] != "ok":
         raise UserError(f"retraining the best network failed ({fields.get('reason')}): model.pt not written")
-    save_model(out / "model.pt", result.model, candidate_config(cfg, space.model, best["genome"], best["seed"]), data)
+    save_model(out / "model.pt", result.model,
+               candidate_config(cfg, space.model, best["genome"], best["seed"], best["max_epochs"]), data)
     reporter.line(f"Wrote {out / 'model.pt'} (validation {result.val_accuracy:.4f}, test {result.test_accuracy:.4f})")

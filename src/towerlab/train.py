@@ -18,14 +18,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from towerlab import checkpoint
-from towerlab.batches import Batches, Normalizer, eval_batches, mix_seed
+from towerlab import checkpoint, models
+from towerlab.batches import Batches, Normalizer, eval_batches, mix_seed, tta_logits
 from towerlab.config import TrainConfig, to_dict
-from towerlab.distributed import Context, Interrupted, StopFlag, machine_memory, max_over_ranks, sum_over_ranks
+from towerlab.distributed import (Context, Interrupted, StopFlag, machine_memory, max_over_ranks, sum_over_ranks,
+                                  world_group)
 from towerlab.errors import UserError
-from towerlab.models import build_model
+from towerlab.models import build_model, instantiate
 from towerlab.report import Reporter, format_epoch, format_step
 from towerlab.strategies import Strategy, make_strategy
+from towerlab.whitenet import WHITEN_IMAGES, share_batch_statistics
 
 EVAL_BATCH = 1024
 STOP_CHECK_EVERY = 10  # steps between the ranks' agreement on a Ctrl-C (a tiny all-reduce)
@@ -105,15 +107,16 @@ def uses_dropout(module: nn.Module) -> bool:
 
 
 def evaluate(module: nn.Module, x: torch.Tensor, y: torch.Tensor, ctx: Context, normalize: Normalizer,
-             precision: str = "fp32") -> tuple[float, float]:
-    """(mean loss, accuracy) over a whole split; each rank scores its shard, the sums are reduced."""
+             precision: str = "fp32", tta: str = "none") -> tuple[float, float]:
+    """(mean loss, accuracy) over a whole split, of the logits averaged over the `tta` views; each
+    rank scores its shard, the sums are reduced."""
     was_training = module.training
     module.eval()
     totals = torch.zeros(3, dtype=torch.float64, device=ctx.device)
     autocast = torch.autocast(ctx.device.type, dtype=torch.bfloat16, enabled=precision == "bf16")
     with torch.no_grad(), autocast:
         for xb, yb in eval_batches(x, y, ctx, EVAL_BATCH, normalize):
-            logits = module(xb).float()
+            logits = tta_logits(module, xb, tta).float()
             totals[0] += F.cross_entropy(logits, yb, reduction="sum")
             totals[1] += (logits.argmax(1) == yb).sum()
             totals[2] += yb.numel()
@@ -146,53 +149,79 @@ class _Clock:
         return elapsed
 
 
-def build(cfg: TrainConfig, input_shape: tuple[int, int, int], num_classes: int, ctx: Context) -> nn.Module:
-    """The model, identically initialised on every rank (seeded before it is built)."""
+def seed_dropout(device: torch.device, seed: int) -> None:
+    """Seed the one generator dropout draws from on `device`. Not `torch.manual_seed`, which also
+    seeds every CUDA device and, where CUDA is not initialised, records a stack trace to do so
+    later: about 95 us per call against 1 us on a CPU (bench/changes.py), paid every step."""
+    if device.type == "cuda":
+        torch.cuda.manual_seed(seed)  # the current device's generator: the session set it to `device`
+    else:
+        torch.default_generator.manual_seed(seed)
+
+
+def build(cfg: TrainConfig, input_shape: tuple[int, int, int], num_classes: int, ctx: Context,
+          source: Any = None) -> nn.Module:
+    """The model, identically initialised on every rank (seeded before it is built); its BatchNorm
+    layers that can take their statistics over all replicas do. `source` is a module of your own or
+    its factory (`cfg.model` "custom")."""
     torch.manual_seed(cfg.seed)
-    module = build_model(cfg.model, input_shape, num_classes, **cfg.model_options)
+    module = build_model(cfg.model, input_shape, num_classes, **cfg.model_options) if source is None \
+        else instantiate(source)
     module = module.to(ctx.device)
     if uses_channels_last(cfg):
         module = module.to(memory_format=torch.channels_last)
+    share_batch_statistics(module, world_group(ctx))
     return module
 
 
+def fit_to_data(module: nn.Module, x_train: torch.Tensor, normalize: Normalizer) -> None:
+    """A model whose first layer is computed from the training images (whitenet's patch whitening)
+    gets them here, before the first step: the same leading images, so every rank computes the same
+    layer."""
+    fit = getattr(module, "fit_whitening", None)
+    if fit is not None:
+        fit(normalize(x_train[:WHITEN_IMAGES].to(normalize.scale.device)))
+
+
 def uses_channels_last(cfg: TrainConfig) -> bool:
-    """Channels-last (NHWC) activations for every convolutional model, on GPUs and CPUs alike: the
-    cuDNN and oneDNN convolution and pooling kernels are fastest on it. On a 2-core Xeon, 1 thread,
-    bf16 (bench/changes.py): LeNet-5's step 1.27x and CifarNet's 1.92x faster; in fp32, and for the
-    cnn model, about 1.4x."""
-    return cfg.model != "mlp"
+    return models.uses_channels_last(cfg.model)
 
 
 def train(cfg: TrainConfig, ctx: Context, data: Any, *, input_mode: str = "resident", strategy: str = "ddp",
           reporter: Reporter | None = None, display_step: int = 100, checkpoint_path: Path | None = None,
           resume_state: dict | None = None, test: bool = True, compile_model: bool = False,
-          stop: StopFlag | None = None) -> TrainResult:
-    """Train `cfg.model` on `data` (a towerlab.data.Dataset) over the replicas of `ctx`."""
+          stop: StopFlag | None = None, source: Any = None) -> TrainResult:
+    """Train `cfg.model` (or `source`, a module of your own or its factory) on `data` (a
+    towerlab.data.Dataset) over the replicas of `ctx`."""
     reporter = reporter or Reporter(None, enabled=False)
     if ctx.device.type == "cuda":
         # Every training batch has the same shape, so cuDNN's one-off search for the fastest
         # convolution algorithm pays back within a few steps.
         torch.backends.cudnn.benchmark = True
-    batches = _make_batches(cfg, ctx, data, input_mode)
+    batches = _make_batches(cfg, ctx, data, input_mode, source)
     steps_per_epoch = batches.steps_per_epoch
     total_steps = cfg.steps or cfg.epochs * steps_per_epoch
     epochs_total = -(-total_steps // steps_per_epoch)
-    module = build(cfg, data.input_shape, data.num_classes, ctx)
-    strat = make_strategy(strategy, module, cfg, ctx, total_steps, compile_model)
+    module = build(cfg, data.input_shape, data.num_classes, ctx, source)
+    clock = _Clock(ctx.device)
     progress = _Progress()
+    if resume_state is None:
+        # Part of training, as in airbench94's timing: a pass over training images.
+        clock.start()
+        fit_to_data(module, batches.x, batches.normalize)  # resident: already on the device
+        progress.train_seconds += clock.stop()
+    strat = make_strategy(strategy, module, cfg, ctx, total_steps, compile_model)
     if resume_state is not None:
         progress = _restore(resume_state, strat)
     resident = input_mode == "resident"
     val = (data.x_val.to(ctx.device), data.y_val.to(ctx.device)) if resident else (data.x_val, data.y_val)
     global_batch = cfg.batch_size * ctx.world_size
     dropout = uses_dropout(module)
-    clock = _Clock(ctx.device)
 
     def evaluate_val() -> tuple[float | None, float | None]:
         if data.n_val == 0:
             return None, None
-        return evaluate(module, *val, ctx, batches.normalize, cfg.precision)
+        return evaluate(module, *val, ctx, batches.normalize, cfg.precision, cfg.tta)
 
     def save(step: int) -> None:
         if checkpoint_path is not None and ctx.is_main:
@@ -207,7 +236,7 @@ def train(cfg: TrainConfig, ctx: Context, data: Any, *, input_mode: str = "resid
         clock.start()
         for x, y in batches.epoch(epoch, start):
             if dropout:
-                torch.manual_seed(mix_seed(cfg.seed, ctx.rank, progress.step))
+                seed_dropout(ctx.device, mix_seed(cfg.seed, ctx.rank, progress.step))
             loss, logits = strat.step(x, y)
             divergence.add(loss)
             progress.step += 1
@@ -215,7 +244,7 @@ def train(cfg: TrainConfig, ctx: Context, data: Any, *, input_mode: str = "resid
             step = progress.step
             if step % display_step == 0:
                 last_display = _display(reporter, ctx, step, loss, logits, y, last_display, global_batch,
-                                        divergence)
+                                        strat.lr(), divergence)
             if stop is not None and (ctx.world_size == 1 or step % STOP_CHECK_EVERY == 0):
                 signum = int(max_over_ranks(ctx, stop.signum))
                 if signum:
@@ -250,7 +279,7 @@ def train(cfg: TrainConfig, ctx: Context, data: Any, *, input_mode: str = "resid
     test_loss = test_acc = None
     if test and data.n_test > 0:
         test_data = (data.x_test.to(ctx.device), data.y_test.to(ctx.device)) if resident else (data.x_test, data.y_test)
-        test_loss, test_acc = evaluate(module, *test_data, ctx, batches.normalize, cfg.precision)
+        test_loss, test_acc = evaluate(module, *test_data, ctx, batches.normalize, cfg.precision, cfg.tta)
     seconds = progress.train_seconds
     return TrainResult(
         steps=progress.step, epochs=progress.step / steps_per_epoch, steps_per_epoch=steps_per_epoch,
@@ -259,37 +288,59 @@ def train(cfg: TrainConfig, ctx: Context, data: Any, *, input_mode: str = "resid
         best_epoch=progress.best_epoch, stopped=progress.stopped, history=progress.history, model=module)
 
 
-def check_setup(cfg: TrainConfig, world_size: int, data: Any) -> None:
+def check_setup(cfg: TrainConfig, world_size: int, data: Any, source: Any = None) -> None:
     """Every mistake that would otherwise surface mid-run, found before anything is written: the
-    model and its options (built on the meta device, so nothing is allocated; a model whose
-    weights, gradients and optimizer state cannot fit in this machine's memory is refused) and the
-    batch size."""
-    options = " ".join(f"{k}={v}" for k, v in cfg.model_options.items()) or "default options"
-    try:
-        with torch.device("meta"):
-            module = build_model(cfg.model, data.input_shape, data.num_classes, **cfg.model_options)
-    except RuntimeError as exc:  # sizes torch cannot even describe ("Storage size calculation overflowed")
-        raise UserError(f"model {cfg.model} ({options}) cannot be built: {str(exc).splitlines()[0]}: use smaller "
-                        "model options") from None
-    need = 16 * sum(p.numel() for p in module.parameters())  # fp32 weights, gradients and 2 optimizer moments
-    if need > machine_memory():
-        raise UserError(f"model {cfg.model} ({options}) needs {need / 2**30:,.0f} GiB for its weights, gradients and "
-                        f"optimizer state, more than this machine's {machine_memory() / 2**30:.0f} GiB: use smaller "
-                        "model options")
+    model and its options (built on the meta device, so nothing is allocated; a model whose weights,
+    gradients and optimizer state cannot fit in this machine's memory is refused), a module of your
+    own (`source`: it must take a batch of the data's images and return one logit per class), and
+    the batch size."""
+    if source is None:
+        options = " ".join(f"{k}={v}" for k, v in cfg.model_options.items()) or "default options"
+        try:
+            with torch.device("meta"):
+                module = build_model(cfg.model, data.input_shape, data.num_classes, **cfg.model_options)
+        except RuntimeError as exc:  # sizes torch cannot even describe ("Storage size calculation overflowed")
+            raise UserError(f"model {cfg.model} ({options}) cannot be built: {str(exc).splitlines()[0]}: use "
+                            "smaller model options") from None
+        need = 16 * sum(p.numel() for p in module.parameters())  # fp32 weights, gradients, 2 optimizer moments
+        if need > machine_memory():
+            raise UserError(f"model {cfg.model} ({options}) needs {need / 2**30:,.0f} GiB for its weights, gradients "
+                            f"and optimizer state, more than this machine's {machine_memory() / 2**30:.0f} GiB: use "
+                            "smaller model options")
+    else:
+        check_module(instantiate(source), data.input_shape, data.num_classes)
+    if cfg.translate >= min(data.input_shape[1:]):
+        raise UserError(f"--translate {cfg.translate} shifts images by their whole size "
+                        f"{data.input_shape[1]}x{data.input_shape[2]}: use fewer pixels")
     if (data.n_train // world_size) // cfg.batch_size == 0:
         raise UserError(f"--batch-size {cfg.batch_size} x {world_size} replica(s) is more than the "
                         f"{data.n_train} training examples: lower --batch-size or --devices")
 
 
-def _make_batches(cfg: TrainConfig, ctx: Context, data: Any, input_mode: str) -> Batches:
-    check_setup(cfg, ctx.world_size, data)
+def check_module(module: nn.Module, input_shape: tuple[int, int, int], num_classes: int) -> None:
+    """A module of your own, tried on two zero images where its parameters are."""
+    device = next(module.parameters(), torch.zeros(0)).device
+    try:
+        with torch.no_grad():
+            out = module.eval()(torch.zeros(2, *input_shape, device=device))
+    except Exception as exc:  # noqa: BLE001 - whatever the module raises, it cannot train on this data
+        raise UserError(f"your module fails on a batch of images of shape {tuple(input_shape)} (C, H, W): "
+                        f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}") from None
+    if not isinstance(out, torch.Tensor) or tuple(out.shape) != (2, num_classes):
+        shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+        raise UserError(f"your module returns {shape} for 2 images; it must return logits of shape "
+                        f"(N, {num_classes}), one per class of the data")
+
+
+def _make_batches(cfg: TrainConfig, ctx: Context, data: Any, input_mode: str, source: Any = None) -> Batches:
+    check_setup(cfg, ctx.world_size, data, source)
     normalize = Normalizer(data.mean, data.std, ctx.device, uses_channels_last(cfg))
     return Batches(data.x_train, data.y_train, ctx, cfg.batch_size, cfg.seed, input_mode, normalize,
-                   augment_images=cfg.augment)
+                   augment_images=cfg.augment, translate=cfg.translate)
 
 
 def _display(reporter: Reporter, ctx: Context, step: int, loss: torch.Tensor, logits: torch.Tensor,
-             y: torch.Tensor, last: tuple[int, float], global_batch: int,
+             y: torch.Tensor, last: tuple[int, float], global_batch: int, lr: float,
              divergence: _Divergence) -> tuple[int, float]:
     stats = torch.stack([loss.float(), (logits.argmax(1) == y).float().mean()]).to(torch.float64)
     stats = torch.cat([stats, divergence.flag().reshape(1)])  # one reduction for both
@@ -298,7 +349,8 @@ def _display(reporter: Reporter, ctx: Context, step: int, loss: torch.Tensor, lo
     now = time.perf_counter()
     rate = (step - last[0]) * global_batch / max(now - last[1], 1e-9)
     reporter.line(format_step(step, loss_value, accuracy, rate))
-    reporter.record("step", step=step, loss=loss_value, accuracy=accuracy, examples_per_sec=rate)
+    # lr: the learning rate the schedule set for the next step (a host float: no device sync)
+    reporter.record("step", step=step, loss=loss_value, accuracy=accuracy, examples_per_sec=rate, lr=lr)
     return step, now
 
 
@@ -313,7 +365,10 @@ def _after_eval(cfg: TrainConfig, progress: _Progress, reporter: Reporter, step:
     progress.history.append(record)
     reporter.record("epoch" if end_of_epoch else "eval", **record)
     if end_of_epoch:
-        reporter.line(format_epoch(epoch, epochs_total, val_loss, val_acc, seconds))
+        # Under --steps the budget is counted in steps, and the last evaluation may fall mid-epoch.
+        where = f"Step {step}/{cfg.steps} (epoch {step / steps_per_epoch:.2f})" if cfg.steps \
+            else f"Epoch {epoch}/{epochs_total}"
+        reporter.line(format_epoch(where, val_loss, val_acc, seconds))
     if val_loss is None:
         return
     if val_loss < progress.best_val_loss:

@@ -1,36 +1,29 @@
-"""Genetic network search and the grid baseline: pure Python and numpy, never torch.
+"""Network search: samplers (the genetic algorithm, the grid, random, TPE) run by one engine loop,
+with a SQLite store that caches every evaluation and replays a search on resume. Pure Python and
+numpy (Optuna for TPE), never torch.
 
-The torch side supplies `evaluate(candidates, record)` (see `towerlab.search.evaluation`) and a
-`towerlab.store.Store`; everything random comes from the search seed, so a search can be resumed
-by replaying it against its store.
+The torch side supplies `evaluate(candidates, record)` (see `towerlab.search.evaluation`); the
+store is `towerlab.search.store.Store`, and `towerlab.search.pool` hands candidates to worker
+processes. Everything random comes from the search seed, so a search can be resumed by replaying
+it against its store.
 """
 
-from towerlab.search.engine import Generation, GenerationStats, Member, SearchResult, TopGenome, rank_key
-from towerlab.search.evaluation import Candidate, Evaluate, Outcome, Record, candidate_seed, make_rng, serial
-from towerlab.search.ga import (
-    breed,
-    initial_population,
-    mutate,
-    next_generation,
-    random_genome,
-    run_evolution,
-)
-from towerlab.search.grid import grid_genomes, run_grid
-from towerlab.search.show import format_search
-from towerlab.search.space import (
-    BUILTIN_SPACES,
-    GENE_RULES,
-    GeneRule,
-    Space,
-    canonical,
-    genome_hash,
-    load_space,
-)
+from towerlab.search.engine import open_search, run_search
+from towerlab.search.evaluation import (Candidate, Evaluate, Outcome, Record, candidate_seed, make_rng,
+                                        remeasure_seed, rung_epochs, serial)
+from towerlab.search.history import Generation, GenerationStats, Member, SearchResult, TopGenome, rank_key
+from towerlab.search.rounds import rung_hash
+from towerlab.search.samplers import SAMPLERS, Sampler, make_sampler, random_genome
+from towerlab.search.samplers.ga import breed, initial_population, mutate, next_generation
+from towerlab.search.samplers.grid import grid_genomes
+from towerlab.search.show import evaluation_records, format_search
+from towerlab.search.space import BUILTIN_SPACES, GENE_RULES, GeneRule, Space, canonical, genome_hash, load_space
+from towerlab.search.store import Store
 
 __all__ = [
-    "BUILTIN_SPACES", "GENE_RULES", "Candidate", "Evaluate", "GeneRule", "Generation",
-    "GenerationStats", "Member", "Outcome", "Record", "SearchResult", "Space", "TopGenome",
-    "breed", "candidate_seed", "canonical", "format_search", "genome_hash", "grid_genomes", "initial_population",
-    "load_space", "make_rng", "mutate", "next_generation", "random_genome", "rank_key",
-    "run_evolution", "run_grid", "serial",
+    "BUILTIN_SPACES", "GENE_RULES", "SAMPLERS", "Candidate", "Evaluate", "GeneRule", "Generation",
+    "GenerationStats", "Member", "Outcome", "Record", "Sampler", "SearchResult", "Space", "Store", "TopGenome",
+    "breed", "candidate_seed", "canonical", "evaluation_records", "format_search", "genome_hash", "grid_genomes",
+    "initial_population", "load_space", "make_rng", "make_sampler", "mutate", "next_generation", "open_search",
+    "random_genome", "rank_key", "remeasure_seed", "rung_epochs", "rung_hash", "run_search", "serial",
 ]

@@ -1,23 +1,28 @@
 """The evaluation protocol between the search and whoever trains its candidates (the torch side).
 
 `evaluate(candidates, record) -> None` is the swappable batch map. The engine passes only the
-candidates the store cannot serve (each unique genome once) and a `record(candidate, outcome)`
-callback. The evaluator calls `record` exactly once per candidate, as soon as that candidate has
-finished, in any order and from any thread of this process; `record` writes the outcome to the
-store in its own transaction before it returns, so a crash loses only the unfinished candidates.
-A candidate that fails (out of memory, diverged, ...) is recorded as `Outcome.failed(reason)`; an
-exception escaping `evaluate` stops the search (it can be resumed), and an evaluator that returns
-without recording every candidate is a bug (RuntimeError). `serial(fitness)` turns a function
+candidates the store cannot serve (each key once) and a `record(candidate, outcome)` callback. The
+evaluator calls `record` exactly once per candidate, as soon as that candidate has finished, in any
+order and from any thread of this process; `record` writes the outcome to the store in its own
+transaction before it returns, so a crash loses only the unfinished candidates. A candidate that
+fails (out of memory, diverged, ...) is recorded as `Outcome.failed(reason)`; an exception escaping
+`evaluate` stops the search (it can be resumed), and an evaluator that returns without recording
+every candidate is a bug (RuntimeError). `serial(fitness)` turns a function
 `fitness(candidate) -> Outcome` into an evaluator that trains in this process.
 
-Every random stream of a search derives from its seed: `make_rng(seed, *stream)`, and each
-candidate's training seed from (search seed, generation, index), whichever worker trains it.
+A candidate trains for `max_epochs` (None: the search's --max-epochs; a pruned search's lower
+rungs train less) with `seed`. Every random stream of a search derives from its seed:
+`make_rng(seed, *stream)`, a sampler's own from `sampler_rng(seed, name, ...)`, and each
+candidate's training seed from (search seed, generation, index), whichever worker trains it. A
+re-measure's seed comes from (genome, replicate) alone, so every search sharing a store asks for
+the same re-measures and the cache serves them.
 """
 
 from __future__ import annotations
 
 import math
 import time
+import zlib
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
@@ -26,9 +31,10 @@ import numpy as np
 from towerlab.errors import UserError
 
 STATUSES = ("ok", "failed")
-# SeedSequence spawn keys keep the streams apart: (0, generation) draws a generation's population,
-# (1,) the grid's subset, (2, generation, index) a candidate's training seed.
-GENERATION_STREAM, GRID_STREAM, CANDIDATE_STREAM = 0, 1, 2
+# SeedSequence spawn keys keep the streams apart: (0, generation) draws the genetic algorithm's
+# generation, (1,) the grid's subset, (2, generation, index) a candidate's training seed, (3,
+# replicate) under the genome's own entropy a re-measure's seed, (4, crc32(name), ...) a sampler's.
+GENERATION_STREAM, GRID_STREAM, CANDIDATE_STREAM, REMEASURE_STREAM, SAMPLER_STREAM = 0, 1, 2, 3, 4
 
 
 def make_rng(search_seed: int, *stream: int) -> np.random.Generator:
@@ -36,25 +42,41 @@ def make_rng(search_seed: int, *stream: int) -> np.random.Generator:
     return np.random.Generator(np.random.PCG64(np.random.SeedSequence(search_seed, spawn_key=stream)))
 
 
+def sampler_rng(search_seed: int, name: str, *stream: int) -> np.random.Generator:
+    """A sampler's own stream, apart from every other sampler's without a central list."""
+    return make_rng(search_seed, SAMPLER_STREAM, zlib.crc32(name.encode()), *stream)
+
+
+def _seed_of(seq: np.random.SeedSequence) -> int:
+    return int(seq.generate_state(1)[0]) >> 1
+
+
 def candidate_seed(search_seed: int, generation: int, index: int) -> int:
     """Training seed of the candidate at `index` of `generation`: a Python int in [0, 2**31), the
     same whichever worker trains it."""
-    seq = np.random.SeedSequence(search_seed, spawn_key=(CANDIDATE_STREAM, generation, index))
-    return int(seq.generate_state(1)[0]) >> 1
+    return _seed_of(np.random.SeedSequence(search_seed, spawn_key=(CANDIDATE_STREAM, generation, index)))
+
+
+def remeasure_seed(genome_hash: str, replicate: int) -> int:
+    """Training seed of re-measure `replicate` (1, 2, ...) of a genome, in [0, 2**31)."""
+    return _seed_of(np.random.SeedSequence(int(genome_hash, 16), spawn_key=(REMEASURE_STREAM, replicate)))
 
 
 @dataclass(frozen=True)
 class Candidate:
-    """A genome to train: its place in the search and the seed to train it with."""
+    """A genome to train: its place in the search, the seed and the epochs to train it with, and
+    which measurement it is (replicate 0: the evaluation, 1..: re-measures with fresh seeds)."""
 
     generation: int
     index: int
     genome: dict
     genome_hash: str
     seed: int
+    max_epochs: Optional[int] = None
+    replicate: int = 0
 
     def __hash__(self) -> int:
-        return hash((self.generation, self.index, self.genome_hash))
+        return hash((self.generation, self.index, self.genome_hash, self.max_epochs, self.replicate))
 
 
 @dataclass(frozen=True)
@@ -116,3 +138,17 @@ def serial(fitness: Callable[[Candidate], Outcome]) -> Evaluate:
             record(candidate, outcome)
 
     return evaluate
+
+
+def rung_epochs(max_epochs: int, min_epochs: Optional[int], factor: int) -> list[int]:
+    """The epochs each rung of a pruned search trains for: `min_epochs`, times `factor` while a
+    rung `factor` times longer still fits under `max_epochs`, then `max_epochs` (1, 3, 10 for
+    1 / 3 / 10). Unpruned (min_epochs None): [max_epochs]."""
+    ladder = []
+    epochs = min_epochs
+    while epochs is not None and epochs * factor <= max_epochs:
+        ladder.append(epochs)
+        epochs *= factor
+    if min_epochs is not None and not ladder:
+        ladder.append(min_epochs)
+    return ladder + [max_epochs]

@@ -1,22 +1,87 @@
-"""`towerlab search show DIR`: a store's searches as text (generations, counts, top genomes)."""
+"""`towerlab search show DIR`: a store's searches as text (generations, counts, the crowned top with
+its spread), or every evaluation as records (`--csv`, `--json`) to take elsewhere."""
 
 from __future__ import annotations
 
+import csv
+import io
+import json
 import os
-from typing import Optional
+import statistics
+from typing import Callable, Optional, TypeVar
 
-from towerlab.store import SearchRow, Store
+from towerlab.search.evaluation import rung_epochs
+from towerlab.search.store import SearchRow, Store
+
+# The columns of `--csv`, in order; the genes follow as gene_<name>.
+RECORD_FIELDS = ("id", "search", "sampler", "generation", "index", "rung", "max_epochs", "replicate", "seed",
+                 "status", "val_accuracy", "val_loss", "test_accuracy", "epochs", "seconds", "worker",
+                 "finished_at", "reason", "genome_hash")
+
+
+T = TypeVar("T")
+
+
+def _open(store_or_path: Store | str | os.PathLike, what: Callable[[Store], T]) -> T:
+    if isinstance(store_or_path, Store):
+        return what(store_or_path)
+    with Store(store_or_path, create=False) as store:
+        return what(store)
 
 
 def format_search(store_or_path: Store | str | os.PathLike, search_id: Optional[int] = None) -> str:
     """Every search of the store (or only `search_id`): one line per generation with evaluated,
     cached, failed, best/mean/worst validation accuracy and seconds, then the summary counts and
-    the top genomes with validation (and test, when set) accuracy. A path may be the store file
-    or the folder holding `search.db`; a missing or foreign file is a UserError."""
-    if isinstance(store_or_path, Store):
-        return _format(store_or_path, search_id)
-    with Store(store_or_path, create=False) as store:
-        return _format(store, search_id)
+    the top genomes with validation accuracy (the mean over their seeds, its standard deviation
+    and the number of seeds) and test accuracy, when set. A path may be the store file or the
+    folder holding `search.db`; a missing, foreign or damaged file is a UserError."""
+    return _open(store_or_path, lambda store: _format(store, search_id))
+
+
+def _ladder(config: dict) -> list[int]:
+    return rung_epochs(config["max_epochs"], config.get("min_epochs"), config.get("prune_factor", 3))
+
+
+def evaluation_records(store_or_path: Store | str | os.PathLike) -> list[dict]:
+    """Every training the store holds, in the order they finished: which search made it (and its
+    sampler), where (generation, index; -1 for a re-measure), the rung and its epochs, the
+    replicate (0: the evaluation, 1..: re-measures), the seed, the outcome (validation and test
+    accuracy, loss, epochs trained, seconds), the worker, and the genome."""
+    def records(store: Store) -> list[dict]:
+        searches = {s.id: s for s in store.searches()}
+        ladders = {i: _ladder(s.config) for i, s in searches.items()}
+        rows = []
+        for e in store.evaluations():
+            ladder = ladders[e.search_id]
+            rows.append({"id": e.id, "search": e.search_id, "sampler": searches[e.search_id].sampler,
+                         "generation": e.generation, "index": e.index,
+                         "rung": ladder.index(e.max_epochs) if e.max_epochs in ladder else None,
+                         "max_epochs": e.max_epochs, "replicate": e.replicate, "seed": e.seed, "status": e.status,
+                         "val_accuracy": e.fitness, "val_loss": e.val_loss, "test_accuracy": e.test_accuracy,
+                         "epochs": e.epochs, "seconds": e.seconds, "worker": e.worker,
+                         "finished_at": e.finished_at, "reason": e.reason, "genome_hash": e.genome_hash,
+                         "genome": e.genome})
+        return rows
+
+    return _open(store_or_path, records)
+
+
+def records_csv(records: list[dict]) -> str:
+    """The records as CSV: RECORD_FIELDS, then one gene_<name> column per gene of any genome."""
+    genes: dict[str, None] = {}
+    for r in records:
+        genes.update(dict.fromkeys(r["genome"]))
+    text = io.StringIO()
+    writer = csv.writer(text, lineterminator="\n")
+    writer.writerow([*RECORD_FIELDS, *(f"gene_{g}" for g in genes)])
+    for r in records:
+        writer.writerow([("" if r[k] is None else r[k]) for k in RECORD_FIELDS]
+                        + [r["genome"].get(g, "") for g in genes])
+    return text.getvalue()
+
+
+def records_json(records: list[dict]) -> str:
+    return json.dumps(records, indent=1)
 
 
 def _format(store: Store, search_id: Optional[int]) -> str:
@@ -30,24 +95,39 @@ def _acc(x: Optional[float]) -> str:
     return "-" if x is None else f"{x:.4f}"
 
 
+def _shape(search: SearchRow, generations: list) -> str:
+    cfg = search.config
+    if search.sampler == "grid":
+        shape = f"limit {cfg['limit']}" if cfg.get("limit") else "every genome"
+    else:  # without --population, the sampler's own: the size of its generations (a budget may cut the last)
+        population = cfg["population"] or max((len(g.members) for g in generations), default="default")
+        shape = f"population {population}, {cfg['generations']} generations"
+    if cfg.get("max_evaluations"):
+        shape += f", at most {cfg['max_evaluations']} evaluations"
+    if cfg.get("min_epochs"):
+        shape += f", pruned (rungs of {'/'.join(map(str, _ladder(cfg)))} epochs)"
+    if cfg.get("remeasure"):
+        shape += f", the crowned re-measured with {cfg['remeasure']} more seeds"
+    return shape
+
+
 def _format_one(store: Store, search: SearchRow) -> str:
-    cfg, space = search.config, search.space
+    space = search.space
     size = 1
     for values in space["genes"].values():
         size *= len(values)
-    shape = (f"population {cfg['population']}, {cfg['generations']} generations"
-             if search.kind == "evolve" else
-             f"limit {cfg['limit']}" if cfg.get("limit") else "every genome")
     state = f"finished {search.finished}" if search.finished else "not finished (resume it with --resume)"
-    lines = [f"search {search.id}: {search.kind} over space {space['name']} (model {space['model']}, "
-             f"{size} genomes), seed {cfg['seed']}, {shape}; started {search.created}, {state}",
+    generations = store.generations(search.id)
+    lines = [f"search {search.id}: {search.sampler} over space {space['name']} (model {space['model']}, "
+             f"{size} genomes), seed {search.config['seed']}, {_shape(search, generations)}; "
+             f"started {search.created}, {state}",
              f"  {'gen':>4} {'evaluated':>9} {'cached':>7} {'failed':>6} {'best':>7} {'mean':>7} "
              f"{'worst':>7} {'seconds':>9}"]
     totals = {"evaluated": 0, "cached": 0, "failed": 0, "seconds": 0.0}
     trained = store.evaluations(search.id)
-    for gen in store.generations(search.id):
+    for gen in generations:
         if not gen.complete:
-            done = sum(e.generation == gen.generation for e in trained)
+            done = sum(e.generation == gen.generation and e.replicate == 0 for e in trained)
             lines.append(f"  {gen.generation + 1:>4} incomplete: {done} evaluation(s) recorded of "
                          f"{len(gen.members)} members")
             continue
@@ -59,11 +139,24 @@ def _format_one(store: Store, search: SearchRow) -> str:
                      f"{s['seconds']:>9.1f}")
     lines.append(f"  {totals['evaluated']} evaluations, {totals['cached']} cache hits, "
                  f"{totals['failed']} failures, {totals['seconds']:.1f} s")
-    top = store.search_top(search.id, int(cfg.get("top", 5)))
+    top = _top(store, search)
     if top:
-        lines.append(f"  top {len(top)}:")
-        lines.append(f"  {'rank':>4} {'val acc':>8} {'test acc':>8}  genome")
-        for rank, e in enumerate(top, 1):
-            genome = " ".join(f"{k}={v}" for k, v in e.genome.items())
-            lines.append(f"  {rank:>4} {_acc(e.fitness):>8} {_acc(e.test_accuracy):>8}  {genome}")
+        lines.append(f"  top {len(top)}:" if search.finished else f"  top {len(top)} so far (measured once):")
+        lines.append(f"  {'rank':>4} {'val acc':>8} {'+-':>7} {'seeds':>5} {'test acc':>8}  genome")
+        for rank, (genome, fitness, fitnesses, test) in enumerate(top, 1):
+            spread = f"{statistics.stdev(fitnesses):.4f}" if len(fitnesses) > 1 else "-"
+            text = " ".join(f"{k}={v}" for k, v in genome.items())
+            lines.append(f"  {rank:>4} {_acc(fitness):>8} {spread:>7} {len(fitnesses):>5} {_acc(test):>8}  {text}")
     return "\n".join(lines)
+
+
+def _top(store: Store, search: SearchRow) -> list[tuple[dict, float, list[float], Optional[float]]]:
+    """(genome, fitness, its fitnesses, test accuracy) of the crowned top, or of the best so far."""
+    if search.summary is None:
+        return [(e.genome, e.fitness, [e.fitness], e.test_accuracy)
+                for e in store.search_top(search.id, search.config["top"])]
+    top = []
+    for entry in search.summary["top"]:
+        row = store.lookup(entry["genome_hash"], entry["train_config_hash"], search.id)
+        top.append((entry["genome"], entry["fitness"], entry["fitnesses"], None if row is None else row.test_accuracy))
+    return top

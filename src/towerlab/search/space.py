@@ -5,7 +5,7 @@ order. Its identity is `canonical(genome)` (compact JSON, sorted keys) and `geno
 that text): the store caches evaluations by this hash, so two dicts with equal items are the same
 genome whatever their key order.
 
-A space comes from a built-in name (`mlp`, `cnn`) or a TOML file; `GENE_RULES` (pure data) says
+A space comes from a built-in name (`mlp`, `cnn`, `whitenet`) or a TOML file; `GENE_RULES` (pure data) says
 which genes exist for each model family and which values are valid.
 """
 
@@ -84,6 +84,7 @@ _TRAINING_GENES = {
     "lr": GeneRule("float", low=0.0, low_open=True),
     "batch_size": _POSITIVE_INT,
     "epochs": _POSITIVE_INT,
+    "label_smoothing": GeneRule("float", low=0.0, high=1.0, high_open=True),
 }
 GENE_RULES: dict[str, dict[str, GeneRule]] = {
     "mlp": {
@@ -98,6 +99,13 @@ GENE_RULES: dict[str, dict[str, GeneRule]] = {
         "kernel_size": GeneRule("int", low=1, odd=True),
         "dense": _POSITIVE_INT,
         "dropout": GeneRule("float", low=0.0, high=1.0, high_open=True),
+        **_TRAINING_GENES,
+    },
+    "whitenet": {
+        "width1": _POSITIVE_INT,  # channels of the three stages
+        "width2": _POSITIVE_INT,
+        "width3": _POSITIVE_INT,
+        "depth": GeneRule("int", low=1, high=4),  # convolutions per stage
         **_TRAINING_GENES,
     },
 }
@@ -193,6 +201,18 @@ BUILTIN_SPACES: dict[str, Space] = {
         "lr": (0.0003, 0.001, 0.003),
         "batch_size": (64, 128, 256),
     }),
+    # airbench94's family (K. Jordan, arXiv 2404.00498; 64-256-256, depth 2, 9.9 epochs, label
+    # smoothing 0.2 there) around the cifar-94 preset, whose recipe fills in what a genome leaves open:
+    # 3 x 3 x 3 x 2 x 4 x 3 x 3 = 1944 networks.
+    "whitenet": Space("whitenet", "whitenet", {
+        "width1": (32, 64, 128),
+        "width2": (128, 256, 384),
+        "width3": (128, 256, 512),
+        "depth": (2, 3),
+        "epochs": (8, 11, 14, 18),
+        "lr": (1.0, 1.5, 2.0),
+        "label_smoothing": (0.1, 0.2, 0.3),
+    }),
 }
 
 _TOP_LEVEL_KEYS = ("model", "genes")
@@ -252,7 +272,7 @@ def load_space(name_or_path: str | Path) -> Space:
     unknown = sorted(set(data) - set(_TOP_LEVEL_KEYS))
     if unknown:
         raise UserError(f"{where}: unknown key(s) {', '.join(unknown)}: a space file holds only "
-                        f"model = \"mlp\"|\"cnn\" and a [genes] table")
+                        f"model = \"mlp\"|\"cnn\"|\"whitenet\" and a [genes] table")
     if "model" not in data:
         choices = " or ".join(f'model = "{m}"' for m in GENE_RULES)
         raise UserError(f"{where}: missing model: add {choices}")

@@ -1,4 +1,5 @@
-"""The genetic algorithm: pure operators of (rng, ...) and the generation loop.
+"""The genetic algorithm (the original's, with an elite): pure operators of (rng, ...) and the
+sampler that chains them.
 
 Every random draw comes from a `numpy.random.Generator` the search derives from its seed; a
 generation's population depends only on (seed, generation, the previous generation's scores), so
@@ -8,36 +9,20 @@ a resumed search replays the finished generations from the store and reaches the
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Callable, Optional, Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 
 from towerlab.config import SearchConfig
-from towerlab.search.engine import (
-    Generation,
-    GenerationStats,
-    SearchResult,
-    finish_search,
-    open_search,
-    play_generation,
-    rank_key,
-)
-from towerlab.search.evaluation import GENERATION_STREAM, Evaluate, make_rng
+from towerlab.errors import UserError
+from towerlab.search.evaluation import GENERATION_STREAM, make_rng
+from towerlab.search.history import Generation, rank_key
+from towerlab.search.samplers import INDEXABLE, Sampler, random_genome
 from towerlab.search.space import Space, genome_hash
-
-if TYPE_CHECKING:
-    from towerlab.store import Store
 
 # Attempts at a child that is not yet in the generation before a duplicate is accepted (it will be
 # a cache hit, not a second training).
 _CHILD_TRIES = 32
-# numpy draws indices below 2**63; a larger space is sampled gene by gene.
-_INDEXABLE = 2**62
-
-
-def random_genome(rng: np.random.Generator, space: Space) -> dict:
-    """Each gene drawn uniformly from its allowed values."""
-    return {name: values[int(rng.integers(len(values)))] for name, values in space.genes.items()}
 
 
 def breed(rng: np.random.Generator, mother: dict, father: dict) -> dict:
@@ -69,7 +54,7 @@ def initial_population(rng: np.random.Generator, space: Space, population: int) 
     """`population` distinct random genomes; when the space is smaller, every genome (in random
     order) and then random repeats."""
     size = space.size
-    if size > _INDEXABLE:
+    if size > INDEXABLE:
         genomes: dict[str, dict] = {}
         while len(genomes) < population:
             genome = random_genome(rng, space)
@@ -81,12 +66,13 @@ def initial_population(rng: np.random.Generator, space: Space, population: int) 
     return every + [random_genome(rng, space) for _ in range(population - size)]
 
 
-def next_generation(rng: np.random.Generator, space: Space, scored: Sequence[tuple[dict, Optional[float]]],
+def next_generation(rng: np.random.Generator, space: Space, scored: Sequence[tuple],
                     *, population: int, retain: float, random_select: float, mutate_chance: float,
                     elite: int) -> list[dict]:
-    """The next population from a scored one: (genome, fitness) pairs, fitness None for a failure.
+    """The next population from a scored one: (genome, fitness) pairs, fitness None for a failure,
+    or (genome, fitness, rung) triples from a pruned search.
 
-    Ranked best first (failures last, ties by canonical genome) and deduplicated, the survivors
+    Ranked best first (`rank_key`: failures last, ties by canonical genome) and deduplicated, the survivors
     are the best max(elite, floor(retain * n), 2) (capped at n), plus each other successful genome
     with probability `random_select`; they pass unchanged and are the parents. Children of two
     distinct random parents (each gene from one of them, then one gene redrawn with probability
@@ -94,7 +80,7 @@ def next_generation(rng: np.random.Generator, space: Space, scored: Sequence[tup
     genome already in it. With a single parent, children are its mutations.
     """
     ranked: dict[str, tuple[dict, Optional[float]]] = {}
-    for genome, fitness in sorted(scored, key=lambda s: rank_key(*s)):
+    for genome, fitness, *_ in sorted(scored, key=lambda s: rank_key(*s)):
         ranked.setdefault(genome_hash(genome), (genome, fitness))
     order = list(ranked.values())
     n = len(order)
@@ -129,32 +115,23 @@ def _child(rng: np.random.Generator, space: Space, parents: list[dict], mutate_c
     return child
 
 
-def run_evolution(cfg: SearchConfig, space: Space, evaluate: Evaluate, store: Store,
-                  train_config_hash: str, on_generation: Optional[Callable[[GenerationStats], None]] = None,
-                  *, resume: int | bool | None = None) -> SearchResult:
-    """Evolve `cfg.generations` generations of `cfg.population` genomes of `space`.
+class GeneticSampler(Sampler):
+    """`--sampler ga` (`towerlab evolve`): generation 0 is `initial_population`, each next one
+    `next_generation` of the one before, ranked by score (re-measured elites by their mean)."""
 
-    `evaluate(candidates, record)` trains what the store (keyed by genome hash and
-    `train_config_hash`) cannot serve; see `towerlab.search.evaluation`; the counts are defined in
-    `towerlab.search.engine`. `on_generation(stats)` is
-    called after each generation, replayed ones included (`stats.replayed`). `resume` continues a
-    search of the store (True: its latest evolve search; an int: that search id) instead of
-    starting a new one: finished generations are replayed and checked, finished evaluations are
-    kept, and the result equals an uninterrupted run's.
-    """
-    search_id = open_search(store, "evolve", cfg, space, train_config_hash, resume)
-    history: list[Generation] = []
-    population = initial_population(make_rng(cfg.seed, GENERATION_STREAM, 0), space, cfg.population)
-    for generation in range(cfg.generations):
-        if generation:
-            scored = [(m.genome, m.fitness if m.ok else None) for m in history[-1].members]
-            population = next_generation(
-                make_rng(cfg.seed, GENERATION_STREAM, generation), space, scored,
-                population=cfg.population, retain=cfg.retain, random_select=cfg.random_select,
-                mutate_chance=cfg.mutate_chance, elite=cfg.elite)
-        record = play_generation(store, search_id, cfg.seed, train_config_hash, generation, population,
-                                 evaluate)
-        history.append(record)
-        if on_generation is not None:
-            on_generation(record.stats)
-    return finish_search(store, search_id, "evolve", history, cfg.top)
+    identity = ("population", "retain", "random_select", "mutate_chance", "elite")
+
+    def __init__(self, cfg: SearchConfig, space: Space) -> None:
+        super().__init__(cfg, space)
+        if cfg.elite > self.population:
+            raise UserError(f"--elite must be between 0 and --population ({self.population}), got {cfg.elite}")
+        self.elite = cfg.elite
+
+    def propose(self, history: Sequence[Generation]) -> list[dict]:
+        rng = make_rng(self.cfg.seed, GENERATION_STREAM, len(history))
+        if not history:
+            return initial_population(rng, self.space, self.population)
+        cfg = self.cfg
+        return next_generation(rng, self.space, [(m.genome, m.score, m.rung) for m in history[-1].members],
+                               population=self.population, retain=cfg.retain, random_select=cfg.random_select,
+                               mutate_chance=cfg.mutate_chance, elite=cfg.elite)

@@ -1,0 +1,93 @@
+"""Early pruning against the unpruned genetic search, at the original's budget (population 20, 10
+generations, up to 10 epochs with patience 5, the mlp space): how much training time the pruned
+search (`--min-epochs 1 --prune-factor 3`: rungs of 1, 3 and 10 epochs) needs to reach the best
+validation accuracy the unpruned one found, and where each ends.
+
+    python bench/pruning.py                          # MNIST, seeds 0-2 (~1.7 h a seed on 2 CPU cores)
+    python bench/pruning.py --dataset cifar10 --seeds 0   # CIFAR-10 (~3 h a seed on 2 CPU cores)
+    python bench/pruning.py --smoke                  # synthetic data, 2 generations: the plumbing (~2 min)
+
+Both searches run as real `towerlab evolve` jobs with the same seed, 2 CPU workers x 1 thread, each
+network measured once (--remeasure 0) so that the two differ by the pruning alone. Training time
+is the sum of every training's seconds in the order they finished (worker-seconds: every rung
+counted), read from each search's store; the best at a time counts only trainings of the full
+--max-epochs. Writes bench/results/pruning-<dataset>-<date>.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from pathlib import Path
+
+import machine
+import measure
+import search_runs
+from search_runs import best_so_far, mean_sd, pct, seconds_to_reach
+
+BUDGET = {"population": 20, "generations": 10, "max_epochs": 10, "patience": 5}
+PRUNING = {"min_epochs": 1, "prune_factor": 3}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dataset", default="mnist")
+    parser.add_argument("--seeds", nargs="*", type=int, default=[0, 1, 2])
+    parser.add_argument("--smoke", action="store_true", help="synthetic data, population 9, 2 generations, 1 seed")
+    search_runs.add_run_arguments(parser)
+    args = parser.parse_args(argv)
+    budget = dict(BUDGET)
+    if args.smoke:
+        args.dataset, args.seeds = "synthetic", args.seeds[:1]
+        budget.update(population=9, generations=2, max_epochs=3, patience=3)
+    common = measure.flags({"space": "mlp", "dataset": args.dataset, **budget, "remeasure": 0, "top": 1,
+                            "device": "cpu", "devices": args.devices, "threads": args.threads})
+    runs_dir = Path(args.out_dir) / "pruning-runs"
+    record = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "machine": machine.describe(), "dataset": args.dataset,
+              "budget": budget, "pruning": PRUNING, "seeds": []}
+    for seed in args.seeds:
+        sides = {}
+        for name, extra in (("unpruned", {}), ("pruned", PRUNING)):
+            print(f"== {name}, seed {seed}", flush=True)
+            run = search_runs.run_search(["evolve"], [*common, *measure.flags(extra), "--seed", str(seed)],
+                                         runs_dir / f"{args.dataset}-{name}-s{seed}", args.data_dir)
+            curve = best_so_far(run["records"], budget["max_epochs"])
+            s = run["summary"]
+            sides[name] = {"command": run["command"], "best": curve[-1][1] if curve else None, "curve": curve,
+                           "train_seconds": s["train_seconds"], "trainings": s["trainings"],
+                           "evaluations": s["evaluations"], "wall_seconds": run["wall_seconds"],
+                           "best_test_accuracy": s["best_test_accuracy"]}
+        target = sides["unpruned"]["best"]
+        reached = {name: seconds_to_reach(side["curve"], target) for name, side in sides.items()}
+        row = {"seed": seed, "target": target, "seconds_to_target": reached,
+               "ratio": reached["pruned"] / reached["unpruned"] if reached["pruned"] is not None else None,
+               **{name: {k: v for k, v in side.items() if k != "curve"} for name, side in sides.items()},
+               "curves": {name: side["curve"] for name, side in sides.items()}}
+        record["seeds"].append(row)
+        when = "never" if reached["pruned"] is None else f"after {reached['pruned']:.0f} s of training"
+        print(f"   unpruned best {target:.4f} after {reached['unpruned']:.0f} s of training "
+              f"({sides['unpruned']['train_seconds']:.0f} s in all); pruned best {sides['pruned']['best']:.4f}, "
+              f"the unpruned best reached {when} ({sides['pruned']['train_seconds']:.0f} s in all)", flush=True)
+    ratios = [r["ratio"] for r in record["seeds"] if r["ratio"] is not None]
+    record["summary"] = {
+        "ratio_median": statistics.median(ratios) if ratios else None,
+        "reached": f"{len(ratios)} of {len(record['seeds'])}",
+        "best_unpruned": mean_sd([r["unpruned"]["best"] for r in record["seeds"]]),
+        "best_pruned": mean_sd([r["pruned"]["best"] for r in record["seeds"]]),
+        "train_seconds_ratio": mean_sd([r["pruned"]["train_seconds"] / r["unpruned"]["train_seconds"]
+                                        for r in record["seeds"]]),
+    }
+    summary = record["summary"]
+    print(f"\n| {args.dataset} | best unpruned | best pruned | training time to the unpruned best, pruned / "
+          f"unpruned (median) | reached | all training, pruned / unpruned |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    ratio = "-" if summary["ratio_median"] is None else f"{summary['ratio_median']:.2f}x"
+    print(f"| {len(record['seeds'])} seed(s) | {pct(summary['best_unpruned'])} | {pct(summary['best_pruned'])} | "
+          f"{ratio} | {summary['reached']} | {summary['train_seconds_ratio']['mean']:.2f}x |")
+    search_runs.save(args.out_dir, "pruning", args.dataset, record)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

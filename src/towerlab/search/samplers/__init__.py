@@ -1,0 +1,70 @@
+"""Samplers: what proposes a search's candidates. The engine (`towerlab.search.engine`) runs every
+search in one loop: it asks the sampler for a generation (`propose`, from the space, the history
+and the sampler's own random streams), serves or trains it through the store, re-measures what the
+sampler is about to crown, and tells the sampler the outcomes (`tell`). A sampler never trains,
+never touches the store and never reads the clock, so replaying a search against its store
+proposes the same generations again: that is how a search resumes.
+
+Adding a sampler: a module here with a `Sampler` subclass, and its line in `SAMPLERS`.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Sequence
+
+import numpy as np
+
+from towerlab.config import SearchConfig
+from towerlab.errors import UserError
+from towerlab.search.space import Space
+
+if TYPE_CHECKING:
+    from towerlab.search.history import Generation
+
+SAMPLERS = {
+    "ga": "towerlab.search.samplers.ga:GeneticSampler",
+    "grid": "towerlab.search.samplers.grid:GridSampler",
+    "random": "towerlab.search.samplers.random:RandomSampler",
+    "tpe": "towerlab.search.samplers.tpe:TPESampler",
+}
+
+# numpy draws indices below 2**63; a larger space is sampled gene by gene.
+INDEXABLE = 2**62
+
+
+class Sampler:
+    """Proposes generations of genomes. `identity` names the SearchConfig fields (besides the seed
+    and what every search keeps) that change what it proposes: a resumed search must keep them.
+    `elite`: how many of the latest generation's best it keeps unchanged, which the engine
+    re-measures before `propose` sees their scores."""
+
+    default_population = 20
+    identity: tuple[str, ...] = ("population",)
+
+    def __init__(self, cfg: SearchConfig, space: Space) -> None:
+        self.cfg, self.space = cfg, space
+        self.population = cfg.population or self.default_population
+        self.elite = 0
+
+    def propose(self, history: Sequence[Generation]) -> list[dict]:
+        """The next generation's genomes (genomes of `self.space`), or [] when there are no more."""
+        raise NotImplementedError
+
+    def tell(self, generation: Generation) -> None:
+        """The outcome of the generation just proposed (each member's `score`, `rung`, `ok`). The
+        samplers that read the history in `propose` need nothing more."""
+
+
+def make_sampler(cfg: SearchConfig, space: Space) -> Sampler:
+    """The sampler `cfg.sampler` names, set up for this search (a bad name or setting: UserError)."""
+    target = SAMPLERS.get(cfg.sampler)
+    if target is None:
+        raise UserError(f"unknown sampler {cfg.sampler!r}: choose one of {', '.join(SAMPLERS)}")
+    module, _, name = target.partition(":")
+    return getattr(importlib.import_module(module), name)(cfg, space)
+
+
+def random_genome(rng: np.random.Generator, space: Space) -> dict:
+    """Each gene drawn uniformly from its allowed values."""
+    return {name: values[int(rng.integers(len(values)))] for name, values in space.genes.items()}

@@ -1,0 +1,41 @@
+"""The brute-force baseline (`--sampler grid`, `towerlab grid`): every genome of a space (or a
+seeded random subset) as one generation, through the same store, cache and resume as any search."""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+from towerlab.config import MAX_MEMBERS, SearchConfig
+from towerlab.errors import UserError
+from towerlab.search.evaluation import GRID_STREAM, make_rng
+from towerlab.search.history import Generation
+from towerlab.search.samplers import Sampler
+from towerlab.search.space import Space
+
+
+def _check(space: Space, limit: Optional[int]) -> None:
+    if (limit is None or limit >= space.size) and space.size > MAX_MEMBERS:
+        raise UserError(f"space {space.name} has {space.size} genomes: grid a random subset "
+                        f"with --limit N (N up to {MAX_MEMBERS})")
+
+
+def grid_genomes(space: Space, limit: Optional[int], seed: int) -> list[dict]:
+    """All genomes in `space.all_genomes()` order or, with a `limit` below the space size, that
+    many drawn without replacement by the search RNG, kept in the same order."""
+    _check(space, limit)
+    if limit is None or limit >= space.size:
+        return list(space.all_genomes())
+    picks = make_rng(seed, GRID_STREAM).choice(space.size, size=limit, replace=False)
+    return [space.genome_at(int(i)) for i in sorted(picks)]
+
+
+class GridSampler(Sampler):
+    identity = ("limit",)
+
+    def __init__(self, cfg: SearchConfig, space: Space) -> None:
+        super().__init__(cfg, space)
+        _check(space, cfg.limit)  # before any folder or worker
+        self.population = min(cfg.limit or space.size, space.size)  # its one generation
+
+    def propose(self, history: Sequence[Generation]) -> list[dict]:
+        return [] if history else grid_genomes(self.space, self.cfg.limit, self.cfg.seed)

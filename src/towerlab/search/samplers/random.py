@@ -1,0 +1,33 @@
+"""`--sampler random`: genomes drawn uniformly without replacement (never one the search has
+proposed before), `--population` at a time, until the space is exhausted."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from towerlab.config import MAX_MEMBERS
+from towerlab.search.evaluation import sampler_rng
+from towerlab.search.history import Generation
+from towerlab.search.samplers import INDEXABLE, Sampler, random_genome
+from towerlab.search.space import genome_hash
+
+
+class RandomSampler(Sampler):
+    def propose(self, history: Sequence[Generation]) -> list[dict]:
+        seen = {m.genome_hash for gen in history for m in gen.members}
+        size = self.space.size
+        n = min(self.population, size - len(seen))
+        if n <= 0:
+            return []
+        rng = sampler_rng(self.cfg.seed, "random", len(history))
+        if size <= MAX_MEMBERS and size - len(seen) <= 4 * n:  # few left: draw among them directly
+            rest = [g for g in self.space.all_genomes() if genome_hash(g) not in seen]
+            return [rest[int(i)] for i in rng.choice(len(rest), size=n, replace=False)]
+        picks: dict[str, dict] = {}
+        while len(picks) < n:
+            genome = (self.space.genome_at(int(rng.integers(size))) if size <= INDEXABLE
+                      else random_genome(rng, self.space))
+            h = genome_hash(genome)
+            if h not in seen:
+                picks.setdefault(h, genome)
+        return list(picks.values())

@@ -1,0 +1,66 @@
+"""`--sampler tpe`: Optuna's Tree-structured Parzen Estimator, asked and told through a study that
+lives in memory (towerlab's store is the record, not Optuna's).
+
+Each generation asks `--population` trials before any is told (Optuna's constant liar keeps them
+apart), so the history does not depend on how many workers train them; fewer per generation
+means a better-informed TPE and less parallel work. The sampler is seeded from the search seed, so
+replaying the tells of a stored search asks the same trials again: a TPE search resumes exactly,
+with the same Optuna version. Genes are categorical (each value a choice), as in the baselines
+the sampler was measured against. A failed candidate is told FAIL; one a pruned search stopped
+early is told PRUNED with its fitness at the rung it reached.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any, Sequence
+
+from towerlab.config import SearchConfig
+from towerlab.errors import UserError
+from towerlab.search.evaluation import rung_epochs, sampler_rng
+from towerlab.search.history import Generation
+from towerlab.search.samplers import Sampler
+from towerlab.search.space import Space
+
+
+def _optuna() -> Any:
+    try:
+        import optuna
+    except ImportError:
+        raise UserError("the tpe sampler needs Optuna: pip install 'towerlab[tpe]' "
+                        "(or choose --sampler ga, random or grid)") from None
+    return optuna
+
+
+class TPESampler(Sampler):
+    default_population = 4
+
+    def __init__(self, cfg: SearchConfig, space: Space) -> None:
+        super().__init__(cfg, space)
+        optuna = self._optuna = _optuna()
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        with warnings.catch_warnings():  # constant_liar is "experimental" in older Optuna
+            warnings.simplefilter("ignore")
+            sampler = optuna.samplers.TPESampler(seed=int(sampler_rng(cfg.seed, "tpe").integers(2**32)),
+                                                 constant_liar=True)
+        self._study = optuna.create_study(direction="maximize", sampler=sampler)
+        self._distributions = {name: optuna.distributions.CategoricalDistribution(values)
+                               for name, values in space.genes.items()}
+        self._last_rung = len(rung_epochs(cfg.max_epochs, cfg.min_epochs, cfg.prune_factor)) - 1
+        self._asked: list[Any] = []
+
+    def propose(self, history: Sequence[Generation]) -> list[dict]:
+        self._asked = [self._study.ask(self._distributions) for _ in range(self.population)]
+        return [{name: trial.params[name] for name in self.space.genes} for trial in self._asked]
+
+    def tell(self, generation: Generation) -> None:
+        states = self._optuna.trial.TrialState
+        # A budget may have cut the generation: the trials past its end stay unanswered.
+        for trial, member in zip(self._asked, generation.members):
+            if not member.ok:
+                self._study.tell(trial, state=states.FAIL)
+            elif member.rung < self._last_rung:
+                trial.report(member.score, step=member.rung)
+                self._study.tell(trial, state=states.PRUNED)
+            else:
+                self._study.tell(trial, member.score)

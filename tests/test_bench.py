@@ -1,0 +1,46 @@
+"""The benchmark's own plumbing (its figures are measured by bench/, never asserted here)."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from util import REPO
+
+
+def _bench(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(REPO / "bench" / "run.py"), *args], capture_output=True, text=True,
+                          cwd=REPO, timeout=120)
+
+
+@pytest.mark.parametrize("suite, group, data", [("cpu", "mnist_tta", "mnist"), ("gpu", "lenet5_tta", "mnist"),
+                                               ("gpu", "search", "mnist"), ("gpu", "cifar94", "cifar10")])
+def test_a_figure_group_needs_only_the_data_it_reads(suite, group, data, tmp_path):
+    (tmp_path / f"{data}.npz").write_bytes(b"")  # the dry run only checks that the file is there
+    done = _bench("--suite", suite, "--only", group, "--dry-run", "--data-dir", str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    assert "all accepted by towerlab's parser" in done.stdout
+
+
+def test_a_group_whose_data_is_missing_is_refused_naming_the_file(tmp_path):
+    (tmp_path / "mnist.npz").write_bytes(b"")
+    done = _bench("--suite", "gpu", "--only", "lenet5_tta", "cifarnet_tta", "--dry-run", "--data-dir", str(tmp_path))
+    assert done.returncode == 2
+    assert "cifar10.npz not found" in done.stderr and "cifarnet_tta" in done.stderr and "lenet5_tta" not in done.stderr
+
+
+@pytest.mark.slow
+def test_cifar94_smoke_budget_runs_on_a_cpu_and_records_the_spread_beside_the_record(tmp_path):
+    done = subprocess.run([sys.executable, str(REPO / "bench" / "cifar94.py"), "--budget", "smoke",
+                           "--out-dir", str(tmp_path)], capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert done.returncode == 0, done.stderr
+    (path,) = tmp_path.glob("cifar94-smoke-*.json")
+    figure = json.loads(path.read_text())["figures"][0]
+    runs = figure["samples"]["towerlab"]
+    assert [r["command"][r["command"].index("--seed") + 1] for r in runs] == ["0", "1"]
+    accuracies = [r["summary"]["test_accuracy"] for r in runs]
+    assert figure["detail"]["test_accuracy"]["mean"] == pytest.approx(sum(accuracies) / 2)
+    assert figure["detail"]["val_accuracy"]["n"] == 2 and figure["met"] is None  # a smoke run judges nothing
+    assert "1.40 s" in figure["detail"]["record"]["measured_here"]
+    assert "tunes on the test set" in done.stdout

@@ -1,0 +1,107 @@
+"""`towerlab search run --sampler`, `towerlab search show --csv / --json / --plot`, and the settings
+the search commands refuse, with real (tiny, synthetic) training."""
+
+import csv
+import io
+import json
+
+import pytest
+
+from towerlab.cli import build_parser, main, resolve_search
+from towerlab.config import SearchConfig
+from towerlab.search import Outcome, Space, Store, run_search, serial
+from util import SEARCH_BASE, small_space_file
+
+BASE = SEARCH_BASE
+
+
+@pytest.fixture()
+def space_file(tmp_path):
+    return small_space_file(tmp_path)
+
+
+def test_search_run_with_a_sampler_writes_its_record_and_every_evaluation_comes_out(tmp_path, space_file, capsys):
+    out = tmp_path / "random"
+    assert main(["search", "run", "--sampler", "random", *BASE, "--space", space_file, "--population", "3",
+                 "--max-evaluations", "5", "--top", "2", "--out", str(out)]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["sampler"] == "random" and summary["kind"] == "search"
+    assert (summary["evaluations"], summary["generations"]) == (5, 2)
+    assert summary["trainings"] == 5 + 2 * 2  # the top 2 re-measured with 2 fresh seeds each
+    best = json.loads((out / "best.json").read_text())
+    assert len(best["val_accuracies"]) == 3 and best["val_accuracy_sd"] >= 0
+    assert (out / "accuracy_time.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    capsys.readouterr()
+
+    assert main(["search", "show", str(out), "--csv"]) == 0
+    rows = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
+    assert len(rows) == 9 and {r["sampler"] for r in rows} == {"random"}
+    assert [r["replicate"] for r in rows].count("0") == 5 and {r["rung"] for r in rows} == {"0"}
+    assert {"gene_neurons", "gene_layers", "gene_activation", "val_accuracy", "seconds", "worker"} <= set(rows[0])
+    assert all(float(r["seconds"]) > 0 and r["worker"].startswith("rank0@") for r in rows)
+
+    assert main(["search", "show", str(out), "--json", "--plot", str(tmp_path / "all.png")]) == 0
+    records = json.loads(capsys.readouterr().out)
+    assert [r["val_accuracy"] for r in records] == [float(r["val_accuracy"]) for r in rows]
+    assert records[0]["genome"]["neurons"] == int(rows[0]["gene_neurons"])
+    assert (tmp_path / "all.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    assert main(["search", "show", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "search 1: random over space" in text and "at most 5 evaluations" in text and "   1 " in text
+
+    # a folder holds the sampler it was started with
+    assert main(["evolve", "--resume", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert f"holds a random search: resume it with towerlab search run --resume {out}" in err
+    assert main(["search", "run", "--resume", str(out), "--max-evaluations", "6"]) == 0
+    assert json.loads((out / "summary.json").read_text())["evaluations"] == 6
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--population", "10000000000"], "--population 10000000000 is more than a generation can hold: at most 1000000"),
+    (["--limit", "2000000"], "--limit 2000000 is more than a generation can hold"),
+    (["--sampler", "annealing"], "unknown sampler 'annealing': choose one of ga, grid, random, tpe"),
+    (["--max-evaluations", "0"], "--max-evaluations must be positive"),
+    (["--remeasure", "1000"], "--remeasure must be between 0 and 100"),
+    (["--min-epochs", "3", "--max-epochs", "3"], "--min-epochs (3) must be below --max-epochs (3)"),
+    (["--sampler", "ga", "--population", "4", "--elite", "5"], "--elite must be between 0 and --population (4)"),
+    (["--sampler", "ga", "--elite", "25"], "--elite must be between 0 and --population (20)"),
+])
+def test_bad_search_settings_are_one_line_and_leave_nothing(args, fragment, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["search", "run", *BASE, *args, "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert fragment in err and err.count("\n") == 1
+    assert not out.exists()
+
+
+def test_a_config_json_from_before_samplers_resumes_as_it_ran(tmp_path):
+    folder = tmp_path / "evo"
+    folder.mkdir()
+    old = {k: v for k, v in SearchConfig(sampler="ga", population=6).__dict__.items()
+           if k not in ("sampler", "remeasure", "max_evaluations", "min_epochs", "prune_factor")}
+    (folder / "config.json").write_text(json.dumps({"kind": "evolve", "search": old, "run": {}}))
+    cfg, run = resolve_search(build_parser().parse_args(["evolve", "--resume", str(folder), "--generations", "12"]))
+    assert (cfg.sampler, cfg.remeasure, cfg.min_epochs, cfg.max_evaluations) == ("ga", 0, None, None)
+    assert (cfg.population, cfg.generations, run.out) == (6, 12, str(folder))
+
+
+def test_a_large_generation_says_what_it_is_doing(tmp_path):
+    space = Space("small", "mlp", {"neurons": (16, 32, 64), "layers": (1, 2)})
+    lines = []
+    with Store(tmp_path / "s.db") as store:
+        result = run_search(SearchConfig(sampler="ga", population=10_000, generations=1, remeasure=0), space,
+                            serial(lambda c: Outcome.ok(0.5)), store, "tch", on_progress=lines.append)
+    assert lines == ["Generation 1: proposing 10000 candidates and looking them up in the store ..."]
+    assert result.evaluations == 6 and result.cache_hits == 10_000 - 6
+
+
+def test_a_grid_too_large_to_hold_is_refused_before_any_folder(tmp_path, capsys):
+    space = tmp_path / "big.toml"
+    space.write_text('model = "mlp"\n[genes]\nneurons = [%s]\nlayers = [%s]\n'
+                     % (", ".join(map(str, range(1, 1001))), ", ".join(map(str, range(1, 1002)))))
+    assert main(["grid", *BASE, "--space", str(space), "--out", str(tmp_path / "grid")]) == 2
+    err = capsys.readouterr().err
+    assert "has 1001000 genomes: grid a random subset with --limit N (N up to 1000000)" in err
+    assert err.count("\n") == 1 and not (tmp_path / "grid").exists()

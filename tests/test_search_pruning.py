@@ -1,0 +1,132 @@
+"""Early pruning (successive halving per generation): every candidate trains the first rung, the
+best 1/prune_factor go on, up to --max-epochs; each rung is stored and replayed exactly; the last
+rung's rows are an unpruned search's. Fake fitness that improves with the epochs trained."""
+
+import math
+from collections import Counter
+
+import pytest
+
+from towerlab.config import SearchConfig
+from towerlab.errors import UserError
+from towerlab.search import Outcome, Store, genome_hash, load_space, rank_key, rung_epochs, rung_hash, run_search, serial
+
+TCH = "tch"
+
+
+def learning(candidate):
+    """Fitness grows with the epochs, by a genome-dependent amount: the order changes between rungs."""
+    h = int(candidate.genome_hash[:8], 16) / 16**8
+    slope = int(candidate.genome_hash[8:16], 16) / 16**8
+    epochs = candidate.max_epochs
+    return Outcome.ok(0.3 + 0.3 * h + 0.3 * slope * (1 - 1 / epochs), epochs=epochs, seconds=float(epochs))
+
+
+class Counting:
+    def __init__(self):
+        self.calls = Counter()
+
+    def __call__(self, candidate):
+        self.calls[candidate.genome_hash, candidate.max_epochs, candidate.replicate] += 1
+        return learning(candidate)
+
+
+def pruned(**settings):
+    return SearchConfig(**{"sampler": "ga", "population": 9, "generations": 4, "max_epochs": 9, "min_epochs": 1,
+                           "prune_factor": 3, "remeasure": 0, "seed": 1, **settings})
+
+
+def search(path, cfg, fitness=None, evaluate=None, **kw):
+    with Store(path) as store:
+        return run_search(cfg, load_space("mlp"), evaluate or serial(fitness or Counting()), store, TCH, **kw)
+
+
+def test_the_rungs():
+    assert rung_epochs(10, None, 3) == [10]
+    assert rung_epochs(10, 1, 3) == [1, 3, 10] and rung_epochs(9, 1, 3) == [1, 3, 9]
+    assert rung_epochs(10, 1, 2) == [1, 2, 4, 10] and rung_epochs(10, 4, 3) == [4, 10]
+    assert rung_hash(TCH, 10, 10) == TCH != rung_hash(TCH, 3, 10) != rung_hash(TCH, 1, 10)
+    with pytest.raises(UserError, match="--min-epochs .* must be below --max-epochs"):
+        SearchConfig(min_epochs=10, max_epochs=10)
+    with pytest.raises(UserError, match="--prune-factor must be at least 2"):
+        SearchConfig(prune_factor=1)
+
+
+def test_each_rung_keeps_the_best_third_of_the_one_below(tmp_path):
+    fitness = Counting()
+    result = search(tmp_path / "s.db", pruned(), fitness)
+    first = result.history[0]
+    assert len({m.genome_hash for m in first.members}) == 9
+    assert Counter(m.rung for m in first.members) == {0: 6, 1: 2, 2: 1}
+    trained = Counter(epochs for (h, epochs, _), n in fitness.calls.items())
+    assert trained[1] == result.evaluations and max(fitness.calls.values()) == 1
+    # rung 1 holds the best three of rung 0, rung 2 the best of rung 1 (by the fitness at that rung)
+    with Store(tmp_path / "s.db") as store:
+        rows = [e for e in store.evaluations() if e.generation == 0]
+    at = {epochs: {e.genome_hash: e for e in rows if e.max_epochs == epochs} for epochs in (1, 3, 9)}
+    best = sorted(at[1].values(), key=lambda e: rank_key(e.genome, e.fitness))
+    assert set(at[3]) == {e.genome_hash for e in best[:3]}
+    assert set(at[9]) == {min(at[3].values(), key=lambda e: rank_key(e.genome, e.fitness)).genome_hash}
+    assert {e.train_config_hash for e in rows} == {rung_hash(TCH, 1, 9), rung_hash(TCH, 3, 9), TCH}
+    # a member carries its highest rung; the top is ranked by rung, then fitness
+    top = result.top[0]
+    assert top.rung == 2 and top.train_config_hash == TCH and top.fitness == learning_at(top.genome, top.seed, 9)
+    assert first.stats.train_seconds == 9 * 1 + 3 * 3 + 1 * 9  # every training of the generation, every rung
+
+
+def learning_at(genome, seed, epochs):
+    from towerlab.search import Candidate
+
+    return learning(Candidate(0, 0, genome, genome_hash(genome), seed, epochs)).fitness
+
+
+def test_pruning_trains_far_fewer_epochs_and_keeps_the_same_seed_per_rung(tmp_path):
+    fitness = Counting()
+    result = search(tmp_path / "s.db", pruned(generations=3), fitness)
+    epochs = sum(e * n for (h, e, r), n in fitness.calls.items())
+    unpruned = Counting()
+    full = search(tmp_path / "u.db", pruned(generations=3, min_epochs=None), unpruned)
+    assert epochs < sum(e * n for (h, e, r), n in unpruned.calls.items()) / 2
+    assert full.evaluations == sum(unpruned.calls.values())
+    assert result.trainings == sum(fitness.calls.values()) > result.evaluations  # the promotions trained again
+    with Store(tmp_path / "s.db") as store:
+        seeds = {}
+        for e in store.evaluations():
+            seeds.setdefault(e.genome_hash, set()).add(e.seed)
+    assert all(len(s) == 1 for s in seeds.values())  # a higher rung retrains with the rung below's seed
+
+
+@pytest.mark.parametrize("crash_at", [4, 10, 12])
+def test_a_pruned_search_killed_mid_rung_resumes_to_the_same_history(tmp_path, crash_at):
+    reference = search(tmp_path / "ref.db", pruned(remeasure=1))
+    fitness = Counting()
+    done = []
+
+    def crashing(candidates, record):
+        for c in candidates:
+            if len(done) == crash_at:
+                raise KeyboardInterrupt
+            done.append(c)
+            record(c, fitness(c))
+
+    with pytest.raises(KeyboardInterrupt):
+        search(tmp_path / "s.db", pruned(remeasure=1), evaluate=crashing)
+    assert search(tmp_path / "s.db", pruned(remeasure=1), fitness, resume=True) == reference
+    assert max(fitness.calls.values()) == 1
+
+
+def test_the_last_rung_is_shared_with_an_unpruned_search(tmp_path):
+    result = search(tmp_path / "s.db", pruned(generations=2))
+    finalists = {m.genome_hash for g in result.history for m in g.members if m.rung == 2}
+    fitness = Counting()
+    search(tmp_path / "s.db", pruned(generations=2, min_epochs=None), fitness)
+    assert finalists and all((h, 9, 0) not in fitness.calls for h in finalists)
+
+
+def test_tpe_is_told_where_its_trials_were_pruned(tmp_path):
+    pytest.importorskip("optuna")
+    cfg = pruned(sampler="tpe", population=6, generations=5)
+    a = search(tmp_path / "a.db", cfg)
+    assert a == search(tmp_path / "b.db", cfg)
+    assert {m.rung for g in a.history for m in g.members} == {0, 1, 2}
+    assert math.isclose(a.top[0].fitness, max(m.fitness for g in a.history for m in g.members if m.rung == 2))

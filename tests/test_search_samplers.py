@@ -1,0 +1,219 @@
+"""Samplers run by the one engine loop: the genetic algorithm and the grid give the histories the
+code before samplers recorded (tests/fixtures/ga_history_v1.json), random never repeats, TPE is
+seeded and resumes, and every sampler stops at --max-evaluations. Fake fitness, no torch."""
+
+import builtins
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from towerlab.config import SearchConfig
+from towerlab.errors import UserError
+from towerlab.search import Outcome, Space, Store, genome_hash, load_space, make_sampler, run_search, serial
+
+FIXTURES = Path(__file__).parent / "fixtures"
+HISTORIES = json.loads((FIXTURES / "ga_history_v1.json").read_text())
+TCH = "fixture-train-config"
+SMALL = Space("small.toml", "mlp", {"neurons": (16, 32, 64), "layers": (1, 2), "activation": ("relu", "tanh", "sigmoid")})
+
+
+def fixture_fitness(candidate):
+    """The fake fitness the fixtures were recorded with: structureless in the genome and dependent
+    on the candidate's seed, so a history pins both the proposals and the seeds."""
+    if candidate.genome.get("activation") == "sigmoid":
+        return Outcome.failed("loss became NaN", epochs=1, seconds=0.5)
+    base = int(candidate.genome_hash[:8], 16) / 16**8
+    return Outcome.ok(0.9 * base + (candidate.seed % 1000) / 1e5, val_loss=1 - base, epochs=2, seconds=0.25)
+
+
+def recorded_config(name):
+    data = dict(HISTORIES[name]["config"])
+    return SearchConfig(**{**data, "sampler": "ga" if HISTORIES[name]["kind"] == "evolve" else "grid",
+                           "remeasure": 0})
+
+
+def recorded_space(name):
+    return SMALL if HISTORIES[name]["space"]["name"] == "small.toml" else load_space(HISTORIES[name]["space"]["name"])
+
+
+def as_recorded(result):
+    """A result in the fixture's form."""
+    return {
+        "history": [{"members": [[m.genome_hash[:16], m.fitness, m.seed, m.source] for m in g.members],
+                     "stats": {k: v for k, v in g.stats.to_json().items() if k != "seconds"}} for g in result.history],
+        "top": [[t.genome_hash[:16], t.fitness, t.seed, t.generation] for t in result.top],
+        "counts": [result.evaluations, result.cache_hits, result.failures, result.generations],
+    }
+
+
+def search(path, cfg, space="mlp", fitness=fixture_fitness, evaluate=None, tch=TCH, **kw):
+    with Store(path) as store:
+        return run_search(cfg, load_space(space) if isinstance(space, str) else space,
+                          evaluate or serial(fitness), store, tch, **kw)
+
+
+@pytest.mark.parametrize("name", ["ga-default", "ga-small-elite3", "ga-seed11", "grid-limit"])
+def test_ga_and_grid_give_the_histories_recorded_before_samplers(tmp_path, name):
+    result = search(tmp_path / "s.db", recorded_config(name), recorded_space(name))
+    recorded = HISTORIES[name]
+    assert as_recorded(result) == {k: recorded[k] for k in ("history", "top", "counts")}
+
+
+def test_a_store_from_before_samplers_opens_migrates_and_resumes_to_the_recorded_history(tmp_path):
+    path = tmp_path / "search.db"
+    import sqlite3
+
+    db = sqlite3.connect(path)
+    db.executescript((FIXTURES / "store_v1.sql").read_text())
+    db.close()
+    with Store(path) as store:
+        grid, evolve = store.searches()
+        assert (grid.sampler, evolve.sampler) == ("grid", "ga")
+        assert evolve.config["remeasure"] == 0 and evolve.config["sampler"] == "ga" and evolve.finished is None
+        kept = store.evaluations(2)
+        assert [e.replicate for e in store.evaluations()] == [0] * len(store.evaluations())
+        assert {e.max_epochs for e in store.evaluations()} == {10}
+        top = grid.summary["top"]
+        assert top[0]["fitnesses"] == [top[0]["fitness"]] and store.lookup(
+            top[0]["genome_hash"], "fixture-grid-config", 1).test_accuracy == 0.875
+    calls = []
+
+    def counting(candidate):
+        calls.append(candidate.genome_hash)
+        return fixture_fitness(candidate)
+
+    resumed = search(path, recorded_config("ga-seed11"), fitness=counting, resume=True)
+    recorded = HISTORIES["ga-seed11"]
+    assert as_recorded(resumed) == {k: recorded[k] for k in ("history", "top", "counts")}
+    assert len(calls) == resumed.evaluations - len(kept)  # what the old code recorded was not trained again
+    with Store(path) as store:
+        assert store.searches()[1].finished and len(store.evaluations(2)) == resumed.evaluations
+    text = __import__("towerlab.search", fromlist=["format_search"]).format_search(path)
+    assert "search 1: grid over space mlp" in text and "0.8750" in text and "search 2: ga over space mlp" in text
+
+
+def test_random_never_repeats_a_genome_and_exhausts_the_space(tmp_path):
+    cfg = SearchConfig(sampler="random", population=5, generations=100, remeasure=0, seed=2)
+    result = search(tmp_path / "r.db", cfg, SMALL)
+    proposed = [m.genome_hash for g in result.history for m in g.members]
+    assert len(proposed) == len(set(proposed)) == SMALL.size == 18
+    assert result.generations == 4 and [len(g.members) for g in result.history] == [5, 5, 5, 3]
+    assert result.evaluations == 18 and result.cache_hits == 0
+    again = search(tmp_path / "r2.db", cfg, SMALL)
+    assert again == result
+    other = search(tmp_path / "r3.db", SearchConfig(sampler="random", population=5, remeasure=0, seed=3), SMALL)
+    assert [m.genome for m in other.history[0].members] != [m.genome for m in result.history[0].members]
+
+
+def test_random_in_a_large_space_draws_distinct_genomes(tmp_path):
+    cfg = SearchConfig(sampler="random", population=30, generations=3, remeasure=0)
+    result = search(tmp_path / "r.db", cfg)
+    proposed = [m.genome_hash for g in result.history for m in g.members]
+    assert len(set(proposed)) == 90 and all(load_space("mlp").contains(m.genome)
+                                            for g in result.history for m in g.members)
+
+
+def tpe_config(**changes):
+    return SearchConfig(**{"sampler": "tpe", "population": 4, "generations": 6, "remeasure": 0, "seed": 5,
+                           **changes})
+
+
+def smooth(candidate):
+    g = candidate.genome
+    return Outcome.ok(0.5 + g["neurons"] / 4096 + g["layers"] / 20 + (g["activation"] == "relu") / 10
+                      + (g["optimizer"] == "adam") / 20)
+
+
+def test_tpe_is_seeded_and_learns_from_what_it_is_told(tmp_path):
+    pytest.importorskip("optuna")
+    a = search(tmp_path / "a.db", tpe_config(generations=10), fitness=smooth)
+    b = search(tmp_path / "b.db", tpe_config(generations=10), fitness=smooth)
+    assert a == b and a.generations == 10 and all(len(g.members) == 4 for g in a.history)
+    c = search(tmp_path / "c.db", tpe_config(generations=10, seed=6), fitness=smooth)
+    assert [m.genome for m in c.history[0].members] != [m.genome for m in a.history[0].members]
+    early = [m.fitness for g in a.history[:3] for m in g.members]  # random start-up trials
+    late = [m.fitness for g in a.history[-3:] for m in g.members]
+    assert sum(late) / len(late) > sum(early) / len(early)
+
+
+def test_tpe_resumes_mid_generation_to_the_uninterrupted_history(tmp_path):
+    pytest.importorskip("optuna")
+    reference = search(tmp_path / "ref.db", tpe_config(), fitness=smooth)
+
+    trained = []
+
+    def crash(candidates, record):  # dies in the first generation with 2 new genomes after the 6th
+        for c in candidates:
+            if len(trained) >= 6 and len(candidates) > 1 and c is candidates[1]:
+                raise KeyboardInterrupt
+            trained.append(c)
+            record(c, smooth(c))
+
+    with pytest.raises(KeyboardInterrupt):
+        search(tmp_path / "s.db", tpe_config(), evaluate=crash)
+    with Store(tmp_path / "s.db") as store:
+        assert not store.generations(1)[-1].complete
+    assert search(tmp_path / "s.db", tpe_config(), fitness=smooth, resume=True) == reference
+
+
+def test_tpe_without_optuna_is_one_clear_line(monkeypatch):
+    real_import = builtins.__import__
+
+    def no_optuna(name, *args, **kwargs):
+        if name == "optuna" or name.startswith("optuna."):
+            raise ImportError("No module named 'optuna'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.delitem(sys.modules, "optuna", raising=False)
+    monkeypatch.setattr(builtins, "__import__", no_optuna)
+    with pytest.raises(UserError, match=r"the tpe sampler needs Optuna: pip install 'towerlab\[tpe\]'"):
+        make_sampler(SearchConfig(sampler="tpe"), load_space("mlp"))
+
+
+def test_an_unknown_sampler_is_refused():
+    with pytest.raises(UserError, match="unknown sampler 'annealing': choose one of ga, grid, random, tpe"):
+        make_sampler(SearchConfig(sampler="annealing"), load_space("mlp"))
+
+
+@pytest.mark.parametrize("sampler, extra", [("ga", {}), ("random", {}), ("grid", {"limit": 40}), ("tpe", {})])
+def test_max_evaluations_stops_every_sampler_after_that_many_distinct_trainings(tmp_path, sampler, extra):
+    if sampler == "tpe":
+        pytest.importorskip("optuna")
+    trained = []
+
+    def counting(candidate):
+        trained.append(candidate.genome_hash)
+        return smooth(candidate)
+
+    cfg = SearchConfig(sampler=sampler, population=6, generations=50, max_evaluations=13, remeasure=0, **extra)
+    result = search(tmp_path / "s.db", cfg, fitness=counting)
+    assert len(trained) == len(set(trained)) == result.evaluations == 13
+    assert sum(len(g.members) for g in result.history) == result.evaluations + result.cache_hits
+    # the generation that reached the budget was cut right after its 13th new genome
+    last = result.history[-1].members
+    assert last[-1].source == "evaluated"
+
+
+def test_max_evaluations_resumes_and_may_grow(tmp_path):
+    cfg = SearchConfig(sampler="ga", population=6, generations=50, max_evaluations=10, remeasure=0)
+    small = search(tmp_path / "s.db", cfg, fitness=smooth)
+    assert small.evaluations == 10
+    with pytest.raises(UserError, match="already holds 10 evaluations of this search: resume with --max-evaluations 10"):
+        search(tmp_path / "s.db", SearchConfig(**{**cfg.__dict__, "max_evaluations": 8}), resume=True)
+    grown = search(tmp_path / "s.db", SearchConfig(**{**cfg.__dict__, "max_evaluations": 20}), fitness=smooth,
+                   resume=True)
+    assert grown.evaluations == 20 and grown.history[:len(small.history)] == small.history
+
+
+def test_the_sampler_is_recorded_as_data(tmp_path):
+    search(tmp_path / "s.db", SearchConfig(sampler="random", population=3, generations=1, remeasure=0))
+    with Store(tmp_path / "s.db") as store:
+        row = store.searches()[0]
+        assert row.sampler == "random" and row.config["sampler"] == "random"
+        sql = store._db.execute("SELECT sql FROM sqlite_master WHERE name = 'searches'").fetchone()[0]
+        assert "CHECK" not in sql
+    with pytest.raises(UserError, match="search 1 in store .* is a random search, not ga"):
+        search(tmp_path / "s.db", SearchConfig(sampler="ga", population=3, generations=1, remeasure=0), resume=1)
+    assert genome_hash({"a": 1}) == genome_hash({"a": 1})

@@ -45,11 +45,17 @@ def _opt(default: Any, help: str, **meta: Any) -> Any:
 
 
 def _check_finite(cfg: Any) -> None:
-    """Every float field is a finite number: nan and inf pass every `<` and `<=` check unnoticed
+    """Every number of a float field is finite: nan and inf pass every `<` and `<=` check unnoticed
     (nan) or mean nothing (an infinite learning rate, timeout or decay)."""
     for f in dataclasses.fields(cfg):
         value = getattr(cfg, f.name)
-        if isinstance(value, float) and not math.isfinite(value):
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or _base_type(f.type)[0] is not float:
+            continue
+        try:
+            finite = math.isfinite(value)
+        except OverflowError:  # an int beyond every float
+            finite = False
+        if not finite:
             raise UserError(f"--{f.metadata.get('flag', f.name.replace('_', '-'))} must be a finite number, "
                             f"got {value}")
 

@@ -223,7 +223,7 @@ def plot_accuracy_time(records: list[dict], path: Path, title: str) -> None:
     ax.set_ylabel("validation accuracy")
     ax.set_title(title)
     ax.grid(alpha=0.3)
-    if records:
+    if ax.get_legend_handles_labels()[0]:  # not when every candidate failed
         ax.legend()
     _save_figure(fig, path)
 
@@ -249,6 +249,6 @@ def fitness_figure(stats: list[dict], title: str) -> Any:
     ax.set_ylabel("validation accuracy")
     ax.set_title(title)
     ax.grid(alpha=0.3)
-    if ax.lines:  # not when every candidate failed
+    if ax.get_legend_handles_labels()[0]:  # not when every candidate failed
         ax.legend()
     return fig

@@ -164,7 +164,7 @@ def _coordinate(kind: str, cfg: SearchConfig, run: RunConfig, out: Path, space: 
                         f"{exc.strerror or exc}") from None
     with store:
         if run.resume:
-            search_id = json.loads((out / "config.json").read_text())["search_id"]
+            search_id = _stored_search_id(out)
         else:
             search_id = open_search(store, cfg, make_sampler(cfg, space), space, tch, None)
             _write_config(out, kind, cfg, run, ctx, store, search_id)
@@ -221,6 +221,19 @@ def _coordinate(kind: str, cfg: SearchConfig, run: RunConfig, out: Path, space: 
         if cfg.export_best:
             _export_best(cfg, space, top[0], data, ctx.device, out, reporter, stop)
     reporter.close()
+
+
+def _stored_search_id(out: Path) -> int:
+    """Which search of its store a resumed folder continues, as its config.json records it."""
+    path = out / "config.json"
+    try:
+        search_id = json.loads(path.read_text(encoding="utf-8"))["search_id"]
+    except (OSError, ValueError, KeyError, TypeError):
+        search_id = None
+    if type(search_id) is not int:
+        raise UserError(f"{path} names no search of its store (search_id was edited or removed): resume cannot "
+                        "tell which search to continue; start a new search")
+    return search_id
 
 
 def _all_failed(result: Any, out: Path) -> str:

@@ -218,8 +218,6 @@ def resolve_search(kind: str, options: Mapping, config: str | os.PathLike | Mapp
         stored = json.loads(path.read_text(encoding="utf-8"))
         search = upgrade_search_config(stored["search"], stored["kind"])
         cfg, stored_run = from_dict(SearchConfig, search, where=path), from_dict(RunConfig, stored["run"], where=path)
-        if type(stored["search_id"]) is not int:
-            raise TypeError("search_id")
     except FileNotFoundError:
         raise UserError(f"{folder} is not a towerlab search (no config.json): check the --resume path") from None
     except (OSError, ValueError, KeyError, TypeError, AttributeError):  # JSONDecodeError is a ValueError

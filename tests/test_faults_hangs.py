@@ -17,7 +17,7 @@ import torch.distributed as dist
 
 from towerlab.cli import main
 from towerlab.distributed import launch, peer_lost
-from util import ONE_CPU, TINY, replica_pids, start_towerlab
+from util import ONE_CPU, TINY, reaped, replica_pids, start_towerlab
 
 TIMEOUT = 5  # seconds, the smallest --timeout
 
@@ -34,6 +34,20 @@ SEARCH = ["evolve", *ONE_CPU, "--dataset", "synthetic", "--devices", "2", "--thr
           "--generations", "3", "--max-epochs", "1", "--val-size", "1000", "--no-progress"]
 
 
+def stop_one(command: list[str], victim: int, started: str, tmp_path, wait: float) -> tuple[int, str, float]:
+    """Start `command`, SIGSTOP the process of rank `victim` once `started` is in its folder; (exit
+    status, log, seconds from the stop to the end)."""
+    out = tmp_path / "job"
+    log = tmp_path / "log"
+    with reaped(start_towerlab(*command, "--timeout", str(TIMEOUT), "--out", str(out), log=log)) as job:
+        wait_for(lambda: len(replica_pids(job.pid)) == 2 and (out / started).exists(), what="the job")
+        time.sleep(1.0)  # at work, not starting up
+        os.kill(replica_pids(job.pid)[victim], signal.SIGSTOP)
+        stopped = time.monotonic()
+        status = job.wait(timeout=wait)
+    return status, log.read_text(), time.monotonic() - stopped
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("command, victim, named, started", [
     (TRAIN, 1, "replica rank 1 ", "checkpoint.pt"),
@@ -41,20 +55,7 @@ SEARCH = ["evolve", *ONE_CPU, "--dataset", "synthetic", "--devices", "2", "--thr
     ([*SEARCH, "--generations", "50"], 0, "coordinator rank 0 ", "config.json"),
 ], ids=["replica", "parameter-server", "coordinator"])
 def test_a_stopped_process_ends_the_job_within_the_timeout_naming_it(command, victim, named, started, tmp_path):
-    out = tmp_path / "job"
-    log = tmp_path / "log"
-    job = start_towerlab(*command, "--timeout", str(TIMEOUT), "--out", str(out), log=log)
-    try:
-        wait_for(lambda: len(replica_pids(job.pid)) == 2 and (out / started).exists(), what="the job")
-        time.sleep(1.0)  # at work, not starting up
-        os.kill(replica_pids(job.pid)[victim], signal.SIGSTOP)
-        stopped = time.monotonic()
-        status = job.wait(timeout=TIMEOUT + 60)
-        took = time.monotonic() - stopped
-    finally:
-        if job.poll() is None:
-            os.killpg(job.pid, signal.SIGKILL)
-    text = log.read_text()
+    status, text, took = stop_one(command, victim, started, tmp_path, wait=TIMEOUT + 60)
     assert status == 1, text
     errors = [line for line in text.splitlines() if line.startswith("towerlab: error:")]
     assert len(errors) == 1 and named in errors[0] and "stopped answering" in errors[0], text
@@ -64,21 +65,10 @@ def test_a_stopped_process_ends_the_job_within_the_timeout_naming_it(command, vi
 
 @pytest.mark.slow
 def test_a_stopped_search_worker_is_killed_and_the_search_goes_on(tmp_path):
-    out = tmp_path / "evo"
-    log = tmp_path / "log"
-    job = start_towerlab(*SEARCH, "--timeout", str(TIMEOUT), "--out", str(out), log=log)
-    try:
-        wait_for(lambda: len(replica_pids(job.pid)) == 2 and (out / "config.json").exists(), what="the job")
-        time.sleep(1.0)
-        os.kill(replica_pids(job.pid)[1], signal.SIGSTOP)
-        status = job.wait(timeout=300)
-    finally:
-        if job.poll() is None:
-            os.killpg(job.pid, signal.SIGKILL)
-    text = log.read_text()
+    status, text, _ = stop_one(SEARCH, 1, "config.json", tmp_path, wait=300)
     assert status == 0, text
     assert "warning: worker rank 1" in text and "stopped answering" in text and "the others carry on" in text, text
-    assert (out / "summary.json").exists() and "Traceback" not in text
+    assert (tmp_path / "job" / "summary.json").exists() and "Traceback" not in text
 
 
 # ----------------------------------------------------------------- a collective that times out

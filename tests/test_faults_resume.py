@@ -8,7 +8,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import shutil
-import signal
 from dataclasses import fields
 
 import numpy as np
@@ -20,38 +19,16 @@ import towerlab.search_job
 from test_custom_dataset import colour_classes
 from towerlab.cli import main
 from towerlab.config import RunConfig
-from util import ONE_CPU, TINY, max_difference, summary, weights
+from util import ONE_CPU, TINY, StopAtRead, max_difference, summary, weights
 
 # lenet5 (channels-last, fused Adam) with dropout-free steps: 15 steps per epoch, 45 in all.
 ARGS = [*TINY, "--model", "lenet5", "--epochs", "3", "--batch-size", "100", "--threads", "1"]
 
 
-class StopAfter:
-    """A stand-in for the Ctrl-C handler: reports SIGINT from its n-th read on (one read per step)."""
-
-    reads = 20
-
-    def __init__(self):
-        self.count = 0
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return None
-
-    def request(self, signum):
-        return None
-
-    @property
-    def signum(self):
-        self.count += 1
-        return int(signal.SIGINT) if self.count >= self.reads else 0
-
-
 def interrupt(module, monkeypatch, args: list[str], reads: int = 20) -> int:
-    StopAfter.reads = reads
-    monkeypatch.setattr(module, "StopFlag", StopAfter)
+    """`main(args)` with a Ctrl-C after `reads` steps (`module`: runner or search_job)."""
+    monkeypatch.setattr(StopAtRead, "reads_before_stop", reads)
+    monkeypatch.setattr(module, "StopFlag", StopAtRead)
     try:
         return main(args)
     finally:

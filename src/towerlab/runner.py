@@ -70,6 +70,7 @@ def read_run_config(folder: Path) -> tuple[TrainConfig, RunConfig]:
 
 def start(cfg: TrainConfig, run: RunConfig) -> int:
     """Run the job; returns its exit status."""
+    started = time.time()  # the summary's wall_seconds run from here (the command line read) to its writing
     if run.tensorboard:
         require_tensorboard()
     require_out_under_torchrun(run)
@@ -83,8 +84,8 @@ def start(cfg: TrainConfig, run: RunConfig) -> int:
 
     # Under torchrun, rank 0 decides in _decide_start whether the folder is its own restart.
     return start_job(out, resume=run.resume is not None, new=not under_torchrun(),
-                     run_here=lambda: _process(0, torchrun_world_size(), None, cfg, run, str(out)),
-                     processes=run.devices, spawned=_spawned, args=(cfg, run, str(out)),
+                     run_here=lambda: _process(0, torchrun_world_size(), None, cfg, run, str(out), started),
+                     processes=run.devices, spawned=_spawned, args=(cfg, run, str(out), started),
                      preflight=lambda: _preflight(cfg, run), hint=resume_hint)
 
 
@@ -93,14 +94,15 @@ def _preflight(cfg: TrainConfig, run: RunConfig) -> None:
     check_setup(cfg, run.devices, load_data(cfg, run, download=run.download))
 
 
-def _spawned(rank: int, world_size: int, store_path: str, cfg: TrainConfig, run: RunConfig, out: str) -> None:
-    status = _process(rank, world_size, store_path, cfg, run, out)
+def _spawned(rank: int, world_size: int, store_path: str, cfg: TrainConfig, run: RunConfig, out: str,
+             started: float) -> None:
+    status = _process(rank, world_size, store_path, cfg, run, out, started)
     if status:
         sys.exit(status)
 
 
 def _process(rank: int, world_size: int, store_path: str | None, cfg: TrainConfig, run: RunConfig,
-             out_dir: str) -> int:
+             out_dir: str, started: float) -> int:
     torch.set_num_threads(run.threads or default_threads(local_processes(run)))
     out = Path(out_dir)
     with StopFlag() as stop, session(rank=rank, world_size=world_size, store_path=store_path,
@@ -124,7 +126,6 @@ def _process(rank: int, world_size: int, store_path: str | None, cfg: TrainConfi
                               f"{data.n_test} test), {ctx.world_size} x {ctx.device.type} replica(s), "
                               f"strategy {run.strategy}, input {run.input}, global batch "
                               f"{cfg.batch_size * ctx.world_size} -> {out}")
-            started = time.time()
             result = train(cfg, ctx, data, input_mode=run.input, strategy=run.strategy, reporter=reporter,
                            display_step=run.display_step, checkpoint_path=out / CHECKPOINT,
                            resume_state=resume_state, compile_model=run.compile, stop=stop)
@@ -215,7 +216,7 @@ def _summary(cfg: TrainConfig, run: RunConfig, ctx: Context, data: Any, result: 
         "world_size": ctx.world_size, "device_type": ctx.device.type,
         "batch_size_per_replica": cfg.batch_size, "global_batch_size": cfg.batch_size * ctx.world_size,
         "epochs": result.epochs, "steps": result.steps, "steps_per_epoch": result.steps_per_epoch,
-        "train_seconds": result.train_seconds, "wall_seconds": wall_seconds,
+        "train_seconds": result.train_seconds, "setup_seconds": result.setup_seconds, "wall_seconds": wall_seconds,
         "examples_per_sec": result.examples_per_sec,
         "val_loss": result.val_loss, "val_accuracy": result.val_accuracy,
         "test_loss": result.test_loss, "test_accuracy": result.test_accuracy,

@@ -34,8 +34,11 @@ def small_space_file(folder: Path) -> str:
     return str(path)
 
 # A tiny learnable problem: 2,000 synthetic 28x28 images, 500 of them for validation.
-TINY = ["--dataset", "synthetic", "--synthetic-train", "2000", "--val-size", "500",
-        "--display-step", "1000", "--no-progress", *ONE_CPU]
+TINY_DATA = ["--dataset", "synthetic", "--synthetic-train", "2000", "--val-size", "500", "--display-step", "1000",
+             "--no-progress"]
+TINY = [*TINY_DATA, *ONE_CPU]
+# One process on the first GPU (tests marked gpu).
+ONE_GPU = ["--device", "cuda", "--devices", "1"]
 
 
 def real_data_dir() -> Path | None:

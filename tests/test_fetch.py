@@ -100,7 +100,7 @@ def test_fetch_checksum_mismatch_leaves_nothing(tmp_path, server, monkeypatch):
                                         r"[0-9a-f]{32}, expected 0{32}") as err:
         fetch.fetch("mnist", dest)
     assert str(dest) in str(err.value)
-    assert list(dest.iterdir()) == []
+    assert not dest.exists()  # the folder the failed fetch created is gone again
 
 
 def test_fetch_unreachable_gives_one_clean_error(tmp_path, server, closed_url, monkeypatch):
@@ -114,7 +114,31 @@ def test_fetch_unreachable_gives_one_clean_error(tmp_path, server, closed_url, m
     host = r"127\.0\.0\.1:\d+"
     assert re.search(rf"could not download mnist from {host} \(.*refused.*\), {host} \(HTTP 404\)", message), message
     assert f"put the files in {dest} by hand or copy a mnist.npz into {dest}" in message
-    assert list(dest.iterdir()) == []
+    assert not dest.exists()  # the folder the failed fetch created is gone again
+
+
+def test_a_failed_fetch_removes_the_folders_it_made_and_nothing_else(tmp_path, closed_url, monkeypatch):
+    use_source(monkeypatch, [closed_url], [fetch.RemoteFile("a.gz", "0" * 32)], name="fashion-mnist",
+               subdir="fashion-mnist")
+    data_dir = tmp_path / "data"
+    (data_dir / "mine").mkdir(parents=True)
+    with pytest.raises(UserError, match="could not download fashion-mnist"):
+        fetch.fetch("fashion-mnist", data_dir)
+    assert sorted(p.name for p in data_dir.iterdir()) == ["mine"]  # no empty fashion-mnist/ left behind
+
+
+def test_the_mirror_setting_replaces_the_official_hosts(tmp_path, server, monkeypatch):
+    url, served = server
+    (served / "mnist").mkdir()
+    remotes = serve(served / "mnist", FILES)
+    use_source(monkeypatch, ["http://never.invalid/"], remotes)
+    monkeypatch.setenv("TOWERLAB_MIRROR", url.rstrip("/"))
+    assert fetch.mirror_hosts("mnist") == [url.split("/")[2]]
+    paths = fetch.fetch("mnist", tmp_path / "d")
+    assert [p.read_bytes() for p in paths] == list(FILES.values())
+    monkeypatch.setenv("TOWERLAB_MIRROR", "ftp://example.org")
+    with pytest.raises(UserError, match="TOWERLAB_MIRROR"):
+        fetch.fetch("mnist", tmp_path / "e")
 
 
 def test_fetch_refuses_an_endless_stream(tmp_path, server, monkeypatch):

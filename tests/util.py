@@ -41,10 +41,11 @@ TINY = [*TINY_DATA, *ONE_CPU]
 ONE_GPU = ["--device", "cuda", "--devices", "1"]
 
 
-def real_data_dir() -> Path | None:
-    """Where the real MNIST / CIFAR-10 files are, if anywhere (TOWERLAB_DATA, else ../shared/data)."""
+def real_data_dir(file: str = "mnist.npz") -> Path | None:
+    """The folder holding the real `file` (mnist.npz, cifar10.npz), if any: $TOWERLAB_DATA, else
+    ../shared/data."""
     for candidate in (os.environ.get("TOWERLAB_DATA"), SHARED_DATA):
-        if candidate and (Path(candidate) / "mnist.npz").exists():
+        if candidate and (Path(candidate) / file).exists():
             return Path(candidate)
     return None
 

@@ -7,7 +7,6 @@ User mistakes (`UserError`) become one line on stderr and exit status 2; Ctrl-C 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from pathlib import Path
@@ -17,8 +16,7 @@ from typing import Sequence
 os.environ.setdefault("MPLBACKEND", "Agg")
 
 from towerlab import __version__  # noqa: E402
-from towerlab.config import (RunConfig, SearchConfig, TrainConfig, add_arguments, from_dict, given,  # noqa: E402
-                             replace, upgrade_search_config)
+from towerlab.config import RunConfig, SearchConfig, TrainConfig, add_arguments, given  # noqa: E402
 from towerlab.distributed import EXIT_PEER_LOST, EXIT_USER_ERROR, Interrupted, peer_lost  # noqa: E402
 from towerlab.errors import UserError  # noqa: E402
 
@@ -33,13 +31,57 @@ class _Parser(argparse.ArgumentParser):
         raise UserError(f"{message} (see {self.prog} --help)")
 
 
+DESCRIPTION = """\
+Train ConvNets on MNIST, Fashion-MNIST, CIFAR-10 or your own images over every device (GPUs, or
+CPU processes), and search network hyperparameters with a genetic algorithm or a grid.
+
+  towerlab train --model lenet5 --dataset mnist --epochs 2     train, and test; the run lands in runs/
+  towerlab evaluate runs/RUN                                   score a trained model on its test set
+  towerlab predict runs/RUN images.npz                         label your own images
+  towerlab evolve --dataset mnist                              search MLPs for MNIST
+  towerlab data info                                           which datasets are found where
+
+`towerlab COMMAND --help` lists a command's flags; --config FILE reads them from a file."""
+
+CONFIG_HELP = ("read settings from a TOML file, or a run's config.json to repeat that run; the flags you type "
+               "win over it (see towerlab.settings)")
+PRINT_CONFIG_HELP = "print the resolved settings as a config file and exit, running nothing"
+
+
+def _config_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", metavar="FILE", default=None, help=CONFIG_HELP)
+    p.add_argument("--print-config", action="store_true", help=PRINT_CONFIG_HELP)
+
+
 def _train_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("train", help="train a network over one or more replicas",
                        description="Synchronous data-parallel training: one replica per device, gradients "
                                    "averaged every step (all-reduce or a CPU parameter server).")
+    _config_flags(p)
     add_arguments(p, TrainConfig)
     add_arguments(p, RunConfig)
     p.set_defaults(handler=_cmd_train)
+
+
+def _model_parsers(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("evaluate", help="score a trained model on a dataset's test (or validation) split",
+                       description="Score the model of a run (its folder, or a model.pt) on the test split of "
+                                   "the dataset it was trained on, found as the run found it, or of --dataset.")
+    p.add_argument("run", metavar="RUN_DIR", help="a run's output folder, or a model.pt")
+    p.add_argument("--dataset", default=None, help="a dataset name or an .npz path (default: the run's own)")
+    p.add_argument("--data-dir", default=None, help="dataset folder (default: the run's, else $TOWERLAB_DATA, "
+                                                    "else the user cache)")
+    p.add_argument("--split", default="test", choices=("test", "val"), help="which split (default: test)")
+    p.set_defaults(handler=_cmd_evaluate)
+    p = sub.add_parser("predict", help="label images with a trained model",
+                       description="Label the images of an .npz (array x, or images or x_test: uint8, (N, H, W) "
+                                   "or (N, H, W, C)) with the model of a run; writes predictions and "
+                                   "probabilities, and the accuracy when the file holds labels (y, labels or y_test).")
+    p.add_argument("run", metavar="RUN_DIR", help="a run's output folder, or a model.pt")
+    p.add_argument("images", help="an .npz holding the images")
+    p.add_argument("--out", default=None, help="where to write the predictions (.npz; default: "
+                                               "<images name>-predictions.npz here)")
+    p.set_defaults(handler=_cmd_predict)
 
 
 def _data_parser(sub: argparse._SubParsersAction) -> None:
@@ -55,23 +97,33 @@ def _data_parser(sub: argparse._SubParsersAction) -> None:
 
 
 SEARCH_RUN_SKIP = ("preset", "strategy", "input", "display_step", "compile", "tensorboard")
-# The sampler each search command runs (`towerlab search run` takes --sampler).
-SEARCH_COMMANDS = {"evolve": "ga", "grid": "grid"}
+
+
+def _search_run_helps(kind: str) -> dict[str, str]:
+    """RunConfig's help texts as a search means them."""
+    return {"out": f"output folder (None: runs/<timestamp>-{kind}-<space>-<dataset>)",
+            "resume": f"continue the interrupted {'' if kind == 'search' else kind + ' '}search in this folder",
+            "devices": "local devices, one worker each (None: every GPU, or 2 CPU processes without one; "
+                       "1 on a one-core machine)",
+            "threads": "CPU threads per worker (None: cores / local workers)",
+            "progress": "progress bar over the candidates when the terminal is interactive"}
 
 
 def _search_parsers(sub: argparse._SubParsersAction) -> None:
     for kind, text in (("evolve", "evolve network hyperparameters with a genetic algorithm"),
                        ("grid", "evaluate every genome of a search space (or a random --limit of them)")):
         p = sub.add_parser(kind, help=text, description=text + ", on every device and machine.")
+        _config_flags(p)
         add_arguments(p, SearchConfig, skip=("sampler",))
-        add_arguments(p, RunConfig, skip=SEARCH_RUN_SKIP)
+        add_arguments(p, RunConfig, skip=SEARCH_RUN_SKIP, helps=_search_run_helps(kind))
         p.set_defaults(handler=_cmd_search, kind=kind)
     search = sub.add_parser("search", help="search with any sampler; inspect stored searches")
     search_sub = search.add_subparsers(dest="search_command", required=True, parser_class=_Parser)
     text = "search network hyperparameters with the --sampler of your choice"
     p = search_sub.add_parser("run", help=text, description=text + ", on every device and machine.")
+    _config_flags(p)
     add_arguments(p, SearchConfig)
-    add_arguments(p, RunConfig, skip=SEARCH_RUN_SKIP)
+    add_arguments(p, RunConfig, skip=SEARCH_RUN_SKIP, helps=_search_run_helps("search"))
     p.set_defaults(handler=_cmd_search, kind="search")
     p = search_sub.add_parser("show", help="the generations and top genomes of a stored search, or every "
                                            "evaluation as CSV or JSON")
@@ -85,84 +137,52 @@ def _search_parsers(sub: argparse._SubParsersAction) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="towerlab", description=__doc__.splitlines()[0] if __doc__ else None)
+    parser = _Parser(prog="towerlab", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"towerlab {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser, metavar="COMMAND")
     _train_parser(sub)
+    _model_parsers(sub)
     _search_parsers(sub)
     _data_parser(sub)
     return parser
 
 
 def resolve_train(args: argparse.Namespace) -> tuple[TrainConfig, RunConfig]:
-    """The run's configs: from the flags, or for --resume from the stored run (where only run
-    options may be changed)."""
-    from towerlab.runner import read_run_config
+    """The run's configs from the flags, as `towerlab.train` resolves its keyword arguments."""
+    from towerlab.settings import resolve_train as resolve
 
-    train_given, run_given = given(args, TrainConfig), given(args, RunConfig)
-    if "resume" not in run_given:
-        if "preset" in run_given:
-            train_given, run_given = _with_preset(run_given["preset"], train_given, run_given)
-        return TrainConfig(**train_given), RunConfig(**run_given)
-    if "preset" in run_given:
-        raise UserError("--preset does not go with --resume: the stored run already holds the preset's settings")
-    folder = Path(run_given["resume"])
-    _check_resume_out(folder, run_given)
-    cfg, stored_run = read_run_config(folder)
-    changed = [k for k, v in train_given.items() if getattr(cfg, k) != v]
-    if changed:
-        flags = ", ".join("--" + k.replace("_", "-") for k in changed)
-        raise UserError(f"--resume continues the stored run, whose {flags} differ(s) from what you passed: "
-                        "drop those flags or start a new run")
-    if "devices" in run_given and run_given["devices"] != stored_run.devices:
-        raise UserError(f"{folder} was trained on {stored_run.devices} replica(s): resume with "
-                        f"--devices {stored_run.devices} so the result equals an uninterrupted run")
-    return cfg, replace(stored_run, **{**run_given, "out": str(folder)})
-
-
-def _check_resume_out(folder: Path, run_given: dict) -> None:
-    """--resume writes into the folder it continues; a different --out would be silently ignored."""
-    out = run_given.get("out")
-    if out is not None and Path(out).absolute() != folder.absolute():
-        raise UserError(f"--resume {folder} continues that folder and writes there: drop --out {out}")
-
-
-# Settings a resumed search may change: they do not alter what has been computed.
-SEARCH_EXTENSIBLE = ("generations", "max_evaluations", "top", "export_best", "workers_per_device")
+    return resolve({**given(args, TrainConfig), **given(args, RunConfig)}, getattr(args, "config", None))
 
 
 def resolve_search(args: argparse.Namespace) -> tuple[SearchConfig, RunConfig]:
-    search_given, run_given = given(args, SearchConfig), given(args, RunConfig)
-    if args.kind in SEARCH_COMMANDS:
-        search_given["sampler"] = SEARCH_COMMANDS[args.kind]
-    if "resume" not in run_given:
-        return SearchConfig(**search_given), RunConfig(**run_given)
-    folder = Path(run_given["resume"])
-    _check_resume_out(folder, run_given)
-    try:
-        stored = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-        search = upgrade_search_config(stored["search"], stored["kind"])
-        cfg, stored_run = from_dict(SearchConfig, search), from_dict(RunConfig, stored["run"])
-    except FileNotFoundError:
-        raise UserError(f"{folder} is not a towerlab search (no config.json): check the --resume path") from None
-    except (json.JSONDecodeError, KeyError, TypeError, AttributeError):
-        raise UserError(f"{folder}/config.json is unreadable: it was not written by a towerlab search") from None
-    if args.kind in SEARCH_COMMANDS and cfg.sampler != SEARCH_COMMANDS[args.kind]:
-        command = next((k for k, v in SEARCH_COMMANDS.items() if v == cfg.sampler), "search run")
-        raise UserError(f"{folder} holds a {cfg.sampler} search: resume it with towerlab {command} --resume {folder}")
-    changed = [k for k, v in search_given.items() if getattr(cfg, k) != v and k not in SEARCH_EXTENSIBLE]
-    if changed:
-        flags = ", ".join("--" + k.replace("_", "-") for k in changed)
-        raise UserError(f"--resume continues the stored search, whose {flags} differ(s) from what you passed: "
-                        "drop those flags or start a new search")
-    return replace(cfg, **search_given), replace(stored_run, **{**run_given, "out": str(folder)})
+    from towerlab.settings import resolve_search as resolve
+
+    return resolve(args.kind, {**given(args, SearchConfig), **given(args, RunConfig)}, getattr(args, "config", None))
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    cfg, run = resolve_train(args)
+    if args.print_config:
+        return _print_config(train=cfg, run=run)
+    from towerlab.runner import start
+
+    return start(cfg, run)
 
 
 def _cmd_search(args: argparse.Namespace) -> int:
+    cfg, run = resolve_search(args)
+    if args.print_config:
+        return _print_config(search=cfg, run=run)
     from towerlab.search_job import start_search
 
-    cfg, run = resolve_search(args)
     return start_search(args.kind, cfg, run)
+
+
+def _print_config(**sections: object) -> int:
+    from towerlab.settings import config_toml
+
+    print(config_toml(**sections), end="")
+    return 0
 
 
 def _cmd_search_show(args: argparse.Namespace) -> int:
@@ -181,20 +201,25 @@ def _cmd_search_show(args: argparse.Namespace) -> int:
     return 0
 
 
-def _with_preset(name: str, train_given: dict, run_given: dict) -> tuple[dict, dict]:
-    """The preset's settings for this machine's device type, under the flags the user typed."""
-    from towerlab.distributed import device_type
-    from towerlab.presets import apply_preset, run_options
+def _cmd_evaluate(args: argparse.Namespace) -> int:
+    from towerlab.evaluation import evaluate
 
-    kind = device_type(run_given.get("device", "auto"))
-    return {**apply_preset(name, kind), **train_given}, {**run_options(name, kind), **run_given}
+    result = evaluate(args.run, args.dataset, split=args.split, data_dir=args.data_dir,
+                      log=lambda line: print(line, file=sys.stderr, flush=True))
+    recorded = f" (the run recorded {result['recorded']:.4f})" if "recorded" in result else ""
+    print(f"{args.run}: {result['split']} accuracy {result['accuracy']:.4f}, loss {result['loss']:.4f} on "
+          f"{result['n']} images of {result['dataset']}{recorded}")
+    return 0
 
 
-def _cmd_train(args: argparse.Namespace) -> int:
-    from towerlab.runner import start
+def _cmd_predict(args: argparse.Namespace) -> int:
+    from towerlab.evaluation import predict_file
 
-    cfg, run = resolve_train(args)
-    return start(cfg, run)
+    result = predict_file(args.run, args.images, args.out)
+    accuracy = (f"; accuracy {result['accuracy']:.4f} against its labels ({result['labels']})"
+                if result["accuracy"] is not None else "")
+    print(f"Predicted {result['n']} images of {args.images} ({result['images']}) -> {result['out']}{accuracy}")
+    return 0
 
 
 def _cmd_data_fetch(args: argparse.Namespace) -> int:

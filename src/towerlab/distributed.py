@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import contextlib
 import os
+import pickle
 import shutil
 import signal
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from datetime import timedelta
@@ -276,17 +278,18 @@ def _die_with(launcher_pid: int) -> None:
 
 def _worker_entry(fn: Callable[..., None], rank: int, world_size: int, store_path: str,
                   args: tuple, launcher_pid: int) -> None:
-    # Each worker exits with a status the launcher understands; user errors print once, on rank 0.
+    # Each worker exits with a status the launcher understands. A user error's message goes to the
+    # launcher (a file beside the rendezvous store), which reports the first one, whichever rank had it.
     _die_with(launcher_pid)
     signal.signal(signal.SIGINT, _interrupt_once)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a forked worker inherits the launcher's forwarding
     try:
         fn(rank, world_size, store_path, *args)
         status = 0
     except SystemExit as exc:
         status = 0 if exc.code is None else exc.code if isinstance(exc.code, int) else 1
     except UserError as exc:
-        if rank == 0:
-            print(f"towerlab: error: {exc}", file=sys.stderr, flush=True)
+        _report_user_error(store_path, rank, str(exc))
         status = EXIT_USER_ERROR
     except Interrupted as exc:
         status = exc.exit_status
@@ -340,21 +343,24 @@ def _alive(pid: int) -> bool:
 
 def launch(fn: Callable[..., None], world_size: int, args: tuple = (), *, grace: float = 20.0,
            log: Callable[[str], None] | None = None, hint: Callable[[], str] | None = None,
-           essential: set[int] | None = None) -> int:
+           essential: set[int] | None = None, start_method: str = "spawn") -> int:
     """Run `fn(rank, world_size, store_path, *args)` in `world_size` fresh processes.
 
-    Returns the job's exit status. When one worker dies, the others get `grace` seconds to stop on
+    Returns the job's exit status, or raises the UserError of the worker that failed first with one
+    (whichever its rank). When one worker dies, the others get `grace` seconds to stop on
     their own (they usually fail at once on the broken collective), then are terminated. SIGINT and
     SIGTERM are passed on to the workers, which save a checkpoint and exit 130 / 143. The workers die
     with the launcher, however it dies. `hint()` says how to continue after a failure.
     With `essential` given, only the failure of those ranks stops the job; the others' deaths are
     logged and the job goes on (the search hands their work to someone else).
+    `start_method` is "spawn" (fresh interpreters: `fn` and `args` must pickle) or "fork" (see
+    `start_method_for`).
     """
     log = log or (lambda line: print(line, file=sys.stderr, flush=True))
     _sweep_rendezvous()
     rdzv = tempfile.mkdtemp(prefix=f"{RDZV_PREFIX}{os.getpid()}-")
     store_path = os.path.join(rdzv, "store")
-    ctx = mp.get_context("spawn")
+    ctx = mp.get_context(start_method)
     procs = [ctx.Process(target=_worker_entry, args=(fn, rank, world_size, store_path, args, os.getpid()),
                          daemon=False)
              for rank in range(world_size)]
@@ -365,18 +371,114 @@ def launch(fn: Callable[..., None], world_size: int, args: tuple = (), *, grace:
         _signal_alive(procs, signum)
 
     previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+    starter = _ForkingThread(procs) if start_method == "fork" else None
+    status = None
     try:
-        for p in procs:
-            p.start()
-        return _monitor(procs, grace, log, received, hint, essential)
+        if starter is not None:
+            starter.start_all()
+        else:
+            _start_spawned(procs)
+        status = _monitor(procs, grace, log, received, hint, essential)
+        error = _first_user_error(rdzv, essential) if status == EXIT_USER_ERROR else None
+        if error is not None:
+            raise UserError(error)
+        return status
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
         for p in procs:
+            if p.pid is None:
+                continue  # never started
             if p.is_alive():
                 p.kill()
             p.join()
+        if starter is not None:
+            starter.release()
         shutil.rmtree(rdzv, ignore_errors=True)
+
+
+def start_method_for(device_kind: str) -> str:
+    """How the Python API starts local workers. "fork" on Linux for CPU workers while CUDA is not
+    initialised here: a forked worker needs nothing pickled and never re-imports `__main__`, so a
+    notebook, code fed through stdin, or a script without an `if __name__ == "__main__"` guard can
+    train its own module classes and in-memory arrays. "spawn" otherwise: CUDA cannot be used in a
+    child forked after CUDA was touched (torch.cuda.is_available() already does), and macOS
+    frameworks are not fork-safe."""
+    if sys.platform.startswith("linux") and device_kind == "cpu" and not torch.cuda.is_initialized():
+        return "fork"
+    return "spawn"
+
+
+def _start_spawned(procs: list) -> None:
+    try:
+        for p in procs:
+            p.start()
+    except (pickle.PicklingError, AttributeError, TypeError) as exc:
+        raise UserError(f"the worker processes are spawned (fresh interpreters), and what they run cannot be "
+                        f"sent to them ({' '.join(str(exc).split())[:200]}): define your model class or factory "
+                        "in an importable module (a .py file), not in a notebook or __main__") from None
+
+
+class _ForkingThread:
+    """Forks the workers from a thread of its own, which lives until they are gone.
+
+    A fresh thread, because GNU OpenMP (torch's CPU thread pool) cannot run a parallel region in a
+    child forked from a thread that has used its pool: the child waits for pool threads that fork
+    did not copy, and hangs. A child forked from a thread that never used OpenMP builds a pool of its
+    own. Kept alive, because Linux's parent-death signal (`_die_with`) follows the thread that
+    forked, not its process."""
+
+    def __init__(self, procs: list):
+        self.procs = procs
+        self._done = threading.Event()
+        self._started = threading.Event()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="towerlab-workers", daemon=True)
+
+    def _run(self) -> None:
+        try:
+            for p in self.procs:
+                p.start()
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the launching thread
+            self._error = exc
+        finally:
+            self._started.set()
+        self._done.wait()
+
+    def start_all(self) -> None:
+        self._thread.start()
+        self._started.wait()
+        if self._error is not None:
+            raise self._error
+
+    def release(self) -> None:
+        """After the workers are gone."""
+        self._done.set()
+        self._thread.join()
+
+
+USER_ERROR_PREFIX = "user-error-"
+
+
+def _report_user_error(store_path: str, rank: int, message: str) -> None:
+    path = Path(store_path).parent / f"{USER_ERROR_PREFIX}{rank}"
+    with contextlib.suppress(OSError):  # the exit status still says "user error"
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(message, encoding="utf-8")
+        os.replace(tmp, path)
+
+
+def _first_user_error(rdzv: str, essential: set[int] | None) -> str | None:
+    """The message of the first worker (in time) that failed with a user error: later ones are
+    usually the same mistake, or a consequence of the first."""
+    reports = []
+    for path in Path(rdzv).glob(USER_ERROR_PREFIX + "*"):
+        rank = path.name[len(USER_ERROR_PREFIX):]
+        if not rank.isdigit() or (essential is not None and int(rank) not in essential):
+            continue
+        with contextlib.suppress(OSError, UnicodeDecodeError):
+            reports.append((path.stat().st_mtime_ns, int(rank), path.read_text(encoding="utf-8")))
+    return min(reports)[2] if reports else None
 
 
 def _monitor(procs: list, grace: float, log: Callable[[str], None], received: list[int],

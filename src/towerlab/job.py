@@ -38,13 +38,13 @@ class OutputFolder:
     """A job's output folder, locked for this process while the job runs (use as a context manager).
 
     `claim()` creates the folder when needed and takes the lock; leaving the context releases it and
-    removes the folder again when this job created it and wrote nothing into it (a job refused for
-    bad input leaves nothing behind that would block the same --out next time)."""
+    removes the folder again when this job created it and wrote nothing into it, with the parents it
+    created for it (a job refused for bad input leaves nothing behind, not even an empty runs/)."""
 
     def __init__(self, path: str | os.PathLike, *, must_exist: bool = False):
         self.path = Path(path)
         self.must_exist = must_exist
-        self.created = False
+        self.created: list[Path] = []  # the folder and the parents this job made for it, deepest first
         self._fd: int | None = None
 
     def __enter__(self) -> OutputFolder:
@@ -61,9 +61,10 @@ class OutputFolder:
         if self.must_exist and not path.is_dir():
             raise UserError(f"{path} does not exist: check the --resume path")
         if not path.exists():
+            missing = [p for p in (path, *path.absolute().parents) if not p.exists()]
             try:
                 path.mkdir(parents=True)
-                self.created = True
+                self.created = missing
             except FileExistsError:
                 pass  # another job made it a moment ago: the lock decides who owns it
             except OSError as exc:
@@ -115,15 +116,16 @@ class OutputFolder:
         with contextlib.suppress(OSError):
             (self.path / LOCK_NAME).unlink()  # before the lock goes: see _lock
         if self.created and not self.holds_results():
-            with contextlib.suppress(OSError):
-                self.path.rmdir()
+            self._forget()
         os.close(self._fd)
         self._fd = None
 
     def _forget(self) -> None:
-        if self.created:
-            with contextlib.suppress(OSError):
-                self.path.rmdir()
+        for folder in self.created:
+            try:
+                folder.rmdir()
+            except OSError:
+                return  # not empty: something else lives there now
 
 
 def _reason(exc: OSError) -> str:
@@ -149,15 +151,17 @@ def launches_here() -> bool:
 
 
 def start_job(out: Path, *, resume: bool, run_here: Callable[[], int], processes: int = 1,
-              spawned: Callable[..., None] | None = None, args: tuple = (),
-              preflight: Callable[[], None] | None = None, hint: Callable[[], str] | None = None,
-              essential: set[int] | None = None, new: bool = True) -> int:
+              spawned: Callable[..., None] | None = None, preflight: Callable[[], tuple] = tuple,
+              hint: Callable[[], str] | None = None, essential: set[int] | None = None, new: bool = True,
+              start_method: str = "spawn") -> int:
     """Run one job on `out`, owning the folder for its whole life; returns the exit status.
 
     `run_here()` runs the job in this process (a single process, or a torchrun rank); with
-    `processes` > 1, `preflight()` finds every mistake once, then `spawned(rank, world_size,
-    store_path, *args)` runs in each of `processes` fresh processes (`essential` and `hint` as in
-    `distributed.launch`). `new` asks for an empty folder (a new job, neither resumed nor restarted).
+    `processes` > 1, `preflight()` finds every mistake once and returns what every worker needs
+    (the loaded data among it, so that all of them read the very same), then
+    `spawned(rank, world_size, store_path, *preflight())` runs in each of `processes` fresh
+    processes (`essential`, `hint` and `start_method` as in `distributed.launch`). `new` asks for an
+    empty folder (a new job, neither resumed nor restarted).
     """
     folder = OutputFolder(out, must_exist=resume) if launches_here() else None
     with folder or contextlib.nullcontext():
@@ -165,9 +169,7 @@ def start_job(out: Path, *, resume: bool, run_here: Callable[[], int], processes
             folder.require_new()
         if processes == 1 or under_torchrun():
             return run_here()
-        if preflight is not None:
-            preflight()
-        return launch(spawned, processes, args, essential=essential, hint=hint)
+        return launch(spawned, processes, preflight(), essential=essential, hint=hint, start_method=start_method)
 
 
 def code_version() -> dict | None:
@@ -196,10 +198,10 @@ def write_config(out: Path, record: dict) -> None:
     atomic.write_json(out / "config.json", {**record, **provenance()})
 
 
-def read_config(out: Path) -> dict | None:
-    """config.json of `out`, or None when it is missing or unreadable."""
+def read_config(out: Path, name: str = "config.json") -> dict | None:
+    """config.json (or another JSON record, `name`) of `out`, or None when it is missing or unreadable."""
     try:
-        stored = json.loads((out / "config.json").read_text(encoding="utf-8"))
+        stored = json.loads((out / name).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
     return stored if isinstance(stored, dict) else None
@@ -221,9 +223,11 @@ def restarted_by_torchrun(out: Path, same_job: Callable[[dict], bool]) -> bool:
 def save_model(path: Path, model: torch.nn.Module, cfg: Any, data: Any) -> None:
     """model.pt: the network and what rebuilds it and feeds it (input shape, classes, the training
     split's mean and std), with the TrainConfig that trained it; written atomically."""
-    from towerlab.config import to_dict
+    from towerlab.config import CUSTOM_MODEL, to_dict
 
     buffer = io.BytesIO()
+    custom = cfg.model == CUSTOM_MODEL
+    extra = {"module_class": f"{type(model).__module__}.{type(model).__qualname__}"} if custom else {}
     torch.save(model_record(model, cfg.model, data.input_shape, data.num_classes, cfg.model_options,
-                            config=to_dict(cfg), mean=list(data.mean), std=list(data.std)), buffer)
+                            config=to_dict(cfg), mean=list(data.mean), std=list(data.std), **extra), buffer)
     atomic.write_bytes(path, buffer.getvalue())

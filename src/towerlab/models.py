@@ -8,6 +8,7 @@ layers can reduce.
 
 from __future__ import annotations
 
+import copy
 import math
 from pathlib import Path
 from typing import Any, Callable
@@ -16,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from towerlab.config import MODELS
+from towerlab.config import CUSTOM_MODEL, MODELS, PRECISIONS, TTA
 from towerlab.errors import UserError
 from towerlab.whitenet import WhitenedConvNet
 
@@ -272,6 +273,28 @@ def build_model(name: str, input_shape: tuple[int, int, int], num_classes: int =
     return _REGISTRY[name](tuple(input_shape), num_classes, **hp)
 
 
+def uses_channels_last(name: str) -> bool:
+    """Whether model `name` trains (and predicts) on channels-last (NHWC) activations: every
+    convolutional model does, on GPUs and CPUs alike, since the cuDNN and oneDNN convolution and
+    pooling kernels are fastest on it. On a 2-core Xeon, 1 thread, bf16 (bench/changes.py):
+    LeNet-5's step 1.27x and CifarNet's 1.92x faster; in fp32, and for the cnn model, about 1.4x.
+    Not a module of your own, which may reshape its activations with `view`."""
+    return name not in ("mlp", CUSTOM_MODEL)
+
+
+def instantiate(source: nn.Module | Callable[[], nn.Module]) -> nn.Module:
+    """A fresh network from a module of your own: a copy of an nn.Module (its current weights are the
+    initial ones), or what a factory returns (called after the run's seed is set)."""
+    if isinstance(source, nn.Module):
+        return copy.deepcopy(source)
+    if not callable(source):
+        raise UserError(f"model must be a name, an nn.Module or a function returning one, got {type(source).__name__}")
+    module = source()
+    if not isinstance(module, nn.Module):
+        raise UserError(f"your model factory returned {type(module).__name__}, not an nn.Module")
+    return module
+
+
 def model_record(model: nn.Module, name: str, input_shape: tuple[int, ...], num_classes: int,
                  options: dict, **extra: Any) -> dict:
     """What `model.pt` holds: enough to rebuild the network with `load_model`, plus the run's config."""
@@ -280,8 +303,19 @@ def model_record(model: nn.Module, name: str, input_shape: tuple[int, ...], num_
             "state_dict": {k: v.detach().cpu() for k, v in model.state_dict().items()}, **extra}
 
 
-def load_model(path: str | Path, map_location: str | torch.device = "cpu") -> tuple[nn.Module, dict]:
-    """Rebuild a saved network. Never executes code from the file (weights_only loading)."""
+def load_model(path: str | Path, map_location: str | torch.device = "cpu", *,
+               module: nn.Module | Callable[[], nn.Module] | None = None) -> tuple[Any, dict]:
+    """Rebuild a saved network (`path`: a model.pt, or the run folder holding one): returns
+    (a `towerlab.classifier.Classifier`, the file's record).
+
+    The Classifier takes raw uint8 images (normalised inside, as in training) or normalised float
+    input; its `.network` is the bare network. A model of your own (trained with
+    `towerlab.api.train(model=...)`) is rebuilt in `module` (an instance or a factory), which must be
+    given. Never executes code from the file (weights_only loading)."""
+    from towerlab.classifier import Classifier
+
+    if Path(path).is_dir():
+        path = Path(path) / "model.pt"
     try:
         record = torch.load(path, map_location=map_location, weights_only=True)
     except FileNotFoundError:
@@ -299,11 +333,30 @@ def load_model(path: str | Path, map_location: str | torch.device = "cpu") -> tu
             and all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in state.items())):
         raise UserError(f"{path} is an incomplete or damaged towerlab model file (name, input_shape, "
                         "num_classes, options and state_dict are required): re-export it with towerlab train")
+    if name == CUSTOM_MODEL:
+        if module is None:
+            raise UserError(f"{path} holds a module of your own ({record.get('module_class', 'a custom class')}): "
+                            "rebuild it with load_model(path, module=YourModule())")
+        network = instantiate(module)
+        _load_state(network, state, path)
+    else:
+        network = _rebuild(path, name, tuple(shape), classes, options, state)
+    mean, std = record.get("mean"), record.get("std")
+    stats_ok = all(isinstance(v, (list, tuple)) and len(v) == shape[0]
+                   and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v) for v in (mean, std))
+    config = record.get("config") if isinstance(record.get("config"), dict) else {}
+    precision = config.get("precision") if config.get("precision") in PRECISIONS else "fp32"
+    tta = config.get("tta") if config.get("tta") in TTA else "none"
+    return Classifier(network, tuple(shape), classes, mean if stats_ok else None, std if stats_ok else None,
+                      precision=precision, tta=tta, channels_last=uses_channels_last(name)), record
+
+
+def _rebuild(path: str | Path, name: str, shape: tuple, classes: int, options: dict, state: dict) -> nn.Module:
     # Check the record against a skeleton on the meta device first, so a small file that claims a
     # huge network cannot make us allocate it.
     try:
         with torch.device("meta"):
-            skeleton = build_model(name, tuple(shape), classes, **options)
+            skeleton = build_model(name, shape, classes, **options)
     except UserError:
         raise
     except (TypeError, ValueError, RuntimeError) as exc:
@@ -312,7 +365,14 @@ def load_model(path: str | Path, map_location: str | torch.device = "cpu") -> tu
     expected = {k: tuple(v.shape) for k, v in skeleton.state_dict().items()}
     if expected != {k: tuple(v.shape) for k, v in state.items()}:
         raise UserError(f"{path} does not match model {name}: its tensors are not those of {name} "
-                        f"with options {options} and input {tuple(shape)}")
-    model = build_model(name, tuple(shape), classes, **options)
+                        f"with options {options} and input {shape}")
+    model = build_model(name, shape, classes, **options)
     model.load_state_dict(state)
-    return model, record
+    return model
+
+
+def _load_state(network: nn.Module, state: dict, path: str | Path) -> None:
+    expected = {k: tuple(v.shape) for k, v in network.state_dict().items()}
+    if expected != {k: tuple(v.shape) for k, v in state.items()}:
+        raise UserError(f"{path} does not match the module you gave: their tensors differ (names or shapes)")
+    network.load_state_dict(state)

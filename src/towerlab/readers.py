@@ -364,8 +364,8 @@ def read_npz(path: str | os.PathLike, image_shape_hint: tuple[int, int, int] | N
         raise UserError(f"cannot read {path}: {err.strerror or err}") from None
     out = {}
     for split in ("train", "test"):
-        x = _npz_images(raw[f"x_{split}"], f"{path}:x_{split}", image_shape_hint)
-        y = _npz_labels(raw[f"y_{split}"], f"{path}:y_{split}", num_classes)
+        x = images_as_nchw(raw[f"x_{split}"], f"{path}:x_{split}", image_shape_hint)
+        y = labels_as_int64(raw[f"y_{split}"], f"{path}:y_{split}", num_classes)
         if len(x) != len(y):
             raise UserError(f"{path}: x_{split} has {len(x)} images but y_{split} has {len(y)} labels")
         out[f"x_{split}"], out[f"y_{split}"] = x, y
@@ -375,7 +375,9 @@ def read_npz(path: str | os.PathLike, image_shape_hint: tuple[int, int, int] | N
     return out
 
 
-def _npz_images(x: np.ndarray, where: str, hint: tuple[int, int, int] | None) -> np.ndarray:
+def images_as_nchw(x: np.ndarray, where: str, hint: tuple[int, int, int] | None) -> np.ndarray:
+    """uint8 images as (N, C, H, W), from Keras's (N, H, W) or (N, H, W, C); with `hint` (C, H, W),
+    also from (N, C, H, W) or flat (N, C*H*W), and refused in any other shape."""
     if x.dtype != np.uint8:
         raise UserError(f"{where} is {x.dtype}, expected uint8 pixels 0-255")
     if x.ndim == 0 or len(x) == 0:
@@ -399,7 +401,8 @@ def _npz_images(x: np.ndarray, where: str, hint: tuple[int, int, int] | None) ->
                     f"such as (N, {h}, {w}{', ' + str(c) if c != 1 else ''}): is this the right dataset?")
 
 
-def _npz_labels(y: np.ndarray, where: str, num_classes: int) -> np.ndarray:
+def labels_as_int64(y: np.ndarray, where: str, num_classes: int) -> np.ndarray:
+    """Integer class labels (N,) or (N, 1), checked to lie in 0..num_classes-1, as int64 (N,)."""
     if y.dtype.kind not in "iu":
         raise UserError(f"{where} is {y.dtype}, expected integer class labels")
     if y.ndim == 2 and y.shape[1] == 1:

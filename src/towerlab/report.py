@@ -110,11 +110,11 @@ def format_step(step: int, loss: float, accuracy: float, examples_per_sec: float
             f"{examples_per_sec:.0f} Examples/sec")
 
 
-def format_epoch(epoch: int, epochs: int, val_loss: float | None, val_accuracy: float | None,
-                 seconds: float) -> str:
+def format_epoch(where: str, val_loss: float | None, val_accuracy: float | None, seconds: float) -> str:
+    """An evaluation line; `where` is "Epoch 3/10", or "Step 20/20 (epoch 0.19)" under --steps."""
     if val_accuracy is None:
-        return f"Epoch {epoch}/{epochs}: no validation set ({seconds:.1f} s)"
-    return (f"Epoch {epoch}/{epochs}: Validation Loss= {val_loss:.4f}, "
+        return f"{where}: no validation set ({seconds:.1f} s)"
+    return (f"{where}: Validation Loss= {val_loss:.4f}, "
             f"Validation Accuracy= {val_accuracy:.4f} ({seconds:.1f} s)")
 
 
@@ -213,16 +213,24 @@ def plot_accuracy_time(records: list[dict], path: Path, title: str) -> None:
 
 def plot_fitness(stats: list[dict], path: Path, title: str) -> None:
     """fitness.png: best, mean and worst validation accuracy per generation (written atomically)."""
+    _save_figure(fitness_figure(stats, title), path)
+
+
+def fitness_figure(stats: list[dict], title: str) -> Any:
+    """The figure of fitness.png (a matplotlib Figure; the caller closes it)."""
     plt = _pyplot()
+    from matplotlib.ticker import MaxNLocator
+
     generations = [s["generation"] + 1 for s in stats]
     fig, ax = plt.subplots(figsize=(6, 4), dpi=120)
     for key, style in (("best", "-o"), ("mean", "--s"), ("worst", ":^")):
         points = [(g, s[key]) for g, s in zip(generations, stats) if s[key] is not None]
         if points:
             ax.plot(*zip(*points), style, label=key)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # generations are whole: no tick at 1.5
     ax.set_xlabel("generation")
     ax.set_ylabel("validation accuracy")
     ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend()
-    _save_figure(fig, path)
+    return fig

@@ -13,18 +13,20 @@ torchrun.
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 import time
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
 import towerlab
 from towerlab import atomic, checkpoint
-from towerlab.config import RunConfig, TrainConfig, dataset_label, from_dict, parse_shape, replace, to_dict
+from towerlab.config import (CUSTOM_MODEL, RunConfig, TrainConfig, dataset_label, from_dict, parse_shape, replace,
+                             to_dict)
 from towerlab.distributed import (Context, StopFlag, barrier, broadcast_object, default_threads, device_type,
                                   local_processes, resolve_devices, session, torchrun_restart, torchrun_world_size,
                                   under_torchrun)
@@ -44,13 +46,71 @@ def stderr_line(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
 
-def load_data(cfg: TrainConfig, run: RunConfig, *, download: bool, log: Any = stderr_line) -> Any:
-    from towerlab.data import load_dataset
+def quiet(_line: str) -> None:
+    pass
 
+
+def load_data(cfg: TrainConfig, run: RunConfig, *, download: bool = True, log: Any = stderr_line,
+              allow_fallback: bool = True, fallback_only: bool = False) -> Any:
+    """`cfg.dataset` as `run` finds it (downloading only where both `download` and --download allow);
+    `fallback_only`: the offline fallback without looking further (another rank fell back)."""
+    from towerlab.data import load_dataset, load_fallback
+
+    if fallback_only:
+        return load_fallback(cfg.val_size, log, reason="the job's first process fell back to it")
     # The synthetic set is one fixed dataset (seed 0): the run's seed varies the training, not the data.
-    return load_dataset(cfg.dataset, run.data_dir, cfg.val_size, download=download,
+    return load_dataset(cfg.dataset, run.data_dir, cfg.val_size, download=download and run.download,
+                        allow_fallback=allow_fallback,
                         synthetic_shape=parse_shape(cfg.synthetic_shape), synthetic_train=cfg.synthetic_train,
                         synthetic_test=max(1, cfg.synthetic_train // 6), seed=0, log=log)
+
+
+def load_everywhere(ctx: Context, load: Callable[..., Any]) -> Any:
+    """The same data on every rank of a torchrun job (or in a single process). Rank 0 loads first,
+    downloading or falling back offline as it must, and tells the others what it read, or its error;
+    then the first process of each other machine loads that same source (downloading if it must,
+    never falling back on its own), and the others read what it fetched. Only rank 0 prints.
+
+    `load(download=..., allow_fallback=..., fallback_only=..., log=...)` loads the job's dataset.
+    (Workers of a local launcher follow its decision instead: see `handed_over`.)"""
+    decision: dict = {}
+    data = None
+    if ctx.is_main:
+        try:
+            data = load(download=True, allow_fallback=True, fallback_only=False, log=stderr_line)
+            decision["fallback"] = bool(data.source.get("fallback"))
+        except UserError as exc:
+            decision["error"] = str(exc)
+    decision = broadcast_object(ctx, decision)
+    if "error" in decision:
+        raise UserError(decision["error"])
+    if not ctx.is_main and ctx.local_rank == 0:
+        data = load(download=True, allow_fallback=False, fallback_only=decision["fallback"], log=quiet)
+    barrier(ctx)
+    if data is None:
+        data = load(download=False, allow_fallback=False, fallback_only=decision["fallback"], log=quiet)
+    return data
+
+
+def handed_over(data: Any, start_method: str) -> tuple[Any, bool | None]:
+    """What a local launcher hands its workers of the data it loaded (which is where the download,
+    or the offline fallback, happened, once): (the data, None) where that costs no copy (forked
+    workers share the launcher's memory) or nothing else holds it (arrays given from Python); else
+    (None, whether it fell back), and spawned workers read the same source themselves, since
+    sending them the data would go through /dev/shm, which containers keep small."""
+    if start_method == "fork" or data.source.get("format") == "arrays":
+        return data, None
+    return None, bool(data.source.get("fallback"))
+
+
+def worker_data(ctx: Context, load: Callable[..., Any], data: Any, fallback: bool | None) -> Any:
+    """A worker's data: what its launcher handed over, or the source it read (`handed_over`), or,
+    with neither (a single process, a torchrun rank), as `load_everywhere` decides."""
+    if data is not None:
+        return data
+    if fallback is not None:
+        return load(download=False, allow_fallback=False, fallback_only=fallback, log=quiet)
+    return load_everywhere(ctx, load)
 
 
 def default_out(cfg: TrainConfig) -> Path:
@@ -68,14 +128,24 @@ def read_run_config(folder: Path) -> tuple[TrainConfig, RunConfig]:
         raise UserError(f"{path} is unreadable ({type(exc).__name__}): it was not written by towerlab train") from None
 
 
-def start(cfg: TrainConfig, run: RunConfig) -> int:
-    """Run the job; returns its exit status."""
-    started = time.time()  # the summary's wall_seconds run from here (the command line read) to its writing
+def resolved_run(run: RunConfig) -> RunConfig:
+    """`run` with --device and --devices resolved for this machine (left as given under torchrun)."""
+    if under_torchrun():
+        return run
+    return replace(run, device=device_type(run.device), devices=resolve_devices(run.devices, run.device))
+
+
+def start(cfg: TrainConfig, run: RunConfig, *, data: Any = None, module: Any = None,
+          start_method: str = "spawn") -> int:
+    """Run the job; returns its exit status. `data` (a towerlab.data.Dataset) replaces loading
+    `cfg.dataset`; `module` (an nn.Module or a factory of one) trains in place of `cfg.model`
+    ("custom"); `start_method` as in `distributed.launch`."""
+    started = time.time()  # the summary's wall_seconds run from here to its writing
     if run.tensorboard:
         require_tensorboard()
     require_out_under_torchrun(run)
-    if not under_torchrun():
-        run = replace(run, device=device_type(run.device), devices=resolve_devices(run.devices, run.device))
+    require_module(cfg, module)
+    run = resolved_run(run)
     out = Path(run.resume or run.out or default_out(cfg))
 
     def resume_hint() -> str:
@@ -84,31 +154,45 @@ def start(cfg: TrainConfig, run: RunConfig) -> int:
 
     # Under torchrun, rank 0 decides in _decide_start whether the folder is its own restart.
     return start_job(out, resume=run.resume is not None, new=not under_torchrun(),
-                     run_here=lambda: _process(0, torchrun_world_size(), None, cfg, run, str(out), started),
-                     processes=run.devices, spawned=_spawned, args=(cfg, run, str(out), started),
-                     preflight=lambda: _preflight(cfg, run), hint=resume_hint)
+                     run_here=lambda: _process(0, torchrun_world_size(), None, cfg, run, str(out), started, data,
+                                               module),
+                     processes=run.devices, spawned=_spawned, start_method=start_method,
+                     preflight=lambda: _preflight(cfg, run, str(out), data, module, start_method, started),
+                     hint=resume_hint)
 
 
-def _preflight(cfg: TrainConfig, run: RunConfig) -> None:
-    """Every mistake (and the download) once, here, before any worker starts."""
-    check_setup(cfg, run.devices, load_data(cfg, run, download=run.download))
+def require_module(cfg: TrainConfig, module: Any) -> None:
+    if (cfg.model == CUSTOM_MODEL) != (module is not None):
+        raise UserError(f"model {CUSTOM_MODEL!r} is a module you give from Python: "
+                        "towerlab.api.train(model=YourModule()) or model=a function returning one"
+                        if module is None else "a module of your own goes with model 'custom'")
+
+
+def _preflight(cfg: TrainConfig, run: RunConfig, out: str, data: Any, module: Any, start_method: str,
+               started: float) -> tuple:
+    """Every mistake (and the download, or the offline fallback) once, here, before any worker
+    starts; the workers read the very data loaded here (see `handed_over`)."""
+    if data is None:
+        data = load_data(cfg, run)
+    check_setup(cfg, run.devices, data, module)
+    return (cfg, run, out, *handed_over(data, start_method), module, started)
 
 
 def _spawned(rank: int, world_size: int, store_path: str, cfg: TrainConfig, run: RunConfig, out: str,
-             started: float) -> None:
-    status = _process(rank, world_size, store_path, cfg, run, out, started)
+             data: Any, fallback: bool | None, module: Any, started: float) -> None:
+    status = _process(rank, world_size, store_path, cfg, run, out, started, data, module, fallback)
     if status:
         sys.exit(status)
 
 
 def _process(rank: int, world_size: int, store_path: str | None, cfg: TrainConfig, run: RunConfig,
-             out_dir: str, started: float) -> int:
+             out_dir: str, started: float, data: Any = None, module: Any = None, fallback: bool | None = None) -> int:
     torch.set_num_threads(run.threads or default_threads(local_processes(run)))
     out = Path(out_dir)
     with StopFlag() as stop, session(rank=rank, world_size=world_size, store_path=store_path,
                                      timeout=run.timeout, device=run.device) as ctx:
-        data = _load_in_order(cfg, run, ctx)
-        check_setup(cfg, ctx.world_size, data)
+        data = worker_data(ctx, functools.partial(load_data, cfg, run), data, fallback)
+        check_setup(cfg, ctx.world_size, data, module)
         resume_state = _start_state(cfg, run, ctx, out)
         if ctx.is_main:
             out.mkdir(parents=True, exist_ok=True)
@@ -128,7 +212,7 @@ def _process(rank: int, world_size: int, store_path: str | None, cfg: TrainConfi
                               f"{cfg.batch_size * ctx.world_size} -> {out}")
             result = train(cfg, ctx, data, input_mode=run.input, strategy=run.strategy, reporter=reporter,
                            display_step=run.display_step, checkpoint_path=out / CHECKPOINT,
-                           resume_state=resume_state, compile_model=run.compile, stop=stop)
+                           resume_state=resume_state, compile_model=run.compile, stop=stop, source=module)
             if ctx.is_main:
                 summary = _summary(cfg, run, ctx, data, result, out, time.time() - started)
                 save_model(out / "model.pt", result.model, cfg, data)
@@ -140,18 +224,6 @@ def _process(rank: int, world_size: int, store_path: str | None, cfg: TrainConfi
         finally:
             reporter.close()
     return 0
-
-
-def _load_in_order(cfg: TrainConfig, run: RunConfig, ctx: Context) -> Any:
-    """The first process of each machine loads first (and downloads if it must); the others wait, then
-    read what it fetched. Only rank 0 prints data warnings."""
-    log = stderr_line if ctx.is_main else (lambda _line: None)
-    if ctx.local_rank == 0:
-        data = load_data(cfg, run, download=run.download, log=log)
-    barrier(ctx)
-    if ctx.local_rank != 0:
-        data = load_data(cfg, run, download=False, log=log)
-    return data
 
 
 def _start_state(cfg: TrainConfig, run: RunConfig, ctx: Context, out: Path) -> dict | None:

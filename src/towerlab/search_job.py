@@ -10,6 +10,7 @@ generations.jsonl, best.json, fitness.png, accuracy_time.png, summary.json and, 
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import socket
 import sys
@@ -24,15 +25,14 @@ import towerlab
 from towerlab import atomic
 from towerlab.config import (RunConfig, SearchConfig, TrainConfig, dataset_label, replace, to_dict,
                              to_flags)
-from towerlab.distributed import (Context, Interrupted, StopFlag, default_threads, device_type, kv_store,
-                                  local_processes, resolve_devices, session, torchrun_restart, torchrun_world_size,
-                                  under_torchrun)
+from towerlab.distributed import (Context, Interrupted, StopFlag, default_threads, kv_store, local_processes, session,
+                                  torchrun_restart, torchrun_world_size, under_torchrun)
 from towerlab.errors import UserError
 from towerlab.fitness import (candidate_config, candidate_task, estimated_cost, outcome, train_candidate,
                               train_config_hash)
 from towerlab.job import require_out_under_torchrun, restarted_by_torchrun, save_model, start_job, write_config
 from towerlab.report import Reporter, format_generation, format_top, plot_accuracy_time, plot_fitness
-from towerlab.runner import load_data, stderr_line
+from towerlab.runner import handed_over, load_data, resolved_run, worker_data
 from towerlab.search import (Candidate, Space, evaluation_records, load_space, make_sampler, open_search,
                              run_search)
 from towerlab.search.pool import Pool, stale_seconds
@@ -42,21 +42,22 @@ from towerlab.search.store import Store
 COMMANDS = {"evolve": "evolve", "grid": "grid", "search": "search run"}
 
 
-def start_search(kind: str, cfg: SearchConfig, run: RunConfig) -> int:
-    """Run the search job; returns its exit status."""
+def start_search(kind: str, cfg: SearchConfig, run: RunConfig, *, start_method: str = "spawn") -> int:
+    """Run the search job; returns its exit status (`start_method` as in `distributed.launch`)."""
     space = load_space(cfg.space)
     make_sampler(cfg, space)  # an unknown sampler or a setting it refuses: before any folder or worker
     require_out_under_torchrun(run)
-    if not under_torchrun():
-        run = replace(run, device=device_type(run.device), devices=resolve_devices(run.devices, run.device))
-    out = Path(run.resume or run.out or default_out(kind, cfg, space))
+    run = resolved_run(run)
+    out = search_out(kind, cfg, run, space)
     if run.resume is None and _restarted_by_torchrun(out, kind, cfg):
         run = replace(run, resume=str(out))  # torchrun restarted this job's workers: continue the search
     workers = 1 if under_torchrun() else run.devices * cfg.workers_per_device
 
-    def preflight() -> None:
+    def preflight() -> tuple:
         stale_seconds()  # a bad TOWERLAB_WORKER_STALE_SECONDS is refused before any worker starts
-        _data(cfg, run, download=run.download)  # every data problem (and the download) before any worker starts
+        # Every data problem (and the download, or the offline fallback) once, before any worker
+        # starts; the workers get this data, so every one of them reads the very same.
+        return (kind, cfg, run, str(out), *handed_over(_data(cfg, run), start_method))
 
     def resume_hint() -> str:
         return (f"Continue the search with: towerlab {COMMANDS[kind]} --resume {out}"
@@ -64,8 +65,13 @@ def start_search(kind: str, cfg: SearchConfig, run: RunConfig) -> int:
 
     return start_job(out, resume=run.resume is not None, processes=workers,
                      run_here=lambda: _process(0, torchrun_world_size(), None, kind, cfg, run, str(out)),
-                     spawned=_spawned, args=(kind, cfg, run, str(out)), preflight=preflight,
-                     hint=resume_hint, essential={0})
+                     spawned=_spawned, preflight=preflight, hint=resume_hint, essential={0},
+                     start_method=start_method)
+
+
+def search_out(kind: str, cfg: SearchConfig, run: RunConfig, space: Space | None = None) -> Path:
+    """The job's output folder: --resume, else --out, else a new one under runs/."""
+    return Path(run.resume or run.out or default_out(kind, cfg, space or load_space(cfg.space)))
 
 
 def _restarted_by_torchrun(out: Path, kind: str, cfg: SearchConfig) -> bool:
@@ -78,19 +84,19 @@ def default_out(kind: str, cfg: SearchConfig, space: Space) -> Path:
     return Path("runs") / f"{datetime.now():%Y%m%d-%H%M%S}-{kind}-{Path(space.name).stem}-{dataset_label(cfg.dataset)}"
 
 
-def _data(cfg: SearchConfig, run: RunConfig, *, download: bool, log: Callable[[str], None] = stderr_line) -> Any:
-    return load_data(TrainConfig(dataset=cfg.dataset, val_size=cfg.val_size), run, download=download, log=log)
+def _data(cfg: SearchConfig, run: RunConfig, **how: Any) -> Any:
+    return load_data(TrainConfig(dataset=cfg.dataset, val_size=cfg.val_size), run, **how)
 
 
 def _spawned(rank: int, world_size: int, store_path: str, kind: str, cfg: SearchConfig, run: RunConfig,
-             out: str) -> None:
-    status = _process(rank, world_size, store_path, kind, cfg, run, out)
+             out: str, data: Any, fallback: bool | None) -> None:
+    status = _process(rank, world_size, store_path, kind, cfg, run, out, data, fallback)
     if status:
         sys.exit(status)
 
 
 def _process(rank: int, world_size: int, store_path: str | None, kind: str, cfg: SearchConfig,
-             run: RunConfig, out: str) -> int:
+             run: RunConfig, out: str, data: Any = None, fallback: bool | None = None) -> int:
     local = local_processes(run) * (1 if under_torchrun() else cfg.workers_per_device)
     torch.set_num_threads(run.threads or default_threads(local))
     with session(rank=rank, world_size=world_size, store_path=store_path, timeout=run.timeout,
@@ -98,9 +104,7 @@ def _process(rank: int, world_size: int, store_path: str | None, kind: str, cfg:
             (StopFlag() if ctx.is_main else contextlib.nullcontext()) as stop:
         # Only the coordinator turns Ctrl-C into an orderly stop (it owns the store); a worker just
         # dies, losing at most the candidate in flight, which the resumed search trains again.
-        # A single process may download; spawned workers find what the launcher fetched before them.
-        data = _data(cfg, run, download=run.download and not ctx.distributed,
-                     log=stderr_line if ctx.is_main else (lambda _line: None)).to(ctx.device)
+        data = worker_data(ctx, functools.partial(_data, cfg, run), data, fallback).to(ctx.device)
         space = load_space(cfg.space)
         worker = f"rank{ctx.rank}@{socket.gethostname()}:{ctx.device}"
 
@@ -187,7 +191,10 @@ def _coordinate(kind: str, cfg: SearchConfig, run: RunConfig, out: Path, space: 
                             on_progress=reporter.line)
         top = _test_top(result, store, run_tasks, reporter)
         reporter.line(format_top(top))
-        _write_results(kind, cfg, space, out, store, result, top, ctx, time.perf_counter() - started)
+        if data.source.get("fallback"):  # on the last lines, where it cannot scroll away
+            reporter.line("Trained on the OFFLINE FALLBACK DATA, not the full dataset: not comparable with "
+                          "MNIST results")
+        _write_results(kind, cfg, space, out, store, result, top, ctx, time.perf_counter() - started, data.source)
         if cfg.export_best and top:
             _export_best(cfg, space, top[0], data, ctx.device, out, reporter, stop)
     reporter.close()
@@ -240,7 +247,7 @@ def retrain_command(cfg: SearchConfig, space: Space, genome: dict, seed: int, ma
 
 
 def _write_results(kind: str, cfg: SearchConfig, space: Space, out: Path, store: Store, result: Any,
-                   top: list[dict], ctx: Context, seconds: float) -> None:
+                   top: list[dict], ctx: Context, seconds: float, data_source: dict) -> None:
     best = top[0] if top else None
     if best is not None:
         atomic.write_json(out / "best.json", {
@@ -255,6 +262,7 @@ def _write_results(kind: str, cfg: SearchConfig, space: Space, out: Path, store:
                        out / "accuracy_time.png", title)
     atomic.write_json(out / "summary.json", {
         "kind": kind, "sampler": cfg.sampler, "space": space.name, "model": space.model, "dataset": cfg.dataset,
+        "data_source": data_source, "data_fallback": bool(data_source.get("fallback")),
         "best_genome": best["genome"] if best else None,
         "best_val_accuracy": best["val_accuracy"] if best else None,
         "best_val_accuracy_sd": best["val_accuracy_sd"] if best else None,

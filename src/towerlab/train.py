@@ -17,12 +17,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from towerlab import checkpoint
+from towerlab import checkpoint, models
 from towerlab.batches import Batches, Normalizer, eval_batches, mix_seed, tta_logits
 from towerlab.config import TrainConfig, to_dict
 from towerlab.distributed import Context, Interrupted, StopFlag, max_over_ranks, sum_over_ranks, world_group
 from towerlab.errors import UserError
-from towerlab.models import build_model
+from towerlab.models import build_model, instantiate
 from towerlab.report import Reporter, format_epoch, format_step
 from towerlab.strategies import Strategy, make_strategy
 from towerlab.warmup import WARMUP_STEPS, warm_up, warms_up
@@ -122,11 +122,14 @@ def seed_dropout(device: torch.device, seed: int) -> None:
         torch.default_generator.manual_seed(seed)
 
 
-def build(cfg: TrainConfig, input_shape: tuple[int, int, int], num_classes: int, ctx: Context) -> nn.Module:
+def build(cfg: TrainConfig, input_shape: tuple[int, int, int], num_classes: int, ctx: Context,
+          source: Any = None) -> nn.Module:
     """The model, identically initialised on every rank (seeded before it is built); its BatchNorm
-    layers that can take their statistics over all replicas do."""
+    layers that can take their statistics over all replicas do. `source` is a module of your own or
+    its factory (`cfg.model` "custom")."""
     torch.manual_seed(cfg.seed)
-    module = build_model(cfg.model, input_shape, num_classes, **cfg.model_options)
+    module = build_model(cfg.model, input_shape, num_classes, **cfg.model_options) if source is None \
+        else instantiate(source)
     module = module.to(ctx.device)
     if uses_channels_last(cfg):
         module = module.to(memory_format=torch.channels_last)
@@ -144,28 +147,25 @@ def fit_to_data(module: nn.Module, x_train: torch.Tensor, normalize: Normalizer)
 
 
 def uses_channels_last(cfg: TrainConfig) -> bool:
-    """Channels-last (NHWC) activations for every convolutional model, on GPUs and CPUs alike: the
-    cuDNN and oneDNN convolution and pooling kernels are fastest on it. On a 2-core Xeon, 1 thread,
-    bf16 (bench/changes.py): LeNet-5's step 1.27x and CifarNet's 1.92x faster; in fp32, and for the
-    cnn model, about 1.4x."""
-    return cfg.model != "mlp"
+    return models.uses_channels_last(cfg.model)
 
 
 def train(cfg: TrainConfig, ctx: Context, data: Any, *, input_mode: str = "resident", strategy: str = "ddp",
           reporter: Reporter | None = None, display_step: int = 100, checkpoint_path: Path | None = None,
           resume_state: dict | None = None, test: bool = True, compile_model: bool = False,
-          stop: StopFlag | None = None) -> TrainResult:
-    """Train `cfg.model` on `data` (a towerlab.data.Dataset) over the replicas of `ctx`."""
+          stop: StopFlag | None = None, source: Any = None) -> TrainResult:
+    """Train `cfg.model` (or `source`, a module of your own or its factory) on `data` (a
+    towerlab.data.Dataset) over the replicas of `ctx`."""
     reporter = reporter or Reporter(None, enabled=False)
     if ctx.device.type == "cuda":
         # Every training batch has the same shape, so cuDNN's one-off search for the fastest
         # convolution algorithm pays back within a few steps.
         torch.backends.cudnn.benchmark = True
-    batches = _make_batches(cfg, ctx, data, input_mode)
+    batches = _make_batches(cfg, ctx, data, input_mode, source)
     steps_per_epoch = batches.steps_per_epoch
     total_steps = cfg.steps or cfg.epochs * steps_per_epoch
     epochs_total = -(-total_steps // steps_per_epoch)
-    module = build(cfg, data.input_shape, data.num_classes, ctx)
+    module = build(cfg, data.input_shape, data.num_classes, ctx, source)
     clock = _Clock(ctx.device)
     progress = _Progress()
     if resume_state is None:
@@ -214,7 +214,8 @@ def train(cfg: TrainConfig, ctx: Context, data: Any, *, input_mode: str = "resid
             reporter.advance()
             step = progress.step
             if step % display_step == 0:
-                last_display = _display(reporter, ctx, step, loss, logits, y, last_display, global_batch)
+                last_display = _display(reporter, ctx, step, loss, logits, y, last_display, global_batch,
+                                        strat.lr())
             if stop is not None and (ctx.world_size == 1 or step % STOP_CHECK_EVERY == 0):
                 signum = int(max_over_ranks(ctx, stop.signum))
                 if signum:
@@ -254,11 +255,16 @@ def train(cfg: TrainConfig, ctx: Context, data: Any, *, input_mode: str = "resid
         history=progress.history, model=module)
 
 
-def check_setup(cfg: TrainConfig, world_size: int, data: Any) -> None:
+def check_setup(cfg: TrainConfig, world_size: int, data: Any, source: Any = None) -> None:
     """Every mistake that would otherwise surface mid-run, found before anything is written: the
-    model and its options (built on the meta device, so nothing is allocated) and the batch size."""
-    with torch.device("meta"):
-        build_model(cfg.model, data.input_shape, data.num_classes, **cfg.model_options)
+    model and its options (built on the meta device, so nothing is allocated), a module of your own
+    (`source`: it must take a batch of the data's images and return one logit per class), and the
+    batch size."""
+    if source is None:
+        with torch.device("meta"):
+            build_model(cfg.model, data.input_shape, data.num_classes, **cfg.model_options)
+    else:
+        check_module(instantiate(source), data.input_shape, data.num_classes)
     if cfg.translate >= min(data.input_shape[1:]):
         raise UserError(f"--translate {cfg.translate} shifts images by their whole size "
                         f"{data.input_shape[1]}x{data.input_shape[2]}: use fewer pixels")
@@ -267,21 +273,37 @@ def check_setup(cfg: TrainConfig, world_size: int, data: Any) -> None:
                         f"{data.n_train} training examples: lower --batch-size or --devices")
 
 
-def _make_batches(cfg: TrainConfig, ctx: Context, data: Any, input_mode: str) -> Batches:
-    check_setup(cfg, ctx.world_size, data)
+def check_module(module: nn.Module, input_shape: tuple[int, int, int], num_classes: int) -> None:
+    """A module of your own, tried on two zero images where its parameters are."""
+    device = next(module.parameters(), torch.zeros(0)).device
+    try:
+        with torch.no_grad():
+            out = module.eval()(torch.zeros(2, *input_shape, device=device))
+    except Exception as exc:  # noqa: BLE001 - whatever the module raises, it cannot train on this data
+        raise UserError(f"your module fails on a batch of images of shape {tuple(input_shape)} (C, H, W): "
+                        f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}") from None
+    if not isinstance(out, torch.Tensor) or tuple(out.shape) != (2, num_classes):
+        shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+        raise UserError(f"your module returns {shape} for 2 images; it must return logits of shape "
+                        f"(N, {num_classes}), one per class of the data")
+
+
+def _make_batches(cfg: TrainConfig, ctx: Context, data: Any, input_mode: str, source: Any = None) -> Batches:
+    check_setup(cfg, ctx.world_size, data, source)
     normalize = Normalizer(data.mean, data.std, ctx.device, uses_channels_last(cfg))
     return Batches(data.x_train, data.y_train, ctx, cfg.batch_size, cfg.seed, input_mode, normalize,
                    augment_images=cfg.augment, translate=cfg.translate)
 
 
 def _display(reporter: Reporter, ctx: Context, step: int, loss: torch.Tensor, logits: torch.Tensor,
-             y: torch.Tensor, last: tuple[int, float], global_batch: int) -> tuple[int, float]:
+             y: torch.Tensor, last: tuple[int, float], global_batch: int, lr: float) -> tuple[int, float]:
     stats = torch.stack([loss.float(), (logits.argmax(1) == y).float().mean()]).to(torch.float64)
     loss_value, accuracy = (sum_over_ranks(ctx, stats) / ctx.world_size).tolist()
     now = time.perf_counter()
     rate = (step - last[0]) * global_batch / max(now - last[1], 1e-9)
     reporter.line(format_step(step, loss_value, accuracy, rate))
-    reporter.record("step", step=step, loss=loss_value, accuracy=accuracy, examples_per_sec=rate)
+    # lr: the learning rate the schedule set for the next step (a host float: no device sync)
+    reporter.record("step", step=step, loss=loss_value, accuracy=accuracy, examples_per_sec=rate, lr=lr)
     return step, now
 
 
@@ -296,7 +318,10 @@ def _after_eval(cfg: TrainConfig, progress: _Progress, reporter: Reporter, step:
     progress.history.append(record)
     reporter.record("epoch" if end_of_epoch else "eval", **record)
     if end_of_epoch:
-        reporter.line(format_epoch(epoch, epochs_total, val_loss, val_acc, seconds))
+        # Under --steps the budget is counted in steps, and the last evaluation may fall mid-epoch.
+        where = f"Step {step}/{cfg.steps} (epoch {step / steps_per_epoch:.2f})" if cfg.steps \
+            else f"Epoch {epoch}/{epochs_total}"
+        reporter.line(format_epoch(where, val_loss, val_acc, seconds))
     if val_loss is None:
         return
     if val_loss < progress.best_val_loss:

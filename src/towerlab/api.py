@@ -1,0 +1,217 @@
+"""towerlab from Python: a script, a notebook, or code fed through stdin.
+
+    from towerlab.api import train
+    run = train(model="lenet5", data="mnist", epochs=2, devices=2)
+    run.test_accuracy, run.out, run.history
+    run.model.predict(images)        # raw uint8 images in, class indices out
+
+(`towerlab.train` is the training loop's module, hence `towerlab.api`.)
+
+The same jobs as the command line, through the same calls: keyword arguments are the flags
+(`batch_size=64` for `--batch-size 64`), `config=` a config file, then the job runs and its record
+comes back as an object. Local workers are forked where that is safe (CPU workers, CUDA untouched
+in this process), so a module class defined in a notebook or in a script without an
+`if __name__ == "__main__"` guard, and arrays in memory, reach every replica as they are.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from towerlab.config import ARRAYS_DATASET, CUSTOM_MODEL, replace
+from towerlab.distributed import EXIT_SIGINT, EXIT_SIGTERM, Interrupted, start_method_for
+from towerlab.models import load_model
+from towerlab.errors import UserError
+
+
+class _Record:
+    """The summary's fields, readable as attributes (`run.test_accuracy`)."""
+
+    summary: dict
+
+    def __getattr__(self, name: str) -> Any:
+        summary = self.__dict__.get("summary") or {}
+        if name.startswith("_") or name not in summary:
+            raise AttributeError(f"{type(self).__name__} has no attribute {name!r}")
+        return summary[name]
+
+
+@dataclass
+class TrainRun(_Record):
+    """What `train` returns: the run's folder and record, and the trained model.
+
+    `summary`: summary.json (also readable as attributes: `run.test_accuracy`, `run.train_seconds`);
+    `history`: one entry per evaluation of the validation set (metrics.jsonl's "epoch" and "eval"
+    lines); `metrics`: every line of metrics.jsonl; `config`: config.json; `model`: the trained
+    network as a `towerlab.classifier.Classifier` (raw uint8 images in; `.network` is the bare module).
+    """
+
+    out: Path
+    summary: dict
+    history: list[dict]
+    metrics: list[dict]
+    config: dict
+    model: Any = field(repr=False)
+
+
+@dataclass
+class SearchRun(_Record):
+    """What `evolve` and `grid` return: the search's folder and record.
+
+    `summary`: summary.json (also as attributes: `search.best_val_accuracy`, `search.best_genome`);
+    `generations`: generations.jsonl; `best`: best.json (with the `towerlab train` command that
+    retrains the winner); `config`: config.json; `model`: the winner as a Classifier with
+    `export_best=True`, else None.
+    """
+
+    out: Path
+    summary: dict
+    generations: list[dict]
+    best: dict | None
+    config: dict
+    model: Any = field(default=None, repr=False)
+
+
+def train(model: str | Any | Callable[[], Any] | None = None, data: str | os.PathLike | tuple | None = None, *,
+          validation: tuple | None = None, test: tuple | None = None,
+          config: str | os.PathLike | dict | None = None, **options: Any) -> TrainRun:
+    """Train over the replicas, as `towerlab train` does, and return the run.
+
+    `model`: a model name ("lenet5", ...), or a network of your own: an `nn.Module` (its current
+    weights are the initial ones on every replica) or a function returning a new one (called after
+    the run's seed is set, so every replica starts equal). `data`: a dataset name or the path of
+    an .npz, or arrays in memory, `(images, labels)`: uint8 images (N, H, W) or (N, H, W, C),
+    integer labels 0..K-1; with arrays, `validation=(images, labels)` (else the last `val_size`
+    training images are held out: a tenth of them, at most 5,000, unless you set `val_size`) and
+    `test=(images, labels)` (else no test accuracy).
+    `config`: a config file (TOML, or a run's config.json) under `options`, which are the flags of
+    `towerlab train` by their names (`epochs=2`, `devices=2`, `batch_size=64`, `out="runs/a"`,
+    `preset="mnist-fast"`, `resume="runs/a"`).
+
+    Raises `towerlab.errors.UserError` (one line saying what to change) for bad input,
+    KeyboardInterrupt when stopped (after the replicas saved a checkpoint), RuntimeError when a
+    replica failed.
+    """
+    from towerlab import data as datasets
+    from towerlab.runner import default_out, resolved_run, start
+    from towerlab.settings import read_config_file, resolve_train, split_options
+
+    options = dict(options)
+    module = None
+    if model is not None and not isinstance(model, str):
+        module, model = model, CUSTOM_MODEL
+    if model is not None:
+        options["model"] = model
+    arrays = data is not None and not isinstance(data, (str, os.PathLike))
+    if data is not None:
+        options["dataset"] = ARRAYS_DATASET if arrays else os.fspath(data)
+    if (validation is not None or test is not None) and not arrays:
+        raise UserError("validation= and test= go with data given as arrays, (images, labels)")
+    cfg, run = resolve_train(options, config)
+    dataset = None
+    if arrays:
+        chosen = run.resume is not None or "val_size" in split_options(options, "train")[0] or \
+            (config is not None and "val_size" in read_config_file(config, "train")[0])  # else a tenth
+        val_size = cfg.val_size if chosen else min(cfg.val_size, len(data[1]) // 10)
+        dataset = datasets.from_arrays(data, validation, test, val_size)
+        cfg = replace(cfg, val_size=dataset.n_val)
+    run = resolved_run(run)
+    if run.resume is None and run.out is None:
+        run = replace(run, out=str(default_out(cfg)))
+    out = Path(run.resume or run.out)
+    _run(lambda: start(cfg, run, data=dataset, module=module, start_method=start_method_for(run.device)), "training")
+
+    metrics = _jsonl(out / "metrics.jsonl")
+    return TrainRun(out=out, summary=_json(out / "summary.json"), config=_json(out / "config.json"),
+                    history=[m for m in metrics if m.get("kind") in ("epoch", "eval")], metrics=metrics,
+                    model=load_model(out / "model.pt", module=module)[0])
+
+
+def evolve(space: str | os.PathLike | None = None, data: str | os.PathLike | None = None, *,
+           config: str | os.PathLike | dict | None = None, **options: Any) -> SearchRun:
+    """A genetic search, as `towerlab evolve` does: `space` ("mlp", "cnn" or a TOML file), `data` (a
+    dataset name or an .npz path), `config` a config file, `options` the flags by their names
+    (`population=10`, `generations=5`, `devices=2`, `export_best=True`)."""
+    return _search("evolve", space, data, config, options)
+
+
+def grid(space: str | os.PathLike | None = None, data: str | os.PathLike | None = None, *,
+         config: str | os.PathLike | dict | None = None, **options: Any) -> SearchRun:
+    """Every genome of a space (or a random `limit` of them), as `towerlab grid` does; arguments as
+    for `evolve`."""
+    return _search("grid", space, data, config, options)
+
+
+def search(space: str | os.PathLike | None = None, data: str | os.PathLike | None = None, *,
+           config: str | os.PathLike | dict | None = None, **options: Any) -> SearchRun:
+    """A search with the sampler of your choice (`sampler="tpe"`, ...), as `towerlab search run`
+    does; arguments as for `evolve`."""
+    return _search("search", space, data, config, options)
+
+
+def _search(kind: str, space: Any, data: Any, config: Any, options: dict) -> SearchRun:
+    from towerlab.runner import resolved_run
+    from towerlab.search_job import search_out, start_search
+    from towerlab.settings import resolve_search
+
+    options = dict(options)
+    if space is not None:
+        options["space"] = os.fspath(space)
+    if data is not None:
+        if not isinstance(data, (str, os.PathLike)):
+            raise UserError(f"towerlab.api.{kind} takes a dataset name or an .npz path: save arrays with "
+                            "numpy.savez(path, x_train=..., y_train=..., x_test=..., y_test=...)")
+        options["dataset"] = os.fspath(data)
+    cfg, run = resolve_search(kind, options, config)
+    run = resolved_run(run)
+    if run.resume is None and run.out is None:
+        run = replace(run, out=str(search_out(kind, cfg, run)))
+    out = Path(run.resume or run.out)
+    _run(lambda: start_search(kind, cfg, run, start_method=start_method_for(run.device)), kind)
+    best = out / "best.json"
+    return SearchRun(out=out, summary=_json(out / "summary.json"), config=_json(out / "config.json"),
+                     generations=_jsonl(out / "generations.jsonl"), best=_json(best) if best.exists() else None,
+                     model=load_model(out / "model.pt")[0] if cfg.export_best and (out / "model.pt").exists()
+                     else None)
+
+
+def _run(job: Callable[[], int], what: str) -> None:
+    """Run a job (here, or in workers it starts) and turn its exit status into Python's terms. A job
+    run here sets this process's torch threads for itself; the caller gets its own back."""
+    import torch
+
+    threads = torch.get_num_threads()
+    try:
+        status = job()
+    except Interrupted as exc:
+        status = exc.exit_status
+    finally:
+        torch.set_num_threads(threads)
+    if status in (EXIT_SIGINT, EXIT_SIGTERM):
+        raise KeyboardInterrupt(f"{what} stopped: its last checkpoint is kept; continue it with resume=")
+    if status:
+        raise RuntimeError(f"{what} failed (exit status {status}): see the lines above")
+
+
+def _json(path: Path) -> dict:
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def _jsonl(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def evaluate(run: str | os.PathLike, data: Any = None, *, split: str = "test", data_dir: str | None = None,
+             module: Any = None) -> dict:
+    """Score a run's model (its folder or its model.pt) on `split` ("test" or "val") of the data it
+    was trained on, or of `data` (a dataset name, an .npz path, or (images, labels) arrays).
+    Returns {"dataset", "split", "n", "accuracy", "loss", "recorded" (the run's own figure)}."""
+    from towerlab.evaluation import evaluate as score
+
+    return score(run, data, split=split, data_dir=data_dir, module=module)

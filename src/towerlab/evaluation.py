@@ -1,0 +1,144 @@
+"""A saved model at work: `towerlab evaluate RUN_DIR` scores it on a dataset's split, `towerlab
+predict RUN_DIR images.npz` labels images. Both read `model.pt` through `load_model`, whose
+Classifier normalises raw uint8 images as the training did, so a run's own test split gives back
+the test accuracy the run recorded.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from towerlab import atomic
+from towerlab.config import RunConfig, TrainConfig, from_dict, replace
+from towerlab.errors import UserError
+from towerlab.job import read_config
+from towerlab.models import load_model
+
+SPLITS = ("test", "val")
+IMAGE_KEYS = ("x", "images", "x_test")
+LABEL_KEYS = ("y", "labels", "y_test")
+
+
+def model_file(path: str | os.PathLike) -> Path:
+    """A run's (or an exported search's) model.pt: the folder holding it, or the file itself."""
+    path = Path(path)
+    if path.is_dir():
+        if not (path / "model.pt").is_file():
+            raise UserError(f"{path} holds no model.pt: give a finished run's folder (a search's needs --export-best)")
+        return path / "model.pt"
+    if not path.exists():
+        raise UserError(f"{path} does not exist: give a run's folder or its model.pt")
+    return path
+
+
+def evaluate(path: str | os.PathLike, data: Any = None, *, split: str = "test", data_dir: str | None = None,
+             module: Any = None, log: Any = None) -> dict:
+    """Score the model of run `path` on `split` of `data`: by default the dataset it was trained on,
+    found as the run found it; a dataset name or .npz path; or (images, labels) arrays (`split` then
+    does not apply). Returns {"dataset", "split", "n", "accuracy", "loss"} (and "recorded", the
+    run's own figure for that split of that very data, where it has one)."""
+    from towerlab.runner import load_data, quiet
+
+    if split not in SPLITS:
+        raise UserError(f"unknown split {split!r}: choose one of {', '.join(SPLITS)}")
+    file = model_file(path)
+    model, record = load_model(file, module=module)
+    source = None
+    if data is not None and not isinstance(data, (str, os.PathLike)):
+        x, y = _pair(data)
+        name, split = "arrays", "given"
+    else:
+        cfg = _trained_on(record, file)
+        if data is not None:
+            cfg = replace(cfg, dataset=str(data))
+        stored = read_config(file.parent) or {}
+        run = RunConfig(data_dir=data_dir if data_dir is not None else stored.get("run", {}).get("data_dir"))
+        dataset = load_data(cfg, run, log=log or quiet)
+        x, y = (dataset.x_test, dataset.y_test) if split == "test" else (dataset.x_val, dataset.y_val)
+        name, source = cfg.dataset, dataset.source
+    if len(x) == 0:
+        raise UserError(f"{name} has no {split} images to evaluate on")
+    logits = model.logits(x)
+    labels = torch.as_tensor(np.asarray(y)).long()
+    result = {"dataset": name, "split": split, "n": len(labels),
+              "accuracy": float((logits.argmax(1) == labels).double().mean()),
+              "loss": float(F.cross_entropy(logits, labels))}
+    recorded = _recorded(file.parent, source, split)
+    if recorded is not None:
+        result["recorded"] = recorded
+    return result
+
+
+def _trained_on(record: dict, file: Path) -> TrainConfig:
+    try:
+        return from_dict(TrainConfig, record["config"])
+    except (KeyError, TypeError, UserError):
+        raise UserError(f"{file} does not record the config it was trained with: name the data (--dataset)") from None
+
+
+def _recorded(folder: Path, source: dict | None, split: str) -> float | None:
+    """The run's own accuracy on `split`, where it was measured on the very data read now (the same
+    files, or the same fallback: not real MNIST for a run trained offline)."""
+    summary = read_config(folder, "summary.json") or {}
+    if source is None or summary.get("data_source") != source:
+        return None
+    value = summary.get("test_accuracy" if split == "test" else "val_accuracy")
+    return value if isinstance(value, float) else None
+
+
+def _pair(data: Any) -> tuple[Any, Any]:
+    if not isinstance(data, (tuple, list)) or len(data) != 2:
+        raise UserError("data to evaluate on must be a dataset name, an .npz path, or a pair (images, labels)")
+    return data
+
+
+def read_images(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray | None, str, str | None]:
+    """(images, labels or None, the images' key, the labels' key) from an .npz: images under
+    x, images or x_test; labels, if any, under y, labels or y_test."""
+    path = Path(path)
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            keys = list(npz.files)
+            image_key = next((k for k in IMAGE_KEYS if k in keys), None)
+            label_key = next((k for k in LABEL_KEYS if k in keys), None)
+            if image_key is None:
+                raise UserError(f"{path} holds no images: name the array x (or images, x_test); it holds "
+                                f"{', '.join(keys) or 'nothing'}")
+            images = npz[image_key]
+            labels = npz[label_key] if label_key else None
+    except FileNotFoundError:
+        raise UserError(f"no file {path}") from None
+    except (OSError, ValueError) as exc:
+        raise UserError(f"{path} is not a readable .npz ({' '.join(str(exc).split())[:200]})") from None
+    return images, labels, image_key, label_key
+
+
+def predict_file(path: str | os.PathLike, images_path: str | os.PathLike, out: str | os.PathLike | None = None,
+                 *, module: Any = None) -> dict:
+    """Label the images of `images_path` with the model of run `path`; writes `out` (default
+    <images stem>-predictions.npz in the current folder) holding `predictions` (N,) and
+    `probabilities` (N, classes). Returns {"out", "n", "accuracy" (None without labels), ...}."""
+    from towerlab.readers import labels_as_int64
+
+    model, _record = load_model(model_file(path), module=module)
+    images, labels, image_key, label_key = read_images(images_path)
+    probabilities = model.predict_proba(images)
+    predictions = probabilities.argmax(1)
+    accuracy = None
+    if labels is not None:
+        truth = labels_as_int64(labels, f"{images_path}:{label_key}", model.num_classes)
+        if len(truth) != len(predictions):
+            raise UserError(f"{images_path}: {len(predictions)} images but {len(truth)} labels")
+        accuracy = float((predictions == truth).mean())
+    out = Path(out) if out is not None else Path(f"{Path(images_path).stem}-predictions.npz")
+    buffer = io.BytesIO()
+    np.savez(buffer, predictions=predictions.astype(np.int64), probabilities=probabilities.astype(np.float32))
+    atomic.write_bytes(out, buffer.getvalue())
+    return {"out": str(out), "n": len(predictions), "accuracy": accuracy, "images": image_key, "labels": label_key}

@@ -1,0 +1,236 @@
+"""Where a job's settings come from, for the command line and the Python API alike.
+
+Layers, each over the one before: the dataclasses' defaults, a preset (`preset = "mnist-fast"`),
+a config file (`--config FILE`, `config=FILE`), then what you pass (flags, or keyword arguments).
+`--resume` instead continues a stored job with its stored settings.
+
+A config file is TOML, or JSON: the keys are the flags' names (`batch_size` or `batch-size`), at
+the top level or under `[train]` / `[search]` and `[run]`, as a job's config.json writes them. A
+run's own config.json is a config file: its recorded facts (versions, command, host) are skipped,
+and so are its `out` and `resume`, so it repeats the run into a new folder. Relative paths in a file
+are read from the current directory, like flags. `config_toml` writes any resolved settings as
+such a file (`towerlab train --preset mnist-fast --print-config > run.toml`), which is how a
+preset becomes a file to edit. Standard library only, like config.py.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from pathlib import Path
+from typing import Any, Mapping
+
+from towerlab.config import (RunConfig, SearchConfig, TrainConfig, checked_values, from_dict, replace, to_dict,
+                             upgrade_search_config)
+from towerlab.errors import UserError
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib  # type: ignore[no-redef]
+
+# Keys a job's config.json records beside its settings: facts about the job, not settings.
+RECORD_MARKERS = ("towerlab_version", "torch_version", "command")
+# Run settings a record holds that must not carry over to a repeat: it gets a folder of its own.
+NOT_REPEATED = ("out", "resume")
+# Settings a resumed search may change: they do not alter what has been computed.
+SEARCH_EXTENSIBLE = ("generations", "max_evaluations", "top", "export_best", "workers_per_device")
+# The sampler each search command runs (`towerlab search run`, kind "search", takes --sampler).
+SEARCH_COMMANDS = {"evolve": "ga", "grid": "grid"}
+
+MAIN = {"train": TrainConfig, "search": SearchConfig}
+
+
+def _aliases(cls: type) -> dict[str, str]:
+    """key as written (field name or flag name, dashes or underscores) -> field name."""
+    names = {}
+    for f in dataclasses.fields(cls):
+        for alias in (f.name, f.metadata.get("flag", f.name)):
+            names[alias.replace("-", "_")] = f.name
+    return names
+
+
+def _normalised(values: Mapping, cls: type | tuple[type, ...]) -> dict:
+    aliases = {}
+    for c in cls if isinstance(cls, tuple) else (cls,):
+        aliases.update(_aliases(c))
+    return {aliases.get(str(k).replace("-", "_"), str(k).replace("-", "_")): v for k, v in values.items()}
+
+
+def split_options(options: Mapping, main: str, *, what: str = "option") -> tuple[dict, dict]:
+    """Flat settings (keyword arguments, or a file's top level) -> (the main config's, RunConfig's),
+    each checked for unknown keys and wrong types."""
+    cls = MAIN[main]
+    values = _normalised(options, (cls, RunConfig))
+    main_names = {f.name for f in dataclasses.fields(cls)}
+    run_names = {f.name for f in dataclasses.fields(RunConfig)}
+    unknown = sorted(set(values) - main_names - run_names)
+    if unknown:
+        raise UserError(f"unknown {what}(s) {', '.join(unknown)}: known ones are "
+                        f"{', '.join(sorted(main_names | run_names))}")
+    return (checked_values(cls, {k: v for k, v in values.items() if k in main_names}, what=what),
+            checked_values(RunConfig, {k: v for k, v in values.items() if k in run_names}, what=what))
+
+
+def read_config_file(config: str | os.PathLike | Mapping, main: str) -> tuple[dict, dict]:
+    """A config file (or the same layout as a dict) -> (the main config's settings, RunConfig's)."""
+    if isinstance(config, Mapping):
+        data, where = dict(config), "config"
+    else:
+        data, where = _parse(Path(config)), str(config)
+    other = "search" if main == "train" else "train"
+    if other in data and main not in data:
+        raise UserError(f"{where} holds {other} settings (a [{other}] section): towerlab "
+                        f"{'train' if main == 'train' else 'evolve or grid'} takes [{main}] settings")
+    is_record = any(k in data for k in RECORD_MARKERS)
+    top = {k: v for k, v in data.items() if k not in (main, "run", other)}
+    main_values, run_values = ({}, {}) if is_record else split_options(top, main, what=f"{where} key")
+    for section, cls, into in ((main, MAIN[main], main_values), ("run", RunConfig, run_values)):
+        if section not in data:
+            continue
+        if not isinstance(data[section], Mapping):
+            raise UserError(f"{where}: {section} must be a table ([{section}] and KEY = VALUE lines under it)")
+        values = data[section]
+        if is_record and section == "search" and isinstance(data.get("kind"), str):
+            values = upgrade_search_config(dict(values), data["kind"])  # a search from before samplers
+        into.update(checked_values(cls, _normalised(values, cls), what=f"{where} [{section}] key"))
+    if is_record:
+        for key in NOT_REPEATED:
+            run_values.pop(key, None)
+    return main_values, run_values
+
+
+def _parse(path: Path) -> dict:
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise UserError(f"cannot read config file {path}: {exc.strerror or exc}") from None
+    try:
+        text = raw.decode("utf-8")
+        data = json.loads(text) if path.suffix.lower() == ".json" else tomllib.loads(text)
+    except UnicodeDecodeError:
+        raise UserError(f"config file {path} is not UTF-8 text") from None
+    except (ValueError, tomllib.TOMLDecodeError) as exc:  # JSONDecodeError is a ValueError
+        kind = "JSON" if path.suffix.lower() == ".json" else "TOML"
+        raise UserError(f"config file {path} is not valid {kind}: {' '.join(str(exc).split())[:200]}") from None
+    if not isinstance(data, dict):
+        raise UserError(f"config file {path} must hold a table of settings, not a {type(data).__name__}")
+    return data
+
+
+# --------------------------------------------------------------------------------------------- train
+
+def resolve_train(options: Mapping, config: str | os.PathLike | Mapping | None = None
+                  ) -> tuple[TrainConfig, RunConfig]:
+    """The run's configs from `options` (flat: TrainConfig and RunConfig fields) over `config` over
+    a preset; for `resume`, the stored run's, where only run options may be changed."""
+    train_given, run_given = split_options(options, "train")
+    if "resume" in run_given:
+        if config is not None:
+            raise UserError("--config does not go with --resume: the stored run already holds its settings")
+        return _resumed_train(train_given, run_given)
+    file_train, file_run = read_config_file(config, "train") if config is not None else ({}, {})
+    preset = run_given.get("preset", file_run.get("preset"))
+    preset_train, preset_run = _preset_layers(preset, run_given.get("device", file_run.get("device", "auto")))
+    return (TrainConfig(**{**preset_train, **file_train, **train_given}),
+            RunConfig(**{**preset_run, **file_run, **run_given}))
+
+
+def _preset_layers(name: str | None, device: str) -> tuple[dict, dict]:
+    """A preset's settings for the device type the run will use."""
+    if name is None:
+        return {}, {}
+    from towerlab.distributed import device_type
+    from towerlab.presets import apply_preset, run_options
+
+    kind = device_type(device)
+    return apply_preset(name, kind), run_options(name, kind)
+
+
+def _resumed_train(train_given: dict, run_given: dict) -> tuple[TrainConfig, RunConfig]:
+    from towerlab.runner import read_run_config
+
+    if "preset" in run_given:
+        raise UserError("--preset does not go with --resume: the stored run already holds the preset's settings")
+    folder = Path(run_given["resume"])
+    _check_resume_out(folder, run_given)
+    cfg, stored_run = read_run_config(folder)
+    changed = [k for k, v in train_given.items() if getattr(cfg, k) != v]
+    if changed:
+        flags = ", ".join("--" + k.replace("_", "-") for k in changed)
+        raise UserError(f"--resume continues the stored run, whose {flags} differ(s) from what you passed: "
+                        "drop those flags or start a new run")
+    if "devices" in run_given and run_given["devices"] != stored_run.devices:
+        raise UserError(f"{folder} was trained on {stored_run.devices} replica(s): resume with "
+                        f"--devices {stored_run.devices} so the result equals an uninterrupted run")
+    return cfg, replace(stored_run, **{**run_given, "out": str(folder)})
+
+
+def _check_resume_out(folder: Path, run_given: dict) -> None:
+    """--resume writes into the folder it continues; a different --out would be silently ignored."""
+    out = run_given.get("out")
+    if out is not None and Path(out).absolute() != folder.absolute():
+        raise UserError(f"--resume {folder} continues that folder and writes there: drop --out {out}")
+
+
+# -------------------------------------------------------------------------------------------- search
+
+def resolve_search(kind: str, options: Mapping, config: str | os.PathLike | Mapping | None = None
+                   ) -> tuple[SearchConfig, RunConfig]:
+    """The search's configs from `options` over `config` (`kind`: evolve or grid, whose sampler is
+    theirs, or search); for `resume`, the stored search's, where only SEARCH_EXTENSIBLE settings and
+    run options may be changed."""
+    search_given, run_given = split_options(options, "search")
+    if kind in SEARCH_COMMANDS:
+        search_given["sampler"] = SEARCH_COMMANDS[kind]
+    if "resume" not in run_given:
+        file_search, file_run = read_config_file(config, "search") if config is not None else ({}, {})
+        return SearchConfig(**{**file_search, **search_given}), RunConfig(**{**file_run, **run_given})
+    if config is not None:
+        raise UserError("--config does not go with --resume: the stored search already holds its settings")
+    folder = Path(run_given["resume"])
+    _check_resume_out(folder, run_given)
+    try:
+        stored = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+        search = upgrade_search_config(stored["search"], stored["kind"])
+        cfg, stored_run = from_dict(SearchConfig, search), from_dict(RunConfig, stored["run"])
+    except FileNotFoundError:
+        raise UserError(f"{folder} is not a towerlab search (no config.json): check the --resume path") from None
+    except (json.JSONDecodeError, KeyError, TypeError, AttributeError):
+        raise UserError(f"{folder}/config.json is unreadable: it was not written by a towerlab search") from None
+    if kind in SEARCH_COMMANDS and cfg.sampler != SEARCH_COMMANDS[kind]:
+        command = next((k for k, v in SEARCH_COMMANDS.items() if v == cfg.sampler), "search run")
+        raise UserError(f"{folder} holds a {cfg.sampler} search: resume it with towerlab {command} --resume {folder}")
+    changed = [k for k, v in search_given.items() if getattr(cfg, k) != v and k not in SEARCH_EXTENSIBLE]
+    if changed:
+        flags = ", ".join("--" + k.replace("_", "-") for k in changed)
+        raise UserError(f"--resume continues the stored search, whose {flags} differ(s) from what you passed: "
+                        "drop those flags or start a new search")
+    return replace(cfg, **search_given), replace(stored_run, **{**run_given, "out": str(folder)})
+
+
+# ------------------------------------------------------------------------------------------- writing
+
+def config_toml(**sections: Any) -> str:
+    """Resolved configs as a config file: `config_toml(train=cfg, run=run)`. Settings left at None
+    are left out (None is every optional setting's default)."""
+    lines: list[str] = []
+    for name, cfg in sections.items():
+        values = to_dict(cfg) if dataclasses.is_dataclass(cfg) else dict(cfg)
+        lines += [f"[{name}]"] + [f"{key} = {_toml_value(value)}" for key, value in values.items()
+                                  if value is not None] + [""]
+    return "\n".join(lines)
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)  # repr gives TOML's forms: 0.001, 1e-05, inf, nan
+    if isinstance(value, str):
+        return json.dumps(value)  # JSON's escapes are TOML's basic-string escapes
+    if isinstance(value, Mapping):
+        items = ", ".join(f"{json.dumps(str(k))} = {_toml_value(v)}" for k, v in value.items())
+        return "{" + items + "}"
+    raise TypeError(f"no TOML form for {type(value).__name__}")

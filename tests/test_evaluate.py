@@ -1,0 +1,88 @@
+"""A saved model at work: load_model predicts raw uint8 images as the run scored them; `towerlab
+evaluate` gives back the run's recorded accuracy; `towerlab predict` labels an .npz."""
+
+import numpy as np
+import pytest
+import torch
+
+from towerlab.api import evaluate
+from towerlab.cli import main
+from towerlab.data import load_dataset
+from towerlab.models import load_model
+from util import TINY, summary
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A LeNet-5 trained with bf16 autocast and scored with flip test-time augmentation (so both must
+    follow the model into predict)."""
+    out = tmp_path_factory.mktemp("eval") / "run"
+    assert main(["train", *TINY, "--model", "lenet5", "--steps", "12", "--batch-size", "64",
+                 "--precision", "bf16", "--tta", "flip", "--out", str(out)]) == 0
+    return out
+
+
+def synthetic_test_split():
+    ds = load_dataset("synthetic", val_size=500, synthetic_train=2000, synthetic_test=2000 // 6, log=print)
+    return ds.x_test[:, 0].numpy(), ds.y_test.numpy()  # Keras layout: (N, 28, 28)
+
+
+def test_load_model_predicts_raw_images_with_the_runs_accuracy(trained):
+    model, record = load_model(trained)  # the run folder, or its model.pt
+    x, y = synthetic_test_split()
+    assert (model.precision, model.tta) == ("bf16", "flip") == (record["config"]["precision"], record["config"]["tta"])
+    assert float((model.predict(x) == y).mean()) == summary(trained)["test_accuracy"]
+    assert model.classifier is model.network.classifier  # the network's own attributes, as before
+    probabilities = model.predict_proba(x[:7])
+    assert probabilities.shape == (7, 10) and np.allclose(probabilities.sum(1), 1, atol=1e-5)
+    # Raw pixels and the normalised float input the network takes give the same logits.
+    raw = torch.from_numpy(x[:5, None])
+    torch.testing.assert_close(model(raw), model(model.normalize(raw)))
+    assert model.normalize(raw).dtype == torch.float32 and abs(float(model.normalize(raw).mean())) < 1.0
+
+
+def test_evaluate_gives_back_the_recorded_test_accuracy(trained, capsys):
+    result = evaluate(trained)
+    recorded = summary(trained)["test_accuracy"]
+    assert result["accuracy"] == recorded == result["recorded"]
+    assert (result["dataset"], result["split"], result["n"]) == ("synthetic", "test", 333)
+    assert result["loss"] == pytest.approx(summary(trained)["test_loss"], rel=1e-4)
+    assert evaluate(trained, split="val")["accuracy"] == summary(trained)["val_accuracy"]
+    assert main(["evaluate", str(trained)]) == 0
+    assert f"test accuracy {recorded:.4f}" in capsys.readouterr().out
+
+
+def test_predict_writes_predictions_and_the_accuracy_against_the_labels(trained, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    x, y = synthetic_test_split()
+    np.savez(tmp_path / "images.npz", x=x, y=y)
+    assert main(["predict", str(trained), "images.npz"]) == 0
+    line = capsys.readouterr().out
+    recorded = summary(trained)["test_accuracy"]
+    assert f"accuracy {recorded:.4f} against its labels (y)" in line and "Predicted 333 images" in line
+    with np.load(tmp_path / "images-predictions.npz") as written:
+        assert written["predictions"].shape == (333,) and written["probabilities"].shape == (333, 10)
+        assert float((written["predictions"] == y).mean()) == recorded
+    np.savez(tmp_path / "unlabelled.npz", images=x[:10, :, :, None])  # (N, H, W, C), no labels
+    assert main(["predict", str(trained), "unlabelled.npz", "--out", "p.npz"]) == 0
+    assert "accuracy" not in capsys.readouterr().out
+    with np.load(tmp_path / "p.npz") as written:
+        assert written["predictions"].tolist() == load_model(trained)[0].predict(x[:10]).tolist()
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["evaluate", "nowhere"], "does not exist"),
+    (["evaluate", "{run}", "--dataset", "imagenet"], "unknown dataset 'imagenet'"),
+    (["evaluate", "{run}", "--dataset", "cifar10", "--data-dir", "{tmp}"], "cifar10 not found"),
+    (["predict", "{run}", "missing.npz"], "no file missing.npz"),
+    (["predict", "{run}", "{tmp}/wrong.npz"], "holds no images"),
+    (["predict", "{run}", "{tmp}/small.npz"], "expected images of 28x28"),
+])
+def test_evaluate_and_predict_refuse_bad_input_in_one_line(args, fragment, trained, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("TOWERLAB_MIRROR", "http://127.0.0.1:9")
+    np.savez(tmp_path / "wrong.npz", z=np.zeros(3))
+    np.savez(tmp_path / "small.npz", x=np.zeros((2, 12, 12), np.uint8))
+    assert main([a.format(run=trained, tmp=tmp_path) for a in args]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert fragment in err[-1] and err[-1].startswith("towerlab: error: ")
+    assert len(err) == 1 or err[0].startswith("cifar10 not found in")  # a download was tried first

@@ -15,14 +15,13 @@ import json
 import pytest
 import torch
 
-import towerlab.runner
 from towerlab.cli import build_parser, main, resolve_train
-from towerlab.config import RunConfig
 from towerlab.distributed import launch, session
 from towerlab.runner import load_data
 from towerlab.search import evaluation_records
 from towerlab.train import train
-from util import ONE_GPU, TINY_DATA, StopAtRead, max_difference, metrics, small_space_file, summary, weights
+from util import (ONE_GPU, RESUMABLE, TINY_DATA, interrupt, max_difference, metrics, small_space_file, summary,
+                  weights)
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(),
@@ -117,14 +116,10 @@ def test_bf16_autocast_on_cuda_learns_and_keeps_float32_weights(one_gpu_double_b
 
 
 def test_interrupted_then_resumed_on_cuda_equals_uninterrupted(tmp_path, monkeypatch):
-    # Dropout (seeded per step on the GPU's generator), crop+flip, one-cycle Adam; both runs warm up.
-    args = [*GPU, "--model", "mlp", "--model-opt", "layers=2", "--model-opt", "neurons=64", "--augment",
-            "--schedule", "onecycle", "--lr", "0.005", "--epochs", "3", "--batch-size", "100"]
+    # Dropout (seeded per step on the GPU's generator), crop+flip, one-cycle Adam; every run warms up.
+    args = [*RESUMABLE, *ONE_GPU]
     assert main(["train", *args, "--out", str(tmp_path / "whole")]) == 0
-    StopAtRead.reads_before_stop = 23  # mid-way through the second epoch (15 steps per epoch)
-    monkeypatch.setattr(towerlab.runner, "StopFlag", StopAtRead)
-    assert main(["train", *args, "--out", str(tmp_path / "cut")]) == 130
-    monkeypatch.undo()
+    interrupt(args, tmp_path / "cut", monkeypatch)
     assert main(["train", "--resume", str(tmp_path / "cut")]) == 0
     # The same kernels on the same inputs: equal, up to a library that picks another kernel after
     # the restart.

@@ -6,12 +6,10 @@ import re
 
 import pytest
 
-import towerlab.runner
 import towerlab.train
 from towerlab.checkpoint import load as load_checkpoint
 from towerlab.cli import main
-from towerlab.distributed import StopFlag
-from util import TINY, StopAtRead, max_difference, run_cli, summary, weights
+from util import ONE_CPU, RESUMABLE, TINY, interrupt, max_difference, run_cli, summary, weights
 
 LENET = ["--model", "lenet5", "--steps", "6", "--batch-size", "64"]
 # Every kind of state a step changes, and that the warm-up must put back: BatchNorm statistics, a
@@ -22,9 +20,6 @@ WHITENET = ["--model", "whitenet", "--synthetic-shape", "3x16x16", "--model-opt"
             "--momentum", "0.85", "--nesterov", "--weight-decay", "0.001", "--norm-lr-scale", "64",
             "--schedule", "linear", "--lookahead", "2", "--augment", "--translate", "2", "--steps", "8",
             "--batch-size", "32"]
-# Dropout (seeded per step), a one-cycle schedule, crop+flip from a generator.
-MLP = ["--model", "mlp", "--model-opt", "layers=2", "--model-opt", "neurons=64", "--augment", "--schedule",
-       "onecycle", "--lr", "0.005", "--batch-size", "100"]
 
 
 def always_warm_up(monkeypatch):
@@ -60,8 +55,9 @@ def test_an_eager_cpu_run_spends_no_setup_and_reports_its_wall_time(tmp_path, ca
 @pytest.mark.parametrize("case", ["whitenet-ddp", "whitenet-ps", "mlp-queue"])
 def test_the_warm_up_is_undone_exactly(case, tmp_path, capsys, monkeypatch):
     model, variant = case.split("-")
-    # The queue's thread stops when the warm-up leaves its batches early.
-    args = [*TINY, *(WHITENET if model == "whitenet" else [*MLP, "--steps", "8", "--input", "queue"])]
+    # mlp: dropout (seeded per step), a one-cycle schedule, crop+flip from a generator, and the
+    # queue's thread, which must stop when the warm-up leaves its batches early.
+    args = [*TINY, *WHITENET] if model == "whitenet" else [*RESUMABLE, *ONE_CPU, "--steps", "8", "--input", "queue"]
     if variant == "ps":
         args += ["--strategy", "ps"]
     assert main(["train", *args, "--out", str(tmp_path / "plain")]) == 0
@@ -76,15 +72,12 @@ def test_the_warm_up_is_undone_exactly(case, tmp_path, capsys, monkeypatch):
 
 
 def test_a_resumed_run_warms_up_again_and_equals_the_uninterrupted_run(tmp_path, monkeypatch, capsys):
-    args = [*TINY, *MLP, "--epochs", "3"]  # 15 steps per epoch
+    args = [*RESUMABLE, *ONE_CPU]
     assert main(["train", *args, "--out", str(tmp_path / "whole")]) == 0
     always_warm_up(monkeypatch)
-    StopAtRead.reads_before_stop = 23
-    monkeypatch.setattr(towerlab.runner, "StopFlag", StopAtRead)
-    assert main(["train", *args, "--out", str(tmp_path / "cut")]) == 130
+    interrupt(args, tmp_path / "cut", monkeypatch)
     spent = load_checkpoint(tmp_path / "cut" / "checkpoint.pt")["setup_seconds"]
     assert spent > 0
-    monkeypatch.setattr(towerlab.runner, "StopFlag", StopFlag)
     capsys.readouterr()
     assert main(["train", "--resume", str(tmp_path / "cut")]) == 0
     assert "(3 warm-up steps, undone)" in capsys.readouterr().out

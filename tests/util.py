@@ -112,3 +112,22 @@ class StopAtRead:
     def signum(self):
         self.reads += 1
         return int(signal.SIGINT) if self.reads >= self.reads_before_stop else 0
+
+
+# Dropout, augmentation and a one-cycle schedule, 3 epochs of 15 steps: every source of state a
+# resume must restore (add the device flags).
+RESUMABLE = [*TINY_DATA, "--model", "mlp", "--model-opt", "layers=2", "--model-opt", "neurons=64", "--augment",
+             "--schedule", "onecycle", "--lr", "0.005", "--epochs", "3", "--batch-size", "100"]
+
+
+def interrupt(args: list[str], out: Path, monkeypatch) -> None:  # noqa: ANN001 - pytest's fixture
+    """`towerlab train *args` into `out`, stopped by a Ctrl-C mid-way through the second epoch of
+    RESUMABLE (at step 23): it exits 130 with a checkpoint and no summary."""
+    import towerlab.runner
+    from towerlab.cli import main
+
+    StopAtRead.reads_before_stop = 23
+    with monkeypatch.context() as patch:
+        patch.setattr(towerlab.runner, "StopFlag", StopAtRead)
+        assert main(["train", *args, "--out", str(out)]) == 130
+    assert not (out / "summary.json").exists()

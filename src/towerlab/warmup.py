@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import itertools
-from typing import Callable, Iterator
+from typing import Callable
 
 import torch
 from torch._dynamo.exc import TorchDynamoException

@@ -115,3 +115,21 @@ def test_a_step_that_cannot_be_compiled_falls_back_with_one_line(eager_lenet, tm
     assert max_difference(weights(tmp_path / "run"), weights(eager_lenet)) < 1e-6
     assert summary(tmp_path / "run")["setup_seconds"] > 0
 
+
+
+def test_a_search_candidate_spends_no_warm_up_steps(monkeypatch):
+    """A candidate's setup is reported nowhere, so on a GPU it would only cost time: none is spent."""
+    import torch
+
+    import towerlab.warmup
+    from towerlab.config import SearchConfig
+    from towerlab.data import load_dataset
+    from towerlab.fitness import train_candidate
+
+    always_warm_up(monkeypatch)
+    calls = []
+    monkeypatch.setattr(towerlab.train, "warm_up", lambda *a, **k: calls.append(a) or towerlab.warmup.warm_up(*a, **k))
+    data = load_dataset("synthetic", val_size=200, synthetic_train=1200)
+    fields, result = train_candidate(SearchConfig(dataset="synthetic", val_size=200, max_epochs=1), "mlp",
+                                     {"layers": 1, "neurons": 16}, 3, data, torch.device("cpu"))
+    assert fields["status"] == "ok" and result.setup_seconds == 0.0 and calls == []

@@ -153,9 +153,11 @@ def uses_channels_last(cfg: TrainConfig) -> bool:
 def train(cfg: TrainConfig, ctx: Context, data: Any, *, input_mode: str = "resident", strategy: str = "ddp",
           reporter: Reporter | None = None, display_step: int = 100, checkpoint_path: Path | None = None,
           resume_state: dict | None = None, test: bool = True, compile_model: bool = False,
-          stop: StopFlag | None = None, source: Any = None) -> TrainResult:
+          stop: StopFlag | None = None, source: Any = None, setup_apart: bool = True) -> TrainResult:
     """Train `cfg.model` (or `source`, a module of your own or its factory) on `data` (a
-    towerlab.data.Dataset) over the replicas of `ctx`."""
+    towerlab.data.Dataset) over the replicas of `ctx`. `setup_apart`: warm the step up before the
+    clock (towerlab.warmup) where that pays, to report setup apart from training; a search candidate
+    reports no setup, so it does not spend the warm-up steps."""
     reporter = reporter or Reporter(None, enabled=False)
     if ctx.device.type == "cuda":
         # Every training batch has the same shape, so cuDNN's one-off search for the fastest
@@ -196,7 +198,8 @@ def train(cfg: TrainConfig, ctx: Context, data: Any, *, input_mode: str = "resid
         return strat.step(x, y)
 
     module.train()
-    if warms_up(ctx.device, compile_model) and progress.step < total_steps and progress.stopped is None:
+    if (setup_apart and warms_up(ctx.device, compile_model) and progress.step < total_steps
+            and progress.stopped is None):
         clock.start()
         ran = warm_up(strat, batches, progress.step, min(WARMUP_STEPS, total_steps - progress.step), run_step,
                       reporter.line)

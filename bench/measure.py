@@ -89,14 +89,15 @@ def steady_rate(steps: list[dict]) -> float | None:
     return statistics.median(rates) if rates else None
 
 
-def towerlab(args: list[str], data_dir: str, timeout: float = 900, attempts: int = 2) -> dict:
+def towerlab(args: list[str], data_dir: str, timeout: float = 900, attempts: int = 2,
+             env: dict | None = None) -> dict:
     """One `towerlab train` run in a fresh process; its summary, eval history and CPU use. A failed
     run is tried again once (and the failure kept in the sample): one lost run should not end a
     20-minute suite, and a second failure is a real problem that should."""
     failures = []
     for attempt in range(attempts):
         try:
-            sample = _towerlab_once(args, data_dir, timeout)
+            sample = _towerlab_once(args, data_dir, timeout, env)
             if failures:
                 sample["failed_attempts"] = failures
             return sample
@@ -107,7 +108,7 @@ def towerlab(args: list[str], data_dir: str, timeout: float = 900, attempts: int
     raise BenchError(failures[-1])
 
 
-def _towerlab_once(args: list[str], data_dir: str, timeout: float) -> dict:
+def _towerlab_once(args: list[str], data_dir: str, timeout: float, env: dict | None = None) -> dict:
     out = Path(tempfile.mkdtemp(prefix="towerlab-bench-")) / "run"
     cmd = [sys.executable, "-m", "towerlab", "train", *args, "--data-dir", data_dir, "--no-progress",
            "--out", str(out)]
@@ -115,7 +116,7 @@ def _towerlab_once(args: list[str], data_dir: str, timeout: float) -> dict:
         shutil.rmtree(out.parent, ignore_errors=True)
         return _dry_towerlab(cmd)
     try:
-        _, cpu = _run(cmd, timeout)
+        _, cpu = _run(cmd, timeout, {**_env(), **(env or {})})
         summary = json.loads((out / "summary.json").read_text())
         records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line]
     finally:

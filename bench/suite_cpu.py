@@ -1,5 +1,6 @@
 """The CPU figures: time to 99% on MNIST against the plain PyTorch loop, scaling over 2 processes,
-parameter server against all-reduce, the three input modes, and the search's slot.
+parameter server against all-reduce, the three input modes, the search's slot, and mnist-fast on a
+machine where another process holds a core.
 
 Every figure is a dict: id, title, target, value (the headline number), unit, met (True, False,
 or None where there is no target), and the raw samples with the commands that produced them.
@@ -102,6 +103,54 @@ def mnist_fast_layout(data_dir: str, repeats: int, quick: bool, log: Log) -> dic
             "detail": {"train_seconds": {k: measure.median(measure.values(samples, k, rounds)) for k in samples},
                        "ratio": ratio, "rounds_used": rounds,
                        "test_accuracy": {k: [s["summary"]["test_accuracy"] for s in v] for k, v in samples.items()}},
+            "samples": samples}
+
+
+# OMP_WAIT_POLICY as towerlab sets it (PASSIVE: idle threads sleep) and libgomp's own default (an
+# empty value is ignored by libgomp, and towerlab leaves a value that is set alone): spin ~300,000
+# times, then sleep.
+WAIT_POLICIES = {"passive": "PASSIVE", "spin": ""}
+
+
+def busy_core(data_dir: str, repeats: int, quick: bool, log: Log) -> dict:
+    """mnist-fast's training seconds on a quiet machine and while another process spins on one core
+    (a `while True: pass`), with towerlab's passive OpenMP waiting and with libgomp's default
+    spinning: the busy/quiet ratio of each, and what passive waiting costs on the quiet machine."""
+    steps = {"steps": 100} if quick else {}
+
+    def side(policy: str, busy: bool) -> Callable[[int], dict]:
+        def run(r: int) -> dict:
+            hog = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if busy and not measure.DRY_RUN else None
+            try:
+                sample = measure.towerlab(preset_flags("mnist-fast", seed=r, **steps), data_dir,
+                                          env={"OMP_WAIT_POLICY": WAIT_POLICIES[policy]})
+            finally:
+                if hog is not None:
+                    hog.kill()
+                    hog.wait()
+            if busy:  # the spinning process is the point of this side, not foreign load
+                sample["cpu"]["foreign_cores"] = max(0.0, sample["cpu"]["foreign_cores"] - 1.0)
+            sample.update(value=sample["summary"]["train_seconds"], unit="s")
+            return sample
+        return run
+
+    log("[busy_core] mnist-fast quiet vs one core taken, passive OpenMP waiting vs libgomp's spinning")
+    sides = {f"{policy}_{state}": side(policy, state == "busy") for policy in WAIT_POLICIES
+             for state in ("quiet", "busy")}
+    samples = measure.alternate(sides, repeats, log)
+    rounds = measure.usable_rounds(samples)
+    ratios = {policy: measure.ratio_stats(samples, f"{policy}_busy", f"{policy}_quiet", rounds)
+              for policy in WAIT_POLICIES}
+    value = ratios["passive"]["median"]
+    return {"id": "busy_core", "title": "mnist-fast training seconds with one core taken / quiet (CPU, "
+            "passive OpenMP waiting)", "target": "<= 1.5x", "target_value": 1.5, "value": value, "unit": "x",
+            "met": None if quick or value is None else value <= 1.5,
+            "detail": {"busy_over_quiet": ratios,
+                       "passive_over_spin_quiet": measure.ratio_stats(samples, "passive_quiet", "spin_quiet", rounds),
+                       "train_seconds": {k: measure.median(measure.values(samples, k, rounds)) for k in samples},
+                       "threads_per_process": samples["passive_quiet"][0]["summary"]["threads_per_process"],
+                       "test_accuracy": {k: [x["summary"]["test_accuracy"] for x in v] for k, v in samples.items()},
+                       "rounds_used": rounds},
             "samples": samples}
 
 
@@ -258,8 +307,9 @@ def not_measured_here() -> list[dict]:
              "status": "not measured (no GPU here: python bench/run.py --suite gpu)"} for fid, title, target in rows]
 
 
-FIGURES = {"mnist_tta": mnist_time_to_accuracy, "mnist_fast_layout": mnist_fast_layout, "scaling": scaling,
+FIGURES = {"mnist_tta": mnist_time_to_accuracy, "mnist_fast_layout": mnist_fast_layout, "busy_core": busy_core,
+           "scaling": scaling,
            "ps_vs_ddp": ps_vs_ddp, "input_modes": input_modes, "search": search_scaling}
 # The data sets each figure group reads (bench/run.py asks only for these).
-NEEDS = {"mnist_tta": ("mnist",), "mnist_fast_layout": ("mnist",), "scaling": ("mnist", "cifar10"),
+NEEDS = {"mnist_tta": ("mnist",), "mnist_fast_layout": ("mnist",), "busy_core": ("mnist",), "scaling": ("mnist", "cifar10"),
          "ps_vs_ddp": ("mnist", "cifar10"), "input_modes": ("mnist",), "search": ("mnist",), "changes": ()}

@@ -33,7 +33,7 @@ def test_preset_flag_applies_the_recipe_under_typed_flags():
 
     cfg, run = resolve_train(build_parser().parse_args(["train", "--preset", "mnist-fast", "--seed", "3"]))
     assert (cfg.model, cfg.batch_size, cfg.schedule, cfg.steps, cfg.seed) == ("lenet5", 256, "onecycle", 537, 3)
-    assert run.preset == "mnist-fast" and run.threads == 2
+    assert run.preset == "mnist-fast" and run.threads is None  # no preset forces a thread count
     cfg, _ = resolve_train(build_parser().parse_args(["train", "--preset", "mnist-fast", "--batch-size", "64"]))
     assert cfg.batch_size == 64 and cfg.lr == 0.012
 
@@ -52,3 +52,22 @@ def test_every_preset_trains_the_same_global_batch_on_cpus_and_gpus(name):
     # What a preset measured on one device type is the same computation on the other.
     batches = [apply_preset(name, kind)["batch_size"] * run_options(name, kind)["devices"] for kind in ("cpu", "cuda")]
     assert batches[0] == batches[1]
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_no_preset_sets_a_thread_count(name):
+    assert all("threads" not in run_options(name, kind) for kind in ("cpu", "cuda"))
+
+
+@pytest.mark.parametrize("flags, native", [("fpu sse2 avx512f avx512_bf16", True), ("fpu amx_bf16 amx_tile", True),
+                                           ("fpu sse2 avx2 avx512f", False)])
+def test_a_presets_bf16_holds_on_cpus_with_bf16_arithmetic_only(flags, native, tmp_path, monkeypatch):
+    from towerlab import presets
+
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text(f"processor\t: 0\nflags\t\t: {flags}\n")
+    assert presets.cpu_bf16(str(cpuinfo)) is native
+    assert presets.cpu_bf16(str(tmp_path / "missing")) is False
+    monkeypatch.setattr(presets, "cpu_bf16", lambda: native)
+    assert apply_preset("mnist-fast", "cpu")["precision"] == ("bf16" if native else "fp32")
+    assert apply_preset("mnist-fast", "cuda")["precision"] == "bf16"

@@ -8,10 +8,10 @@ import time
 
 import pytest
 
-import towerlab.runner
 from towerlab.cli import main
 from towerlab.models import load_model
-from util import TINY, StopAtRead, max_difference, metrics, replica_pids, run_cli, start_towerlab, summary, weights
+from util import (ONE_CPU, RESUMABLE, TINY, interrupt, max_difference, metrics, replica_pids, run_cli, start_towerlab,
+                  summary, weights)
 
 STEPS = ["--model", "lenet5", "--steps", "6"]  # no dropout: the replicas' arithmetic is comparable
 
@@ -55,16 +55,9 @@ def test_input_modes_compute_the_same_numbers(one_replica_double_batch, tmp_path
 
 
 def test_interrupted_then_resumed_equals_uninterrupted(tmp_path, monkeypatch):
-    # Dropout, augmentation and a one-cycle schedule: every source of state a resume must restore.
-    args = [*TINY, "--model", "mlp", "--model-opt", "layers=2", "--model-opt", "neurons=64", "--augment",
-            "--schedule", "onecycle", "--lr", "0.005", "--epochs", "3", "--batch-size", "100"]
+    args = [*RESUMABLE, *ONE_CPU]
     assert main(["train", *args, "--out", str(tmp_path / "whole")]) == 0
-
-    StopAtRead.reads_before_stop = 23  # mid-way through the second epoch (15 steps per epoch)
-    monkeypatch.setattr(towerlab.runner, "StopFlag", StopAtRead)
-    assert main(["train", *args, "--out", str(tmp_path / "cut")]) == 130
-    assert not (tmp_path / "cut" / "summary.json").exists()
-    monkeypatch.undo()
+    interrupt(args, tmp_path / "cut", monkeypatch)
     assert main(["train", "--resume", str(tmp_path / "cut")]) == 0
 
     assert max_difference(weights(tmp_path / "cut"), weights(tmp_path / "whole")) == 0.0
@@ -90,7 +83,8 @@ def test_run_record_has_the_stable_fields_and_a_loadable_model(tmp_path):
     record = summary(out)
     stable = ["dataset", "data_source", "n_train", "n_val", "n_test", "model", "strategy", "input", "world_size",
               "device_type", "batch_size_per_replica", "global_batch_size", "epochs", "steps", "train_seconds",
-              "examples_per_sec", "val_accuracy", "test_accuracy", "seed", "torch_version"]
+              "examples_per_sec", "val_accuracy", "test_accuracy", "seed", "torch_version", "setup_seconds",
+              "wall_seconds"]
     assert not [k for k in stable if k not in record]
     assert (record["n_train"], record["n_val"], record["n_test"]) == (1500, 500, 333)
     assert record["steps"] == 2 * (1500 // 64) and record["epochs"] == 2.0

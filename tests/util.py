@@ -35,8 +35,11 @@ def small_space_file(folder: Path) -> str:
     return str(path)
 
 # A tiny learnable problem: 2,000 synthetic 28x28 images, 500 of them for validation.
-TINY = ["--dataset", "synthetic", "--synthetic-train", "2000", "--val-size", "500",
-        "--display-step", "1000", "--no-progress", *ONE_CPU]
+TINY_DATA = ["--dataset", "synthetic", "--synthetic-train", "2000", "--val-size", "500", "--display-step", "1000",
+             "--no-progress"]
+TINY = [*TINY_DATA, *ONE_CPU]
+# One process on the first GPU (tests marked gpu).
+ONE_GPU = ["--device", "cuda", "--devices", "1"]
 
 
 def real_data_dir(file: str = "mnist.npz") -> Path | None:
@@ -121,3 +124,22 @@ def reaped(job: subprocess.Popen):
     finally:
         if job.poll() is None:
             os.killpg(job.pid, signal.SIGKILL)
+
+
+# Dropout, augmentation and a one-cycle schedule, 3 epochs of 15 steps: every source of state a
+# resume must restore (add the device flags).
+RESUMABLE = [*TINY_DATA, "--model", "mlp", "--model-opt", "layers=2", "--model-opt", "neurons=64", "--augment",
+             "--schedule", "onecycle", "--lr", "0.005", "--epochs", "3", "--batch-size", "100"]
+
+
+def interrupt(args: list[str], out: Path, monkeypatch) -> None:  # noqa: ANN001 - pytest's fixture
+    """`towerlab train *args` into `out`, stopped by a Ctrl-C mid-way through the second epoch of
+    RESUMABLE (at step 23): it exits 130 with a checkpoint and no summary."""
+    import towerlab.runner
+    from towerlab.cli import main
+
+    StopAtRead.reads_before_stop = 23
+    with monkeypatch.context() as patch:
+        patch.setattr(towerlab.runner, "StopFlag", StopAtRead)
+        assert main(["train", *args, "--out", str(out)]) == 130
+    assert not (out / "summary.json").exists()

@@ -1,3 +1,12 @@
 """towerlab: synchronous data-parallel ConvNet training and genetic network search."""
 
+import os
+
+# OpenMP's idle threads spin-wait by default (GNU libgomp: some 300,000 spins before they sleep). On
+# a CPU where another job holds a core, a spinning thread burns the time slice its partner needs:
+# mnist-fast with 2 threads took 3x to 12x longer while one core was taken, and 1.25x with passive
+# waiting (bench/README.md, "A busy core"). libgomp reads this once, when torch loads it, so it is
+# set here, before towerlab imports torch; a value you set yourself wins.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 __version__ = "0.1.0"

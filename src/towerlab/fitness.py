@@ -109,7 +109,7 @@ def train_candidate(cfg: SearchConfig, model: str, genome: dict, seed: int, data
     started = time.perf_counter()
     tc = candidate_config(cfg, model, genome, seed, max_epochs)
     try:
-        result = train(tc, Context(device=device), data, test=test, stop=stop)
+        result = train(tc, Context(device=device), data, test=test, stop=stop, setup_apart=False)
     except Interrupted:
         raise
     except torch.cuda.OutOfMemoryError:

@@ -1,10 +1,13 @@
 """Named training recipes, chosen by measurement (bench/README.md has the runs behind each number).
 
-A preset is data: the TrainConfig fields it sets, and the RunConfig fields (processes, threads)
-of the machine it was measured on. Flags the user types still win over a preset's values.
+A preset is data: the TrainConfig fields it sets, and the RunConfig fields (how many processes)
+it runs with, on a CPU and on a GPU machine. Flags the user types still win over a preset's values.
+No preset sets a thread count: what pays depends on the CPU and on what else runs on it, and the
+default (the cores shared out over the local processes, idle threads sleeping) degrades gently on a
+busy machine. A preset's bf16 applies on a CPU only where it has bf16 arithmetic (`cpu_bf16`).
 
     apply_preset("mnist-fast")  -> {"model": "lenet5", "batch_size": 256, ...}  (TrainConfig fields)
-    run_options("mnist-fast")   -> {"devices": 1, "threads": 2}                 (RunConfig fields)
+    run_options("mnist-fast")   -> {"devices": 1}                               (RunConfig fields)
 
 `towerlab train --preset NAME` applies both; config.json records the resolved values.
 
@@ -35,7 +38,7 @@ PRESETS: dict[str, Preset] = {p.name: p for p in (
         purpose="LeNet-5 to 99% MNIST test accuracy in the fewest training seconds",
         train={"model": "lenet5", "dataset": "mnist", "batch_size": 256, "lr": 0.012, "optimizer": "adam",
                "schedule": "onecycle", "steps": 537, "precision": "bf16", "label_smoothing": 0.1},
-        run={"devices": 1, "threads": 2},
+        run={"devices": 1},
         gpu_run={"devices": 1},
         measured=(
             "Batch 256, 537 steps = 2.5 epochs of the 55,000 training images, one-cycle Adam peaking at "
@@ -55,7 +58,7 @@ PRESETS: dict[str, Preset] = {p.name: p for p in (
         train={"model": "cifarnet", "dataset": "cifar10", "batch_size": 256, "lr": 0.004, "optimizer": "adam",
                "schedule": "onecycle", "epochs": 16, "precision": "bf16", "augment": True,
                "label_smoothing": 0.1},
-        run={"devices": 2, "threads": 1},
+        run={"devices": 2},
         gpu_train={"batch_size": 512},
         gpu_run={"devices": 1},
         measured=(
@@ -105,14 +108,30 @@ def get(name: str) -> Preset:
         raise UserError(f"unknown preset {name!r}: choose one of {', '.join(names())}") from None
 
 
+def cpu_bf16(cpuinfo: str = "/proc/cpuinfo") -> bool:
+    """Whether this CPU computes in bf16 natively (AMX, or AVX-512 BF16), where bf16 autocast pays:
+    on a 2-core AMD EPYC with AVX-512 BF16 and no AMX, mnist-fast trained 1.23-1.52x faster in bf16
+    than in fp32, on a Xeon with AMX LeNet-5 1.2x and CifarNet 2.3x (bench/README.md). Without
+    either, bf16 is emulated: fp32. False where the file is unreadable (not Linux)."""
+    try:
+        with open(cpuinfo, encoding="utf-8", errors="replace") as stream:
+            flags = next((line.split(":", 1)[1].split() for line in stream if line.startswith("flags")), [])
+    except OSError:
+        return False
+    return bool({"amx_bf16", "avx512_bf16"} & set(flags))
+
+
 def apply_preset(name: str, device_type: str = "cpu") -> dict:
     """The TrainConfig field overrides of preset `name` on `device_type` ("cpu" or "cuda"), as a
-    fresh dict the caller may change."""
+    fresh dict the caller may change. A preset's bf16 becomes fp32 on a CPU without bf16 arithmetic."""
     preset = get(name)
-    return {**preset.train, **(preset.gpu_train if device_type == "cuda" else {})}
+    settings = {**preset.train, **(preset.gpu_train if device_type == "cuda" else {})}
+    if device_type == "cpu" and settings.get("precision") == "bf16" and not cpu_bf16():
+        settings["precision"] = "fp32"
+    return settings
 
 
 def run_options(name: str, device_type: str = "cpu") -> dict:
-    """The RunConfig field overrides of preset `name` on `device_type` (processes, threads, compile)."""
+    """The RunConfig field overrides of preset `name` on `device_type` (processes, compile)."""
     preset = get(name)
     return dict(preset.gpu_run) if device_type == "cuda" else dict(preset.run)

@@ -143,6 +143,8 @@ def format_final(summary: dict) -> str:
     test = summary.get("test_accuracy")
     parts = [f"Test Accuracy= {test:.4f}" if test is not None else "no test set",
              f"training {summary['train_seconds']:.1f} s",
+             f"setup {summary['setup_seconds']:.1f} s",
+             f"wall {summary['wall_seconds']:.1f} s",
              f"{summary['examples_per_sec']:.0f} Examples/sec",
              f"{summary['world_size']} x {summary['device_type']}"]
     if summary.get("data_fallback"):

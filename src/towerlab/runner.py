@@ -142,6 +142,7 @@ def start(cfg: TrainConfig, run: RunConfig, *, data: Any = None, module: Any = N
     """Run the job; returns its exit status. `data` (a towerlab.data.Dataset) replaces loading
     `cfg.dataset`; `module` (an nn.Module or a factory of one) trains in place of `cfg.model`
     ("custom"); `start_method` as in `distributed.launch`."""
+    started = time.time()  # the summary's wall_seconds run from here to its writing
     if run.tensorboard:
         require_tensorboard()
     require_out_under_torchrun(run)
@@ -159,10 +160,11 @@ def start(cfg: TrainConfig, run: RunConfig, *, data: Any = None, module: Any = N
 
     # Under torchrun, rank 0 decides in _decide_start whether the folder is its own restart.
     return start_job(out, resume=run.resume is not None, new=not under_torchrun(),
-                     run_here=lambda: _process(0, torchrun_world_size(), None, cfg, run, str(out), data, module),
+                     run_here=lambda: _process(0, torchrun_world_size(), None, cfg, run, str(out), started, data,
+                                               module),
                      processes=run.devices, spawned=_spawned, start_method=start_method,
-                     preflight=lambda: _preflight(cfg, run, str(out), data, module, start_method), hint=resume_hint,
-                     timeout=run.timeout, name=lambda rank: f"replica rank {rank}" + (
+                     preflight=lambda: _preflight(cfg, run, str(out), data, module, start_method, started),
+                     hint=resume_hint, timeout=run.timeout, name=lambda rank: f"replica rank {rank}" + (
                          ", the parameter server," if run.strategy == "ps" and rank == 0 else ""))
 
 
@@ -173,24 +175,25 @@ def require_module(cfg: TrainConfig, module: Any) -> None:
                         if module is None else "a module of your own goes with model 'custom'")
 
 
-def _preflight(cfg: TrainConfig, run: RunConfig, out: str, data: Any, module: Any, start_method: str) -> tuple:
+def _preflight(cfg: TrainConfig, run: RunConfig, out: str, data: Any, module: Any, start_method: str,
+               started: float) -> tuple:
     """Every mistake (and the download, or the offline fallback) once, here, before any worker
     starts; the workers read the very data loaded here (see `handed_over`)."""
     if data is None:
         data = load_data(cfg, run)
     check_setup(cfg, run.devices, data, module)
-    return (cfg, run, out, *handed_over(data, start_method), module)
+    return (cfg, run, out, *handed_over(data, start_method), module, started)
 
 
 def _spawned(rank: int, world_size: int, store_path: str, cfg: TrainConfig, run: RunConfig, out: str,
-             data: Any, fallback: bool | None, module: Any) -> None:
-    status = _process(rank, world_size, store_path, cfg, run, out, data, module, fallback)
+             data: Any, fallback: bool | None, module: Any, started: float) -> None:
+    status = _process(rank, world_size, store_path, cfg, run, out, started, data, module, fallback)
     if status:
         sys.exit(status)
 
 
 def _process(rank: int, world_size: int, store_path: str | None, cfg: TrainConfig, run: RunConfig,
-             out_dir: str, data: Any = None, module: Any = None, fallback: bool | None = None) -> int:
+             out_dir: str, started: float, data: Any = None, module: Any = None, fallback: bool | None = None) -> int:
     torch.set_num_threads(run.threads or default_threads(local_processes(run)))
     out = Path(out_dir)
     with StopFlag() as stop, session(rank=rank, world_size=world_size, store_path=store_path,
@@ -214,7 +217,6 @@ def _process(rank: int, world_size: int, store_path: str | None, cfg: TrainConfi
                               f"{data.n_test} test), {ctx.world_size} x {ctx.device.type} replica(s), "
                               f"strategy {run.strategy}, input {run.input}, global batch "
                               f"{cfg.batch_size * ctx.world_size} -> {out}")
-            started = time.time()
             result = train(cfg, ctx, data, input_mode=run.input, strategy=run.strategy, reporter=reporter,
                            display_step=run.display_step, checkpoint_path=out / CHECKPOINT,
                            resume_state=resume_state, compile_model=run.compile, stop=stop, source=module)
@@ -317,7 +319,7 @@ def _summary(cfg: TrainConfig, run: RunConfig, ctx: Context, data: Any, result: 
         "world_size": ctx.world_size, "device_type": ctx.device.type,
         "batch_size_per_replica": cfg.batch_size, "global_batch_size": cfg.batch_size * ctx.world_size,
         "epochs": result.epochs, "steps": result.steps, "steps_per_epoch": result.steps_per_epoch,
-        "train_seconds": result.train_seconds, "wall_seconds": wall_seconds,
+        "train_seconds": result.train_seconds, "setup_seconds": result.setup_seconds, "wall_seconds": wall_seconds,
         "examples_per_sec": result.examples_per_sec,
         "val_loss": result.val_loss, "val_accuracy": result.val_accuracy,
         "test_loss": result.test_loss, "test_accuracy": result.test_accuracy,

@@ -117,10 +117,17 @@ class Strategy:
         self.lookahead = (Lookahead(module, cfg.lookahead, cfg.lookahead_decay, total_steps)
                           if cfg.lookahead else None)
 
-    def compiled(self, model: nn.Module) -> nn.Module:
-        if not self.compile_model:
-            return model
-        return torch.compile(model, mode="reduce-overhead" if self.cuda_graphs else None)
+    def set_model(self, model: nn.Module) -> None:
+        """The model the step calls: `model`, or with --compile its compiled form (compiled lazily,
+        on its first call); `plain_model` keeps `model` for a fallback."""
+        self.plain_model = model
+        self.model = (torch.compile(model, mode="reduce-overhead" if self.cuda_graphs else None)
+                      if self.compile_model else model)
+
+    def use_plain_step(self) -> None:
+        """Leave the compiled step for the plain one (its compilation failed)."""
+        self.model = self.plain_model
+        self.compile_model = self.cuda_graphs = False
 
     def begin_step(self) -> None:
         # CUDA graphs reuse their output memory: tell them a new step starts, so the previous step's
@@ -174,7 +181,7 @@ class AllReduce(Strategy):
             model = nn.parallel.DistributedDataParallel(
                 module, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None,
                 gradient_as_bucket_view=True, static_graph=True)
-        self.model = self.compiled(model)
+        self.set_model(model)
         self.optimizer = make_optimizer(cfg, self.params, self.groups, ctx.device)
         self.scheduler = make_scheduler(cfg, self.optimizer, total_steps)
 
@@ -210,7 +217,7 @@ class ParameterServer(Strategy):
     def __init__(self, module: nn.Module, cfg: TrainConfig, ctx: Context, total_steps: int,
                  compile_model: bool = False):
         super().__init__(module, cfg, ctx, total_steps, compile_model)
-        self.model = self.compiled(module)
+        self.set_model(module)
         self.group = cpu_group(ctx) if ctx.distributed else None
         self.buffers = list(module.buffers())
         self.sizes = [p.numel() for p in self.params]

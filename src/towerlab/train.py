@@ -27,6 +27,7 @@ from towerlab.errors import UserError
 from towerlab.models import build_model, instantiate
 from towerlab.report import Reporter, format_epoch, format_step
 from towerlab.strategies import Strategy, make_strategy
+from towerlab.warmup import WARMUP_STEPS, warm_up, warms_up
 from towerlab.whitenet import WHITEN_IMAGES, share_batch_statistics
 
 EVAL_BATCH = 1024
@@ -78,7 +79,7 @@ class TrainResult:
     steps: int
     epochs: float                      # steps / steps_per_epoch
     steps_per_epoch: int
-    train_seconds: float               # optimizer steps only: no evaluation, no checkpoints
+    train_seconds: float               # optimizer steps only: no evaluation, no checkpoints, no setup
     examples_per_sec: float            # global examples per training second
     val_loss: float | None
     val_accuracy: float | None         # of the returned model (the best epoch under --patience)
@@ -86,6 +87,9 @@ class TrainResult:
     test_accuracy: float | None
     best_epoch: int | None
     stopped: str | None                # None, "patience" or "target_accuracy"
+    # Compiling and warming up the step before the clock starts (towerlab.warmup), over every attempt
+    # of a resumed run; 0.0 where nothing is warmed up (an eager run on a CPU).
+    setup_seconds: float = 0.0
     history: list[dict] = field(default_factory=list)
     model: nn.Module | None = None
 
@@ -94,6 +98,7 @@ class TrainResult:
 class _Progress:
     step: int = 0
     train_seconds: float = 0.0
+    setup_seconds: float = 0.0
     history: list = field(default_factory=list)
     best_val_loss: float = float("inf")
     best_epoch: int | None = None
@@ -190,9 +195,11 @@ def uses_channels_last(cfg: TrainConfig) -> bool:
 def train(cfg: TrainConfig, ctx: Context, data: Any, *, input_mode: str = "resident", strategy: str = "ddp",
           reporter: Reporter | None = None, display_step: int = 100, checkpoint_path: Path | None = None,
           resume_state: dict | None = None, test: bool = True, compile_model: bool = False,
-          stop: StopFlag | None = None, source: Any = None) -> TrainResult:
+          stop: StopFlag | None = None, source: Any = None, setup_apart: bool = True) -> TrainResult:
     """Train `cfg.model` (or `source`, a module of your own or its factory) on `data` (a
-    towerlab.data.Dataset) over the replicas of `ctx`."""
+    towerlab.data.Dataset) over the replicas of `ctx`. `setup_apart`: warm the step up before the
+    clock (towerlab.warmup) where that pays, to report setup apart from training; a search candidate
+    reports no setup, so it does not spend the warm-up steps."""
     reporter = reporter or Reporter(None, enabled=False)
     if ctx.device.type == "cuda":
         # Every training batch has the same shape, so cuDNN's one-off search for the fastest
@@ -227,17 +234,28 @@ def train(cfg: TrainConfig, ctx: Context, data: Any, *, input_mode: str = "resid
         if checkpoint_path is not None and ctx.is_main:
             checkpoint.save(checkpoint_path, _state(cfg, ctx, progress, strat, step))
 
-    reporter.start_progress(total_steps, progress.step)
+    def run_step(step: int, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if dropout:
+            seed_dropout(ctx.device, mix_seed(cfg.seed, ctx.rank, step))
+        return strat.step(x, y)
+
     module.train()
+    if (setup_apart and warms_up(ctx.device, compile_model) and progress.step < total_steps
+            and progress.stopped is None):
+        clock.start()
+        ran = warm_up(strat, batches, progress.step, min(WARMUP_STEPS, total_steps - progress.step), run_step,
+                      reporter.line)
+        seconds = clock.stop()
+        progress.setup_seconds += seconds
+        reporter.line(f"Setup: {seconds:.1f} s before training ({ran} warm-up steps, undone)")
+    reporter.start_progress(total_steps, progress.step)
     last_display = (progress.step, time.perf_counter())
     divergence = _Divergence(cfg, ctx, progress.step)
     while progress.step < total_steps and progress.stopped is None:
         epoch, start = divmod(progress.step, steps_per_epoch)
         clock.start()
         for x, y in batches.epoch(epoch, start):
-            if dropout:
-                seed_dropout(ctx.device, mix_seed(cfg.seed, ctx.rank, progress.step))
-            loss, logits = strat.step(x, y)
+            loss, logits = run_step(progress.step, x, y)
             divergence.add(loss)
             progress.step += 1
             reporter.advance()
@@ -285,7 +303,8 @@ def train(cfg: TrainConfig, ctx: Context, data: Any, *, input_mode: str = "resid
         steps=progress.step, epochs=progress.step / steps_per_epoch, steps_per_epoch=steps_per_epoch,
         train_seconds=seconds, examples_per_sec=progress.step * global_batch / seconds if seconds else 0.0,
         val_loss=val_loss, val_accuracy=val_acc, test_loss=test_loss, test_accuracy=test_acc,
-        best_epoch=progress.best_epoch, stopped=progress.stopped, history=progress.history, model=module)
+        best_epoch=progress.best_epoch, stopped=progress.stopped, setup_seconds=progress.setup_seconds,
+        history=progress.history, model=module)
 
 
 def check_setup(cfg: TrainConfig, world_size: int, data: Any, source: Any = None) -> None:
@@ -398,14 +417,16 @@ def _final_val(progress: _Progress) -> tuple[float | None, float | None]:
 
 def _state(cfg: TrainConfig, ctx: Context, progress: _Progress, strat: Strategy, step: int) -> dict:
     return {"config": to_dict(cfg), "model": cfg.model, "dataset": cfg.dataset, "world_size": ctx.world_size,
-            "step": step, "train_seconds": progress.train_seconds, "history": progress.history,
-            "best_val_loss": progress.best_val_loss, "best_epoch": progress.best_epoch,
+            "step": step, "train_seconds": progress.train_seconds, "setup_seconds": progress.setup_seconds,
+            "history": progress.history, "best_val_loss": progress.best_val_loss, "best_epoch": progress.best_epoch,
             "best_state": progress.best_state, "since_best": progress.since_best, "stopped": progress.stopped,
             "strategy": strat.state_dict()}
 
 
 def _restore(state: dict, strat: Strategy) -> _Progress:
     strat.load_state_dict(state["strategy"])
-    return _Progress(step=state["step"], train_seconds=state["train_seconds"], history=list(state["history"]),
+    # A checkpoint written before setup was timed apart has no setup_seconds.
+    return _Progress(step=state["step"], train_seconds=state["train_seconds"],
+                     setup_seconds=state.get("setup_seconds", 0.0), history=list(state["history"]),
                      best_val_loss=state["best_val_loss"], best_epoch=state["best_epoch"],
                      best_state=state["best_state"], since_best=state["since_best"], stopped=state["stopped"])

@@ -132,7 +132,7 @@ def test_an_interrupted_training_names_the_resume_command(tmp_path, monkeypatch,
 
 
 SPACE_ARGS = ["evolve", "--dataset", "synthetic", "--val-size", "500", "--population", "3", "--generations", "1",
-              "--max-epochs", "1", "--threads", "1", "--no-progress", *ONE_CPU]
+              "--max-epochs", "1", "--top", "1", "--threads", "1", "--no-progress", *ONE_CPU]
 
 
 def test_an_interrupted_search_says_what_it_kept_and_how_to_continue(tmp_path, monkeypatch, capsys):

@@ -20,8 +20,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from towerlab.batches import augment as augment_gather
+from towerlab.config import TrainConfig
+from towerlab.distributed import Context
 from towerlab.models import build_model
-from towerlab.train import seed_dropout
+from towerlab.train import _Divergence, seed_dropout
 
 
 def augment_indexing(x: torch.Tensor, generator: torch.Generator, pad: int = 4) -> torch.Tensor:
@@ -57,12 +59,14 @@ def cifarnet_torch_lrn() -> nn.Module:
 
 
 def train_step(model: nn.Module, batch: int, *, channels_last: bool = True, bf16: bool = True,
-               optimizer: dict | None = None) -> Callable[[], None]:
+               optimizer: dict | None = None, watch: bool = False) -> Callable[[], None]:
+    """One training step; `watch`: with train()'s device-side watch for a NaN / inf loss."""
     shape = (1, 28, 28) if model.features[0].in_channels == 1 else (3, 32, 32)
     x, y = torch.randn(batch, *shape), torch.randint(0, 10, (batch,))
     if channels_last:
         model, x = model.to(memory_format=torch.channels_last), x.contiguous(memory_format=torch.channels_last)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3, **(optimizer or {"fused": True}))
+    divergence = _Divergence(TrainConfig(), Context(), 0) if watch else None
 
     def step() -> None:
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
@@ -70,6 +74,8 @@ def train_step(model: nn.Module, batch: int, *, channels_last: bool = True, bf16
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
+        if divergence is not None:
+            divergence.add(loss)
 
     return step
 
@@ -88,13 +94,14 @@ def augment_call(fn: Callable, batch: int) -> Callable[[], None]:
     return lambda: fn(x, g)
 
 
-def mlp_step(seed: Callable[[int], object]) -> Callable[[], None]:
+def mlp_step(seed: Callable[[int], object], watch: bool = False) -> Callable[[], None]:
     """A search candidate's step (the mlp space's 256 x 2 with dropout, batch 128, Adam), its dropout
-    reseeded from the step number first, as train() does."""
+    reseeded from the step number first, as train() does (`watch` as in `train_step`)."""
     model = build_model("mlp", (1, 28, 28), layers=2, neurons=256)
     x, y = torch.randn(128, 1, 28, 28), torch.randint(0, 10, (128,))
     opt = torch.optim.Adam(model.parameters(), lr=1e-3, fused=True)
     step = iter(range(10**9))
+    divergence = _Divergence(TrainConfig(), Context(), 0) if watch else None
 
     def run() -> None:
         seed(next(step))
@@ -102,6 +109,8 @@ def mlp_step(seed: Callable[[int], object]) -> Callable[[], None]:
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
+        if divergence is not None:
+            divergence.add(loss)
 
     return run
 
@@ -163,6 +172,11 @@ def changes(quick: bool) -> list[dict]:
         ("dropout_seed_mlp", "MLP 256x2 train step, batch 128: per-step torch.manual_seed -> the device's generator",
          lambda: mlp_step(torch.manual_seed), lambda: mlp_step(lambda s: seed_dropout(torch.device("cpu"), s)),
          20 * steps_lenet),
+        ("divergence_watch_lenet5", "LeNet-5 train step, batch 256, cl+bf16: without -> with the NaN / inf loss watch",
+         lambda: train_step(lenet(), 256), lambda: train_step(lenet(), 256, watch=True), steps_lenet),
+        ("divergence_watch_mlp", "MLP 256x2 train step, batch 128: without -> with the NaN / inf loss watch",
+         lambda: mlp_step(lambda s: seed_dropout(torch.device("cpu"), s)),
+         lambda: mlp_step(lambda s: seed_dropout(torch.device("cpu"), s), watch=True), 20 * steps_lenet),
     ]
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from util import ONE_CPU, replica_pids, run_cli, start_towerlab
+from util import ONE_CPU, reaped, replica_pids, run_cli, start_towerlab
 
 
 SPACE = """
@@ -211,16 +211,13 @@ def test_torchrun_restarts_a_search_whose_worker_died_and_it_ends_as_uninterrupt
             [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
              "--max-restarts", "1", "--monitor-interval", "0.2", "-m", "towerlab", "evolve", *BASE,
              "--space", space, "--out", str(out)], stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
-        try:
+        with reaped(agent):
             wait_for(lambda: in_generation_1(out), what="generation 1")
             kept = rows(out)
             from test_faults_training import torchrun_workers
 
             os.kill(torchrun_workers(agent.pid)[1], signal.SIGKILL)
             status = agent.wait(timeout=240)
-        finally:
-            if agent.poll() is None:
-                os.killpg(agent.pid, signal.SIGKILL)
     assert status == 0, log.read_text()
     assert "towerlab evolve" in log.read_text()
     assert_nothing_lost_or_repeated(out, reference, kept)

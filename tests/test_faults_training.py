@@ -26,7 +26,7 @@ from towerlab.config import replace
 from towerlab.distributed import Context
 from towerlab.errors import UserError
 from towerlab.train import STOP_CHECK_EVERY
-from util import TINY, max_difference, metrics, replica_pids, run_cli, start_towerlab, summary, weights
+from util import TINY, max_difference, metrics, reaped, replica_pids, run_cli, start_towerlab, summary, weights
 
 
 # 2,500 training images: 78 steps of 2 x 16 per epoch; 1,560 steps in all, a few seconds.
@@ -129,16 +129,13 @@ def test_torchrun_restarts_a_killed_worker_and_resumes_to_the_uninterrupted_resu
             [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
              "--max-restarts", "1", "--monitor-interval", "0.2", "-m", "towerlab", "train", *JOB, "--out", str(out)],
             stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
-        try:
+        with reaped(agent):
             wait_for(lambda: (out / "checkpoint.pt").exists(), what="the first checkpoint")
             time.sleep(0.3)
             workers = torchrun_workers(agent.pid)
             assert sorted(workers) == [0, 1], workers
             os.kill(workers[1], signal.SIGKILL)
             status = agent.wait(timeout=240)
-        finally:
-            if agent.poll() is None:
-                os.killpg(agent.pid, signal.SIGKILL)
     text = log.read_text()
     assert status == 0, text
     assert "torchrun restart 1: continuing from the checkpoint of step" in text, text
@@ -155,8 +152,8 @@ def test_a_torchrun_restart_resumes_only_its_own_folder(tmp_path, monkeypatch):
     assert main(["train", *TINY, "--model", "mlp", "--steps", "3", "--out", str(out)]) == 0
     cfg, run = runner.read_run_config(out)
     run = replace(run, resume=None)
-    for name, value in {"RANK": "0", "WORLD_SIZE": "1", "TORCHELASTIC_RUN_ID": "this-job",
-                        "TORCHELASTIC_RESTART_COUNT": "1"}.items():
+    for name, value in {"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "localhost", "MASTER_PORT": "29500",
+                        "TORCHELASTIC_RUN_ID": "this-job", "TORCHELASTIC_RESTART_COUNT": "1"}.items():
         monkeypatch.setenv(name, value)
 
     def decide(config=cfg):

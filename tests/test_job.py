@@ -47,12 +47,16 @@ def test_a_second_job_on_a_folder_in_use_is_refused_in_one_line(command, tmp_pat
     assert LOCK_NAME not in os.listdir(out) and (out / "summary.json").is_file()
 
 
-def test_a_resume_while_the_run_is_live_is_refused(tmp_path, capsys):
+@pytest.mark.parametrize("command", [
+    ["train", *TINY, "--steps", "2"],
+    ["grid", "--dataset", "synthetic", "--device", "cpu", "--devices", "1", "--limit", "1", "--max-epochs", "1"],
+])
+def test_a_resume_while_the_job_is_live_is_refused(command, tmp_path, capsys):
     out = tmp_path / "run"
-    assert main(["train", *TINY, "--steps", "2", "--out", str(out)]) == 0
+    assert main([*command, "--no-progress", "--out", str(out)]) == 0
     holder = _holder(out)
     try:
-        assert main(["train", "--resume", str(out)]) == 2
+        assert main([command[0], "--resume", str(out)]) == 2
         assert "is in use by another towerlab job" in capsys.readouterr().err
     finally:
         holder.kill()

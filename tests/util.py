@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -112,6 +113,17 @@ class StopAtRead:
     def signum(self):
         self.reads += 1
         return int(signal.SIGINT) if self.reads >= self.reads_before_stop else 0
+
+
+@contextlib.contextmanager
+def reaped(job: subprocess.Popen):
+    """Kill `job`'s whole process group if it still runs when the block ends (a failed wait or
+    assertion included), so that no test leaves processes behind."""
+    try:
+        yield job
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
 
 
 # Dropout, augmentation and a one-cycle schedule, 3 epochs of 15 steps: every source of state a

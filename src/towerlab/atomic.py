@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 from pathlib import Path
 from typing import Any
@@ -45,5 +46,21 @@ def write_text(path: str | Path, text: str) -> None:
     write_bytes(path, text.encode("utf-8"))
 
 
+def _finite(obj: Any) -> Any:
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {key: _finite(value) for key, value in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(value) for value in obj]
+    return obj
+
+
+def json_text(obj: Any, **options: Any) -> str:
+    """`obj` as strict JSON: a NaN or infinite float (a diverged loss) becomes null, never the bare
+    `NaN` / `Infinity` that Python writes by default and JSON parsers refuse."""
+    return json.dumps(_finite(obj), allow_nan=False, default=str, **options)
+
+
 def write_json(path: str | Path, obj: Any) -> None:
-    write_text(path, json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
+    write_text(path, json_text(obj, indent=2, sort_keys=True) + "\n")

@@ -17,7 +17,7 @@ os.environ.setdefault("MPLBACKEND", "Agg")
 
 from towerlab import __version__  # noqa: E402
 from towerlab.config import RunConfig, SearchConfig, TrainConfig, add_arguments, given  # noqa: E402
-from towerlab.distributed import EXIT_PEER_LOST, EXIT_USER_ERROR, Interrupted, peer_lost  # noqa: E402
+from towerlab.distributed import EXIT_PEER_LOST, EXIT_SIGPIPE, EXIT_USER_ERROR, Interrupted, peer_lost  # noqa: E402
 from towerlab.errors import UserError  # noqa: E402
 
 
@@ -96,7 +96,7 @@ def _data_parser(sub: argparse._SubParsersAction) -> None:
     info.set_defaults(handler=_cmd_data_info)
 
 
-SEARCH_RUN_SKIP = ("preset", "strategy", "input", "display_step", "compile", "tensorboard")
+SEARCH_RUN_SKIP = ("preset", "strategy", "input", "display_step", "compile", "tensorboard", "allow_changed_data")
 
 
 def _search_run_helps(kind: str) -> dict[str, str]:
@@ -258,6 +258,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("towerlab: interrupted", file=sys.stderr, flush=True)
         return 130
+    except BrokenPipeError:  # the reader of our output went away (`towerlab search show DIR | head`)
+        from towerlab.report import closed_by_reader
+
+        closed_by_reader(sys.stdout)
+        return EXIT_SIGPIPE
     except RuntimeError as exc:
         # Under torchrun a worker runs main() itself: when another worker dies, say so in one line
         # (torchrun's agent reports which one died, and restarts the group with --max-restarts).

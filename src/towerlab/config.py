@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import os
 import types
 import typing
@@ -34,8 +35,49 @@ CUSTOM_MODEL = "custom"
 ARRAYS_DATASET = "arrays"
 
 
+# Seeds reach torch's generators as seed + epoch, which take at most 2**64 - 1.
+MAX_SEED = 2**63 - 1
+MIN_TIMEOUT, MAX_TIMEOUT = 5.0, 7 * 24 * 3600.0  # seconds
+
+
 def _opt(default: Any, help: str, **meta: Any) -> Any:
     return field(default=default, metadata={"help": help, **meta})
+
+
+def _check_finite(cfg: Any) -> None:
+    """Every number of a float field is finite: nan and inf pass every `<` and `<=` check unnoticed
+    (nan) or mean nothing (an infinite learning rate, timeout or decay)."""
+    for f in dataclasses.fields(cfg):
+        value = getattr(cfg, f.name)
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or _base_type(f.type)[0] is not float:
+            continue
+        try:
+            finite = math.isfinite(value)
+        except OverflowError:  # an int beyond every float
+            finite = False
+        if not finite:
+            raise UserError(f"--{f.metadata.get('flag', f.name.replace('_', '-'))} must be a finite number, "
+                            f"got {value}")
+
+
+def _check_path(flag: str, path: str) -> None:
+    """A path option given as an empty string (an unset shell variable: `--out "$OUT"`) is refused,
+    not read as "the current folder" or "the default"; so is a name longer than Linux allows."""
+    if not path.strip():
+        raise UserError(f"{flag} is empty: give a path, or leave the flag out")
+    if len(os.fsencode(path)) >= 4096 or any(len(os.fsencode(part)) > 255 for part in path.split(os.sep)):
+        raise UserError(f"{flag} is too long a path (at most 255 bytes a name, 4095 in all)")
+
+
+def _check_paths(cfg: Any, *names: str) -> None:
+    for name in names:
+        if getattr(cfg, name) is not None:
+            _check_path("--" + name.replace("_", "-"), getattr(cfg, name))
+
+
+def _check_seed(value: int) -> None:
+    if not 0 <= value <= MAX_SEED:
+        raise UserError(f"--seed must be between 0 and {MAX_SEED} (2**63 - 1), got {value}")
 
 
 def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
@@ -57,6 +99,7 @@ def check_dataset(name: str) -> str:
     """The dataset as stored in a config: a known name, or a custom .npz made absolute (so a resumed
     run or a torchrun worker started elsewhere reads the same file)."""
     if is_custom_dataset(name):
+        _check_path("--dataset", name)
         return os.path.abspath(os.path.expanduser(name))
     if name not in DATASETS and name != ARRAYS_DATASET:
         raise UserError(f"unknown dataset {name!r}: choose one of {', '.join(DATASETS)}, "
@@ -136,6 +179,8 @@ class TrainConfig:
     eval_every: int = _opt(0, "evaluate on validation every N steps as well as each epoch (0: epochs only)")
 
     def __post_init__(self) -> None:
+        _check_finite(self)
+        _check_seed(self.seed)
         if self.model != CUSTOM_MODEL:
             _check_choice("model", self.model, MODELS)
         elif self.model_options:
@@ -189,30 +234,40 @@ class TrainConfig:
 
 @dataclass(frozen=True)
 class RunConfig:
-    """Where and how a run happens: changing these never changes the numbers it computes."""
+    """Where and how a run happens. Those marked `resume="keep"` change the arithmetic (summation
+    order, kernels), so a resumed run keeps them to end exactly where the uninterrupted one would;
+    the `"free"` ones never change a number."""
 
     preset: Optional[str] = _opt(None, "a measured recipe (mnist-fast, cifar-fast) whose settings apply "
                                  "under the flags you type; see towerlab.presets")
     device: str = _opt("auto", "where the replicas run: cuda (GPUs over NCCL), cpu (processes over gloo), or "
-                       "auto (cuda when a GPU is present)", choices=DEVICE_KINDS)
+                       "auto (cuda when a GPU is present)", choices=DEVICE_KINDS, resume="keep")
     devices: Optional[int] = _opt(None, "local replicas (None: every GPU, or 2 CPU processes without one; "
-                                  "1 on a one-core machine)")
+                                  "1 on a one-core machine)", resume="keep")
     strategy: str = _opt("ddp", "how gradients meet: ddp all-reduce, or ps (CPU parameter server)",
-                         choices=STRATEGIES)
+                         choices=STRATEGIES, resume="keep")
     input: str = _opt("resident", "resident: data lives on the device; feed: host slices each batch; "
-                      "queue: a background thread prefetches pinned batches", choices=INPUTS)
-    data_dir: Optional[str] = _opt(None, "dataset folder (None: $TOWERLAB_DATA, else the user cache)")
-    download: bool = _opt(True, "download a missing dataset (with checksums)")
+                      "queue: a background thread prefetches pinned batches", choices=INPUTS, resume="free")
+    data_dir: Optional[str] = _opt(None, "dataset folder (None: $TOWERLAB_DATA, else the user cache)",
+                                   resume="free")
+    download: bool = _opt(True, "download a missing dataset (with checksums)", resume="free")
+    allow_changed_data: bool = _opt(False, "--resume only: continue even though the dataset's files changed "
+                                    "since the run started (a warning, and both SHA-256s are recorded)",
+                                    resume="free")
     out: Optional[str] = _opt(None, "output folder (None: runs/<timestamp>-<model>-<dataset>)")
     resume: Optional[str] = _opt(None, "continue the interrupted run in this folder")
-    display_step: int = _opt(100, "print the minibatch loss and accuracy every N steps")
-    threads: Optional[int] = _opt(None, "CPU threads per process (None: cores / local processes)")
-    compile: bool = _opt(False, "torch.compile the model (pays only when amortised)")
-    tensorboard: bool = _opt(False, "write TensorBoard scalars to <out>/tb (needs the tensorboard extra)")
-    timeout: float = _opt(120.0, "seconds a collective may wait for a peer before the job fails")
-    progress: bool = _opt(True, "progress bar when the terminal is interactive")
+    display_step: int = _opt(100, "print the minibatch loss and accuracy every N steps", resume="free")
+    threads: Optional[int] = _opt(None, "CPU threads per process (None: cores / local processes)", resume="keep")
+    compile: bool = _opt(False, "torch.compile the model (pays only when amortised)", resume="keep")
+    tensorboard: bool = _opt(False, "write TensorBoard scalars to <out>/tb (needs the tensorboard extra)",
+                             resume="free")
+    timeout: float = _opt(120.0, "seconds a collective may wait for a peer, and a process may go without a "
+                          "heartbeat, before the job fails", resume="free")
+    progress: bool = _opt(True, "progress bar when the terminal is interactive", resume="free")
 
     def __post_init__(self) -> None:
+        _check_finite(self)
+        _check_paths(self, "out", "resume", "data_dir")
         _check_choice("strategy", self.strategy, STRATEGIES)
         _check_choice("input", self.input, INPUTS)
         _check_choice("device", self.device, DEVICE_KINDS)
@@ -224,7 +279,9 @@ class RunConfig:
             raise UserError(f"--devices must be at least 1, got {self.devices}")
         _check_positive("display_step", self.display_step)
         _check_positive("threads", self.threads, allow_none=True)
-        _check_positive("timeout", self.timeout)
+        if not MIN_TIMEOUT <= self.timeout <= MAX_TIMEOUT:
+            raise UserError(f"--timeout must be between {MIN_TIMEOUT:g} seconds (replicas wait for each other at "
+                            f"every evaluation and checkpoint) and {MAX_TIMEOUT:g} (a week), got {self.timeout}")
 
 
 def _check_fraction(name: str, value: float) -> None:
@@ -276,6 +333,9 @@ class SearchConfig:
                                 "(None: <out>/search.db)")
 
     def __post_init__(self) -> None:
+        _check_finite(self)
+        _check_seed(self.seed)
+        _check_paths(self, "space", "store")
         object.__setattr__(self, "dataset", check_dataset(self.dataset))
         for name in ("population", "limit"):
             value = getattr(self, name)
@@ -294,8 +354,6 @@ class SearchConfig:
             raise UserError(f"--elite must be between 0 and --population ({self.population}), got {self.elite}")
         if self.val_size <= 0:
             raise UserError("--val-size must be positive: the fitness is validation accuracy")
-        if self.seed < 0:
-            raise UserError(f"--seed must be 0 or more, got {self.seed}")
         if not 0 <= self.remeasure <= MAX_REMEASURE:
             raise UserError(f"--remeasure must be between 0 and {MAX_REMEASURE}, got {self.remeasure}")
         if self.min_epochs is not None and self.min_epochs >= self.max_epochs:
@@ -326,10 +384,16 @@ def to_dict(cfg: Any) -> dict:
     return dataclasses.asdict(cfg)
 
 
-def from_dict(cls: type, data: dict, *, what: str = "config key") -> Any:
+def from_dict(cls: type, data: dict, *, what: str = "config key", where: str | os.PathLike | None = None) -> Any:
     """Build `cls` from a dict, refusing unknown keys (a typo must not be ignored) and values of the
-    wrong type (a config file or a Python caller may give "2" for 2)."""
-    return cls(**checked_values(cls, data, what=what))
+    wrong type (a config file or a Python caller may give "2" for 2); `where` (the file it was read
+    from) prefixes any complaint."""
+    try:
+        return cls(**checked_values(cls, data, what=what))
+    except UserError as exc:
+        if where is None:
+            raise
+        raise UserError(f"{where}: {exc}") from None
 
 
 def checked_values(cls: type, data: dict, *, what: str = "config key") -> dict:
@@ -346,7 +410,10 @@ def checked_values(cls: type, data: dict, *, what: str = "config key") -> dict:
         if value is None and optional:
             checked[key] = None
         elif kind is float and isinstance(value, (int, float)) and not isinstance(value, bool):
-            checked[key] = float(value)
+            try:
+                checked[key] = float(value)
+            except OverflowError:  # an int beyond every float: as infinite as 1e400
+                checked[key] = math.inf
         elif isinstance(value, kind) and not (kind is int and isinstance(value, bool)):
             checked[key] = value
         else:

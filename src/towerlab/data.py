@@ -120,6 +120,15 @@ def _sha256(path: Path) -> str:
         raise UserError(f"cannot read dataset file {path}: {err.strerror or err}") from None
 
 
+def content_sha256(source: dict) -> dict[str, str]:
+    """The SHA-256 of every file a dataset was read from (`Dataset.source["files"]`), by path; of
+    arrays given from Python, their own digest; empty for generated data. A run records it, so that
+    a resume notices data replaced under it."""
+    if source.get("format") == "arrays":
+        return {"in memory": source["sha256"]}
+    return {path: _sha256(Path(path)) for path in source.get("files", [])}
+
+
 def fingerprint(name: str) -> str:
     """What identifies a dataset's content: its name for the built-in ones, the file's SHA-256 for a
     custom .npz (so a search cache never serves fitnesses computed on a file since replaced)."""
@@ -335,7 +344,9 @@ def _assemble(name: str, arrays: dict[str, np.ndarray], val_size: int, source: d
 
 
 def channel_stats(x: np.ndarray) -> tuple[tuple[float, ...], tuple[float, ...]]:
-    """Per-channel mean and population std on the 0-1 scale of uint8 (N, C, H, W) images.
+    """Per-channel mean and population std on the 0-1 scale of uint8 (N, C, H, W) images: what
+    inputs are normalised with. A constant channel (std 0: every pixel of it has one value) gets a
+    std of 1, so it normalises to zeros instead of dividing by zero (which makes every weight NaN).
 
     Counts a histogram of the 256 pixel values per channel, chunk by chunk: exact (integer sums),
     and no float copy of the dataset is ever made.
@@ -351,7 +362,8 @@ def channel_stats(x: np.ndarray) -> tuple[tuple[float, ...], tuple[float, ...]]:
     total = counts.sum(axis=1)
     mean = counts @ values / total
     var = counts @ values**2 / total - mean**2
-    return tuple(float(m) for m in mean), tuple(float(s) for s in np.sqrt(np.maximum(var, 0.0)))
+    std = np.where((counts > 0).sum(axis=1) == 1, 1.0, np.sqrt(np.maximum(var, 0.0)))
+    return tuple(float(m) for m in mean), tuple(float(s) for s in std)
 
 
 # ------------------------------------------------------------------------------------------ synthetic

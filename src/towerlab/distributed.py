@@ -35,15 +35,17 @@ from towerlab.errors import UserError
 EXIT_USER_ERROR = 2
 EXIT_PEER_LOST = 3
 EXIT_SIGINT = 130
+EXIT_SIGPIPE = 141  # stdout was closed by its reader (`towerlab train | head -1`)
 EXIT_SIGTERM = 143
+EXIT_STOPPED = (EXIT_SIGINT, EXIT_SIGPIPE, EXIT_SIGTERM)  # an orderly stop: saved, resumable
 
 
 class Interrupted(Exception):
-    """Raised by the training loop after it saved its state on SIGINT / SIGTERM."""
+    """Raised by the training loop after it saved its state on SIGINT / SIGTERM (or a closed stdout)."""
 
     def __init__(self, signum: int):
         super().__init__(signal.Signals(signum).name)
-        self.exit_status = EXIT_SIGINT if signum == signal.SIGINT else EXIT_SIGTERM
+        self.exit_status = {signal.SIGINT: EXIT_SIGINT, signal.SIGPIPE: EXIT_SIGPIPE}.get(signum, EXIT_SIGTERM)
 
 
 class StopFlag:
@@ -64,6 +66,11 @@ class StopFlag:
             self.signum, self._first = signum, time.monotonic()
         elif time.monotonic() - self._first > self.REPEAT_WINDOW:
             raise KeyboardInterrupt
+
+    def request(self, signum: int) -> None:
+        """Stop as if `signum` had arrived (a closed stdout asks for an orderly stop this way)."""
+        if not self.signum:
+            self.signum, self._first = signum, time.monotonic()
 
     def __enter__(self) -> "StopFlag":
         for s in (signal.SIGINT, signal.SIGTERM):
@@ -94,12 +101,48 @@ class Context:
         return self.backend is not None
 
 
+def _env_int(name: str, default: int, low: int = 0) -> int:
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return default
+    try:
+        value = int(text)
+    except ValueError:
+        value = low - 1
+    if value < low:
+        raise UserError(f"environment variable {name}={text!r} is not a whole number >= {low}: torchrun sets it; "
+                        "start under torchrun, or unset it")
+    return value
+
+
 def under_torchrun() -> bool:
-    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+    """Whether torchrun started this process (RANK and WORLD_SIZE set). A half-set environment
+    (RANK without WORLD_SIZE, no MASTER_ADDR, a rank beyond the world) is refused in one line
+    rather than running alone or failing deep inside the rendezvous."""
+    present = [name for name in ("RANK", "WORLD_SIZE") if os.environ.get(name, "").strip()]
+    if not present:
+        return False
+    if len(present) == 1:
+        missing = "WORLD_SIZE" if present == ["RANK"] else "RANK"
+        raise UserError(f"{present[0]} is set but {missing} is not: both come from torchrun; start under "
+                        f"torchrun, or unset {present[0]} to run alone")
+    rank, world_size = _env_int("RANK", 0), _env_int("WORLD_SIZE", 1, low=1)
+    if rank >= world_size:
+        raise UserError(f"RANK={rank} is not below WORLD_SIZE={world_size}: start under torchrun, or unset both")
+    for name in ("MASTER_ADDR", "MASTER_PORT"):
+        if not os.environ.get(name, "").strip():
+            raise UserError(f"RANK and WORLD_SIZE are set but {name} is not: start under torchrun (it sets all "
+                            "of them), or unset RANK and WORLD_SIZE to run alone")
+    if not 0 < _env_int("MASTER_PORT", 0) < 65536:
+        raise UserError(f"MASTER_PORT={os.environ['MASTER_PORT']!r} is not a port number (1-65535)")
+    if _env_int("LOCAL_RANK", 0) >= _env_int("LOCAL_WORLD_SIZE", world_size, low=1):
+        raise UserError("LOCAL_RANK is not below LOCAL_WORLD_SIZE: start under torchrun, or unset them")
+    _env_int("TORCHELASTIC_RESTART_COUNT", 0)
+    return True
 
 
 def torchrun_world_size() -> int:
-    return int(os.environ.get("WORLD_SIZE", "1"))
+    return _env_int("WORLD_SIZE", 1, low=1)
 
 
 def torchrun_restart() -> tuple[str | None, int]:
@@ -109,7 +152,7 @@ def torchrun_restart() -> tuple[str | None, int]:
     an older run that happens to use the same output folder."""
     if not under_torchrun():
         return None, 0
-    return os.environ.get("TORCHELASTIC_RUN_ID"), int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+    return os.environ.get("TORCHELASTIC_RUN_ID"), _env_int("TORCHELASTIC_RESTART_COUNT", 0)
 
 
 def device_type(device: str = "auto") -> str:
@@ -139,10 +182,34 @@ def default_threads(processes: int) -> int:
     return max(1, (os.cpu_count() or 1) // max(1, processes))
 
 
+OVERSUBSCRIPTION = 8  # busy threads per core beyond which each one only slows the others down
+PROCESS_BYTES = 2**29  # what one process holds at least: torch itself (~220 MiB), its data, a model
+
+
+def machine_memory() -> int:
+    """Bytes of physical memory on this machine."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def check_capacity(processes: int, threads: int, what: str) -> None:
+    """Refuse to start more local processes, or threads, than this machine can hold (a few per core,
+    and the memory each process needs at least), in one line, before anything starts. `what` names
+    the flags that asked for the processes."""
+    cores = os.cpu_count() or 1
+    memory = machine_memory()
+    most = max(1, min(OVERSUBSCRIPTION * cores, memory // PROCESS_BYTES))
+    if processes > most:
+        raise UserError(f"{what} asks for {processes} processes on this machine, which holds at most {most} "
+                        f"({cores} cores, {memory / 2**30:.0f} GiB of memory): ask for {most} or fewer")
+    if processes * threads > OVERSUBSCRIPTION * cores:
+        raise UserError(f"--threads {threads} in each of {processes} process(es) makes {processes * threads} threads "
+                        f"on {cores} cores: at most {OVERSUBSCRIPTION * cores} in all can make progress; use fewer")
+
+
 def local_processes(run: Any) -> int:
     """Processes of this job on this machine: torchrun says so, otherwise --devices."""
     if under_torchrun():
-        return int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        return _env_int("LOCAL_WORLD_SIZE", 1, low=1)
     return resolve_devices(run.devices, run.device)
 
 
@@ -158,8 +225,8 @@ def session(*, rank: int = 0, world_size: int = 1, store_path: str | None = None
     """
     kind = device_type(device)
     if under_torchrun():
-        rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        rank, world_size = _env_int("RANK", 0), _env_int("WORLD_SIZE", 1, low=1)
+        local_rank = _env_int("LOCAL_RANK", 0)
     else:
         local_rank = rank
     device = torch.device(kind, local_rank // per_device) if kind == "cuda" else torch.device("cpu")
@@ -276,11 +343,28 @@ def _die_with(launcher_pid: int) -> None:
         os._exit(EXIT_PEER_LOST)
 
 
+HEARTBEAT = 1.0  # seconds between a spawned process's heartbeats
+STARTUP = 60.0  # seconds a spawned process may take to import torch and beat for the first time
+
+
+def _beat(beats: Any, rank: int) -> None:
+    """Write this process's time into its slot of the launcher's shared array, every HEARTBEAT s,
+    from a thread of its own: a process stopped (SIGSTOP) or hung with the GIL held stops beating,
+    while one that waits in a collective or computes in torch's kernels (which release the GIL) beats on."""
+    def run() -> None:
+        while True:
+            beats[rank] = time.monotonic()
+            time.sleep(HEARTBEAT)
+
+    threading.Thread(target=run, name="towerlab-heartbeat", daemon=True).start()
+
+
 def _worker_entry(fn: Callable[..., None], rank: int, world_size: int, store_path: str,
-                  args: tuple, launcher_pid: int) -> None:
+                  args: tuple, launcher_pid: int, beats: Any) -> None:
     # Each worker exits with a status the launcher understands. A user error's message goes to the
     # launcher (a file beside the rendezvous store), which reports the first one, whichever rank had it.
     _die_with(launcher_pid)
+    _beat(beats, rank)
     signal.signal(signal.SIGINT, _interrupt_once)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a forked worker inherits the launcher's forwarding
     try:
@@ -314,9 +398,10 @@ def _leave(status: int) -> None:
 
 
 def peer_lost(exc: BaseException) -> bool:
-    """Whether `exc` is a collective or store operation broken by another process of the job dying."""
+    """Whether `exc` is a collective or store operation broken by another process of the job dying,
+    or timed out (--timeout) waiting for one that stopped answering."""
     return isinstance(exc, dist.DistError) or (
-        isinstance(exc, RuntimeError) and any(s in str(exc) for s in ("Connection", "Gloo", "connection")))
+        isinstance(exc, RuntimeError) and any(s in str(exc).lower() for s in ("connection", "gloo", "timed out")))
 
 
 RDZV_PREFIX = "towerlab-rdzv-"
@@ -343,7 +428,8 @@ def _alive(pid: int) -> bool:
 
 def launch(fn: Callable[..., None], world_size: int, args: tuple = (), *, grace: float = 20.0,
            log: Callable[[str], None] | None = None, hint: Callable[[], str] | None = None,
-           essential: set[int] | None = None, start_method: str = "spawn") -> int:
+           essential: set[int] | None = None, start_method: str = "spawn", timeout: float | None = None,
+           name: Callable[[int], str] | None = None) -> int:
     """Run `fn(rank, world_size, store_path, *args)` in `world_size` fresh processes.
 
     Returns the job's exit status, or raises the UserError of the worker that failed first with one
@@ -354,14 +440,17 @@ def launch(fn: Callable[..., None], world_size: int, args: tuple = (), *, grace:
     With `essential` given, only the failure of those ranks stops the job; the others' deaths are
     logged and the job goes on (the search hands their work to someone else).
     `start_method` is "spawn" (fresh interpreters: `fn` and `args` must pickle) or "fork" (see
-    `start_method_for`).
+    `start_method_for`). With `timeout`, a process whose heartbeat is older than that (stopped, or
+    hung) is killed and named as the cause, exactly as if it had died. `name(rank)` is what messages
+    call a rank.
     """
     log = log or (lambda line: print(line, file=sys.stderr, flush=True))
     _sweep_rendezvous()
     rdzv = tempfile.mkdtemp(prefix=f"{RDZV_PREFIX}{os.getpid()}-")
     store_path = os.path.join(rdzv, "store")
     ctx = mp.get_context(start_method)
-    procs = [ctx.Process(target=_worker_entry, args=(fn, rank, world_size, store_path, args, os.getpid()),
+    beats = ctx.Array("d", world_size, lock=False)  # each process's last heartbeat (time.monotonic)
+    procs = [ctx.Process(target=_worker_entry, args=(fn, rank, world_size, store_path, args, os.getpid(), beats),
                          daemon=False)
              for rank in range(world_size)]
     received: list[int] = []
@@ -378,7 +467,9 @@ def launch(fn: Callable[..., None], world_size: int, args: tuple = (), *, grace:
             starter.start_all()
         else:
             _start_spawned(procs)
-        status = _monitor(procs, grace, log, received, hint, essential)
+        watch = _Heartbeats(beats, timeout) if timeout is not None else None
+        status = _monitor(procs, grace, log, received, hint, essential, watch,
+                          name or (lambda rank: f"replica rank {rank}"))
         error = _first_user_error(rdzv, essential) if status == EXIT_USER_ERROR else None
         if error is not None:
             raise UserError(error)
@@ -481,19 +572,54 @@ def _first_user_error(rdzv: str, essential: set[int] | None) -> str | None:
     return min(reports)[2] if reports else None
 
 
+class _Heartbeats:
+    """The launcher's view of its processes' heartbeats."""
+
+    def __init__(self, beats: Any, timeout: float):
+        self.beats, self.timeout = beats, timeout
+        self.started = time.monotonic()
+
+    def silence(self, rank: int) -> float:
+        """Seconds since `rank` last beat; before its first beat, the time past its STARTUP allowance."""
+        last = self.beats[rank] or self.started + STARTUP
+        return time.monotonic() - last
+
+    def hung(self, procs: list, known: dict) -> list[int]:
+        """Live ranks, not yet in `known`, silent for longer than the timeout."""
+        return [rank for rank, p in enumerate(procs)
+                if rank not in known and p.is_alive() and self.silence(rank) > self.timeout]
+
+
+HUNG = "hung"  # a failure that is a process which stopped answering, not an exit status
+
+
 def _monitor(procs: list, grace: float, log: Callable[[str], None], received: list[int],
-             hint: Callable[[], str] | None, essential: set[int] | None) -> int:
-    failures: dict[int, int] = {}  # rank -> exit code, in the order seen
+             hint: Callable[[], str] | None, essential: set[int] | None, watch: _Heartbeats | None,
+             name: Callable[[int], str]) -> int:
+    failures: dict[int, int | str] = {}  # rank -> exit code (or HUNG), in the order seen
+    silent: dict[int, float] = {}  # rank -> seconds without a heartbeat, when it was found hung
+    ended_here: set[int] = set()
     deadline = None
     while any(p.is_alive() for p in procs):
-        wait([p.sentinel for p in procs if p.is_alive()], timeout=1.0)
+        wait([p.sentinel for p in procs if p.is_alive()], timeout=HEARTBEAT)
+        for rank in watch.hung(procs, failures) if watch is not None and not received else []:
+            silent[rank] = watch.silence(rank)
+            procs[rank].kill()  # SIGKILL ends a stopped process too; its peers then fail at once
+            failures[rank] = HUNG
+            if essential is not None and rank not in essential:
+                log(f"towerlab: warning: {name(rank)} (pid {procs[rank].pid}) {_describe_hung(silent[rank])}: "
+                    "killed it; the others carry on")
+            elif deadline is None:
+                deadline = time.monotonic() + grace
+                if essential is not None:
+                    _signal_alive(procs, signal.SIGTERM)
         for rank, p in enumerate(procs):
             if p.exitcode in (None, 0) or rank in failures:
                 continue
             failures[rank] = p.exitcode
             if essential is not None and rank not in essential and not received:
                 if deadline is None:  # once the job ends, the others' exits are no news
-                    log(f"towerlab: warning: worker rank {rank} (pid {p.pid}) {_describe(p.exitcode)}; "
+                    log(f"towerlab: warning: {name(rank)} (pid {p.pid}) {_describe(p.exitcode)}; "
                         "the others carry on")
             elif deadline is None:
                 deadline = time.monotonic() + grace
@@ -504,8 +630,9 @@ def _monitor(procs: list, grace: float, log: Callable[[str], None], received: li
         if essential is not None and deadline is None and not any(procs[r].is_alive() for r in essential):
             deadline = time.monotonic() + grace  # the job is over; the rest only have to leave
         if deadline is not None and time.monotonic() > deadline:
-            for p in procs:
+            for rank, p in enumerate(procs):
                 if p.is_alive():
+                    ended_here.add(rank)  # its exit is this launcher's doing, not a cause
                     p.terminate()
             for p in procs:
                 p.join(timeout=5.0)
@@ -520,14 +647,21 @@ def _monitor(procs: list, grace: float, log: Callable[[str], None], received: li
         return 0
     if received:
         return EXIT_SIGINT if received[0] == signal.SIGINT else EXIT_SIGTERM
-    # The root cause is the first failure that is not a survivor noticing a lost peer.
-    rank, code = next(((r, c) for r, c in failures.items() if c != EXIT_PEER_LOST), next(iter(failures.items())))
-    if code in (EXIT_USER_ERROR, EXIT_SIGINT, EXIT_SIGTERM):
+    # The root cause: a process that stopped answering, else the first failure that is neither a
+    # survivor noticing a lost peer (or timing out waiting for one) nor ended by this launcher.
+    rank, code = min(failures.items(), key=lambda item: (item[1] != HUNG, item[0] in ended_here,
+                                                         item[1] == EXIT_PEER_LOST))
+    if code == EXIT_USER_ERROR or code in EXIT_STOPPED:
         return code
     advice = hint() if hint is not None else ""
-    log(f"towerlab: error: replica rank {rank} (pid {procs[rank].pid}) {_describe(code)}; "
-        "the other replicas were stopped" + (f". {advice}" if advice else ""))
+    what = _describe_hung(silent[rank]) if code == HUNG else _describe(code)
+    others = "the others were stopped" if essential is not None else "the other replicas were stopped"
+    log(f"towerlab: error: {name(rank)} (pid {procs[rank].pid}) {what}; {others}" + (f". {advice}" if advice else ""))
     return 1
+
+
+def _describe_hung(seconds: float) -> str:
+    return f"stopped answering: no heartbeat for {seconds:.0f} s (stopped or hung), more than --timeout"
 
 
 def _signal_alive(procs: list, signum: int) -> None:
@@ -538,4 +672,6 @@ def _signal_alive(procs: list, signum: int) -> None:
 
 
 def _describe(exitcode: int) -> str:
+    if exitcode == EXIT_PEER_LOST:
+        return "lost contact with the others (a peer failed, or a collective waited longer than --timeout)"
     return f"was killed by {_signal_name(exitcode)}" if exitcode < 0 else f"exited with status {exitcode}"

@@ -23,7 +23,7 @@ from towerlab.distributed import Context, Interrupted, StopFlag
 from towerlab.presets import apply_preset
 from towerlab.search import Candidate, Outcome, genome_hash
 from towerlab.strategies import DEFAULT_LR
-from towerlab.train import train
+from towerlab.train import Diverged, train
 
 TRAINING_GENES = ("optimizer", "lr", "batch_size", "epochs", "label_smoothing")
 DEFAULT_BATCH = {"cifar10": 64}  # the original's; 128 for the MNIST-like sets
@@ -115,13 +115,12 @@ def train_candidate(cfg: SearchConfig, model: str, genome: dict, seed: int, data
     except torch.cuda.OutOfMemoryError:
         _free(device)
         return {"status": "failed", "reason": "out of memory", "seconds": time.perf_counter() - started}, None
+    except Diverged as exc:
+        return {"status": "failed", "reason": str(exc), "seconds": time.perf_counter() - started}, None
     except Exception as exc:  # noqa: BLE001 - a candidate's failure is data: the search goes on
         reason = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
         return {"status": "failed", "reason": reason, "seconds": time.perf_counter() - started}, None
     seconds = time.perf_counter() - started
-    if result.val_loss is None or not math.isfinite(result.val_loss):
-        return {"status": "failed", "reason": "diverged: the validation loss is not finite",
-                "epochs": math.ceil(result.epochs), "seconds": seconds}, result
     fields = {"status": "ok", "fitness": result.val_accuracy, "val_loss": result.val_loss,
               "epochs": math.ceil(result.epochs), "seconds": seconds}
     if test:

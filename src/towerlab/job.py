@@ -27,7 +27,7 @@ import torch
 
 import towerlab
 from towerlab import atomic
-from towerlab.distributed import launch, torchrun_restart, under_torchrun
+from towerlab.distributed import EXIT_SIGPIPE, EXIT_STOPPED, Interrupted, launch, torchrun_restart, under_torchrun
 from towerlab.errors import UserError
 from towerlab.models import model_record
 
@@ -140,6 +140,18 @@ def _read_owner(fd: int) -> str:
     return ""
 
 
+def check_writable_file(path: str | os.PathLike, flag: str) -> None:
+    """A file the job will create at `path`, or in `path` when it is a folder (its missing folders
+    made on the way): refused in one line, before anything starts, when a file stands where a folder
+    must be, or the nearest existing folder cannot be written."""
+    folder = Path(path) if Path(path).is_dir() else Path(path).parent
+    existing = next(p for p in (folder, *folder.parents) if p.exists() or p == Path(p.anchor or "."))
+    if not existing.is_dir():
+        raise UserError(f"{flag} {path} lies under {existing}, which is a file: choose another {flag}")
+    if not os.access(existing, os.W_OK):
+        raise UserError(f"{flag} {path}: cannot write in {existing} (read-only): choose another {flag}")
+
+
 def require_out_under_torchrun(run: Any) -> None:
     if under_torchrun() and run.resume is None and run.out is None:
         raise UserError("under torchrun every rank must agree on the output folder: pass --out")
@@ -153,23 +165,42 @@ def launches_here() -> bool:
 def start_job(out: Path, *, resume: bool, run_here: Callable[[], int], processes: int = 1,
               spawned: Callable[..., None] | None = None, preflight: Callable[[], tuple] = tuple,
               hint: Callable[[], str] | None = None, essential: set[int] | None = None, new: bool = True,
-              start_method: str = "spawn") -> int:
+              start_method: str = "spawn", timeout: float | None = None,
+              name: Callable[[int], str] | None = None) -> int:
     """Run one job on `out`, owning the folder for its whole life; returns the exit status.
 
     `run_here()` runs the job in this process (a single process, or a torchrun rank); with
     `processes` > 1, `preflight()` finds every mistake once and returns what every worker needs
     (the loaded data among it, so that all of them read the very same), then
     `spawned(rank, world_size, store_path, *preflight())` runs in each of `processes` fresh
-    processes (`essential`, `hint` and `start_method` as in `distributed.launch`). `new` asks for an
-    empty folder (a new job, neither resumed nor restarted).
+    processes (`essential`, `hint`, `start_method`, `timeout` and `name` as in `distributed.launch`).
+    `new` asks for an empty folder (a new job, neither resumed nor restarted). After Ctrl-C,
+    SIGTERM or a closed stdout it says how to continue.
     """
     folder = OutputFolder(out, must_exist=resume) if launches_here() else None
     with folder or contextlib.nullcontext():
         if folder is not None and new and not resume:
             folder.require_new()
-        if processes == 1 or under_torchrun():
-            return run_here()
-        return launch(spawned, processes, preflight(), essential=essential, hint=hint, start_method=start_method)
+        try:
+            if processes == 1 or under_torchrun():
+                status = run_here()
+            else:
+                status = launch(spawned, processes, preflight(), essential=essential, hint=hint,
+                                start_method=start_method, timeout=timeout, name=name)
+        except Interrupted as exc:
+            _how_to_continue(folder, hint, exc.exit_status)
+            raise
+        if status in EXIT_STOPPED:
+            _how_to_continue(folder, hint, status)
+        return status
+
+
+def _how_to_continue(folder: OutputFolder | None, hint: Callable[[], str] | None, status: int) -> None:
+    advice = hint() if folder is not None and hint is not None else ""
+    if advice:
+        why = "stopped: the reader of its output went away" if status == EXIT_SIGPIPE else "interrupted"
+        with contextlib.suppress(OSError):  # stderr may be that closed pipe too
+            print(f"towerlab: {why}. {advice}", file=sys.stderr, flush=True)
 
 
 def code_version() -> dict | None:

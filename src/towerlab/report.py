@@ -6,11 +6,14 @@ Other ranks get a `Reporter(None, enabled=False)`, which does nothing, so caller
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import sys
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, Callable, TextIO
 
+from towerlab import atomic
 from towerlab.errors import UserError
 
 
@@ -22,16 +25,30 @@ def require_tensorboard() -> Any:
     return SummaryWriter
 
 
+def closed_by_reader(stream: TextIO) -> None:
+    """`stream`'s pipe was closed by its reader: point it at /dev/null, so that flushing what is
+    left in its buffer (now, or as the interpreter exits) raises nothing."""
+    with contextlib.suppress(OSError, ValueError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, stream.fileno())
+        os.close(devnull)
+
+
 def _interactive(stream: TextIO) -> bool:
     return hasattr(stream, "isatty") and stream.isatty()
 
 
 class Reporter:
+    """`on_closed()` is called once if the console's reader goes away (`towerlab train | head -1`);
+    the lines after that are dropped, the files are still written."""
+
     def __init__(self, out_dir: Path | None, *, enabled: bool = True, progress: bool = True,
-                 tensorboard: bool = False, stream: TextIO | None = None):
+                 tensorboard: bool = False, stream: TextIO | None = None,
+                 on_closed: Callable[[], None] | None = None):
         self.enabled = enabled
         self.out_dir = out_dir
         self.stream = stream or sys.stdout
+        self.on_closed = on_closed
         self.bar = None
         self.progress = enabled and progress and _interactive(sys.stderr)
         self.tb = None
@@ -42,12 +59,18 @@ class Reporter:
                 self.tb = require_tensorboard()(log_dir=str(out_dir / "tb"))
 
     def line(self, text: str) -> None:
-        if not self.enabled:
+        if not self.enabled or self.stream is None:
             return
-        if self.bar is not None:
-            self.bar.write(text, file=self.stream)
-        else:
-            print(text, file=self.stream, flush=True)
+        try:
+            if self.bar is not None:
+                self.bar.write(text, file=self.stream)
+            else:
+                print(text, file=self.stream, flush=True)
+        except BrokenPipeError:
+            closed_by_reader(self.stream)
+            self.stream = None
+            if self.on_closed is not None:
+                self.on_closed()
 
     def start_progress(self, total: int, done: int, unit: str = "step") -> None:
         if self.progress and self.bar is None:
@@ -65,7 +88,7 @@ class Reporter:
         if not self.enabled:
             return
         if self.metrics is not None:
-            self.metrics.write(json.dumps({"kind": kind, **fields}, sort_keys=True) + "\n")
+            self.metrics.write(atomic.json_text({"kind": kind, **fields}, sort_keys=True) + "\n")
             self.metrics.flush()
         if self.tb is not None and "step" in fields:
             for key, value in fields.items():
@@ -92,8 +115,6 @@ def truncate_metrics(path: Path, last_step: int) -> None:
     file reads as if the run had never been interrupted."""
     if not path.exists():
         return
-    from towerlab import atomic
-
     kept = []
     for raw in path.read_text(encoding="utf-8").splitlines():
         try:
@@ -160,8 +181,6 @@ def _save_figure(fig: Any, path: Path) -> None:
 
     import matplotlib.pyplot as plt
 
-    from towerlab import atomic
-
     buffer = io.BytesIO()
     fig.tight_layout()
     fig.savefig(buffer, format="png")
@@ -206,7 +225,7 @@ def plot_accuracy_time(records: list[dict], path: Path, title: str) -> None:
     ax.set_ylabel("validation accuracy")
     ax.set_title(title)
     ax.grid(alpha=0.3)
-    if records:
+    if ax.get_legend_handles_labels()[0]:  # not when every candidate failed
         ax.legend()
     _save_figure(fig, path)
 
@@ -232,5 +251,6 @@ def fitness_figure(stats: list[dict], title: str) -> Any:
     ax.set_ylabel("validation accuracy")
     ax.set_title(title)
     ax.grid(alpha=0.3)
-    ax.legend()
+    if ax.get_legend_handles_labels()[0]:  # not when every candidate failed
+        ax.legend()
     return fig

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import json
+import signal
 import sys
 import time
 from datetime import datetime
@@ -27,12 +28,13 @@ import towerlab
 from towerlab import atomic, checkpoint
 from towerlab.config import (CUSTOM_MODEL, RunConfig, TrainConfig, dataset_label, from_dict, parse_shape, replace,
                              to_dict)
-from towerlab.distributed import (Context, StopFlag, barrier, broadcast_object, default_threads, device_type,
-                                  local_processes, resolve_devices, session, torchrun_restart, torchrun_world_size,
-                                  under_torchrun)
+from towerlab.data import content_sha256
+from towerlab.distributed import (Context, StopFlag, barrier, broadcast_object, check_capacity, default_threads,
+                                  device_type, local_processes, resolve_devices, session, torchrun_restart,
+                                  torchrun_world_size, under_torchrun)
 from towerlab.errors import UserError
-from towerlab.job import (OutputFolder, require_out_under_torchrun, restarted_by_torchrun, save_model, start_job,
-                          write_config)
+from towerlab.job import (OutputFolder, read_config, require_out_under_torchrun, restarted_by_torchrun, save_model,
+                          start_job, write_config)
 from towerlab.report import Reporter, format_final, require_tensorboard, truncate_metrics
 from towerlab.train import TrainResult, check_setup, train
 
@@ -121,10 +123,10 @@ def read_run_config(folder: Path) -> tuple[TrainConfig, RunConfig]:
     path = folder / "config.json"
     try:
         stored = json.loads(path.read_text(encoding="utf-8"))
-        return from_dict(TrainConfig, stored["train"]), from_dict(RunConfig, stored["run"])
+        return from_dict(TrainConfig, stored["train"], where=path), from_dict(RunConfig, stored["run"], where=path)
     except FileNotFoundError:
         raise UserError(f"{folder} is not a towerlab run (no config.json): check the --resume path") from None
-    except (json.JSONDecodeError, KeyError, TypeError) as exc:
+    except (OSError, ValueError, KeyError, TypeError) as exc:
         raise UserError(f"{path} is unreadable ({type(exc).__name__}): it was not written by towerlab train") from None
 
 
@@ -146,6 +148,10 @@ def start(cfg: TrainConfig, run: RunConfig, *, data: Any = None, module: Any = N
     require_out_under_torchrun(run)
     require_module(cfg, module)
     run = resolved_run(run)
+    if not under_torchrun():
+        # Recorded as resolved: a resume (maybe on another machine) computes with as many threads.
+        run = replace(run, threads=run.threads or default_threads(run.devices))
+        check_capacity(run.devices, run.threads, f"--devices {run.devices}")
     out = Path(run.resume or run.out or default_out(cfg))
 
     def resume_hint() -> str:
@@ -158,7 +164,8 @@ def start(cfg: TrainConfig, run: RunConfig, *, data: Any = None, module: Any = N
                                                module),
                      processes=run.devices, spawned=_spawned, start_method=start_method,
                      preflight=lambda: _preflight(cfg, run, str(out), data, module, start_method, started),
-                     hint=resume_hint)
+                     hint=resume_hint, timeout=run.timeout, name=lambda rank: f"replica rank {rank}" + (
+                         ", the parameter server," if run.strategy == "ps" and rank == 0 else ""))
 
 
 def require_module(cfg: TrainConfig, module: Any) -> None:
@@ -193,17 +200,17 @@ def _process(rank: int, world_size: int, store_path: str | None, cfg: TrainConfi
                                      timeout=run.timeout, device=run.device) as ctx:
         data = worker_data(ctx, functools.partial(load_data, cfg, run), data, fallback)
         check_setup(cfg, ctx.world_size, data, module)
-        resume_state = _start_state(cfg, run, ctx, out)
+        resume_state = _start_state(cfg, run, ctx, out, data)
         if ctx.is_main:
             out.mkdir(parents=True, exist_ok=True)
             if resume_state is None:
                 (out / "metrics.jsonl").unlink(missing_ok=True)  # left by a restarted attempt, if any
-                _write_config(out, cfg, run, ctx)
+                _write_config(out, cfg, run, ctx, data)
             else:
                 truncate_metrics(out / "metrics.jsonl", resume_state["step"])
         barrier(ctx)
         reporter = Reporter(out if ctx.is_main else None, enabled=ctx.is_main, progress=run.progress,
-                            tensorboard=run.tensorboard)
+                            tensorboard=run.tensorboard, on_closed=lambda: stop.request(signal.SIGPIPE))
         try:
             if ctx.is_main:
                 reporter.line(f"towerlab: {cfg.model} on {cfg.dataset} ({data.n_train} train / {data.n_val} val / "
@@ -226,13 +233,15 @@ def _process(rank: int, world_size: int, store_path: str | None, cfg: TrainConfi
     return 0
 
 
-def _start_state(cfg: TrainConfig, run: RunConfig, ctx: Context, out: Path) -> dict | None:
+def _start_state(cfg: TrainConfig, run: RunConfig, ctx: Context, out: Path, data: Any) -> dict | None:
     """The checkpoint this run continues from, or None for a new run. Rank 0 decides (only it may
     see the folder); every rank gets the same answer, or the same UserError."""
     decision: dict = {}
     if ctx.is_main:
         try:
             decision["state"] = _decide_start(cfg, run, ctx, out)
+            if decision["state"] is not None:
+                _check_same_data(out, data, run.allow_changed_data)
         except UserError as exc:
             decision["error"] = str(exc)
     decision = broadcast_object(ctx, decision)
@@ -274,14 +283,36 @@ def _resume_state(cfg: TrainConfig, ctx: Context, out: Path) -> dict:
     return state
 
 
-def _write_config(out: Path, cfg: TrainConfig, run: RunConfig, ctx: Context) -> None:
+def _check_same_data(out: Path, data: Any, allowed: bool) -> None:
+    """Refuse to continue a run on data other than it started on (by content: a moved data folder
+    is fine), unless --allow-changed-data; then warn (summary.json records both)."""
+    started_on = (read_config(out) or {}).get("data_sha256")
+    now = content_sha256(data.source)
+    if started_on is None or sorted(started_on.values()) == sorted(now.values()):
+        return  # the same files (or a run recorded before towerlab hashed its data)
+    changed = next((path for path, digest in now.items() if digest not in started_on.values()), None)
+    what = f"{changed} has SHA-256 {now[changed][:16]}..." if changed else f"the files are now {', '.join(now)}"
+    if not allowed:
+        raise UserError(f"the data changed since this run started ({what}, not one it started on): resume with "
+                        "the files it started on, or pass --allow-changed-data to continue on these (the result "
+                        "will not equal an uninterrupted run)")
+    stderr_line(f"towerlab: warning: the data changed since this run started ({what}); continuing on it as "
+                "--allow-changed-data asks: summary.json records both SHA-256 sets")
+
+
+def _write_config(out: Path, cfg: TrainConfig, run: RunConfig, ctx: Context, data: Any) -> None:
     write_config(out, {"train": to_dict(cfg), "run": to_dict(run), "world_size": ctx.world_size,
-                       "device_type": ctx.device.type, "global_batch_size": cfg.batch_size * ctx.world_size})
+                       "device_type": ctx.device.type, "global_batch_size": cfg.batch_size * ctx.world_size,
+                       "data_sha256": content_sha256(data.source)})
 
 
 def _summary(cfg: TrainConfig, run: RunConfig, ctx: Context, data: Any, result: TrainResult, out: Path,
              wall_seconds: float) -> dict:
-    return {
+    data_sha256 = content_sha256(data.source)
+    started_on = (read_config(out) or {}).get("data_sha256", data_sha256)
+    changed = ({"data_sha256_at_start": started_on}
+               if sorted(started_on.values()) != sorted(data_sha256.values()) else {})
+    return {**changed, "data_sha256": data_sha256,
         "dataset": cfg.dataset, "data_source": data.source, "data_fallback": bool(data.source.get("fallback")),
         "n_train": data.n_train, "n_val": data.n_val, "n_test": data.n_test,
         "model": cfg.model, "model_options": cfg.model_options, "strategy": run.strategy, "input": run.input,

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import signal
 import socket
 import sys
 import time
@@ -25,12 +26,13 @@ import towerlab
 from towerlab import atomic
 from towerlab.config import (RunConfig, SearchConfig, TrainConfig, dataset_label, replace, to_dict,
                              to_flags)
-from towerlab.distributed import (Context, Interrupted, StopFlag, default_threads, kv_store, local_processes, session,
-                                  torchrun_restart, torchrun_world_size, under_torchrun)
+from towerlab.distributed import (Context, Interrupted, StopFlag, check_capacity, default_threads, kv_store,
+                                  local_processes, session, torchrun_restart, torchrun_world_size, under_torchrun)
 from towerlab.errors import UserError
 from towerlab.fitness import (candidate_config, candidate_task, estimated_cost, outcome, train_candidate,
                               train_config_hash)
-from towerlab.job import require_out_under_torchrun, restarted_by_torchrun, save_model, start_job, write_config
+from towerlab.job import (check_writable_file, require_out_under_torchrun, restarted_by_torchrun, save_model,
+                          start_job, write_config)
 from towerlab.report import Reporter, format_generation, format_top, plot_accuracy_time, plot_fitness
 from towerlab.runner import handed_over, load_data, resolved_run, worker_data
 from towerlab.search import (Candidate, Space, evaluation_records, load_space, make_sampler, open_search,
@@ -47,11 +49,16 @@ def start_search(kind: str, cfg: SearchConfig, run: RunConfig, *, start_method: 
     space = load_space(cfg.space)
     make_sampler(cfg, space)  # an unknown sampler or a setting it refuses: before any folder or worker
     require_out_under_torchrun(run)
+    if cfg.store:
+        check_writable_file(cfg.store, "--store")
     run = resolved_run(run)
     out = search_out(kind, cfg, run, space)
     if run.resume is None and _restarted_by_torchrun(out, kind, cfg):
         run = replace(run, resume=str(out))  # torchrun restarted this job's workers: continue the search
     workers = 1 if under_torchrun() else run.devices * cfg.workers_per_device
+    if not under_torchrun():
+        check_capacity(workers, run.threads or default_threads(workers),
+                       f"--devices {run.devices} x --workers-per-device {cfg.workers_per_device}")
 
     def preflight() -> tuple:
         stale_seconds()  # a bad TOWERLAB_WORKER_STALE_SECONDS is refused before any worker starts
@@ -66,7 +73,8 @@ def start_search(kind: str, cfg: SearchConfig, run: RunConfig, *, start_method: 
     return start_job(out, resume=run.resume is not None, processes=workers,
                      run_here=lambda: _process(0, torchrun_world_size(), None, kind, cfg, run, str(out)),
                      spawned=_spawned, preflight=preflight, hint=resume_hint, essential={0},
-                     start_method=start_method)
+                     start_method=start_method, timeout=run.timeout,
+                     name=lambda rank: "coordinator rank 0" if rank == 0 else f"worker rank {rank}")
 
 
 def search_out(kind: str, cfg: SearchConfig, run: RunConfig, space: Space | None = None) -> Path:
@@ -141,17 +149,22 @@ def _local_map(work: Callable[[dict], dict]) -> Callable:
 
 def _coordinate(kind: str, cfg: SearchConfig, run: RunConfig, out: Path, space: Space, ctx: Context,
                 run_tasks: Callable, data: Any, stop: StopFlag | None = None) -> None:
-    reporter = Reporter(None, progress=run.progress)
+    reporter = Reporter(None, progress=run.progress,
+                        on_closed=lambda: stop.request(signal.SIGPIPE) if stop is not None else None)
     tch = train_config_hash(cfg)
-    if cfg.store:
-        store = Store(cfg.store)  # a foreign or broken file is refused before the folder is made
-        out.mkdir(parents=True, exist_ok=True)
-    else:
-        out.mkdir(parents=True, exist_ok=True)
-        store = Store(out / "search.db")
+    try:
+        if cfg.store:
+            store = Store(cfg.store)  # a foreign or broken file is refused before the folder is made
+            out.mkdir(parents=True, exist_ok=True)
+        else:
+            out.mkdir(parents=True, exist_ok=True)
+            store = Store(out / "search.db")
+    except OSError as exc:
+        raise UserError(f"cannot create the search store {cfg.store or out / 'search.db'}: "
+                        f"{exc.strerror or exc}") from None
     with store:
         if run.resume:
-            search_id = json.loads((out / "config.json").read_text())["search_id"]
+            search_id = _stored_search_id(out)
         else:
             search_id = open_search(store, cfg, make_sampler(cfg, space), space, tch, None)
             _write_config(out, kind, cfg, run, ctx, store, search_id)
@@ -169,6 +182,7 @@ def _coordinate(kind: str, cfg: SearchConfig, run: RunConfig, out: Path, space: 
 
             def on_result(index: int, result: dict) -> None:
                 record(candidates[order[index]], outcome(result))
+                recorded.append(index)
                 reporter.advance()
 
             try:
@@ -184,20 +198,50 @@ def _coordinate(kind: str, cfg: SearchConfig, run: RunConfig, out: Path, space: 
         def on_generation(stats: Any) -> None:
             reporter.line(format_generation(stats, generations))
             with open(stats_log, "a", encoding="utf-8") as f:
-                f.write(json.dumps(stats.to_json(), sort_keys=True) + "\n")
+                f.write(atomic.json_text(stats.to_json(), sort_keys=True) + "\n")
 
         started = time.perf_counter()
-        result = run_search(cfg, space, evaluate, store, tch, on_generation, resume=search_id,
-                            on_progress=reporter.line)
+        recorded: list[int] = []
+        try:
+            result = run_search(cfg, space, evaluate, store, tch, on_generation, resume=search_id,
+                                on_progress=reporter.line)
+        except Interrupted:
+            reporter.line(f"Interrupted: the {len(recorded)} evaluation(s) finished since this start are kept in "
+                          f"{store.path}, with every earlier one")
+            raise
         top = _test_top(result, store, run_tasks, reporter)
-        reporter.line(format_top(top))
+        if top:
+            reporter.line(format_top(top))
         if data.source.get("fallback"):  # on the last lines, where it cannot scroll away
             reporter.line("Trained on the OFFLINE FALLBACK DATA, not the full dataset: not comparable with "
                           "MNIST results")
         _write_results(kind, cfg, space, out, store, result, top, ctx, time.perf_counter() - started, data.source)
-        if cfg.export_best and top:
+        if not top:
+            raise UserError(_all_failed(result, out))
+        if cfg.export_best:
             _export_best(cfg, space, top[0], data, ctx.device, out, reporter, stop)
     reporter.close()
+
+
+def _stored_search_id(out: Path) -> int:
+    """Which search of its store a resumed folder continues, as its config.json records it."""
+    path = out / "config.json"
+    try:
+        search_id = json.loads(path.read_text(encoding="utf-8"))["search_id"]
+    except (OSError, ValueError, KeyError, TypeError):
+        search_id = None
+    if type(search_id) is not int:
+        raise UserError(f"{path} names no search of its store (search_id was edited or removed): resume cannot "
+                        "tell which search to continue; start a new search")
+    return search_id
+
+
+def _all_failed(result: Any, out: Path) -> str:
+    """The line that ends a search in which no candidate succeeded: the search failed, whatever it wrote."""
+    genomes = {m.genome_hash: m for g in result.history for m in g.members}
+    reason = next((m.reason for m in genomes.values() if m.reason), "unknown")
+    return (f"all {len(genomes)} candidates failed (the first: {reason}), so there is no network to report: "
+            f"`towerlab search show {out}` lists each failure")
 
 
 def _test_top(result: Any, store: Store, run_tasks: Callable, reporter: Reporter) -> list[dict]:

@@ -161,14 +161,36 @@ def _resumed_train(train_given: dict, run_given: dict) -> tuple[TrainConfig, Run
         flags = ", ".join("--" + k.replace("_", "-") for k in changed)
         raise UserError(f"--resume continues the stored run, whose {flags} differ(s) from what you passed: "
                         "drop those flags or start a new run")
-    if "devices" in run_given and run_given["devices"] != stored_run.devices:
-        raise UserError(f"{folder} was trained on {stored_run.devices} replica(s): resume with "
-                        f"--devices {stored_run.devices} so the result equals an uninterrupted run")
+    _check_kept_run_options(folder, stored_run, run_given)
     return cfg, replace(stored_run, **{**run_given, "out": str(folder)})
 
 
+def _check_kept_run_options(folder: Path, stored: RunConfig, run_given: dict) -> None:
+    """A resumed run keeps the options that change its arithmetic (config's `resume="keep"`), so that
+    it ends with the parameters of the uninterrupted run; the others may change."""
+    from towerlab.distributed import device_type
+
+    for f in dataclasses.fields(RunConfig):
+        if f.metadata.get("resume") != "keep" or f.name not in run_given:
+            continue
+        value, kept = run_given[f.name], getattr(stored, f.name)
+        if f.name == "device":
+            value, kept = device_type(value), device_type(kept)
+        if value != kept:
+            flag = "--" + f.name.replace("_", "-")
+            wanted = (flag if kept else "--no-" + flag[2:]) if isinstance(kept, bool) else f"{flag} {kept}"
+            raise UserError(f"{folder} was trained with {wanted}: resume with that (or without {flag}); another "
+                            "value computes differently, so the result would not equal an uninterrupted run")
+
+
 def _check_resume_out(folder: Path, run_given: dict) -> None:
-    """--resume writes into the folder it continues; a different --out would be silently ignored."""
+    """--resume names a folder, and writes into the folder it continues; a different --out would be
+    silently ignored."""
+    RunConfig(**run_given)  # the path itself (not empty, not too long) and every other option given
+    if not folder.exists():
+        raise UserError(f"--resume {folder} does not exist: give the output folder of the run to continue")
+    if not folder.is_dir():
+        raise UserError(f"--resume {folder} is a file: give the output folder of the run to continue")
     out = run_given.get("out")
     if out is not None and Path(out).absolute() != folder.absolute():
         raise UserError(f"--resume {folder} continues that folder and writes there: drop --out {out}")
@@ -191,14 +213,15 @@ def resolve_search(kind: str, options: Mapping, config: str | os.PathLike | Mapp
         raise UserError("--config does not go with --resume: the stored search already holds its settings")
     folder = Path(run_given["resume"])
     _check_resume_out(folder, run_given)
+    path = folder / "config.json"
     try:
-        stored = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+        stored = json.loads(path.read_text(encoding="utf-8"))
         search = upgrade_search_config(stored["search"], stored["kind"])
-        cfg, stored_run = from_dict(SearchConfig, search), from_dict(RunConfig, stored["run"])
+        cfg, stored_run = from_dict(SearchConfig, search, where=path), from_dict(RunConfig, stored["run"], where=path)
     except FileNotFoundError:
         raise UserError(f"{folder} is not a towerlab search (no config.json): check the --resume path") from None
-    except (json.JSONDecodeError, KeyError, TypeError, AttributeError):
-        raise UserError(f"{folder}/config.json is unreadable: it was not written by a towerlab search") from None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):  # JSONDecodeError is a ValueError
+        raise UserError(f"{path} is unreadable: it was not written by a towerlab search") from None
     if kind in SEARCH_COMMANDS and cfg.sampler != SEARCH_COMMANDS[kind]:
         command = next((k for k, v in SEARCH_COMMANDS.items() if v == cfg.sampler), "search run")
         raise UserError(f"{folder} holds a {cfg.sampler} search: resume it with towerlab {command} --resume {folder}")

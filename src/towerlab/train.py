@@ -8,6 +8,7 @@ ranks) only at display steps and evaluations.
 from __future__ import annotations
 
 import copy
+import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,7 +21,8 @@ from torch import nn
 from towerlab import checkpoint, models
 from towerlab.batches import Batches, Normalizer, eval_batches, mix_seed, tta_logits
 from towerlab.config import TrainConfig, to_dict
-from towerlab.distributed import Context, Interrupted, StopFlag, max_over_ranks, sum_over_ranks, world_group
+from towerlab.distributed import (Context, Interrupted, StopFlag, machine_memory, max_over_ranks, sum_over_ranks,
+                                  world_group)
 from towerlab.errors import UserError
 from towerlab.models import build_model, instantiate
 from towerlab.report import Reporter, format_epoch, format_step
@@ -30,6 +32,46 @@ from towerlab.whitenet import WHITEN_IMAGES, share_batch_statistics
 
 EVAL_BATCH = 1024
 STOP_CHECK_EVERY = 10  # steps between the ranks' agreement on a Ctrl-C (a tiny all-reduce)
+
+
+class Diverged(UserError):
+    """The loss became NaN or infinite: the run cannot succeed, and must not look as if it had."""
+
+
+class _Divergence:
+    """Watches the loss for NaN / inf without a host sync per step: each step folds its loss into a
+    running maximum on the device (one tiny kernel; NaN and inf propagate through it), which is read
+    only where the host reads anyway (display steps, evaluations, epoch ends, a save on Ctrl-C)."""
+
+    def __init__(self, cfg: TrainConfig, ctx: Context, step: int):
+        self.cfg, self.ctx = cfg, ctx
+        self.worst = torch.zeros((), device=ctx.device)
+        self.checked = step  # the loss was finite up to this step
+
+    def add(self, loss: torch.Tensor) -> None:
+        torch.maximum(self.worst, loss.detach().float(), out=self.worst)
+
+    def flag(self) -> torch.Tensor:
+        """1.0 when a non-finite loss was seen since the last check (reduce it over the ranks)."""
+        return (~torch.isfinite(self.worst)).to(torch.float64)
+
+    def check(self, step: int, flagged: float | None = None, val_loss: float | None = None) -> None:
+        """Raise Diverged when any rank saw a non-finite loss (`flagged`: the flag already summed
+        over the ranks; else it is reduced here, a collective) or the validation loss is not finite."""
+        if flagged is None:
+            flagged = float(sum_over_ranks(self.ctx, self.flag().reshape(1)).item())
+        if flagged == 0 and (val_loss is None or math.isfinite(val_loss)):
+            self.checked = step
+            return
+        if not flagged:
+            what = f"the validation loss after step {step} is NaN or infinite"
+        elif step == self.checked + 1:
+            what = f"the training loss became NaN or infinite at step {step}"
+        else:
+            what = f"the training loss became NaN or infinite between steps {self.checked + 1} and {step}"
+        raise Diverged(f"training diverged: {what}; likely cause: the learning rate (--lr {self.cfg.lr:g}, "
+                       f"{self.cfg.optimizer}) is too high for this model and data, or the data holds values it "
+                       "cannot fit: lower --lr")
 
 
 @dataclass
@@ -208,27 +250,32 @@ def train(cfg: TrainConfig, ctx: Context, data: Any, *, input_mode: str = "resid
         reporter.line(f"Setup: {seconds:.1f} s before training ({ran} warm-up steps, undone)")
     reporter.start_progress(total_steps, progress.step)
     last_display = (progress.step, time.perf_counter())
+    divergence = _Divergence(cfg, ctx, progress.step)
     while progress.step < total_steps and progress.stopped is None:
         epoch, start = divmod(progress.step, steps_per_epoch)
         clock.start()
         for x, y in batches.epoch(epoch, start):
             loss, logits = run_step(progress.step, x, y)
+            divergence.add(loss)
             progress.step += 1
             reporter.advance()
             step = progress.step
             if step % display_step == 0:
                 last_display = _display(reporter, ctx, step, loss, logits, y, last_display, global_batch,
-                                        strat.lr())
+                                        strat.lr(), divergence)
             if stop is not None and (ctx.world_size == 1 or step % STOP_CHECK_EVERY == 0):
                 signum = int(max_over_ranks(ctx, stop.signum))
                 if signum:
                     progress.train_seconds += clock.stop()
+                    divergence.check(step)  # never save NaN weights over the last good checkpoint
                     save(step)
-                    reporter.line(f"Interrupted at step {step}: checkpoint saved; continue with --resume")
+                    reporter.line(f"Interrupted at step {step}: checkpoint saved")
                     raise Interrupted(signum)
             if cfg.eval_every and step % cfg.eval_every == 0 and step % steps_per_epoch:
                 progress.train_seconds += clock.stop()
-                _after_eval(cfg, progress, reporter, step, steps_per_epoch, evaluate_val(), module, epochs_total,
+                scores = evaluate_val()
+                divergence.check(step, val_loss=scores[0])
+                _after_eval(cfg, progress, reporter, step, steps_per_epoch, scores, module, epochs_total,
                             global_batch, end_of_epoch=False)
                 clock.start()
                 if progress.stopped:
@@ -238,7 +285,9 @@ def train(cfg: TrainConfig, ctx: Context, data: Any, *, input_mode: str = "resid
         if clock.started is not None:
             progress.train_seconds += clock.stop()
         if progress.stopped is None:
-            _after_eval(cfg, progress, reporter, progress.step, steps_per_epoch, evaluate_val(), module,
+            scores = evaluate_val()
+            divergence.check(progress.step, val_loss=scores[0])
+            _after_eval(cfg, progress, reporter, progress.step, steps_per_epoch, scores, module,
                         epochs_total, global_batch, end_of_epoch=True)
             save(progress.step)
     reporter.end_progress()
@@ -260,12 +309,23 @@ def train(cfg: TrainConfig, ctx: Context, data: Any, *, input_mode: str = "resid
 
 def check_setup(cfg: TrainConfig, world_size: int, data: Any, source: Any = None) -> None:
     """Every mistake that would otherwise surface mid-run, found before anything is written: the
-    model and its options (built on the meta device, so nothing is allocated), a module of your own
-    (`source`: it must take a batch of the data's images and return one logit per class), and the
-    batch size."""
+    model and its options (built on the meta device, so nothing is allocated; a model whose weights,
+    gradients and optimizer state cannot fit in this machine's memory is refused), a module of your
+    own (`source`: it must take a batch of the data's images and return one logit per class), and
+    the batch size."""
     if source is None:
-        with torch.device("meta"):
-            build_model(cfg.model, data.input_shape, data.num_classes, **cfg.model_options)
+        options = " ".join(f"{k}={v}" for k, v in cfg.model_options.items()) or "default options"
+        try:
+            with torch.device("meta"):
+                module = build_model(cfg.model, data.input_shape, data.num_classes, **cfg.model_options)
+        except RuntimeError as exc:  # sizes torch cannot even describe ("Storage size calculation overflowed")
+            raise UserError(f"model {cfg.model} ({options}) cannot be built: {str(exc).splitlines()[0]}: use "
+                            "smaller model options") from None
+        need = 16 * sum(p.numel() for p in module.parameters())  # fp32 weights, gradients, 2 optimizer moments
+        if need > machine_memory():
+            raise UserError(f"model {cfg.model} ({options}) needs {need / 2**30:,.0f} GiB for its weights, gradients "
+                            f"and optimizer state, more than this machine's {machine_memory() / 2**30:.0f} GiB: use "
+                            "smaller model options")
     else:
         check_module(instantiate(source), data.input_shape, data.num_classes)
     if cfg.translate >= min(data.input_shape[1:]):
@@ -299,9 +359,12 @@ def _make_batches(cfg: TrainConfig, ctx: Context, data: Any, input_mode: str, so
 
 
 def _display(reporter: Reporter, ctx: Context, step: int, loss: torch.Tensor, logits: torch.Tensor,
-             y: torch.Tensor, last: tuple[int, float], global_batch: int, lr: float) -> tuple[int, float]:
+             y: torch.Tensor, last: tuple[int, float], global_batch: int, lr: float,
+             divergence: _Divergence) -> tuple[int, float]:
     stats = torch.stack([loss.float(), (logits.argmax(1) == y).float().mean()]).to(torch.float64)
-    loss_value, accuracy = (sum_over_ranks(ctx, stats) / ctx.world_size).tolist()
+    stats = torch.cat([stats, divergence.flag().reshape(1)])  # one reduction for both
+    loss_value, accuracy, flagged = (sum_over_ranks(ctx, stats) / ctx.world_size).tolist()
+    divergence.check(step, flagged)
     now = time.perf_counter()
     rate = (step - last[0]) * global_batch / max(now - last[1], 1e-9)
     reporter.line(format_step(step, loss_value, accuracy, rate))

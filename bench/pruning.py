@@ -51,7 +51,8 @@ def main(argv: list[str] | None = None) -> int:
         for name, extra in (("unpruned", {}), ("pruned", PRUNING)):
             print(f"== {name}, seed {seed}", flush=True)
             run = search_runs.run_search(["evolve"], [*common, *measure.flags(extra), "--seed", str(seed)],
-                                         runs_dir / f"{args.dataset}-{name}-s{seed}", args.data_dir)
+                                         runs_dir / f"{args.dataset}-{name}-s{seed}", args.data_dir,
+                                         reuse=args.reuse)
             curve = best_so_far(run["records"], budget["max_epochs"])
             s = run["summary"]
             sides[name] = {"command": run["command"], "best": curve[-1][1] if curve else None, "curve": curve,

@@ -88,7 +88,8 @@ def main(argv: list[str] | None = None) -> int:
         for seed in args.seeds:
             print(f"== {name}, seed {seed}", flush=True)
             run = search_runs.run_search(command, [*common, *measure.flags(settings), "--seed", str(seed)],
-                                         runs_dir / f"{args.dataset}-{name}-s{seed}", args.data_dir)
+                                         runs_dir / f"{args.dataset}-{name}-s{seed}", args.data_dir,
+                                         reuse=args.reuse)
             curve = best_so_far(run["records"])
             pick = run["summary"]["best_genome"]
             again = retrain(pick, args.dataset, val_size, retrain_seeds, args.data_dir)

@@ -25,17 +25,26 @@ BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
 
 
-def run_search(command: list[str], flags: list[str], out: Path, data_dir: str, *, fresh: bool = True) -> dict:
-    """`towerlab <command> <flags>` into `out` (replaced when `fresh`); its summary, its evaluations
-    (in the order they finished) and the wall seconds of the whole process."""
-    if fresh and out.exists():
-        import shutil
+RUN_RECORD = "bench-run.json"  # the command and wall seconds of a finished run, beside its summary
 
-        shutil.rmtree(out)
+
+def run_search(command: list[str], flags: list[str], out: Path, data_dir: str, *, reuse: bool = False) -> dict:
+    """`towerlab <command> <flags>` into `out` (replaced, unless `reuse` finds the same command
+    finished there); its summary, its evaluations (in the order they finished) and the wall seconds
+    of the whole process."""
     cmd = [sys.executable, "-m", "towerlab", *command, *flags, "--data-dir", data_dir, "--no-progress", "--out", str(out)]
-    started = time.perf_counter()
-    subprocess.run(cmd, check=True, cwd=REPO, env={**os.environ, "MPLBACKEND": "Agg"})
-    wall = time.perf_counter() - started
+    done = out / RUN_RECORD
+    if reuse and done.exists() and json.loads(done.read_text())["command"] == ["towerlab", *command, *flags]:
+        wall = json.loads(done.read_text())["wall_seconds"]
+    else:
+        if out.exists():
+            import shutil
+
+            shutil.rmtree(out)
+        started = time.perf_counter()
+        subprocess.run(cmd, check=True, cwd=REPO, env={**os.environ, "MPLBACKEND": "Agg"})
+        wall = time.perf_counter() - started
+        done.write_text(json.dumps({"command": ["towerlab", *command, *flags], "wall_seconds": wall}))
     summary = json.loads((out / "summary.json").read_text())
     from towerlab.search import evaluation_records
 
@@ -109,6 +118,8 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=1, help="threads per worker")
     parser.add_argument("--data-dir", default=measure.default_data_dir())
     parser.add_argument("--out-dir", default=str(BENCH / "results"))
+    parser.add_argument("--reuse", action="store_true",
+                        help="take runs that finished in an earlier invocation (same command) from their folders")
 
 
 def save(out_dir: str, kind: str, dataset: str, record: dict) -> None:

@@ -83,13 +83,25 @@ def metrics(run_dir: Path) -> list[dict]:
 
 
 def replica_pids(pid: int) -> list[int]:
-    """The worker processes `pid` spawned, in rank order (Linux /proc; skips multiprocessing's
-    resource tracker)."""
+    """The worker processes `pid` started, in rank order (Linux /proc): spawned ones run
+    multiprocessing's spawn_main, forked ones the launcher's own command line; multiprocessing's
+    resource tracker is neither."""
+    try:
+        own = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return []
     found = []
     for task in Path(f"/proc/{pid}/task").iterdir():
-        for child in (task / "children").read_text().split():
-            cmdline = Path(f"/proc/{child}/cmdline").read_bytes()
-            if b"spawn_main" in cmdline:
+        try:
+            children = (task / "children").read_text().split()
+        except OSError:
+            continue  # a thread that ended meanwhile
+        for child in children:
+            try:
+                cmdline = Path(f"/proc/{child}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if b"spawn_main" in cmdline or cmdline == own:
                 found.append(int(child))
     return sorted(found)
 

@@ -5,7 +5,9 @@ processes (here, spawned locally, or under torchrun), and model.pt.
 The lock is an exclusive `flock` on `<out>/.towerlab.lock`, held by the job's launching process
 (under torchrun: global rank 0) for as long as the job runs. The kernel drops it when that process
 ends, however it ends, so a crashed or killed job never leaves a folder locked; a second job on a
-folder in use (a new run, a `--resume`, a search) is refused with one line.
+folder in use (a new run, a `--resume`, a search) is refused with one line. A forked worker closes
+its inherited copy of the descriptor at once, so the lock goes with the launcher, not with the last
+of its children.
 """
 
 from __future__ import annotations
@@ -32,6 +34,17 @@ from towerlab.errors import UserError
 from towerlab.models import model_record
 
 LOCK_NAME = ".towerlab.lock"
+_held_locks: set[int] = set()  # this process's lock descriptors
+
+
+def _close_inherited_locks() -> None:
+    for fd in _held_locks:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    _held_locks.clear()
+
+
+os.register_at_fork(after_in_child=_close_inherited_locks)
 
 
 class OutputFolder:
@@ -70,6 +83,7 @@ class OutputFolder:
             except OSError as exc:
                 raise UserError(f"cannot create output folder {path}: {_reason(exc)}: choose another --out") from None
         self._fd = self._lock(path / LOCK_NAME)
+        _held_locks.add(self._fd)
         with contextlib.suppress(OSError):  # the pid only makes the refusal of another job more helpful
             os.ftruncate(self._fd, 0)
             os.pwrite(self._fd, f"{os.getpid()}@{socket.gethostname()}\n".encode(), 0)
@@ -117,6 +131,7 @@ class OutputFolder:
             (self.path / LOCK_NAME).unlink()  # before the lock goes: see _lock
         if self.created and not self.holds_results():
             self._forget()
+        _held_locks.discard(self._fd)
         os.close(self._fd)
         self._fd = None
 

@@ -30,8 +30,8 @@ from towerlab.config import (CUSTOM_MODEL, RunConfig, TrainConfig, dataset_label
                              to_dict)
 from towerlab.data import content_sha256
 from towerlab.distributed import (Context, StopFlag, barrier, broadcast_object, check_capacity, default_threads,
-                                  device_type, local_processes, resolve_devices, session, torchrun_restart,
-                                  torchrun_world_size, under_torchrun)
+                                  device_type, local_processes, resolve_devices, session, start_method_for,
+                                  torchrun_restart, torchrun_world_size, under_torchrun)
 from towerlab.errors import UserError
 from towerlab.job import (OutputFolder, read_config, require_out_under_torchrun, restarted_by_torchrun, save_model,
                           start_job, write_config)
@@ -138,16 +138,18 @@ def resolved_run(run: RunConfig) -> RunConfig:
 
 
 def start(cfg: TrainConfig, run: RunConfig, *, data: Any = None, module: Any = None,
-          start_method: str = "spawn") -> int:
+          start_method: str | None = None) -> int:
     """Run the job; returns its exit status. `data` (a towerlab.data.Dataset) replaces loading
     `cfg.dataset`; `module` (an nn.Module or a factory of one) trains in place of `cfg.model`
-    ("custom"); `start_method` as in `distributed.launch`."""
+    ("custom"); `start_method` as in `distributed.launch` (None: `distributed.start_method_for`
+    the run's device)."""
     started = time.time()  # the summary's wall_seconds run from here to its writing
     if run.tensorboard:
         require_tensorboard()
     require_out_under_torchrun(run)
     require_module(cfg, module)
     run = resolved_run(run)
+    start_method = start_method or start_method_for(run.device)
     if not under_torchrun():
         # Recorded as resolved: a resume (maybe on another machine) computes with as many threads.
         run = replace(run, threads=run.threads or default_threads(run.devices))

@@ -27,7 +27,8 @@ from towerlab import atomic
 from towerlab.config import (RunConfig, SearchConfig, TrainConfig, dataset_label, replace, to_dict,
                              to_flags)
 from towerlab.distributed import (Context, Interrupted, StopFlag, check_capacity, default_threads, kv_store,
-                                  local_processes, session, torchrun_restart, torchrun_world_size, under_torchrun)
+                                  local_processes, session, start_method_for, torchrun_restart, torchrun_world_size,
+                                  under_torchrun)
 from towerlab.errors import UserError
 from towerlab.fitness import (candidate_config, candidate_task, estimated_cost, outcome, train_candidate,
                               train_config_hash)
@@ -44,14 +45,16 @@ from towerlab.search.store import Store
 COMMANDS = {"evolve": "evolve", "grid": "grid", "search": "search run"}
 
 
-def start_search(kind: str, cfg: SearchConfig, run: RunConfig, *, start_method: str = "spawn") -> int:
-    """Run the search job; returns its exit status (`start_method` as in `distributed.launch`)."""
+def start_search(kind: str, cfg: SearchConfig, run: RunConfig, *, start_method: str | None = None) -> int:
+    """Run the search job; returns its exit status (`start_method` as in `distributed.launch`; None:
+    `distributed.start_method_for` the run's device)."""
     space = load_space(cfg.space)
     make_sampler(cfg, space)  # an unknown sampler or a setting it refuses: before any folder or worker
     require_out_under_torchrun(run)
     if cfg.store:
         check_writable_file(cfg.store, "--store")
     run = resolved_run(run)
+    start_method = start_method or start_method_for(run.device)
     out = search_out(kind, cfg, run, space)
     if run.resume is None and _restarted_by_torchrun(out, kind, cfg):
         run = replace(run, resume=str(out))  # torchrun restarted this job's workers: continue the search

@@ -6,7 +6,7 @@ has been measured yet, and `unavailable()` makes `--suite gpu` refuse to start w
 - --input resident vs feed vs queue, lenet5 batch 512          resident >= 3x feed
 - --strategy ps vs ddp step time, one GPU                      reported
 - --compile (CUDA graphs on one GPU) vs eager, examples/s      reported
-- search evaluations/min, --workers-per-device 4 vs 1          target >= 2.5x (slot, not wired)
+- search evaluations/min, --workers-per-device 4 vs 1          target >= 2.5x
 - whitenet (--preset cifar-94) to 94% CIFAR-10 test, 5 seeds    target mean >= 94% in <= 1.8 s (cifar94.py)
 """
 

@@ -29,6 +29,7 @@ def synthetic_test_split():
 
 def test_load_model_predicts_raw_images_with_the_runs_accuracy(trained):
     model, record = load_model(trained)  # the run folder, or its model.pt
+    assert not model.training and not model.network.training  # calling it never updates BatchNorm statistics
     x, y = synthetic_test_split()
     assert (model.precision, model.tta) == ("bf16", "flip") == (record["config"]["precision"], record["config"]["tta"])
     assert float((model.predict(x) == y).mean()) == summary(trained)["test_accuracy"]

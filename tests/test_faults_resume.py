@@ -144,3 +144,24 @@ def test_an_interrupted_search_says_what_it_kept_and_how_to_continue(tmp_path, m
         in captured.out, captured.out
     assert captured.err == f"towerlab: interrupted. Continue the search with: towerlab evolve --resume {out}\n"
     assert main(["evolve", "--resume", str(out)]) == 0
+
+
+def test_allow_changed_data_is_for_a_resume_only(tmp_path, capsys):
+    """On a new run it would mean nothing, and recorded in config.json it would let every later
+    resume through; it is refused instead."""
+    assert main(["train", *ARGS, "--allow-changed-data", "--out", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--allow-changed-data goes with --resume only" in err, err
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_search_resume_keeps_the_threads_its_candidates_were_trained_with(tmp_path, monkeypatch, capsys):
+    out = tmp_path / "evo"
+    assert interrupt(towerlab.search_job, monkeypatch, [*SPACE_ARGS, "--out", str(out)], reads=2 * 42 + 5) == 130
+    assert json.loads((out / "config.json").read_text())["run"]["threads"] == 1
+    before = (out / "search.db").read_bytes()
+    capsys.readouterr()
+    assert main(["evolve", "--resume", str(out), "--threads", "2"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "was trained with --threads 1" in err, err
+    assert (out / "search.db").read_bytes() == before and not (out / "summary.json").exists()

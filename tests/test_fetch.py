@@ -72,6 +72,16 @@ def test_fetch_downloads_verifies_and_reports_progress(tmp_path, server, monkeyp
     assert sorted(p.name for p in dest.iterdir()) == ["a.gz", "b.gz"]  # no temporary files left
 
 
+def test_the_fetch_command_downloads_and_lists_the_files(tmp_path, server, monkeypatch, capsys):
+    from towerlab.cli import main
+
+    url, served = server
+    use_source(monkeypatch, [url], serve(served, FILES))
+    assert main(["data", "fetch", "mnist", "--data-dir", str(tmp_path / "data")]) == 0
+    assert capsys.readouterr().out.splitlines() == ["a.gz: 10,000 bytes downloaded", "b.gz: 6 bytes downloaded",
+                                                    str(tmp_path / "data" / "a.gz"), str(tmp_path / "data" / "b.gz")]
+
+
 def test_fetch_keeps_good_files_and_replaces_corrupt_ones(tmp_path, server, closed_url, monkeypatch):
     url, served = server
     remotes = serve(served, FILES)

@@ -90,13 +90,22 @@ def test_retraining_the_winner_from_best_json_reproduces_its_accuracy(tmp_path, 
     assert best["val_accuracy"] == pytest.approx(sum(best["val_accuracies"]) / 3)
 
 
-def test_a_search_sharing_a_store_trains_nothing_twice(tmp_path, space_file):
+def test_a_search_sharing_a_store_trains_nothing_twice(tmp_path, space_file, capsys):
     store = str(tmp_path / "shared.db")
     args = ["grid", *BASE, "--space", space_file, "--limit", "3", "--store", store]
     assert main([*args, "--out", str(tmp_path / "first")]) == 0
     assert main([*args, "--out", str(tmp_path / "second")]) == 0
     second = json.loads((tmp_path / "second" / "summary.json").read_text())
     assert (second["evaluations"], second["cache_hits"]) == (0, 3)
+    # either folder shows the store its config names, the store file itself too
+    shown = []
+    capsys.readouterr()
+    for path in (tmp_path / "first", tmp_path / "second", store):
+        assert main(["search", "show", str(path), "--csv"]) == 0
+        shown.append(capsys.readouterr().out)
+    rows = shown[0].splitlines()
+    assert shown[0] == shown[1] == shown[2] and rows[0].startswith("id,search,sampler")
+    assert len(rows) > 3 and {row.split(",")[1] for row in rows[1:]} == {"1"}  # only the first search trained
 
 
 def test_resume_extends_a_finished_search_with_more_generations(tmp_path, space_file):

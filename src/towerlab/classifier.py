@@ -31,6 +31,9 @@ class Classifier(nn.Module):
       the Keras layout (N, H, W) or (N, H, W, C), or (N, C, H, W); class indices / probabilities out.
     - `model.network`: the bare network, which takes normalised float input; its attributes are
       also the Classifier's (`model.features`).
+
+    It comes in eval mode, so calling it leaves BatchNorm statistics and dropout alone;
+    `model.train()` before fine-tuning it.
     """
 
     def __init__(self, network: nn.Module, input_shape: tuple[int, int, int], num_classes: int,
@@ -47,6 +50,7 @@ class Classifier(nn.Module):
         self.channels_last = channels_last
         if channels_last:
             network.to(memory_format=torch.channels_last)  # as in training: the same kernels, the same numbers
+        self.eval()
 
     def __getattr__(self, name: str) -> Any:
         """The network's own attributes (`model.features`, ...), as before load_model wrapped it."""

@@ -187,9 +187,9 @@ def _print_config(**sections: object) -> int:
 
 def _cmd_search_show(args: argparse.Namespace) -> int:
     from towerlab.search import Store, evaluation_records, format_search
-    from towerlab.search.show import records_csv, records_json
+    from towerlab.search.show import records_csv, records_json, store_path
 
-    with Store(args.path, create=False) as store:
+    with Store(store_path(args.path), create=False) as store:
         if args.csv or args.json or args.plot:
             records = evaluation_records(store)
             if args.plot:
@@ -226,8 +226,12 @@ def _cmd_data_fetch(args: argparse.Namespace) -> int:
     from towerlab.data import resolve_data_dir
     from towerlab.fetch import fetch
 
+    def downloaded(filename: str, done: int, total: int | None) -> None:
+        if done == total:  # a line per file, once its bytes are in (the MD5 is checked next)
+            print(f"{filename}: {done:,} bytes downloaded", flush=True)
+
     folder = resolve_data_dir(args.data_dir)
-    paths = fetch(args.name, folder, progress=lambda line: print(line, flush=True))
+    paths = fetch(args.name, folder, progress=downloaded)
     for path in paths:
         print(path)
     return 0

@@ -238,7 +238,7 @@ class RunConfig:
     order, kernels), so a resumed run keeps them to end exactly where the uninterrupted one would;
     the `"free"` ones never change a number."""
 
-    preset: Optional[str] = _opt(None, "a measured recipe (mnist-fast, cifar-fast) whose settings apply "
+    preset: Optional[str] = _opt(None, "a measured recipe (mnist-fast, cifar-fast, cifar-94) whose settings apply "
                                  "under the flags you type; see towerlab.presets")
     device: str = _opt("auto", "where the replicas run: cuda (GPUs over NCCL), cpu (processes over gloo), or "
                        "auto (cuda when a GPU is present)", choices=DEVICE_KINDS, resume="keep")
@@ -318,7 +318,8 @@ class SearchConfig:
     seed: int = _opt(0, "seed of the search; candidate seeds derive from (seed, generation, index)")
     remeasure: int = _opt(2, "fresh seeds a network about to be crowned (ga's elite, the final top) is trained "
                           "with again; such networks rank by their mean (0: every network is measured once)")
-    max_epochs: int = _opt(10, "epochs a candidate may train at most")
+    max_epochs: int = _opt(10, "epochs a candidate may train at most (a space with an `epochs` gene, like "
+                               "whitenet, sets each candidate's own)")
     patience: int = _opt(5, "a candidate stops after this many epochs without a lower validation loss")
     min_epochs: Optional[int] = _opt(None, "prune: train every candidate this many epochs first, then promote "
                                      "the best 1/--prune-factor rung by rung up to --max-epochs (None: no pruning)")
@@ -472,7 +473,8 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type, *, skip: tuple[str
     """One flag per field. Defaults are left out of the namespace (argparse.SUPPRESS) so the caller
     can tell what the user typed from what is a default (needed by --resume and presets). `helps`
     replaces fields' help texts where a command means something of its own by them."""
-    group = parser.add_argument_group(cls.__name__, (cls.__doc__ or "").strip().splitlines()[0])
+    summary = " ".join((cls.__doc__ or "").split()).split(". ")[0].rstrip(".") + "."  # the first sentence
+    group = parser.add_argument_group(cls.__name__, summary)
     for f in dataclasses.fields(cls):
         if f.name in skip:
             continue

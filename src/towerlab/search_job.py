@@ -60,8 +60,9 @@ def start_search(kind: str, cfg: SearchConfig, run: RunConfig, *, start_method: 
         run = replace(run, resume=str(out))  # torchrun restarted this job's workers: continue the search
     workers = 1 if under_torchrun() else run.devices * cfg.workers_per_device
     if not under_torchrun():
-        check_capacity(workers, run.threads or default_threads(workers),
-                       f"--devices {run.devices} x --workers-per-device {cfg.workers_per_device}")
+        # Recorded as resolved: a resume trains its candidates with as many threads.
+        run = replace(run, threads=run.threads or default_threads(workers))
+        check_capacity(workers, run.threads, f"--devices {run.devices} x --workers-per-device {cfg.workers_per_device}")
 
     def preflight() -> tuple:
         stale_seconds()  # a bad TOWERLAB_WORKER_STALE_SECONDS is refused before any worker starts

@@ -131,6 +131,7 @@ def resolve_train(options: Mapping, config: str | os.PathLike | Mapping | None =
             raise UserError("--config does not go with --resume: the stored run already holds its settings")
         return _resumed_train(train_given, run_given)
     file_train, file_run = read_config_file(config, "train") if config is not None else ({}, {})
+    _refuse_new_run_only_options({**file_run, **run_given})
     preset = run_given.get("preset", file_run.get("preset"))
     preset_train, preset_run = _preset_layers(preset, run_given.get("device", file_run.get("device", "auto")))
     return (TrainConfig(**{**preset_train, **file_train, **train_given}),
@@ -162,21 +163,32 @@ def _resumed_train(train_given: dict, run_given: dict) -> tuple[TrainConfig, Run
         raise UserError(f"--resume continues the stored run, whose {flags} differ(s) from what you passed: "
                         "drop those flags or start a new run")
     _check_kept_run_options(folder, stored_run, run_given)
-    return cfg, replace(stored_run, **{**run_given, "out": str(folder)})
+    return cfg, _resumed_run(folder, stored_run, run_given)
 
 
-def _check_kept_run_options(folder: Path, stored: RunConfig, run_given: dict) -> None:
-    """A resumed run keeps the options that change its arithmetic (config's `resume="keep"`), so that
-    it ends with the parameters of the uninterrupted run; the others may change."""
+def _refuse_new_run_only_options(run_given: dict) -> None:
+    if run_given.get("allow_changed_data"):
+        raise UserError("--allow-changed-data goes with --resume only: a new run reads the data as it is now")
+
+
+def _resumed_run(folder: Path, stored: RunConfig, run_given: dict) -> RunConfig:
+    """The stored run options with those given now; --allow-changed-data holds for this resume only
+    (one a config.json recorded is not inherited)."""
+    return replace(stored, **{"allow_changed_data": False, **run_given, "out": str(folder)})
+
+
+def _check_kept_run_options(folder: Path, stored: RunConfig, run_given: dict, free: tuple[str, ...] = ()) -> None:
+    """A resumed run keeps the options that change its arithmetic (config's `resume="keep"`, less
+    `free`), so that it ends with the parameters of the uninterrupted run; the others may change."""
     from towerlab.distributed import device_type
 
     for f in dataclasses.fields(RunConfig):
-        if f.metadata.get("resume") != "keep" or f.name not in run_given:
+        if f.metadata.get("resume") != "keep" or f.name in free or f.name not in run_given:
             continue
         value, kept = run_given[f.name], getattr(stored, f.name)
         if f.name == "device":
             value, kept = device_type(value), device_type(kept)
-        if value != kept:
+        if value != kept and kept is not None:  # None: a record from before the option was resolved
             flag = "--" + f.name.replace("_", "-")
             wanted = (flag if kept else "--no-" + flag[2:]) if isinstance(kept, bool) else f"{flag} {kept}"
             raise UserError(f"{folder} was trained with {wanted}: resume with that (or without {flag}); another "
@@ -208,6 +220,7 @@ def resolve_search(kind: str, options: Mapping, config: str | os.PathLike | Mapp
         search_given["sampler"] = SEARCH_COMMANDS[kind]
     if "resume" not in run_given:
         file_search, file_run = read_config_file(config, "search") if config is not None else ({}, {})
+        _refuse_new_run_only_options({**file_run, **run_given})
         return SearchConfig(**{**file_search, **search_given}), RunConfig(**{**file_run, **run_given})
     if config is not None:
         raise UserError("--config does not go with --resume: the stored search already holds its settings")
@@ -230,7 +243,9 @@ def resolve_search(kind: str, options: Mapping, config: str | os.PathLike | Mapp
         flags = ", ".join("--" + k.replace("_", "-") for k in changed)
         raise UserError(f"--resume continues the stored search, whose {flags} differ(s) from what you passed: "
                         "drop those flags or start a new search")
-    return replace(cfg, **search_given), replace(stored_run, **{**run_given, "out": str(folder)})
+    # How many workers take part never changes a fitness (each candidate trains alone, from its own seed).
+    _check_kept_run_options(folder, stored_run, run_given, free=("devices",))
+    return replace(cfg, **search_given), _resumed_run(folder, stored_run, run_given)
 
 
 # ------------------------------------------------------------------------------------------- writing

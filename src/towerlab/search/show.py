@@ -8,10 +8,11 @@ import io
 import json
 import os
 import statistics
+from pathlib import Path
 from typing import Callable, Optional, TypeVar
 
 from towerlab.search.evaluation import rung_epochs
-from towerlab.search.store import SearchRow, Store
+from towerlab.search.store import STORE_NAME, SearchRow, Store
 
 # The columns of `--csv`, in order; the genes follow as gene_<name>.
 RECORD_FIELDS = ("id", "search", "sampler", "generation", "index", "rung", "max_epochs", "replicate", "seed",
@@ -25,8 +26,21 @@ T = TypeVar("T")
 def _open(store_or_path: Store | str | os.PathLike, what: Callable[[Store], T]) -> T:
     if isinstance(store_or_path, Store):
         return what(store_or_path)
-    with Store(store_or_path, create=False) as store:
+    with Store(store_path(store_or_path), create=False) as store:
         return what(store)
+
+
+def store_path(path: str | os.PathLike) -> Path:
+    """The store a path means: a file itself; a search folder's search.db, or the `--store` its
+    config.json names when the search kept its evaluations elsewhere."""
+    path = Path(path)
+    if not path.is_dir() or (path / STORE_NAME).exists():
+        return path
+    try:
+        named = json.loads((path / "config.json").read_text(encoding="utf-8"))["search"]["store"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return path
+    return Path(named) if named else path
 
 
 def format_search(store_or_path: Store | str | os.PathLike, search_id: Optional[int] = None) -> str:

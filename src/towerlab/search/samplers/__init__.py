@@ -62,7 +62,13 @@ def make_sampler(cfg: SearchConfig, space: Space) -> Sampler:
     if target is None:
         raise UserError(f"unknown sampler {cfg.sampler!r}: choose one of {', '.join(SAMPLERS)}")
     module, _, name = target.partition(":")
-    return getattr(importlib.import_module(module), name)(cfg, space)
+    sampler = getattr(importlib.import_module(module), name)(cfg, space)
+    most = sampler.population * cfg.generations
+    if cfg.sampler != "grid" and cfg.max_evaluations is not None and cfg.max_evaluations > most:
+        raise UserError(f"--max-evaluations {cfg.max_evaluations} is more than {cfg.generations} generations of "
+                        f"{sampler.population} can train: pass --generations "
+                        f"{-(-cfg.max_evaluations // sampler.population)} (or more) with it")
+    return sampler
 
 
 def random_genome(rng: np.random.Generator, space: Space) -> dict:

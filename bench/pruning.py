@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
         budget.update(population=9, generations=2, max_epochs=3, patience=3)
     common = measure.flags({"space": "mlp", "dataset": args.dataset, **budget, "remeasure": 0, "top": 1,
                             "device": "cpu", "devices": args.devices, "threads": args.threads})
-    runs_dir = Path(args.out_dir) / "pruning-runs"
+    runs_dir = search_runs.out_dir(args) / "pruning-runs"
     record = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "machine": machine.describe(), "dataset": args.dataset,
               "budget": budget, "pruning": PRUNING, "seeds": []}
     for seed in args.seeds:
@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     ratio = "-" if summary["ratio_median"] is None else f"{summary['ratio_median']:.2f}x"
     print(f"| {len(record['seeds'])} seed(s) | {pct(summary['best_unpruned'])} | {pct(summary['best_pruned'])} | "
           f"{ratio} | {summary['reached']} | {summary['train_seconds_ratio']['mean']:.2f}x |")
-    search_runs.save(args.out_dir, "pruning", args.dataset, record)
+    search_runs.save(search_runs.out_dir(args), "pruning", args.dataset, record)
     return 0
 
 

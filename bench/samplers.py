@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
                             "batch_size": 128, "max_evaluations": args.budget, "generations": 100 * args.budget,
                             "top": 1, "device": "cpu", "devices": args.devices, "threads": args.threads})
     retrain_seeds = [10_000 + i for i in range(args.retrain)]
-    runs_dir = Path(args.out_dir) / "sampler-runs"
+    runs_dir = search_runs.out_dir(args) / "sampler-runs"
     record = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "machine": machine.describe(), "dataset": args.dataset,
               "budget": args.budget, "retrain_seeds": retrain_seeds, "methods": {}}
     for name in args.methods:
@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
         p = m.get("p_vs_random", {})
         print(f"| {name} | {' | '.join(pct(m['best_at'][k]) for k in marks)} | {pct(m['pick_retrained'])} | "
               f"{m['trainings']['mean']:.1f} | {m['cache_hits']['mean']:.1f} | {p.get('best')}, {p.get('pick_retrained')} |")
-    search_runs.save(args.out_dir, "samplers", args.dataset, record)
+    search_runs.save(search_runs.out_dir(args), "samplers", args.dataset, record)
     return 0
 
 

@@ -117,10 +117,17 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--devices", type=int, default=2, help="CPU worker processes")
     parser.add_argument("--threads", type=int, default=1, help="threads per worker")
     parser.add_argument("--data-dir", default=measure.default_data_dir())
-    parser.add_argument("--out-dir", default=str(BENCH / "results"))
+    parser.add_argument("--out-dir", default=None,
+                        help="where the record and the runs' folders go (default: bench/results; --smoke: "
+                             "bench/results/quick, not committed)")
     parser.add_argument("--reuse", action="store_true",
                         help="take runs that finished in an earlier invocation (same command) from their folders")
 
 
-def save(out_dir: str, kind: str, dataset: str, record: dict) -> None:
+def out_dir(args: argparse.Namespace) -> Path:
+    """--out-dir, else bench/results (a smoke run's: bench/results/quick, which git ignores)."""
+    return Path(args.out_dir) if args.out_dir else BENCH / "results" / ("quick" if args.smoke else "")
+
+
+def save(out_dir: str | Path, kind: str, dataset: str, record: dict) -> None:
     print(machine.write_record(out_dir, f"{kind}-{dataset}-{time.strftime('%Y-%m-%d')}.json", record))

@@ -221,12 +221,7 @@ def plot_accuracy_time(records: list[dict], path: Path, title: str) -> None:
         if points:
             ax.plot(*zip(*points), ".", alpha=0.4, color=line.get_color() if line else None,
                     label=None if line else label)
-    ax.set_xlabel("training seconds spent")
-    ax.set_ylabel("validation accuracy")
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    if ax.get_legend_handles_labels()[0]:  # not when every candidate failed
-        ax.legend()
+    _label_axes(ax, "training seconds spent", title)
     _save_figure(fig, path)
 
 
@@ -247,10 +242,15 @@ def fitness_figure(stats: list[dict], title: str) -> Any:
         if points:
             ax.plot(*zip(*points), style, label=key)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # generations are whole: no tick at 1.5
-    ax.set_xlabel("generation")
+    _label_axes(ax, "generation", title)
+    return fig
+
+
+def _label_axes(ax: Any, xlabel: str, title: str) -> None:
+    """A search plot's axes: validation accuracy over `xlabel`, a grid, and a legend where a line has a label."""
+    ax.set_xlabel(xlabel)
     ax.set_ylabel("validation accuracy")
     ax.set_title(title)
     ax.grid(alpha=0.3)
     if ax.get_legend_handles_labels()[0]:  # not when every candidate failed
         ax.legend()
-    return fig

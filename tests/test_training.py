@@ -125,7 +125,7 @@ def test_target_accuracy_stops_as_soon_as_reached(tmp_path):
 
 @pytest.mark.slow
 def test_sigint_to_two_replicas_saves_and_resume_equals_uninterrupted(tmp_path):
-    args = [*TINY, "--synthetic-train", "6000", "--model", "lenet5", "--epochs", "6", "--batch-size", "16",
+    args = [*TINY, "--synthetic-train", "6000", "--model", "lenet5", "--epochs", "3", "--batch-size", "16",
             "--devices", "2"]
     whole = run_cli("train", *args, "--out", str(tmp_path / "whole"))
     assert whole.returncode == 0, whole.stderr
@@ -144,7 +144,7 @@ def test_sigint_to_two_replicas_saves_and_resume_equals_uninterrupted(tmp_path):
 @pytest.mark.slow
 def test_a_killed_replica_ends_the_job_quickly_naming_the_rank(tmp_path):
     out = tmp_path / "run"
-    job = start_towerlab("train", *TINY, "--synthetic-train", "20000", "--model", "lenet5", "--epochs", "50",
+    job = start_towerlab("train", *TINY, "--synthetic-train", "6000", "--model", "lenet5", "--epochs", "50",
                          "--batch-size", "16", "--devices", "2", "--out", str(out), log=tmp_path / "log")
     deadline = time.time() + 120
     while not (out / "checkpoint.pt").exists() and time.time() < deadline:

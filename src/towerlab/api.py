@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from towerlab.config import ARRAYS_DATASET, CUSTOM_MODEL, replace
-from towerlab.distributed import EXIT_SIGINT, EXIT_SIGTERM, Interrupted, start_method_for
+from towerlab.distributed import EXIT_SIGINT, EXIT_SIGTERM, Interrupted
 from towerlab.models import load_model
 from towerlab.errors import UserError
 
@@ -123,7 +123,7 @@ def train(model: str | Any | Callable[[], Any] | None = None, data: str | os.Pat
     if run.resume is None and run.out is None:
         run = replace(run, out=str(default_out(cfg)))
     out = Path(run.resume or run.out)
-    _run(lambda: start(cfg, run, data=dataset, module=module, start_method=start_method_for(run.device)), "training")
+    _run(lambda: start(cfg, run, data=dataset, module=module), "training")
 
     metrics = _jsonl(out / "metrics.jsonl")
     return TrainRun(out=out, summary=_json(out / "summary.json"), config=_json(out / "config.json"),
@@ -171,7 +171,7 @@ def _search(kind: str, space: Any, data: Any, config: Any, options: dict) -> Sea
     if run.resume is None and run.out is None:
         run = replace(run, out=str(search_out(kind, cfg, run)))
     out = Path(run.resume or run.out)
-    _run(lambda: start_search(kind, cfg, run, start_method=start_method_for(run.device)), kind)
+    _run(lambda: start_search(kind, cfg, run), kind)
     best = out / "best.json"
     return SearchRun(out=out, summary=_json(out / "summary.json"), config=_json(out / "config.json"),
                      generations=_jsonl(out / "generations.jsonl"), best=_json(best) if best.exists() else None,

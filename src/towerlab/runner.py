@@ -202,12 +202,13 @@ def _process(rank: int, world_size: int, store_path: str | None, cfg: TrainConfi
                                      timeout=run.timeout, device=run.device) as ctx:
         data = worker_data(ctx, functools.partial(load_data, cfg, run), data, fallback)
         check_setup(cfg, ctx.world_size, data, module)
-        resume_state = _start_state(cfg, run, ctx, out, data)
+        digests = content_sha256(data.source) if ctx.is_main else {}  # read once: start, resume check, summary
+        resume_state = _start_state(cfg, run, ctx, out, digests)
         if ctx.is_main:
             out.mkdir(parents=True, exist_ok=True)
             if resume_state is None:
                 (out / "metrics.jsonl").unlink(missing_ok=True)  # left by a restarted attempt, if any
-                _write_config(out, cfg, run, ctx, data)
+                _write_config(out, cfg, run, ctx, digests)
             else:
                 truncate_metrics(out / "metrics.jsonl", resume_state["step"])
         barrier(ctx)
@@ -223,7 +224,7 @@ def _process(rank: int, world_size: int, store_path: str | None, cfg: TrainConfi
                            display_step=run.display_step, checkpoint_path=out / CHECKPOINT,
                            resume_state=resume_state, compile_model=run.compile, stop=stop, source=module)
             if ctx.is_main:
-                summary = _summary(cfg, run, ctx, data, result, out, time.time() - started)
+                summary = _summary(cfg, run, ctx, data, digests, result, out, time.time() - started)
                 save_model(out / "model.pt", result.model, cfg, data)
                 atomic.write_json(out / "summary.json", summary)
                 reporter.record("test", step=result.steps, test_loss=result.test_loss,
@@ -235,7 +236,7 @@ def _process(rank: int, world_size: int, store_path: str | None, cfg: TrainConfi
     return 0
 
 
-def _start_state(cfg: TrainConfig, run: RunConfig, ctx: Context, out: Path, data: Any) -> dict | None:
+def _start_state(cfg: TrainConfig, run: RunConfig, ctx: Context, out: Path, digests: dict) -> dict | None:
     """The checkpoint this run continues from, or None for a new run. Rank 0 decides (only it may
     see the folder); every rank gets the same answer, or the same UserError."""
     decision: dict = {}
@@ -243,7 +244,7 @@ def _start_state(cfg: TrainConfig, run: RunConfig, ctx: Context, out: Path, data
         try:
             decision["state"] = _decide_start(cfg, run, ctx, out)
             if decision["state"] is not None:
-                _check_same_data(out, data, run.allow_changed_data)
+                _check_same_data(out, digests, run.allow_changed_data)
         except UserError as exc:
             decision["error"] = str(exc)
     decision = broadcast_object(ctx, decision)
@@ -285,11 +286,11 @@ def _resume_state(cfg: TrainConfig, ctx: Context, out: Path) -> dict:
     return state
 
 
-def _check_same_data(out: Path, data: Any, allowed: bool) -> None:
-    """Refuse to continue a run on data other than it started on (by content: a moved data folder
-    is fine), unless --allow-changed-data; then warn (summary.json records both)."""
+def _check_same_data(out: Path, now: dict, allowed: bool) -> None:
+    """Refuse to continue a run on data other than it started on (`now`: the SHA-256 of the files
+    read; by content, so a moved data folder is fine), unless --allow-changed-data; then warn
+    (summary.json records both)."""
     started_on = (read_config(out) or {}).get("data_sha256")
-    now = content_sha256(data.source)
     if started_on is None or sorted(started_on.values()) == sorted(now.values()):
         return  # the same files (or a run recorded before towerlab hashed its data)
     changed = next((path for path, digest in now.items() if digest not in started_on.values()), None)
@@ -302,15 +303,14 @@ def _check_same_data(out: Path, data: Any, allowed: bool) -> None:
                 "--allow-changed-data asks: summary.json records both SHA-256 sets")
 
 
-def _write_config(out: Path, cfg: TrainConfig, run: RunConfig, ctx: Context, data: Any) -> None:
+def _write_config(out: Path, cfg: TrainConfig, run: RunConfig, ctx: Context, data_sha256: dict) -> None:
     write_config(out, {"train": to_dict(cfg), "run": to_dict(run), "world_size": ctx.world_size,
                        "device_type": ctx.device.type, "global_batch_size": cfg.batch_size * ctx.world_size,
-                       "data_sha256": content_sha256(data.source)})
+                       "data_sha256": data_sha256})
 
 
-def _summary(cfg: TrainConfig, run: RunConfig, ctx: Context, data: Any, result: TrainResult, out: Path,
-             wall_seconds: float) -> dict:
-    data_sha256 = content_sha256(data.source)
+def _summary(cfg: TrainConfig, run: RunConfig, ctx: Context, data: Any, data_sha256: dict, result: TrainResult,
+             out: Path, wall_seconds: float) -> dict:
     started_on = (read_config(out) or {}).get("data_sha256", data_sha256)
     changed = ({"data_sha256_at_start": started_on}
                if sorted(started_on.values()) != sorted(data_sha256.values()) else {})

@@ -67,6 +67,9 @@ def test_search_run_with_a_sampler_writes_its_record_and_every_evaluation_comes_
     (["--min-epochs", "3", "--max-epochs", "3"], "--min-epochs (3) must be below --max-epochs (3)"),
     (["--sampler", "ga", "--population", "4", "--elite", "5"], "--elite must be between 0 and --population (4)"),
     (["--sampler", "ga", "--elite", "25"], "--elite must be between 0 and --population (20)"),
+    # a setting only other samplers read would be ignored
+    (["--sampler", "tpe", "--elite", "2"], "--elite does nothing in a tpe search: only the ga sampler reads it"),
+    (["--sampler", "random", "--limit", "3"], "--limit does nothing in a random search: only the grid sampler reads it"),
     # tpe proposes 4 a generation by default: 10 generations cannot reach 100 trainings
     (["--sampler", "tpe", "--max-evaluations", "100"],
      "--max-evaluations 100 is more than 10 generations of 4 can train: pass --generations 25 (or more) with it"),

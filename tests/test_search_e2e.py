@@ -136,6 +136,19 @@ def test_bad_search_settings(args, fragment, tmp_path, capsys):
     assert not out.exists()
 
 
+@pytest.mark.parametrize("command, args, fragment", [
+    ("evolve", ["--limit", "5"], "--limit does nothing in a ga search: only the grid sampler reads it (drop --limit)"),
+    ("grid", ["--population", "5"], "--population does nothing in a grid search: only the ga, random and tpe samplers"),
+    ("grid", ["--mutate-chance", "0.5"], "--mutate-chance does nothing in a grid search: only the ga sampler reads it"),
+])
+def test_settings_of_another_sampler_are_refused(command, args, fragment, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main([command, *BASE, *args, "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert fragment in err and err.count("\n") == 1
+    assert not out.exists()
+
+
 def test_bad_space_file_and_foreign_store(tmp_path, capsys):
     bad = tmp_path / "bad.toml"
     bad.write_text('model = "mlp"\n[genes]\nneurons = []\n')

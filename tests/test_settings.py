@@ -75,6 +75,19 @@ def test_evolve_takes_a_config_file_too(tmp_path, capsys):
     assert tomllib.loads(capsys.readouterr().out)["search"]["population"] == 4
 
 
+@pytest.mark.parametrize("command", [["evolve"], ["grid"], ["search", "run", "--sampler", "tpe"]])
+def test_a_search_prints_only_what_it_reads_and_the_file_resolves_to_it(command, tmp_path, capsys):
+    assert main([*command, "--seed", "5", "--print-config"]) == 0
+    text = capsys.readouterr().out
+    printed = tomllib.loads(text)
+    sampler = printed["search"]["sampler"]
+    assert ("retain" in printed["search"]) == (sampler == "ga") and ("elite" in printed["search"]) == (sampler == "ga")
+    assert not {"strategy", "input", "display_step", "compile", "tensorboard"} & set(printed["run"])
+    (tmp_path / "search.toml").write_text(text)
+    assert resolve_search(parse(*command, "--config", str(tmp_path / "search.toml"))) == \
+        resolve_search(parse(*command, "--seed", "5"))
+
+
 def test_config_toml_writes_every_kind_of_value():
     text = config_toml(train={"name": 'a "quoted"\nline', "lr": 1e-05, "on": False, "n": 3, "skip": None,
                               "opts": {"layers": 2, "act": "relu"}})

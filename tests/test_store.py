@@ -176,6 +176,13 @@ def test_format_search_shows_generations_counts_and_top(tmp_path):
     assert f"     1 {best.fitness:>8.4f} {best.spread:>7.4f}     3   0.8765  {genome}" in text
 
 
+def test_format_search_says_one_generation(tmp_path):
+    with Store(tmp_path / "search.db") as store:
+        run_search(SearchConfig(sampler="random", population=3, generations=1, remeasure=0), load_space("mlp"),
+                   serial(lambda c: Outcome.ok(0.5)), store, TCH)
+        assert "population 3, 1 generation;" in format_search(store)
+
+
 def test_format_search_shows_an_interrupted_generation(tmp_path):
     def crash(candidates, record):
         if candidates[0].generation == 1:

@@ -171,8 +171,13 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 def _cmd_search(args: argparse.Namespace) -> int:
     cfg, run = resolve_search(args)
-    if args.print_config:
-        return _print_config(search=cfg, run=run)
+    if args.print_config:  # the settings this search reads: not other samplers' nor training-only run options
+        from towerlab.config import to_dict
+        from towerlab.search import settings_of_others
+
+        foreign = settings_of_others(cfg.sampler)
+        return _print_config(search={k: v for k, v in to_dict(cfg).items() if k not in foreign},
+                             run={k: v for k, v in to_dict(run).items() if k not in SEARCH_RUN_SKIP})
     from towerlab.search_job import start_search
 
     return start_search(args.kind, cfg, run)

@@ -37,7 +37,7 @@ from towerlab.job import (check_writable_file, require_out_under_torchrun, resta
 from towerlab.report import Reporter, format_generation, format_top, plot_accuracy_time, plot_fitness
 from towerlab.runner import handed_over, load_data, resolved_run, worker_data
 from towerlab.search import (Candidate, Space, evaluation_records, load_space, make_sampler, open_search,
-                             run_search)
+                             refuse_unused_settings, run_search)
 from towerlab.search.pool import Pool, stale_seconds
 from towerlab.search.store import Store
 
@@ -50,6 +50,8 @@ def start_search(kind: str, cfg: SearchConfig, run: RunConfig, *, start_method: 
     `distributed.start_method_for` the run's device)."""
     space = load_space(cfg.space)
     make_sampler(cfg, space)  # an unknown sampler or a setting it refuses: before any folder or worker
+    if run.resume is None:  # a search started before this check keeps what it recorded
+        refuse_unused_settings(cfg)
     require_out_under_torchrun(run)
     if cfg.store:
         check_writable_file(cfg.store, "--store")

@@ -115,7 +115,7 @@ def _shape(search: SearchRow, generations: list) -> str:
         shape = f"limit {cfg['limit']}" if cfg.get("limit") else "every genome"
     else:  # without --population, the sampler's own: the size of its generations (a budget may cut the last)
         population = cfg["population"] or max((len(g.members) for g in generations), default="default")
-        shape = f"population {population}, {cfg['generations']} generations"
+        shape = f"population {population}, {cfg['generations']} generation{'' if cfg['generations'] == 1 else 's'}"
     if cfg.get("max_evaluations"):
         shape += f", at most {cfg['max_evaluations']} evaluations"
     if cfg.get("min_epochs"):

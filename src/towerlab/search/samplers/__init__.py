@@ -10,6 +10,7 @@ Adding a sampler: a module here with a `Sampler` subclass, and its line in `SAMP
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from typing import TYPE_CHECKING, Sequence
 
@@ -56,13 +57,37 @@ class Sampler:
         samplers that read the history in `propose` need nothing more."""
 
 
+def _sampler_class(name: str) -> type[Sampler]:
+    target = SAMPLERS.get(name)
+    if target is None:
+        raise UserError(f"unknown sampler {name!r}: choose one of {', '.join(SAMPLERS)}")
+    module, _, attr = target.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+def settings_of_others(sampler: str) -> dict[str, list[str]]:
+    """The SearchConfig fields that only other samplers read (their `identity`), each with those samplers."""
+    mine = _sampler_class(sampler).identity
+    readers = {f.name: [s for s in SAMPLERS if f.name in _sampler_class(s).identity]
+               for f in dataclasses.fields(SearchConfig) if f.name not in mine}
+    return {name: users for name, users in readers.items() if users}
+
+
+def refuse_unused_settings(cfg: SearchConfig) -> None:
+    """A setting that only other samplers read, set away from its default, is a UserError: `evolve
+    --limit 5` would otherwise run the whole search as if it had not been given."""
+    defaults = {f.name: f.default for f in dataclasses.fields(SearchConfig)}
+    for name, users in settings_of_others(cfg.sampler).items():
+        if getattr(cfg, name) != defaults[name]:
+            flag = "--" + name.replace("_", "-")
+            readers = users[0] if len(users) == 1 else ", ".join(users[:-1]) + " and " + users[-1]
+            raise UserError(f"{flag} does nothing in a {cfg.sampler} search: only the {readers} sampler"
+                            f"{'s read' if len(users) > 1 else ' reads'} it (drop {flag})")
+
+
 def make_sampler(cfg: SearchConfig, space: Space) -> Sampler:
     """The sampler `cfg.sampler` names, set up for this search (a bad name or setting: UserError)."""
-    target = SAMPLERS.get(cfg.sampler)
-    if target is None:
-        raise UserError(f"unknown sampler {cfg.sampler!r}: choose one of {', '.join(SAMPLERS)}")
-    module, _, name = target.partition(":")
-    sampler = getattr(importlib.import_module(module), name)(cfg, space)
+    sampler = _sampler_class(cfg.sampler)(cfg, space)
     most = sampler.population * cfg.generations
     if cfg.sampler != "grid" and cfg.max_evaluations is not None and cfg.max_evaluations > most:
         raise UserError(f"--max-evaluations {cfg.max_evaluations} is more than {cfg.generations} generations of "

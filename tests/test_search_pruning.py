@@ -96,6 +96,25 @@ def test_pruning_trains_far_fewer_epochs_and_keeps_the_same_seed_per_rung(tmp_pa
     assert all(len(s) == 1 for s in seeds.values())  # a higher rung retrains with the rung below's seed
 
 
+def test_a_genome_keeps_the_rung_it_reached_and_the_elite_its_place(tmp_path):
+    """The elite (and any genome proposed again) is served its higher rungs from the store instead
+    of being pruned below them by the newcomers of a later generation: the GA's best never falls."""
+    fitness = Counting()
+    result = search(tmp_path / "s.db", pruned(generations=8, population=12, elite=2), fitness)
+    highest: dict[str, int] = {}
+    kept = 0
+    for gen in result.history:
+        for m in gen.members:
+            if m.ok and m.genome_hash in highest:
+                assert m.rung >= highest[m.genome_hash]
+                kept += m.rung == 2 and m.source == "cached"
+            highest[m.genome_hash] = max(highest.get(m.genome_hash, 0), m.rung if m.ok else 0)
+    assert kept >= len(result.history) - 1  # every generation after the first holds an earlier finalist
+    bests = [g.stats.best for g in result.history]
+    assert bests == sorted(bests)
+    assert max(fitness.calls.values()) == 1  # served, not trained again
+
+
 @pytest.mark.parametrize("crash_at", [4, 10, 12])
 def test_a_pruned_search_killed_mid_rung_resumes_to_the_same_history(tmp_path, crash_at):
     reference = search(tmp_path / "ref.db", pruned(remeasure=1))

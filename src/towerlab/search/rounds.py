@@ -3,7 +3,9 @@ networks about to be crowned. No torch here; the counts are defined in `towerlab
 
 Pruning (successive halving, `--min-epochs`): every unique genome of a generation trains for the
 first rung's epochs; the best 1/`prune_factor` of those that succeeded go on to the next rung, and
-so on up to `--max-epochs`. A higher rung trains the genome again from scratch, with the same seed,
+so on up to `--max-epochs`. A genome the store already holds at the next rung (the genetic
+algorithm's elite, a genome proposed again) goes on as well, at no cost, so it keeps the rung it
+reached in an earlier generation. A higher rung trains the genome again from scratch, with the same seed,
 for more epochs. That costs the lower rungs' epochs once more for the few promoted (about
 1/prune_factor extra), and buys exactness: a rung's result is the very training an unpruned search
 with that many epochs makes, whichever worker runs it, so it is cached and replayed like any other
@@ -176,7 +178,11 @@ class Rounds:
                 firsts.setdefault(h, row)
             ok = [h for h in alive if reached[h][1].status == "ok"]
             ok.sort(key=lambda h: rank_key(genomes[first[h]], reached[h][1].fitness))
-            alive = ok[:math.ceil(len(ok) / self.prune_factor)]
+            promoted = set(ok[:math.ceil(len(ok) / self.prune_factor)])
+            if rung + 1 < len(self.ladder):  # a genome the store holds at the next rung goes on for free
+                above = self.hashes[self.ladder[rung + 1]]
+                promoted |= {h for h in ok if self._holds(h, above)}
+            alive = [h for h in ok if h in promoted]
 
         members = []
         for index, (genome, h) in enumerate(zip(genomes, hashes)):
@@ -189,6 +195,12 @@ class Rounds:
         self.store.complete_generation(self.search_id, generation, [m.to_json() for m in members],
                                        stats.to_json())
         return Generation(generation, tuple(members), stats)
+
+    def _holds(self, genome_hash: str, rung_config_hash: str) -> bool:
+        """Whether the store serves this genome a successful training at that rung (a GA's elite,
+        or a genome proposed again, keeps the rung it reached instead of being pruned below it)."""
+        row = self.store.lookup(genome_hash, rung_config_hash, self.search_id)
+        return row is not None and row.status == "ok"
 
     # -- crowning ---------------------------------------------------------------------------------
 

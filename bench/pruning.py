@@ -17,6 +17,8 @@ counted), read from each search's store; the best at a time counts only training
 from __future__ import annotations
 
 import argparse
+import json
+import math
 import statistics
 import time
 from pathlib import Path
@@ -61,19 +63,31 @@ def main(argv: list[str] | None = None) -> int:
                            "best_test_accuracy": s["best_test_accuracy"]}
         target = sides["unpruned"]["best"]
         reached = {name: seconds_to_reach(side["curve"], target) for name, side in sides.items()}
+        # "the same best within noise": one binomial standard error of an accuracy on the validation set
+        config = runs_dir / f"{args.dataset}-unpruned-s{seed}" / "config.json"
+        val_size = json.loads(config.read_text())["search"]["val_size"]
+        noise = math.sqrt(target * (1 - target) / val_size)
+        near = {name: seconds_to_reach(side["curve"], target - noise) for name, side in sides.items()}
         row = {"seed": seed, "target": target, "seconds_to_target": reached,
                "ratio": reached["pruned"] / reached["unpruned"] if reached["pruned"] is not None else None,
+               "noise": noise, "seconds_to_within_noise": near,
+               "ratio_within_noise": near["pruned"] / near["unpruned"] if near["pruned"] is not None else None,
                **{name: {k: v for k, v in side.items() if k != "curve"} for name, side in sides.items()},
                "curves": {name: side["curve"] for name, side in sides.items()}}
         record["seeds"].append(row)
-        when = "never" if reached["pruned"] is None else f"after {reached['pruned']:.0f} s of training"
-        print(f"   unpruned best {target:.4f} after {reached['unpruned']:.0f} s of training "
+        print(f"   unpruned best {target:.4f} {_after(reached['unpruned'])} "
               f"({sides['unpruned']['train_seconds']:.0f} s in all); pruned best {sides['pruned']['best']:.4f}, "
-              f"the unpruned best reached {when} ({sides['pruned']['train_seconds']:.0f} s in all)", flush=True)
+              f"the unpruned best reached "
+              f"{_after(reached['pruned'])} ({sides['pruned']['train_seconds']:.0f} s in all); within noise "
+              f"(>= {target - noise:.4f}): unpruned {_after(near['unpruned'])}, pruned {_after(near['pruned'])}",
+              flush=True)
     ratios = [r["ratio"] for r in record["seeds"] if r["ratio"] is not None]
+    noisy = [r["ratio_within_noise"] for r in record["seeds"] if r["ratio_within_noise"] is not None]
     record["summary"] = {
         "ratio_median": statistics.median(ratios) if ratios else None,
         "reached": f"{len(ratios)} of {len(record['seeds'])}",
+        "ratio_within_noise_median": statistics.median(noisy) if noisy else None,
+        "reached_within_noise": f"{len(noisy)} of {len(record['seeds'])}",
         "best_unpruned": mean_sd([r["unpruned"]["best"] for r in record["seeds"]]),
         "best_pruned": mean_sd([r["pruned"]["best"] for r in record["seeds"]]),
         "train_seconds_ratio": mean_sd([r["pruned"]["train_seconds"] / r["unpruned"]["train_seconds"]
@@ -81,13 +95,22 @@ def main(argv: list[str] | None = None) -> int:
     }
     summary = record["summary"]
     print(f"\n| {args.dataset} | best unpruned | best pruned | training time to the unpruned best, pruned / "
-          f"unpruned (median) | reached | all training, pruned / unpruned |")
-    print("| --- | --- | --- | --- | --- | --- |")
-    ratio = "-" if summary["ratio_median"] is None else f"{summary['ratio_median']:.2f}x"
+          f"unpruned (median) | reached | the same within noise | reached | all training, pruned / unpruned |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     print(f"| {len(record['seeds'])} seed(s) | {pct(summary['best_unpruned'])} | {pct(summary['best_pruned'])} | "
-          f"{ratio} | {summary['reached']} | {summary['train_seconds_ratio']['mean']:.2f}x |")
+          f"{_times(summary['ratio_median'])} | {summary['reached']} | "
+          f"{_times(summary['ratio_within_noise_median'])} | "
+          f"{summary['reached_within_noise']} | {summary['train_seconds_ratio']['mean']:.2f}x |")
     search_runs.save(search_runs.out_dir(args), "pruning", args.dataset, record)
     return 0
+
+
+def _after(seconds: float | None) -> str:
+    return "never" if seconds is None else f"after {seconds:.0f} s of training"
+
+
+def _times(ratio: float | None) -> str:
+    return "-" if ratio is None else f"{ratio:.2f}x"
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@ several seeds per method; the best validation accuracy after 10, 20 and 40 train
 run's pick (its winner) trained again with fresh seeds.
 
     python bench/samplers.py                                  # the table: 6 seeds, 6 methods (~2.5 h, 2 cores)
-    python bench/samplers.py --dataset cifar10                # the same on CIFAR-10 (~7 h)
+    python bench/samplers.py --dataset cifar10                # the same on CIFAR-10 (~2.5 h)
     python bench/samplers.py --smoke                          # synthetic data, tiny budget: the plumbing (~2 min)
 
 Each run is a real `towerlab evolve` / `towerlab search run` on 2 CPU workers x 1 thread; its

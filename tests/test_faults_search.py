@@ -162,20 +162,27 @@ def test_a_killed_coordinator_ends_the_job_at_once_and_resume_loses_nothing(tmp_
 @pytest.mark.slow
 def test_a_killed_worker_hands_its_candidate_on_and_the_search_finishes(tmp_path, space, reference, monkeypatch):
     monkeypatch.setenv("TOWERLAB_WORKER_STALE_SECONDS", "3")
-    out = tmp_path / "evo"
-    log = tmp_path / "log"
-    job = start_towerlab("evolve", *BASE, "--space", space, "--devices", "2", "--out", str(out), log=log)
-    wait_for(lambda: any(r["worker"].startswith("rank1@") for r in rows(out)), what="a result of rank 1")
-    workers = replica_pids(job.pid)
-    wait_for(lambda: busy(workers[1]), what="rank 1 training a candidate")  # it holds a claimed task
-    os.kill(workers[1], signal.SIGKILL)
-    status = job.wait(timeout=120)
-    text = log.read_text()
-    assert status == 0, text
-    assert "worker rank 1" in text and "SIGKILL" in text and "the others carry on" in text, text
-    assert "worker rank 1 stopped beating while training task" in text, text  # its candidate, trained again
-    assert history(out) == history(reference)
-    assert len(rows(out)) == len(rows(reference))
+    handed_on = []
+    # A busy worker almost always holds a claimed task, but on a loaded machine its task may end
+    # between the look and the kill: then nothing is handed on, and the kill is tried again.
+    for attempt in range(3):
+        out = tmp_path / f"evo{attempt}"
+        log = tmp_path / f"log{attempt}"
+        job = start_towerlab("evolve", *BASE, "--space", space, "--devices", "2", "--out", str(out), log=log)
+        wait_for(lambda: any(r["worker"].startswith("rank1@") for r in rows(out)), what="a result of rank 1")
+        workers = replica_pids(job.pid)
+        wait_for(lambda: busy(workers[1]), what="rank 1 training a candidate")  # it holds a claimed task
+        os.kill(workers[1], signal.SIGKILL)
+        status = job.wait(timeout=120)
+        text = log.read_text()
+        assert status == 0, text
+        assert "worker rank 1" in text and "SIGKILL" in text and "the others carry on" in text, text
+        assert history(out) == history(reference)
+        assert len(rows(out)) == len(rows(reference))
+        handed_on.append("worker rank 1 stopped beating while training task" in text)  # trained again
+        if handed_on[-1]:
+            break
+    assert any(handed_on), text
 
 
 def test_a_bad_stale_setting_is_refused_before_any_worker_starts(tmp_path, space):

@@ -181,7 +181,7 @@ class Rounds:
             promoted = set(ok[:math.ceil(len(ok) / self.prune_factor)])
             if rung + 1 < len(self.ladder):  # a genome the store holds at the next rung goes on for free
                 above = self.hashes[self.ladder[rung + 1]]
-                promoted |= {h for h in ok if self._holds(h, above)}
+                promoted |= {h for h in ok if h not in promoted and self._holds(h, above)}
             alive = [h for h in ok if h in promoted]
 
         members = []

@@ -88,6 +88,17 @@ def test_a_search_prints_only_what_it_reads_and_the_file_resolves_to_it(command,
         resolve_search(parse(*command, "--seed", "5"))
 
 
+@pytest.mark.parametrize("command, fragment", [
+    (["evolve", "--limit", "5"], "--limit does nothing in a ga search: only the grid sampler reads it"),
+    (["search", "run", "--sampler", "tpe", "--max-evaluations", "100"], "--max-evaluations 100 is more than"),
+    (["grid", "--space", "no-such-space"], "no-such-space"),
+])
+def test_print_config_refuses_what_the_search_would_refuse(command, fragment, capsys):
+    assert main([*command, "--print-config"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and fragment in err and err.count("\n") == 1
+
+
 def test_config_toml_writes_every_kind_of_value():
     text = config_toml(train={"name": 'a "quoted"\nline', "lr": 1e-05, "on": False, "n": 3, "skip": None,
                               "opts": {"layers": 2, "act": "relu"}})

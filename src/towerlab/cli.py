@@ -174,6 +174,9 @@ def _cmd_search(args: argparse.Namespace) -> int:
     if args.print_config:  # the settings this search reads: not other samplers' nor training-only run options
         from towerlab.config import to_dict
         from towerlab.search import settings_of_others
+        from towerlab.search_job import check_settings
+
+        check_settings(cfg, run)  # a file the search would refuse is not printed
 
         foreign = settings_of_others(cfg.sampler)
         return _print_config(search={k: v for k, v in to_dict(cfg).items() if k not in foreign},

@@ -45,13 +45,20 @@ from towerlab.search.store import Store
 COMMANDS = {"evolve": "evolve", "grid": "grid", "search": "search run"}
 
 
+def check_settings(cfg: SearchConfig, run: RunConfig) -> Space:
+    """The search's space, once every setting the search would refuse has been: an unknown sampler, a
+    setting it refuses or one only other samplers read (a UserError; before any folder or worker)."""
+    space = load_space(cfg.space)
+    make_sampler(cfg, space)
+    if run.resume is None:  # a search started before this check keeps what it recorded
+        refuse_unused_settings(cfg)
+    return space
+
+
 def start_search(kind: str, cfg: SearchConfig, run: RunConfig, *, start_method: str | None = None) -> int:
     """Run the search job; returns its exit status (`start_method` as in `distributed.launch`; None:
     `distributed.start_method_for` the run's device)."""
-    space = load_space(cfg.space)
-    make_sampler(cfg, space)  # an unknown sampler or a setting it refuses: before any folder or worker
-    if run.resume is None:  # a search started before this check keeps what it recorded
-        refuse_unused_settings(cfg)
+    space = check_settings(cfg, run)
     require_out_under_torchrun(run)
     if cfg.store:
         check_writable_file(cfg.store, "--store")

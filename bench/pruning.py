@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
             s = run["summary"]
             sides[name] = {"command": run["command"], "best": curve[-1][1] if curve else None, "curve": curve,
                            "train_seconds": s["train_seconds"], "trainings": s["trainings"],
-                           "evaluations": s["evaluations"], "wall_seconds": run["wall_seconds"],
+                           "evaluations": s["evaluations"], "wall_seconds": run["wall_seconds"], "parts": run["parts"],
                            "best_test_accuracy": s["best_test_accuracy"]}
         target = sides["unpruned"]["best"]
         reached = {name: seconds_to_reach(side["curve"], target) for name, side in sides.items()}

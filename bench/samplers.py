@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
                          "pick_retrained": again, "pick_retrained_mean": mean_sd(again)["mean"],
                          "evaluations": s["evaluations"], "cache_hits": s["cache_hits"], "trainings": s["trainings"],
                          "train_seconds": s["train_seconds"], "wall_seconds": run["wall_seconds"],
-                         "generations": s["generations"]})
+                         "parts": run["parts"], "generations": s["generations"]})
             print(f"   best@{args.budget} {runs[-1]['best_at'][args.budget]:.4f}, pick {pick} retrained "
                   f"{runs[-1]['pick_retrained_mean']:.4f}; {s['trainings']} trainings, "
                   f"{s['cache_hits']} cache hits, {run['wall_seconds'] / 60:.1f} min", flush=True)

@@ -25,31 +25,58 @@ BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
 
 
-RUN_RECORD = "bench-run.json"  # the command and wall seconds of a finished run, beside its summary
+# Beside a run's summary: its command, the wall seconds of the parts an interruption ended, when the
+# current part started, and (once finished) the whole run's wall seconds.
+RUN_RECORD = "bench-run.json"
 
 
 def run_search(command: list[str], flags: list[str], out: Path, data_dir: str, *, reuse: bool = False) -> dict:
-    """`towerlab <command> <flags>` into `out` (replaced, unless `reuse` finds the same command
-    finished there); its summary, its evaluations (in the order they finished) and the wall seconds
-    of the whole process."""
+    """`towerlab <command> <flags>` into `out`: replaced, unless `reuse` finds the same command there,
+    finished (read back) or interrupted (continued with `--resume`, keeping every training it
+    recorded). Its summary, its evaluations (in the order they finished) and its wall seconds: the
+    whole process's, or a continued run's parts added up, an interrupted part counted up to the last
+    evaluation it recorded (the trainings it was in the middle of are done again in the next part)."""
+    given = ["towerlab", *command, *flags]
     cmd = [sys.executable, "-m", "towerlab", *command, *flags, "--data-dir", data_dir, "--no-progress", "--out", str(out)]
-    done = out / RUN_RECORD
-    if reuse and done.exists() and json.loads(done.read_text())["command"] == ["towerlab", *command, *flags]:
-        wall = json.loads(done.read_text())["wall_seconds"]
-    else:
-        if out.exists():
-            import shutil
+    path = out / RUN_RECORD
+    record = json.loads(path.read_text()) if reuse and path.exists() else {}
+    if record.get("command") != given or "wall_seconds" not in record:
+        if record.get("command") == given and (out / "config.json").exists():
+            record["parts"].append(_kept_seconds(out, record["started"]))
+            cmd += ["--resume", str(out)]
+        else:
+            if out.exists():
+                import shutil
 
-            shutil.rmtree(out)
-        started = time.perf_counter()
-        subprocess.run(cmd, check=True, cwd=REPO, env={**os.environ, "MPLBACKEND": "Agg"})
-        wall = time.perf_counter() - started
-        done.write_text(json.dumps({"command": ["towerlab", *command, *flags], "wall_seconds": wall}))
+                shutil.rmtree(out)
+            record = {"command": given, "parts": []}
+        record["started"] = time.time()
+        search = subprocess.Popen(cmd, cwd=REPO, env={**os.environ, "MPLBACKEND": "Agg"})
+        while search.poll() is None and not (out / "config.json").exists():
+            time.sleep(0.5)  # the record goes in once the search has made its folder its own
+        if (out / "config.json").exists():
+            path.write_text(json.dumps(record))
+        if search.wait() != 0:
+            raise subprocess.CalledProcessError(search.returncode, cmd)
+        record["wall_seconds"] = sum(record["parts"]) + time.time() - record["started"]
+        path.write_text(json.dumps(record))
     summary = json.loads((out / "summary.json").read_text())
     from towerlab.search import evaluation_records
 
     records = [r for r in evaluation_records(out / "search.db") if r["search"] == summary["search_id"]]
-    return {"command": ["towerlab", *command, *flags], "summary": summary, "records": records, "wall_seconds": wall}
+    return {"command": given, "summary": summary, "records": records, "wall_seconds": record["wall_seconds"],
+            "parts": len(record.get("parts", [])) + 1}
+
+
+def _kept_seconds(out: Path, started: float) -> float:
+    """The wall seconds an interrupted part kept: from its start to the last evaluation it recorded."""
+    from datetime import datetime
+
+    from towerlab.search import evaluation_records
+
+    ends = [datetime.fromisoformat(r["finished_at"]).timestamp() for r in evaluation_records(out / "search.db")
+            if r["finished_at"] is not None and datetime.fromisoformat(r["finished_at"]).timestamp() >= started]
+    return max(ends, default=started) - started
 
 
 def best_so_far(records: list[dict], max_epochs: Optional[int] = None) -> list[tuple[float, float, int]]:

@@ -1,8 +1,11 @@
 """The benchmark's own plumbing (its figures are measured by bench/, never asserted here)."""
 
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -44,3 +47,36 @@ def test_cifar94_smoke_budget_runs_on_a_cpu_and_records_the_spread_beside_the_re
     assert figure["detail"]["val_accuracy"]["n"] == 2 and figure["met"] is None  # a smoke run judges nothing
     assert "1.40 s" in figure["detail"]["record"]["measured_here"]
     assert "tunes on the test set" in done.stdout
+
+
+@pytest.mark.slow
+def test_an_interrupted_search_run_is_continued_keeping_what_it_recorded(tmp_path):
+    """bench/search_runs.py: a run killed mid-search is continued by --reuse (towerlab --resume), not
+    started over; its record says it ran in two parts."""
+    out = tmp_path / "run"
+    flags = ["--space", "mlp", "--dataset", "synthetic", "--population", "4", "--generations", "4", "--max-epochs",
+             "2", "--remeasure", "0", "--device", "cpu", "--devices", "1", "--threads", "1", "--seed", "0"]
+    call = (f"import sys; sys.path.insert(0, {str(REPO / 'bench')!r}); import search_runs, pathlib; "
+            f"search_runs.run_search(['evolve'], {flags!r}, pathlib.Path({str(out)!r}), {str(tmp_path)!r})")
+    first = subprocess.Popen([sys.executable, "-c", call], cwd=REPO, start_new_session=True,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    sys.path.insert(0, str(REPO / "bench"))
+    import search_runs
+    from towerlab.search import evaluation_records
+
+    deadline = time.monotonic() + 120
+    while not (out / "search.db").exists() or not evaluation_records(out / "search.db"):
+        assert first.poll() is None and time.monotonic() < deadline
+        time.sleep(0.1)
+    os.killpg(first.pid, signal.SIGKILL)
+    first.wait()
+    kept = evaluation_records(out / "search.db")
+    assert not (out / "summary.json").exists() and "wall_seconds" not in json.loads((out / "bench-run.json").read_text())
+
+    run = search_runs.run_search(["evolve"], flags, out, str(tmp_path), reuse=True)
+    assert run["parts"] == 2 and run["summary"]["generations"] == 4
+    assert [(r["id"], r["val_accuracy"]) for r in run["records"][:len(kept)]] == \
+        [(r["id"], r["val_accuracy"]) for r in kept]
+    assert len(run["records"]) > len(kept)
+    record = json.loads((out / "bench-run.json").read_text())
+    assert len(record["parts"]) == 1 and record["wall_seconds"] >= record["parts"][0] >= 0

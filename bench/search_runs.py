@@ -40,8 +40,10 @@ def run_search(command: list[str], flags: list[str], out: Path, data_dir: str, *
     cmd = [sys.executable, "-m", "towerlab", *command, *flags, "--data-dir", data_dir, "--no-progress", "--out", str(out)]
     path = out / RUN_RECORD
     record = json.loads(path.read_text()) if reuse and path.exists() else {}
-    if record.get("command") != given or "wall_seconds" not in record:
-        if record.get("command") == given and (out / "config.json").exists():
+    if record.get("command") != given:
+        record = {}
+    if "wall_seconds" not in record:  # not finished here: continue an interrupted run, else start afresh
+        if record and (out / "config.json").exists():
             record["parts"].append(_kept_seconds(out, record["started"]))
             cmd += ["--resume", str(out)]
         else:
@@ -74,9 +76,9 @@ def _kept_seconds(out: Path, started: float) -> float:
 
     from towerlab.search import evaluation_records
 
-    ends = [datetime.fromisoformat(r["finished_at"]).timestamp() for r in evaluation_records(out / "search.db")
-            if r["finished_at"] is not None and datetime.fromisoformat(r["finished_at"]).timestamp() >= started]
-    return max(ends, default=started) - started
+    finished = (datetime.fromisoformat(r["finished_at"]).timestamp() for r in evaluation_records(out / "search.db")
+                if r["finished_at"] is not None)
+    return max((t for t in finished if t >= started), default=started) - started  # not an earlier part's
 
 
 def best_so_far(records: list[dict], max_epochs: Optional[int] = None) -> list[tuple[float, float, int]]:

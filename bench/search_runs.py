@@ -104,6 +104,12 @@ def best_at(curve: list[tuple[float, float, int]], evaluations: int) -> Optional
     return values[-1] if values else None
 
 
+def best_by(curve: list[tuple[float, float, int]], seconds: float) -> Optional[float]:
+    """The best accuracy among the evaluations finished within `seconds` of training."""
+    values = [best for spent, best, _ in curve if spent <= seconds]
+    return values[-1] if values else None
+
+
 def seconds_to_reach(curve: list[tuple[float, float, int]], target: float) -> Optional[float]:
     return next((spent for spent, best, _ in curve if best >= target), None)
 

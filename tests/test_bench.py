@@ -80,3 +80,22 @@ def test_an_interrupted_search_run_is_continued_keeping_what_it_recorded(tmp_pat
     assert len(run["records"]) > len(kept)
     record = json.loads((out / "bench-run.json").read_text())
     assert len(record["parts"]) == 1 and record["wall_seconds"] >= record["parts"][0] >= 0
+
+
+def test_the_best_curve_counts_every_rung_in_the_seconds_and_reads_a_budget_back(monkeypatch):
+    """bench/search_runs.py: training seconds include every rung and re-measure; the best so far and the
+    best within a training budget read only first measurements at the full epochs."""
+    monkeypatch.syspath_prepend(str(REPO / "bench"))
+    import search_runs
+
+    def record(seconds, epochs, accuracy, replicate=0, status="ok"):
+        return {"seconds": seconds, "max_epochs": epochs, "val_accuracy": accuracy, "replicate": replicate,
+                "status": status}
+
+    records = [record(10, 1, 0.99), record(30, 3, 0.5), record(100, 3, 0.6), record(40, 3, 0.7, replicate=1),
+               record(5, 3, None, status="failed"), record(20, 3, 0.55)]
+    curve = search_runs.best_so_far(records, 3)
+    assert curve == [(40, 0.5, 1), (140, 0.6, 2), (185, 0.6, 3), (205, 0.6, 4)]
+    assert search_runs.seconds_to_reach(curve, 0.6) == 140 and search_runs.seconds_to_reach(curve, 0.7) is None
+    assert search_runs.best_by(curve, 39) is None
+    assert search_runs.best_by(curve, 139) == 0.5 and search_runs.best_by(curve, 140) == 0.6

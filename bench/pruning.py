@@ -3,8 +3,8 @@ generations, up to 10 epochs with patience 5, the mlp space): how much training 
 search (`--min-epochs 1 --prune-factor 3`: rungs of 1, 3 and 10 epochs) needs to reach the best
 validation accuracy the unpruned one found, and where each ends.
 
-    python bench/pruning.py                          # MNIST, seeds 0-2 (~1.2 h a seed on 2 CPU cores)
-    python bench/pruning.py --dataset cifar10 --seeds 0   # CIFAR-10 (~2.2 h unpruned here, pruned ~1 h est.)
+    python bench/pruning.py                          # MNIST, seeds 0-2 (1.1-1.5 h a seed on 2 CPU cores)
+    python bench/pruning.py --dataset cifar10 --seeds 0   # CIFAR-10 (2.2 h unpruned here, 0.6 h pruned)
     python bench/pruning.py --smoke                  # synthetic data, 2 generations: the plumbing (~2 min)
 
 Both searches run as real `towerlab evolve` jobs with the same seed, 2 CPU workers x 1 thread, each

@@ -6,12 +6,14 @@ validation accuracy the unpruned one found, and where each ends.
     python bench/pruning.py                          # MNIST, seeds 0-2 (1.1-1.5 h a seed on 2 CPU cores)
     python bench/pruning.py --dataset cifar10 --seeds 0   # CIFAR-10 (2.2 h unpruned here, 0.6 h pruned)
     python bench/pruning.py --smoke                  # synthetic data, 2 generations: the plumbing (~2 min)
+    python bench/pruning.py --prune-places new --reuse   # the pruned side with places over the new only
 
 Both searches run as real `towerlab evolve` jobs with the same seed, 2 CPU workers x 1 thread, each
 network measured once (--remeasure 0) so that the two differ by the pruning alone. Training time
 is the sum of every training's seconds in the order they finished (worker-seconds: every rung
 counted), read from each search's store; the best at a time counts only trainings of the full
---max-epochs. Writes bench/results/pruning-<dataset>-<date>.json.
+--max-epochs. Writes bench/results/pruning-<dataset>-<date>.json (pruning-new-... with
+`--prune-places new`, whose pruned runs go to their own folders; `--reuse` keeps the unpruned ones).
 """
 
 from __future__ import annotations
@@ -37,6 +39,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dataset", default="mnist")
     parser.add_argument("--seeds", nargs="*", type=int, default=[0, 1, 2])
     parser.add_argument("--smoke", action="store_true", help="synthetic data, population 9, 2 generations, 1 seed")
+    parser.add_argument("--prune-places", choices=("all", "new"), default="all",
+                        help="the pruned search's --prune-places")
     search_runs.add_run_arguments(parser)
     args = parser.parse_args(argv)
     budget = dict(BUDGET)
@@ -46,14 +50,17 @@ def main(argv: list[str] | None = None) -> int:
     common = measure.flags({"space": "mlp", "dataset": args.dataset, **budget, "remeasure": 0, "top": 1,
                             "device": "cpu", "devices": args.devices, "threads": args.threads})
     runs_dir = search_runs.out_dir(args) / "pruning-runs"
+    new = args.prune_places == "new"
+    pruning = {**PRUNING, "prune_places": "new"} if new else PRUNING
     record = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "machine": machine.describe(), "dataset": args.dataset,
-              "budget": budget, "pruning": PRUNING, "seeds": []}
+              "budget": budget, "pruning": pruning, "seeds": []}
     for seed in args.seeds:
         sides = {}
-        for name, extra in (("unpruned", {}), ("pruned", PRUNING)):
-            print(f"== {name}, seed {seed}", flush=True)
+        pruned = "pruned-new" if new else "pruned"
+        for name, extra, folder in (("unpruned", {}, "unpruned"), ("pruned", pruning, pruned)):
+            print(f"== {folder}, seed {seed}", flush=True)
             run = search_runs.run_search(["evolve"], [*common, *measure.flags(extra), "--seed", str(seed)],
-                                         runs_dir / f"{args.dataset}-{name}-s{seed}", args.data_dir,
+                                         runs_dir / f"{args.dataset}-{folder}-s{seed}", args.data_dir,
                                          reuse=args.reuse)
             curve = best_so_far(run["records"], budget["max_epochs"])
             s = run["summary"]
@@ -109,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{_times(summary['ratio_median'])} | {summary['reached']} | "
           f"{_times(summary['ratio_within_noise_median'])} | "
           f"{summary['reached_within_noise']} | {summary['train_seconds_ratio']['mean']:.2f}x |")
-    search_runs.save(search_runs.out_dir(args), "pruning", args.dataset, record)
+    search_runs.save(search_runs.out_dir(args), "pruning-new" if new else "pruning", args.dataset, record)
     return 0
 
 

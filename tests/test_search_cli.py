@@ -89,7 +89,8 @@ def test_a_config_json_from_before_samplers_resumes_as_it_ran(tmp_path):
            if k not in ("sampler", "remeasure", "max_evaluations", "min_epochs", "prune_factor")}
     (folder / "config.json").write_text(json.dumps({"kind": "evolve", "search": old, "run": {}}))
     cfg, run = resolve_search(build_parser().parse_args(["evolve", "--resume", str(folder), "--generations", "12"]))
-    assert (cfg.sampler, cfg.remeasure, cfg.min_epochs, cfg.max_evaluations) == ("ga", 0, None, None)
+    assert (cfg.sampler, cfg.remeasure, cfg.min_epochs, cfg.max_evaluations, cfg.prune_places) == \
+        ("ga", 0, None, None, "all")
     assert (cfg.population, cfg.generations, run.out) == (6, 12, str(folder))
 
 

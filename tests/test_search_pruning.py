@@ -2,14 +2,17 @@
 best 1/prune_factor go on, up to --max-epochs; each rung is stored and replayed exactly; the last
 rung's rows are an unpruned search's. Fake fitness that improves with the epochs trained."""
 
+import json
 import math
+import sqlite3
 from collections import Counter
 
 import pytest
 
 from towerlab.config import SearchConfig
 from towerlab.errors import UserError
-from towerlab.search import Outcome, Store, genome_hash, load_space, rank_key, rung_epochs, rung_hash, run_search, serial
+from towerlab.search import (Outcome, Store, format_search, genome_hash, load_space, rank_key, rung_epochs, rung_hash,
+                             run_search, serial)
 
 TCH = "tch"
 
@@ -149,3 +152,51 @@ def test_tpe_is_told_where_its_trials_were_pruned(tmp_path):
     assert a == search(tmp_path / "b.db", cfg)
     assert {m.rung for g in a.history for m in g.members} == {0, 1, 2}
     assert math.isclose(a.top[0].fitness, max(m.fitness for g in a.history for m in g.members if m.rung == 2))
+
+
+@pytest.mark.parametrize("places", ["all", "new"])
+def test_a_rungs_places_are_counted_over_whom_prune_places_says(tmp_path, places):
+    """all: the best third of every member at the rung, the genomes that already hold the next rung
+    (served it for free) included; new: the best third of those that do not hold it yet, besides
+    the ones that do. Checked generation by generation against the store's rows."""
+    result = search(tmp_path / "s.db", pruned(generations=5, population=12, elite=2, prune_places=places))
+    with Store(tmp_path / "s.db") as store:
+        rows = store.evaluations()
+    fitness = {(e.genome_hash, e.max_epochs): e.fitness for e in rows}
+    genomes = {e.genome_hash: e.genome for e in rows}
+    ladder = [1, 3, 9]
+    for gen in result.history:
+        rung_of = {m.genome_hash: m.rung for m in gen.members}
+        for rung in (0, 1):
+            above = ladder[rung + 1]
+            held = {e.genome_hash for e in rows if e.max_epochs == above and e.generation < gen.generation}
+            at = sorted((h for h, r in rung_of.items() if r >= rung),
+                        key=lambda h: rank_key(genomes[h], fitness[h, ladder[rung]]))
+            contenders = at if places == "all" else [h for h in at if h not in held]
+            places_given = set(contenders[:math.ceil(len(contenders) / 3)])
+            trained = {e.genome_hash for e in rows if e.max_epochs == above and e.generation == gen.generation}
+            assert trained == places_given - held
+            assert {h for h, r in rung_of.items() if r > rung} == places_given | (held & set(at))
+    # generation 0 (no member held) trains 2 of 12 to the end either way; the 4 after it, 1 in all or 6
+    finals = sum(e.max_epochs == 9 for e in rows)
+    assert finals == {"all": 3, "new": 8}[places]
+    shown = "pruned (rungs of 1/3/9 epochs, places counted over the new)"
+    assert (shown in format_search(tmp_path / "s.db")) == (places == "new")
+
+
+def test_prune_places_is_kept_on_resume_and_a_search_recorded_before_it_resumes_as_all(tmp_path):
+    path = tmp_path / "s.db"
+    reference = search(tmp_path / "ref.db", pruned(generations=3))
+    search(path, pruned(generations=2))
+    with pytest.raises(UserError, match="--prune-places all, not new: resume with the same setting"):
+        search(path, pruned(generations=3, prune_places="new"), resume=True)
+    with sqlite3.connect(path) as db:  # as written before the setting existed
+        (config,) = db.execute("SELECT config FROM searches").fetchone()
+        db.execute("UPDATE searches SET config = ?",
+                   (json.dumps({k: v for k, v in json.loads(config).items() if k != "prune_places"}),))
+    db.close()
+    assert search(path, pruned(generations=3), resume=True) == reference
+    with pytest.raises(UserError, match="--prune-places new does nothing without --min-epochs"):
+        SearchConfig(prune_places="new")
+    with pytest.raises(UserError, match="unknown --prune-places 'newcomers': choose one of all, new"):
+        SearchConfig(prune_places="newcomers", min_epochs=1)

@@ -28,6 +28,7 @@ STRATEGIES = ("ddp", "ps")
 INPUTS = ("resident", "feed", "queue")
 PRECISIONS = ("fp32", "bf16")
 TTA = ("none", "flip", "flip-translate")
+PRUNE_PLACES = ("all", "new")  # whom a pruned rung's places are counted over: every member, or those still to train
 DEVICE_KINDS = ("auto", "cpu", "cuda")
 # A network given from Python (an nn.Module or a factory of one: towerlab.api.train(model=...)), and
 # images given from Python as arrays (towerlab.api.train(data=(x, y))): names a config records for them.
@@ -324,6 +325,10 @@ class SearchConfig:
     min_epochs: Optional[int] = _opt(None, "prune: train every candidate this many epochs first, then promote "
                                      "the best 1/--prune-factor rung by rung up to --max-epochs (None: no pruning)")
     prune_factor: int = _opt(3, "prune: each rung keeps the best 1/N of the rung below and trains about N times longer")
+    prune_places: str = _opt("all", "prune: whom a rung's places (1/--prune-factor of them) are counted over and "
+                             "given to: all (every member at the rung, the kept ones that already hold the next "
+                             "rung included) or new (only the members that do not hold the next rung yet; "
+                             "those that do go on besides)", choices=PRUNE_PLACES)
     batch_size: Optional[int] = _opt(None, "batch size of candidates (None: 128, or 64 on CIFAR-10; "
                                      "a batch_size gene overrides it)")
     limit: Optional[int] = _opt(None, "grid only: evaluate a random subset of this many genomes")
@@ -362,19 +367,27 @@ class SearchConfig:
                             "the first rung trains less than the last")
         if self.prune_factor < 2:
             raise UserError(f"--prune-factor must be at least 2, got {self.prune_factor}")
+        _check_choice("--prune-places", self.prune_places, PRUNE_PLACES)
+        if self.min_epochs is None and self.prune_places != "all":
+            raise UserError(f"--prune-places {self.prune_places} does nothing without --min-epochs: "
+                            "the search is not pruned (add --min-epochs, or drop --prune-places)")
 
 
 # What a search recorded before these settings existed ran with: no re-measuring, budget or pruning.
 _BEFORE_SAMPLERS = {"remeasure": 0, "max_evaluations": None, "min_epochs": None, "prune_factor": 3}
 
 
+# Settings added since, with the value every search recorded before them ran with.
+_ADDED_SINCE = {"prune_places": "all"}
+
+
 def upgrade_search_config(data: dict, kind: str) -> dict:
     """A search's stored settings (a store's row, a config.json) in today's fields. One written before
-    samplers existed gets the sampler its `kind` meant (evolve: ga, grid: grid) and the settings
-    it ran with, so that it resumes and replays as it ran."""
-    if "sampler" in data:
-        return data
-    return {**_BEFORE_SAMPLERS, **data, "sampler": "ga" if kind == "evolve" else kind}
+    samplers existed gets the sampler its `kind` meant (evolve: ga, grid: grid); every one gets the
+    settings it ran with where it lacks them, so that it resumes and replays as it ran."""
+    if "sampler" not in data:
+        data = {**_BEFORE_SAMPLERS, **data, "sampler": "ga" if kind == "evolve" else kind}
+    return {**_ADDED_SINCE, **data}
 
 
 # ---------------------------------------------------------------------------------------------

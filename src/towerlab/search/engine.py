@@ -22,7 +22,7 @@ from towerlab.search.store import Store
 # What every search must keep to resume: it changes what is trained or how it is ranked (the
 # space and the training-config hash are checked as well, and each sampler adds its `identity`).
 # Other settings (generations, max_evaluations, top, workers...) may change on resume.
-_IDENTITY = ("seed", "remeasure", "min_epochs", "prune_factor")
+_IDENTITY = ("seed", "remeasure", "min_epochs", "prune_factor", "prune_places")
 # From this many members on, proposing and looking up a generation takes seconds to minutes:
 # the search says what it is doing before it starts.
 LARGE_GENERATION = 10_000

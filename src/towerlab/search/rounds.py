@@ -5,9 +5,12 @@ Pruning (successive halving, `--min-epochs`): every unique genome of a generatio
 first rung's epochs; the best 1/`prune_factor` of those that succeeded go on to the next rung, and
 so on up to `--max-epochs`. A genome the store already holds at the next rung (the genetic
 algorithm's elite, a genome proposed again) goes on as well, at no cost, so it keeps the rung it
-reached in an earlier generation. A higher rung trains the genome again from scratch, with the same seed,
-for more epochs. That costs the lower rungs' epochs once more for the few promoted (about
-1/prune_factor extra), and buys exactness: a rung's result is the very training an unpruned search
+reached in an earlier generation. `--prune-places all` counts a rung's places over every member
+that succeeded at it, such held genomes included (they take places, and usually the first ones);
+`new` counts them over, and gives them to, the members that do not hold the next rung yet.
+A higher rung trains the genome again from scratch, with the same seed, for more epochs. That
+costs the lower rungs' epochs once more for the few promoted (about 1/prune_factor extra), and buys
+exactness: a rung's result is the very training an unpruned search
 with that many epochs makes, whichever worker runs it, so it is cached and replayed like any other
 evaluation and no weights travel between workers or sit in the store. Each rung's trainings are
 stored under their own training-config hash (`rung_hash`); the last rung's is the search's own, so
@@ -94,7 +97,7 @@ class Rounds:
         self.store, self.search_id, self.seed, self.evaluate = store, search_id, cfg.seed, evaluate
         self.ladder = rung_epochs(cfg.max_epochs, cfg.min_epochs, cfg.prune_factor)
         self.hashes = {epochs: rung_hash(train_config_hash, epochs, cfg.max_epochs) for epochs in self.ladder}
-        self.prune_factor, self.remeasure = cfg.prune_factor, cfg.remeasure
+        self.prune_factor, self.prune_places, self.remeasure = cfg.prune_factor, cfg.prune_places, cfg.remeasure
         self._measured: dict[tuple[str, int], _Measurement] = {}
 
     # -- serving ----------------------------------------------------------------------------------
@@ -176,12 +179,14 @@ class Rounds:
                 if (row.search_id, row.generation, row.index) == (*mine, first[h]):
                     train_seconds.append(row.seconds)
                 firsts.setdefault(h, row)
+            if rung + 1 == len(self.ladder):
+                break
             ok = [h for h in alive if reached[h][1].status == "ok"]
             ok.sort(key=lambda h: rank_key(genomes[first[h]], reached[h][1].fitness))
-            promoted = set(ok[:math.ceil(len(ok) / self.prune_factor)])
-            if rung + 1 < len(self.ladder):  # a genome the store holds at the next rung goes on for free
-                above = self.hashes[self.ladder[rung + 1]]
-                promoted |= {h for h in ok if h not in promoted and self._holds(h, above)}
+            above = self.hashes[self.ladder[rung + 1]]
+            held = {h for h in ok if self._holds(h, above)}  # they go on for free
+            contenders = ok if self.prune_places == "all" else [h for h in ok if h not in held]
+            promoted = held | set(contenders[:math.ceil(len(contenders) / self.prune_factor)])
             alive = [h for h in ok if h in promoted]
 
         members = []

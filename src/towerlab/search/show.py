@@ -119,7 +119,8 @@ def _shape(search: SearchRow, generations: list) -> str:
     if cfg.get("max_evaluations"):
         shape += f", at most {cfg['max_evaluations']} evaluations"
     if cfg.get("min_epochs"):
-        shape += f", pruned (rungs of {'/'.join(map(str, _ladder(cfg)))} epochs)"
+        places = ", places counted over the new" if cfg.get("prune_places") == "new" else ""
+        shape += f", pruned (rungs of {'/'.join(map(str, _ladder(cfg)))} epochs{places})"
     if cfg.get("remeasure"):
         shape += f", the crowned re-measured with {cfg['remeasure']} more seeds"
     return shape

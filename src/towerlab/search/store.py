@@ -362,6 +362,8 @@ class Store:
         data = dict(row)
         for key in ("config", "space", "summary"):
             data[key] = self._json(data[key])
+        if isinstance(data["config"], dict):  # a search recorded before a setting existed ran without it
+            data["config"] = upgrade_search_config(data["config"], data["sampler"])
         return SearchRow(**data)
 
     def search(self, search_id: int) -> Optional[SearchRow]:

@@ -65,6 +65,7 @@ def main(argv: list[str] | None = None) -> int:
             curve = best_so_far(run["records"], budget["max_epochs"])
             s = run["summary"]
             sides[name] = {"command": run["command"], "best": curve[-1][1] if curve else None, "curve": curve,
+                           "trained_to_the_end": curve[-1][2] if curve else 0,  # distinct networks, full epochs
                            "train_seconds": s["train_seconds"], "trainings": s["trainings"],
                            "evaluations": s["evaluations"], "wall_seconds": run["wall_seconds"], "parts": run["parts"],
                            "best_test_accuracy": s["best_test_accuracy"]}
@@ -86,7 +87,9 @@ def main(argv: list[str] | None = None) -> int:
                "curves": {name: side["curve"] for name, side in sides.items()}}
         record["seeds"].append(row)
         print(f"   unpruned best {target:.4f} {_after(reached['unpruned'])} "
-              f"({sides['unpruned']['train_seconds']:.0f} s in all); pruned best {sides['pruned']['best']:.4f}, "
+              f"({sides['unpruned']['train_seconds']:.0f} s in all, {sides['unpruned']['trained_to_the_end']} "
+              f"networks trained to the end); pruned best {sides['pruned']['best']:.4f} "
+              f"({sides['pruned']['trained_to_the_end']} trained to the end), "
               f"the unpruned best reached "
               f"{_after(reached['pruned'])} ({sides['pruned']['train_seconds']:.0f} s in all); within noise "
               f"(>= {target - noise:.4f}): unpruned {_after(near['unpruned'])}, pruned {_after(near['pruned'])}; "

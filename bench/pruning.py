@@ -51,12 +51,11 @@ def main(argv: list[str] | None = None) -> int:
                             "device": "cpu", "devices": args.devices, "threads": args.threads})
     runs_dir = search_runs.out_dir(args) / "pruning-runs"
     new = args.prune_places == "new"
-    pruning = {**PRUNING, "prune_places": "new"} if new else PRUNING
+    pruning, pruned = ({**PRUNING, "prune_places": "new"}, "pruned-new") if new else (PRUNING, "pruned")
     record = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "machine": machine.describe(), "dataset": args.dataset,
               "budget": budget, "pruning": pruning, "seeds": []}
     for seed in args.seeds:
         sides = {}
-        pruned = "pruned-new" if new else "pruned"
         for name, extra, folder in (("unpruned", {}, "unpruned"), ("pruned", pruning, pruned)):
             print(f"== {folder}, seed {seed}", flush=True)
             run = search_runs.run_search(["evolve"], [*common, *measure.flags(extra), "--seed", str(seed)],

@@ -10,9 +10,9 @@ that succeeded at it, such held genomes included (they take places, and usually 
 `new` counts them over, and gives them to, the members that do not hold the next rung yet.
 A higher rung trains the genome again from scratch, with the same seed, for more epochs. That
 costs the lower rungs' epochs once more for the few promoted (about 1/prune_factor extra), and buys
-exactness: a rung's result is the very training an unpruned search
-with that many epochs makes, whichever worker runs it, so it is cached and replayed like any other
-evaluation and no weights travel between workers or sit in the store. Each rung's trainings are
+exactness: a rung's result is the very training an unpruned search with that many epochs makes,
+whichever worker runs it, so it is cached and replayed like any other evaluation and no weights
+travel between workers or sit in the store. Each rung's trainings are
 stored under their own training-config hash (`rung_hash`); the last rung's is the search's own, so
 its rows are shared with unpruned searches of the same settings. A rung's promotions are decided on
 all of its results, so the history never depends on which worker finished first; the price is that

@@ -70,6 +70,8 @@ def test_search_run_with_a_sampler_writes_its_record_and_every_evaluation_comes_
     # a setting only other samplers read would be ignored
     (["--sampler", "tpe", "--elite", "2"], "--elite does nothing in a tpe search: only the ga sampler reads it"),
     (["--sampler", "random", "--limit", "3"], "--limit does nothing in a random search: only the grid sampler reads it"),
+    # pruning's factor without its first rung: the search would not be pruned
+    (["--prune-factor", "4"], "--prune-factor 4 does nothing without --min-epochs: the search is not pruned"),
     # tpe proposes 4 a generation by default: 10 generations cannot reach 100 trainings
     (["--sampler", "tpe", "--max-evaluations", "100"],
      "--max-evaluations 100 is more than 10 generations of 4 can train: pass --generations 25 (or more) with it"),

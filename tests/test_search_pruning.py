@@ -48,6 +48,7 @@ def test_the_rungs():
     assert rung_epochs(10, None, 3) == [10]
     assert rung_epochs(10, 1, 3) == [1, 3, 10] and rung_epochs(9, 1, 3) == [1, 3, 9]
     assert rung_epochs(10, 1, 2) == [1, 2, 4, 10] and rung_epochs(10, 4, 3) == [4, 10]
+    assert rung_epochs(10, 1, 10**30) == [1, 10]  # a huge factor is legal: the first rung, then the last
     assert rung_hash(TCH, 10, 10) == TCH != rung_hash(TCH, 3, 10) != rung_hash(TCH, 1, 10)
     with pytest.raises(UserError, match="--min-epochs .* must be below --max-epochs"):
         SearchConfig(min_epochs=10, max_epochs=10)

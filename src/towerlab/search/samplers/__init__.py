@@ -75,8 +75,12 @@ def settings_of_others(sampler: str) -> dict[str, list[str]]:
 
 def refuse_unused_settings(cfg: SearchConfig) -> None:
     """A setting that only other samplers read, set away from its default, is a UserError: `evolve
-    --limit 5` would otherwise run the whole search as if it had not been given."""
+    --limit 5` would otherwise run the whole search as if it had not been given. So is
+    --prune-factor in a search that is not pruned (no --min-epochs)."""
     defaults = {f.name: f.default for f in dataclasses.fields(SearchConfig)}
+    if cfg.min_epochs is None and cfg.prune_factor != defaults["prune_factor"]:
+        raise UserError(f"--prune-factor {cfg.prune_factor} does nothing without --min-epochs: the search is not "
+                        "pruned (add --min-epochs, or drop --prune-factor)")
     for name, users in settings_of_others(cfg.sampler).items():
         if getattr(cfg, name) != defaults[name]:
             flag = "--" + name.replace("_", "-")

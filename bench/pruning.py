@@ -7,13 +7,16 @@ validation accuracy the unpruned one found, and where each ends.
     python bench/pruning.py --dataset cifar10 --seeds 0   # CIFAR-10 (2.2 h unpruned here, 0.6 h pruned)
     python bench/pruning.py --smoke                  # synthetic data, 2 generations: the plumbing (~2 min)
     python bench/pruning.py --prune-places new --reuse   # the pruned side with places over the new only
+    python bench/pruning.py --sampler tpe --reuse        # the pruned side under the default sampler
 
 Both searches run as real `towerlab evolve` jobs with the same seed, 2 CPU workers x 1 thread, each
 network measured once (--remeasure 0) so that the two differ by the pruning alone. Training time
 is the sum of every training's seconds in the order they finished (worker-seconds: every rung
 counted), read from each search's store; the best at a time counts only trainings of the full
 --max-epochs. Writes bench/results/pruning-<dataset>-<date>.json (pruning-new-... with
-`--prune-places new`, whose pruned runs go to their own folders; `--reuse` keeps the unpruned ones).
+`--prune-places new`, pruning-tpe-... with `--sampler tpe`: the pruned side as `towerlab search run
+--sampler tpe` with the same population, against the same unpruned GA; each such pruned side has its
+own folders, and `--reuse` keeps the unpruned ones).
 """
 
 from __future__ import annotations
@@ -41,6 +44,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--smoke", action="store_true", help="synthetic data, population 9, 2 generations, 1 seed")
     parser.add_argument("--prune-places", choices=("all", "new"), default="all",
                         help="the pruned search's --prune-places")
+    parser.add_argument("--sampler", choices=("ga", "tpe", "random"), default="ga",
+                        help="the pruned search's sampler (the unpruned side is the original's: the ga)")
     search_runs.add_run_arguments(parser)
     args = parser.parse_args(argv)
     budget = dict(BUDGET)
@@ -50,15 +55,21 @@ def main(argv: list[str] | None = None) -> int:
     common = measure.flags({"space": "mlp", "dataset": args.dataset, **budget, "remeasure": 0, "top": 1,
                             "device": "cpu", "devices": args.devices, "threads": args.threads})
     runs_dir = search_runs.out_dir(args) / "pruning-runs"
-    new = args.prune_places == "new"
-    pruning, pruned = ({**PRUNING, "prune_places": "new"}, "pruned-new") if new else (PRUNING, "pruned")
+    pruning, pruned = dict(PRUNING), "pruned"
+    if args.prune_places == "new":
+        pruning["prune_places"], pruned = "new", pruned + "-new"
+    ga = args.sampler == "ga"
+    if not ga:
+        pruning["sampler"], pruned = args.sampler, pruned + "-" + args.sampler
+    pruned_command = ["evolve"] if ga else ["search", "run"]
     record = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "machine": machine.describe(), "dataset": args.dataset,
               "budget": budget, "pruning": pruning, "seeds": []}
     for seed in args.seeds:
         sides = {}
-        for name, extra, folder in (("unpruned", {}, "unpruned"), ("pruned", pruning, pruned)):
+        for name, command, extra, folder in (("unpruned", ["evolve"], {}, "unpruned"),
+                                             ("pruned", pruned_command, pruning, pruned)):
             print(f"== {folder}, seed {seed}", flush=True)
-            run = search_runs.run_search(["evolve"], [*common, *measure.flags(extra), "--seed", str(seed)],
+            run = search_runs.run_search(command, [*common, *measure.flags(extra), "--seed", str(seed)],
                                          runs_dir / f"{args.dataset}-{folder}-s{seed}", args.data_dir,
                                          reuse=args.reuse)
             curve = best_so_far(run["records"], budget["max_epochs"])
@@ -118,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{_times(summary['ratio_median'])} | {summary['reached']} | "
           f"{_times(summary['ratio_within_noise_median'])} | "
           f"{summary['reached_within_noise']} | {summary['train_seconds_ratio']['mean']:.2f}x |")
-    search_runs.save(search_runs.out_dir(args), "pruning-new" if new else "pruning", args.dataset, record)
+    search_runs.save(search_runs.out_dir(args), "pruning" + pruned.removeprefix("pruned"), args.dataset, record)
     return 0
 
 

@@ -76,7 +76,9 @@ def settings_of_others(sampler: str) -> dict[str, list[str]]:
 def refuse_unused_settings(cfg: SearchConfig) -> None:
     """A setting that only other samplers read, set away from its default, is a UserError: `evolve
     --limit 5` would otherwise run the whole search as if it had not been given. So is
-    --prune-factor in a search that is not pruned (no --min-epochs)."""
+    --prune-factor in a search that is not pruned (no --min-epochs): checked here rather than in
+    SearchConfig beside --prune-places's twin check, so that a search recorded with an ignored factor
+    still resumes."""
     defaults = {f.name: f.default for f in dataclasses.fields(SearchConfig)}
     if cfg.min_epochs is None and cfg.prune_factor != defaults["prune_factor"]:
         raise UserError(f"--prune-factor {cfg.prune_factor} does nothing without --min-epochs: the search is not "

@@ -13,7 +13,10 @@ Both searches run as real `towerlab evolve` jobs with the same seed, 2 CPU worke
 network measured once (--remeasure 0) so that the two differ by the pruning alone. Training time
 is the sum of every training's seconds in the order they finished (worker-seconds: every rung
 counted), read from each search's store; the best at a time counts only trainings of the full
---max-epochs. Writes bench/results/pruning-<dataset>-<date>.json (pruning-new-... with
+--max-epochs. Each side's pick (its best network, measured once in the search) is then trained
+again with `--retrain` fresh seeds (10000, 10001, ...) exactly as the search trained it, so that a
+lead is a network's and not a lucky seed's; the result is kept beside the run (bench-retrain.json)
+for `--reuse`. Writes bench/results/pruning-<dataset>-<date>.json (pruning-new-... with
 `--prune-places new`, pruning-tpe-... with `--sampler tpe`: the pruned side as `towerlab search run
 --sampler tpe` with the same population, against the same unpruned GA; each such pruned side has its
 own folders, and `--reuse` keeps the unpruned ones).
@@ -31,7 +34,7 @@ from pathlib import Path
 import machine
 import measure
 import search_runs
-from search_runs import best_by, best_so_far, mean_sd, pct, seconds_to_reach
+from search_runs import TRAINING_SETTINGS, best_by, best_so_far, mean_sd, pct, permutation_p, retrain, seconds_to_reach
 
 BUDGET = {"population": 20, "generations": 10, "max_epochs": 10, "patience": 5}
 PRUNING = {"min_epochs": 1, "prune_factor": 3}
@@ -46,12 +49,15 @@ def main(argv: list[str] | None = None) -> int:
                         help="the pruned search's --prune-places")
     parser.add_argument("--sampler", choices=("ga", "tpe", "random"), default="ga",
                         help="the pruned search's sampler (the unpruned side is the original's: the ga)")
+    parser.add_argument("--retrain", type=int, default=3,
+                        help="fresh seeds each side's pick is trained again with (0: none)")
     search_runs.add_run_arguments(parser)
     args = parser.parse_args(argv)
     budget = dict(BUDGET)
     if args.smoke:
         args.dataset, args.seeds = "synthetic", args.seeds[:1]
         budget.update(population=9, generations=2, max_epochs=3, patience=3)
+        args.retrain = min(args.retrain, 2)
     common = measure.flags({"space": "mlp", "dataset": args.dataset, **budget, "remeasure": 0, "top": 1,
                             "device": "cpu", "devices": args.devices, "threads": args.threads})
     runs_dir = search_runs.out_dir(args) / "pruning-runs"
@@ -62,23 +68,32 @@ def main(argv: list[str] | None = None) -> int:
     if not ga:
         pruning["sampler"], pruned = args.sampler, pruned + "-" + args.sampler
     pruned_command = ["evolve"] if ga else ["search", "run"]
+    retrain_seeds = [10_000 + i for i in range(args.retrain)]
     record = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "machine": machine.describe(), "dataset": args.dataset,
-              "budget": budget, "pruning": pruning, "seeds": []}
+              "budget": budget, "pruning": pruning, "retrain_seeds": retrain_seeds, "seeds": []}
     for seed in args.seeds:
         sides = {}
         for name, command, extra, folder in (("unpruned", ["evolve"], {}, "unpruned"),
                                              ("pruned", pruned_command, pruning, pruned)):
             print(f"== {folder}, seed {seed}", flush=True)
-            run = search_runs.run_search(command, [*common, *measure.flags(extra), "--seed", str(seed)],
-                                         runs_dir / f"{args.dataset}-{folder}-s{seed}", args.data_dir,
-                                         reuse=args.reuse)
+            out = runs_dir / f"{args.dataset}-{folder}-s{seed}"
+            run = search_runs.run_search(command, [*common, *measure.flags(extra), "--seed", str(seed)], out,
+                                         args.data_dir, reuse=args.reuse)
             curve = best_so_far(run["records"], budget["max_epochs"])
             s = run["summary"]
+            search = json.loads((out / "config.json").read_text())["search"]
+            again = (retrain(s["best_genome"], {k: search[k] for k in TRAINING_SETTINGS}, retrain_seeds,
+                             args.data_dir, processes=args.devices, threads=args.threads,
+                             cache=out / "bench-retrain.json") if retrain_seeds else [])
             sides[name] = {"command": run["command"], "best": curve[-1][1] if curve else None, "curve": curve,
                            "trained_to_the_end": curve[-1][2] if curve else 0,  # distinct networks, full epochs
                            "train_seconds": s["train_seconds"], "trainings": s["trainings"],
                            "evaluations": s["evaluations"], "wall_seconds": run["wall_seconds"], "parts": run["parts"],
-                           "best_test_accuracy": s["best_test_accuracy"]}
+                           "best_test_accuracy": s["best_test_accuracy"], "best_genome": s["best_genome"],
+                           # the pick trained again with fresh seeds: is its lead a network's or a seed's?
+                           "retrained": again,
+                           "retrained_val": mean_sd([r["val_accuracy"] for r in again]),
+                           "retrained_test": mean_sd([r["test_accuracy"] for r in again])}
         target = sides["unpruned"]["best"]
         reached = {name: seconds_to_reach(side["curve"], target) for name, side in sides.items()}
         # "the same best within noise": one binomial standard error of an accuracy on the validation set
@@ -96,6 +111,10 @@ def main(argv: list[str] | None = None) -> int:
                "within_noise_of_unpruned_training": (near["pruned"] / sides["unpruned"]["train_seconds"]
                                                      if near["pruned"] is not None else None),
                "unpruned_best_at_pruned_training": level,
+               "retrained_val_difference": _difference(sides, "retrained_val"),
+               "retrained_test_difference": _difference(sides, "retrained_test"),
+               "retrained_val_p": permutation_p(sides["pruned"]["retrained_val"]["values"],
+                                                sides["unpruned"]["retrained_val"]["values"]),
                **{name: {k: v for k, v in side.items() if k != "curve"} for name, side in sides.items()},
                "curves": {name: side["curve"] for name, side in sides.items()}}
         record["seeds"].append(row)
@@ -109,6 +128,11 @@ def main(argv: list[str] | None = None) -> int:
               f"the unpruned best after {sides['pruned']['train_seconds']:.0f} s of training: "
               f"{'-' if level is None else f'{level:.4f}'}",
               flush=True)
+        if retrain_seeds:
+            print(f"   the picks trained again with seeds {retrain_seeds}: unpruned {sides['unpruned']['best_genome']} "
+                  f"{pct(sides['unpruned']['retrained_val'])} (test {pct(sides['unpruned']['retrained_test'])}); "
+                  f"pruned {sides['pruned']['best_genome']} {pct(sides['pruned']['retrained_val'])} "
+                  f"(test {pct(sides['pruned']['retrained_test'])}); p = {row['retrained_val_p']}", flush=True)
     ratios = [r["ratio"] for r in record["seeds"] if r["ratio"] is not None]
     noisy = [r["ratio_within_noise"] for r in record["seeds"] if r["ratio_within_noise"] is not None]
     of_all = [r["within_noise_of_unpruned_training"] for r in record["seeds"]
@@ -124,25 +148,42 @@ def main(argv: list[str] | None = None) -> int:
         "unpruned_best_at_pruned_training": mean_sd([r["unpruned_best_at_pruned_training"] for r in record["seeds"]]),
         "train_seconds_ratio": mean_sd([r["pruned"]["train_seconds"] / r["unpruned"]["train_seconds"]
                                         for r in record["seeds"]]),
+        "retrained_val_difference": mean_sd([r["retrained_val_difference"] for r in record["seeds"]]),
+        "retrained_test_difference": mean_sd([r["retrained_test_difference"] for r in record["seeds"]]),
     }
     summary = record["summary"]
     print(f"\n| {args.dataset} | best unpruned | best pruned | unpruned best after the pruned search's training "
           f"| training time to the unpruned best, pruned / "
           f"unpruned (median) | reached | the same within noise | reached | the same within noise, against the "
-          f"unpruned search's training in all (median) | all training, pruned / unpruned |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+          f"unpruned search's training in all (median) | all training, pruned / unpruned | the picks retrained, "
+          f"pruned - unpruned, validation (test) |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     print(f"| {len(record['seeds'])} seed(s) | {pct(summary['best_unpruned'])} | {pct(summary['best_pruned'])} | "
           f"{pct(summary['unpruned_best_at_pruned_training'])} | "
           f"{_times(summary['ratio_median'])} | {summary['reached']} | "
           f"{_times(summary['ratio_within_noise_median'])} | "
           f"{summary['reached_within_noise']} | {_times(summary['within_noise_of_unpruned_training_median'])} | "
-          f"{summary['train_seconds_ratio']['mean']:.2f}x |")
+          f"{summary['train_seconds_ratio']['mean']:.2f}x | {_points(summary['retrained_val_difference'])} "
+          f"({_points(summary['retrained_test_difference'])}) |")
     search_runs.save(search_runs.out_dir(args), "pruning" + pruned.removeprefix("pruned"), args.dataset, record)
     return 0
 
 
 def _after(seconds: float | None) -> str:
     return "never" if seconds is None else f"after {seconds:.0f} s of training"
+
+
+def _difference(sides: dict, figure: str) -> float | None:
+    """The pruned pick's mean over its retrainings less the unpruned pick's (None without both)."""
+    pruned, unpruned = sides["pruned"][figure]["mean"], sides["unpruned"][figure]["mean"]
+    return None if pruned is None or unpruned is None else pruned - unpruned
+
+
+def _points(stat: dict) -> str:
+    """A difference of accuracies in percentage points, mean +- sd over seeds."""
+    if stat["mean"] is None:
+        return "-"
+    return f"{100 * stat['mean']:+.2f}" + (f" +- {100 * stat['sd']:.2f}" if stat["sd"] is not None else "")
 
 
 def _times(ratio: float | None) -> str:

@@ -9,7 +9,7 @@ run's pick (its winner) trained again with fresh seeds.
 
 Each run is a real `towerlab evolve` / `towerlab search run` on 2 CPU workers x 1 thread; its
 figures come from its own store. Every method's pick is retrained with the same fresh seeds
-(10000, 10001, ...) in this process, by the very function the search trains candidates with.
+(10000, 10001, ...) by the very function the search trains candidates with.
 Re-measures (the noise-aware crowning) are extra trainings outside the 40; the table counts every
 training. Writes bench/results/samplers-<dataset>-<date>.json.
 """
@@ -23,7 +23,7 @@ from pathlib import Path
 import machine
 import measure
 import search_runs
-from search_runs import best_at, best_so_far, mean_sd, pct, permutation_p
+from search_runs import best_at, best_so_far, mean_sd, pct, permutation_p, retrain
 
 # name -> (command, settings): every method gets the same budget in distinct trainings.
 METHODS = {
@@ -35,30 +35,6 @@ METHODS = {
     "tpe-remeasure": (["search", "run"], {"sampler": "tpe", "population": 2, "remeasure": 2}),
 }
 BASELINE = "random"  # what the permutation tests compare with
-
-
-def retrain(pick: dict, dataset: str, val_size: int, seeds: list[int], data_dir: str) -> list[float]:
-    """The pick's validation accuracy under each fresh seed, trained as the search trained it."""
-    import torch
-
-    from towerlab.config import RunConfig, SearchConfig, TrainConfig
-    from towerlab.fitness import train_candidate
-    from towerlab.runner import load_data
-
-    cfg = SearchConfig(sampler="ga", dataset=dataset, val_size=val_size, max_epochs=1, batch_size=128)
-    key = (dataset, val_size)
-    if key not in _DATA:
-        run = RunConfig(data_dir=data_dir, device="cpu", download=False)
-        _DATA[key] = load_data(TrainConfig(dataset=dataset, val_size=val_size), run, download=False,
-                               log=lambda _line: None).to(torch.device("cpu"))
-    accuracies = []
-    for seed in seeds:
-        fields, _ = train_candidate(cfg, "mlp", pick, seed, _DATA[key], torch.device("cpu"))
-        accuracies.append(fields["fitness"] if fields["status"] == "ok" else None)
-    return accuracies
-
-
-_DATA: dict = {}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -79,6 +55,7 @@ def main(argv: list[str] | None = None) -> int:
                             "batch_size": 128, "max_evaluations": args.budget, "generations": 100 * args.budget,
                             "top": 1, "device": "cpu", "devices": args.devices, "threads": args.threads})
     retrain_seeds = [10_000 + i for i in range(args.retrain)]
+    settings_of_candidates = {"dataset": args.dataset, "val_size": val_size, "max_epochs": 1, "batch_size": 128}
     runs_dir = search_runs.out_dir(args) / "sampler-runs"
     record = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "machine": machine.describe(), "dataset": args.dataset,
               "budget": args.budget, "retrain_seeds": retrain_seeds, "methods": {}}
@@ -92,7 +69,8 @@ def main(argv: list[str] | None = None) -> int:
                                          reuse=args.reuse)
             curve = best_so_far(run["records"])
             pick = run["summary"]["best_genome"]
-            again = retrain(pick, args.dataset, val_size, retrain_seeds, args.data_dir)
+            again = [r["val_accuracy"] for r in retrain(pick, settings_of_candidates, retrain_seeds, args.data_dir,
+                                                         processes=args.devices, threads=args.threads)]
             s = run["summary"]
             runs.append({"seed": seed, "command": run["command"], "best_at": {k: best_at(curve, k) for k in marks},
                          "pick": pick, "pick_val_accuracy": s["best_val_accuracy"],

@@ -81,6 +81,63 @@ def _kept_seconds(out: Path, started: float) -> float:
     return max((t for t in finished if t >= started), default=started) - started  # not an earlier part's
 
 
+# The search settings a candidate's training reads (SearchConfig fields): what a retraining must copy.
+TRAINING_SETTINGS = ("dataset", "val_size", "max_epochs", "patience", "batch_size")
+
+
+def retrain(pick: dict, settings: dict, seeds: list[int], data_dir: str, *, processes: int = 2, threads: int = 1,
+            cache: Optional[Path] = None) -> list[dict]:
+    """`pick` trained again with each fresh seed, by the very function a search trains its candidates
+    with and under the search's `settings` (`TRAINING_SETTINGS`), on `processes` CPU processes of
+    `threads` threads: each seed's validation and test accuracy (None where the training failed).
+    With `cache`, a file of the same pick, settings, seeds and threads is read back instead, and
+    a new result is written there."""
+    from concurrent.futures import ProcessPoolExecutor
+    from multiprocessing import get_context
+
+    key = {"pick": pick, "settings": settings, "seeds": seeds, "threads": threads}
+    if cache is not None and cache.exists():
+        kept = json.loads(cache.read_text())
+        if kept["key"] == key:
+            return kept["runs"]
+    with ProcessPoolExecutor(processes, mp_context=get_context("spawn"), initializer=_one_process,
+                             initargs=(threads,)) as pool:
+        runs = list(pool.map(_retrain_one, [(pick, settings, seed, data_dir) for seed in seeds]))
+    if cache is not None:
+        machine.write_record(cache.parent, cache.name, {"key": key, "runs": runs})
+    return runs
+
+
+def _one_process(threads: int) -> None:
+    import torch
+
+    torch.set_num_threads(threads)
+
+
+_DATA: dict = {}  # a retraining process's data sets, loaded once
+
+
+def _retrain_one(task: tuple[dict, dict, int, str]) -> dict:
+    import torch
+
+    from towerlab.config import RunConfig, SearchConfig, TrainConfig
+    from towerlab.fitness import train_candidate
+    from towerlab.runner import load_data
+
+    pick, settings, seed, data_dir = task
+    cfg = SearchConfig(sampler="ga", **settings)
+    key = (cfg.dataset, cfg.val_size)
+    if key not in _DATA:
+        run = RunConfig(data_dir=data_dir, device="cpu", download=False)
+        _DATA[key] = load_data(TrainConfig(dataset=cfg.dataset, val_size=cfg.val_size), run, download=False,
+                               log=lambda _line: None).to(torch.device("cpu"))
+    fields, _ = train_candidate(cfg, "mlp", pick, seed, _DATA[key], torch.device("cpu"), test=True)
+    ok = fields["status"] == "ok"
+    return {"seed": seed, "val_accuracy": fields["fitness"] if ok else None,
+            "test_accuracy": fields["test_accuracy"] if ok else None, "epochs": fields.get("epochs"),
+            "seconds": fields["seconds"]}
+
+
 def best_so_far(records: list[dict], max_epochs: Optional[int] = None) -> list[tuple[float, float, int]]:
     """(training seconds spent, best validation accuracy so far, evaluations so far) after each new
     evaluation at `max_epochs` (None: any); every training counts in the seconds (every rung, every
@@ -161,7 +218,8 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
 
 def out_dir(args: argparse.Namespace) -> Path:
     """--out-dir, else bench/results (a smoke run's: bench/results/quick, which git ignores)."""
-    return Path(args.out_dir) if args.out_dir else BENCH / "results" / ("quick" if args.smoke else "")
+    quick = getattr(args, "smoke", False)  # bench/retrain.py has no smoke run
+    return Path(args.out_dir) if args.out_dir else BENCH / "results" / ("quick" if quick else "")
 
 
 def save(out_dir: str | Path, kind: str, dataset: str, record: dict) -> None:

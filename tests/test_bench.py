@@ -99,3 +99,40 @@ def test_the_best_curve_counts_every_rung_in_the_seconds_and_reads_a_budget_back
     assert search_runs.seconds_to_reach(curve, 0.6) == 140 and search_runs.seconds_to_reach(curve, 0.7) is None
     assert search_runs.best_by(curve, 39) is None
     assert search_runs.best_by(curve, 139) == 0.5 and search_runs.best_by(curve, 140) == 0.6
+
+
+def test_a_pick_retrained_with_the_searchs_seed_gets_the_searchs_accuracy_and_a_cache_is_read_back(tmp_path,
+                                                                                                    monkeypatch):
+    """bench/search_runs.retrain trains a network as the search trained it: with the seed the search
+    gave it, the same validation accuracy, to the last digit. A cache holding the same pick, settings
+    and seeds is read back; another seed trains again."""
+    monkeypatch.syspath_prepend(str(REPO / "bench"))
+    import search_runs
+
+    out = tmp_path / "run"
+    flags = ["--space", "mlp", "--dataset", "synthetic", "--population", "3", "--generations", "1", "--max-epochs",
+             "2", "--remeasure", "0", "--device", "cpu", "--devices", "1", "--threads", "1", "--seed", "3"]
+    run = search_runs.run_search(["evolve"], flags, out, str(tmp_path))
+    search = json.loads((out / "config.json").read_text())["search"]
+    settings = {k: search[k] for k in search_runs.TRAINING_SETTINGS}
+    (best,) = [r for r in run["records"] if r["genome"] == run["summary"]["best_genome"]]
+    cache = tmp_path / "retrain.json"
+    (again,) = search_runs.retrain(best["genome"], settings, [best["seed"]], str(tmp_path), processes=1, cache=cache)
+    assert again["val_accuracy"] == best["val_accuracy"] and again["seed"] == best["seed"]
+    assert 0 < again["test_accuracy"] <= 1
+
+    kept = json.loads(cache.read_text())
+    kept["runs"][0]["val_accuracy"] = -1.0  # a value no training gives: only reading the cache returns it
+    cache.write_text(json.dumps(kept))
+    assert search_runs.retrain(best["genome"], settings, [best["seed"]], str(tmp_path), cache=cache)[0][
+        "val_accuracy"] == -1.0
+    (other,) = search_runs.retrain(best["genome"], settings, [best["seed"] + 1], str(tmp_path), processes=1,
+                                   cache=cache)
+    assert 0 <= other["val_accuracy"] <= 1 and json.loads(cache.read_text())["key"]["seeds"] == [best["seed"] + 1]
+
+
+def test_retrain_refuses_a_genome_it_cannot_read(tmp_path):
+    done = subprocess.run([sys.executable, str(REPO / "bench" / "retrain.py"), "neurons=64,layers", "--out-dir",
+                           str(tmp_path)], capture_output=True, text=True)
+    assert done.returncode == 2 and "'neurons=64,layers' is not gene=value" in done.stderr
+    assert not list(tmp_path.iterdir())

@@ -1,0 +1,64 @@
+"""Networks of the mlp space trained again with fresh seeds, exactly as a search trains a candidate:
+how far apart two searches' picks really are once each is measured more than once.
+
+    python bench/retrain.py --dataset cifar10 neurons=1024,layers=3,activation=elu,optimizer=adagrad \\
+        neurons=768,layers=2,activation=elu,optimizer=adagrad        # 3 seeds each, up to 10 epochs
+
+Each genome is trained with seeds 10000, 10001, ... (`--seeds` of them) by towerlab's own
+`train_candidate` under the search settings given here (the defaults are `bench/pruning.py`'s:
+up to 10 epochs, patience 5, 5,000 validation images), on 2 CPU processes x 1 thread. Prints each
+genome's validation and test accuracy, mean +- sd, and the permutation p of each against the first;
+writes bench/results/retrain-<dataset>-<date>.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import machine
+import search_runs
+from search_runs import mean_sd, pct, permutation_p, retrain
+
+
+def genome(text: str) -> dict:
+    """`neurons=1024,layers=3,activation=elu,optimizer=adagrad` as a genome (whole numbers as ints)."""
+    pairs = [item.partition("=") for item in text.split(",")]
+    if not pairs or any(not key or not sep or not value for key, sep, value in pairs):
+        raise argparse.ArgumentTypeError(f"{text!r} is not gene=value,gene=value,...")
+    return {key: int(value) if value.isdigit() else value for key, _, value in pairs}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("genomes", nargs="+", type=genome, help="gene=value,... (the first is the reference)")
+    parser.add_argument("--dataset", default="mnist")
+    parser.add_argument("--val-size", type=int, default=5000)
+    parser.add_argument("--max-epochs", type=int, default=10)
+    parser.add_argument("--patience", type=int, default=5)
+    parser.add_argument("--batch-size", type=int, default=None, help="None: the search's default for the data set")
+    parser.add_argument("--seeds", type=int, default=3, help="fresh seeds each genome is trained with")
+    search_runs.add_run_arguments(parser)
+    args = parser.parse_args(argv)
+    if args.reuse:
+        parser.error("--reuse: retrain.py keeps no runs to take again")
+    settings = {"dataset": args.dataset, "val_size": args.val_size, "max_epochs": args.max_epochs,
+                "patience": args.patience, "batch_size": args.batch_size}
+    seeds = [10_000 + i for i in range(args.seeds)]
+    record = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "machine": machine.describe(), "settings": settings,
+              "seeds": seeds, "genomes": []}
+    for pick in args.genomes:
+        runs = retrain(pick, settings, seeds, args.data_dir, processes=args.devices, threads=args.threads)
+        val = mean_sd([r["val_accuracy"] for r in runs])
+        entry = {"genome": pick, "runs": runs, "val": val, "test": mean_sd([r["test_accuracy"] for r in runs]),
+                 "val_p_against_the_first": (permutation_p(val["values"], record["genomes"][0]["val"]["values"])
+                                             if record["genomes"] else None)}
+        record["genomes"].append(entry)
+        print(f"{pick}: validation {pct(entry['val'])}, test {pct(entry['test'])}, "
+              f"p against the first {entry['val_p_against_the_first']}", flush=True)
+    search_runs.save(search_runs.out_dir(args), "retrain", args.dataset, record)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

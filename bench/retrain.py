@@ -8,13 +8,16 @@ Each genome is trained with seeds 10000, 10001, ... (`--seeds` of them) by tower
 `train_candidate` under the search settings given here (the defaults are `bench/pruning.py`'s:
 up to 10 epochs, patience 5, 5,000 validation images), on 2 CPU processes x 1 thread. Prints each
 genome's validation and test accuracy, mean +- sd, and the permutation p of each against the first;
-writes bench/results/retrain-<dataset>-<date>.json.
+writes bench/results/retrain-<dataset>-<date>.json. `--reuse` takes the genomes that record already
+holds (same settings, seeds and threads) from it and trains only the others.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import time
+from pathlib import Path
 
 import machine
 import search_runs
@@ -40,15 +43,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, default=3, help="fresh seeds each genome is trained with")
     search_runs.add_run_arguments(parser)
     args = parser.parse_args(argv)
-    if args.reuse:
-        parser.error("--reuse: retrain.py keeps no runs to take again")
     settings = {"dataset": args.dataset, "val_size": args.val_size, "max_epochs": args.max_epochs,
                 "patience": args.patience, "batch_size": args.batch_size}
     seeds = [10_000 + i for i in range(args.seeds)]
     record = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "machine": machine.describe(), "settings": settings,
-              "seeds": seeds, "genomes": []}
+              "seeds": seeds, "threads": args.threads, "genomes": []}
+    path = search_runs.out_dir(args) / search_runs.record_name("retrain", args.dataset)
+    kept = _kept(path, record) if args.reuse else {}
     for pick in args.genomes:
-        runs = retrain(pick, settings, seeds, args.data_dir, processes=args.devices, threads=args.threads)
+        runs = kept.get(_key(pick)) or retrain(pick, settings, seeds, args.data_dir, processes=args.devices,
+                                               threads=args.threads)
         val = mean_sd([r["val_accuracy"] for r in runs])
         entry = {"genome": pick, "runs": runs, "val": val, "test": mean_sd([r["test_accuracy"] for r in runs]),
                  "val_p_against_the_first": (permutation_p(val["values"], record["genomes"][0]["val"]["values"])
@@ -58,6 +62,21 @@ def main(argv: list[str] | None = None) -> int:
               f"p against the first {entry['val_p_against_the_first']}", flush=True)
     search_runs.save(search_runs.out_dir(args), "retrain", args.dataset, record)
     return 0
+
+
+def _key(pick: dict) -> str:
+    return json.dumps(pick, sort_keys=True)
+
+
+def _kept(path: Path, record: dict) -> dict:
+    """The retrainings today's record at `path` holds for the same settings, seeds and threads as
+    `record`, by genome."""
+    if not path.exists():
+        return {}
+    old = json.loads(path.read_text())
+    if any(old.get(k) != record[k] for k in ("settings", "seeds", "threads")):
+        return {}
+    return {_key(entry["genome"]): entry["runs"] for entry in old["genomes"]}
 
 
 if __name__ == "__main__":

@@ -222,5 +222,10 @@ def out_dir(args: argparse.Namespace) -> Path:
     return Path(args.out_dir) if args.out_dir else BENCH / "results" / ("quick" if quick else "")
 
 
+def record_name(kind: str, dataset: str) -> str:
+    """The file name of today's record of a benchmark."""
+    return f"{kind}-{dataset}-{time.strftime('%Y-%m-%d')}.json"
+
+
 def save(out_dir: str | Path, kind: str, dataset: str, record: dict) -> None:
-    print(machine.write_record(out_dir, f"{kind}-{dataset}-{time.strftime('%Y-%m-%d')}.json", record))
+    print(machine.write_record(out_dir, record_name(kind, dataset), record))

@@ -131,8 +131,24 @@ def test_a_pick_retrained_with_the_searchs_seed_gets_the_searchs_accuracy_and_a_
     assert 0 <= other["val_accuracy"] <= 1 and json.loads(cache.read_text())["key"]["seeds"] == [best["seed"] + 1]
 
 
-def test_retrain_refuses_a_genome_it_cannot_read(tmp_path):
-    done = subprocess.run([sys.executable, str(REPO / "bench" / "retrain.py"), "neurons=64,layers", "--out-dir",
-                           str(tmp_path)], capture_output=True, text=True)
+def test_retrain_refuses_a_genome_it_cannot_read_and_reuse_trains_only_what_its_record_lacks(tmp_path):
+    """bench/retrain.py: a genome it cannot read is one line and exit 2, nothing written; with
+    --reuse, a genome today's record holds (same settings, seeds, threads) is read back, and only
+    the others are trained."""
+    script = [sys.executable, str(REPO / "bench" / "retrain.py"), "--dataset", "synthetic", "--val-size", "1000",
+              "--max-epochs", "1", "--seeds", "1", "--devices", "1", "--data-dir", str(tmp_path), "--out-dir",
+              str(tmp_path / "out")]
+    done = subprocess.run([*script, "neurons=64,layers"], capture_output=True, text=True)
     assert done.returncode == 2 and "'neurons=64,layers' is not gene=value" in done.stderr
-    assert not list(tmp_path.iterdir())
+    assert not (tmp_path / "out").exists()
+
+    first, second = "neurons=64,layers=1,activation=relu,optimizer=adam", "neurons=64,layers=2,activation=elu,optimizer=sgd"
+    subprocess.run([*script, first], check=True, capture_output=True)
+    (path,) = (tmp_path / "out").glob("retrain-synthetic-*.json")
+    record = json.loads(path.read_text())
+    record["genomes"][0]["runs"][0]["val_accuracy"] = -1.0  # no training gives it: only reading it back does
+    path.write_text(json.dumps(record))
+    subprocess.run([*script, "--reuse", first, second], check=True, capture_output=True)
+    genomes = json.loads(path.read_text())["genomes"]
+    assert genomes[0]["val"]["values"] == [-1.0] and 0 <= genomes[1]["val"]["values"][0] <= 1
+    assert [g["genome"]["layers"] for g in genomes] == [1, 2]

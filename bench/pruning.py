@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     if not ga:
         pruning["sampler"], pruned = args.sampler, pruned + "-" + args.sampler
     pruned_command = ["evolve"] if ga else ["search", "run"]
-    retrain_seeds = [10_000 + i for i in range(args.retrain)]
+    retrain_seeds = search_runs.fresh_seeds(args.retrain)
     record = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "machine": machine.describe(), "dataset": args.dataset,
               "budget": budget, "pruning": pruning, "retrain_seeds": retrain_seeds, "seeds": []}
     for seed in args.seeds:

@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     settings = {"dataset": args.dataset, "val_size": args.val_size, "max_epochs": args.max_epochs,
                 "patience": args.patience, "batch_size": args.batch_size}
-    seeds = [10_000 + i for i in range(args.seeds)]
+    seeds = search_runs.fresh_seeds(args.seeds)
     record = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "machine": machine.describe(), "settings": settings,
               "seeds": seeds, "threads": args.threads, "genomes": []}
     path = search_runs.out_dir(args) / search_runs.record_name("retrain", args.dataset)

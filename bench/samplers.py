@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     common = measure.flags({"space": "mlp", "dataset": args.dataset, "val_size": val_size, "max_epochs": 1,
                             "batch_size": 128, "max_evaluations": args.budget, "generations": 100 * args.budget,
                             "top": 1, "device": "cpu", "devices": args.devices, "threads": args.threads})
-    retrain_seeds = [10_000 + i for i in range(args.retrain)]
+    retrain_seeds = search_runs.fresh_seeds(args.retrain)
     settings_of_candidates = {"dataset": args.dataset, "val_size": val_size, "max_epochs": 1, "batch_size": 128}
     runs_dir = search_runs.out_dir(args) / "sampler-runs"
     record = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "machine": machine.describe(), "dataset": args.dataset,

@@ -85,13 +85,18 @@ def _kept_seconds(out: Path, started: float) -> float:
 TRAINING_SETTINGS = ("dataset", "val_size", "max_epochs", "patience", "batch_size")
 
 
+def fresh_seeds(count: int) -> list[int]:
+    """The seeds every benchmark retrains a pick with (10000, 10001, ...): the same for every method."""
+    return [10_000 + i for i in range(count)]
+
+
 def retrain(pick: dict, settings: dict, seeds: list[int], data_dir: str, *, processes: int = 2, threads: int = 1,
             cache: Optional[Path] = None) -> list[dict]:
-    """`pick` trained again with each fresh seed, by the very function a search trains its candidates
-    with and under the search's `settings` (`TRAINING_SETTINGS`), on `processes` CPU processes of
-    `threads` threads: each seed's validation and test accuracy (None where the training failed).
-    With `cache`, a file of the same pick, settings, seeds and threads is read back instead, and
-    a new result is written there."""
+    """`pick`, a network of the mlp space, trained again with each fresh seed, by the very function a
+    search trains its candidates with and under the search's `settings` (`TRAINING_SETTINGS`), on
+    `processes` CPU processes of `threads` threads: each seed's validation and test accuracy (None
+    where the training failed). With `cache`, a file of the same pick, settings, seeds and threads
+    is read back instead, and a new result is written there."""
     from concurrent.futures import ProcessPoolExecutor
     from multiprocessing import get_context
 

@@ -118,6 +118,19 @@ def refuse_on_rank_one(rank, world_size, store_path):
         raise UserError("rank 1 refuses")
 
 
+def test_a_worker_with_a_bug_fails_the_job_with_its_traceback(capfd):
+    # Not a known way to fail (a user error, an interrupt, a lost peer): exit status 1 and the
+    # traceback, printed by the worker itself before it leaves without the interpreter's teardown.
+    assert launch(crash_on_rank_one, 2, grace=5.0, log=lambda line: None, start_method="fork") == 1
+    err = capfd.readouterr().err
+    assert "Traceback" in err and "ZeroDivisionError: rank 1 divides by zero" in err, err
+
+
+def crash_on_rank_one(rank, world_size, store_path):
+    if rank == 1:
+        raise ZeroDivisionError("rank 1 divides by zero")
+
+
 def test_spawned_workers_that_cannot_be_sent_what_they_run_give_one_user_error():
     with pytest.raises(UserError, match="define your model class or factory in an importable module"):
         launch(refuse_on_rank_one, 2, (lambda: None,), start_method="spawn")

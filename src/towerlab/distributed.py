@@ -19,6 +19,7 @@ import sys
 import tempfile
 import threading
 import time
+import traceback
 from dataclasses import dataclass
 from datetime import timedelta
 from multiprocessing.connection import wait
@@ -369,21 +370,31 @@ def _worker_entry(fn: Callable[..., None], rank: int, world_size: int, store_pat
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a forked worker inherits the launcher's forwarding
     try:
         fn(rank, world_size, store_path, *args)
-        status = 0
-    except SystemExit as exc:
-        status = 0 if exc.code is None else exc.code if isinstance(exc.code, int) else 1
-    except UserError as exc:
+    except BaseException as exc:  # noqa: BLE001 - every way out is an exit status
+        # Left from inside the handler: `exc` holds the failed run's frames (its model, DDP's reducer,
+        # the process group), and freeing them runs gloo's teardown with the GIL held, which deadlocks
+        # with a gloo thread that still drops a finished collective's tensors (seen on a diverged run:
+        # the replica hung until --timeout). `_leave` skips that teardown.
+        _leave(_failure_status(exc, store_path, rank))
+    _leave(0)
+
+
+def _failure_status(exc: BaseException, store_path: str, rank: int) -> int:
+    """The exit status of a worker that raised `exc`; one that is none of the known ways to fail
+    (a bug) has its traceback printed, as multiprocessing would, and exits with 1."""
+    if isinstance(exc, SystemExit):
+        return 0 if exc.code is None else exc.code if isinstance(exc.code, int) else 1
+    if isinstance(exc, UserError):
         _report_user_error(store_path, rank, str(exc))
-        status = EXIT_USER_ERROR
-    except Interrupted as exc:
-        status = exc.exit_status
-    except KeyboardInterrupt:
-        status = EXIT_SIGINT
-    except (dist.DistError, RuntimeError) as exc:
-        if not peer_lost(exc):  # the launcher names the peer that died
-            raise
-        status = EXIT_PEER_LOST
-    _leave(status)
+        return EXIT_USER_ERROR
+    if isinstance(exc, Interrupted):
+        return exc.exit_status
+    if isinstance(exc, KeyboardInterrupt):
+        return EXIT_SIGINT
+    if peer_lost(exc):  # the launcher names the peer that died
+        return EXIT_PEER_LOST
+    traceback.print_exception(exc)
+    return 1
 
 
 def _leave(status: int) -> None:

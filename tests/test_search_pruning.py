@@ -119,9 +119,14 @@ def test_a_genome_keeps_the_rung_it_reached_and_the_elite_its_place(tmp_path):
     assert max(fitness.calls.values()) == 1  # served, not trained again
 
 
+@pytest.mark.parametrize("places", ["all", "new"])
 @pytest.mark.parametrize("crash_at", [4, 10, 12])
-def test_a_pruned_search_killed_mid_rung_resumes_to_the_same_history(tmp_path, crash_at):
-    reference = search(tmp_path / "ref.db", pruned(remeasure=1))
+def test_a_pruned_search_killed_mid_rung_resumes_to_the_same_history(tmp_path, crash_at, places):
+    """Killed in rung 0 (4) or after some of rung 1's promotions were recorded (10, 12): the
+    promotions recorded before the kill are not taken for genomes that held the rung already,
+    which under `--prune-places new` would count the places over other members."""
+    cfg = pruned(remeasure=1, prune_places=places)
+    reference = search(tmp_path / "ref.db", cfg)
     fitness = Counting()
     done = []
 
@@ -133,8 +138,8 @@ def test_a_pruned_search_killed_mid_rung_resumes_to_the_same_history(tmp_path, c
             record(c, fitness(c))
 
     with pytest.raises(KeyboardInterrupt):
-        search(tmp_path / "s.db", pruned(remeasure=1), evaluate=crashing)
-    assert search(tmp_path / "s.db", pruned(remeasure=1), fitness, resume=True) == reference
+        search(tmp_path / "s.db", cfg, evaluate=crashing)
+    assert search(tmp_path / "s.db", cfg, fitness, resume=True) == reference
     assert max(fitness.calls.values()) == 1
 
 

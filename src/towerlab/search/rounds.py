@@ -184,7 +184,7 @@ class Rounds:
             ok = [h for h in alive if reached[h][1].status == "ok"]
             ok.sort(key=lambda h: rank_key(genomes[first[h]], reached[h][1].fitness))
             above = self.hashes[self.ladder[rung + 1]]
-            held = {h for h in ok if self._holds(h, above)}  # they go on for free
+            held = {h for h in ok if self._holds(h, above, generation)}  # they go on for free
             contenders = ok if self.prune_places == "all" else [h for h in ok if h not in held]
             promoted = held | set(contenders[:math.ceil(len(contenders) / self.prune_factor)])
             alive = [h for h in ok if h in promoted]
@@ -201,11 +201,15 @@ class Rounds:
                                        stats.to_json())
         return Generation(generation, tuple(members), stats)
 
-    def _holds(self, genome_hash: str, rung_config_hash: str) -> bool:
-        """Whether the store serves this genome a successful training at that rung (a GA's elite,
-        or a genome proposed again, keeps the rung it reached instead of being pruned below it)."""
+    def _holds(self, genome_hash: str, rung_config_hash: str, generation: int) -> bool:
+        """Whether the store serves this genome a successful training at that rung from before this
+        generation (a GA's elite, or a genome proposed again, keeps the rung it reached instead of
+        being pruned below it). This search's own row of this very generation does not count: it
+        exists only when an interrupted start of the generation already trained the promotion, and
+        counting it would change whom a resumed `--prune-places new` rung counts its places over."""
         row = self.store.lookup(genome_hash, rung_config_hash, self.search_id)
-        return row is not None and row.status == "ok"
+        return (row is not None and row.status == "ok"
+                and (row.search_id, row.generation) != (self.search_id, generation))
 
     # -- crowning ---------------------------------------------------------------------------------
 

@@ -151,6 +151,39 @@ def test_an_interrupted_retry_is_not_recorded_as_a_failure():
     assert results == {1: {"value": 1}}  # task 0 is neither done nor "failed": --resume trains it
 
 
+def test_tasks_a_result_adds_join_its_batch_and_waiting_ranks_take_them():
+    """A pruned generation's next rung: results answer with more tasks. Every task runs once,
+    on the coordinator or on a worker that waited for one, and the worker left waiting when the
+    batch closed serves the next batch."""
+    store = HashStore()
+    worker = Pool(store, 1, 2, lambda task: {"value": task["x"] * 10, "by": 1}, stale=60.0)
+    serving = threading.Thread(target=worker.serve)
+    serving.start()
+
+    def slow(task):
+        time.sleep(0.05)
+        return {"value": task["x"] * 10, "by": 0}
+
+    pool = Pool(store, 0, 2, slow, stale=60.0)
+    results = {}
+
+    def on_result(index, result):
+        results[index] = result
+        return [{"x": 100 + index}, {"x": 200 + index}] if index < 3 else None  # tasks 0-2 add two each
+
+    try:
+        pool.map([{"x": i} for i in range(3)], on_result)
+        assert sorted(results) == list(range(9))
+        assert sorted(r["value"] for r in results.values()) == sorted(
+            [0, 10, 20] + [10 * (base + i) for base in (100, 200) for i in range(3)])
+        second = run_map(pool, 4)
+        assert [second[i]["value"] for i in range(4)] == [0, 10, 20, 30]
+    finally:
+        pool.shutdown()
+        serving.join(timeout=30)
+    assert not serving.is_alive()
+
+
 @pytest.mark.parametrize("value, ok", [("", True), ("45", True), ("3", True), ("2.9", False), ("0", False),
                                        ("-5", False), ("nan", False), ("inf", False), ("soon", False)])
 def test_the_stale_setting_comes_from_the_environment_and_is_checked(monkeypatch, value, ok):

@@ -53,6 +53,30 @@ def test_two_workers_give_the_history_of_one_worker(tmp_path, space_file):
     assert best["val_accuracies"][0] <= max(s["best"] for s in one[0])  # its evaluation: a member's fitness
 
 
+@pytest.mark.slow
+def test_a_pruned_search_on_two_workers_trains_what_one_worker_trains(tmp_path, space_file):
+    """Two workers take a rung's certain places for the next rung while the rung still runs (the
+    pool adds tasks to its batch): the same trainings, the same history as one worker."""
+    import sqlite3
+
+    args = ["evolve", *BASE, "--space", space_file, "--population", "8", "--generations", "2", "--seed", "7",
+            "--max-epochs", "3", "--min-epochs", "1", "--prune-factor", "2"]
+    assert main([*args, "--out", str(tmp_path / "one")]) == 0
+    assert main([*args, "--devices", "2", "--out", str(tmp_path / "two")]) == 0
+    one, two = _history(tmp_path / "one"), _history(tmp_path / "two")
+    assert one[:2] == two[:2]
+
+    def trainings(out):
+        with sqlite3.connect(out / "search.db") as db:
+            rows = sorted(db.execute("SELECT generation, idx, replicate, max_epochs, status, fitness FROM evaluations"))
+        db.close()
+        return rows
+
+    rows = trainings(tmp_path / "two")
+    assert rows == trainings(tmp_path / "one")
+    assert {epochs for *_, epochs, _, _ in rows} == {1, 3}  # the rungs
+
+
 def test_grid_writes_its_record_and_exports_the_winner(tmp_path, space_file, capsys):
     out = tmp_path / "grid"
     assert main(["grid", *BASE, "--space", space_file, "--limit", "4", "--top", "2", "--export-best",

@@ -206,3 +206,63 @@ def test_prune_places_is_kept_on_resume_and_a_search_recorded_before_it_resumes_
         SearchConfig(prune_places="new")
     with pytest.raises(UserError, match="unknown --prune-places 'newcomers': choose one of all, new"):
         SearchConfig(prune_places="newcomers", min_epochs=1)
+
+
+def flaky(candidate):
+    """`learning`, except that about one genome in six fails at its second rung."""
+    if candidate.max_epochs == 3 and int(candidate.genome_hash[16:18], 16) % 6 == 0:
+        return Outcome.failed("diverged", epochs=1, seconds=1.0)
+    return learning(candidate)
+
+
+def workers(n, seed, log):
+    """An evaluator that emulates `n` workers finishing in a random order and asks for the work
+    that unlocks (`record.more()`) after every result, as the pool does."""
+    import random
+
+    rng = random.Random(seed)
+
+    def evaluate(candidates, record):
+        queue, running = list(candidates), []
+        while queue or running:
+            while queue and len(running) < n:
+                running.append(queue.pop(0))
+            c = running.pop(rng.randrange(len(running)))
+            log.append((c.generation, c.genome_hash, c.max_epochs))
+            record(c, flaky(c))
+            queue.extend(record.more())
+
+    return evaluate
+
+
+def rung_by_rung(candidates, record):
+    """An evaluator that never asks for more: the search hands it one rung at a time."""
+    for c in candidates:
+        record(c, flaky(c))
+
+
+@pytest.mark.parametrize("places", ["all", "new"])
+@pytest.mark.parametrize("seed", range(4))
+def test_a_rungs_certain_places_go_on_before_its_last_results_and_the_history_is_the_same(tmp_path, places,
+                                                                                         seed):
+    """Workers that take work as it unlocks start a genome's next rung while its rung still runs,
+    once its place is certain, and the search (members, rungs, promotions, every stored training)
+    is the rung-by-rung one, whatever order the trainings finish in, failures and the GA's elite
+    (genomes that hold a rung already) included."""
+    cfg = pruned(generations=4, population=12, elite=2, prune_places=places)
+    reference = search(tmp_path / "ref.db", cfg, evaluate=rung_by_rung)
+    log = []
+    assert search(tmp_path / "s.db", cfg, evaluate=workers(3, seed, log)) == reference
+
+    def trainings(path):
+        with Store(path) as store:
+            return sorted((e.generation, e.genome_hash, e.max_epochs, e.status, e.fitness, e.seed)
+                          for e in store.evaluations())
+
+    assert trainings(tmp_path / "s.db") == trainings(tmp_path / "ref.db")
+    assert len(log) == len(set(log)) == len(trainings(tmp_path / "ref.db"))
+    early = 0  # trainings of a higher rung that started before the rung below had all its results
+    for i, (generation, _, epochs) in enumerate(log):
+        below = {1: None, 3: 1, 9: 3}[epochs]
+        early += below is not None and any(g == generation and e == below for g, _, e in log[i + 1:])
+    assert early > 0

@@ -78,6 +78,12 @@ class Reporter:
 
             self.bar = tqdm(total=total, initial=done, unit=unit, file=sys.stderr, dynamic_ncols=True, leave=False)
 
+    def grow(self, n: int) -> None:
+        """More work joined the running bar."""
+        if self.bar is not None and n:
+            self.bar.total += n
+            self.bar.refresh()
+
     def advance(self, n: int = 1) -> None:
         if self.bar is not None:
             self.bar.update(n)

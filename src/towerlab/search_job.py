@@ -154,9 +154,10 @@ def _process(rank: int, world_size: int, store_path: str | None, kind: str, cfg:
 
 
 def _local_map(work: Callable[[dict], dict]) -> Callable:
-    def run_here(tasks: list[dict], on_result: Callable[[int, dict], None]) -> None:
-        for index, task in enumerate(tasks):
-            on_result(index, work(task))
+    def run_here(tasks: list[dict], on_result: Callable[[int, dict], list[dict] | None]) -> None:
+        queue = list(tasks)
+        for index, task in enumerate(queue):  # the tasks a result adds are appended, and run too
+            queue.extend(on_result(index, work(task)) or [])
     return run_here
 
 
@@ -185,21 +186,28 @@ def _coordinate(kind: str, cfg: SearchConfig, run: RunConfig, out: Path, space: 
                       f"model {space.model}) on {cfg.dataset}, {ctx.world_size} worker(s) on {ctx.device.type} "
                       f"-> {out}")
 
-        def evaluate(candidates: list[Candidate], record: Callable) -> None:
+        def evaluate(candidates: list[Candidate], record: Any) -> None:
             reporter.start_progress(len(candidates), 0, unit="net")
-            # Largest first: the generation then ends on small candidates, not on a big one that
-            # started last while the other workers sat idle.
-            costs = [estimated_cost(cfg, space.model, c.genome, data.input_shape, data.num_classes, c.max_epochs)
-                     for c in candidates]
-            order = sorted(range(len(candidates)), key=lambda i: -costs[i])
+            queue: list[Candidate] = []  # task i of the batch trains queue[i]
 
-            def on_result(index: int, result: dict) -> None:
-                record(candidates[order[index]], outcome(result))
+            def tasks(batch: list[Candidate]) -> list[dict]:
+                # Largest first: the batch then ends on small candidates, not on a big one that
+                # started last while the other workers sat idle.
+                batch = sorted(batch, key=lambda c: -estimated_cost(cfg, space.model, c.genome, data.input_shape,
+                                                                     data.num_classes, c.max_epochs))
+                queue.extend(batch)
+                return [candidate_task(c) for c in batch]
+
+            def on_result(index: int, result: dict) -> list[dict]:
+                record(queue[index], outcome(result))
                 recorded.append(index)
                 reporter.advance()
+                more = record.more()  # a pruned rung's certain places go on at once: no worker waits
+                reporter.grow(len(more))
+                return tasks(more)
 
             try:
-                run_tasks([candidate_task(candidates[i]) for i in order], on_result)
+                run_tasks(tasks(candidates), on_result)
             finally:
                 reporter.end_progress()
 

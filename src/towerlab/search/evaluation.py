@@ -10,6 +10,11 @@ fails (out of memory, diverged, ...) is recorded as `Outcome.failed(reason)`; an
 every candidate is a bug (RuntimeError). `serial(fitness)` turns a function
 `fitness(candidate) -> Outcome` into an evaluator that trains in this process.
 
+Work that unlocks as results come in (a pruned generation's next rung): after a `record`, an
+evaluator may call `record.more()`, which returns the candidates that became trainable (each once,
+possibly none); it then trains them too before it returns, so its workers need not wait for a rung's
+last trainings. An evaluator that never asks is called again with them; the history is the same.
+
 A candidate trains for `max_epochs` (None: the search's --max-epochs; a pruned search's lower
 rungs train less) with `seed`. Every random stream of a search derives from its seed:
 `make_rng(seed, *stream)`, a sampler's own from `sampler_rng(seed, name, ...)`, and each
@@ -126,7 +131,10 @@ def serial(fitness: Callable[[Candidate], Outcome]) -> Evaluate:
     would escape) and KeyboardInterrupt/SystemExit, which stop the search."""
 
     def evaluate(candidates: list[Candidate], record: Record) -> None:
-        for candidate in candidates:
+        more = getattr(record, "more", None)
+        queue = list(candidates)
+        while queue:
+            candidate = queue.pop(0)
             started = time.perf_counter()
             try:
                 outcome = fitness(candidate)
@@ -136,6 +144,8 @@ def serial(fitness: Callable[[Candidate], Outcome]) -> Evaluate:
                 outcome = Outcome.failed(f"{type(e).__name__}: {e}",
                                          seconds=time.perf_counter() - started)
             record(candidate, outcome)
+            if more is not None:
+                queue.extend(more())
 
     return evaluate
 

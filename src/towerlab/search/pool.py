@@ -2,9 +2,11 @@
 torch.distributed process group: no sockets or server of our own.
 
 Rank 0 (the coordinator) publishes a batch of tasks; every rank, the coordinator included, claims
-the next unclaimed task with the store's atomic counter (`add`), so a slow candidate never stalls
+the next task number with the store's atomic counter (`add`), so a slow candidate never stalls
 the fast ones. A collector thread on rank 0 hands each result to the caller the moment it appears,
 so a result is in the search's SQLite store within a fraction of a second of its training ending.
+The caller may answer a result with more tasks (a pruned generation's next rung): they join the
+batch, numbered on, and a rank whose number has no task yet waits for one until the batch closes.
 
 Workers beat a heartbeat counter. A task whose worker's heartbeat stops changing for `stale`
 seconds (as seen by rank 0's own clock, so machines' clocks need not agree) is run again by the
@@ -18,9 +20,9 @@ second training of the same candidate (harmless, but wasted).
 (the search passes one that raises `Interrupted` after Ctrl-C / SIGTERM), so an interrupted
 coordinator leaves within a poll instead of waiting for the batch.
 
-Keys, under `towerlab/pool/<namespace>`: `b<B>/task/<i>`, `b<B>/n` (published last), `b<B>/next`
-(claim counter), `b<B>/claim/<i>` (claimant rank), `b<B>/result/<i>`, `b<B>/done` (results
-counter), `alive/<rank>` (heartbeat), `stop`. The namespace must be new for every start of the
+Keys, under `towerlab/pool/<namespace>`: `b<B>/task/<i>`, `b<B>/open` (set after the first
+tasks), `b<B>/next` (claim counter), `b<B>/claim/<i>` (claimant rank), `b<B>/result/<i>`,
+`b<B>/done` (results counter), `b<B>/closed` (every task done), `alive/<rank>` (heartbeat), `stop`. The namespace must be new for every start of the
 job's processes: torchrun keeps its store across the restarts of a worker group, and a restarted
 pool that found batch 1's keys of the previous attempt would take their results for its own
 (different) tasks. The search uses the torchrun restart count.
@@ -98,15 +100,16 @@ class Pool:
     # ------------------------------------------------------------------ every rank
 
     def _run(self, batch: int, index: int) -> None:
-        self.store.set(self._key(batch, "claim", index), str(self.rank))
         task = json.loads(self.store.get(self._key(batch, "task", index)))
         result = self.work(task)
         self.store.set(self._key(batch, "result", index), json.dumps(result))
         self.store.add(self._key(batch, "done"), 1)
 
-    def _claim(self, batch: int, n: int) -> int | None:
+    def _claim(self, batch: int) -> int:
+        """The next task number, named as this rank's at once (its task may not be published yet)."""
         index = self.store.add(self._key(batch, "next"), 1) - 1
-        return index if index < n else None
+        self.store.set(self._key(batch, "claim", index), str(self.rank))
+        return index
 
     # ------------------------------------------------------------------ workers (rank > 0)
 
@@ -116,21 +119,21 @@ class Pool:
         try:
             while True:
                 batch += 1
-                if not self._wait_for(self._key(batch, "n")):
+                if not self._wait_for(self._key(batch, "open")):
                     return
-                n = int(self.store.get(self._key(batch, "n")))
                 while True:
                     self.check_stop()
-                    index = self._claim(batch, n)
-                    if index is None:
+                    index = self._claim(batch)
+                    if not self._wait_for(self._key(batch, "task", index), self._key(batch, "closed")):
                         break
                     self._run(batch, index)
         finally:
             self.close()
 
-    def _wait_for(self, key: str) -> bool:
+    def _wait_for(self, key: str, closed: str | None = None) -> bool:
+        """Wait until `key` is set: True; False when the pool stops (or `closed` is set) first."""
         while not self.store.check([key]):
-            if self.store.check([self._key("stop")]):
+            if self.store.check([self._key("stop")]) or (closed is not None and self.store.check([closed])):
                 return False
             self.check_stop()
             time.sleep(POLL)
@@ -138,25 +141,26 @@ class Pool:
 
     # ------------------------------------------------------------------ the coordinator (rank 0)
 
-    def map(self, tasks: list[dict], on_result: Callable[[int, dict], None]) -> None:
+    def map(self, tasks: list[dict], on_result: Callable[[int, dict], list[dict] | None]) -> None:
         """Run every task on some rank; `on_result(i, result)` is called once per task, from a
-        collector thread, as soon as that task is done."""
+        collector thread, as soon as that task is done. It may return more tasks: they join the
+        batch (numbered on from the tasks so far) and are run as well before `map` returns."""
         self.batch += 1
-        batch, n = self.batch, len(tasks)
-        for index, task in enumerate(tasks):
-            self.store.set(self._key(batch, "task", index), json.dumps(task))
-        self.store.set(self._key(batch, "n"), str(n))
-        collector = _Collector(self, batch, n, on_result)
+        batch = self.batch
+        collector = _Collector(self, batch, on_result)
+        collector.publish(tasks)
+        self.store.set(self._key(batch, "open"), "1")
         collector.start()
         try:
-            while collector.error is None:
+            index = None
+            while collector.error is None and not collector.finished.is_set():
                 self.check_stop()
-                index = self._claim(batch, n)
                 if index is None:
-                    break
-                self._run(batch, index)
-            while not collector.finished.is_set():
-                self.check_stop()
+                    index = self._claim(batch)
+                if index < collector.published:
+                    self._run(batch, index)
+                    index = None
+                    continue
                 orphan = collector.orphan()
                 if orphan is None:
                     collector.finished.wait(POLL)
@@ -166,6 +170,7 @@ class Pool:
             collector.stop()
         if collector.error is not None:
             raise collector.error
+        self.store.set(self._key(batch, "closed"), "1")
 
     def _run_again(self, batch: int, index: int) -> None:
         claim = self._key(batch, "claim", index)
@@ -185,10 +190,11 @@ class Pool:
 
 
 class _Collector(threading.Thread):
-    def __init__(self, pool: Pool, batch: int, n: int, on_result: Callable[[int, dict], None]):
+    def __init__(self, pool: Pool, batch: int, on_result: Callable[[int, dict], list[dict] | None]):
         super().__init__(name="towerlab-collector", daemon=True)
         self.pool, self.batch, self.on_result = pool, batch, on_result
-        self.pending = set(range(n))
+        self.published = 0  # tasks 0 .. published-1 are in the store
+        self.pending: set[int] = set()
         self.finished = threading.Event()
         self.error: BaseException | None = None
         self._stop_requested = threading.Event()
@@ -216,13 +222,20 @@ class _Collector(threading.Thread):
             if not self.pending or self.error is not None:
                 self.finished.set()
 
+    def publish(self, tasks: list[dict]) -> None:
+        for task in tasks:
+            self.pool.store.set(self.pool._key(self.batch, "task", self.published), json.dumps(task))
+            self.pending.add(self.published)
+            self.published += 1  # only now may a rank that waits for this number take it
+
     def _sweep(self) -> None:
         store = self.pool.store
         for index in sorted(self.pending):
             key = self.pool._key(self.batch, "result", index)
             if store.check([key]):
-                self.on_result(index, json.loads(store.get(key)))
+                more = self.on_result(index, json.loads(store.get(key)))
                 self.pending.discard(index)
+                self.publish(more or [])
         if not self.pending:
             self.finished.set()
 

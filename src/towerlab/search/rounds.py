@@ -15,8 +15,12 @@ whichever worker runs it, so it is cached and replayed like any other evaluation
 travel between workers or sit in the store. Each rung's trainings are
 stored under their own training-config hash (`rung_hash`); the last rung's is the search's own, so
 its rows are shared with unpruned searches of the same settings. A rung's promotions are decided on
-all of its results, so the history never depends on which worker finished first; the price is that
-workers wait at the end of a rung for its last trainings (the costliest are handed out first).
+all of its results, so the history never depends on which worker finished first. Workers need not
+wait for a rung's last trainings, though: a genome whose place is certain already (it ranks in the
+rung's places even if every training still running ranks above it) is handed out for the next rung
+at once, so an evaluator that asks for more work as results come in (`record.more()`, see
+`towerlab.search.evaluation`) keeps its workers busy across the rungs of a generation, and the
+history is still the one a rung-by-rung search makes.
 
 Re-measuring (`--remeasure K`): a network about to be crowned (the genetic algorithm's elite, the
 final top) is trained again with K fresh seeds (`remeasure_seed`) at its rung and ranked by the
@@ -30,7 +34,7 @@ import math
 import threading
 import time
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 from towerlab.config import SearchConfig
 from towerlab.errors import UserError
@@ -55,13 +59,22 @@ def _key(candidate: Candidate) -> _Key:
 
 
 class _Recorder:
-    """The `record` callback given to the evaluator: writes each outcome as it arrives."""
+    """The `record` callback given to the evaluator: writes each outcome as it arrives. `more()`
+    hands out what the outcomes so far have made trainable (`unlock`), for evaluators that take
+    work as it comes."""
 
-    def __init__(self, store: Store, search_id: int, hashes: dict[int, str], pending: list[Candidate]) -> None:
+    def __init__(self, store: Store, search_id: int, hashes: dict[int, str],
+                 unlock: Optional[Callable[[], list[Candidate]]] = None,
+                 recorded: Optional[Callable[[Candidate, Evaluation], None]] = None) -> None:
         self._store, self._search_id, self._hashes = store, search_id, hashes
-        self._pending = {_key(c): c for c in pending}
+        self._unlock, self._recorded = unlock, recorded
+        self._pending: dict[_Key, Candidate] = {}
         self.rows: dict[_Key, Evaluation] = {}
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
+
+    def expect(self, candidates: list[Candidate]) -> None:
+        with self._lock:
+            self._pending.update((_key(c), c) for c in candidates)
 
     def __call__(self, candidate: Candidate, outcome: Outcome) -> None:
         with self._lock:
@@ -69,12 +82,116 @@ class _Recorder:
             if self._pending.get(key) != candidate:
                 state = "recorded twice" if key in self.rows else "not pending"
                 raise ValueError(f"record() got a candidate that is {state}: {candidate}")
-            self.rows[key] = self._store.record(candidate, outcome, self._hashes[candidate.max_epochs],
-                                                self._search_id)
+            row = self._store.record(candidate, outcome, self._hashes[candidate.max_epochs], self._search_id)
+            self.rows[key] = row
             del self._pending[key]
+            if self._recorded is not None:
+                self._recorded(candidate, row)
+
+    def more(self) -> list[Candidate]:
+        """Candidates that became trainable since they were last asked for (each handed out once);
+        the evaluator trains them as well before it returns."""
+        with self._lock:
+            if self._unlock is None:
+                return []
+            new = self._unlock()
+            self.expect(new)
+            return new
 
     def missing(self) -> list[Candidate]:
         return list(self._pending.values())
+
+
+class _Climb:
+    """One generation's rungs as work that unlocks as results come in. A rung's promotions are
+    decided when all of its results are in, exactly as rung by rung; before that, a genome whose
+    place is certain (`_certain`) is handed out for the next rung already."""
+
+    def __init__(self, rounds: Rounds, generation: int, genomes: Sequence[dict], first: dict[str, int]) -> None:
+        self.rounds, self.generation, self.genomes, self.first = rounds, generation, genomes, first
+        self.rung, self.alive = 0, list(first)
+        self.rows: dict[tuple[str, int], Evaluation] = {}  # (genome hash, rung) -> its row
+        self.handed: set[tuple[str, int]] = set()  # handed out for training, not recorded yet
+        self._held: Optional[set[str]] = None  # the current rung's genomes that hold the next one
+
+    def candidate(self, h: str, rung: int) -> Candidate:
+        index = self.first[h]
+        return Candidate(self.generation, index, dict(self.genomes[index]), h,
+                         candidate_seed(self.rounds.seed, self.generation, index), self.rounds.ladder[rung])
+
+    def recorded(self, candidate: Candidate, row: Evaluation) -> None:
+        rung = self.rounds.ladder.index(candidate.max_epochs)
+        self.handed.discard((candidate.genome_hash, rung))
+        self.rows[candidate.genome_hash, rung] = row
+
+    def _needs(self, h: str, rung: int, new: list[Candidate]) -> None:
+        """Serve (h, rung) from the store, or hand it out for training (once)."""
+        if (h, rung) in self.rows or (h, rung) in self.handed:
+            return
+        rounds = self.rounds
+        row = rounds.store.lookup(h, rounds.hashes[rounds.ladder[rung]], rounds.search_id)
+        if row is not None:
+            self.rows[h, rung] = row
+        else:
+            self.handed.add((h, rung))
+            new.append(self.candidate(h, rung))
+
+    def unlock(self) -> list[Candidate]:
+        """What can be trained now and was not handed out before; the rungs whose results are all
+        in are decided on the way."""
+        new: list[Candidate] = []
+        last = len(self.rounds.ladder) - 1
+        while True:
+            for h in self.alive:
+                self._needs(h, self.rung, new)
+            if any((h, self.rung) not in self.rows for h in self.alive):
+                if self.rung < last:
+                    for h in self._certain():
+                        self._needs(h, self.rung + 1, new)
+                return new
+            if self.rung == last:
+                return new
+            self._promote()
+
+    def _ranked(self, hashes: list[str]) -> list[str]:
+        return sorted(hashes, key=lambda h: rank_key(self.genomes[self.first[h]], self.rows[h, self.rung].fitness))
+
+    def _holding(self) -> set[str]:
+        if self._held is None:
+            above = self.rounds.hashes[self.rounds.ladder[self.rung + 1]]
+            self._held = {h for h in self.alive if self.rounds._holds(h, above, self.generation)}
+        return self._held
+
+    def _certain(self) -> list[str]:
+        """The genomes of the current rung that will be promoted whatever the trainings still
+        running give, and that must train for it (not held): a member that succeeded at position k
+        among the contenders so far is sure of a place when k plus the contenders still running
+        stays below the places the contenders so far already give (contenders only add up)."""
+        held = self._holding()
+        counted = (lambda h: True) if self.rounds.prune_places == "all" else (lambda h: h not in held)
+        done = [h for h in self.alive if (h, self.rung) in self.rows]
+        running = sum(1 for h in self.alive if (h, self.rung) not in self.rows and counted(h))
+        ranked = self._ranked([h for h in done if self.rows[h, self.rung].status == "ok" and counted(h)])
+        sure = ranked[:max(0, math.ceil(len(ranked) / self.rounds.prune_factor) - running)]
+        return [h for h in sure if h not in held]
+
+    def _promote(self) -> None:
+        """Decide the current rung on all its results and move to the next."""
+        ok = self._ranked([h for h in self.alive if self.rows[h, self.rung].status == "ok"])
+        held = {h for h in ok if h in self._holding()}  # they go on for free
+        contenders = ok if self.rounds.prune_places == "all" else [h for h in ok if h not in held]
+        promoted = held | set(contenders[:math.ceil(len(contenders) / self.rounds.prune_factor)])
+        early = {h for (h, rung) in (*self.rows, *self.handed) if rung == self.rung + 1}
+        if not early <= promoted:
+            raise RuntimeError(f"generation {self.generation}: genomes handed out early for rung {self.rung + 1} "
+                               f"were not promoted: {sorted(early - promoted)}")
+        self.alive = [h for h in ok if h in promoted]
+        self.rung, self._held = self.rung + 1, None
+
+    def reached(self, h: str) -> tuple[int, Evaluation]:
+        """The highest rung the genome reached, and its row there."""
+        rung = max(r for (g, r) in self.rows if g == h)
+        return rung, self.rows[h, rung]
 
 
 @dataclass(frozen=True)
@@ -113,14 +230,19 @@ class Rounds:
             else:
                 served[_key(c)] = row
         if pending:
-            recorder = _Recorder(self.store, self.search_id, self.hashes, pending)
+            recorder = _Recorder(self.store, self.search_id, self.hashes)
+            recorder.expect(pending)
             self.evaluate(list(pending), recorder)
-            missing = recorder.missing()
-            if missing:
-                raise RuntimeError(f"the evaluator returned without recording {len(missing)} of {len(pending)} "
-                                   f"candidates of {what}, e.g. index {missing[0].index}")
+            self._check(recorder, len(pending), what)
             served.update(recorder.rows)
         return served
+
+    @staticmethod
+    def _check(recorder: _Recorder, handed: int, what: str) -> None:
+        missing = recorder.missing()
+        if missing:
+            raise RuntimeError(f"the evaluator returned without recording {len(missing)} of {handed} "
+                               f"candidates of {what}, e.g. index {missing[0].index}")
 
     def _within(self, budget: Optional[int], hashes: list[str]) -> int:
         """How many of the proposed members fit in `budget` new trainings (all, without one)."""
@@ -165,34 +287,21 @@ class Rounds:
         first: dict[str, int] = {}
         for index, h in enumerate(hashes):
             first.setdefault(h, index)
-        reached: dict[str, tuple[int, Evaluation]] = {}  # the highest rung and its row
-        firsts: dict[str, Evaluation] = {}  # the first rung's row: whose evaluation the member is
-        alive = list(first)
-        mine, train_seconds = (self.search_id, generation), []
-        for rung, epochs in enumerate(self.ladder):
-            rows = self._serve([Candidate(generation, first[h], dict(genomes[first[h]]), h,
-                                          candidate_seed(self.seed, generation, first[h]), epochs)
-                                for h in alive], f"generation {generation}")
-            for h in alive:
-                row = rows[(h, epochs, 0)]
-                reached[h] = (rung, row)
-                if (row.search_id, row.generation, row.index) == (*mine, first[h]):
-                    train_seconds.append(row.seconds)
-                firsts.setdefault(h, row)
-            if rung + 1 == len(self.ladder):
-                break
-            ok = [h for h in alive if reached[h][1].status == "ok"]
-            ok.sort(key=lambda h: rank_key(genomes[first[h]], reached[h][1].fitness))
-            above = self.hashes[self.ladder[rung + 1]]
-            held = {h for h in ok if self._holds(h, above, generation)}  # they go on for free
-            contenders = ok if self.prune_places == "all" else [h for h in ok if h not in held]
-            promoted = held | set(contenders[:math.ceil(len(contenders) / self.prune_factor)])
-            alive = [h for h in ok if h in promoted]
+        climb = _Climb(self, generation, genomes, first)
+        recorder = _Recorder(self.store, self.search_id, self.hashes, climb.unlock, climb.recorded)
+        pending = recorder.more()
+        while pending:
+            self.evaluate(list(pending), recorder)
+            self._check(recorder, len(pending), f"generation {generation}")
+            pending = recorder.more()
 
+        mine = (self.search_id, generation)
+        train_seconds = [row.seconds for (h, _), row in climb.rows.items()
+                         if (row.search_id, row.generation, row.index) == (*mine, first[h])]
         members = []
         for index, (genome, h) in enumerate(zip(genomes, hashes)):
-            rung, row = reached[h]
-            base = firsts[h]
+            rung, row = climb.reached(h)
+            base = climb.rows[h, 0]
             source = "evaluated" if (base.search_id, base.generation, base.index) == (*mine, index) else "cached"
             members.append(self._scored(Member(index, dict(genome), h, row.status, row.fitness, row.val_loss,
                                                row.epochs, row.seconds, row.seed, source, row.reason, rung)))

@@ -112,6 +112,7 @@ class _Climb:
         self.rung, self.alive = 0, list(first)
         self.rows: dict[tuple[str, int], Evaluation] = {}  # (genome hash, rung) -> its row
         self.handed: set[tuple[str, int]] = set()  # handed out for training, not recorded yet
+        self._open: Optional[set[str]] = None  # the current rung's genomes without a row (None: not looked up)
         self._held: Optional[set[str]] = None  # the current rung's genomes that hold the next one
 
     def candidate(self, h: str, rung: int) -> Candidate:
@@ -123,6 +124,8 @@ class _Climb:
         rung = self.rounds.ladder.index(candidate.max_epochs)
         self.handed.discard((candidate.genome_hash, rung))
         self.rows[candidate.genome_hash, rung] = row
+        if rung == self.rung and self._open is not None:
+            self._open.discard(candidate.genome_hash)
 
     def _needs(self, h: str, rung: int, new: list[Candidate]) -> None:
         """Serve (h, rung) from the store, or hand it out for training (once)."""
@@ -142,9 +145,11 @@ class _Climb:
         new: list[Candidate] = []
         last = len(self.rounds.ladder) - 1
         while True:
-            for h in self.alive:
-                self._needs(h, self.rung, new)
-            if any((h, self.rung) not in self.rows for h in self.alive):
+            if self._open is None:  # the rung's first look: serve or hand out each of its members
+                for h in self.alive:
+                    self._needs(h, self.rung, new)
+                self._open = {h for h in self.alive if (h, self.rung) not in self.rows}
+            if self._open:
                 if self.rung < last:
                     for h in self._certain():
                         self._needs(h, self.rung + 1, new)
@@ -169,8 +174,10 @@ class _Climb:
         stays below the places the contenders so far already give (contenders only add up)."""
         held = self._holding()
         counted = (lambda h: True) if self.rounds.prune_places == "all" else (lambda h: h not in held)
-        done = [h for h in self.alive if (h, self.rung) in self.rows]
-        running = sum(1 for h in self.alive if (h, self.rung) not in self.rows and counted(h))
+        done = [h for h in self.alive if h not in self._open]
+        running = sum(1 for h in self._open if counted(h))
+        if running >= math.ceil(len(done) / self.rounds.prune_factor):
+            return []  # not even a full rung of successes would leave a place to be sure of
         ranked = self._ranked([h for h in done if self.rows[h, self.rung].status == "ok" and counted(h)])
         sure = ranked[:max(0, math.ceil(len(ranked) / self.rounds.prune_factor) - running)]
         return [h for h in sure if h not in held]
@@ -186,11 +193,11 @@ class _Climb:
             raise RuntimeError(f"generation {self.generation}: genomes handed out early for rung {self.rung + 1} "
                                f"were not promoted: {sorted(early - promoted)}")
         self.alive = [h for h in ok if h in promoted]
-        self.rung, self._held = self.rung + 1, None
+        self.rung, self._open, self._held = self.rung + 1, None, None
 
     def reached(self, h: str) -> tuple[int, Evaluation]:
         """The highest rung the genome reached, and its row there."""
-        rung = max(r for (g, r) in self.rows if g == h)
+        rung = max(r for r in range(len(self.rounds.ladder)) if (h, r) in self.rows)
         return rung, self.rows[h, rung]
 
 

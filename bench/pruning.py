@@ -34,7 +34,8 @@ from pathlib import Path
 import machine
 import measure
 import search_runs
-from search_runs import TRAINING_SETTINGS, best_by, best_so_far, mean_sd, pct, permutation_p, retrain, seconds_to_reach
+from search_runs import (TRAINING_SETTINGS, best_by, best_so_far, mean_sd, pct, permutation_p, retrain, seconds_to_reach,
+                         waiting)
 
 BUDGET = {"population": 20, "generations": 10, "max_epochs": 10, "patience": 5}
 PRUNING = {"min_epochs": 1, "prune_factor": 3}
@@ -89,6 +90,7 @@ def main(argv: list[str] | None = None) -> int:
                            "trained_to_the_end": curve[-1][2] if curve else 0,  # distinct networks, full epochs
                            "train_seconds": s["train_seconds"], "trainings": s["trainings"],
                            "evaluations": s["evaluations"], "wall_seconds": run["wall_seconds"], "parts": run["parts"],
+                           "waiting": waiting(run["records"]),
                            "best_test_accuracy": s["best_test_accuracy"], "best_genome": s["best_genome"],
                            # the pick trained again with fresh seeds: is its lead a network's or a seed's?
                            "retrained": again,
@@ -128,6 +130,10 @@ def main(argv: list[str] | None = None) -> int:
               f"the unpruned best after {sides['pruned']['train_seconds']:.0f} s of training: "
               f"{'-' if level is None else f'{level:.4f}'}",
               flush=True)
+        for name, side in sides.items():
+            print(f"   {name}: {side['train_seconds']:.0f} s of training in {side['wall_seconds']:.0f} s wall on "
+                  f"{side['waiting']['workers']} workers; they waited {side['waiting']['inside_generations']:.0f} worker-s "
+                  f"inside generations, {side['waiting']['between_generations']:.0f} between them", flush=True)
         if retrain_seeds:
             print(f"   the picks trained again with seeds {retrain_seeds}: unpruned {sides['unpruned']['best_genome']} "
                   f"{pct(sides['unpruned']['retrained_val'])} (test {pct(sides['unpruned']['retrained_test'])}); "

@@ -160,6 +160,26 @@ def best_so_far(records: list[dict], max_epochs: Optional[int] = None) -> list[t
     return curve
 
 
+def waiting(records: list[dict]) -> dict:
+    """Worker-seconds in which a run's workers did not train, from its evaluation records (start =
+    finished_at - seconds; finished_at is kept to the second): inside each generation's span, its
+    first training's start to its last one's end (the ends of rungs, and a last rung with fewer
+    networks than workers: the next generation is proposed from a complete one), and between
+    generations (proposing, the store)."""
+    from datetime import datetime
+
+    workers = len({r["worker"] for r in records})
+    spans: dict[int, list[float]] = {}  # generation -> [first start, last end, seconds trained]
+    for r in records:
+        end = datetime.fromisoformat(r["finished_at"]).timestamp()
+        span = spans.setdefault(r["generation"], [math.inf, -math.inf, 0.0])
+        span[0], span[1], span[2] = min(span[0], end - r["seconds"]), max(span[1], end), span[2] + r["seconds"]
+    ordered = [spans[g] for g in sorted(spans)]
+    inside = math.fsum(workers * (last - first) - trained for first, last, trained in ordered)
+    between = math.fsum(workers * max(0.0, b[0] - a[1]) for a, b in zip(ordered, ordered[1:]))
+    return {"workers": workers, "inside_generations": round(inside, 1), "between_generations": round(between, 1)}
+
+
 def best_at(curve: list[tuple[float, float, int]], evaluations: int) -> Optional[float]:
     """The best accuracy among the first `evaluations` evaluations."""
     values = [best for _, best, count in curve if count <= evaluations]

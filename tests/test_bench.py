@@ -152,3 +152,18 @@ def test_retrain_refuses_a_genome_it_cannot_read_and_reuse_trains_only_what_its_
     genomes = json.loads(path.read_text())["genomes"]
     assert genomes[0]["val"]["values"] == [-1.0] and 0 <= genomes[1]["val"]["values"][0] <= 1
     assert [g["genome"]["layers"] for g in genomes] == [1, 2]
+
+
+def test_the_waits_of_a_runs_workers_are_counted_inside_and_between_generations(monkeypatch):
+    """bench/search_runs.py: worker-seconds not trained inside each generation's span (start =
+    finished_at - seconds) and between one generation's last training and the next one's first."""
+    monkeypatch.syspath_prepend(str(REPO / "bench"))
+    import search_runs
+
+    def record(worker, generation, seconds, finished):
+        return {"worker": worker, "generation": generation, "seconds": seconds,
+                "finished_at": f"2026-11-24T05:00:{finished:02d}+00:00"}
+
+    records = [record("a", 0, 10, 10), record("a", 0, 5, 20), record("b", 0, 12, 12),  # 2 x 20 s, 27 trained
+               record("a", 1, 4, 40), record("b", 1, 3, 39), record("b", 1, 2, 41)]  # from 36 s: 2 x 5 s, 9
+    assert search_runs.waiting(records) == {"workers": 2, "inside_generations": 14.0, "between_generations": 32.0}

@@ -22,10 +22,11 @@ coordinator leaves within a poll instead of waiting for the batch.
 
 Keys, under `towerlab/pool/<namespace>`: `b<B>/task/<i>`, `b<B>/open` (set after the first
 tasks), `b<B>/next` (claim counter), `b<B>/claim/<i>` (claimant rank), `b<B>/result/<i>`,
-`b<B>/done` (results counter), `b<B>/closed` (every task done), `alive/<rank>` (heartbeat), `stop`. The namespace must be new for every start of the
-job's processes: torchrun keeps its store across the restarts of a worker group, and a restarted
-pool that found batch 1's keys of the previous attempt would take their results for its own
-(different) tasks. The search uses the torchrun restart count.
+`b<B>/done` (results counter), `b<B>/closed` (every task done), `alive/<rank>` (heartbeat),
+`stop`. The namespace must be new for every start of the job's processes: torchrun keeps its
+store across the restarts of a worker group, and a restarted pool that found batch 1's keys of the
+previous attempt would take their results for its own (different) tasks. The search uses the
+torchrun restart count.
 """
 
 from __future__ import annotations

@@ -13,6 +13,7 @@ import statistics
 import subprocess
 import sys
 import time
+from datetime import datetime
 from pathlib import Path
 from typing import Optional
 
@@ -72,8 +73,6 @@ def run_search(command: list[str], flags: list[str], out: Path, data_dir: str, *
 
 def _kept_seconds(out: Path, started: float) -> float:
     """The wall seconds an interrupted part kept: from its start to the last evaluation it recorded."""
-    from datetime import datetime
-
     from towerlab.search import evaluation_records
 
     finished = (datetime.fromisoformat(r["finished_at"]).timestamp() for r in evaluation_records(out / "search.db")
@@ -166,8 +165,6 @@ def waiting(records: list[dict]) -> dict:
     first training's start to its last one's end (the ends of rungs, and a last rung with fewer
     networks than workers: the next generation is proposed from a complete one), and between
     generations (proposing, the store)."""
-    from datetime import datetime
-
     workers = len({r["worker"] for r in records})
     spans: dict[int, list[float]] = {}  # generation -> [first start, last end, seconds trained]
     for r in records:

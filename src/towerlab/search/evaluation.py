@@ -28,6 +28,7 @@ from __future__ import annotations
 import math
 import time
 import zlib
+from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
@@ -132,9 +133,9 @@ def serial(fitness: Callable[[Candidate], Outcome]) -> Evaluate:
 
     def evaluate(candidates: list[Candidate], record: Record) -> None:
         more = getattr(record, "more", None)
-        queue = list(candidates)
+        queue = deque(candidates)
         while queue:
-            candidate = queue.pop(0)
+            candidate = queue.popleft()
             started = time.perf_counter()
             try:
                 outcome = fitness(candidate)

@@ -8,6 +8,7 @@ validation accuracy the unpruned one found, and where each ends.
     python bench/pruning.py --smoke                  # synthetic data, 2 generations: the plumbing (~2 min)
     python bench/pruning.py --prune-places new --reuse   # the pruned side with places over the new only
     python bench/pruning.py --sampler tpe --reuse        # the pruned side under the default sampler
+    python bench/pruning.py --sampler tpe --no-pruning --reuse   # tpe unpruned: the sampler's share
 
 Both searches run as real `towerlab evolve` jobs with the same seed, 2 CPU workers x 1 thread, each
 network measured once (--remeasure 0) so that the two differ by the pruning alone. Training time
@@ -19,7 +20,10 @@ lead is a network's and not a lucky seed's; the result is kept beside the run (b
 for `--reuse`. Writes bench/results/pruning-<dataset>-<date>.json (pruning-new-... with
 `--prune-places new`, pruning-tpe-... with `--sampler tpe`: the pruned side as `towerlab search run
 --sampler tpe` with the same population, against the same unpruned GA; each such pruned side has its
-own folders, and `--reuse` keeps the unpruned ones).
+own folders, and `--reuse` keeps the unpruned ones). `--no-pruning` runs that second side at the
+same budget without pruning (folders `<dataset>-unpruned-tpe-s<seed>`, record
+pruning-unpruned-tpe-...; its "pruned" entries are then that search's): a difference between the
+unpruned GA and the pruned sampler is then split into the sampler's share and the pruning's.
 """
 
 from __future__ import annotations
@@ -50,10 +54,15 @@ def main(argv: list[str] | None = None) -> int:
                         help="the pruned search's --prune-places")
     parser.add_argument("--sampler", choices=("ga", "tpe", "random"), default="ga",
                         help="the pruned search's sampler (the unpruned side is the original's: the ga)")
+    parser.add_argument("--no-pruning", action="store_true",
+                        help="the second side at the same budget without pruning: --sampler alone")
     parser.add_argument("--retrain", type=int, default=3,
                         help="fresh seeds each side's pick is trained again with (0: none)")
     search_runs.add_run_arguments(parser)
     args = parser.parse_args(argv)
+    if args.no_pruning and (args.sampler == "ga" or args.prune_places != "all"):
+        parser.error("--no-pruning runs another sampler unpruned beside the unpruned GA: name --sampler, "
+                     "not --prune-places")
     budget = dict(BUDGET)
     if args.smoke:
         args.dataset, args.seeds = "synthetic", args.seeds[:1]
@@ -62,7 +71,9 @@ def main(argv: list[str] | None = None) -> int:
     common = measure.flags({"space": "mlp", "dataset": args.dataset, **budget, "remeasure": 0, "top": 1,
                             "device": "cpu", "devices": args.devices, "threads": args.threads})
     runs_dir = search_runs.out_dir(args) / "pruning-runs"
-    pruning, pruned = dict(PRUNING), "pruned"
+    pruning, pruned = ({}, "unpruned") if args.no_pruning else (dict(PRUNING), "pruned")
+    one, two = ("ga", args.sampler) if args.no_pruning else ("unpruned", "pruned")  # the sides, as printed
+    shown = {"unpruned": one, "pruned": two}
     if args.prune_places == "new":
         pruning["prune_places"], pruned = "new", pruned + "-new"
     ga = args.sampler == "ga"
@@ -120,24 +131,24 @@ def main(argv: list[str] | None = None) -> int:
                **{name: {k: v for k, v in side.items() if k != "curve"} for name, side in sides.items()},
                "curves": {name: side["curve"] for name, side in sides.items()}}
         record["seeds"].append(row)
-        print(f"   unpruned best {target:.4f} {_after(reached['unpruned'])} "
+        print(f"   {one} best {target:.4f} {_after(reached['unpruned'])} "
               f"({sides['unpruned']['train_seconds']:.0f} s in all, {sides['unpruned']['trained_to_the_end']} "
-              f"networks trained to the end); pruned best {sides['pruned']['best']:.4f} "
+              f"networks trained to the end); {two} best {sides['pruned']['best']:.4f} "
               f"({sides['pruned']['trained_to_the_end']} trained to the end), "
-              f"the unpruned best reached "
+              f"the {one} best reached "
               f"{_after(reached['pruned'])} ({sides['pruned']['train_seconds']:.0f} s in all); within noise "
-              f"(>= {target - noise:.4f}): unpruned {_after(near['unpruned'])}, pruned {_after(near['pruned'])}; "
-              f"the unpruned best after {sides['pruned']['train_seconds']:.0f} s of training: "
+              f"(>= {target - noise:.4f}): {one} {_after(near['unpruned'])}, {two} {_after(near['pruned'])}; "
+              f"the {one} best after {sides['pruned']['train_seconds']:.0f} s of training: "
               f"{'-' if level is None else f'{level:.4f}'}",
               flush=True)
         for name, side in sides.items():
-            print(f"   {name}: {side['train_seconds']:.0f} s of training in {side['wall_seconds']:.0f} s wall on "
+            print(f"   {shown[name]}: {side['train_seconds']:.0f} s of training in {side['wall_seconds']:.0f} s wall on "
                   f"{side['waiting']['workers']} workers; they waited {side['waiting']['inside_generations']:.0f} worker-s "
                   f"inside generations, {side['waiting']['between_generations']:.0f} between them", flush=True)
         if retrain_seeds:
-            print(f"   the picks trained again with seeds {retrain_seeds}: unpruned {sides['unpruned']['best_genome']} "
+            print(f"   the picks trained again with seeds {retrain_seeds}: {one} {sides['unpruned']['best_genome']} "
                   f"{pct(sides['unpruned']['retrained_val'])} (test {pct(sides['unpruned']['retrained_test'])}); "
-                  f"pruned {sides['pruned']['best_genome']} {pct(sides['pruned']['retrained_val'])} "
+                  f"{two} {sides['pruned']['best_genome']} {pct(sides['pruned']['retrained_val'])} "
                   f"(test {pct(sides['pruned']['retrained_test'])}); p = {row['retrained_val_p']}", flush=True)
     ratios = [r["ratio"] for r in record["seeds"] if r["ratio"] is not None]
     noisy = [r["ratio_within_noise"] for r in record["seeds"] if r["ratio_within_noise"] is not None]
@@ -158,11 +169,11 @@ def main(argv: list[str] | None = None) -> int:
         "retrained_test_difference": mean_sd([r["retrained_test_difference"] for r in record["seeds"]]),
     }
     summary = record["summary"]
-    print(f"\n| {args.dataset} | best unpruned | best pruned | unpruned best after the pruned search's training "
-          f"| training time to the unpruned best, pruned / "
-          f"unpruned (median) | reached | the same within noise | reached | the same within noise, against the "
-          f"unpruned search's training in all (median) | all training, pruned / unpruned | the picks retrained, "
-          f"pruned - unpruned, validation (test) |")
+    print(f"\n| {args.dataset} | best {one} | best {two} | {one} best after the {two} search's training "
+          f"| training time to the {one} best, {two} / "
+          f"{one} (median) | reached | the same within noise | reached | the same within noise, against the "
+          f"{one} search's training in all (median) | all training, {two} / {one} | the picks retrained, "
+          f"{two} - {one}, validation (test) |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     print(f"| {len(record['seeds'])} seed(s) | {pct(summary['best_unpruned'])} | {pct(summary['best_pruned'])} | "
           f"{pct(summary['unpruned_best_at_pruned_training'])} | "
@@ -171,7 +182,8 @@ def main(argv: list[str] | None = None) -> int:
           f"{summary['reached_within_noise']} | {_times(summary['within_noise_of_unpruned_training_median'])} | "
           f"{summary['train_seconds_ratio']['mean']:.2f}x | {_points(summary['retrained_val_difference'])} "
           f"({_points(summary['retrained_test_difference'])}) |")
-    search_runs.save(search_runs.out_dir(args), "pruning" + pruned.removeprefix("pruned"), args.dataset, record)
+    kind = "pruning" + (f"-{pruned}" if args.no_pruning else pruned.removeprefix("pruned"))
+    search_runs.save(search_runs.out_dir(args), kind, args.dataset, record)
     return 0
 
 

@@ -21,8 +21,8 @@ for `--reuse`. Writes bench/results/pruning-<dataset>-<date>.json (pruning-new-.
 `--prune-places new`, pruning-tpe-... with `--sampler tpe`: the pruned side as `towerlab search run
 --sampler tpe` with the same population, against the same unpruned GA; each such pruned side has its
 own folders, and `--reuse` keeps the unpruned ones). `--no-pruning` runs that second side at the
-same budget without pruning (folders `<dataset>-unpruned-tpe-s<seed>`, record
-pruning-unpruned-tpe-...; its "pruned" entries are then that search's): a difference between the
+same budget without pruning (folders `<dataset>-unpruned-<sampler>-s<seed>`, record
+pruning-unpruned-<sampler>-...; its "pruned" entries are then that search's): a difference between the
 unpruned GA and the pruned sampler is then split into the sampler's share and the pruning's.
 """
 

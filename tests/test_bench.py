@@ -33,6 +33,15 @@ def test_a_group_whose_data_is_missing_is_refused_naming_the_file(tmp_path):
     assert "cifar10.npz not found" in done.stderr and "cifarnet_tta" in done.stderr and "lenet5_tta" not in done.stderr
 
 
+@pytest.mark.parametrize("flags", [["--no-pruning"], ["--sampler", "tpe", "--no-pruning", "--prune-places", "new"]])
+def test_pruning_bench_refuses_no_pruning_without_another_sampler_or_with_places(flags, tmp_path):
+    done = subprocess.run([sys.executable, str(REPO / "bench" / "pruning.py"), *flags, "--out-dir", str(tmp_path)],
+                          capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert done.returncode == 2
+    assert "--no-pruning runs another sampler unpruned beside the unpruned GA" in done.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.slow
 def test_cifar94_smoke_budget_runs_on_a_cpu_and_records_the_spread_beside_the_record(tmp_path):
     done = subprocess.run([sys.executable, str(REPO / "bench" / "cifar94.py"), "--budget", "smoke",

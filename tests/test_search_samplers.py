@@ -11,7 +11,8 @@ import pytest
 
 from towerlab.config import SearchConfig
 from towerlab.errors import UserError
-from towerlab.search import Outcome, Space, Store, genome_hash, load_space, make_sampler, run_search, serial
+from towerlab.search import (SAMPLERS, Outcome, Sampler, Space, Store, genome_hash, load_space, make_sampler,
+                             run_search, serial)
 
 FIXTURES = Path(__file__).parent / "fixtures"
 HISTORIES = json.loads((FIXTURES / "ga_history_v1.json").read_text())
@@ -205,6 +206,25 @@ def test_max_evaluations_resumes_and_may_grow(tmp_path):
     grown = search(tmp_path / "s.db", SearchConfig(**{**cfg.__dict__, "max_evaluations": 20}), fitness=smooth,
                    resume=True)
     assert grown.evaluations == 20 and grown.history[:len(small.history)] == small.history
+
+
+class OneBatch(Sampler):
+    """A sampler added the README's way that, like the grid, proposes everything at once."""
+    one_generation = True
+
+    def propose(self, history):
+        return [] if history else list(self.space.all_genomes())[:self.population]
+
+
+def test_a_sampler_that_proposes_everything_at_once_is_not_held_to_generations(tmp_path, monkeypatch):
+    monkeypatch.setitem(SAMPLERS, "onebatch", f"{__name__}:OneBatch")
+    cfg = SearchConfig(sampler="onebatch", population=12, generations=1, max_evaluations=30, remeasure=0)
+    first = search(tmp_path / "s.db", cfg, space=SMALL, fitness=smooth)  # 30 > 1 x 12, yet not refused
+    assert first.generations == 1 and first.evaluations == 12
+    assert search(tmp_path / "s.db", cfg, space=SMALL, resume=True).history == first.history
+    monkeypatch.setattr(OneBatch, "one_generation", False)  # a sampler of generations is held to them
+    with pytest.raises(UserError, match="--max-evaluations 30 is more than 1 generation of 12 can train: pass --generations 3"):
+        search(tmp_path / "t.db", cfg, space=SMALL, fitness=smooth)
 
 
 def test_the_sampler_is_recorded_as_data(tmp_path):

@@ -37,7 +37,7 @@ from towerlab.job import (check_writable_file, require_out_under_torchrun, resta
 from towerlab.report import Reporter, format_generation, format_top, plot_accuracy_time, plot_fitness
 from towerlab.runner import handed_over, load_data, resolved_run, worker_data
 from towerlab.search import (Candidate, Space, evaluation_records, load_space, make_sampler, open_search,
-                             refuse_unused_settings, run_search)
+                             refuse_unused_settings, run_search, sampler_class)
 from towerlab.search.pool import Pool, stale_seconds
 from towerlab.search.store import Store
 
@@ -211,7 +211,7 @@ def _coordinate(kind: str, cfg: SearchConfig, run: RunConfig, out: Path, space: 
             finally:
                 reporter.end_progress()
 
-        generations = 1 if cfg.sampler == "grid" else cfg.generations
+        generations = 1 if sampler_class(cfg.sampler).one_generation else cfg.generations
         stats_log = out / "generations.jsonl"
         if run.resume:
             stats_log.unlink(missing_ok=True)  # rewritten from the store as the generations replay

@@ -14,7 +14,7 @@ from towerlab.search.evaluation import (Candidate, Evaluate, Outcome, Record, ca
 from towerlab.search.history import Generation, GenerationStats, Member, SearchResult, TopGenome, rank_key
 from towerlab.search.rounds import rung_hash
 from towerlab.search.samplers import (SAMPLERS, Sampler, make_sampler, random_genome, refuse_unused_settings,
-                                      settings_of_others)
+                                      sampler_class, settings_of_others)
 from towerlab.search.samplers.ga import breed, initial_population, mutate, next_generation
 from towerlab.search.samplers.grid import grid_genomes
 from towerlab.search.show import evaluation_records, format_search
@@ -27,5 +27,5 @@ __all__ = [
     "breed", "candidate_seed", "canonical", "evaluation_records", "format_search", "genome_hash", "grid_genomes",
     "initial_population", "load_space", "make_rng", "make_sampler", "mutate", "next_generation", "open_search",
     "random_genome", "rank_key", "refuse_unused_settings", "remeasure_seed", "rung_epochs", "rung_hash", "run_search",
-    "serial", "settings_of_others",
+    "sampler_class", "serial", "settings_of_others",
 ]

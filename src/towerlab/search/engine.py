@@ -54,7 +54,7 @@ def open_search(store: Store, cfg: SearchConfig, sampler: Sampler, space: Space,
                             f"{row.config.get(name)}, not {config[name]}: resume with the same setting")
     done = store.generations(row.id)
     complete = sum(g.complete for g in done)
-    if cfg.sampler != "grid" and cfg.generations < complete:
+    if cfg.generations < complete:
         raise UserError(f"store {store.path} already holds {complete} complete generations: "
                         f"resume with --generations {complete} or more")
     trained = sum(g.stats["evaluated"] for g in done if g.complete)

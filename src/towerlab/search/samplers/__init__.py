@@ -38,10 +38,12 @@ class Sampler:
     """Proposes generations of genomes. `identity` names the SearchConfig fields (besides the seed
     and what every search keeps) that change what it proposes: a resumed search must keep them.
     `elite`: how many of the latest generation's best it keeps unchanged, which the engine
-    re-measures before `propose` sees their scores."""
+    re-measures before `propose` sees their scores. `one_generation`: it proposes everything at
+    once (the grid), so --generations bounds nothing and is not checked against its budget."""
 
     default_population = 20
     identity: tuple[str, ...] = ("population",)
+    one_generation = False
 
     def __init__(self, cfg: SearchConfig, space: Space) -> None:
         self.cfg, self.space = cfg, space
@@ -57,7 +59,7 @@ class Sampler:
         samplers that read the history in `propose` need nothing more."""
 
 
-def _sampler_class(name: str) -> type[Sampler]:
+def sampler_class(name: str) -> type[Sampler]:
     target = SAMPLERS.get(name)
     if target is None:
         raise UserError(f"unknown sampler {name!r}: choose one of {', '.join(SAMPLERS)}")
@@ -67,8 +69,8 @@ def _sampler_class(name: str) -> type[Sampler]:
 
 def settings_of_others(sampler: str) -> dict[str, list[str]]:
     """The SearchConfig fields that only other samplers read (their `identity`), each with those samplers."""
-    mine = _sampler_class(sampler).identity
-    readers = {f.name: [s for s in SAMPLERS if f.name in _sampler_class(s).identity]
+    mine = sampler_class(sampler).identity
+    readers = {f.name: [s for s in SAMPLERS if f.name in sampler_class(s).identity]
                for f in dataclasses.fields(SearchConfig) if f.name not in mine}
     return {name: users for name, users in readers.items() if users}
 
@@ -93,10 +95,11 @@ def refuse_unused_settings(cfg: SearchConfig) -> None:
 
 def make_sampler(cfg: SearchConfig, space: Space) -> Sampler:
     """The sampler `cfg.sampler` names, set up for this search (a bad name or setting: UserError)."""
-    sampler = _sampler_class(cfg.sampler)(cfg, space)
+    sampler = sampler_class(cfg.sampler)(cfg, space)
     most = sampler.population * cfg.generations
-    if cfg.sampler != "grid" and cfg.max_evaluations is not None and cfg.max_evaluations > most:
-        raise UserError(f"--max-evaluations {cfg.max_evaluations} is more than {cfg.generations} generations of "
+    if not sampler.one_generation and cfg.max_evaluations is not None and cfg.max_evaluations > most:
+        raise UserError(f"--max-evaluations {cfg.max_evaluations} is more than {cfg.generations} "
+                        f"generation{'' if cfg.generations == 1 else 's'} of "
                         f"{sampler.population} can train: pass --generations "
                         f"{-(-cfg.max_evaluations // sampler.population)} (or more) with it")
     return sampler

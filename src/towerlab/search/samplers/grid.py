@@ -31,6 +31,7 @@ def grid_genomes(space: Space, limit: Optional[int], seed: int) -> list[dict]:
 
 class GridSampler(Sampler):
     identity = ("limit",)
+    one_generation = True
 
     def __init__(self, cfg: SearchConfig, space: Space) -> None:
         super().__init__(cfg, space)

@@ -38,7 +38,8 @@ def write_bytes(path: str | Path, data: bytes) -> None:
     except OSError as exc:
         with contextlib.suppress(OSError):
             tmp.unlink()
-        raise UserError(f"could not write {path}: {exc.strerror or exc}; the previous version is intact") from None
+        kept = "the previous version is intact" if path.exists() else "nothing was written"
+        raise UserError(f"could not write {path}: {exc.strerror or exc}; {kept}") from None
     _fsync_dir(path.parent)
 
 

@@ -184,6 +184,16 @@ def test_a_record_that_cannot_be_written_at_all_says_nothing_was_written(tmp_pat
         atomic.write_bytes(target, b"png")
     assert list(tmp_path.iterdir()) == []
 
+
+def test_a_first_checkpoint_on_a_full_disk_says_nothing_was_written(tmp_path, monkeypatch):
+    def full(_fd):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "fsync", full)
+    with pytest.raises(UserError, match=r"No space left on device; nothing was written$"):
+        checkpoint.save(tmp_path / "checkpoint.pt", {"step": 1})
+    assert list(tmp_path.iterdir()) == []  # no half-written file, no debris
+
 # --------------------------------------------------------------------------------- the store
 
 def fill(store: Store, search_id: int, n: int, start: int = 0, padding: int = 0) -> None:

@@ -26,7 +26,10 @@ def _fsync_dir(folder: Path) -> None:
             os.close(fd)
 
 
-def write_bytes(path: str | Path, data: bytes) -> None:
+def write_bytes(path: str | Path, data: bytes, *, replaces: str | Path | None = None) -> None:
+    """`data` to `path`, atomically. `replaces`: the file this one is on its way to replacing, when
+    that is not `path` itself (a checkpoint is written aside, then rotated in): a failure says
+    whether a previous version of it is intact."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
@@ -38,7 +41,7 @@ def write_bytes(path: str | Path, data: bytes) -> None:
     except OSError as exc:
         with contextlib.suppress(OSError):
             tmp.unlink()
-        kept = "the previous version is intact" if path.exists() else "nothing was written"
+        kept = "the previous version is intact" if Path(replaces or path).exists() else "nothing was written"
         raise UserError(f"could not write {path}: {exc.strerror or exc}; {kept}") from None
     _fsync_dir(path.parent)
 

@@ -57,7 +57,7 @@ def save(path: str | Path, state: dict) -> None:
     payload = buffer.getvalue()
     data = payload + MARKER + hashlib.sha256(payload).digest()
     tmp = pending(path)
-    atomic.write_bytes(tmp, data)  # a full disk fails here, with both older files untouched
+    atomic.write_bytes(tmp, data, replaces=path)  # a full disk fails here, with both older files untouched
     try:
         if path.exists():
             os.replace(path, previous(path))

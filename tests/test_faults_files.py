@@ -176,7 +176,6 @@ def test_enospc_while_writing_a_record_raises_our_error_and_keeps_the_old_file(t
     assert [p.name for p in tmp_path.iterdir()] == ["summary.json"]
 
 
-
 def test_a_record_that_cannot_be_written_at_all_says_nothing_was_written(tmp_path):
     target = tmp_path / "missing" / "plot.png"  # `search show --plot` into a folder that is not there
     with pytest.raises(UserError, match=r"could not write .*plot\.png: No such file or directory; nothing was "

@@ -9,6 +9,8 @@ validation accuracy the unpruned one found, and where each ends.
     python bench/pruning.py --prune-places new --reuse   # the pruned side with places over the new only
     python bench/pruning.py --sampler tpe --reuse        # the pruned side under the default sampler
     python bench/pruning.py --sampler tpe --no-pruning --reuse   # tpe unpruned: the sampler's share
+    python bench/pruning.py --dataset cifar10 --sampler tpe --no-pruning --seeds 0 \
+        --unpruned-from bench/results/pruning-tpe-cifar10-2026-11-23.json   # the GA side read back
 
 Both searches run as real `towerlab evolve` jobs with the same seed, 2 CPU workers x 1 thread, each
 network measured once (--remeasure 0) so that the two differ by the pruning alone. Training time
@@ -24,6 +26,9 @@ own folders, and `--reuse` keeps the unpruned ones). `--no-pruning` runs that se
 same budget without pruning (folders `<dataset>-unpruned-<sampler>-s<seed>`, record
 pruning-unpruned-<sampler>-...; its "pruned" entries are then that search's): a difference between the
 unpruned GA and the pruned sampler is then split into the sampler's share and the pruning's.
+`--unpruned-from RECORD` takes the unpruned GA of each seed from a record this script wrote (its
+curve, figures, noise and retrained pick, where the record has them) instead of running it again:
+hours saved on CIFAR-10, at the price of comparing two days' clocks.
 """
 
 from __future__ import annotations
@@ -58,6 +63,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="the second side at the same budget without pruning: --sampler alone")
     parser.add_argument("--retrain", type=int, default=3,
                         help="fresh seeds each side's pick is trained again with (0: none)")
+    parser.add_argument("--unpruned-from", type=Path, metavar="RECORD",
+                        help="read the unpruned GA of each seed from this record of an earlier run of this script")
     search_runs.add_run_arguments(parser)
     args = parser.parse_args(argv)
     if args.no_pruning and (args.sampler == "ga" or args.prune_places != "all"):
@@ -68,6 +75,7 @@ def main(argv: list[str] | None = None) -> int:
         args.dataset, args.seeds = "synthetic", args.seeds[:1]
         budget.update(population=9, generations=2, max_epochs=3, patience=3)
         args.retrain = min(args.retrain, 2)
+    recorded = _recorded_unpruned(parser, args.unpruned_from, args.dataset, budget, args.seeds) if args.unpruned_from else {}
     common = measure.flags({"space": "mlp", "dataset": args.dataset, **budget, "remeasure": 0, "top": 1,
                             "device": "cpu", "devices": args.devices, "threads": args.threads})
     runs_dir = search_runs.out_dir(args) / "pruning-runs"
@@ -83,10 +91,16 @@ def main(argv: list[str] | None = None) -> int:
     retrain_seeds = search_runs.fresh_seeds(args.retrain)
     record = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "machine": machine.describe(), "dataset": args.dataset,
               "budget": budget, "pruning": pruning, "retrain_seeds": retrain_seeds, "seeds": []}
+    if recorded:
+        record["unpruned_from"] = {"record": args.unpruned_from.name, "date": recorded["date"]}
+        print(f"the unpruned GA read from {args.unpruned_from} (measured {recorded['date']}): "
+              f"ratios against it compare two runs' clocks", flush=True)
     for seed in args.seeds:
-        sides = {}
+        sides = {"unpruned": recorded["sides"][seed]} if recorded else {}
         for name, command, extra, folder in (("unpruned", ["evolve"], {}, "unpruned"),
                                              ("pruned", pruned_command, pruning, pruned)):
+            if name in sides:
+                continue
             print(f"== {folder}, seed {seed}", flush=True)
             out = runs_dir / f"{args.dataset}-{folder}-s{seed}"
             run = search_runs.run_search(command, [*common, *measure.flags(extra), "--seed", str(seed)], out,
@@ -110,9 +124,12 @@ def main(argv: list[str] | None = None) -> int:
         target = sides["unpruned"]["best"]
         reached = {name: seconds_to_reach(side["curve"], target) for name, side in sides.items()}
         # "the same best within noise": one binomial standard error of an accuracy on the validation set
-        config = runs_dir / f"{args.dataset}-unpruned-s{seed}" / "config.json"
-        val_size = json.loads(config.read_text())["search"]["val_size"]
-        noise = math.sqrt(target * (1 - target) / val_size)
+        if recorded:
+            noise = recorded["noise"][seed]
+        else:
+            config = runs_dir / f"{args.dataset}-unpruned-s{seed}" / "config.json"
+            val_size = json.loads(config.read_text())["search"]["val_size"]
+            noise = math.sqrt(target * (1 - target) / val_size)
         near = {name: seconds_to_reach(side["curve"], target - noise) for name, side in sides.items()}
         # the same budget: where the unpruned search stood when it had trained as long as the pruned one in all
         level = best_by(sides["unpruned"]["curve"], sides["pruned"]["train_seconds"])
@@ -142,6 +159,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{'-' if level is None else f'{level:.4f}'}",
               flush=True)
         for name, side in sides.items():
+            if side["waiting"] is None:  # read from a record older than the waiting figures
+                continue
             print(f"   {shown[name]}: {side['train_seconds']:.0f} s of training in {side['wall_seconds']:.0f} s wall on "
                   f"{side['waiting']['workers']} workers; they waited {side['waiting']['inside_generations']:.0f} worker-s "
                   f"inside generations, {side['waiting']['between_generations']:.0f} between them", flush=True)
@@ -185,6 +204,38 @@ def main(argv: list[str] | None = None) -> int:
     kind = "pruning" + (f"-{pruned}" if args.no_pruning else pruned.removeprefix("pruned"))
     search_runs.save(search_runs.out_dir(args), kind, args.dataset, record)
     return 0
+
+
+def _recorded_unpruned(parser: argparse.ArgumentParser, path: Path, dataset: str, budget: dict,
+                       seeds: list[int]) -> dict:
+    """The unpruned GA's side of each of `seeds` as an earlier run of this script recorded it in `path`
+    (fields its older records lack are empty), with its noise and the record's date; a record of
+    another dataset or budget, or one without a seed asked for, is refused before anything runs."""
+    try:
+        text = path.read_text()
+    except OSError as e:
+        parser.error(f"--unpruned-from {path}: cannot be read ({e.strerror})")
+    try:
+        record = json.loads(text)
+        rows = {row["seed"]: row for row in record["seeds"]}
+        if (record["dataset"], record["budget"]) != (dataset, budget):
+            parser.error(f"--unpruned-from {path}: its unpruned GA ran on {record['dataset']} with "
+                         f"{record['budget']}, not on {dataset} with {budget}")
+    except (ValueError, KeyError, TypeError) as e:
+        parser.error(f"--unpruned-from {path}: not a record of bench/pruning.py ({e!r})")
+    if missing := [seed for seed in seeds if seed not in rows]:
+        parser.error(f"--unpruned-from {path}: no seed {', '.join(map(str, missing))} in it "
+                     f"(it has {', '.join(map(str, sorted(rows)))})")
+    sides = {}
+    for seed in seeds:
+        side = dict(rows[seed]["unpruned"], curve=rows[seed]["curves"]["unpruned"])
+        side.setdefault("waiting", None)
+        side.setdefault("best_genome", None)
+        again = side.setdefault("retrained", [])
+        side.setdefault("retrained_val", mean_sd([r["val_accuracy"] for r in again]))
+        side.setdefault("retrained_test", mean_sd([r["test_accuracy"] for r in again]))
+        sides[seed] = side
+    return {"date": record["date"], "sides": sides, "noise": {seed: rows[seed]["noise"] for seed in seeds}}
 
 
 def _after(seconds: float | None) -> str:

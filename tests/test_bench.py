@@ -42,6 +42,59 @@ def test_pruning_bench_refuses_no_pruning_without_another_sampler_or_with_places
     assert list(tmp_path.iterdir()) == []
 
 
+def _pruning_record(seed: int, best: float) -> dict:
+    """A record as bench/pruning.py --smoke writes it, older form (no waiting, pick or retraining),
+    its unpruned GA at half `best` after 10 s of training and at `best` after 30 s, of 40 s in all."""
+    side = {"command": ["towerlab", "evolve"], "best": best, "trained_to_the_end": 2, "train_seconds": 40.0,
+            "trainings": 2, "evaluations": 2, "wall_seconds": 25.0, "parts": 1, "best_test_accuracy": 0.5}
+    return {"date": "2026-11-23 10:00:00", "dataset": "synthetic",
+            "budget": {"population": 9, "generations": 2, "max_epochs": 3, "patience": 3},
+            "seeds": [{"seed": seed, "noise": 0.01, "unpruned": side, "pruned": side,
+                       "curves": {"unpruned": [[10.0, best / 2, 1], [30.0, best, 2]], "pruned": []}}]}
+
+
+@pytest.mark.parametrize("seeds, dataset, message", [(["1"], [], "no seed 1 in it (it has 0)"),
+                                                     (["0"], ["--dataset", "mnist"], "its unpruned GA ran on synthetic")])
+def test_pruning_bench_refuses_a_recorded_unpruned_side_that_does_not_fit_before_running(seeds, dataset, message,
+                                                                                         tmp_path):
+    path = tmp_path / "record.json"
+    path.write_text(json.dumps(_pruning_record(0, 0.9)))
+    smoke = [] if dataset else ["--smoke"]
+    done = subprocess.run([sys.executable, str(REPO / "bench" / "pruning.py"), *smoke, *dataset, "--seeds", *seeds,
+                           "--sampler", "random", "--no-pruning", "--unpruned-from", str(path),
+                           "--out-dir", str(tmp_path / "out")], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines()[-1].startswith(f"pruning.py: error: --unpruned-from {path}: ")
+    assert message in done.stderr and not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow
+def test_pruning_bench_reads_the_unpruned_ga_from_a_record_and_runs_only_the_other_side(tmp_path):
+    """--unpruned-from: the GA side's curve, figures and noise come from the record; no GA runs; the
+    other sampler's times are measured against the recorded curve."""
+    path = tmp_path / "record.json"
+    path.write_text(json.dumps(_pruning_record(0, 0.05)))  # a best any network reaches: its time is measured
+    out = tmp_path / "out"
+    done = subprocess.run([sys.executable, str(REPO / "bench" / "pruning.py"), "--smoke", "--sampler", "random",
+                           "--no-pruning", "--retrain", "0", "--unpruned-from", str(path), "--data-dir",
+                           str(tmp_path), "--out-dir", str(out)], capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert [p.name for p in (out / "pruning-runs").iterdir()] == ["synthetic-unpruned-random-s0"]
+    (saved,) = out.glob("pruning-unpruned-random-synthetic-*.json")
+    record = json.loads(saved.read_text())
+    assert record["unpruned_from"] == {"record": "record.json", "date": "2026-11-23 10:00:00"}
+    (row,) = record["seeds"]
+    assert row["target"] == 0.05 and row["noise"] == 0.01 and row["unpruned"]["train_seconds"] == 40.0
+    assert row["seconds_to_target"]["unpruned"] == 30.0 and row["seconds_to_within_noise"]["unpruned"] == 30.0
+    ran = row["pruned"]
+    assert ran["command"][:3] == ["towerlab", "search", "run"] and "--sampler" in ran["command"]
+    assert row["ratio"] == pytest.approx(row["seconds_to_target"]["pruned"] / 30.0)
+    assert row["within_noise_of_unpruned_training"] == pytest.approx(row["seconds_to_within_noise"]["pruned"] / 40.0)
+    assert row["unpruned_best_at_pruned_training"] == (0.05 if ran["train_seconds"] >= 30 else
+                                                       0.025 if ran["train_seconds"] >= 10 else None)
+    assert "the unpruned GA read from" in done.stdout
+
+
 @pytest.mark.slow
 def test_cifar94_smoke_budget_runs_on_a_cpu_and_records_the_spread_beside_the_record(tmp_path):
     done = subprocess.run([sys.executable, str(REPO / "bench" / "cifar94.py"), "--budget", "smoke",

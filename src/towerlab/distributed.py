@@ -410,9 +410,11 @@ def _leave(status: int) -> None:
 
 def peer_lost(exc: BaseException) -> bool:
     """Whether `exc` is a collective or store operation broken by another process of the job dying,
-    or timed out (--timeout) waiting for one that stopped answering."""
+    or timed out (--timeout) waiting for one that stopped answering (gloo says "Timed out waiting ..."
+    in a receive, "Application timeout caused pair closure" when its connection times out first)."""
     return isinstance(exc, dist.DistError) or (
-        isinstance(exc, RuntimeError) and any(s in str(exc).lower() for s in ("connection", "gloo", "timed out")))
+        isinstance(exc, RuntimeError)
+        and any(s in str(exc).lower() for s in ("connection", "gloo", "timed out", "timeout")))
 
 
 RDZV_PREFIX = "towerlab-rdzv-"

@@ -118,9 +118,7 @@ def main(argv: list[str] | None = None) -> int:
                            "waiting": waiting(run["records"]),
                            "best_test_accuracy": s["best_test_accuracy"], "best_genome": s["best_genome"],
                            # the pick trained again with fresh seeds: is its lead a network's or a seed's?
-                           "retrained": again,
-                           "retrained_val": mean_sd([r["val_accuracy"] for r in again]),
-                           "retrained_test": mean_sd([r["test_accuracy"] for r in again])}
+                           **_retrained(again)}
         target = sides["unpruned"]["best"]
         reached = {name: seconds_to_reach(side["curve"], target) for name, side in sides.items()}
         # "the same best within noise": one binomial standard error of an accuracy on the validation set
@@ -231,11 +229,15 @@ def _recorded_unpruned(parser: argparse.ArgumentParser, path: Path, dataset: str
         side = dict(rows[seed]["unpruned"], curve=rows[seed]["curves"]["unpruned"])
         side.setdefault("waiting", None)
         side.setdefault("best_genome", None)
-        again = side.setdefault("retrained", [])
-        side.setdefault("retrained_val", mean_sd([r["val_accuracy"] for r in again]))
-        side.setdefault("retrained_test", mean_sd([r["test_accuracy"] for r in again]))
+        side.update(_retrained(side.get("retrained", [])))
         sides[seed] = side
     return {"date": record["date"], "sides": sides, "noise": {seed: rows[seed]["noise"] for seed in seeds}}
+
+
+def _retrained(again: list[dict]) -> dict:
+    """A pick's retrainings with their validation and test accuracy, mean +- sd."""
+    return {"retrained": again, "retrained_val": mean_sd([r["val_accuracy"] for r in again]),
+            "retrained_test": mean_sd([r["test_accuracy"] for r in again])}
 
 
 def _after(seconds: float | None) -> str:

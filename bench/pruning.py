@@ -11,6 +11,8 @@ validation accuracy the unpruned one found, and where each ends.
     python bench/pruning.py --sampler tpe --no-pruning --reuse   # tpe unpruned: the sampler's share
     python bench/pruning.py --dataset cifar10 --sampler tpe --no-pruning --seeds 0 \
         --unpruned-from bench/results/pruning-tpe-cifar10-2026-11-23.json   # the GA side read back
+    python bench/pruning.py --dataset cifar10 --seeds 0 --generations 20 \
+        --unpruned-from bench/results/pruning-cifar10-2026-11-23.json   # the pruned GA, 20 generations
 
 Both searches run as real `towerlab evolve` jobs with the same seed, 2 CPU workers x 1 thread, each
 network measured once (--remeasure 0) so that the two differ by the pruning alone. Training time
@@ -28,7 +30,11 @@ pruning-unpruned-<sampler>-...; its "pruned" entries are then that search's): a 
 unpruned GA and the pruned sampler is then split into the sampler's share and the pruning's.
 `--unpruned-from RECORD` takes the unpruned GA of each seed from a record this script wrote (its
 curve, figures, noise and retrained pick, where the record has them) instead of running it again:
-hours saved on CIFAR-10, at the price of comparing two days' clocks.
+hours saved on CIFAR-10, at the price of comparing two days' clocks. `--generations N` gives the
+second side N generations (folders and record named `...-g<N>-...`) while the GA keeps the budget's
+10: a pruned generation costs a fraction of an unpruned one, so within the target's third of the
+GA's training it can search longer; a search's history does not depend on its number of
+generations, so its first 10 are those of the 10-generation run.
 """
 
 from __future__ import annotations
@@ -65,6 +71,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="fresh seeds each side's pick is trained again with (0: none)")
     parser.add_argument("--unpruned-from", type=Path, metavar="RECORD",
                         help="read the unpruned GA of each seed from this record of an earlier run of this script")
+    parser.add_argument("--generations", type=int, metavar="N",
+                        help="the second side's generations (default: the budget's): a pruned generation costs less "
+                             "training, so the same training buys more of them")
     search_runs.add_run_arguments(parser)
     args = parser.parse_args(argv)
     if args.no_pruning and (args.sampler == "ga" or args.prune_places != "all"):
@@ -75,9 +84,11 @@ def main(argv: list[str] | None = None) -> int:
         args.dataset, args.seeds = "synthetic", args.seeds[:1]
         budget.update(population=9, generations=2, max_epochs=3, patience=3)
         args.retrain = min(args.retrain, 2)
+    if args.generations is not None and args.generations < 1:
+        parser.error(f"--generations {args.generations}: a search has at least 1 generation")
     recorded = _recorded_unpruned(parser, args.unpruned_from, args.dataset, budget, args.seeds) if args.unpruned_from else {}
-    common = measure.flags({"space": "mlp", "dataset": args.dataset, **budget, "remeasure": 0, "top": 1,
-                            "device": "cpu", "devices": args.devices, "threads": args.threads})
+    common = {"space": "mlp", "dataset": args.dataset, **budget, "remeasure": 0, "top": 1,
+              "device": "cpu", "devices": args.devices, "threads": args.threads}
     runs_dir = search_runs.out_dir(args) / "pruning-runs"
     pruning, pruned = ({}, "unpruned") if args.no_pruning else (dict(PRUNING), "pruned")
     one, two = ("ga", args.sampler) if args.no_pruning else ("unpruned", "pruned")  # the sides, as printed
@@ -87,6 +98,10 @@ def main(argv: list[str] | None = None) -> int:
     ga = args.sampler == "ga"
     if not ga:
         pruning["sampler"], pruned = args.sampler, pruned + "-" + args.sampler
+    second = dict(common)  # the second side's settings: the budget's, unless --generations says otherwise
+    if args.generations not in (None, budget["generations"]):
+        second["generations"] = pruning["generations"] = args.generations
+        pruned += f"-g{args.generations}"
     pruned_command = ["evolve"] if ga else ["search", "run"]
     retrain_seeds = search_runs.fresh_seeds(args.retrain)
     record = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "machine": machine.describe(), "dataset": args.dataset,
@@ -97,13 +112,13 @@ def main(argv: list[str] | None = None) -> int:
               f"ratios against it compare two runs' clocks", flush=True)
     for seed in args.seeds:
         sides = {"unpruned": recorded["sides"][seed]} if recorded else {}
-        for name, command, extra, folder in (("unpruned", ["evolve"], {}, "unpruned"),
-                                             ("pruned", pruned_command, pruning, pruned)):
+        for name, command, settings, folder in (("unpruned", ["evolve"], common, "unpruned"),
+                                                ("pruned", pruned_command, {**second, **pruning}, pruned)):
             if name in sides:
                 continue
             print(f"== {folder}, seed {seed}", flush=True)
             out = runs_dir / f"{args.dataset}-{folder}-s{seed}"
-            run = search_runs.run_search(command, [*common, *measure.flags(extra), "--seed", str(seed)], out,
+            run = search_runs.run_search(command, [*measure.flags(settings), "--seed", str(seed)], out,
                                          args.data_dir, reuse=args.reuse)
             curve = best_so_far(run["records"], budget["max_epochs"])
             s = run["summary"]

@@ -95,6 +95,36 @@ def test_pruning_bench_reads_the_unpruned_ga_from_a_record_and_runs_only_the_oth
     assert "the unpruned GA read from" in done.stdout
 
 
+def test_pruning_bench_refuses_fewer_than_one_generation_before_running(tmp_path):
+    done = subprocess.run([sys.executable, str(REPO / "bench" / "pruning.py"), "--smoke", "--generations", "0",
+                           "--out-dir", str(tmp_path)], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines()[-1] == "pruning.py: error: --generations 0: a search has at least 1 generation"
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.slow
+def test_pruning_bench_gives_the_second_side_its_own_generations(tmp_path):
+    """--generations N: the pruned search runs N generations (one --generations in its command), the
+    GA side keeps the budget's, and the folder, the record's name and its pruning settings say N."""
+    path = tmp_path / "record.json"
+    path.write_text(json.dumps(_pruning_record(0, 0.05)))
+    out = tmp_path / "out"
+    done = subprocess.run([sys.executable, str(REPO / "bench" / "pruning.py"), "--smoke", "--sampler", "random",
+                           "--generations", "3", "--retrain", "0", "--unpruned-from", str(path), "--data-dir",
+                           str(tmp_path), "--out-dir", str(out)], capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert done.returncode == 0, done.stderr
+    folder = out / "pruning-runs" / "synthetic-pruned-random-g3-s0"
+    assert list((out / "pruning-runs").iterdir()) == [folder]
+    (saved,) = out.glob("pruning-random-g3-synthetic-*.json")
+    record = json.loads(saved.read_text())
+    assert record["budget"]["generations"] == 2
+    assert record["pruning"] == {"min_epochs": 1, "prune_factor": 3, "sampler": "random", "generations": 3}
+    command = record["seeds"][0]["pruned"]["command"]
+    assert command.count("--generations") == 1 and command[command.index("--generations") + 1] == "3"
+    assert json.loads((folder / "summary.json").read_text())["generations"] == 3
+
+
 @pytest.mark.slow
 def test_cifar94_smoke_budget_runs_on_a_cpu_and_records_the_spread_beside_the_record(tmp_path):
     done = subprocess.run([sys.executable, str(REPO / "bench" / "cifar94.py"), "--budget", "smoke",

@@ -98,10 +98,8 @@ def main(argv: list[str] | None = None) -> int:
     ga = args.sampler == "ga"
     if not ga:
         pruning["sampler"], pruned = args.sampler, pruned + "-" + args.sampler
-    second = dict(common)  # the second side's settings: the budget's, unless --generations says otherwise
-    if args.generations not in (None, budget["generations"]):
-        second["generations"] = pruning["generations"] = args.generations
-        pruned += f"-g{args.generations}"
+    if args.generations not in (None, budget["generations"]):  # replaces the budget's in the second side's flags
+        pruning["generations"], pruned = args.generations, pruned + f"-g{args.generations}"
     pruned_command = ["evolve"] if ga else ["search", "run"]
     retrain_seeds = search_runs.fresh_seeds(args.retrain)
     record = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "machine": machine.describe(), "dataset": args.dataset,
@@ -113,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     for seed in args.seeds:
         sides = {"unpruned": recorded["sides"][seed]} if recorded else {}
         for name, command, settings, folder in (("unpruned", ["evolve"], common, "unpruned"),
-                                                ("pruned", pruned_command, {**second, **pruning}, pruned)):
+                                                ("pruned", pruned_command, {**common, **pruning}, pruned)):
             if name in sides:
                 continue
             print(f"== {folder}, seed {seed}", flush=True)

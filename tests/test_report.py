@@ -1,9 +1,9 @@
-"""What rank 0 draws: fitness.png's axes."""
+"""What rank 0 draws: fitness.png's axes, accuracy_time.png's lines."""
 
 import matplotlib.pyplot as plt
 import pytest
 
-from towerlab.report import fitness_figure
+from towerlab.report import accuracy_time_figure, fitness_figure
 
 
 @pytest.mark.parametrize("generations", [2, 3, 7])
@@ -17,5 +17,33 @@ def test_fitness_plot_ticks_whole_generations(generations):
         ticks = [t for t in ax.get_xticks() if low <= t <= high]
         assert all(float(t).is_integer() for t in ticks)
         assert len(ticks) >= 2
+    finally:
+        plt.close(fig)
+
+
+def _record(search, max_epochs, seconds, val, replicate=0, status="ok", sampler="ga"):
+    return {"search": search, "sampler": sampler, "max_epochs": max_epochs, "replicate": replicate,
+            "seconds": seconds, "status": status, "val_accuracy": val if status == "ok" else None}
+
+
+def test_accuracy_time_line_holds_the_best_to_the_end_of_each_search():
+    records = [_record(1, 1, 2.0, 0.80), _record(1, 3, 3.0, 0.90), _record(1, 3, 1.0, 0.85),
+               _record(1, 1, 4.0, 0.95),                # a lower rung: a point, not on the line
+               _record(1, 3, 5.0, 0.88, replicate=1),   # a re-measure: a point, not on the line
+               _record(1, 3, 1.5, None, status="failed"),
+               _record(2, 3, 1.0, 0.70, sampler="tpe"), _record(2, 3, 1.0, 0.75, sampler="tpe")]
+    fig = accuracy_time_figure(records, "two searches")
+    try:
+        ax = fig.axes[0]
+        lines = {line.get_label(): line for line in ax.get_lines() if not line.get_label().startswith("_")}
+        assert sorted(lines) == ["search 1: ga", "search 2: tpe"]
+        first = lines["search 1: ga"]
+        assert list(first.get_xdata()) == [5.0, 6.0, 16.5]
+        assert list(first.get_ydata()) == [0.90, 0.90, 0.90]
+        second = lines["search 2: tpe"]
+        assert list(second.get_xdata()) == [1.0, 2.0]  # its last training is on the line: nothing added
+        assert list(second.get_ydata()) == [0.70, 0.75]
+        points = [line for line in ax.get_lines() if line.get_marker() == "."]
+        assert [list(p.get_ydata()) for p in points] == [[0.80, 0.90, 0.85, 0.95, 0.88], [0.70, 0.75]]
     finally:
         plt.close(fig)

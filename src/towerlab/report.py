@@ -204,10 +204,16 @@ def _pyplot() -> Any:
 
 
 def plot_accuracy_time(records: list[dict], path: Path, title: str) -> None:
+    """accuracy_time.png: `accuracy_time_figure` of `records` (written atomically)."""
+    _save_figure(accuracy_time_figure(records, title), path)
+
+
+def accuracy_time_figure(records: list[dict], title: str) -> Any:
     """Validation accuracy against training time, one colour per search of `records` (as
     `towerlab.search.evaluation_records` gives them): each training is a point at the training
-    seconds its search had spent when it finished (every rung and re-measure counted), the line is
-    the best accuracy so far of the evaluations at the search's longest training (written atomically)."""
+    seconds its search had spent when it finished (every rung and re-measure counted); the line is
+    the best accuracy so far of the evaluations at the search's longest training, held to the
+    training seconds the search spent in all (a matplotlib Figure; the caller closes it)."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6, 4), dpi=120)
     for search in sorted({r["search"] for r in records}):
@@ -222,13 +228,15 @@ def plot_accuracy_time(records: list[dict], path: Path, title: str) -> None:
             if (r["max_epochs"] or 0) == longest and r["replicate"] == 0:
                 best = r["val_accuracy"] if best is None else max(best, r["val_accuracy"])
                 curve.append((spent, best))
+        if curve and curve[-1][0] < spent:  # the best held while the rest trained: lower rungs, re-measures
+            curve.append((spent, best))
         label = f"search {search}: {rows[0]['sampler']}"
         line = ax.step(*zip(*curve), where="post", label=label)[0] if curve else None
         if points:
             ax.plot(*zip(*points), ".", alpha=0.4, color=line.get_color() if line else None,
                     label=None if line else label)
     _label_axes(ax, "training seconds spent", title)
-    _save_figure(fig, path)
+    return fig
 
 
 def plot_fitness(stats: list[dict], path: Path, title: str) -> None:

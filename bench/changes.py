@@ -19,11 +19,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from towerlab.batches import augment as augment_gather
-from towerlab.config import TrainConfig
-from towerlab.distributed import Context
+from towerlab.batches import _gather_pixels, crop_flip, epoch_salt, mix_seed
 from towerlab.models import build_model
-from towerlab.train import _Divergence, seed_dropout
+from towerlab.step import seed_dropout
 
 
 def augment_indexing(x: torch.Tensor, generator: torch.Generator, pad: int = 4) -> torch.Tensor:
@@ -39,6 +37,25 @@ def augment_indexing(x: torch.Tensor, generator: torch.Generator, pad: int = 4) 
     out = padded[batch, chan, rows, cols]
     flip = torch.rand(n, device=x.device, generator=generator) < 0.5
     return torch.where(flip[:, None, None, None], out.flip(3), out)
+
+
+def augment_gather(x: torch.Tensor, generator: torch.Generator, pad: int = 4) -> torch.Tensor:
+    """towerlab's crop+flip before issue 38: one gather, dy, dx and the flip drawn from a generator
+    that the step reseeded (a host value each step, which a captured step cannot take)."""
+    n, c, h, w = x.shape
+    padded = F.pad(x, (pad, pad, pad, pad))
+    dy = torch.randint(0, 2 * pad + 1, (n,), device=x.device, generator=generator)
+    dx = torch.randint(0, 2 * pad + 1, (n,), device=x.device, generator=generator)
+    flip = torch.rand(n, device=x.device, generator=generator) < 0.5
+    j = torch.arange(w, device=x.device)
+    cols = dx[:, None] + torch.where(flip[:, None], (w - 1) - j, j)
+    rows = dy[:, None] + torch.arange(h, device=x.device)
+    return _gather_pixels(padded, rows, cols)
+
+
+def fold_loss(worst: torch.Tensor, loss: torch.Tensor) -> None:
+    """train()'s device-side watch for a NaN / inf loss: a running maximum, read at display steps."""
+    torch.maximum(worst, loss.detach().float(), out=worst)
 
 
 def lenet5_relu_then_pool() -> nn.Module:
@@ -66,7 +83,7 @@ def train_step(model: nn.Module, batch: int, *, channels_last: bool = True, bf16
     if channels_last:
         model, x = model.to(memory_format=torch.channels_last), x.contiguous(memory_format=torch.channels_last)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3, **(optimizer or {"fused": True}))
-    divergence = _Divergence(TrainConfig(), Context(), 0) if watch else None
+    worst = torch.zeros(()) if watch else None
 
     def step() -> None:
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
@@ -74,8 +91,8 @@ def train_step(model: nn.Module, batch: int, *, channels_last: bool = True, bf16
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
-        if divergence is not None:
-            divergence.add(loss)
+        if worst is not None:
+            fold_loss(worst, loss)
 
     return step
 
@@ -94,14 +111,30 @@ def augment_call(fn: Callable, batch: int) -> Callable[[], None]:
     return lambda: fn(x, g)
 
 
-def mlp_step(seed: Callable[[int], object], watch: bool = False) -> Callable[[], None]:
+def augment_reseeded(batch: int) -> Callable[[], None]:
+    """The eager step's crop+flip before issue 38: the generator reseeded per step, then `augment_gather`."""
+    x = torch.randint(0, 256, (batch, 3, 32, 32), dtype=torch.uint8)
+    g = torch.Generator()
+    step = iter(range(10**9))
+    return lambda: augment_gather(x, g.manual_seed(mix_seed(0, 0, 0, next(step))))
+
+
+def augment_hashed(batch: int) -> Callable[[], None]:
+    """Now: each example's crop and flip hashed from its index and the epoch's salt."""
+    x = torch.randint(0, 256, (batch, 3, 32, 32), dtype=torch.uint8)
+    index = torch.randperm(50_000)[:batch]
+    salt = epoch_salt(0, 0)
+    return lambda: crop_flip(x, index, salt)
+
+
+def mlp_step(seed: Callable[[int], object], watched: bool = False) -> Callable[[], None]:
     """A search candidate's step (the mlp space's 256 x 2 with dropout, batch 128, Adam), its dropout
-    reseeded from the step number first, as train() does (`watch` as in `train_step`)."""
+    reseeded from the step number first, as train() does (`watched` as `train_step`'s `watch`)."""
     model = build_model("mlp", (1, 28, 28), layers=2, neurons=256)
     x, y = torch.randn(128, 1, 28, 28), torch.randint(0, 10, (128,))
     opt = torch.optim.Adam(model.parameters(), lr=1e-3, fused=True)
     step = iter(range(10**9))
-    divergence = _Divergence(TrainConfig(), Context(), 0) if watch else None
+    worst = torch.zeros(()) if watched else None
 
     def run() -> None:
         seed(next(step))
@@ -109,8 +142,8 @@ def mlp_step(seed: Callable[[int], object], watch: bool = False) -> Callable[[],
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
-        if divergence is not None:
-            divergence.add(loss)
+        if worst is not None:
+            fold_loss(worst, loss)
 
     return run
 
@@ -176,7 +209,9 @@ def changes(quick: bool) -> list[dict]:
          lambda: train_step(lenet(), 256), lambda: train_step(lenet(), 256, watch=True), steps_lenet),
         ("divergence_watch_mlp", "MLP 256x2 train step, batch 128: without -> with the NaN / inf loss watch",
          lambda: mlp_step(lambda s: seed_dropout(torch.device("cpu"), s)),
-         lambda: mlp_step(lambda s: seed_dropout(torch.device("cpu"), s), watch=True), 20 * steps_lenet),
+         lambda: mlp_step(lambda s: seed_dropout(torch.device("cpu"), s), watched=True), 20 * steps_lenet),
+        ("augment_hashed", "CIFAR-10 crop+flip of 512 uint8 images: a reseeded generator -> hashed per-example words",
+         lambda: augment_reseeded(512), lambda: augment_hashed(512), 10 * steps_lenet),
     ]
 
 

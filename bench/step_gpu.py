@@ -1,150 +1,130 @@
-"""One training step on one GPU, timed with CUDA events, its kernels counted by the profiler: today's
-eager step (towerlab's own `Strategy.step`) against the same arithmetic captured as one CUDA graph
-(a hand-built step: forward, loss, backward, capturable optimizer, replayed with `torch.cuda.graph`).
-The gap between the two is what issue 38's step program is for.
+"""One training step on one GPU in each `--step` mode, timed with CUDA events, its kernels counted by
+the profiler.
 
     python bench/step_gpu.py --json OUT.json        # needs CUDA
 
-Each case: the model at a preset's settings, synthetic inputs of the data set's shape (timing does
-not depend on the values), `--warmup` steps, then `--steps` timed steps between two CUDA events;
-the median of `--rounds` such windows. Kernels per step: a profiler trace of 5 steps, CUDA kernels
-counted and divided by 5.
+Each case is a preset's model and recipe at its batch size, on synthetic data of the data set's
+shape (a step's time does not depend on the pixel values): towerlab's own steps, built as `train`
+builds them (`step.EagerSteps`, `step.StepProgram` prepared as a graph or compiled), driven through
+epochs as the training loop drives them. After the warm-up, `--steps` steps between two CUDA events,
+the median of `--rounds` such windows. Kernels per step: a profiler trace of 5 eager steps (of the
+reference step and of the program run op by op), counted and divided by 5; a graph replays the
+program's kernels with one launch. Compilation and recording are timed apart (`setup_s`).
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import statistics
 import sys
+import time
 from dataclasses import replace
 
 import torch
-import torch.nn.functional as F
 
+from towerlab.batches import Batches, Normalizer
 from towerlab.config import TrainConfig
+from towerlab.data import load_dataset
 from towerlab.distributed import Context
-from towerlab.models import build_model
 from towerlab.presets import apply_preset
+from towerlab.step import EagerSteps, StepProgram
 from towerlab.strategies import make_strategy
+from towerlab.train import build, fit_to_data, uses_channels_last
 
-# (name, preset, batch, input shape): the step of issue 38's targets.
+# (name, preset, batch, input shape): the steps of issue 38's targets.
 CASES = [("lenet5-b512-mnist-fast", "mnist-fast", 512, (1, 28, 28)),
-         ("lenet5-b512-mnist-fast-fp32", "mnist-fast", 512, (1, 28, 28)),
+         ("lenet5-b256-mnist-fast", "mnist-fast", 256, (1, 28, 28)),
          ("whitenet-b1024-cifar-94", "cifar-94", 1024, (3, 32, 32))]
+MODES = ("eager", "program", "graph", "compiled")
 
 
-def config(preset: str, batch: int, fp32: bool) -> TrainConfig:
+def config(preset: str, batch: int) -> TrainConfig:
     fields = apply_preset(preset, "cuda")
-    fields.update(batch_size=batch, steps=10_000, epochs=1)
-    if fp32:
-        fields["precision"] = "fp32"
+    fields.update(batch_size=batch, steps=10_000, dataset="synthetic")
     return replace(TrainConfig(), **{k: v for k, v in fields.items() if k in TrainConfig.__dataclass_fields__})
 
 
-def events_ms(step, steps: int, rounds: int) -> list[float]:
+def make_steps(mode: str, cfg: TrainConfig, data, device: torch.device):  # noqa: ANN001
+    ctx = Context(device=device)
+    normalize = Normalizer(data.mean, data.std, device, uses_channels_last(cfg))
+    batches = Batches(data.x_train, data.y_train, ctx, cfg.batch_size, cfg.seed, "resident", normalize,
+                      augment_images=cfg.augment, translate=cfg.translate)
+    module = build(cfg, data.input_shape, data.num_classes, ctx)
+    fit_to_data(module, batches.x, normalize)
+    module.train()
+    worst = torch.zeros((), device=device)
+    started = time.perf_counter()
+    if mode == "eager":
+        steps = EagerSteps(make_strategy("ddp", module, cfg, ctx, cfg.steps), batches, cfg, ctx, worst)
+        steps.warm_up(0, 3)
+    else:
+        steps = StepProgram(module, cfg, ctx, batches, cfg.steps, worst)
+        steps.prepare(mode, 0, print)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return steps, time.perf_counter() - started
+
+
+def forever(steps):  # noqa: ANN001
+    """The training loop's walk through the steps, epoch after epoch."""
+    for epoch in itertools.count():
+        yield from steps.epoch(epoch, 0)
+
+
+def events_ms(walk, steps: int, rounds: int) -> list[float]:  # noqa: ANN001
     out = []
     for _ in range(rounds):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         for _ in range(steps):
-            step()
+            next(walk)
         end.record()
         end.synchronize()
         out.append(start.elapsed_time(end) / steps)
     return out
 
 
-def kernels_per_step(step, steps: int = 5) -> float:
+def kernels_per_step(walk, steps: int = 5) -> float:  # noqa: ANN001
     from torch.profiler import ProfilerActivity, profile
+
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
         for _ in range(steps):
-            step()
+            next(walk)
         torch.cuda.synchronize()
-    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    return len(kernels) / steps
+    return sum(e.device_type == torch.autograd.DeviceType.CUDA for e in prof.events()) / steps
 
 
-def towerlab_step(cfg: TrainConfig, shape, device):
-    ctx = Context(device=device)
-    torch.manual_seed(0)
-    module = build_model(cfg.model, shape, 10, **cfg.model_options).to(device)
-    if cfg.model == "whitenet":
-        module = module.to(memory_format=torch.channels_last)
-        module.fit_whitening(torch.randn(5000, *shape, device=device))
-    module.train()
-    strat = make_strategy("ddp", module, cfg, ctx, 10_000)
-    x = torch.randn(cfg.batch_size, *shape, device=device)
-    if cfg.model == "whitenet":
-        x = x.contiguous(memory_format=torch.channels_last)
-    y = torch.randint(0, 10, (cfg.batch_size,), device=device)
-    return lambda: strat.step(x, y), module
-
-
-def graph_step(cfg: TrainConfig, shape, device):
-    """The same model, loss and optimizer kind with capturable state, captured once as a CUDA graph."""
-    torch.manual_seed(0)
-    module = build_model(cfg.model, shape, 10, **cfg.model_options).to(device)
-    if cfg.model == "whitenet":
-        module = module.to(memory_format=torch.channels_last)
-        module.fit_whitening(torch.randn(5000, *shape, device=device))
-    module.train()
-    params = [p for p in module.parameters() if p.requires_grad]
-    lr = torch.tensor(cfg.lr, device=device)
-    if cfg.optimizer == "adam":
-        opt = torch.optim.Adam(params, lr=lr, capturable=True, foreach=True)
-    else:
-        opt = torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, nesterov=cfg.nesterov, foreach=True)
-    x = torch.randn(cfg.batch_size, *shape, device=device)
-    if cfg.model == "whitenet":
-        x = x.contiguous(memory_format=torch.channels_last)
-    y = torch.randint(0, 10, (cfg.batch_size,), device=device)
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=cfg.precision == "bf16")
-
-    def eager():
-        with autocast:
-            loss = F.cross_entropy(module(x), y, label_smoothing=cfg.label_smoothing)
-        grads = torch.autograd.grad(loss, params)
-        for p, g in zip(params, grads):
-            p.grad = g
-        opt.step()
-        return loss
-
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            eager()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        eager()
-    return graph.replay, eager
-
-
-def measure_case(name: str, preset: str, batch: int, shape, args) -> dict:
+def measure_case(name: str, preset: str, batch: int, shape, args) -> dict:  # noqa: ANN001
     device = torch.device("cuda", 0)
-    cfg = config(preset, batch, fp32=name.endswith("fp32"))
-    row = {"case": name, "model": cfg.model, "batch": batch, "optimizer": cfg.optimizer,
-           "precision": cfg.precision, "schedule": cfg.schedule, "lookahead": cfg.lookahead}
+    cfg = config(preset, batch)
+    data = load_dataset("synthetic", val_size=0, synthetic_shape=shape, synthetic_train=batch * 60,
+                        synthetic_test=10, log=lambda _: None)
     torch.backends.cudnn.benchmark = True
-    step, _ = towerlab_step(cfg, shape, device)
-    for _ in range(args.warmup):
-        step()
-    ms = events_ms(step, args.steps, args.rounds)
-    row["towerlab_eager"] = {"ms": statistics.median(ms), "rounds_ms": ms, "kernels_per_step": kernels_per_step(step)}
-    replay, eager = graph_step(cfg, shape, device)
-    for _ in range(args.warmup):
-        replay()
-    ms = events_ms(replay, args.steps, args.rounds)
-    row["graph"] = {"ms": statistics.median(ms), "rounds_ms": ms, "kernels_per_step": kernels_per_step(eager)}
-    ms = events_ms(eager, args.steps, args.rounds)
-    row["graph_program_eager"] = {"ms": statistics.median(ms), "rounds_ms": ms}
-    print(f"{name}: towerlab eager {row['towerlab_eager']['ms']:.3f} ms "
-          f"({row['towerlab_eager']['kernels_per_step']:.0f} kernels), same program eager "
-          f"{row['graph_program_eager']['ms']:.3f} ms, as one CUDA graph {row['graph']['ms']:.3f} ms "
-          f"({row['graph']['kernels_per_step']:.0f} kernels)", flush=True)
+    row = {"case": name, "model": cfg.model, "batch": batch, "optimizer": cfg.optimizer, "precision": cfg.precision,
+           "schedule": cfg.schedule, "lookahead": cfg.lookahead, "augment": cfg.augment, "modes": {}}
+    for mode in MODES:
+        try:
+            steps, setup = make_steps(mode, cfg, data, device)
+        except Exception as exc:  # noqa: BLE001 - one mode's failure is a result, not the end
+            row["modes"][mode] = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"}
+            print(f"{name} {mode}: {row['modes'][mode]['error']}", flush=True)
+            continue
+        walk = forever(steps)
+        for _ in range(args.warmup):
+            next(walk)
+        ms = events_ms(walk, args.steps, args.rounds)
+        entry = {"ms": statistics.median(ms), "rounds_ms": ms, "setup_s": setup, "ran_as": steps.mode}
+        if mode in ("eager", "program"):
+            entry["kernels_per_step"] = kernels_per_step(walk)
+        row["modes"][mode] = entry
+        print(f"{name} {mode} (ran as {steps.mode}): {entry['ms']:.3f} ms/step"
+              + (f", {entry['kernels_per_step']:.0f} kernels" if "kernels_per_step" in entry else "")
+              + f", setup {setup:.1f} s", flush=True)
+        del walk, steps
+        torch.cuda.empty_cache()
     return row
 
 
@@ -152,13 +132,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", required=True)
     parser.add_argument("--steps", type=int, default=200)
-    parser.add_argument("--warmup", type=int, default=30)
+    parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--only", nargs="*", default=None, help="case names")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("step_gpu: needs CUDA", file=sys.stderr)
         return 2
-    rows = [measure_case(*case, args) for case in CASES]
+    rows = [measure_case(*case, args) for case in CASES if args.only is None or case[0] in args.only]
     record = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "steps": args.steps,
               "warmup": args.warmup, "rounds": args.rounds, "cases": rows}
     with open(args.json, "w", encoding="utf-8") as f:

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from towerlab.batches import augment
+from towerlab.batches import crop_flip, hashed_words
 from towerlab.models import build_model, tf_local_response_norm
 
 
@@ -33,23 +33,32 @@ def test_lrn_gradcheck(size, beta):
     assert torch.autograd.gradcheck(lrn, (x,))
 
 
-def _augment_by_indexing(x, generator, pad=4):
+def _crop_flip_by_indexing(x, index, salt, pad=4):
     n, c, h, w = x.shape
     padded = F.pad(x, (pad, pad, pad, pad))
-    dy = torch.randint(0, 2 * pad + 1, (n,), generator=generator)
-    dx = torch.randint(0, 2 * pad + 1, (n,), generator=generator)
+    word = hashed_words(index, salt)
+    dy, dx, flip = word % 9, (word // 9) % 9, (word // 81) % 2 == 1
     rows = (dy[:, None] + torch.arange(h)[None, :])[:, None, :, None]
     cols = (dx[:, None] + torch.arange(w)[None, :])[:, None, None, :]
     out = padded[torch.arange(n)[:, None, None, None], torch.arange(c)[None, :, None, None], rows, cols]
-    flip = torch.rand(n, generator=generator) < 0.5
     return torch.where(flip[:, None, None, None], out.flip(3), out)
 
 
 @pytest.mark.parametrize("shape", [(64, 3, 32, 32), (5, 1, 28, 28), (3, 2, 7, 9)])
-def test_augment_gather_equals_cropping_by_indexing(shape):
+def test_crop_flip_gather_equals_cropping_by_indexing(shape):
     x = torch.randint(0, 256, shape, dtype=torch.uint8)
-    ours = augment(x, torch.Generator().manual_seed(7))
-    assert torch.equal(ours, _augment_by_indexing(x, torch.Generator().manual_seed(7)))
+    index = torch.randperm(10_000)[:shape[0]]
+    ours = crop_flip(x, index, 12345)
+    assert torch.equal(ours, _crop_flip_by_indexing(x, index, 12345))
+    # A salt given as a device tensor (the step program's) draws the same.
+    assert torch.equal(crop_flip(x, index, torch.tensor(12345)), ours)
+
+
+def test_crop_flip_draws_every_shift_and_both_flips():
+    word = hashed_words(torch.arange(4000), 99)
+    shifts = set(zip((word % 9).tolist(), ((word // 9) % 9).tolist()))
+    flips = int(((word // 81) % 2).sum())
+    assert len(shifts) == 81 and 1800 < flips < 2200
 
 
 @pytest.mark.parametrize("name,shape,swap", [("lenet5", (1, 28, 28), ((1, 2), (4, 5))),

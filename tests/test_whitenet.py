@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 import towerlab.runner
-from towerlab.batches import Batches, Normalizer, example_words, flip_translate, tta_logits
+from towerlab.batches import Augmentation, Batches, Normalizer, epoch_salt, flip_translate, hashed_words, tta_logits
 from towerlab.cli import main
 from towerlab.config import RunConfig, SearchConfig, TrainConfig
 from towerlab.distributed import Context
@@ -17,7 +17,7 @@ from towerlab.errors import UserError
 from towerlab.fitness import candidate_config
 from towerlab.lookahead import Lookahead
 from towerlab.models import build_model, load_model
-from towerlab.strategies import make_optimizer, make_scheduler, parameter_groups
+from towerlab.optim import make_optimizer, make_scheduler, parameter_groups
 from towerlab.whitenet import GlobalBatchNorm, patch_whitening
 from util import ONE_CPU, StopAtRead, max_difference, summary, weights
 
@@ -93,14 +93,22 @@ def test_whitening_filters_give_the_patches_identity_covariance():
 # --- augmentation and test-time augmentation --------------------------------------------------
 
 
+def translated(x, index, seed, epoch, shift):
+    return flip_translate(x, index, Augmentation(seed, shift).salts(epoch), shift)
+
+
+def words(seed, epoch, index):
+    return hashed_words(index, epoch_salt(seed, epoch))
+
+
 def test_flip_translate_equals_mirror_then_reflect_padded_shift():
     g = torch.Generator().manual_seed(1)
     x = torch.randint(0, 256, (64, 3, 7, 9), dtype=torch.uint8, generator=g)
     index = torch.randperm(1000, generator=g)[:64]
-    out = flip_translate(x, index, seed=5, epoch=3, shift=2)
-    flips = ((example_words(5, None, index) & 1) ^ 1).bool()  # epoch 3 is odd: the start is inverted
-    words = example_words(5, 3, index)
-    dy, dx = words % 5 - 2, (words // 5) % 5 - 2
+    out = translated(x, index, 5, 3, 2)
+    flips = ((words(5, None, index) & 1) ^ 1).bool()  # epoch 3 is odd: the start is inverted
+    drawn = words(5, 3, index)
+    dy, dx = drawn % 5 - 2, (drawn // 5) % 5 - 2
     for k in range(64):
         image = x[k].flip(-1) if flips[k] else x[k]
         padded = F.pad(image.float()[None], (2, 2, 2, 2), mode="reflect")[0]
@@ -113,20 +121,20 @@ def test_flip_translate_equals_mirror_then_reflect_padded_shift():
 def test_flip_translate_depends_only_on_seed_epoch_and_example():
     x = torch.randint(0, 256, (40, 3, 8, 8), dtype=torch.uint8, generator=torch.Generator().manual_seed(2))
     index = torch.arange(100, 140)
-    whole = flip_translate(x, index, 7, 4, 2)
-    assert torch.equal(whole, flip_translate(x, index, 7, 4, 2))
+    whole = translated(x, index, 7, 4, 2)
+    assert torch.equal(whole, translated(x, index, 7, 4, 2))
     # Split the batch as two replicas hold it (strided), or reorder it: each image augments alike.
     for part in (slice(0, None, 2), slice(1, None, 2)):
-        assert torch.equal(flip_translate(x[part], index[part], 7, 4, 2), whole[part])
+        assert torch.equal(translated(x[part], index[part], 7, 4, 2), whole[part])
     order = torch.randperm(40)
-    assert torch.equal(flip_translate(x[order], index[order], 7, 4, 2), whole[order])
-    assert not torch.equal(flip_translate(x, index, 8, 4, 2), whole)
+    assert torch.equal(translated(x[order], index[order], 7, 4, 2), whole[order])
+    assert not torch.equal(translated(x, index, 8, 4, 2), whole)
     # The flip alternates between epochs; the shift is redrawn.
-    base = example_words(7, None, index) & 1
-    assert not torch.equal(example_words(7, 4, index), example_words(7, 5, index))
-    flipped_now = torch.equal(flip_translate(x, index, 7, 4, 0), torch.where(base.bool()[:, None, None, None],
+    base = words(7, None, index) & 1
+    assert not torch.equal(words(7, 4, index), words(7, 5, index))
+    flipped_now = torch.equal(translated(x, index, 7, 4, 0), torch.where(base.bool()[:, None, None, None],
                                                                             x.flip(-1), x))
-    flipped_next = torch.equal(flip_translate(x, index, 7, 5, 0), torch.where(base.bool()[:, None, None, None],
+    flipped_next = torch.equal(translated(x, index, 7, 5, 0), torch.where(base.bool()[:, None, None, None],
                                                                              x, x.flip(-1)))
     assert flipped_now and flipped_next
 

@@ -59,36 +59,41 @@ def _gather_pixels(images: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor)
     return images.reshape(n, c, -1).gather(2, offsets.expand(n, c, h * w)).view(n, c, h, w)
 
 
-def augment(x: torch.Tensor, generator: torch.Generator, pad: int = 4) -> torch.Tensor:
-    """Random crop after zero padding, and a random horizontal flip, on the device (uint8 in, uint8 out).
-
-    One `gather` per batch: each output pixel's offset in its padded plane is computed from the
-    example's shift and flip, so crop and flip cost a single pass over the images (no 4-way advanced
-    indexing, no flipped copy and `where`). Draws dy, dx, then the flips, in that order.
-    """
-    n, c, h, w = x.shape
-    padded = torch.nn.functional.pad(x, (pad, pad, pad, pad))
-    dy = torch.randint(0, 2 * pad + 1, (n,), device=x.device, generator=generator)
-    dx = torch.randint(0, 2 * pad + 1, (n,), device=x.device, generator=generator)
-    flip = torch.rand(n, device=x.device, generator=generator) < 0.5
-    j = torch.arange(w, device=x.device)
-    cols = dx[:, None] + torch.where(flip[:, None], (w - 1) - j, j)              # (n, w)
-    rows = dy[:, None] + torch.arange(h, device=x.device)                        # (n, h)
-    return _gather_pixels(padded, rows, cols)
-
-
 _WORD = 0x7FFFFFFF  # 31-bit words: every product below stays inside int64
 
 
-def example_words(seed: int, epoch: int | None, index: torch.Tensor) -> torch.Tensor:
-    """A pseudo-random 31-bit word per example index, a function of (seed, epoch, index) alone
-    (`epoch=None`: the same in every epoch). An integer hash (two multiply-xorshift rounds) on the
-    device: no generator state, so the draw does not depend on which replica holds the example."""
-    salt = mix_seed(seed, -1 if epoch is None else epoch) & _WORD
+def epoch_salt(seed: int, epoch: int | None) -> int:
+    """The salt of `example_words` for (seed, epoch); `epoch=None`: one salt for every epoch."""
+    return mix_seed(seed, -1 if epoch is None else epoch) & _WORD
+
+
+def hashed_words(index: torch.Tensor, salt: int | torch.Tensor) -> torch.Tensor:
+    """A pseudo-random 31-bit word per example index under `salt` (an int, or an int64 tensor on the
+    device, which a captured step reads without knowing its value). An integer hash (two
+    multiply-xorshift rounds): no generator state, so the draw does not depend on which replica holds
+    the example, nor on what was drawn before."""
     x = (index.long() ^ salt) & _WORD
     for _ in range(2):
         x = ((x >> 16) ^ x) * 0x45D9F3B & _WORD
     return (x >> 16) ^ x
+
+
+def crop_flip(x: torch.Tensor, index: torch.Tensor, salt: int | torch.Tensor, pad: int = 4) -> torch.Tensor:
+    """Random crop after zero padding, and a random horizontal flip, on the device (uint8 in, uint8 out),
+    drawn per example from its index: dy, dx in 0..2 pad and the flip from one word.
+
+    One `gather` per batch: each output pixel's offset in its padded plane is computed from the
+    example's shift and flip, so crop and flip cost a single pass over the images (no 4-way advanced
+    indexing, no flipped copy and `where`)."""
+    n, c, h, w = x.shape
+    padded = torch.nn.functional.pad(x, (pad, pad, pad, pad))
+    span = 2 * pad + 1
+    word = hashed_words(index, salt)
+    dy, dx, flip = word % span, (word // span) % span, ((word // (span * span)) & 1).bool()
+    j = torch.arange(w, device=x.device)
+    cols = dx[:, None] + torch.where(flip[:, None], (w - 1) - j, j)              # (n, w)
+    rows = dy[:, None] + torch.arange(h, device=x.device)                        # (n, h)
+    return _gather_pixels(padded, rows, cols)
 
 
 def _reflect(position: torch.Tensor, size: int) -> torch.Tensor:
@@ -97,19 +102,20 @@ def _reflect(position: torch.Tensor, size: int) -> torch.Tensor:
     return torch.where(position > size - 1, 2 * (size - 1) - position, position)
 
 
-def flip_translate(x: torch.Tensor, index: torch.Tensor, seed: int, epoch: int, shift: int) -> torch.Tensor:
+def flip_translate(x: torch.Tensor, index: torch.Tensor, salts, shift: int) -> torch.Tensor:  # noqa: ANN001
     """airbench94's augmentation (K. Jordan, arXiv 2404.00498), on the device, uint8 in and out:
     each image is mirrored in alternate epochs (whether it starts mirrored is drawn once per example),
     then shifted by dy, dx in -shift..shift with reflected borders (drawn per example and epoch):
-    out[i, j] = mirrored[reflect(i - dy), reflect(j - dx)]. Every draw comes from `example_words`
-    of the example's index in the training set, so the batch a replica gets is augmented exactly
-    as in a single replica's batch, and a resumed epoch repeats its draws."""
+    out[i, j] = mirrored[reflect(i - dy), reflect(j - dx)]. `salts`: `Augmentation.salts(epoch)`.
+    Every draw comes from the example's index in the training set, so the batch a replica gets is
+    augmented exactly as in a single replica's batch, and a resumed epoch repeats its draws."""
     n, c, h, w = x.shape
     if not 0 <= shift < min(h, w):
         raise ValueError(f"shift {shift} must be below the image size {h}x{w}")
-    flip = ((example_words(seed, None, index) & 1) ^ (epoch & 1)).bool()
+    fixed, salt, parity = salts[0], salts[1], salts[2]
+    flip = ((hashed_words(index, fixed) & 1) ^ parity).bool()
     span = 2 * shift + 1
-    word = example_words(seed, epoch, index)
+    word = hashed_words(index, salt)
     dy, dx = word % span - shift, (word // span) % span - shift
     i = torch.arange(h, device=x.device)
     j = torch.arange(w, device=x.device)
@@ -117,6 +123,25 @@ def flip_translate(x: torch.Tensor, index: torch.Tensor, seed: int, epoch: int, 
     cols = _reflect(j[None, :] - dx[:, None], w)
     cols = torch.where(flip[:, None], (w - 1) - cols, cols)
     return _gather_pixels(x, rows, cols)
+
+
+class Augmentation:
+    """--augment: crop+flip, or with --translate airbench94's flip+translate, each drawn per example
+    from (seed, epoch, the example's index in the training set). `salts(epoch)` are the epoch's
+    three numbers (a fixed salt, the epoch's salt, the epoch's parity): a list of ints for the eager
+    step, copied into a device tensor at each epoch's start by the step program."""
+
+    def __init__(self, seed: int, translate: int = 0):
+        self.seed = seed
+        self.translate = translate
+
+    def salts(self, epoch: int) -> list[int]:
+        return [epoch_salt(self.seed, None), epoch_salt(self.seed, epoch), epoch & 1]
+
+    def __call__(self, x: torch.Tensor, index: torch.Tensor, salts) -> torch.Tensor:  # noqa: ANN001
+        if self.translate:
+            return flip_translate(x, index, salts, self.translate)
+        return crop_flip(x, index, salts[1])
 
 
 def tta_logits(model: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, mode: str) -> torch.Tensor:
@@ -149,15 +174,13 @@ class Batches:
         self.seed = seed
         self.mode = mode
         self.normalize = normalize
-        self.augment_images = augment_images
-        self.translate = translate
         self.n = x.shape[0]
         self.steps_per_epoch = (self.n // ctx.world_size) // batch_size
         on_device = mode == "resident"
         self.x = x.to(ctx.device) if on_device else x
         self.y = y.to(ctx.device) if on_device else y
         self.pin = ctx.device.type == "cuda" and mode == "queue"
-        self.generator = torch.Generator(device=ctx.device) if augment_images and not translate else None
+        self.augmentation = Augmentation(seed, translate) if augment_images else None
 
     def indices(self, epoch: int) -> torch.Tensor:
         """This rank's example indices for `epoch`, identical on every run with the same seed."""
@@ -175,15 +198,12 @@ class Batches:
             source = _prefetch(((self.x[i], self.y[i]) for i in chunks), self.pin)
         else:
             source = ((self.x[i], self.y[i]) for i in chunks)
-        for step, i, (xb, yb) in zip(steps, chunks, source):
+        salts = self.augmentation.salts(epoch) if self.augmentation is not None else None
+        for i, (xb, yb) in zip(chunks, source):
             xb = xb.to(self.ctx.device, non_blocking=self.pin)
             yb = yb.to(self.ctx.device, non_blocking=self.pin)
-            if self.augment_images and self.translate:
-                xb = flip_translate(xb, i.to(self.ctx.device, non_blocking=self.pin), self.seed, epoch,
-                                    self.translate)
-            elif self.augment_images:
-                self.generator.manual_seed(mix_seed(self.seed, self.ctx.rank, epoch, step))
-                xb = augment(xb, self.generator)
+            if self.augmentation is not None:
+                xb = self.augmentation(xb, i.to(self.ctx.device, non_blocking=self.pin), salts)
             yield self.normalize(xb), yb
 
 

@@ -26,6 +26,7 @@ OPTIMIZERS = ("adam", "sgd", "rmsprop", "adagrad", "adadelta", "adamax", "nadam"
 SCHEDULES = ("constant", "onecycle", "linear")
 STRATEGIES = ("ddp", "ps")
 INPUTS = ("resident", "feed", "queue")
+STEPS = ("auto", "eager", "graph", "compiled")
 PRECISIONS = ("fp32", "bf16")
 TTA = ("none", "flip", "flip-translate")
 PRUNE_PLACES = ("all", "new")  # whom a pruned rung's places are counted over: every member, or those still to train
@@ -259,7 +260,9 @@ class RunConfig:
     resume: Optional[str] = _opt(None, "continue the interrupted run in this folder")
     display_step: int = _opt(100, "print the minibatch loss and accuracy every N steps", resume="free")
     threads: Optional[int] = _opt(None, "CPU threads per process (None: cores / local processes)", resume="keep")
-    compile: bool = _opt(False, "torch.compile the model (pays only when amortised)", resume="keep")
+    step: str = _opt("auto", "how each step runs: eager (torch.optim, op by op), graph (one CUDA graph per step), "
+                     "compiled (torch.compile of the whole step), auto (graph on one GPU, else eager)",
+                     choices=STEPS, resume="keep")
     tensorboard: bool = _opt(False, "write TensorBoard scalars to <out>/tb (needs the tensorboard extra)",
                              resume="free")
     timeout: float = _opt(120.0, "seconds a collective may wait for a peer, and a process may go without a "
@@ -271,6 +274,7 @@ class RunConfig:
         _check_paths(self, "out", "resume", "data_dir")
         _check_choice("strategy", self.strategy, STRATEGIES)
         _check_choice("input", self.input, INPUTS)
+        _check_choice("step", self.step, STEPS)
         _check_choice("device", self.device, DEVICE_KINDS)
         if self.preset is not None:
             from towerlab.presets import get

@@ -22,7 +22,7 @@ from towerlab.data import fingerprint
 from towerlab.distributed import Context, Interrupted, StopFlag
 from towerlab.presets import apply_preset
 from towerlab.search import Candidate, Outcome, genome_hash
-from towerlab.strategies import DEFAULT_LR
+from towerlab.optim import DEFAULT_LR
 from towerlab.train import Diverged, train
 
 TRAINING_GENES = ("optimizer", "lr", "batch_size", "epochs", "label_smoothing")

@@ -152,7 +152,8 @@ def format_final(summary: dict) -> str:
              f"setup {summary['setup_seconds']:.1f} s",
              f"wall {summary['wall_seconds']:.1f} s",
              f"{summary['examples_per_sec']:.0f} Examples/sec",
-             f"{summary['world_size']} x {summary['device_type']}"]
+             f"{summary['world_size']} x {summary['device_type']}"
+             + (f", {summary['step']} step" if summary.get("step") else "")]
     if summary.get("data_fallback"):
         parts.append("OFFLINE FALLBACK DATA, not the full dataset")
     return "Done: " + " | ".join(parts)

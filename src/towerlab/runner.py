@@ -36,6 +36,7 @@ from towerlab.errors import UserError
 from towerlab.job import (OutputFolder, read_config, require_out_under_torchrun, restarted_by_torchrun, save_model,
                           start_job, write_config)
 from towerlab.report import Reporter, format_final, require_tensorboard, truncate_metrics
+from towerlab.step import resolve_step
 from towerlab.train import TrainResult, check_setup, train
 
 CHECKPOINT = "checkpoint.pt"
@@ -154,6 +155,7 @@ def start(cfg: TrainConfig, run: RunConfig, *, data: Any = None, module: Any = N
         # Recorded as resolved: a resume (maybe on another machine) computes with as many threads.
         run = replace(run, threads=run.threads or default_threads(run.devices))
         check_capacity(run.devices, run.threads, f"--devices {run.devices}")
+        resolve_step(run.step, run.device, run.devices, run.strategy, run.input)  # an impossible --step: refused now
     out = Path(run.resume or run.out or default_out(cfg))
 
     def resume_hint() -> str:
@@ -222,7 +224,7 @@ def _process(rank: int, world_size: int, store_path: str | None, cfg: TrainConfi
                               f"{cfg.batch_size * ctx.world_size} -> {out}")
             result = train(cfg, ctx, data, input_mode=run.input, strategy=run.strategy, reporter=reporter,
                            display_step=run.display_step, checkpoint_path=out / CHECKPOINT,
-                           resume_state=resume_state, compile_model=run.compile, stop=stop, source=module)
+                           resume_state=resume_state, step_mode=run.step, stop=stop, source=module)
             if ctx.is_main:
                 summary = _summary(cfg, run, ctx, data, digests, result, out, time.time() - started)
                 save_model(out / "model.pt", result.model, cfg, data)
@@ -318,7 +320,7 @@ def _summary(cfg: TrainConfig, run: RunConfig, ctx: Context, data: Any, data_sha
         "dataset": cfg.dataset, "data_source": data.source, "data_fallback": bool(data.source.get("fallback")),
         "n_train": data.n_train, "n_val": data.n_val, "n_test": data.n_test,
         "model": cfg.model, "model_options": cfg.model_options, "strategy": run.strategy, "input": run.input,
-        "world_size": ctx.world_size, "device_type": ctx.device.type,
+        "world_size": ctx.world_size, "device_type": ctx.device.type, "step": result.step_mode,
         "batch_size_per_replica": cfg.batch_size, "global_batch_size": cfg.batch_size * ctx.world_size,
         "epochs": result.epochs, "steps": result.steps, "steps_per_epoch": result.steps_per_epoch,
         "train_seconds": result.train_seconds, "setup_seconds": result.setup_seconds, "wall_seconds": wall_seconds,

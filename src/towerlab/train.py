@@ -19,15 +19,15 @@ import torch.nn.functional as F
 from torch import nn
 
 from towerlab import checkpoint, models
-from towerlab.batches import Batches, Normalizer, eval_batches, mix_seed, tta_logits
+from towerlab.batches import Batches, Normalizer, eval_batches, tta_logits
 from towerlab.config import TrainConfig, to_dict
 from towerlab.distributed import (Context, Interrupted, StopFlag, machine_memory, max_over_ranks, sum_over_ranks,
                                   world_group)
 from towerlab.errors import UserError
 from towerlab.models import build_model, instantiate
 from towerlab.report import Reporter, format_epoch, format_step
-from towerlab.strategies import Strategy, make_strategy
-from towerlab.warmup import WARMUP_STEPS, warm_up, warms_up
+from towerlab.step import WARMUP_STEPS, EagerSteps, StepProgram, Steps, resolve_step, warms_up
+from towerlab.strategies import make_strategy
 from towerlab.whitenet import WHITEN_IMAGES, share_batch_statistics
 
 EVAL_BATCH = 1024
@@ -43,13 +43,10 @@ class _Divergence:
     running maximum on the device (one tiny kernel; NaN and inf propagate through it), which is read
     only where the host reads anyway (display steps, evaluations, epoch ends, a save on Ctrl-C)."""
 
-    def __init__(self, cfg: TrainConfig, ctx: Context, step: int):
+    def __init__(self, cfg: TrainConfig, ctx: Context, step: int, worst: torch.Tensor):
         self.cfg, self.ctx = cfg, ctx
-        self.worst = torch.zeros((), device=ctx.device)
+        self.worst = worst  # folded into by every step (towerlab.step)
         self.checked = step  # the loss was finite up to this step
-
-    def add(self, loss: torch.Tensor) -> None:
-        torch.maximum(self.worst, loss.detach().float(), out=self.worst)
 
     def flag(self) -> torch.Tensor:
         """1.0 when a non-finite loss was seen since the last check (reduce it over the ranks)."""
@@ -90,6 +87,7 @@ class TrainResult:
     # Compiling and warming up the step before the clock starts (towerlab.warmup), over every attempt
     # of a resumed run; 0.0 where nothing is warmed up (an eager run on a CPU).
     setup_seconds: float = 0.0
+    step_mode: str = "eager"           # how the steps ran: eager, graph, compiled, or program (towerlab.step)
     history: list[dict] = field(default_factory=list)
     model: nn.Module | None = None
 
@@ -105,10 +103,6 @@ class _Progress:
     best_state: dict | None = None
     since_best: int = 0
     stopped: str | None = None
-
-
-def uses_dropout(module: nn.Module) -> bool:
-    return any(isinstance(m, nn.modules.dropout._DropoutNd) for m in module.modules())
 
 
 def evaluate(module: nn.Module, x: torch.Tensor, y: torch.Tensor, ctx: Context, normalize: Normalizer,
@@ -154,16 +148,6 @@ class _Clock:
         return elapsed
 
 
-def seed_dropout(device: torch.device, seed: int) -> None:
-    """Seed the one generator dropout draws from on `device`. Not `torch.manual_seed`, which also
-    seeds every CUDA device and, where CUDA is not initialised, records a stack trace to do so
-    later: about 95 us per call against 1 us on a CPU (bench/changes.py), paid every step."""
-    if device.type == "cuda":
-        torch.cuda.manual_seed(seed)  # the current device's generator: the session set it to `device`
-    else:
-        torch.default_generator.manual_seed(seed)
-
-
 def build(cfg: TrainConfig, input_shape: tuple[int, int, int], num_classes: int, ctx: Context,
           source: Any = None) -> nn.Module:
     """The model, identically initialised on every rank (seeded before it is built); its BatchNorm
@@ -194,12 +178,13 @@ def uses_channels_last(cfg: TrainConfig) -> bool:
 
 def train(cfg: TrainConfig, ctx: Context, data: Any, *, input_mode: str = "resident", strategy: str = "ddp",
           reporter: Reporter | None = None, display_step: int = 100, checkpoint_path: Path | None = None,
-          resume_state: dict | None = None, test: bool = True, compile_model: bool = False,
+          resume_state: dict | None = None, test: bool = True, step_mode: str = "auto",
           stop: StopFlag | None = None, source: Any = None, setup_apart: bool = True) -> TrainResult:
     """Train `cfg.model` (or `source`, a module of your own or its factory) on `data` (a
-    towerlab.data.Dataset) over the replicas of `ctx`. `setup_apart`: warm the step up before the
-    clock (towerlab.warmup) where that pays, to report setup apart from training; a search candidate
-    reports no setup, so it does not spend the warm-up steps."""
+    towerlab.data.Dataset) over the replicas of `ctx`. `step_mode`: --step (towerlab.step).
+    `setup_apart`: warm the step up before the clock where that pays, to report setup apart from
+    training; a search candidate reports no setup, so it spends warm-up steps only where its step is
+    recorded or compiled, which needs them."""
     reporter = reporter or Reporter(None, enabled=False)
     if ctx.device.type == "cuda":
         # Every training batch has the same shape, so cuDNN's one-off search for the fastest
@@ -217,13 +202,17 @@ def train(cfg: TrainConfig, ctx: Context, data: Any, *, input_mode: str = "resid
         clock.start()
         fit_to_data(module, batches.x, batches.normalize)  # resident: already on the device
         progress.train_seconds += clock.stop()
-    strat = make_strategy(strategy, module, cfg, ctx, total_steps, compile_model)
+    mode = resolve_step(step_mode, ctx.device.type, ctx.world_size, strategy, input_mode)
+    worst = torch.zeros((), device=ctx.device)
+    if mode == "eager":
+        steps: Steps = EagerSteps(make_strategy(strategy, module, cfg, ctx, total_steps), batches, cfg, ctx, worst)
+    else:
+        steps = StepProgram(module, cfg, ctx, batches, total_steps, worst)
     if resume_state is not None:
-        progress = _restore(resume_state, strat)
+        progress = _restore(resume_state, steps)
     resident = input_mode == "resident"
     val = (data.x_val.to(ctx.device), data.y_val.to(ctx.device)) if resident else (data.x_val, data.y_val)
     global_batch = cfg.batch_size * ctx.world_size
-    dropout = uses_dropout(module)
 
     def evaluate_val() -> tuple[float | None, float | None]:
         if data.n_val == 0:
@@ -232,37 +221,32 @@ def train(cfg: TrainConfig, ctx: Context, data: Any, *, input_mode: str = "resid
 
     def save(step: int) -> None:
         if checkpoint_path is not None and ctx.is_main:
-            checkpoint.save(checkpoint_path, _state(cfg, ctx, progress, strat, step))
-
-    def run_step(step: int, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        if dropout:
-            seed_dropout(ctx.device, mix_seed(cfg.seed, ctx.rank, step))
-        return strat.step(x, y)
+            checkpoint.save(checkpoint_path, _state(cfg, ctx, progress, steps, step))
 
     module.train()
-    if (setup_apart and warms_up(ctx.device, compile_model) and progress.step < total_steps
-            and progress.stopped is None):
+    if progress.step < total_steps and progress.stopped is None and (
+            mode != "eager" or (setup_apart and warms_up(ctx.device, mode))):
         clock.start()
-        ran = warm_up(strat, batches, progress.step, min(WARMUP_STEPS, total_steps - progress.step), run_step,
-                      reporter.line)
+        if isinstance(steps, StepProgram):
+            ran = steps.prepare(mode, progress.step, reporter.line)
+        else:
+            ran = steps.warm_up(progress.step, min(WARMUP_STEPS, total_steps - progress.step))
         seconds = clock.stop()
         progress.setup_seconds += seconds
         reporter.line(f"Setup: {seconds:.1f} s before training ({ran} warm-up steps, undone)")
     reporter.start_progress(total_steps, progress.step)
     last_display = (progress.step, time.perf_counter())
-    divergence = _Divergence(cfg, ctx, progress.step)
+    divergence = _Divergence(cfg, ctx, progress.step, worst)
     while progress.step < total_steps and progress.stopped is None:
         epoch, start = divmod(progress.step, steps_per_epoch)
         clock.start()
-        for x, y in batches.epoch(epoch, start):
-            loss, logits = run_step(progress.step, x, y)
-            divergence.add(loss)
+        for loss, logits, y in steps.epoch(epoch, start):
             progress.step += 1
             reporter.advance()
             step = progress.step
             if step % display_step == 0:
                 last_display = _display(reporter, ctx, step, loss, logits, y, last_display, global_batch,
-                                        strat.lr(), divergence)
+                                        steps.lr(), divergence)
             if stop is not None and (ctx.world_size == 1 or step % STOP_CHECK_EVERY == 0):
                 signum = int(max_over_ranks(ctx, stop.signum))
                 if signum:
@@ -304,7 +288,7 @@ def train(cfg: TrainConfig, ctx: Context, data: Any, *, input_mode: str = "resid
         train_seconds=seconds, examples_per_sec=progress.step * global_batch / seconds if seconds else 0.0,
         val_loss=val_loss, val_accuracy=val_acc, test_loss=test_loss, test_accuracy=test_acc,
         best_epoch=progress.best_epoch, stopped=progress.stopped, setup_seconds=progress.setup_seconds,
-        history=progress.history, model=module)
+        step_mode=steps.mode, history=progress.history, model=module)
 
 
 def check_setup(cfg: TrainConfig, world_size: int, data: Any, source: Any = None) -> None:
@@ -415,16 +399,25 @@ def _final_val(progress: _Progress) -> tuple[float | None, float | None]:
     return record["val_loss"], record["val_accuracy"]
 
 
-def _state(cfg: TrainConfig, ctx: Context, progress: _Progress, strat: Strategy, step: int) -> dict:
+def _state(cfg: TrainConfig, ctx: Context, progress: _Progress, steps: Steps, step: int) -> dict:
     return {"config": to_dict(cfg), "model": cfg.model, "dataset": cfg.dataset, "world_size": ctx.world_size,
             "step": step, "train_seconds": progress.train_seconds, "setup_seconds": progress.setup_seconds,
             "history": progress.history, "best_val_loss": progress.best_val_loss, "best_epoch": progress.best_epoch,
             "best_state": progress.best_state, "since_best": progress.since_best, "stopped": progress.stopped,
-            "strategy": strat.state_dict()}
+            "step_mode": steps.mode, "strategy": steps.state_dict()}
 
 
-def _restore(state: dict, strat: Strategy) -> _Progress:
-    strat.load_state_dict(state["strategy"])
+def _step_name(mode: str) -> str:
+    return "eager step" if mode == "eager" else "step program"
+
+
+def _restore(state: dict, steps: Steps) -> _Progress:
+    saved = state.get("step_mode", "eager")  # a checkpoint from before the step program: eager
+    if (saved == "eager") != (steps.mode == "eager"):
+        how = "--step eager" if saved == "eager" else "--input resident, --strategy ddp and its --step"
+        raise UserError(f"the checkpoint was written by the {_step_name(saved)}, and this run would take the "
+                        f"{_step_name(steps.mode)}, whose optimizer state has another form: resume with {how}")
+    steps.load_state_dict(state["strategy"])
     # A checkpoint written before setup was timed apart has no setup_seconds.
     return _Progress(step=state["step"], train_seconds=state["train_seconds"],
                      setup_seconds=state.get("setup_seconds", 0.0), history=list(state["history"]),

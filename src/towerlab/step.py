@@ -106,16 +106,7 @@ class Steps:
     steps_per_epoch: int
 
     def epoch(self, epoch: int, start: int) -> Iterator[Yield]:
-        raise NotImplementedError
-
-    def state_dict(self) -> dict:
-        raise NotImplementedError
-
-    def load_state_dict(self, state: dict) -> None:
-        raise NotImplementedError
-
-    def lr(self) -> float:
-        raise NotImplementedError
+        raise NotImplementedError  # and state_dict, load_state_dict, lr: each kind has its own
 
     def snapshot(self) -> dict:
         return {"state": copy.deepcopy(self.state_dict()), "worst": self.worst.clone()}

@@ -63,7 +63,7 @@ _WORD = 0x7FFFFFFF  # 31-bit words: every product below stays inside int64
 
 
 def epoch_salt(seed: int, epoch: int | None) -> int:
-    """The salt of `example_words` for (seed, epoch); `epoch=None`: one salt for every epoch."""
+    """The salt of `hashed_words` for (seed, epoch); `epoch=None`: one salt for every epoch."""
     return mix_seed(seed, -1 if epoch is None else epoch) & _WORD
 
 

@@ -72,6 +72,12 @@ def seed_dropout(device: torch.device, seed: int) -> None:
         torch.default_generator.manual_seed(seed)
 
 
+def seed_step(cfg: TrainConfig, ctx: Context, step: int) -> None:
+    """Seed dropout for step `step` of this replica: a function of (seed, rank, step) alone, so a
+    resumed or warmed-up run draws the masks an uninterrupted one draws."""
+    seed_dropout(ctx.device, mix_seed(cfg.seed, ctx.rank, step))
+
+
 def resolve_step(requested: str, device_type: str, world_size: int, strategy: str, input_mode: str) -> str:
     """The step a run takes: "eager", "graph" or "compiled" ("program", the step program run op by
     op, is asked for by tests only). `auto` takes a graph where one is possible; an explicit mode that
@@ -151,7 +157,7 @@ class EagerSteps(Steps):
         step = epoch * self.batches.steps_per_epoch + start
         for x, y in self.batches.epoch(epoch, start):
             if self.dropout:
-                seed_dropout(self.ctx.device, mix_seed(self.cfg.seed, self.ctx.rank, step))
+                seed_step(self.cfg, self.ctx, step)
             loss, logits = self.strat.step(x, y)
             torch.maximum(self.worst, loss.detach().float(), out=self.worst)
             step += 1
@@ -338,7 +344,7 @@ class StepProgram(Steps):
         if record:
             self.start(step)
             if self.dropout:  # before recording: a seed cannot be set while a graph records
-                seed_dropout(self.ctx.device, mix_seed(self.cfg.seed, self.ctx.rank, step))
+                seed_step(self.cfg, self.ctx, step)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):
                 outputs = run()
@@ -350,7 +356,7 @@ class StepProgram(Steps):
     def step_with(self, run: Callable[[], Yield], step: int) -> Yield:
         """`run` as step `step`: its dropout seeded on the host first."""
         if self.dropout:
-            seed_dropout(self.ctx.device, mix_seed(self.cfg.seed, self.ctx.rank, step))
+            seed_step(self.cfg, self.ctx, step)
         return run()
 
     def tensors(self) -> list[torch.Tensor]:

@@ -84,8 +84,8 @@ class TrainResult:
     test_accuracy: float | None
     best_epoch: int | None
     stopped: str | None                # None, "patience" or "target_accuracy"
-    # Compiling and warming up the step before the clock starts (towerlab.warmup), over every attempt
-    # of a resumed run; 0.0 where nothing is warmed up (an eager run on a CPU).
+    # Recording, compiling and warming up the step before the clock starts (towerlab.step), over
+    # every attempt of a resumed run; 0.0 where nothing is warmed up (an eager run on a CPU).
     setup_seconds: float = 0.0
     step_mode: str = "eager"           # how the steps ran: eager, graph, compiled, or program (towerlab.step)
     history: list[dict] = field(default_factory=list)

@@ -7,6 +7,7 @@ User mistakes (`UserError`) become one line on stderr and exit status 2; Ctrl-C 
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
 import sys
 from pathlib import Path
@@ -17,8 +18,8 @@ os.environ.setdefault("MPLBACKEND", "Agg")
 
 from towerlab import __version__  # noqa: E402
 from towerlab.config import RunConfig, SearchConfig, TrainConfig, add_arguments, given  # noqa: E402
-from towerlab.distributed import EXIT_PEER_LOST, EXIT_SIGPIPE, EXIT_USER_ERROR, Interrupted, peer_lost  # noqa: E402
 from towerlab.errors import UserError  # noqa: E402
+from towerlab.exits import EXIT_PEER_LOST, EXIT_SIGPIPE, EXIT_USER_ERROR, Interrupted  # noqa: E402
 
 
 class _Parser(argparse.ArgumentParser):
@@ -29,6 +30,46 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> None:  # argparse's own errors: one line, exit 2, like ours
         raise UserError(f"{message} (see {self.prog} --help)")
+
+    def parse_known_args(self, args=None, namespace=None):  # noqa: ANN001, ANN201 - argparse's signature
+        namespace, extras = super().parse_known_args(args, namespace)
+        # A command's own parser refuses what it does not know here, where its flags are at hand for a
+        # did-you-mean (the top-level parser, which would refuse them otherwise, knows none of them).
+        if extras and self._subparsers is None:
+            self.error(f"unrecognized arguments: {' '.join(extras)}{_did_you_mean(self, extras)}")
+        return namespace, extras
+
+
+def _did_you_mean(parser: argparse.ArgumentParser, extras: list[str]) -> str:
+    """' (did you mean --devices?)' for the unknown flags among `extras` that are near a known one;
+    where a value follows (`--dev 2`), only flags that take that value count (--devices, not --device)."""
+    known = {s: a for s, a in parser._option_string_actions.items() if s.startswith("--")}
+    hints = {}
+    for i, arg in enumerate(extras):
+        if not arg.startswith("--"):
+            continue
+        flag, eq, value = arg.partition("=")
+        if not eq and i + 1 < len(extras) and not extras[i + 1].startswith("-"):
+            value = extras[i + 1]
+        takes = [s for s, a in known.items() if not value or _accepts(a, value)]
+        hints[flag] = difflib.get_close_matches(flag, takes, n=1, cutoff=0.6)
+    if len(hints) == 1 and all(hints.values()):
+        return f" (did you mean {next(iter(hints.values()))[0]}?)"
+    named = [f"{flag} -> {near[0]}" for flag, near in hints.items() if near]
+    return f" (did you mean {', '.join(named)}?)" if named else ""
+
+
+def _accepts(action: argparse.Action, value: str) -> bool:
+    if action.nargs == 0:  # a switch (--augment, --help) takes no value
+        return False
+    choices = action.choices or getattr(action, "field_choices", None)
+    if choices:
+        return value in choices
+    try:
+        (action.type or str)(value)
+    except (TypeError, ValueError, argparse.ArgumentTypeError):
+        return False
+    return True
 
 
 DESCRIPTION = """\
@@ -278,6 +319,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except RuntimeError as exc:
         # Under torchrun a worker runs main() itself: when another worker dies, say so in one line
         # (torchrun's agent reports which one died, and restarts the group with --max-restarts).
+        from towerlab.distributed import peer_lost  # here, not at the top: it imports torch
+
         if not peer_lost(exc):
             raise
         print(f"towerlab: error: another process of the job is gone ({' '.join(str(exc).split())[:200]}); "

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
 import json
 import math
 import os
@@ -414,6 +415,16 @@ def from_dict(cls: type, data: dict, *, what: str = "config key", where: str | o
         raise UserError(f"{where}: {exc}") from None
 
 
+def unknown_keys(unknown: list[str], known: typing.Iterable[str], what: str) -> UserError:
+    """The error for keys no config has: each named with the known key nearest to it, where one is
+    near (a typo), rather than all forty known ones."""
+    known = sorted(known)
+    near = {key: difflib.get_close_matches(key, known, n=1, cutoff=0.6) for key in unknown}
+    named = ", ".join(f"{key} (did you mean {found[0]}?)" if found else key for key, found in near.items())
+    listed = "" if all(near.values()) else " (docs/config.md lists the keys)"
+    return UserError(f"unknown {what}(s) {named}{listed}")
+
+
 def checked_values(cls: type, data: dict, *, what: str = "config key") -> dict:
     """`data` with every key a field of `cls` and every value of its field's type (an int is
     accepted for a float); a UserError naming the first that is not (`what` names a key: "config
@@ -421,7 +432,7 @@ def checked_values(cls: type, data: dict, *, what: str = "config key") -> dict:
     fields = {f.name: f for f in dataclasses.fields(cls)}
     unknown = sorted(set(data) - set(fields))
     if unknown:
-        raise UserError(f"unknown {what}(s) {', '.join(unknown)}: known ones are {', '.join(sorted(fields))}")
+        raise unknown_keys(unknown, fields, what)
     checked = {}
     for key, value in data.items():
         kind, optional = _base_type(fields[key].type)
@@ -509,8 +520,11 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type, *, skip: tuple[str
             group.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction,
                                default=argparse.SUPPRESS, help=help_text)
         else:
-            group.add_argument(flag, dest=f.name, type=kind, default=argparse.SUPPRESS, help=help_text,
-                               metavar="NAME" if choices else kind.__name__.upper())
+            action = group.add_argument(flag, dest=f.name, type=kind, default=argparse.SUPPRESS, help=help_text,
+                                        metavar="NAME" if choices else kind.__name__.upper())
+            # Not argparse's own choices (the dataclass checks them); read by the CLI's did-you-mean,
+            # so that `--dev 2` suggests --devices, not --device.
+            action.field_choices = choices
 
 
 def to_flags(cfg: Any) -> list[str]:

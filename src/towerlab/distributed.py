@@ -31,22 +31,9 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from towerlab.errors import UserError
-
-# Exit statuses shared by workers and the launcher.
-EXIT_USER_ERROR = 2
-EXIT_PEER_LOST = 3
-EXIT_SIGINT = 130
-EXIT_SIGPIPE = 141  # stdout was closed by its reader (`towerlab train | head -1`)
-EXIT_SIGTERM = 143
-EXIT_STOPPED = (EXIT_SIGINT, EXIT_SIGPIPE, EXIT_SIGTERM)  # an orderly stop: saved, resumable
-
-
-class Interrupted(Exception):
-    """Raised by the training loop after it saved its state on SIGINT / SIGTERM (or a closed stdout)."""
-
-    def __init__(self, signum: int):
-        super().__init__(signal.Signals(signum).name)
-        self.exit_status = {signal.SIGINT: EXIT_SIGINT, signal.SIGPIPE: EXIT_SIGPIPE}.get(signum, EXIT_SIGTERM)
+# Defined apart so the CLI reads them without torch; the modules that use torch import them from here.
+from towerlab.exits import (EXIT_PEER_LOST, EXIT_SIGINT, EXIT_SIGPIPE, EXIT_SIGTERM, EXIT_STOPPED,  # noqa: F401
+                            EXIT_USER_ERROR, Interrupted)
 
 
 class StopFlag:

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from towerlab.config import (RunConfig, SearchConfig, TrainConfig, checked_values, from_dict, replace, to_dict,
-                             upgrade_search_config)
+                             unknown_keys, upgrade_search_config)
 from towerlab.errors import UserError
 
 try:
@@ -67,8 +67,7 @@ def split_options(options: Mapping, main: str, *, what: str = "option") -> tuple
     run_names = {f.name for f in dataclasses.fields(RunConfig)}
     unknown = sorted(set(values) - main_names - run_names)
     if unknown:
-        raise UserError(f"unknown {what}(s) {', '.join(unknown)}: known ones are "
-                        f"{', '.join(sorted(main_names | run_names))}")
+        raise unknown_keys(unknown, main_names | run_names, what)
     return (checked_values(cls, {k: v for k, v in values.items() if k in main_names}, what=what),
             checked_values(RunConfig, {k: v for k, v in values.items() if k in run_names}, what=what))
 

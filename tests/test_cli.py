@@ -2,6 +2,9 @@
 
 import gzip
 import json
+import re
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -167,3 +170,85 @@ def test_the_help_speaks_to_users_and_each_search_has_its_own(capsys):
             main([kind, "--help"])
         text = " ".join(capsys.readouterr().out.split())
         assert f"runs/<timestamp>-{kind}-<space>-<dataset>" in text and "<model>" not in text
+
+
+# What a user types before any work: help and flag mistakes answer at once, without torch
+# (towerlab --help took as long as `import torch`). bench/startup.py measures the times.
+NO_WORK = {
+    0: [["--help"], ["--version"], *([*command.split(), "--help"] for command in (
+        "train", "evaluate", "predict", "evolve", "grid", "search", "search run", "search show", "data",
+        "data fetch", "data info"))],
+    2: [["train", "--dev", "2"], ["train", "--batch-size", "many"], ["evolve", "--sampler", "tpe"],
+        ["evaluate"], ["trian"], ["search", "run", "--space"]],
+}
+
+
+def test_help_and_flag_errors_answer_without_importing_torch():
+    code = ("import contextlib, io, json, sys\nfrom towerlab.cli import main\nfor argv in json.loads(sys.argv[1]):\n"
+            "    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):\n"
+            "        try:\n            status = main(argv)\n        except SystemExit as exc:\n"
+            "            status = exc.code\n"
+            "    print(json.dumps([argv, status, sorted(m for m in ('torch', 'numpy') if m in sys.modules)]))\n")
+    argvs = [argv for runs in NO_WORK.values() for argv in runs]
+    done = subprocess.run([sys.executable, "-c", code, json.dumps(argvs)], capture_output=True, text=True,
+                          timeout=120, check=True)
+    seen = [json.loads(line) for line in done.stdout.splitlines()]
+    expected = [[argv, status, []] for status, runs in NO_WORK.items() for argv in runs]
+    assert seen == expected
+
+
+@pytest.mark.parametrize("args, hint", [
+    (["train", "--dev", "2"], "unrecognized arguments: --dev 2 (did you mean --devices?)"),
+    (["train", "--dev", "cpu"], "unrecognized arguments: --dev cpu (did you mean --device?)"),
+    (["train", "--dev=3"], "(did you mean --devices?)"),
+    (["train", "--augmnt"], "(did you mean --augment?)"),
+    (["train", "--epoch", "3", "--batchsize", "8"], "(did you mean --epoch -> --epochs, --batchsize -> --batch-size?)"),
+    (["evaluate", "runs/x", "--splt", "val"], "(did you mean --split?)"),
+    (["search", "run", "--sampel", "ga"], "(did you mean --sampler?)"),
+])
+def test_an_unknown_flag_names_the_nearest_flag_that_takes_its_value(args, hint, capsys):
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert hint in err and err.count("\n") == 1 and err.startswith("towerlab: error: ")
+
+
+def test_an_unknown_flag_near_none_gets_no_guess(capsys):
+    assert main(["train", "--zzzz", "1"]) == 2
+    assert capsys.readouterr().err == ("towerlab: error: unrecognized arguments: --zzzz 1 "
+                                       "(see towerlab train --help)\n")
+
+
+def test_an_unknown_config_key_names_the_nearest_key_not_all_of_them(tmp_path, capsys):
+    config = tmp_path / "run.toml"
+    config.write_text('epoch = 3\n[run]\ndevices = 1\n')
+    assert main(["train", "--config", str(config)]) == 2
+    assert capsys.readouterr().err == f"towerlab: error: unknown {config} key(s) epoch (did you mean epochs?)\n"
+    config.write_text('[train]\nzzzz = 3\n')
+    assert main(["train", "--config", str(config)]) == 2
+    assert capsys.readouterr().err == (f"towerlab: error: unknown {config} [train] key(s) zzzz "
+                                       "(docs/config.md lists the keys)\n")
+
+
+# The pages of docs/ (the names agreed for the guide); help texts send readers there, not to modules.
+DOC_PAGES = {"index", "install", "training", "data", "models", "search", "spaces", "api", "config", "faults",
+             "gpu", "benchmarks", "development"}
+
+
+def test_every_help_names_doc_pages_not_modules_and_the_top_one_every_sampler(capsys):
+    from towerlab.search import SAMPLERS
+
+    texts = {}
+    for argv in NO_WORK[0][2:] + [["--help"]]:
+        with pytest.raises(SystemExit):
+            main(argv)
+        texts[" ".join(argv)] = " ".join(capsys.readouterr().out.split())
+    for name, text in texts.items():
+        assert "towerlab." not in text, name  # a module name means nothing to a command-line user
+        pages = set(re.findall(r"docs/(\w+)\.md", text))
+        assert pages <= DOC_PAGES, name
+    assert {"docs/training.md", "docs/config.md"} <= set(re.findall(r"docs/\w+\.md", texts["train --help"]))
+    assert "docs/search.md" in texts["search run --help"] and "docs/api.md" in texts["evaluate --help"]
+    top = texts["--help"]
+    assert "a genetic algorithm or a grid" not in top
+    for sampler in SAMPLERS:
+        assert re.search(rf"\b{sampler}\b", top, re.IGNORECASE), sampler

@@ -74,18 +74,21 @@ def _accepts(action: argparse.Action, value: str) -> bool:
 
 DESCRIPTION = """\
 Train ConvNets on MNIST, Fashion-MNIST, CIFAR-10 or your own images over every device (GPUs, or
-CPU processes), and search network hyperparameters with a genetic algorithm or a grid.
+CPU processes), and search network hyperparameters with TPE (the default sampler), a genetic
+algorithm (ga), a grid or at random (--min-epochs prunes hopeless candidates early).
 
   towerlab train --model lenet5 --dataset mnist --epochs 2     train, and test; the run lands in runs/
   towerlab evaluate runs/RUN                                   score a trained model on its test set
   towerlab predict runs/RUN images.npz                         label your own images
-  towerlab evolve --dataset mnist                              search MLPs for MNIST
+  towerlab search run --dataset mnist                          search MLPs for MNIST (TPE)
+  towerlab evolve --dataset mnist                              the same with the genetic algorithm
   towerlab data info                                           which datasets are found where
 
-`towerlab COMMAND --help` lists a command's flags; --config FILE reads them from a file."""
+`towerlab COMMAND --help` lists a command's flags; --config FILE reads them from a file.
+The guide: docs/index.md (training.md, search.md, data.md, config.md, faults.md, api.md)."""
 
 CONFIG_HELP = ("read settings from a TOML file, or a run's config.json to repeat that run; the flags you type "
-               "win over it (see towerlab.settings)")
+               "win over it (see docs/config.md)")
 PRINT_CONFIG_HELP = "print the resolved settings as a config file and exit, running nothing"
 
 
@@ -97,7 +100,8 @@ def _config_flags(p: argparse.ArgumentParser) -> None:
 def _train_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("train", help="train a network over one or more replicas",
                        description="Synchronous data-parallel training: one replica per device, gradients "
-                                   "averaged every step (all-reduce or a CPU parameter server).")
+                                   "averaged every step (all-reduce or a CPU parameter server); see "
+                                   "docs/training.md.")
     _config_flags(p)
     add_arguments(p, TrainConfig)
     add_arguments(p, RunConfig)
@@ -107,7 +111,8 @@ def _train_parser(sub: argparse._SubParsersAction) -> None:
 def _model_parsers(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("evaluate", help="score a trained model on a dataset's test (or validation) split",
                        description="Score the model of a run (its folder, or a model.pt) on the test split of "
-                                   "the dataset it was trained on, found as the run found it, or of --dataset.")
+                                   "the dataset it was trained on, found as the run found it, or of --dataset; see "
+                                   "docs/api.md.")
     p.add_argument("run", metavar="RUN_DIR", help="a run's output folder, or a model.pt")
     p.add_argument("--dataset", default=None, help="a dataset name or an .npz path (default: the run's own)")
     p.add_argument("--data-dir", default=None, help="dataset folder (default: the run's, else $TOWERLAB_DATA, "
@@ -117,7 +122,8 @@ def _model_parsers(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("predict", help="label images with a trained model",
                        description="Label the images of an .npz (array x, or images or x_test: uint8, (N, H, W) "
                                    "or (N, H, W, C)) with the model of a run; writes predictions and "
-                                   "probabilities, and the accuracy when the file holds labels (y, labels or y_test).")
+                                   "probabilities, and the accuracy when the file holds labels (y, labels or y_test); "
+                                   "see docs/api.md.")
     p.add_argument("run", metavar="RUN_DIR", help="a run's output folder, or a model.pt")
     p.add_argument("images", help="an .npz holding the images")
     p.add_argument("--out", default=None, help="where to write the predictions (.npz; default: "
@@ -126,7 +132,8 @@ def _model_parsers(sub: argparse._SubParsersAction) -> None:
 
 
 def _data_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("data", help="download datasets or show which are found")
+    p = sub.add_parser("data", help="download datasets or show which are found",
+                       description="Download datasets or show which are found where; see docs/data.md.")
     data_sub = p.add_subparsers(dest="data_command", required=True, parser_class=_Parser)
     fetch = data_sub.add_parser("fetch", help="download a dataset's official files (checksums verified)")
     fetch.add_argument("name", help="mnist, fashion-mnist or cifar10")
@@ -153,15 +160,18 @@ def _search_run_helps(kind: str) -> dict[str, str]:
 def _search_parsers(sub: argparse._SubParsersAction) -> None:
     for kind, text in (("evolve", "evolve network hyperparameters with a genetic algorithm"),
                        ("grid", "evaluate every genome of a search space (or a random --limit of them)")):
-        p = sub.add_parser(kind, help=text, description=text + ", on every device and machine.")
+        p = sub.add_parser(kind, help=text, description=text + ", on every device and machine; see docs/search.md.")
         _config_flags(p)
         add_arguments(p, SearchConfig, skip=("sampler",))
         add_arguments(p, RunConfig, skip=SEARCH_RUN_SKIP, helps=_search_run_helps(kind))
         p.set_defaults(handler=_cmd_search, kind=kind)
-    search = sub.add_parser("search", help="search with any sampler; inspect stored searches")
+    search = sub.add_parser("search", help="search with any sampler; inspect stored searches",
+                            description="Search with any sampler (tpe, ga, grid, random); inspect stored "
+                                        "searches; see docs/search.md.")
     search_sub = search.add_subparsers(dest="search_command", required=True, parser_class=_Parser)
     text = "search network hyperparameters with the --sampler of your choice"
-    p = search_sub.add_parser("run", help=text, description=text + ", on every device and machine.")
+    p = search_sub.add_parser("run", help=text, description=text + ", on every device and machine; see "
+                                                                   "docs/search.md.")
     _config_flags(p)
     add_arguments(p, SearchConfig)
     add_arguments(p, RunConfig, skip=SEARCH_RUN_SKIP, helps=_search_run_helps("search"))

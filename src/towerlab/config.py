@@ -242,7 +242,7 @@ class RunConfig:
     the `"free"` ones never change a number."""
 
     preset: Optional[str] = _opt(None, "a measured recipe (mnist-fast, cifar-fast, cifar-94) whose settings apply "
-                                 "under the flags you type; see towerlab.presets")
+                                 "under the flags you type; see docs/training.md")
     device: str = _opt("auto", "where the replicas run: cuda (GPUs over NCCL), cpu (processes over gloo), or "
                        "auto (cuda when a GPU is present)", choices=DEVICE_KINDS, resume="keep")
     devices: Optional[int] = _opt(None, "local replicas (None: every GPU, or 2 CPU processes without one; "

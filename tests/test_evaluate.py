@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 import torch
 
+from towerlab import api
 from towerlab.api import evaluate
 from towerlab.cli import main
 from towerlab.data import load_dataset
@@ -87,3 +88,66 @@ def test_evaluate_and_predict_refuse_bad_input_in_one_line(args, fragment, train
     err = capsys.readouterr().err.splitlines()
     assert fragment in err[-1] and err[-1].startswith("towerlab: error: ")
     assert len(err) == 1 or err[0].startswith("cifar10 not found in")  # a download was tried first
+
+
+NET_FILE = """
+from torch import nn
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(nn.Flatten(), nn.Linear(28 * 28, 16), nn.ReLU(), nn.Linear(16, 10))
+
+    def forward(self, x):
+        return self.body(x)
+
+
+def not_a_network():
+    return 3
+"""
+
+
+@pytest.fixture(scope="module")
+def trained_own(tmp_path_factory):
+    """A run trained from Python with a network of one's own, defined in the file mynet.py."""
+    import importlib.util
+
+    folder = tmp_path_factory.mktemp("own")
+    (folder / "mynet.py").write_text(NET_FILE)
+    spec = importlib.util.spec_from_file_location("mynet", folder / "mynet.py")
+    mynet = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mynet)
+    api.train(mynet.Net, "synthetic", synthetic_train=2000, val_size=500, devices=1, device="cpu", steps=5,
+              progress=False, display_step=1000, out=str(folder / "run"))
+    return folder
+
+
+def test_evaluate_and_predict_take_a_network_of_ones_own_with_module(trained_own, capsys, monkeypatch):
+    monkeypatch.chdir(trained_own)
+    recorded = summary(trained_own / "run")["test_accuracy"]
+    x, y = synthetic_test_split()
+    np.savez(trained_own / "images.npz", x=x, y=y)
+    for command in (["evaluate", "run"], ["predict", "run", "images.npz"]):
+        assert main([*command]) == 2  # without it: the remedy is the flag, not Python
+        assert capsys.readouterr().err == ("towerlab: error: run/model.pt holds a network of your own (mynet.Net): "
+                                           "give the file that defines it, --module FILE.py:Net\n")
+    assert main(["evaluate", "run", "--module", "mynet.py:Net"]) == 0
+    assert f"test accuracy {recorded:.4f}" in capsys.readouterr().out
+    assert main(["predict", "run", "images.npz", "--module", str(trained_own / "mynet.py") + ":Net"]) == 0
+    assert f"accuracy {recorded:.4f} against its labels (y)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("mynet.py", "--module mynet.py: give FILE.py:NAME, the file that defines your network"),
+    ("nowhere.py:Net", "--module nowhere.py:Net: no file nowhere.py"),
+    ("mynet.py:Nope", "--module mynet.py:Nope: mynet.py defines no Nope"),
+    ("mynet.py:not_a_network", "your model factory returned int, not an nn.Module"),
+    ("notes.txt:Net", "--module notes.txt:Net: notes.txt is not a Python file (FILE.py)"),
+])
+def test_a_module_flag_that_gives_no_network_is_one_line(spec, message, trained_own, capsys, monkeypatch):
+    monkeypatch.chdir(trained_own)
+    (trained_own / "notes.txt").write_text("not Python")
+    assert main(["evaluate", "run", "--module", spec]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("towerlab: error: ") and message in err

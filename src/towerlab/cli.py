@@ -7,11 +7,12 @@ User mistakes (`UserError`) become one line on stderr and exit status 2; Ctrl-C 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import difflib
 import os
 import sys
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Iterator, Sequence
 
 # The Agg backend before anything imports pyplot: plots are files, never windows.
 os.environ.setdefault("MPLBACKEND", "Agg")
@@ -90,6 +91,8 @@ The guide: docs/index.md (training.md, search.md, data.md, config.md, faults.md,
 CONFIG_HELP = ("read settings from a TOML file, or a run's config.json to repeat that run; the flags you type "
                "win over it (see docs/config.md)")
 PRINT_CONFIG_HELP = "print the resolved settings as a config file and exit, running nothing"
+MODULE_HELP = ("for a run trained with a network of your own (from Python, model=...; see docs/api.md): the "
+               "file that defines it and the name of its class, or of a function returning one")
 
 
 def _config_flags(p: argparse.ArgumentParser) -> None:
@@ -118,6 +121,7 @@ def _model_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--data-dir", default=None, help="dataset folder (default: the run's, else $TOWERLAB_DATA, "
                                                     "else the user cache)")
     p.add_argument("--split", default="test", choices=("test", "val"), help="which split (default: test)")
+    p.add_argument("--module", metavar="FILE.py:NAME", default=None, help=MODULE_HELP)
     p.set_defaults(handler=_cmd_evaluate)
     p = sub.add_parser("predict", help="label images with a trained model",
                        description="Label the images of an .npz (array x, or images or x_test: uint8, (N, H, W) "
@@ -128,6 +132,7 @@ def _model_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("images", help="an .npz holding the images")
     p.add_argument("--out", default=None, help="where to write the predictions (.npz; default: "
                                                "<images name>-predictions.npz here)")
+    p.add_argument("--module", metavar="FILE.py:NAME", default=None, help=MODULE_HELP)
     p.set_defaults(handler=_cmd_predict)
 
 
@@ -260,11 +265,55 @@ def _cmd_search_show(args: argparse.Namespace) -> int:
     return 0
 
 
+def _user_module(spec: str | None) -> Any:
+    """--module FILE.py:NAME -> what FILE.py defines as NAME (a network class, a function returning a
+    network, or a network), run as `python FILE.py` would run it: its folder first on the path."""
+    if spec is None:
+        return None
+    import importlib.util
+
+    file, _, name = spec.rpartition(":")
+    if not file or not name.isidentifier():
+        raise UserError(f"--module {spec}: give FILE.py:NAME, the file that defines your network and the name "
+                        "of its class (or of a function returning one)")
+    path = Path(file)
+    if not path.is_file():
+        raise UserError(f"--module {spec}: no file {path}")
+    loader = importlib.util.spec_from_file_location(path.stem, path)
+    if loader is None or loader.loader is None:
+        raise UserError(f"--module {spec}: {path} is not a Python file (FILE.py)")
+    module = importlib.util.module_from_spec(loader)
+    sys.modules[loader.name] = module  # where dataclasses and pickle look its classes up
+    sys.path.insert(0, str(path.parent.absolute()))  # its own imports of the files beside it
+    try:
+        loader.loader.exec_module(module)
+    except Exception as exc:  # noqa: BLE001 - any failure of the user's file is theirs to fix, in one line
+        raise UserError(f"--module {spec}: running {path} failed ({type(exc).__name__}: "
+                        f"{' '.join(str(exc).split())[:200]})") from None
+    if not hasattr(module, name):
+        raise UserError(f"--module {spec}: {path} defines no {name}")
+    return getattr(module, name)
+
+
+@contextlib.contextmanager
+def _own_module_flag() -> Iterator[None]:
+    """A run trained with a network of your own needs it again: say so in terms of the flag."""
+    from towerlab.models import ModuleNeeded
+
+    try:
+        yield
+    except ModuleNeeded as exc:
+        name = exc.module_class.rpartition(".")[2] if "." in exc.module_class else "NAME"
+        raise UserError(f"{exc.path} holds a network of your own ({exc.module_class}): give the file that defines "
+                        f"it, --module FILE.py:{name}") from None
+
+
 def _cmd_evaluate(args: argparse.Namespace) -> int:
     from towerlab.evaluation import evaluate
 
-    result = evaluate(args.run, args.dataset, split=args.split, data_dir=args.data_dir,
-                      log=lambda line: print(line, file=sys.stderr, flush=True))
+    with _own_module_flag():
+        result = evaluate(args.run, args.dataset, split=args.split, data_dir=args.data_dir,
+                          module=_user_module(args.module), log=lambda line: print(line, file=sys.stderr, flush=True))
     recorded = f" (the run recorded {result['recorded']:.4f})" if "recorded" in result else ""
     print(f"{args.run}: {result['split']} accuracy {result['accuracy']:.4f}, loss {result['loss']:.4f} on "
           f"{result['n']} images of {result['dataset']}{recorded}")
@@ -274,7 +323,8 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
 def _cmd_predict(args: argparse.Namespace) -> int:
     from towerlab.evaluation import predict_file
 
-    result = predict_file(args.run, args.images, args.out)
+    with _own_module_flag():
+        result = predict_file(args.run, args.images, args.out, module=_user_module(args.module))
     accuracy = (f"; accuracy {result['accuracy']:.4f} against its labels ({result['labels']})"
                 if result["accuracy"] is not None else "")
     print(f"Predicted {result['n']} images of {args.images} ({result['images']}) -> {result['out']}{accuracy}")

@@ -303,6 +303,16 @@ def model_record(model: nn.Module, name: str, input_shape: tuple[int, ...], num_
             "state_dict": {k: v.detach().cpu() for k, v in model.state_dict().items()}, **extra}
 
 
+class ModuleNeeded(UserError):
+    """A model file holds a network of your own, and no module was given to rebuild it in. The
+    command line says how to give one there (--module)."""
+
+    def __init__(self, path: str | Path, module_class: str):
+        self.path, self.module_class = path, module_class
+        super().__init__(f"{path} holds a module of your own ({module_class}): rebuild it with "
+                         "load_model(path, module=YourModule())")
+
+
 def load_model(path: str | Path, map_location: str | torch.device = "cpu", *,
                module: nn.Module | Callable[[], nn.Module] | None = None) -> tuple[Any, dict]:
     """Rebuild a saved network (`path`: a model.pt, or the run folder holding one): returns
@@ -335,8 +345,7 @@ def load_model(path: str | Path, map_location: str | torch.device = "cpu", *,
                         "num_classes, options and state_dict are required): re-export it with towerlab train")
     if name == CUSTOM_MODEL:
         if module is None:
-            raise UserError(f"{path} holds a module of your own ({record.get('module_class', 'a custom class')}): "
-                            "rebuild it with load_model(path, module=YourModule())")
+            raise ModuleNeeded(path, str(record.get("module_class", "a custom class")))
         network = instantiate(module)
         _load_state(network, state, path)
     else:

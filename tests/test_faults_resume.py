@@ -131,6 +131,19 @@ def test_an_interrupted_training_names_the_resume_command(tmp_path, monkeypatch,
                            f"{out}\n"
 
 
+@pytest.mark.parametrize("reads, where", [(20, "step 20 of 45 (5 of 15 steps into epoch 2)"),
+                                          (15, "step 15 of 45 (the end of epoch 1)")])
+def test_a_resumed_run_says_on_its_first_line_where_it_resumes_from(reads, where, tmp_path, monkeypatch, capsys):
+    out = tmp_path / "run"
+    assert interrupt(towerlab.runner, monkeypatch, ["train", *ARGS, "--out", str(out)], reads=reads) == 130
+    fresh = capsys.readouterr().out.splitlines()[0]
+    assert fresh.startswith("towerlab: lenet5 on synthetic (1500 train / 500 val / 333 test)")
+    assert main(["train", "--resume", str(out)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == f"towerlab: resuming from {where}: {fresh[len('towerlab: '):]}"
+    assert lines[-1] == f"Wrote {out / 'summary.json'} and {out / 'model.pt'}"
+
+
 SPACE_ARGS = ["evolve", "--dataset", "synthetic", "--val-size", "500", "--population", "3", "--generations", "1",
               "--max-epochs", "1", "--top", "1", "--threads", "1", "--no-progress", *ONE_CPU]
 

@@ -164,6 +164,11 @@ def tta_logits(model: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, m
     return 0.5 * logits + 0.25 * shifted
 
 
+def steps_per_epoch(n: int, world_size: int, batch_size: int) -> int:
+    """Each replica takes n // world_size examples an epoch, in whole batches."""
+    return (n // world_size) // batch_size
+
+
 class Batches:
     """This rank's minibatches of one split."""
 
@@ -175,7 +180,7 @@ class Batches:
         self.mode = mode
         self.normalize = normalize
         self.n = x.shape[0]
-        self.steps_per_epoch = (self.n // ctx.world_size) // batch_size
+        self.steps_per_epoch = steps_per_epoch(self.n, ctx.world_size, batch_size)
         on_device = mode == "resident"
         self.x = x.to(ctx.device) if on_device else x
         self.y = y.to(ctx.device) if on_device else y

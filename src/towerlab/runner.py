@@ -28,6 +28,7 @@ import towerlab
 from towerlab import atomic, checkpoint
 from towerlab.config import (CUSTOM_MODEL, RunConfig, TrainConfig, dataset_label, from_dict, parse_shape, replace,
                              to_dict)
+from towerlab.batches import steps_per_epoch
 from towerlab.data import content_sha256
 from towerlab.distributed import (Context, StopFlag, barrier, broadcast_object, check_capacity, default_threads,
                                   device_type, local_processes, resolve_devices, session, start_method_for,
@@ -218,8 +219,9 @@ def _process(rank: int, world_size: int, store_path: str | None, cfg: TrainConfi
                             tensorboard=run.tensorboard, on_closed=lambda: stop.request(signal.SIGPIPE))
         try:
             if ctx.is_main:
-                reporter.line(f"towerlab: {cfg.model} on {cfg.dataset} ({data.n_train} train / {data.n_val} val / "
-                              f"{data.n_test} test), {ctx.world_size} x {ctx.device.type} replica(s), "
+                resuming = "" if resume_state is None else f"{_resumes_from(resume_state['step'], cfg, data, ctx)}: "
+                reporter.line(f"towerlab: {resuming}{cfg.model} on {cfg.dataset} ({data.n_train} train / "
+                              f"{data.n_val} val / {data.n_test} test), {ctx.world_size} x {ctx.device.type} replica(s), "
                               f"strategy {run.strategy}, input {run.input}, global batch "
                               f"{cfg.batch_size * ctx.world_size} -> {out}")
             result = train(cfg, ctx, data, input_mode=run.input, strategy=run.strategy, reporter=reporter,
@@ -236,6 +238,14 @@ def _process(rank: int, world_size: int, store_path: str | None, cfg: TrainConfi
         finally:
             reporter.close()
     return 0
+
+
+def _resumes_from(step: int, cfg: TrainConfig, data: Any, ctx: Context) -> str:
+    """Where a resumed run picks up, in the steps and epochs its progress lines count."""
+    per_epoch = steps_per_epoch(data.n_train, ctx.world_size, cfg.batch_size)
+    epoch, into = divmod(step, per_epoch)
+    where = f"the end of epoch {epoch}" if into == 0 else f"{into} of {per_epoch} steps into epoch {epoch + 1}"
+    return f"resuming from step {step} of {cfg.steps or cfg.epochs * per_epoch} ({where})"
 
 
 def _start_state(cfg: TrainConfig, run: RunConfig, ctx: Context, out: Path, digests: dict) -> dict | None:

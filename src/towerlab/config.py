@@ -251,8 +251,8 @@ class RunConfig:
                          choices=STRATEGIES, resume="keep")
     input: str = _opt("resident", "resident: data lives on the device; feed: host slices each batch; "
                       "queue: a background thread prefetches pinned batches", choices=INPUTS, resume="free")
-    data_dir: Optional[str] = _opt(None, "dataset folder (None: $TOWERLAB_DATA, else the user cache)",
-                                   resume="free")
+    data_dir: Optional[str] = _opt(None, "dataset folder (None: $TOWERLAB_DATA, else the user cache; see "
+                                   "docs/data.md)", resume="free")
     download: bool = _opt(True, "download a missing dataset (with checksums)", resume="free")
     allow_changed_data: bool = _opt(False, "--resume only: continue even though the dataset's files changed "
                                     "since the run started (a warning, and both SHA-256s are recorded)",

@@ -494,7 +494,8 @@ def dataset_info(data_dir: str | os.PathLike | None = None) -> list[dict]:
     """For each dataset: whether and where it was found, in which format, without loading it.
 
     Each entry: name, found, format, where, files, problem (why a found file is unusable, else None),
-    looked_for (where it was searched), fallback_available (mnist only can fall back).
+    looked_for (where it was searched), fallback_available (mnist only can fall back, and only in a
+    folder nobody named).
     """
     root = resolve_data_dir(data_dir)
     entries = []
@@ -502,7 +503,8 @@ def dataset_info(data_dir: str | os.PathLike | None = None) -> list[dict]:
         generated = name == "synthetic"
         entry = {"name": name, "found": generated, "format": "synthetic" if generated else None, "where": None,
                  "files": [], "problem": None, "looked_for": None,
-                 "fallback_available": name == "mnist" and fallback_csv_path() is not None}
+                 "fallback_available": name == "mnist" and named_data_dir(data_dir) is None
+                 and fallback_csv_path() is not None}
         if name != "synthetic":
             entry["looked_for"] = _looked_for(name, root)
             found = _locate(name, root)

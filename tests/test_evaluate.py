@@ -9,6 +9,7 @@ from towerlab import api
 from towerlab.api import evaluate
 from towerlab.cli import main
 from towerlab.data import load_dataset
+from towerlab.errors import UserError
 from towerlab.models import load_model
 from util import TINY, summary
 
@@ -132,6 +133,8 @@ def test_evaluate_and_predict_take_a_network_of_ones_own_with_module(trained_own
         assert main([*command]) == 2  # without it: the remedy is the flag, not Python
         assert capsys.readouterr().err == ("towerlab: error: run/model.pt holds a network of your own (mynet.Net): "
                                            "give the file that defines it, --module FILE.py:Net\n")
+    with pytest.raises(UserError, match=r"\(mynet.Net\): rebuild it with load_model\(path, module=YourModule\(\)\)"):
+        load_model("run")  # from Python, the remedy is Python's
     assert main(["evaluate", "run", "--module", "mynet.py:Net"]) == 0
     assert f"test accuracy {recorded:.4f}" in capsys.readouterr().out
     assert main(["predict", "run", "images.npz", "--module", str(trained_own / "mynet.py") + ":Net"]) == 0

@@ -26,9 +26,9 @@ import torch
 
 import towerlab
 from towerlab import atomic, checkpoint
+from towerlab.batches import steps_per_epoch
 from towerlab.config import (CUSTOM_MODEL, RunConfig, TrainConfig, dataset_label, from_dict, parse_shape, replace,
                              to_dict)
-from towerlab.batches import steps_per_epoch
 from towerlab.data import content_sha256
 from towerlab.distributed import (Context, StopFlag, barrier, broadcast_object, check_capacity, default_threads,
                                   device_type, local_processes, resolve_devices, session, start_method_for,

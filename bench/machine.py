@@ -20,18 +20,13 @@ from pathlib import Path
 
 import torch
 
+from towerlab.distributed import device_name
+
 _TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
 def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+    return device_name(torch.device("cpu"))
 
 
 def cpu_flags() -> list[str]:

@@ -6,7 +6,7 @@
 
 Prints a table, writes bench/results/<suite>-<YYYY-MM-DD>.json (the machine, every figure with its
 raw samples, the commands) and draws bench/results/scaling.png and time_to_accuracy.png. Every
-comparison alternates its sides within this invocation and reports medians; see bench/README.md.
+comparison alternates its sides within this invocation and reports medians; see docs/benchmarks.md.
 """
 
 from __future__ import annotations

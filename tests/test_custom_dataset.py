@@ -96,7 +96,7 @@ def test_train_on_a_custom_npz_end_to_end(tmp_path, capsys):
 
 def test_a_search_on_a_custom_npz_and_its_cache_follow_the_files_content(tmp_path, capsys):
     path = colour_classes(tmp_path / "colours.npz")
-    before = train_config_hash(SearchConfig(dataset=str(path)))
+    before = train_config_hash(SearchConfig(dataset=str(path)), "cpu", 1)
     args = ["grid", "--space", "mlp", "--dataset", str(path), "--val-size", "100", "--limit", "2", "--top", "1",
             "--max-epochs", "1", "--no-progress", "--threads", "1", *ONE_CPU]
     assert main([*args, "--out", str(tmp_path / "grid")]) == 0
@@ -104,4 +104,4 @@ def test_a_search_on_a_custom_npz_and_its_cache_follow_the_files_content(tmp_pat
     assert summary["evaluations"] == 2 and summary["failures"] == 0 and summary["best_val_accuracy"] >= 0.5
     assert "colours" in (tmp_path / "grid" / "best.json").read_text()
     colour_classes(path, seed=1)  # the same path, other images: cached fitnesses no longer apply
-    assert train_config_hash(SearchConfig(dataset=str(path))) != before
+    assert train_config_hash(SearchConfig(dataset=str(path)), "cpu", 1) != before

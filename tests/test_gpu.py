@@ -21,8 +21,8 @@ from towerlab.distributed import launch, session
 from towerlab.runner import load_data
 from towerlab.search import evaluation_records
 from towerlab.train import train
-from util import (ONE_GPU, RESUMABLE, TINY_DATA, interrupt, max_difference, metrics, small_space_file, summary,
-                  weights)
+from util import (ONE_GPU, RESUMABLE, TINY_DATA, interrupt, max_difference, metrics, search_rows, small_space_file,
+                  summary, weights)
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(),
@@ -232,5 +232,7 @@ def test_a_search_with_two_workers_on_one_gpu_gives_the_history_of_one(tmp_path)
         return [{k: v for k, v in s.items() if "seconds" not in k} for s in record["generation_stats"]]
 
     assert history(two) == history(one)
+    assert search_rows(tmp_path / "two") == search_rows(tmp_path / "one")  # every training, bit for bit
     records = evaluation_records(tmp_path / "two" / "search.db")
     assert records and all(r["status"] == "ok" and r["worker"].endswith(":cuda:0") for r in records)
+    assert {r["device"] for r in records} == {torch.cuda.get_device_name(0)}

@@ -4,9 +4,15 @@ import json
 
 import pytest
 
+import torch
+
 from towerlab.cli import main
+from towerlab.config import SearchConfig
+from towerlab.distributed import device_name
+from towerlab.fitness import train_config_hash
 from towerlab.models import load_model
-from util import ONE_CPU
+from towerlab.search import evaluation_records
+from util import ONE_CPU, search_rows
 
 SPACE = """
 model = "mlp"
@@ -53,6 +59,45 @@ def test_two_workers_give_the_history_of_one_worker(tmp_path, space_file):
     assert best["val_accuracies"][0] <= max(s["best"] for s in one[0])  # its evaluation: a member's fitness
 
 
+# Real-shaped work: MNIST-sized images and layers wide enough that torch splits their matrix
+# products over threads (on 2 threads, such a candidate does not score what it scores on 1).
+WIDE_SPACE = """
+model = "mlp"
+[genes]
+neurons = [384, 768]
+layers = [1, 2]
+activation = ["relu", "tanh"]
+optimizer = ["adam", "nadam"]
+"""
+
+
+@pytest.mark.slow
+def test_a_search_with_default_settings_trains_the_same_rows_on_one_and_two_workers(tmp_path):
+    """The promise of issue 43, with no --threads: a candidate trains on one thread whatever the
+    number of workers (on 2 cores, 1 worker used to get 2 threads and 2 workers 1 each), so every
+    stored training is bit for bit the same; and the threads are part of the cache key."""
+    space = tmp_path / "wide.toml"
+    space.write_text(WIDE_SPACE)
+    args = ["evolve", "--device", "cpu", "--dataset", "synthetic", "--val-size", "600",
+            "--max-epochs", "1", "--no-progress", "--space", str(space), "--population", "4", "--generations", "2",
+            "--seed", "1", "--remeasure", "0", "--top", "1"]
+    assert main([*args, "--devices", "1", "--out", str(tmp_path / "one")]) == 0
+    assert main([*args, "--devices", "2", "--out", str(tmp_path / "two")]) == 0
+    rows = search_rows(tmp_path / "one")
+    assert len(rows) >= 4 and all(status == "ok" for *_, status, _, _ in rows)
+    assert search_rows(tmp_path / "two") == rows
+    records = evaluation_records(tmp_path / "two" / "search.db")
+    assert {(r["device"], r["threads"], r["precision"], r["torch_version"]) for r in records} == {
+        (device_name(torch.device("cpu")), 1, "fp32", torch.__version__)}
+    assert json.loads((tmp_path / "two" / "summary.json").read_text())["numerics"] == [
+        {"device": device_name(torch.device("cpu")), "threads": 1, "precision": "fp32", "torch": torch.__version__}]
+    configs = [json.loads((tmp_path / name / "config.json").read_text())["run"] for name in ("one", "two")]
+    assert [c["threads"] for c in configs] == [1, 1]
+    # Two threads per candidate compute other sums: such a search keeps its rows apart in a store.
+    assert train_config_hash(SearchConfig(), "cpu", 2) != train_config_hash(SearchConfig(), "cpu", 1)
+    assert train_config_hash(SearchConfig(), "cuda", 2) == train_config_hash(SearchConfig(), "cuda", 1)
+
+
 @pytest.mark.slow
 def test_a_pruned_search_on_two_workers_trains_what_one_worker_trains(tmp_path, space_file):
     """Two workers take a rung's certain places for the next rung while the rung still runs (the
@@ -90,6 +135,15 @@ def test_grid_writes_its_record_and_exports_the_winner(tmp_path, space_file, cap
     assert (summary["evaluations"], summary["cache_hits"], summary["failures"], summary["generations"]) == (4, 0, 0, 1)
     assert len(summary["top"]) == 2 and summary["top"][0]["val_accuracy"] >= summary["top"][1]["val_accuracy"]
     assert summary["best_val_accuracy"] > 0.5 and summary["best_test_accuracy"] > 0.5
+    # what it cost, by purpose: 4 trainings for the search; 2 fresh seeds for each network about to
+    # be crowned (at least the top 2); the top 2 retrained for their test accuracy
+    cost = summary["cost"]
+    remeasured = sum(1 for row in search_rows(out) if row[2] > 0)
+    assert (cost["search"]["trainings"], cost["remeasure"]["trainings"], cost["test"]["trainings"]) == (
+        4, remeasured, 2)
+    assert remeasured >= 4 and cost["search"]["trainings"] + remeasured == summary["trainings"]
+    assert all(part["train_seconds"] > 0 for part in cost.values())
+    assert f"Trainings: 4 for the search ({cost['search']['train_seconds']:.1f} s), {remeasured} for re-measuring" in printed
     best = json.loads((out / "best.json").read_text())
     assert best["genome"] == summary["best_genome"] and best["command"].startswith("towerlab train --model mlp")
     assert (out / "fitness.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -142,6 +196,32 @@ def test_resume_extends_a_finished_search_with_more_generations(tmp_path, space_
     assert extended["generations"] == 3
     assert extended["generation_stats"][:2] == first["generation_stats"][:2]  # replayed, not retrained
     assert len((out / "generations.jsonl").read_text().splitlines()) == 3
+
+
+def test_a_search_served_results_computed_elsewhere_says_so(tmp_path, space_file, capsys):
+    """A shared store's rows from another machine (here: rewritten as if) are served as cached, and
+    the search says, on its console and in its summary, that its results come from two kinds."""
+    import sqlite3
+
+    store = tmp_path / "shared.db"
+    spaces = []
+    for activations in ('"relu", "tanh"', '"relu", "tanh", "sigmoid"'):  # the second holds the first
+        spaces.append(tmp_path / f"space{len(spaces)}.toml")
+        spaces[-1].write_text(f'model = "mlp"\n[genes]\nneurons = [16]\nactivation = [{activations}]\n')
+    args = ["grid", *BASE, "--store", str(store), "--remeasure", "0", "--top", "3"]
+    assert main([*args, "--space", str(spaces[0]), "--out", str(tmp_path / "first")]) == 0
+    elsewhere = {"device": "Another CPU", "threads": 1, "precision": "fp32", "torch": "2.4.0"}
+    with sqlite3.connect(store) as db:
+        db.execute("UPDATE evaluations SET numerics = ?", (json.dumps(elsewhere),))
+    db.close()
+    capsys.readouterr()
+    assert main([*args, "--space", str(spaces[1]), "--out", str(tmp_path / "second")]) == 0
+    printed = capsys.readouterr().out
+    second = json.loads((tmp_path / "second" / "summary.json").read_text())
+    assert second["cache_hits"] == 2 and second["evaluations"] == 1
+    assert elsewhere in second["numerics"] and len(second["numerics"]) == 2
+    assert "warning: this search's results were computed on 2 kinds of device or torch" in printed
+    assert "Another CPU, 1 thread(s), fp32, torch 2.4.0" in printed
 
 
 @pytest.mark.parametrize("args, fragment", [

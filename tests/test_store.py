@@ -62,6 +62,33 @@ def test_record_and_lookup(store):
     assert store.lookup(genome_hash(genome), TCH, sid, replicate=2) is None
 
 
+def test_an_evaluation_keeps_the_numerics_it_was_trained_with(store):
+    sid = new_search(store)
+    how = {"device": "AMD EPYC", "threads": 1, "precision": "fp32", "torch": "2.13.0"}
+    row = store.record(candidate({"a": 1}), Outcome.ok(0.9, numerics=how), TCH, sid)
+    assert row.numerics == how == store.lookup(genome_hash({"a": 1}), TCH).numerics
+    assert store.record(candidate({"a": 2}), Outcome.ok(0.8), TCH, sid).numerics is None
+
+
+def test_a_version_2_store_gains_the_numerics_column_and_keeps_its_rows(tmp_path):
+    path = tmp_path / "search.db"
+    with Store(path) as s:
+        sid = new_search(s)
+        s.record(candidate({"a": 1}), Outcome.ok(0.9), TCH, sid)
+    with sqlite3.connect(path) as db:  # as towerlab before schema 3 wrote it
+        db.execute("ALTER TABLE evaluations DROP COLUMN numerics")
+        db.execute("PRAGMA user_version = 2")
+    db.close()
+    with Store(path) as s:
+        row = s.lookup(genome_hash({"a": 1}), TCH)
+        assert (row.fitness, row.numerics) == (0.9, None)
+        assert s.record(candidate({"b": 1}), Outcome.ok(0.5, numerics={"threads": 1}), TCH, sid).numerics == {
+            "threads": 1}
+    with sqlite3.connect(path) as db:
+        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
+    db.close()
+
+
 def test_failures_serve_only_the_search_that_made_them(store):
     first, second = new_search(store), new_search(store, seed=1)
     genome = {"neurons": 64}

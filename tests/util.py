@@ -6,6 +6,7 @@ import contextlib
 import json
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -63,6 +64,14 @@ def start_towerlab(*args: str, log: Path) -> subprocess.Popen:
     out = open(log, "w")
     return subprocess.Popen([sys.executable, "-m", "towerlab", *args], stdout=out, stderr=subprocess.STDOUT,
                             start_new_session=True)
+
+
+def search_rows(out: Path) -> list[tuple]:
+    """Every training a search stored, as what decides a history: (generation, index, replicate,
+    genome, seed, status, validation accuracy, validation loss), in that order."""
+    with contextlib.closing(sqlite3.connect(out / "search.db")) as db:
+        return sorted(db.execute("SELECT generation, idx, replicate, genome, seed, status, fitness, val_loss"
+                                 " FROM evaluations"))
 
 
 def weights(run_dir: Path) -> dict[str, torch.Tensor]:

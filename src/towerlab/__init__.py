@@ -5,7 +5,7 @@ import os
 # OpenMP's idle threads spin-wait by default (GNU libgomp: some 300,000 spins before they sleep). On
 # a CPU where another job holds a core, a spinning thread burns the time slice its partner needs:
 # mnist-fast with 2 threads took 3.95x its quiet time while one core was taken, 1.47x with passive
-# waiting, which costs 1.33x on a quiet machine (bench/README.md, "A busy core"). libgomp reads this
+# waiting, which costs 1.33x on a quiet machine (docs/benchmarks.md, "A busy core"). libgomp reads this
 # once, when torch loads it, so it is set here, before towerlab imports torch; a value you set wins.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 

@@ -245,8 +245,8 @@ class RunConfig:
                                  "under the flags you type; see docs/training.md")
     device: str = _opt("auto", "where the replicas run: cuda (GPUs over NCCL), cpu (processes over gloo), or "
                        "auto (cuda when a GPU is present)", choices=DEVICE_KINDS, resume="keep")
-    devices: Optional[int] = _opt(None, "local replicas (None: every GPU, or 2 CPU processes without one; "
-                                  "1 on a one-core machine)", resume="keep")
+    devices: Optional[int] = _opt(None, "local replicas (None: every GPU; without one, 2 CPU processes to train, "
+                                  "one per core to search; 1 on a one-core machine)", resume="keep")
     strategy: str = _opt("ddp", "how gradients meet: ddp all-reduce, or ps (CPU parameter server)",
                          choices=STRATEGIES, resume="keep")
     input: str = _opt("resident", "resident: data lives on the device; feed: host slices each batch; "
@@ -260,7 +260,9 @@ class RunConfig:
     out: Optional[str] = _opt(None, "output folder (None: runs/<timestamp>-<model>-<dataset>)")
     resume: Optional[str] = _opt(None, "continue the interrupted run in this folder")
     display_step: int = _opt(100, "print the minibatch loss and accuracy every N steps", resume="free")
-    threads: Optional[int] = _opt(None, "CPU threads per process (None: cores / local processes)", resume="keep")
+    threads: Optional[int] = _opt(None, "CPU threads per process (None: cores / local processes; 1 for a search's "
+                                  "CPU workers, so that a result never depends on how many workers ran it)",
+                                  resume="keep")
     step: str = _opt("auto", "how each step runs: eager (torch.optim, op by op), graph (one CUDA graph per step), "
                      "compiled (torch.compile of the whole step), auto (graph on one GPU, else eager)",
                      choices=STEPS, resume="keep")

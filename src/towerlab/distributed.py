@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import platform
 import pickle
 import shutil
 import signal
@@ -168,6 +169,38 @@ def resolve_devices(devices: int | None, device: str = "auto") -> int:
 
 def default_threads(processes: int) -> int:
     return max(1, (os.cpu_count() or 1) // max(1, processes))
+
+
+def search_workers(devices: int | None, device: str = "auto") -> int:
+    """How many local workers `--devices` gives a search: as for training on GPUs; on a CPU, one per
+    core (each trains its candidates on `search_threads`' one thread), as many as memory holds."""
+    if devices is not None or device_type(device) == "cuda":
+        return resolve_devices(devices, device)
+    return max(1, min(os.cpu_count() or 1, machine_memory() // PROCESS_BYTES))
+
+
+def search_threads(threads: int | None, device: str, workers: int) -> int:
+    """CPU threads per search worker. On a CPU, `--threads` or 1: never the cores shared out among
+    the workers, because a float sum's order follows the thread count, so a candidate trained on 2
+    threads need not score what it scores on 1 (measured: 0.9716 against 0.9706 after one MNIST
+    epoch), and a search's history would then depend on how many workers ran it. On a GPU the
+    threads only feed the device: cores / workers, as for training."""
+    if threads is not None:
+        return threads
+    return 1 if device_type(device) == "cpu" else default_threads(workers)
+
+
+def device_name(device: torch.device) -> str:
+    """The device's model (the GPU's name; the CPU's, from /proc/cpuinfo where there is one), which
+    picks the kernels and so, in the last bits, the results."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as stream:
+            name = next((line.split(":", 1)[1].strip() for line in stream if line.startswith("model name")), "")
+    except OSError:
+        name = ""
+    return name or platform.processor() or platform.machine()
 
 
 OVERSUBSCRIPTION = 8  # busy threads per core beyond which each one only slows the others down

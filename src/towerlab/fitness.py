@@ -19,7 +19,7 @@ import torch
 
 from towerlab.config import SearchConfig, TrainConfig, is_custom_dataset
 from towerlab.data import fingerprint
-from towerlab.distributed import Context, Interrupted, StopFlag
+from towerlab.distributed import Context, Interrupted, StopFlag, device_name
 from towerlab.presets import apply_preset
 from towerlab.search import Candidate, Outcome, genome_hash
 from towerlab.optim import DEFAULT_LR
@@ -47,17 +47,28 @@ def recipe(model: str, optimizer: str | None = None) -> dict:
     return settings
 
 
-def training_settings(cfg: SearchConfig) -> dict:
-    """Everything besides the genome and the seed that decides a candidate's fitness."""
+def training_settings(cfg: SearchConfig, device_type: str, threads: int) -> dict:
+    """Everything besides the genome and the seed that decides a candidate's fitness: the search's
+    settings, and the numerics of its workers that the search chooses (the device kind, and on a CPU
+    the threads per candidate, whose count changes a float sum's order and so the result)."""
     settings = {"dataset": cfg.dataset, "val_size": cfg.val_size, "max_epochs": cfg.max_epochs,
-                "patience": cfg.patience, "batch_size": cfg.batch_size, "fitness_version": FITNESS_VERSION}
+                "patience": cfg.patience, "batch_size": cfg.batch_size, "fitness_version": FITNESS_VERSION,
+                "numerics": {"device": device_type, **({"threads": threads} if device_type == "cpu" else {})}}
     if is_custom_dataset(cfg.dataset):
         settings["dataset_content"] = fingerprint(cfg.dataset)  # a replaced file invalidates the cache
     return settings
 
 
-def train_config_hash(cfg: SearchConfig) -> str:
-    return genome_hash(training_settings(cfg))
+def train_config_hash(cfg: SearchConfig, device_type: str, threads: int) -> str:
+    return genome_hash(training_settings(cfg, device_type, threads))
+
+
+def numerics(tc: TrainConfig, device: torch.device) -> dict:
+    """What a training's result depends on besides its settings and seed, as this process runs it:
+    recorded with every evaluation, so a store shared by machines, or a search resumed on another,
+    says which results came from where."""
+    return {"device": device_name(device), "threads": torch.get_num_threads(), "precision": tc.precision,
+            "torch": torch.__version__}
 
 
 def candidate_config(cfg: SearchConfig, model: str, genome: dict, seed: int,
@@ -108,21 +119,25 @@ def train_candidate(cfg: SearchConfig, model: str, genome: dict, seed: int, data
     a candidate that diverges or runs out of memory is a failure with its reason, not a crash."""
     started = time.perf_counter()
     tc = candidate_config(cfg, model, genome, seed, max_epochs)
+    how = numerics(tc, device)
     try:
         result = train(tc, Context(device=device), data, test=test, stop=stop, setup_apart=False)
     except Interrupted:
         raise
     except torch.cuda.OutOfMemoryError:
         _free(device)
-        return {"status": "failed", "reason": "out of memory", "seconds": time.perf_counter() - started}, None
+        reason = "out of memory"
     except Diverged as exc:
-        return {"status": "failed", "reason": str(exc), "seconds": time.perf_counter() - started}, None
+        reason = str(exc)
     except Exception as exc:  # noqa: BLE001 - a candidate's failure is data: the search goes on
         reason = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-        return {"status": "failed", "reason": reason, "seconds": time.perf_counter() - started}, None
+    else:
+        reason = None
     seconds = time.perf_counter() - started
+    if reason is not None:
+        return {"status": "failed", "reason": reason, "seconds": seconds, "numerics": how}, None
     fields = {"status": "ok", "fitness": result.val_accuracy, "val_loss": result.val_loss,
-              "epochs": math.ceil(result.epochs), "seconds": seconds}
+              "epochs": math.ceil(result.epochs), "seconds": seconds, "numerics": how}
     if test:
         fields["test_accuracy"] = result.test_accuracy
     return fields, result

@@ -1,4 +1,4 @@
-"""Named training recipes, chosen by measurement (bench/README.md has the runs behind each number).
+"""Named training recipes, chosen by measurement (docs/benchmarks.md has the runs behind each number).
 
 A preset is data: the TrainConfig fields it sets, and the RunConfig fields (how many processes)
 it runs with, on a CPU and on a GPU machine. Flags the user types still win over a preset's values.
@@ -111,7 +111,7 @@ def get(name: str) -> Preset:
 def cpu_bf16(cpuinfo: str = "/proc/cpuinfo") -> bool:
     """Whether this CPU computes in bf16 natively (AMX, or AVX-512 BF16), where bf16 autocast pays:
     on a 2-core AMD EPYC with AVX-512 BF16 and no AMX, mnist-fast trained 1.23-1.52x faster in bf16
-    than in fp32, on a Xeon with AMX LeNet-5 1.2x and CifarNet 2.3x (bench/README.md). Without
+    than in fp32, on a Xeon with AMX LeNet-5 1.2x and CifarNet 2.3x (docs/benchmarks.md). Without
     either, bf16 is emulated: fp32. False where the file is unreadable (not Linux)."""
     try:
         with open(cpuinfo, encoding="utf-8", errors="replace") as stream:

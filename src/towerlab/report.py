@@ -170,6 +170,13 @@ def format_generation(stats: Any, generations: int) -> str:
             f"{stats.seconds:.1f} s{replayed}")
 
 
+def format_cost(cost: dict) -> str:
+    """The trainings a search made, by purpose (its summary's "cost")."""
+    names = {"search": "for the search", "remeasure": "for re-measuring", "test": "for testing"}
+    parts = [f"{cost[k]['trainings']} {name} ({cost[k]['train_seconds']:.1f} s)" for k, name in names.items()]
+    return "Trainings: " + ", ".join(parts)
+
+
 def format_top(rows: list[dict]) -> str:
     """The final table: rank, validation accuracy (the mean over its seeds) and its spread, test
     accuracy, genome."""

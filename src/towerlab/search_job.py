@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import math
 import signal
 import socket
 import sys
@@ -26,15 +27,15 @@ import towerlab
 from towerlab import atomic
 from towerlab.config import (RunConfig, SearchConfig, TrainConfig, dataset_label, replace, to_dict,
                              to_flags)
-from towerlab.distributed import (Context, Interrupted, StopFlag, check_capacity, default_threads, kv_store,
-                                  local_processes, session, start_method_for, torchrun_restart, torchrun_world_size,
-                                  under_torchrun)
+from towerlab.distributed import (Context, Interrupted, StopFlag, check_capacity, kv_store, local_processes,
+                                  search_threads, search_workers, session, start_method_for, torchrun_restart,
+                                  torchrun_world_size, under_torchrun)
 from towerlab.errors import UserError
 from towerlab.fitness import (candidate_config, candidate_task, estimated_cost, outcome, train_candidate,
                               train_config_hash)
 from towerlab.job import (check_writable_file, require_out_under_torchrun, restarted_by_torchrun, save_model,
                           start_job, write_config)
-from towerlab.report import Reporter, format_generation, format_top, plot_accuracy_time, plot_fitness
+from towerlab.report import Reporter, format_cost, format_generation, format_top, plot_accuracy_time, plot_fitness
 from towerlab.runner import handed_over, load_data, resolved_run, worker_data
 from towerlab.search import (Candidate, Space, evaluation_records, load_space, make_sampler, open_search,
                              refuse_unused_settings, run_search, sampler_class)
@@ -62,6 +63,8 @@ def start_search(kind: str, cfg: SearchConfig, run: RunConfig, *, start_method: 
     require_out_under_torchrun(run)
     if cfg.store:
         check_writable_file(cfg.store, "--store")
+    if not under_torchrun():
+        run = replace(run, devices=search_workers(run.devices, run.device))
     run = resolved_run(run)
     start_method = start_method or start_method_for(run.device)
     out = search_out(kind, cfg, run, space)
@@ -70,7 +73,7 @@ def start_search(kind: str, cfg: SearchConfig, run: RunConfig, *, start_method: 
     workers = 1 if under_torchrun() else run.devices * cfg.workers_per_device
     if not under_torchrun():
         # Recorded as resolved: a resume trains its candidates with as many threads.
-        run = replace(run, threads=run.threads or default_threads(workers))
+        run = replace(run, threads=search_threads(run.threads, run.device, workers))
         check_capacity(workers, run.threads, f"--devices {run.devices} x --workers-per-device {cfg.workers_per_device}")
 
     def preflight() -> tuple:
@@ -119,7 +122,7 @@ def _spawned(rank: int, world_size: int, store_path: str, kind: str, cfg: Search
 def _process(rank: int, world_size: int, store_path: str | None, kind: str, cfg: SearchConfig,
              run: RunConfig, out: str, data: Any = None, fallback: bool | None = None) -> int:
     local = local_processes(run) * (1 if under_torchrun() else cfg.workers_per_device)
-    torch.set_num_threads(run.threads or default_threads(local))
+    torch.set_num_threads(search_threads(run.threads, run.device, local))
     with session(rank=rank, world_size=world_size, store_path=store_path, timeout=run.timeout,
                  backend="gloo", per_device=cfg.workers_per_device, device=run.device) as ctx, \
             (StopFlag() if ctx.is_main else contextlib.nullcontext()) as stop:
@@ -165,7 +168,7 @@ def _coordinate(kind: str, cfg: SearchConfig, run: RunConfig, out: Path, space: 
                 run_tasks: Callable, data: Any, stop: StopFlag | None = None) -> None:
     reporter = Reporter(None, progress=run.progress,
                         on_closed=lambda: stop.request(signal.SIGPIPE) if stop is not None else None)
-    tch = train_config_hash(cfg)
+    tch = train_config_hash(cfg, ctx.device.type, torch.get_num_threads())  # the threads _process set
     try:
         if cfg.store:
             store = Store(cfg.store)  # a foreign or broken file is refused before the folder is made
@@ -230,13 +233,21 @@ def _coordinate(kind: str, cfg: SearchConfig, run: RunConfig, out: Path, space: 
             reporter.line(f"Interrupted: the {len(recorded)} evaluation(s) finished since this start are kept in "
                           f"{store.path}, with every earlier one")
             raise
-        top = _test_top(result, store, run_tasks, reporter)
+        top, tested = _test_top(result, store, run_tasks, reporter)
         if top:
             reporter.line(format_top(top))
+        cost = _cost(store, result.search_id, tested)
+        reporter.line(format_cost(cost))
+        used = _numerics_used(store, result)
+        if len(used) > 1:
+            reporter.line(f"towerlab: warning: this search's results were computed on {len(used)} kinds of "
+                          f"device or torch ({'; '.join(_numerics_text(n) for n in used)}): results that differ "
+                          f"in their last digits are compared; `towerlab search show {out} --csv` says which is which")
         if data.source.get("fallback"):  # on the last lines, where it cannot scroll away
             reporter.line("Trained on the OFFLINE FALLBACK DATA, not the full dataset: not comparable with "
                           "MNIST results")
-        _write_results(kind, cfg, space, out, store, result, top, ctx, time.perf_counter() - started, data.source)
+        _write_results(kind, cfg, space, out, store, result, top, {"cost": cost, "numerics": used}, ctx,
+                       time.perf_counter() - started, data.source)
         if not top:
             raise UserError(_all_failed(result, out))
         if cfg.export_best:
@@ -265,12 +276,13 @@ def _all_failed(result: Any, out: Path) -> str:
             f"`towerlab search show {out}` lists each failure")
 
 
-def _test_top(result: Any, store: Store, run_tasks: Callable, reporter: Reporter) -> list[dict]:
+def _test_top(result: Any, store: Store, run_tasks: Callable, reporter: Reporter) -> tuple[list[dict], list[float]]:
     """Test accuracy, computed once and only for the top genomes: each is retrained with the seed of
     its evaluation (so it is the same network) and scored on the test set. A top genome's validation
     accuracy is the mean over its seeds (the evaluation's, then its re-measures'), listed with
-    their spread; its test accuracy is the evaluation's network's."""
-    rows, evaluations = [], []
+    their spread; its test accuracy is the evaluation's network's. Returns the rows, and the seconds
+    of each retraining made now (none for those the store had tested already)."""
+    rows, evaluations, seconds = [], [], []
     for t in result.top:
         evaluation = store.lookup(t.genome_hash, t.train_config_hash, result.search_id)
         evaluations.append(evaluation)
@@ -284,6 +296,7 @@ def _test_top(result: Any, store: Store, run_tasks: Callable, reporter: Reporter
 
         def on_result(index: int, outcome: dict) -> None:
             row, evaluation = rows[todo[index]], evaluations[todo[index]]
+            seconds.append(outcome.get("seconds", 0.0))
             if outcome.get("status") != "ok" or outcome.get("test_accuracy") is None:
                 reporter.line(f"towerlab: warning: retraining a top network failed ({outcome.get('reason')}); "
                               "its test accuracy stays unknown")
@@ -296,7 +309,21 @@ def _test_top(result: Any, store: Store, run_tasks: Callable, reporter: Reporter
 
         run_tasks([{"kind": "test", "genome": rows[i]["genome"], "seed": rows[i]["seed"],
                     "max_epochs": rows[i]["max_epochs"]} for i in todo], on_result)
-    return rows
+    return rows, seconds
+
+
+def _cost(store: Store, search_id: int, tested: list[float]) -> dict:
+    """The trainings the search made, by purpose, each with its seconds of training: the search's own
+    (every rung of every candidate it trained), the re-measures of the networks it was about to
+    crown, and the retrainings that gave the top networks their test accuracy (`tested`: those of
+    this start; a resumed search whose top was tested already makes none)."""
+    rows = store.evaluations(search_id)
+
+    def part(seconds: list[float]) -> dict:
+        return {"trainings": len(seconds), "train_seconds": math.fsum(seconds)}
+
+    return {"search": part([e.seconds for e in rows if e.replicate == 0]),
+            "remeasure": part([e.seconds for e in rows if e.replicate > 0]), "test": part(tested)}
 
 
 def _write_config(out: Path, kind: str, cfg: SearchConfig, run: RunConfig, ctx: Context, store: Store,
@@ -311,8 +338,25 @@ def retrain_command(cfg: SearchConfig, space: Space, genome: dict, seed: int, ma
                      "--devices", "1"])
 
 
+def _numerics_used(store: Store, result: Any) -> list[dict]:
+    """The distinct numerics (device, threads, precision, torch) of the trainings this search made
+    and of those the store served its top from (another search's, in a shared store); unknown
+    ones (rows from before they were recorded) left out."""
+    rows = [*store.evaluations(result.search_id),
+            *(store.lookup(t.genome_hash, t.train_config_hash, result.search_id) for t in result.top)]
+    used = {json.dumps(r.numerics, sort_keys=True) for r in rows if r is not None and r.numerics}
+    return [json.loads(n) for n in sorted(used)]
+
+
+def _numerics_text(numerics: dict) -> str:
+    return (f"{numerics.get('device')}, {numerics.get('threads')} thread(s), {numerics.get('precision')}, "
+            f"torch {numerics.get('torch')}")
+
+
 def _write_results(kind: str, cfg: SearchConfig, space: Space, out: Path, store: Store, result: Any,
-                   top: list[dict], ctx: Context, seconds: float, data_source: dict) -> None:
+                   top: list[dict], accounts: dict, ctx: Context, seconds: float, data_source: dict) -> None:
+    """best.json, the plots and summary.json; `accounts`: the summary's fields about what the search
+    cost and ran on ("cost", "numerics")."""
     best = top[0] if top else None
     if best is not None:
         atomic.write_json(out / "best.json", {
@@ -334,7 +378,7 @@ def _write_results(kind: str, cfg: SearchConfig, space: Space, out: Path, store:
         "best_test_accuracy": best["test_accuracy"] if best else None,
         "top": top, "evaluations": result.evaluations, "cache_hits": result.cache_hits,
         "failures": result.failures, "generations": result.generations, "trainings": result.trainings,
-        "train_seconds": result.train_seconds, "seconds": seconds,
+        "train_seconds": result.train_seconds, **accounts, "seconds": seconds,
         "workers": ctx.world_size, "device_type": ctx.device.type, "search_id": result.search_id,
         "generation_stats": stats, "seed": cfg.seed, "torch_version": torch.__version__,
         "towerlab_version": towerlab.__version__})

@@ -29,7 +29,7 @@ import math
 import time
 import zlib
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 import numpy as np
@@ -88,7 +88,9 @@ class Candidate:
 @dataclass(frozen=True)
 class Outcome:
     """What training a candidate gave. `fitness` is the validation accuracy (needed when ok);
-    a failed outcome needs a `reason`. A non-finite val_loss is stored as None."""
+    a failed outcome needs a `reason`. A non-finite val_loss is stored as None. `numerics`: what the
+    result depends on besides the training's settings and seed (device, threads, precision, torch),
+    as the worker that trained it saw it; a JSON object."""
 
     status: str
     fitness: Optional[float] = None
@@ -97,6 +99,7 @@ class Outcome:
     seconds: float = 0.0
     worker: str = ""
     reason: Optional[str] = None
+    numerics: Optional[dict] = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:

@@ -17,8 +17,9 @@ from towerlab.search.store import STORE_NAME, SearchRow, Store
 # The columns of `--csv`, in order; the genes follow as gene_<name>.
 RECORD_FIELDS = ("id", "search", "sampler", "generation", "index", "rung", "max_epochs", "replicate", "seed",
                  "status", "val_accuracy", "val_loss", "test_accuracy", "epochs", "seconds", "worker",
-                 "finished_at", "reason", "genome_hash")
+                 "device", "threads", "precision", "torch_version", "finished_at", "reason", "genome_hash")
 
+_NUMERICS = {"device": "device", "threads": "threads", "precision": "precision", "torch_version": "torch"}
 
 T = TypeVar("T")
 
@@ -60,7 +61,8 @@ def evaluation_records(store_or_path: Store | str | os.PathLike) -> list[dict]:
     """Every training the store holds, in the order they finished: which search made it (and its
     sampler), where (generation, index; -1 for a re-measure), the rung and its epochs, the
     replicate (0: the evaluation, 1..: re-measures), the seed, the outcome (validation and test
-    accuracy, loss, epochs trained, seconds), the worker, and the genome."""
+    accuracy, loss, epochs trained, seconds), the worker and its numerics (device, threads,
+    precision, torch version: None where the store predates them), and the genome."""
     def records(store: Store) -> list[dict]:
         searches = {s.id: s for s in store.searches()}
         ladders = {i: _ladder(s.config) for i, s in searches.items()}
@@ -73,6 +75,7 @@ def evaluation_records(store_or_path: Store | str | os.PathLike) -> list[dict]:
                          "max_epochs": e.max_epochs, "replicate": e.replicate, "seed": e.seed, "status": e.status,
                          "val_accuracy": e.fitness, "val_loss": e.val_loss, "test_accuracy": e.test_accuracy,
                          "epochs": e.epochs, "seconds": e.seconds, "worker": e.worker,
+                         **{field: (e.numerics or {}).get(key) for field, key in _NUMERICS.items()},
                          "finished_at": e.finished_at, "reason": e.reason, "genome_hash": e.genome_hash,
                          "genome": e.genome})
         return rows

@@ -13,7 +13,8 @@ evaluations  one row per training: genome_hash, train_config_hash (of a pruned s
              `set_test_accuracy`), epochs (trained), max_epochs (the budget it trained under),
              replicate (0: the evaluation; 1..: a re-measure with a fresh seed), seconds, worker,
              reason (why it failed), search_id, generation, idx (-1 for a re-measure), seed,
-             finished_at. Unique per (search_id, genome_hash, train_config_hash, replicate): writing
+             finished_at, numerics (JSON: what the result depends on besides its settings and seed,
+             as the worker saw it: device, threads, precision, torch; NULL before schema 3). Unique per (search_id, genome_hash, train_config_hash, replicate): writing
              a row a search already has is a no-op that returns the row (evaluations are idempotent
              by their key, so two processes continuing one search lose nothing and never collide).
 generations  (search_id, generation) key, members (JSON list of {genome_hash, genome} in
@@ -29,10 +30,10 @@ train a genome neither found; each keeps its own row and its own history, as if 
 Durability: WAL journal, one transaction per write, so a process killed mid-write leaves no half
 row. synchronous=FULL: a commit happens once per finished training (seconds to hours of compute),
 so one fsync each costs nothing, and a recorded evaluation then survives a power loss too (NORMAL
-in WAL mode may lose the last commits then). The schema version is `PRAGMA user_version`; a
-version-1 store (before samplers) is migrated in place when opened. A damaged file (SQLite's
-quick_check at open, a read that finds a page malformed, a record that no longer parses) is a
-UserError that names the file and what to do.
+in WAL mode may lose the last commits then). The schema version is `PRAGMA user_version`; an
+older store (1: before samplers; 2: before numerics) is migrated in place when opened. A damaged
+file (SQLite's quick_check at open, a read that finds a page malformed, a record that no longer
+parses) is a UserError that names the file and what to do.
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ from towerlab.errors import UserError
 from towerlab.search.evaluation import Candidate, Outcome
 from towerlab.search.space import Space
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 STORE_NAME = "search.db"  # the store's file name inside a search folder
 
 _SEARCHES = """
@@ -92,7 +93,8 @@ CREATE TABLE evaluations (
     seed INTEGER NOT NULL,
     finished_at TEXT NOT NULL,
     max_epochs INTEGER,
-    replicate INTEGER NOT NULL DEFAULT 0
+    replicate INTEGER NOT NULL DEFAULT 0,
+    numerics TEXT
 );""" + _EVALUATION_INDEXES + """;
 CREATE TABLE generations (
     search_id INTEGER NOT NULL REFERENCES searches (id),
@@ -151,6 +153,7 @@ class Evaluation:
     finished_at: str
     max_epochs: Optional[int]
     replicate: int
+    numerics: Optional[dict] = None
 
 
 @dataclass(frozen=True)
@@ -229,8 +232,10 @@ class Store:
                             f"towerlab reads ({SCHEMA_VERSION}): upgrade towerlab to open it")
         if version == SCHEMA_VERSION and _TABLES <= tables:
             return
-        if version == 1 and _TABLES <= tables:
-            self._migrate_from_1()
+        if version in (1, 2) and _TABLES <= tables:
+            if version == 1:
+                self._migrate_from_1()
+            self._migrate_from_2()
             return
         if version != 0 or tables or not create:
             raise UserError(f"{self.path} is an SQLite file but not a towerlab search store: "
@@ -275,9 +280,17 @@ class Store:
                     db.execute(statement)
                 if db.execute("PRAGMA foreign_key_check").fetchall():
                     raise _damaged(self.path, "rows that name no search")
-                db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+                db.execute("PRAGMA user_version = 2")
         finally:
             self._db.execute("PRAGMA foreign_keys = ON")
+
+    def _migrate_from_2(self) -> None:
+        """Version 2 (before numerics): evaluations gain the column, NULL (unknown) in their rows."""
+        with self._write() as db:
+            if db.execute("PRAGMA user_version").fetchone()[0] != 2:
+                return  # another process migrated it meanwhile
+            db.execute("ALTER TABLE evaluations ADD COLUMN numerics TEXT")
+            db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
     def _check_integrity(self) -> None:
         problems = [r[0] for r in self._db.execute("PRAGMA quick_check").fetchall()]
@@ -383,6 +396,7 @@ class Store:
     def _evaluation(self, row: sqlite3.Row) -> Evaluation:
         data = dict(row)
         data["genome"] = self._json(data["genome"])
+        data["numerics"] = self._json(data["numerics"])
         data["index"] = data.pop("idx")
         return Evaluation(**data)
 
@@ -406,13 +420,14 @@ class Store:
         values = (candidate.genome_hash, train_config_hash, json.dumps(candidate.genome), outcome.status,
                   fitness, val_loss, None, outcome.epochs, outcome.seconds, outcome.worker,
                   outcome.reason, search_id, candidate.generation, candidate.index, candidate.seed, _now(),
-                  candidate.max_epochs, candidate.replicate)
+                  candidate.max_epochs, candidate.replicate,
+                  None if outcome.numerics is None else json.dumps(outcome.numerics, sort_keys=True))
         with self._write() as db:
             db.execute(
                 "INSERT INTO evaluations (genome_hash, train_config_hash, genome, status, fitness,"
                 " val_loss, test_accuracy, epochs, seconds, worker, reason, search_id, generation, idx,"
-                " seed, finished_at, max_epochs, replicate) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?,"
-                " ?, ?, ?, ?) ON CONFLICT (search_id, genome_hash, train_config_hash, replicate) DO NOTHING",
+                " seed, finished_at, max_epochs, replicate, numerics) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?,"
+                " ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (search_id, genome_hash, train_config_hash, replicate) DO NOTHING",
                 values)
             row = db.execute("SELECT * FROM evaluations WHERE search_id = ? AND genome_hash = ?"
                              " AND train_config_hash = ? AND replicate = ?",

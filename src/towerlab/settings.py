@@ -6,7 +6,7 @@ a config file (`--config FILE`, `config=FILE`), then what you pass (flags, or ke
 
 A config file is TOML, or JSON: the keys are the flags' names (`batch_size` or `batch-size`, one
 of the two), at the top level or under `[train]` / `[search]` and `[run]` (not both for one key), as
-a job's config.json writes them; every flag but `--resume`, which continues a job instead. A
+a job's config.json writes them; any setting but `resume` (continuing a job is `--resume`'s). A
 run's own config.json is a config file: its recorded facts (versions, command, host) are skipped,
 and so are its `out` and `resume`, so it repeats the run into a new folder. Relative paths in a file
 are read from the current directory, like flags. `config_toml` writes any resolved settings as

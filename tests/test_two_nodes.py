@@ -114,9 +114,11 @@ def test_a_search_over_two_nodes_equals_two_local_workers(tmp_path):
     with two_nodes([*search, "--out", str(tmp_path / "two")], tmp_path) as agents:
         finish(agents, tmp_path)
     assert history(tmp_path / "two") == history(tmp_path / "local")
-    # The same rows: every candidate has the same genome, seed and fitness, whichever rank trained it.
-    when_and_where = ("seconds", "finished_at", "worker")
-    two, one = ([{k: v for k, v in row.items() if k not in when_and_where} for row in rows(tmp_path / name)]
+    # The same rows: every candidate has the same genome, seed and fitness, whichever rank trained it
+    # (rows are numbered as results land, so they are matched by candidate).
+    when_and_where = ("id", "seconds", "finished_at", "worker")
+    two, one = (sorted(({k: v for k, v in row.items() if k not in when_and_where} for row in rows(tmp_path / name)),
+                       key=lambda row: (row["generation"], row["idx"], row["replicate"]))
                 for name in ("two", "local"))
     assert two == one and len(two) == 4 and sum(row["test_accuracy"] is not None for row in two) == 1  # the top one
     assert {row["worker"].split("@")[0] for row in rows(tmp_path / "two")} == {"rank0", "rank1"}

@@ -2,8 +2,10 @@
 arrays in memory; the result object; user errors as exceptions."""
 
 import json
+import signal
 import subprocess
 import sys
+import threading
 
 import numpy as np
 import pytest
@@ -64,6 +66,26 @@ def test_a_module_instance_starts_every_replica_from_its_own_weights(tmp_path):
     assert all(torch.equal(net.state_dict()[k], before[k]) for k in before)  # the caller's module is untouched
 
 
+class ParameterFree(nn.Module):
+    def forward(self, x):
+        return x.flatten(1)[:, :10]
+
+
+def frozen():
+    return SmallNet().requires_grad_(False)
+
+
+class IntegerLogits(SmallNet):
+    def forward(self, x):
+        return super().forward(x).long()
+
+
+class HoldsALock(SmallNet):
+    def __init__(self):
+        super().__init__()
+        self.lock = threading.Lock()
+
+
 @pytest.mark.parametrize("call, fragment", [
     (lambda a: api.train("lenet5", "synthetic", validation=a), "go with data given as arrays"),
     (lambda a: api.train(lambda: "not a module", a), "returned str, not an nn.Module"),
@@ -74,6 +96,10 @@ def test_a_module_instance_starts_every_replica_from_its_own_weights(tmp_path):
     (lambda a: api.train("lenet5", (a[0][:5], a[1])), "5 images but 1200 labels"),
     (lambda a: api.train(model="custom", data="synthetic"), "a module you give from Python"),
     (lambda a: api.evolve(data=a), "takes a dataset name or an .npz path"),
+    (lambda a: api.train(ParameterFree, a, devices=2), "has no trainable parameters"),
+    (lambda a: api.train(frozen, a, devices=2), "has no trainable parameters"),
+    (lambda a: api.train(IntegerLogits, a, devices=2), "returns int64 logits"),
+    (lambda a: api.train(HoldsALock(), a, devices=2), "cannot be copied"),
 ])
 def test_bad_input_raises_one_user_error_and_writes_nothing(call, fragment, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
@@ -82,6 +108,29 @@ def test_bad_input_raises_one_user_error_and_writes_nothing(call, fragment, tmp_
         call((x, y))
     assert fragment in str(err.value) and "\n" not in str(err.value)
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("devices", [1, 2])
+def test_train_from_a_thread_other_than_the_main_one(devices, tmp_path):
+    # Python runs signal handlers in the main thread only: a job started from another thread (a GUI,
+    # a server, a notebook's background job) leaves the main thread's handlers as they are.
+    x, y, _, _ = synthetic_arrays()
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    runs, errors = [], []
+
+    def job():
+        try:
+            runs.append(api.train(SmallNet, (x, y), val_size=200, devices=devices, steps=3, batch_size=50,
+                                  out=str(tmp_path / "run"), **QUIET))
+        except BaseException as exc:  # noqa: BLE001 - reported to the test's thread
+            errors.append(exc)
+
+    thread = threading.Thread(target=job)
+    thread.start()
+    thread.join()
+    assert errors == [] and len(runs) == 1
+    assert (runs[0].steps, runs[0].world_size) == (3, devices) and (tmp_path / "run" / "model.pt").is_file()
+    assert {s: signal.getsignal(s) for s in handlers} == handlers
 
 
 def test_train_over_two_cpu_processes_with_a_factory_and_arrays(tmp_path):

@@ -7,7 +7,7 @@ import pytest
 from towerlab.cli import build_parser, main, resolve_search, resolve_train
 from towerlab.errors import UserError
 from towerlab.settings import config_toml, read_config_file, tomllib
-from util import TINY, max_difference, weights
+from util import ONE_CPU, TINY, max_difference, weights
 
 
 def parse(*flags):
@@ -44,6 +44,45 @@ def test_a_bad_config_file_is_one_line_naming_the_file(text, fragment, tmp_path,
     err = capsys.readouterr().err
     assert fragment in err and err.count("\n") == 1
     assert not (tmp_path / "out").exists()
+
+
+DEEP = 100_000
+
+
+@pytest.mark.parametrize("name, text, fragment", [
+    ("run.toml", "x = " + "[" * DEEP + "]" * DEEP + "\n", "nests its values too deeply"),
+    ("run.toml", "x = " + "{a = " * DEEP + "1" + "}" * DEEP + "\n", "nests its values too deeply"),
+    ("run.json", '{"x": ' + "[" * DEEP + "]" * DEEP + "}", "nests its values too deeply"),
+    ("run.toml", "batch-size = 64\nbatch_size = 32\n", "run.toml keys batch-size and batch_size both set batch_size"),
+    ("run.toml", "[train]\nmodel_options = {layers = 1}\nmodel-opt = {layers = 2}\n",
+     "run.toml [train] keys model_options and model-opt both set model_options"),
+    ("run.toml", "lr = 0.1\n[train]\nlr = 0.2\n", "run.toml sets lr at the top level and under [train]"),
+])
+def test_a_config_file_too_deep_or_setting_a_key_twice_is_one_line(name, text, fragment, tmp_path, capsys,
+                                                                   monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / name).write_text(text)
+    assert main(["train", *TINY, "--config", name, "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert fragment in err and err.count("\n") == 1
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("text", ['resume = "{first}"\n', '[run]\nresume = "{first}"\n'])
+def test_resume_in_a_config_file_is_refused_and_the_run_it_names_is_untouched(text, tmp_path, capsys):
+    # A config file holds a job's settings; continuing a job is --resume's, whose guards
+    # (--out must be its folder, no other settings) a file would get past.
+    first = tmp_path / "first"
+    assert main(["train", *TINY, "--steps", "2", "--out", str(first)]) == 0
+    before = {p.name: p.read_bytes() for p in first.iterdir()}
+    capsys.readouterr()
+    (tmp_path / "run.toml").write_text(text.format(first=first))
+    for command in (["train", *TINY], ["grid", "--space", "mlp", *ONE_CPU]):
+        assert main([*command, "--config", str(tmp_path / "run.toml"), "--out", str(tmp_path / "second")]) == 2
+        err = capsys.readouterr().err
+        assert "resume is not a config file setting: continue a job with --resume FOLDER" in err, err
+        assert err.count("\n") == 1
+    assert not (tmp_path / "second").exists() and {p.name: p.read_bytes() for p in first.iterdir()} == before
 
 
 def test_a_runs_config_json_repeats_the_run_into_a_new_folder(tmp_path):

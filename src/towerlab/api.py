@@ -94,7 +94,8 @@ def train(model: str | Any | Callable[[], Any] | None = None, data: str | os.Pat
 
     Raises `towerlab.errors.UserError` (one line saying what to change) for bad input,
     KeyboardInterrupt when stopped (after the replicas saved a checkpoint), RuntimeError when a
-    replica failed.
+    replica failed. It may be called from a thread other than the main one; signals (Ctrl-C,
+    SIGTERM) are then left to the main thread's handlers.
     """
     from towerlab import data as datasets
     from towerlab.runner import default_out, resolved_run, start

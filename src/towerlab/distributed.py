@@ -62,13 +62,23 @@ class StopFlag:
             self.signum, self._first = signum, time.monotonic()
 
     def __enter__(self) -> "StopFlag":
-        for s in (signal.SIGINT, signal.SIGTERM):
-            self._previous[s] = signal.signal(s, self._handle)
+        self._previous = _handle_stop_signals(self._handle)
         return self
 
     def __exit__(self, *exc: Any) -> None:
         for s, handler in self._previous.items():
             signal.signal(s, handler)
+
+
+def _handle_stop_signals(handler: Callable[[int, Any], None]) -> dict[int, Any]:
+    """Have `handler` take SIGINT and SIGTERM; returns the handlers it replaced. Python runs signal
+    handlers in the main thread only, so a job started from another thread (a GUI, a server, a
+    notebook's background job) leaves the main thread's handlers as they are (and returns {}): the
+    program that owns the main thread decides what a signal does. Its forked workers still stop
+    in order on a Ctrl-C from the terminal, which reaches them directly."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    return {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
 
 
 @dataclass(frozen=True)
@@ -492,7 +502,7 @@ def launch(fn: Callable[..., None], world_size: int, args: tuple = (), *, grace:
         received.append(signum)
         _signal_alive(procs, signum)
 
-    previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+    previous = _handle_stop_signals(forward)
     starter = _ForkingThread(procs) if start_method == "fork" else None
     status = None
     try:

@@ -286,7 +286,12 @@ def instantiate(source: nn.Module | Callable[[], nn.Module]) -> nn.Module:
     """A fresh network from a module of your own: a copy of an nn.Module (its current weights are the
     initial ones), or what a factory returns (called after the run's seed is set)."""
     if isinstance(source, nn.Module):
-        return copy.deepcopy(source)
+        try:
+            return copy.deepcopy(source)
+        except Exception as exc:  # noqa: BLE001 - whatever an attribute's copy raises, there is no copy
+            raise UserError(f"your module cannot be copied ({type(exc).__name__}: {' '.join(str(exc).split())[:200]}),"
+                            " and every replica starts from a copy: give a function that returns a new one "
+                            "(model=YourModule, or model=lambda: YourModule(...))") from None
     if not callable(source):
         raise UserError(f"model must be a name, an nn.Module or a function returning one, got {type(source).__name__}")
     module = source()

@@ -4,8 +4,9 @@ Layers, each over the one before: the dataclasses' defaults, a preset (`preset =
 a config file (`--config FILE`, `config=FILE`), then what you pass (flags, or keyword arguments).
 `--resume` instead continues a stored job with its stored settings.
 
-A config file is TOML, or JSON: the keys are the flags' names (`batch_size` or `batch-size`), at
-the top level or under `[train]` / `[search]` and `[run]`, as a job's config.json writes them. A
+A config file is TOML, or JSON: the keys are the flags' names (`batch_size` or `batch-size`, one
+of the two), at the top level or under `[train]` / `[search]` and `[run]` (not both for one key), as
+a job's config.json writes them; any setting but `resume` (continuing a job is `--resume`'s). A
 run's own config.json is a config file: its recorded facts (versions, command, host) are skipped,
 and so are its `out` and `resume`, so it repeats the run into a new folder. Relative paths in a file
 are read from the current directory, like flags. `config_toml` writes any resolved settings as
@@ -51,18 +52,27 @@ def _aliases(cls: type) -> dict[str, str]:
     return names
 
 
-def _normalised(values: Mapping, cls: type | tuple[type, ...]) -> dict:
+def _normalised(values: Mapping, cls: type | tuple[type, ...], what: str) -> dict:
+    """Keys as written -> field names; two spellings of one field (`batch-size` and `batch_size`)
+    are refused, where the later would silently win."""
     aliases = {}
     for c in cls if isinstance(cls, tuple) else (cls,):
         aliases.update(_aliases(c))
-    return {aliases.get(str(k).replace("-", "_"), str(k).replace("-", "_")): v for k, v in values.items()}
+    normalised: dict = {}
+    written: dict[str, str] = {}
+    for key, value in values.items():
+        name = aliases.get(str(key).replace("-", "_"), str(key).replace("-", "_"))
+        if name in written:
+            raise UserError(f"{what}s {written[name]} and {key} both set {name}: keep one")
+        normalised[name], written[name] = value, str(key)
+    return normalised
 
 
 def split_options(options: Mapping, main: str, *, what: str = "option") -> tuple[dict, dict]:
     """Flat settings (keyword arguments, or a file's top level) -> (the main config's, RunConfig's),
     each checked for unknown keys and wrong types."""
     cls = MAIN[main]
-    values = _normalised(options, (cls, RunConfig))
+    values = _normalised(options, (cls, RunConfig), what)
     main_names = {f.name for f in dataclasses.fields(cls)}
     run_names = {f.name for f in dataclasses.fields(RunConfig)}
     unknown = sorted(set(values) - main_names - run_names)
@@ -93,10 +103,20 @@ def read_config_file(config: str | os.PathLike | Mapping, main: str) -> tuple[di
         values = data[section]
         if is_record and section == "search" and isinstance(data.get("kind"), str):
             values = upgrade_search_config(dict(values), data["kind"])  # a search from before samplers
-        into.update(checked_values(cls, _normalised(values, cls), what=f"{where} [{section}] key"))
+        what = f"{where} [{section}] key"
+        values = checked_values(cls, _normalised(values, cls, what), what=what)
+        twice = sorted(set(into) & set(values))
+        if twice:
+            raise UserError(f"{where} sets {', '.join(twice)} at the top level and under [{section}]: keep one")
+        into.update(values)
     if is_record:
         for key in NOT_REPEATED:
             run_values.pop(key, None)
+    elif "resume" in run_values:
+        # Continuing a job is --resume's: its guards (--out is the folder it continues, the stored
+        # settings stay) cannot hold for a file that is also the new job's settings.
+        raise UserError(f"{where}: resume is not a config file setting: continue a job with --resume FOLDER "
+                        "(resume= from Python), without --config")
     return main_values, run_values
 
 
@@ -110,6 +130,9 @@ def _parse(path: Path) -> dict:
         data = json.loads(text) if path.suffix.lower() == ".json" else tomllib.loads(text)
     except UnicodeDecodeError:
         raise UserError(f"config file {path} is not UTF-8 text") from None
+    except RecursionError:  # both parsers recurse once per level of nesting
+        raise UserError(f"config file {path} nests its values too deeply: settings are at most a table "
+                        "within a table") from None
     except (ValueError, tomllib.TOMLDecodeError) as exc:  # JSONDecodeError is a ValueError
         kind = "JSON" if path.suffix.lower() == ".json" else "TOML"
         raise UserError(f"config file {path} is not valid {kind}: {' '.join(str(exc).split())[:200]}") from None

@@ -333,6 +333,12 @@ def check_module(module: nn.Module, input_shape: tuple[int, int, int], num_class
         shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
         raise UserError(f"your module returns {shape} for 2 images; it must return logits of shape "
                         f"(N, {num_classes}), one per class of the data")
+    if not out.is_floating_point():  # the cross-entropy loss and its gradient need real numbers
+        raise UserError(f"your module returns {str(out.dtype).removeprefix('torch.')} logits; they must be "
+                        "floating point (the cross-entropy loss is computed on them)")
+    if not any(p.requires_grad for p in module.parameters()):
+        raise UserError("your module has no trainable parameters (none, or all with requires_grad=False): "
+                        "training would change nothing")
 
 
 def _make_batches(cfg: TrainConfig, ctx: Context, data: Any, input_mode: str, source: Any = None) -> Batches:

@@ -19,6 +19,7 @@ from torch import nn
 
 from towerlab.config import CUSTOM_MODEL, MODELS, PRECISIONS, TTA
 from towerlab.errors import UserError
+from towerlab.readers import require_regular_file
 from towerlab.whitenet import WhitenedConvNet
 
 ACTIVATIONS: dict[str, Callable[[], nn.Module]] = {
@@ -316,6 +317,7 @@ def load_model(path: str | Path, map_location: str | torch.device = "cpu", *,
 
     if Path(path).is_dir():
         path = Path(path) / "model.pt"
+    require_regular_file(path)
     try:
         record = torch.load(path, map_location=map_location, weights_only=True)
     except FileNotFoundError:

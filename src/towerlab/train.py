@@ -60,6 +60,10 @@ class _Divergence:
         if flagged == 0 and (val_loss is None or math.isfinite(val_loss)):
             self.checked = step
             return
+        if flagged and step == 1:  # the loss of the initial weights: no update, no learning rate, has run yet
+            raise Diverged("the model's output is not finite: the loss of the first step, on the initial weights "
+                           "before any update, is NaN or infinite, so the learning rate is not the cause: check "
+                           "the model (its initialisation, or the forward of a module of your own)")
         if not flagged:
             what = f"the validation loss after step {step} is NaN or infinite"
         elif step == self.checked + 1:
@@ -244,6 +248,8 @@ def train(cfg: TrainConfig, ctx: Context, data: Any, *, input_mode: str = "resid
             progress.step += 1
             reporter.advance()
             step = progress.step
+            if step == 1:  # one host read per run: a loss already NaN here is the model's, not the lr's
+                divergence.check(step)
             if step % display_step == 0:
                 last_display = _display(reporter, ctx, step, loss, logits, y, last_display, global_batch,
                                         steps.lr(), divergence)

@@ -8,12 +8,17 @@ from __future__ import annotations
 
 import io
 import os
+import resource
+import shutil
 import struct
+import subprocess
+import sys
 import zipfile
 from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from towerlab.cli import main
 from towerlab.search import Store
@@ -47,6 +52,28 @@ def npz_claiming(path: Path, shape: tuple[int, ...], declared: int | None = None
         raw[local + 22:local + 26] = raw[central + 24:central + 28] = struct.pack("<I", len(header) + declared)
         path.write_bytes(bytes(raw))
     return path
+
+
+def limited_memory(gib: int = 4):
+    """For a subprocess: its address space capped at `gib` GiB, as `ulimit -v` does."""
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (gib * 2**30, gib * 2**30))
+    return limit
+
+
+@pytest.mark.parametrize("command", ["predict", "evaluate"])
+def test_a_model_file_asking_for_a_huge_network_is_one_line(command, run, tmp_path):
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy)
+    record = torch.load(copy / "model.pt", weights_only=True)
+    record["options"] = {**record["options"], "layers": 10**8}  # a 100-million-layer mlp in 250 KB
+    torch.save(record, copy / "model.pt")
+    np.savez(tmp_path / "x.npz", x=np.zeros((3, 28, 28), np.uint8))
+    args = [str(copy), str(tmp_path / "x.npz")] if command == "predict" else [str(copy)]
+    result = subprocess.run([sys.executable, "-m", "towerlab", command, *args], capture_output=True, text=True,
+                            cwd=tmp_path, timeout=120, preexec_fn=limited_memory())
+    assert result.returncode == 2
+    one_line(result.stderr, "layers must be at most 1000, got 100000000")
 
 
 @pytest.mark.parametrize("case, fragment", [

@@ -192,7 +192,7 @@ class MLP(nn.Module):
         super().__init__()
         if activation not in ACTIVATIONS:
             raise UserError(f"unknown activation {activation!r}: choose one of {', '.join(ACTIVATIONS)}")
-        require_positive_int("layers", layers)
+        require_positive_int("layers", layers, MAX_LAYERS)
         require_positive_int("neurons", neurons)
         require_fraction("dropout", dropout)
         width = math.prod(input_shape)
@@ -241,9 +241,18 @@ class CNN(nn.Module):
         return self.classifier(self.features(x))
 
 
-def require_positive_int(name: str, value: Any) -> None:
+# The most layers a model option may ask for (mlp layers, whitenet depth per stage), checked before
+# anything is built: far above any network that trains without residual connections, and low
+# enough that building one, even on the meta device (a model.pt's skeleton, a search's cost
+# estimate), takes seconds: 50,000 mlp layers took minutes and 1.65 GB there, then crashed torch.
+MAX_LAYERS = 1000
+
+
+def require_positive_int(name: str, value: Any, maximum: int | None = None) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise UserError(f"model option {name} must be a positive integer, got {value!r}")
+    if maximum is not None and value > maximum:
+        raise UserError(f"model option {name} must be at most {maximum}, got {value}")
 
 
 def require_fraction(name: str, value: Any) -> None:
@@ -359,8 +368,8 @@ def _rebuild(path: str | Path, name: str, shape: tuple, classes: int, options: d
     try:
         with torch.device("meta"):
             skeleton = build_model(name, shape, classes, **options)
-    except UserError:
-        raise
+    except UserError as exc:
+        raise UserError(f"{path} describes an impossible {name}: {exc}") from None
     except (TypeError, ValueError, RuntimeError) as exc:
         raise UserError(f"{path} describes an impossible {name} ({type(exc).__name__}: "
                         f"{' '.join(str(exc).split())[:200]})") from None

@@ -297,12 +297,12 @@ def train(cfg: TrainConfig, ctx: Context, data: Any, *, input_mode: str = "resid
         step_mode=steps.mode, history=progress.history, model=module)
 
 
-def check_setup(cfg: TrainConfig, world_size: int, data: Any, source: Any = None) -> None:
+def check_setup(cfg: TrainConfig, world_size: int, data: Any, source: Any = None) -> nn.Module:
     """Every mistake that would otherwise surface mid-run, found before anything is written: the
     model and its options (built on the meta device, so nothing is allocated; a model whose weights,
     gradients and optimizer state cannot fit in this machine's memory is refused), a module of your
     own (`source`: it must take a batch of the data's images and return one logit per class), and
-    the batch size."""
+    the batch size. Returns the network as checked (on the meta device, for a named model)."""
     if source is None:
         options = " ".join(f"{k}={v}" for k, v in cfg.model_options.items()) or "default options"
         try:
@@ -317,13 +317,15 @@ def check_setup(cfg: TrainConfig, world_size: int, data: Any, source: Any = None
                             f"and optimizer state, more than this machine's {machine_memory() / 2**30:.0f} GiB: use "
                             "smaller model options")
     else:
-        check_module(instantiate(source), data.input_shape, data.num_classes)
+        module = instantiate(source)
+        check_module(module, data.input_shape, data.num_classes)
     if cfg.translate >= min(data.input_shape[1:]):
         raise UserError(f"--translate {cfg.translate} shifts images by their whole size "
                         f"{data.input_shape[1]}x{data.input_shape[2]}: use fewer pixels")
     if (data.n_train // world_size) // cfg.batch_size == 0:
         raise UserError(f"--batch-size {cfg.batch_size} x {world_size} replica(s) is more than the "
                         f"{data.n_train} training examples: lower --batch-size or --devices")
+    return module
 
 
 def check_module(module: nn.Module, input_shape: tuple[int, int, int], num_classes: int) -> None:

@@ -125,6 +125,13 @@ def test_predict_never_writes_over_its_inputs_or_the_runs_files(run, tmp_path, c
     assert {p: p.read_bytes() for p in kept} == kept
     assert main(["predict", str(run), str(images), "--out", str(run / "predictions.npz")]) == 0  # a new file there
     assert (run / "predictions.npz").is_file()
+    elsewhere = tmp_path / "downloads"  # a model.pt outside a run: its neighbours are nobody's inputs
+    elsewhere.mkdir()
+    shutil.copy(run / "model.pt", elsewhere / "model.pt")
+    (elsewhere / "old.npz").write_bytes(b"old")
+    assert main(["predict", str(elsewhere / "model.pt"), str(images), "--out", str(elsewhere / "old.npz")]) == 0
+    with np.load(elsewhere / "old.npz") as written:
+        assert written["predictions"].shape == (3,)
 
 
 def test_search_show_never_plots_over_the_store_or_the_search_files(tmp_path, capsys):

@@ -46,11 +46,17 @@ def write_bytes(path: str | Path, data: bytes, *, replaces: str | Path | None = 
     _fsync_dir(path.parent)
 
 
+def is_job_folder(folder: Path) -> bool:
+    """Whether `folder` holds a job's output (a run's or a search's): its config.json, which --resume
+    reads first."""
+    return (folder / "config.json").is_file()
+
+
 def refuse_overwriting(out: str | Path, inputs: Iterable[str | Path], folders: Iterable[str | Path] = (),
                        option: str = "--out") -> None:
     """Refuse, before anything is read or written, an output path that would replace one of the
-    command's inputs (the same file, by any name) or an existing file of a run folder it reads: a
-    command that only reads must not destroy what it read."""
+    command's inputs (the same file, by any name) or an existing file of a run or search folder
+    among `folders`: a command that only reads must not destroy what it read."""
     out = Path(out)
     if not out.exists():
         return
@@ -60,7 +66,7 @@ def refuse_overwriting(out: str | Path, inputs: Iterable[str | Path], folders: I
                 raise UserError(f"{option} {out} is {path}, which this command reads: it would be replaced; "
                                 "write to another path")
     for folder in folders:
-        if Path(folder).is_dir() and out.resolve().parent == Path(folder).resolve():
+        if is_job_folder(Path(folder)) and out.resolve().parent == Path(folder).resolve():
             raise UserError(f"{option} {out} would replace a file of {folder}, which this command reads: "
                             "write to another path")
 

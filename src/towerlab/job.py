@@ -122,7 +122,7 @@ class OutputFolder:
     def require_new(self) -> None:
         if not self.holds_results():
             return
-        if (self.path / "config.json").is_file():  # what --resume reads first: the folder is a job's
+        if atomic.is_job_folder(self.path):
             raise UserError(f"output folder {self.path} already holds files: continue that run with --resume "
                             f"{self.path}, or choose another --out")
         raise UserError(f"output folder {self.path} already holds files and is not a towerlab run (no "

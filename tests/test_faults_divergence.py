@@ -61,7 +61,8 @@ def test_a_diverging_training_fails_in_one_line_naming_the_step(display, tmp_pat
     assert main(["train", *TINY, *DIVERGING, "--display-step", display, "--out", str(out)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "training diverged: the training loss became NaN or infinite" in err, err
-    assert ("at step " if display == "1" else "between steps 1 and ") in err and "--lr 1e+06" in err, err
+    # (step 1 is checked on its own: its loss, on the initial weights, is finite)
+    assert ("at step " if display == "1" else "between steps 2 and ") in err and "--lr 1e+06" in err, err
     assert not (out / "summary.json").exists() and not (out / "model.pt").exists()
     for line in (out / "metrics.jsonl").read_text().splitlines():
         strict(line)  # no bare NaN in the record
@@ -87,3 +88,28 @@ def test_a_search_whose_every_candidate_diverges_is_not_a_success(tmp_path, caps
     assert err.count("\n") == 1 and "all 2 candidates failed (the first: training diverged" in err, err
     record = strict((out / "summary.json").read_text())
     assert record["failures"] == 2 and record["best_genome"] is None
+
+
+class NotFinite(torch.nn.Module):
+    """A network whose output is NaN from its first forward, whatever the learning rate."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(28 * 28, 10)
+
+    def forward(self, x):
+        return self.fc(x.flatten(1)) * float("nan")
+
+
+def test_a_model_whose_output_is_nan_from_the_first_step_is_not_blamed_on_the_learning_rate(tmp_path):
+    from towerlab import api
+    from towerlab.train import Diverged
+
+    out = tmp_path / "run"
+    with pytest.raises(Diverged) as caught:
+        api.train(NotFinite(), "synthetic", synthetic_train=2000, val_size=500, steps=20, display_step=1000,
+                  device="cpu", devices=1, threads=1, progress=False, out=str(out))
+    message = str(caught.value)
+    assert "the model's output is not finite" in message and "first step" in message, message
+    assert "lr" not in message.replace("learning rate is not the cause", "")
+    assert not (out / "summary.json").exists() and not (out / "model.pt").exists()

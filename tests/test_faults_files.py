@@ -102,6 +102,57 @@ def test_a_torn_or_corrupt_checkpoint_is_refused_and_the_previous_one_loads(tmp_
         checkpoint.load(path)
 
 
+def test_a_huge_checkpoint_is_refused_unread_by_its_size_and_resume_says_so_in_one_line(tmp_path):
+    """A 30 GB (sparse) checkpoint.pt, resumed under a 4 GiB address space: refused by its size (more
+    than the run's model can need) before a byte is read; once the whole file was read first."""
+    from util import TINY, run_cli
+
+    out = tmp_path / "run"
+    assert run_cli("train", *TINY, "--model", "mlp", "--model-opt", "neurons=16", "--model-opt", "layers=1",
+                   "--steps", "2", "--out", str(out)).returncode == 0
+    checkpoint.previous(out / "checkpoint.pt").unlink(missing_ok=True)
+    os.truncate(out / "checkpoint.pt", 30 * 10**9)
+    done = child("""
+        resource.setrlimit(resource.RLIMIT_AS, (4 * 2**30, 4 * 2**30))
+        from towerlab.cli import main
+        sys.exit(main(["train", "--resume", sys.argv[1]]))
+        """, str(out))
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("towerlab: error: no usable checkpoint"), done.stderr
+    assert "checkpoint.pt: 30,000,000,000 bytes, more than a checkpoint of this run's model can be" in lines[0]
+    limit = checkpoint.size_limit(torch.nn.Linear(784, 16))  # 4 x 12,560 + 64 bytes of tensors: 64 MiB of margin
+    assert limit == 8 * 4 * (784 * 16 + 16) + 64 * 2**20
+
+
+def test_a_checkpoint_too_large_for_memory_is_unusable_not_a_traceback(tmp_path, monkeypatch):
+    path = tmp_path / "checkpoint.pt"
+    save(path, 1, size=10**6)
+    real_open = open
+
+    class Starved:  # a machine that cannot hold more than a chunk at once
+        def __init__(self, *args):
+            self.file = real_open(*args)
+
+        def __getattr__(self, name):
+            return getattr(self.file, name)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.file.close()
+
+        def read(self, n=-1):
+            if n < 0 or n > 2**20:
+                raise MemoryError
+            return self.file.read(n)
+
+    monkeypatch.setattr(checkpoint, "open", Starved, raising=False)
+    with pytest.raises(UserError, match=r"checkpoint\.pt: too large to read in this machine's memory"):
+        checkpoint.load(path)
+
+
 def test_a_save_after_falling_back_cannot_lose_the_last_good_checkpoint(tmp_path):
     """checkpoint.pt corrupt, .prev good: the next save rotates the corrupt file onto .prev; killed
     right then, the new complete file is still there and loads."""

@@ -228,3 +228,23 @@ def test_torchrun_restarts_a_search_whose_worker_died_and_it_ends_as_uninterrupt
     assert status == 0, log.read_text()
     assert "towerlab evolve" in log.read_text()
     assert_nothing_lost_or_repeated(out, reference, kept)
+
+
+def test_a_candidate_too_deep_to_build_fails_and_the_grid_goes_on(tmp_path):
+    """issue 41: 50,000 mlp layers once crashed the coordinator (SIGSEGV, in the cost estimate's
+    FLOP count, after minutes); now such a genome is refused before anything is built, its
+    evaluations are recorded as failed with the reason, and the other genomes are trained."""
+    from towerlab.search import evaluation_records
+
+    space = tmp_path / "space.toml"
+    space.write_text('model = "mlp"\n[genes]\nneurons = [1, 2]\nlayers = [1, 50000]\n')
+    out = tmp_path / "grid"
+    result = run_cli("grid", *ONE_CPU, "--space", str(space), "--dataset", "synthetic", "--val-size", "500",
+                     "--max-epochs", "1", "--threads", "1", "--no-progress", "--out", str(out), timeout=180)
+    assert result.returncode == 0, result.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert (summary["evaluations"], summary["failures"]) == (4, 2)
+    records = evaluation_records(out / "search.db")
+    failed = sorted((r["genome"]["neurons"], r["reason"]) for r in records if r["status"] == "failed")
+    assert failed == [(n, "UserError: model option layers must be at most 1000, got 50000") for n in (1, 2)]
+    assert {(r["genome"]["layers"], r["genome"]["neurons"]) for r in records if r["status"] == "ok"} == {(1, 1), (1, 2)}

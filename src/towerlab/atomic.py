@@ -12,7 +12,7 @@ import json
 import math
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 from towerlab.errors import UserError
 
@@ -44,6 +44,31 @@ def write_bytes(path: str | Path, data: bytes, *, replaces: str | Path | None = 
         kept = "the previous version is intact" if Path(replaces or path).exists() else "nothing was written"
         raise UserError(f"could not write {path}: {exc.strerror or exc}; {kept}") from None
     _fsync_dir(path.parent)
+
+
+def is_job_folder(folder: Path) -> bool:
+    """Whether `folder` holds a job's output (a run's or a search's): its config.json, which --resume
+    reads first."""
+    return (folder / "config.json").is_file()
+
+
+def refuse_overwriting(out: str | Path, inputs: Iterable[str | Path], folders: Iterable[str | Path] = (),
+                       option: str = "--out") -> None:
+    """Refuse, before anything is read or written, an output path that would replace one of the
+    command's inputs (the same file, by any name) or an existing file of a run or search folder
+    among `folders`: a command that only reads must not destroy what it read."""
+    out = Path(out)
+    if not out.exists():
+        return
+    for path in inputs:
+        with contextlib.suppress(OSError):  # an input that is not there is its reader's error
+            if os.path.samefile(out, path):
+                raise UserError(f"{option} {out} is {path}, which this command reads: it would be replaced; "
+                                "write to another path")
+    for folder in folders:
+        if is_job_folder(Path(folder)) and out.resolve().parent == Path(folder).resolve():
+            raise UserError(f"{option} {out} would replace a file of {folder}, which this command reads: "
+                            "write to another path")
 
 
 def write_text(path: str | Path, text: str) -> None:

@@ -25,6 +25,7 @@ from towerlab import atomic
 from towerlab.errors import UserError
 
 MARKER = b"TLCK0001"
+_CHUNK = 1 << 20  # read and hashed in pieces: a file is checked before it is held in memory
 FORMAT = "towerlab-checkpoint"
 VERSION = 1
 
@@ -67,13 +68,36 @@ def save(path: str | Path, state: dict) -> None:
                         f"the last good one is still loadable") from None
 
 
-def _read(path: Path) -> dict:
-    data = path.read_bytes()
-    if len(data) < 40 or data[-40:-32] != MARKER:
-        raise ValueError("no checksum trailer (truncated, or not a towerlab checkpoint)")
-    payload, digest = data[:-40], data[-32:]
-    if hashlib.sha256(payload).digest() != digest:
-        raise ValueError("checksum mismatch (the file is corrupt)")
+def size_limit(network: torch.nn.Module) -> int:
+    """The most bytes a checkpoint of `network` can take: its tensors as the best epoch's weights,
+    the step's own copy, and up to six more per tensor of optimizer, averaging and Lookahead state,
+    plus 64 MiB for the history and settings. A larger file is not this run's checkpoint."""
+    return 8 * sum(t.numel() * t.element_size() for t in network.state_dict().values()) + 64 * 2**20
+
+
+def _read(path: Path, max_bytes: int | None = None) -> dict:
+    """The checkpoint at `path`; a ValueError saying why it is unusable. Its size, trailer and
+    checksum are checked before the archive is held in memory (at most `max_bytes`)."""
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if max_bytes is not None and size > max_bytes:
+                raise ValueError(f"{size:,} bytes, more than a checkpoint of this run's model can be "
+                                 f"({max_bytes:,}): not this run's checkpoint")
+            f.seek(max(size - 40, 0))
+            trailer = f.read(40)
+            if len(trailer) < 40 or trailer[:8] != MARKER:
+                raise ValueError("no checksum trailer (truncated, or not a towerlab checkpoint)")
+            digest = hashlib.sha256()
+            f.seek(0)
+            for left in range(size - 40, 0, -_CHUNK):
+                digest.update(f.read(min(left, _CHUNK)))
+            if digest.digest() != trailer[8:]:
+                raise ValueError("checksum mismatch (the file is corrupt)")
+            f.seek(0)
+            payload = f.read(size - 40)
+    except MemoryError:
+        raise ValueError("too large to read in this machine's memory (MemoryError)") from None
     try:
         state = torch.load(io.BytesIO(payload), map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 - whatever the unpickler says, the file is unusable
@@ -85,8 +109,9 @@ def _read(path: Path) -> dict:
     return state
 
 
-def load(path: str | Path, log: Callable[[str], None] = print) -> dict:
-    """The newest good checkpoint at `path` (falling back to `<path>.prev`), or a UserError."""
+def load(path: str | Path, log: Callable[[str], None] = print, max_bytes: int | None = None) -> dict:
+    """The newest good checkpoint at `path` (falling back to `<path>.prev`), or a UserError;
+    `max_bytes` (`size_limit` of the run's model): a larger file is refused unread."""
     path = Path(path)
     if not exists(path):
         raise UserError(f"no checkpoint in {path.parent}: nothing to resume (was the run started with towerlab train?)")
@@ -97,7 +122,7 @@ def load(path: str | Path, log: Callable[[str], None] = print) -> dict:
                 problems.append(f"{path.name} is missing (a save was interrupted)")
             continue
         try:
-            state = _read(candidate)
+            state = _read(candidate, max_bytes)
         except (ValueError, OSError) as exc:
             problems.append(f"{candidate.name}: {exc}")
             continue

@@ -17,7 +17,7 @@ from typing import Any, Iterator, Sequence
 # The Agg backend before anything imports pyplot: plots are files, never windows.
 os.environ.setdefault("MPLBACKEND", "Agg")
 
-from towerlab import __version__  # noqa: E402
+from towerlab import __version__, atomic  # noqa: E402
 from towerlab.config import RunConfig, SearchConfig, TrainConfig, add_arguments, given  # noqa: E402
 from towerlab.errors import UserError  # noqa: E402
 from towerlab.exits import EXIT_PEER_LOST, EXIT_SIGPIPE, EXIT_USER_ERROR, Interrupted  # noqa: E402
@@ -253,6 +253,8 @@ def _cmd_search_show(args: argparse.Namespace) -> int:
     from towerlab.search import Store, evaluation_records, format_search
     from towerlab.search.show import records_csv, records_json, store_path
 
+    if args.plot:
+        atomic.refuse_overwriting(args.plot, (store_path(args.path),), (args.path,), option="--plot")
     with Store(store_path(args.path), create=False) as store:
         if args.csv or args.json or args.plot:
             records = evaluation_records(store)

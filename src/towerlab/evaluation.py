@@ -20,6 +20,7 @@ from towerlab.config import RunConfig, TrainConfig, from_dict, replace
 from towerlab.errors import UserError
 from towerlab.job import read_config
 from towerlab.models import load_model
+from towerlab.readers import labels_as_int64, npz_arrays
 
 SPLITS = ("test", "val")
 IMAGE_KEYS = ("x", "images", "x_test")
@@ -101,23 +102,17 @@ def _pair(data: Any) -> tuple[Any, Any]:
 
 def read_images(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray | None, str, str | None]:
     """(images, labels or None, the images' key, the labels' key) from an .npz: images under
-    x, images or x_test; labels, if any, under y, labels or y_test."""
+    x, images or x_test; labels, if any, under y, labels or y_test. Read as training reads its
+    data (`readers.npz_arrays`): every size a header claims is checked before anything is allocated."""
     path = Path(path)
-    try:
-        with np.load(path, allow_pickle=False) as npz:
-            keys = list(npz.files)
-            image_key = next((k for k in IMAGE_KEYS if k in keys), None)
-            label_key = next((k for k in LABEL_KEYS if k in keys), None)
-            if image_key is None:
-                raise UserError(f"{path} holds no images: name the array x (or images, x_test); it holds "
-                                f"{', '.join(keys) or 'nothing'}")
-            images = npz[image_key]
-            labels = npz[label_key] if label_key else None
-    except FileNotFoundError:
-        raise UserError(f"no file {path}") from None
-    except (OSError, ValueError) as exc:
-        raise UserError(f"{path} is not a readable .npz ({' '.join(str(exc).split())[:200]})") from None
-    return images, labels, image_key, label_key
+    if not path.exists():
+        raise UserError(f"no file {path}")
+    arrays = npz_arrays(path, (*IMAGE_KEYS, *LABEL_KEYS), required=False)
+    image_key = next((k for k in IMAGE_KEYS if k in arrays), None)
+    label_key = next((k for k in LABEL_KEYS if k in arrays), None)
+    if image_key is None:
+        raise UserError(f"{path} holds no images: name the array x (or images, x_test)")
+    return arrays[image_key], arrays[label_key] if label_key else None, image_key, label_key
 
 
 def predict_file(path: str | os.PathLike, images_path: str | os.PathLike, out: str | os.PathLike | None = None,
@@ -125,9 +120,10 @@ def predict_file(path: str | os.PathLike, images_path: str | os.PathLike, out: s
     """Label the images of `images_path` with the model of run `path`; writes `out` (default
     <images stem>-predictions.npz in the current folder) holding `predictions` (N,) and
     `probabilities` (N, classes). Returns {"out", "n", "accuracy" (None without labels), ...}."""
-    from towerlab.readers import labels_as_int64
-
-    model, _record = load_model(model_file(path), module=module)
+    file = model_file(path)
+    out = Path(out) if out is not None else Path(f"{Path(images_path).stem}-predictions.npz")
+    atomic.refuse_overwriting(out, (file, images_path), (file.parent,))
+    model, _record = load_model(file, module=module)
     images, labels, image_key, label_key = read_images(images_path)
     probabilities = model.predict_proba(images)
     predictions = probabilities.argmax(1)
@@ -137,7 +133,6 @@ def predict_file(path: str | os.PathLike, images_path: str | os.PathLike, out: s
         if len(truth) != len(predictions):
             raise UserError(f"{images_path}: {len(predictions)} images but {len(truth)} labels")
         accuracy = float((predictions == truth).mean())
-    out = Path(out) if out is not None else Path(f"{Path(images_path).stem}-predictions.npz")
     buffer = io.BytesIO()
     np.savez(buffer, predictions=predictions.astype(np.int64), probabilities=probabilities.astype(np.float32))
     atomic.write_bytes(out, buffer.getvalue())

@@ -120,9 +120,13 @@ class OutputFolder:
         return self.path.is_dir() and any(p.name != LOCK_NAME for p in self.path.iterdir())
 
     def require_new(self) -> None:
-        if self.holds_results():
+        if not self.holds_results():
+            return
+        if atomic.is_job_folder(self.path):
             raise UserError(f"output folder {self.path} already holds files: continue that run with --resume "
                             f"{self.path}, or choose another --out")
+        raise UserError(f"output folder {self.path} already holds files and is not a towerlab run (no "
+                        "config.json): choose another --out, or an empty or new folder")
 
     def release(self) -> None:
         if self._fd is None:

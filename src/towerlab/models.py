@@ -19,6 +19,7 @@ from torch import nn
 
 from towerlab.config import CUSTOM_MODEL, MODELS, PRECISIONS, TTA
 from towerlab.errors import UserError
+from towerlab.readers import require_regular_file
 from towerlab.whitenet import WhitenedConvNet
 
 ACTIVATIONS: dict[str, Callable[[], nn.Module]] = {
@@ -191,7 +192,7 @@ class MLP(nn.Module):
         super().__init__()
         if activation not in ACTIVATIONS:
             raise UserError(f"unknown activation {activation!r}: choose one of {', '.join(ACTIVATIONS)}")
-        require_positive_int("layers", layers)
+        require_positive_int("layers", layers, MAX_LAYERS)
         require_positive_int("neurons", neurons)
         require_fraction("dropout", dropout)
         width = math.prod(input_shape)
@@ -240,9 +241,18 @@ class CNN(nn.Module):
         return self.classifier(self.features(x))
 
 
-def require_positive_int(name: str, value: Any) -> None:
+# The most layers a model option may ask for (mlp layers, whitenet depth per stage), checked before
+# anything is built: far above any network that trains without residual connections, and low
+# enough that building one, even on the meta device (a model.pt's skeleton, a search's cost
+# estimate), takes seconds: 50,000 mlp layers took minutes and 1.65 GB there, then crashed torch.
+MAX_LAYERS = 1000
+
+
+def require_positive_int(name: str, value: Any, maximum: int | None = None) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise UserError(f"model option {name} must be a positive integer, got {value!r}")
+    if maximum is not None and value > maximum:
+        raise UserError(f"model option {name} must be at most {maximum}, got {value}")
 
 
 def require_fraction(name: str, value: Any) -> None:
@@ -331,6 +341,7 @@ def load_model(path: str | Path, map_location: str | torch.device = "cpu", *,
 
     if Path(path).is_dir():
         path = Path(path) / "model.pt"
+    require_regular_file(path)
     try:
         record = torch.load(path, map_location=map_location, weights_only=True)
     except FileNotFoundError:
@@ -371,8 +382,8 @@ def _rebuild(path: str | Path, name: str, shape: tuple, classes: int, options: d
     try:
         with torch.device("meta"):
             skeleton = build_model(name, shape, classes, **options)
-    except UserError:
-        raise
+    except UserError as exc:
+        raise UserError(f"{path} describes an impossible {name}: {exc}") from None
     except (TypeError, ValueError, RuntimeError) as exc:
         raise UserError(f"{path} describes an impossible {name} ({type(exc).__name__}: "
                         f"{' '.join(str(exc).split())[:200]})") from None

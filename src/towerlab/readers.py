@@ -16,6 +16,7 @@ import math
 import os
 import pickle
 import pickletools
+import stat
 import struct
 import tarfile
 import zipfile
@@ -47,6 +48,17 @@ def _one_line(err: BaseException) -> str:
     return " ".join(str(err).split())
 
 
+def require_regular_file(path: str | os.PathLike) -> None:
+    """Refuse a named pipe, socket or device before opening it: reading one blocks until a writer
+    comes, or never ends. (A missing file or a folder is left to the opener's own message.)"""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return
+    if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+        raise UserError(f"{path} is not a regular file (a named pipe, socket or device): give a file")
+
+
 # ----------------------------------------------------------------------------------------------- IDX
 
 def read_idx(path: str | os.PathLike) -> np.ndarray:
@@ -55,6 +67,7 @@ def read_idx(path: str | os.PathLike) -> np.ndarray:
     Image files (magic 0x00000803) give uint8 (N, 1, H, W); label files (0x00000801) give int64 (N,).
     """
     path = Path(path)
+    require_regular_file(path)
     try:
         if path.suffix == ".gz":
             with gzip.open(path, "rb") as stream:
@@ -278,6 +291,7 @@ def _cifar_blobs_from_dir(folder: Path, wanted: tuple[str, ...]) -> dict[str, by
 
 def _cifar_blobs_from_tar(archive: Path, wanted: tuple[str, ...]) -> dict[str, bytes]:
     blobs = {}
+    require_regular_file(archive)
     try:
         with tarfile.open(archive, mode="r:*") as tar:
             for member in tar:  # streamed: never extracted to disk
@@ -301,20 +315,25 @@ def _cifar_blobs_from_tar(archive: Path, wanted: tuple[str, ...]) -> dict[str, b
 NPZ_KEYS = ("x_train", "y_train", "x_test", "y_test")
 
 
-def npz_summary(path: str | os.PathLike) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
-    """Shape and dtype of each required array, from the zip directory and .npy headers alone.
+def npz_summary(path: str | os.PathLike, keys: tuple[str, ...] = NPZ_KEYS,
+                *, required: bool = True) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+    """Shape and dtype of each array of `keys` (every one, or with `required=False` those present),
+    from the zip directory and .npy headers alone.
 
     Refuses missing keys, object arrays, and headers claiming more data than their zip member holds.
     """
     path = Path(path)
+    require_regular_file(path)
     summary = {}
     try:
         with zipfile.ZipFile(path) as archive:
-            for key in NPZ_KEYS:
+            for key in keys:
                 try:
                     info = archive.getinfo(key + ".npy")
                 except KeyError:
-                    raise UserError(f"{path} has no array '{key}' (it needs {', '.join(NPZ_KEYS)})") from None
+                    if not required:
+                        continue
+                    raise UserError(f"{path} has no array '{key}' (it needs {', '.join(keys)})") from None
                 with archive.open(info) as member:
                     summary[key] = _npy_header(member, info.file_size, f"{path}:{key}")
     except (zipfile.BadZipFile, *_GZIP_ERRORS) as err:
@@ -354,14 +373,7 @@ def read_npz(path: str | os.PathLike, image_shape_hint: tuple[int, int, int] | N
     C must be 1 to 4. Labels must lie in 0..num_classes-1.
     """
     path = Path(path)
-    npz_summary(path)  # every size is vouched for before np.load allocates from the headers
-    try:
-        with np.load(path, allow_pickle=False) as npz:
-            raw = {key: npz[key] for key in NPZ_KEYS}
-    except (zipfile.BadZipFile, ValueError, *_GZIP_ERRORS) as err:
-        raise UserError(f"{path} is corrupt ({type(err).__name__}: {_one_line(err)}): replace it") from None
-    except OSError as err:
-        raise UserError(f"cannot read {path}: {err.strerror or err}") from None
+    raw = npz_arrays(path)
     out = {}
     for split in ("train", "test"):
         x = images_as_nchw(raw[f"x_{split}"], f"{path}:x_{split}", image_shape_hint)
@@ -373,6 +385,20 @@ def read_npz(path: str | os.PathLike, image_shape_hint: tuple[int, int, int] | N
         raise UserError(f"{path}: train images are {out['x_train'].shape[1:]} but test images are "
                         f"{out['x_test'].shape[1:]}")
     return out
+
+
+def npz_arrays(path: str | os.PathLike, keys: tuple[str, ...] = NPZ_KEYS,
+               *, required: bool = True) -> dict[str, np.ndarray]:
+    """The arrays `keys` of an .npz (every one, or with `required=False` those present), each size
+    vouched for by `npz_summary` before np.load allocates from the headers."""
+    present = npz_summary(path, keys, required=required)
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            return {key: npz[key] for key in present}
+    except (zipfile.BadZipFile, ValueError, *_GZIP_ERRORS) as err:
+        raise UserError(f"{path} is corrupt ({type(err).__name__}: {_one_line(err)}): replace it") from None
+    except OSError as err:
+        raise UserError(f"cannot read {path}: {err.strerror or err}") from None
 
 
 def images_as_nchw(x: np.ndarray, where: str, hint: tuple[int, int, int] | None) -> np.ndarray:

@@ -204,9 +204,9 @@ def _process(rank: int, world_size: int, store_path: str | None, cfg: TrainConfi
     with StopFlag() as stop, session(rank=rank, world_size=world_size, store_path=store_path,
                                      timeout=run.timeout, device=run.device) as ctx:
         data = worker_data(ctx, functools.partial(load_data, cfg, run), data, fallback)
-        check_setup(cfg, ctx.world_size, data, module)
+        network = check_setup(cfg, ctx.world_size, data, module)
         digests = content_sha256(data.source) if ctx.is_main else {}  # read once: start, resume check, summary
-        resume_state = _start_state(cfg, run, ctx, out, digests)
+        resume_state = _start_state(cfg, run, ctx, out, digests, checkpoint.size_limit(network))
         if ctx.is_main:
             out.mkdir(parents=True, exist_ok=True)
             if resume_state is None:
@@ -248,13 +248,15 @@ def _resumes_from(step: int, cfg: TrainConfig, data: Any, ctx: Context) -> str:
     return f"resuming from step {step} of {cfg.steps or cfg.epochs * per_epoch} ({where})"
 
 
-def _start_state(cfg: TrainConfig, run: RunConfig, ctx: Context, out: Path, digests: dict) -> dict | None:
+def _start_state(cfg: TrainConfig, run: RunConfig, ctx: Context, out: Path, digests: dict,
+                 max_bytes: int | None = None) -> dict | None:
     """The checkpoint this run continues from, or None for a new run. Rank 0 decides (only it may
-    see the folder); every rank gets the same answer, or the same UserError."""
+    see the folder); every rank gets the same answer, or the same UserError. `max_bytes`: the
+    largest checkpoint this run's model can have (`checkpoint.size_limit`)."""
     decision: dict = {}
     if ctx.is_main:
         try:
-            decision["state"] = _decide_start(cfg, run, ctx, out)
+            decision["state"] = _decide_start(cfg, run, ctx, out, max_bytes)
             if decision["state"] is not None:
                 _check_same_data(out, digests, run.allow_changed_data)
         except UserError as exc:
@@ -265,15 +267,16 @@ def _start_state(cfg: TrainConfig, run: RunConfig, ctx: Context, out: Path, dige
     return decision["state"]
 
 
-def _decide_start(cfg: TrainConfig, run: RunConfig, ctx: Context, out: Path) -> dict | None:
+def _decide_start(cfg: TrainConfig, run: RunConfig, ctx: Context, out: Path,
+                  max_bytes: int | None = None) -> dict | None:
     if run.resume:
-        return _resume_state(cfg, ctx, out)
+        return _resume_state(cfg, ctx, out, max_bytes)
     restarts = torchrun_restart()[1]
     if restarts_here(out, cfg):
         if not checkpoint.exists(out / CHECKPOINT):
             stderr_line(f"towerlab: torchrun restart {restarts}: no checkpoint in {out} yet, starting over")
             return None
-        state = _resume_state(cfg, ctx, out)
+        state = _resume_state(cfg, ctx, out, max_bytes)
         stderr_line(f"towerlab: torchrun restart {restarts}: continuing from the checkpoint of step "
                     f"{state['step']} in {out}")
         return state
@@ -287,8 +290,8 @@ def restarts_here(out: Path, cfg: TrainConfig) -> bool:
     return restarted_by_torchrun(out, lambda stored: from_dict(TrainConfig, stored["train"]) == cfg)
 
 
-def _resume_state(cfg: TrainConfig, ctx: Context, out: Path) -> dict:
-    state = checkpoint.load(out / CHECKPOINT, log=stderr_line)
+def _resume_state(cfg: TrainConfig, ctx: Context, out: Path, max_bytes: int | None = None) -> dict:
+    state = checkpoint.load(out / CHECKPOINT, log=stderr_line, max_bytes=max_bytes)
     checkpoint.check_compatible(state, {"model": cfg.model, "dataset": cfg.dataset,
                                         "world_size": ctx.world_size, "config": to_dict(cfg)}, out)
     missing = [k for k in RESUME_KEYS if k not in state]

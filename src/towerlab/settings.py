@@ -25,6 +25,7 @@ from typing import Any, Mapping
 from towerlab.config import (RunConfig, SearchConfig, TrainConfig, checked_values, from_dict, replace, to_dict,
                              unknown_keys, upgrade_search_config)
 from towerlab.errors import UserError
+from towerlab.readers import require_regular_file
 
 try:
     import tomllib
@@ -121,6 +122,7 @@ def read_config_file(config: str | os.PathLike | Mapping, main: str) -> tuple[di
 
 
 def _parse(path: Path) -> dict:
+    require_regular_file(path)
     try:
         raw = path.read_bytes()
     except OSError as exc:

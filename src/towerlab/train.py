@@ -60,6 +60,10 @@ class _Divergence:
         if flagged == 0 and (val_loss is None or math.isfinite(val_loss)):
             self.checked = step
             return
+        if flagged and step == 1:  # the loss of the initial weights: no update, no learning rate, has run yet
+            raise Diverged("the model's output is not finite: the loss of the first step, on the initial weights "
+                           "before any update, is NaN or infinite, so the learning rate is not the cause: check "
+                           "the model (its initialisation, or the forward of a module of your own)")
         if not flagged:
             what = f"the validation loss after step {step} is NaN or infinite"
         elif step == self.checked + 1:
@@ -244,6 +248,8 @@ def train(cfg: TrainConfig, ctx: Context, data: Any, *, input_mode: str = "resid
             progress.step += 1
             reporter.advance()
             step = progress.step
+            if step == 1:  # one host read per run: a loss already NaN here is the model's, not the lr's
+                divergence.check(step)
             if step % display_step == 0:
                 last_display = _display(reporter, ctx, step, loss, logits, y, last_display, global_batch,
                                         steps.lr(), divergence)
@@ -291,12 +297,12 @@ def train(cfg: TrainConfig, ctx: Context, data: Any, *, input_mode: str = "resid
         step_mode=steps.mode, history=progress.history, model=module)
 
 
-def check_setup(cfg: TrainConfig, world_size: int, data: Any, source: Any = None) -> None:
+def check_setup(cfg: TrainConfig, world_size: int, data: Any, source: Any = None) -> nn.Module:
     """Every mistake that would otherwise surface mid-run, found before anything is written: the
     model and its options (built on the meta device, so nothing is allocated; a model whose weights,
     gradients and optimizer state cannot fit in this machine's memory is refused), a module of your
     own (`source`: it must take a batch of the data's images and return one logit per class), and
-    the batch size."""
+    the batch size. Returns the network as checked (on the meta device, for a named model)."""
     if source is None:
         options = " ".join(f"{k}={v}" for k, v in cfg.model_options.items()) or "default options"
         try:
@@ -311,13 +317,15 @@ def check_setup(cfg: TrainConfig, world_size: int, data: Any, source: Any = None
                             f"and optimizer state, more than this machine's {machine_memory() / 2**30:.0f} GiB: use "
                             "smaller model options")
     else:
-        check_module(instantiate(source), data.input_shape, data.num_classes)
+        module = instantiate(source)
+        check_module(module, data.input_shape, data.num_classes)
     if cfg.translate >= min(data.input_shape[1:]):
         raise UserError(f"--translate {cfg.translate} shifts images by their whole size "
                         f"{data.input_shape[1]}x{data.input_shape[2]}: use fewer pixels")
     if (data.n_train // world_size) // cfg.batch_size == 0:
         raise UserError(f"--batch-size {cfg.batch_size} x {world_size} replica(s) is more than the "
                         f"{data.n_train} training examples: lower --batch-size or --devices")
+    return module
 
 
 def check_module(module: nn.Module, input_shape: tuple[int, int, int], num_classes: int) -> None:

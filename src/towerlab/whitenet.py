@@ -136,10 +136,11 @@ class WhitenedConvNet(nn.Module):
     def __init__(self, input_shape: tuple[int, int, int], num_classes: int = 10, *, width1: int = 64,
                  width2: int = 256, width3: int = 256, depth: int = 2):
         super().__init__()
-        from towerlab.models import require_positive_int
+        from towerlab.models import MAX_LAYERS, require_positive_int
 
-        for name, value in (("width1", width1), ("width2", width2), ("width3", width3), ("depth", depth)):
+        for name, value in (("width1", width1), ("width2", width2), ("width3", width3)):
             require_positive_int(name, value)
+        require_positive_int("depth", depth, MAX_LAYERS)
         channels, height, width = input_shape
         if (min(height, width) - WHITEN_KERNEL + 1) >> 3 < 1:
             raise UserError(f"whitenet pools its input three times: a {height}x{width} image is too small "

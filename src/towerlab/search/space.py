@@ -21,6 +21,7 @@ from typing import Any, Iterator, Mapping
 
 from towerlab.config import OPTIMIZERS
 from towerlab.errors import UserError
+from towerlab.readers import require_regular_file
 
 try:
     import tomllib
@@ -260,6 +261,7 @@ def load_space(name_or_path: str | Path) -> Space:
     if not path.exists():
         raise UserError(f"unknown search space {text!r}: use {', '.join(BUILTIN_SPACES)} "
                         f"or the path of a TOML file")
+    require_regular_file(path)
     try:
         with open(path, "rb") as f:
             data = tomllib.load(f)

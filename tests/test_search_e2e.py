@@ -43,7 +43,8 @@ def _history(out):
 
 @pytest.mark.slow
 def test_two_workers_give_the_history_of_one_worker(tmp_path, space_file):
-    args = ["evolve", *BASE, "--space", space_file, "--population", "6", "--generations", "3", "--seed", "7"]
+    args = ["evolve", *BASE, "--space", space_file, "--population", "6", "--generations", "3", "--seed", "7",
+            "--remeasure", "2"]
     assert main([*args, "--out", str(tmp_path / "one")]) == 0
     assert main([*args, "--devices", "2", "--out", str(tmp_path / "two")]) == 0
     one, two = _history(tmp_path / "one"), _history(tmp_path / "two")
@@ -125,7 +126,7 @@ def test_a_pruned_search_on_two_workers_trains_what_one_worker_trains(tmp_path, 
 def test_grid_writes_its_record_and_exports_the_winner(tmp_path, space_file, capsys):
     out = tmp_path / "grid"
     assert main(["grid", *BASE, "--space", space_file, "--limit", "4", "--top", "2", "--export-best",
-                 "--out", str(out)]) == 0
+                 "--remeasure", "2", "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "Generation 1/1: evaluated 4, cached 0, failed 0" in printed and "Top 2 networks" in printed
     summary = json.loads((out / "summary.json").read_text())
@@ -157,7 +158,7 @@ def test_grid_writes_its_record_and_exports_the_winner(tmp_path, space_file, cap
 
 def test_retraining_the_winner_from_best_json_reproduces_its_accuracy(tmp_path, space_file):
     out = tmp_path / "grid"
-    assert main(["grid", *BASE, "--space", space_file, "--limit", "2", "--out", str(out)]) == 0
+    assert main(["grid", *BASE, "--space", space_file, "--limit", "2", "--remeasure", "2", "--out", str(out)]) == 0
     best = json.loads((out / "best.json").read_text())
     command = best["command"].split()[2:]
     assert main(["train", *command, "--threads", "1", "--no-progress", "--out", str(tmp_path / "again")]) == 0
@@ -186,12 +187,18 @@ def test_a_search_sharing_a_store_trains_nothing_twice(tmp_path, space_file, cap
     assert len(rows) > 3 and {row.split(",")[1] for row in rows[1:]} == {"1"}  # only the first search trained
 
 
-def test_resume_extends_a_finished_search_with_more_generations(tmp_path, space_file):
+def test_resume_extends_a_finished_search_with_more_generations(tmp_path, space_file, capsys):
     out = tmp_path / "evo"
     args = ["evolve", *BASE, "--space", space_file, "--population", "4", "--seed", "3"]
     assert main([*args, "--generations", "2", "--out", str(out)]) == 0
     first = json.loads((out / "summary.json").read_text())
+    trained = first["cost"]["search"]["trainings"] + first["cost"]["remeasure"]["trainings"]
+    capsys.readouterr()
     assert main(["evolve", "--resume", str(out), "--generations", "3"]) == 0
+    # its first line says what it continues; re-measuring stays as the first start resolved it
+    assert capsys.readouterr().out.startswith(f"towerlab evolve: resuming search 1 of {out / 'search.db'} "
+                                              f"(2 generation(s) complete, {trained} training(s) kept): ga over")
+    assert json.loads((out / "config.json").read_text())["search"]["remeasure"] == 0  # 8 trainings, top 4
     extended = json.loads((out / "summary.json").read_text())
     assert extended["generations"] == 3
     assert extended["generation_stats"][:2] == first["generation_stats"][:2]  # replayed, not retrained

@@ -324,8 +324,10 @@ class SearchConfig:
     mutate_chance: float = _opt(0.2, "ga: probability that a child has one gene redrawn")
     elite: int = _opt(1, "ga: the best K networks always survive unchanged")
     seed: int = _opt(0, "seed of the search; candidate seeds derive from (seed, generation, index)")
-    remeasure: int = _opt(2, "fresh seeds a network about to be crowned (ga's elite, the final top) is trained "
-                          "with again; such networks rank by their mean (0: every network is measured once)")
+    remeasure: Optional[int] = _opt(None, "fresh seeds a network about to be crowned (ga's elite, the final top) is "
+                                    "trained with again; such networks rank by their mean (0: every network is "
+                                    "measured once; None: 2, fewer where they would cost more than half the "
+                                    "search's trainings)")
     max_epochs: int = _opt(10, "epochs a candidate may train at most (a space with an `epochs` gene, like "
                                "whitenet, sets each candidate's own)")
     patience: int = _opt(5, "a candidate stops after this many epochs without a lower validation loss")
@@ -367,7 +369,7 @@ class SearchConfig:
             raise UserError(f"--elite must be between 0 and --population ({self.population}), got {self.elite}")
         if self.val_size <= 0:
             raise UserError("--val-size must be positive: the fitness is validation accuracy")
-        if not 0 <= self.remeasure <= MAX_REMEASURE:
+        if self.remeasure is not None and not 0 <= self.remeasure <= MAX_REMEASURE:
             raise UserError(f"--remeasure must be between 0 and {MAX_REMEASURE}, got {self.remeasure}")
         if self.min_epochs is not None and self.min_epochs >= self.max_epochs:
             raise UserError(f"--min-epochs ({self.min_epochs}) must be below --max-epochs ({self.max_epochs}): "

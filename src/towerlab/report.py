@@ -170,6 +170,32 @@ def format_generation(stats: Any, generations: int) -> str:
             f"{stats.seconds:.1f} s{replayed}")
 
 
+def format_plan(plan: dict) -> str:
+    """What a search's budget holds (`towerlab.search.engine.planned_trainings`), said before it starts."""
+    parts = [f"at most {plan['search']} trainings for the search"]
+    if plan["rungs"]:
+        parts.append(f"{plan['rungs']} promotions to longer rungs")
+    parts += [f"{plan['remeasure']} for re-measuring", f"{plan['test']} for testing"]
+    return "Budget: " + ", ".join(parts) + f"; {plan['epochs']} epochs of training at most"
+
+
+def format_estimate(seconds: float, epochs: int, plan: dict, workers: int) -> str:
+    """The search's duration guessed from its first training (`seconds` for `epochs` epochs)."""
+    whole = seconds / max(1, epochs) * plan["epochs"] / max(1, workers)
+    return (f"The first training took {seconds:.1f} s for {epochs} epoch(s): at that pace the budget's "
+            f"{plan['epochs']} epochs on {workers} worker(s) take at most about {duration(whole)} (networks "
+            f"differ in size; early stopping and the store make it shorter)")
+
+
+def duration(seconds: float) -> str:
+    """60 s -> "1 min", 5400 s -> "1.5 h": the unit a reader plans with."""
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
 def format_cost(cost: dict) -> str:
     """The trainings a search made, by purpose (its summary's "cost")."""
     names = {"search": "for the search", "remeasure": "for re-measuring", "test": "for testing"}

@@ -35,10 +35,12 @@ from towerlab.fitness import (candidate_config, candidate_task, estimated_cost, 
                               train_config_hash)
 from towerlab.job import (check_writable_file, require_out_under_torchrun, restarted_by_torchrun, save_model,
                           start_job, write_config)
-from towerlab.report import Reporter, format_cost, format_generation, format_top, plot_accuracy_time, plot_fitness
+from towerlab.report import (Reporter, format_cost, format_estimate, format_generation, format_plan, format_top,
+                             plot_accuracy_time, plot_fitness)
 from towerlab.runner import handed_over, load_data, resolved_run, worker_data
 from towerlab.search import (Candidate, Space, evaluation_records, load_space, make_sampler, open_search,
-                             refuse_unused_settings, run_search, sampler_class)
+                             planned_trainings, refuse_unused_settings, resolved_remeasure, run_search,
+                             sampler_class)
 from towerlab.search.pool import Pool, stale_seconds
 from towerlab.search.store import Store
 
@@ -60,6 +62,7 @@ def start_search(kind: str, cfg: SearchConfig, run: RunConfig, *, start_method: 
     """Run the search job; returns its exit status (`start_method` as in `distributed.launch`; None:
     `distributed.start_method_for` the run's device)."""
     space = check_settings(cfg, run)
+    cfg = resolved_remeasure(cfg, space)  # recorded as resolved: a resume re-measures as this start did
     require_out_under_torchrun(run)
     if cfg.store:
         check_writable_file(cfg.store, "--store")
@@ -180,14 +183,22 @@ def _coordinate(kind: str, cfg: SearchConfig, run: RunConfig, out: Path, space: 
         raise UserError(f"cannot create the search store {cfg.store or out / 'search.db'}: "
                         f"{exc.strerror or exc}") from None
     with store:
+        resuming = ""
         if run.resume:
             search_id = _stored_search_id(out)
+            done = store.generations(search_id)
+            resuming = (f"resuming search {search_id} of {store.path} ({sum(g.complete for g in done)} generation(s) "
+                        f"complete, {len(store.evaluations(search_id))} training(s) kept): ")
         else:
             search_id = open_search(store, cfg, make_sampler(cfg, space), space, tch, None)
             _write_config(out, kind, cfg, run, ctx, store, search_id)
-        reporter.line(f"towerlab {COMMANDS[kind]}: {cfg.sampler} over space {space.name} ({space.size} genomes, "
-                      f"model {space.model}) on {cfg.dataset}, {ctx.world_size} worker(s) on {ctx.device.type} "
-                      f"-> {out}")
+        reporter.line(f"towerlab {COMMANDS[kind]}: {resuming}{cfg.sampler} over space {space.name} ({space.size} "
+                      f"genomes, model {space.model}) on {cfg.dataset}, {ctx.world_size} worker(s) on "
+                      f"{ctx.device.type} -> {out}")
+
+        plan = planned_trainings(cfg, space)
+        reporter.line(format_plan(plan))
+        first: list[dict] = []  # the first successful training of this start: the estimate's yardstick
 
         def evaluate(candidates: list[Candidate], record: Any) -> None:
             reporter.start_progress(len(candidates), 0, unit="net")
@@ -204,6 +215,9 @@ def _coordinate(kind: str, cfg: SearchConfig, run: RunConfig, out: Path, space: 
             def on_result(index: int, result: dict) -> list[dict]:
                 record(queue[index], outcome(result))
                 recorded.append(index)
+                if not first and result.get("status") == "ok":
+                    first.append(result)
+                    reporter.line(format_estimate(result["seconds"], result["epochs"], plan, ctx.world_size))
                 reporter.advance()
                 more = record.more()  # a pruned rung's certain places go on at once: no worker waits
                 reporter.grow(len(more))

@@ -8,7 +8,7 @@ processes. Everything random comes from the search seed, so a search can be resu
 it against its store.
 """
 
-from towerlab.search.engine import open_search, run_search
+from towerlab.search.engine import open_search, planned_trainings, resolved_remeasure, run_search
 from towerlab.search.evaluation import (Candidate, Evaluate, Outcome, Record, candidate_seed, make_rng,
                                         remeasure_seed, rung_epochs, serial)
 from towerlab.search.history import Generation, GenerationStats, Member, SearchResult, TopGenome, rank_key
@@ -26,6 +26,7 @@ __all__ = [
     "GenerationStats", "Member", "Outcome", "Record", "Sampler", "SearchResult", "Space", "Store", "TopGenome",
     "breed", "candidate_seed", "canonical", "evaluation_records", "format_search", "genome_hash", "grid_genomes",
     "initial_population", "load_space", "make_rng", "make_sampler", "mutate", "next_generation", "open_search",
+    "planned_trainings", "resolved_remeasure",
     "random_genome", "rank_key", "refuse_unused_settings", "remeasure_seed", "rung_epochs", "rung_hash", "run_search",
     "sampler_class", "serial", "settings_of_others",
 ]

@@ -8,11 +8,12 @@ here: the evaluation protocol is in `towerlab.search.evaluation`, the counts in
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Callable, Optional
 
 from towerlab.config import SearchConfig, to_dict
 from towerlab.errors import UserError
-from towerlab.search.evaluation import Evaluate
+from towerlab.search.evaluation import Evaluate, rung_epochs
 from towerlab.search.history import Generation, GenerationStats, SearchResult, TopGenome
 from towerlab.search.rounds import Rounds
 from towerlab.search.samplers import Sampler, make_sampler
@@ -46,8 +47,9 @@ def open_search(store: Store, cfg: SearchConfig, sampler: Sampler, space: Space,
                         f"({row.space_fingerprint[:12]}), not {space.name} ({space.fingerprint[:12]}): "
                         f"resume with the space it was made with, or start a new search elsewhere")
     if row.train_config_hash != train_config_hash:
-        raise UserError(f"store {store.path} was made with other training settings "
-                        f"(dataset, val-size, epochs, patience, batch size...): resume with the same ones")
+        raise UserError(f"store {store.path} was made with other training settings (dataset, val-size, epochs, "
+                        f"patience, batch size, device kind, CPU threads per candidate, or an older towerlab's): "
+                        f"resume with the same ones")
     for name in (*_IDENTITY, *sampler.identity):
         if row.config.get(name) != config[name]:
             raise UserError(f"store {store.path} holds a search with --{name.replace('_', '-')} "
@@ -65,6 +67,41 @@ def open_search(store: Store, cfg: SearchConfig, sampler: Sampler, space: Space,
     return row.id
 
 
+def planned_trainings(cfg: SearchConfig, space: Space) -> dict:
+    """The most trainings the search's budget holds, by purpose, and their epochs: `search`, members
+    trained for the first time (population x generations, or --max-evaluations); `rungs`, a pruned
+    search's promotions to its higher rungs (each rung keeps 1/prune_factor of the one below);
+    `remeasure`, --remeasure K for the final top and for each later generation's elite; `test`, the
+    top once each. A store that serves some of them, early stopping and failures make fewer."""
+    sampler = make_sampler(cfg, space)
+    generations = 1 if sampler.one_generation else cfg.generations
+    search = sampler.population * generations
+    if cfg.max_evaluations is not None:
+        search = min(search, cfg.max_evaluations)
+    ladder = rung_epochs(cfg.max_epochs, cfg.min_epochs, cfg.prune_factor)
+    promoted = [math.ceil(sampler.population / cfg.prune_factor ** i) * generations for i in range(1, len(ladder))]
+    top = min(cfg.top, search)
+    remeasure = cfg.remeasure * (top + min(sampler.elite, sampler.population) * (generations - 1))
+    return {"search": search, "rungs": sum(promoted), "remeasure": remeasure, "test": top,
+            "epochs": (search * ladder[0] + sum(n * e for n, e in zip(promoted, ladder[1:]))
+                       + (remeasure + top) * cfg.max_epochs)}
+
+
+DEFAULT_REMEASURE = 2
+REMEASURE_SHARE = 0.5  # of a search's trainings, the most that default re-measuring may add
+
+
+def resolved_remeasure(cfg: SearchConfig, space: Space) -> SearchConfig:
+    """`cfg` with --remeasure decided: as given, else DEFAULT_REMEASURE fresh seeds, fewer (down to
+    none) where those would be more than REMEASURE_SHARE of the search's own trainings: a small
+    search should not spend longer re-measuring its winners than finding them."""
+    if cfg.remeasure is not None:
+        return cfg
+    per_seed = planned_trainings(replace(cfg, remeasure=1), space)
+    most = int(per_seed["search"] * REMEASURE_SHARE // max(1, per_seed["remeasure"]))
+    return replace(cfg, remeasure=min(DEFAULT_REMEASURE, most))
+
+
 def run_search(cfg: SearchConfig, space: Space, evaluate: Evaluate, store: Store, train_config_hash: str,
                on_generation: Optional[Callable[[GenerationStats], None]] = None,
                *, resume: int | bool | None = None, on_progress: Optional[Callable[[str], None]] = None,
@@ -80,6 +117,7 @@ def run_search(cfg: SearchConfig, space: Space, evaluate: Evaluate, store: Store
     finished generations are replayed and checked, finished evaluations are kept, and the result
     equals an uninterrupted run's.
     """
+    cfg = resolved_remeasure(cfg, space)
     sampler = make_sampler(cfg, space)
     search_id = open_search(store, cfg, sampler, space, train_config_hash, resume)
     rounds = Rounds(store, search_id, cfg, train_config_hash, evaluate)

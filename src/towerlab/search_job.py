@@ -182,7 +182,7 @@ def _coordinate(kind: str, cfg: SearchConfig, run: RunConfig, out: Path, space: 
         else:
             search_id = open_search(store, cfg, make_sampler(cfg, space), space, tch, None)
             _write_config(out, kind, cfg, run, ctx, store, search_id)
-        reporter.line(f"towerlab {COMMANDS[kind]}: {cfg.sampler} over space {space.name} ({space.size} genomes, "
+        reporter.line(f"towerlab {COMMANDS[kind]}: {cfg.sampler} over space {space.name} ({space.size_text}, "
                       f"model {space.model}) on {cfg.dataset}, {ctx.world_size} worker(s) on {ctx.device.type} "
                       f"-> {out}")
 

@@ -5,8 +5,9 @@ Each generation asks `--population` trials before any is told (Optuna's constant
 apart), so the history does not depend on how many workers train them; fewer per generation
 means a better-informed TPE and less parallel work. The sampler is seeded from the search seed, so
 replaying the tells of a stored search asks the same trials again: a TPE search resumes exactly,
-with the same Optuna version. Genes are categorical (each value a choice), as in the baselines
-the sampler was measured against. A failed candidate is told FAIL; one a pruned search stopped
+with the same Optuna version. A listed gene is categorical (each value a choice, as in the
+baselines the sampler was measured against); a range gene is Optuna's int or float distribution,
+with its log scale or step. A failed candidate is told FAIL; one a pruned search stopped
 early is told PRUNED with its fitness at the rung it reached.
 """
 
@@ -20,7 +21,7 @@ from towerlab.errors import UserError
 from towerlab.search.evaluation import rung_epochs, sampler_rng
 from towerlab.search.history import Generation
 from towerlab.search.samplers import Sampler
-from towerlab.search.space import Space
+from towerlab.search.space import Gene, Range, Space
 
 
 def _optuna() -> Any:
@@ -30,6 +31,15 @@ def _optuna() -> Any:
         raise UserError("the tpe sampler needs Optuna: pip install 'towerlab[tpe]' "
                         "(or choose --sampler ga, random or grid)") from None
     return optuna
+
+
+def distribution(optuna: Any, gene: Gene) -> Any:
+    """The Optuna distribution of a gene."""
+    if not isinstance(gene, Range):
+        return optuna.distributions.CategoricalDistribution(gene)
+    if gene.kind == "int":
+        return optuna.distributions.IntDistribution(gene.low, gene.high, log=gene.log, step=gene.step or 1)
+    return optuna.distributions.FloatDistribution(gene.low, gene.high, log=gene.log, step=gene.step)
 
 
 class TPESampler(Sampler):
@@ -44,8 +54,7 @@ class TPESampler(Sampler):
             sampler = optuna.samplers.TPESampler(seed=int(sampler_rng(cfg.seed, "tpe").integers(2**32)),
                                                  constant_liar=True)
         self._study = optuna.create_study(direction="maximize", sampler=sampler)
-        self._distributions = {name: optuna.distributions.CategoricalDistribution(values)
-                               for name, values in space.genes.items()}
+        self._distributions = {name: distribution(optuna, values) for name, values in space.genes.items()}
         self._last_rung = len(rung_epochs(cfg.max_epochs, cfg.min_epochs, cfg.prune_factor)) - 1
         self._asked: list[Any] = []
 

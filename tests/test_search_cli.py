@@ -114,3 +114,23 @@ def test_a_grid_too_large_to_hold_is_refused_before_any_folder(tmp_path, capsys)
     err = capsys.readouterr().err
     assert "has 1001000 genomes: grid a random subset with --limit N (N up to 1000000)" in err
     assert err.count("\n") == 1 and not (tmp_path / "grid").exists()
+
+
+def test_a_typed_space_searches_from_the_command_line(tmp_path, capsys):
+    pytest.importorskip("optuna")
+    space = tmp_path / "typed.toml"
+    space.write_text('model = "mlp"\n[genes]\nneurons = {low = 8, high = 64, log = true}\n'
+                     'lr = {low = 1e-4, high = 0.01, log = true}\nlayers = [1, 2]\n')
+    out = tmp_path / "tpe"
+    assert main(["search", "run", "--sampler", "tpe", *BASE, "--space", str(space), "--population", "2",
+                 "--generations", "2", "--remeasure", "0", "--top", "1", "--out", str(out)]) == 0
+    best = json.loads((out / "best.json").read_text())
+    assert 8 <= best["genome"]["neurons"] <= 64 and type(best["genome"]["neurons"]) is int
+    assert 1e-4 <= best["genome"]["lr"] <= 0.01 and type(best["genome"]["lr"]) is float
+    assert "over space" in capsys.readouterr().out
+    assert main(["search", "show", str(out)]) == 0
+    assert "(model mlp, a continuous space)" in capsys.readouterr().out
+
+    assert main(["grid", *BASE, "--space", str(space), "--out", str(tmp_path / "grid")]) == 2
+    err = capsys.readouterr().err
+    assert "a grid cannot list float gene 'lr'" in err and err.count("\n") == 1 and not (tmp_path / "grid").exists()

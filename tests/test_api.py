@@ -73,7 +73,11 @@ def test_a_module_instance_starts_every_replica_from_its_own_weights(tmp_path):
     (lambda a: api.train("lenet5", a, epochs="3"), "epochs must be a whole number"),
     (lambda a: api.train("lenet5", (a[0][:5], a[1])), "5 images but 1200 labels"),
     (lambda a: api.train(model="custom", data="synthetic"), "a module you give from Python"),
-    (lambda a: api.evolve(data=a), "takes a dataset name or an .npz path"),
+    (lambda a: api.evolve("mlp", "synthetic", test=a), "go with data given as arrays"),
+    (lambda a: api.search({"model": "mlp", "genes": {"lr": {"low": 0.1}}}, a), "a range needs low and high"),
+    (lambda a: api.search({"model": "mlp", "genes": {"lr": [float("nan")]}}, a), "the space dict must hold only"),
+    (lambda a: api.grid({"model": "mlp", "genes": {"lr": {"low": 1e-3, "high": 0.1}}}, a),
+     "a grid cannot list float gene 'lr'"),
 ])
 def test_bad_input_raises_one_user_error_and_writes_nothing(call, fragment, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
@@ -106,6 +110,27 @@ def test_a_search_from_python(tmp_path):
     assert search.generations and search.generations[0]["evaluated"] == 2
     assert search.model is not None and search.model.num_classes == 10
     assert search.config["kind"] == "grid" and search.out == tmp_path / "grid"
+
+
+def test_a_search_on_arrays_over_a_dict_space(tmp_path):
+    pytest.importorskip("optuna")
+    x, y, x_test, y_test = synthetic_arrays(600, 200)
+    space = {"model": "mlp", "genes": {"neurons": {"low": 8, "high": 64, "log": True},
+                                       "lr": {"low": 1e-4, "high": 0.01, "log": True}, "activation": ["relu", "tanh"]}}
+    options = dict(sampler="tpe", population=2, generations=2, top=1, remeasure=0, max_epochs=1, patience=1,
+                   devices=1, device="cpu", progress=False)
+    first = api.search(space, (x, y), test=(x_test, y_test), out=str(tmp_path / "a"), **options)
+    assert (first.evaluations, first.cache_hits, first.data_source["format"]) == (4, 0, "arrays")
+    assert first.config["search"]["val_size"] == 60  # a tenth of the images held out, as train does
+    genome = first.best["genome"]
+    assert 8 <= genome["neurons"] <= 64 and 1e-4 <= genome["lr"] <= 0.01 and type(genome["lr"]) is float
+    assert 0 <= first.best["test_accuracy"] <= 1
+    store = str(first.out / "search.db")
+    again = api.search(space, (x, y), test=(x_test, y_test), out=str(tmp_path / "b"), store=store, **options)
+    assert (again.evaluations, again.cache_hits) == (0, 4)  # the same arrays: the store serves them
+    other = api.search(space, (x, (y + 1) % 10), test=(x_test, y_test), out=str(tmp_path / "c"), store=store,
+                       **options)
+    assert (other.evaluations, other.cache_hits) == (4, 0)  # other arrays: another cache
 
 
 def test_any_ranks_user_error_reaches_the_launcher_as_one_exception():

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from towerlab.config import SearchConfig, TrainConfig, is_custom_dataset
+from towerlab.config import ARRAYS_DATASET, SearchConfig, TrainConfig, is_custom_dataset
 from towerlab.data import fingerprint
 from towerlab.distributed import Context, Interrupted, StopFlag
 from towerlab.presets import apply_preset
@@ -47,17 +47,20 @@ def recipe(model: str, optimizer: str | None = None) -> dict:
     return settings
 
 
-def training_settings(cfg: SearchConfig) -> dict:
+def training_settings(cfg: SearchConfig, source: dict | None = None) -> dict:
     """Everything besides the genome and the seed that decides a candidate's fitness."""
     settings = {"dataset": cfg.dataset, "val_size": cfg.val_size, "max_epochs": cfg.max_epochs,
                 "patience": cfg.patience, "batch_size": cfg.batch_size, "fitness_version": FITNESS_VERSION}
     if is_custom_dataset(cfg.dataset):
         settings["dataset_content"] = fingerprint(cfg.dataset)  # a replaced file invalidates the cache
+    elif cfg.dataset == ARRAYS_DATASET:
+        settings["dataset_content"] = source["sha256"]  # other arrays: another cache
     return settings
 
 
-def train_config_hash(cfg: SearchConfig) -> str:
-    return genome_hash(training_settings(cfg))
+def train_config_hash(cfg: SearchConfig, source: dict | None = None) -> str:
+    """`source`: the data's (`Dataset.source`), needed for arrays given from Python."""
+    return genome_hash(training_settings(cfg, source))
 
 
 def candidate_config(cfg: SearchConfig, model: str, genome: dict, seed: int,

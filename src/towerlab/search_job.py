@@ -55,8 +55,10 @@ def check_settings(cfg: SearchConfig, run: RunConfig) -> Space:
     return space
 
 
-def start_search(kind: str, cfg: SearchConfig, run: RunConfig, *, start_method: str | None = None) -> int:
-    """Run the search job; returns its exit status (`start_method` as in `distributed.launch`; None:
+def start_search(kind: str, cfg: SearchConfig, run: RunConfig, *, data: Any = None,
+                 start_method: str | None = None) -> int:
+    """Run the search job; returns its exit status. `data` (a towerlab.data.Dataset, arrays from
+    Python) replaces loading `cfg.dataset`; `start_method` as in `distributed.launch` (None:
     `distributed.start_method_for` the run's device)."""
     space = check_settings(cfg, run)
     require_out_under_torchrun(run)
@@ -77,14 +79,14 @@ def start_search(kind: str, cfg: SearchConfig, run: RunConfig, *, start_method: 
         stale_seconds()  # a bad TOWERLAB_WORKER_STALE_SECONDS is refused before any worker starts
         # Every data problem (and the download, or the offline fallback) once, before any worker
         # starts; the workers get this data, so every one of them reads the very same.
-        return (kind, cfg, run, str(out), *handed_over(_data(cfg, run), start_method))
+        return (kind, cfg, run, str(out), *handed_over(data if data is not None else _data(cfg, run), start_method))
 
     def resume_hint() -> str:
         return (f"Continue the search with: towerlab {COMMANDS[kind]} --resume {out}"
                 if (out / "config.json").exists() else "")
 
     return start_job(out, resume=run.resume is not None, processes=workers,
-                     run_here=lambda: _process(0, torchrun_world_size(), None, kind, cfg, run, str(out)),
+                     run_here=lambda: _process(0, torchrun_world_size(), None, kind, cfg, run, str(out), data),
                      spawned=_spawned, preflight=preflight, hint=resume_hint, essential={0},
                      start_method=start_method, timeout=run.timeout,
                      name=lambda rank: "coordinator rank 0" if rank == 0 else f"worker rank {rank}")
@@ -165,7 +167,7 @@ def _coordinate(kind: str, cfg: SearchConfig, run: RunConfig, out: Path, space: 
                 run_tasks: Callable, data: Any, stop: StopFlag | None = None) -> None:
     reporter = Reporter(None, progress=run.progress,
                         on_closed=lambda: stop.request(signal.SIGPIPE) if stop is not None else None)
-    tch = train_config_hash(cfg)
+    tch = train_config_hash(cfg, data.source)
     try:
         if cfg.store:
             store = Store(cfg.store)  # a foreign or broken file is refused before the folder is made

@@ -134,6 +134,14 @@ def _search_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--plot", metavar="PNG", help="also draw validation accuracy against training time, "
                                                  "one colour per search, into this file")
     p.set_defaults(handler=_cmd_search_show)
+    p = search_sub.add_parser("export", help="write a store's searches as Optuna studies (optuna-dashboard, "
+                                             "optuna.visualization)")
+    p.add_argument("path", help="a search's output folder, or its search.db")
+    p.add_argument("--optuna", required=True, metavar="STORAGE_URL",
+                   help="the Optuna storage to write to, e.g. sqlite:///study.db")
+    p.add_argument("--study-name", default=None,
+                   help="the study's name (default: the folder's name; NAME-ID for each search of a shared store)")
+    p.set_defaults(handler=_cmd_search_export)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -206,6 +214,19 @@ def _cmd_search_show(args: argparse.Namespace) -> int:
                 plot_accuracy_time(records, Path(args.plot), f"searches of {store.path}")
         text = records_csv(records) if args.csv else records_json(records) if args.json else format_search(store)
     sys.stdout.write(text if text.endswith("\n") else text + "\n")
+    return 0
+
+
+def _cmd_search_export(args: argparse.Namespace) -> int:
+    from towerlab.search import Store
+    from towerlab.search.export import export_optuna
+    from towerlab.search.show import store_path
+
+    path = store_path(args.path)
+    with Store(path, create=False) as store:
+        name = args.study_name or (Path(args.path).resolve().name if Path(args.path).is_dir() else path.stem)
+        for study, trials in export_optuna(store, args.optuna, name):
+            print(f"study {study}: {trials} trials -> {args.optuna}")
     return 0
 
 

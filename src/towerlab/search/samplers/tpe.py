@@ -24,12 +24,12 @@ from towerlab.search.samplers import Sampler
 from towerlab.search.space import Gene, Range, Space
 
 
-def _optuna() -> Any:
+def optuna_module(needed_by: str, instead: str = "") -> Any:
+    """The optuna package, or a UserError saying how to install it."""
     try:
         import optuna
     except ImportError:
-        raise UserError("the tpe sampler needs Optuna: pip install 'towerlab[tpe]' "
-                        "(or choose --sampler ga, random or grid)") from None
+        raise UserError(f"{needed_by} needs Optuna: pip install 'towerlab[tpe]'{instead}") from None
     return optuna
 
 
@@ -47,7 +47,7 @@ class TPESampler(Sampler):
 
     def __init__(self, cfg: SearchConfig, space: Space) -> None:
         super().__init__(cfg, space)
-        optuna = self._optuna = _optuna()
+        optuna = self._optuna = optuna_module("the tpe sampler", " (or choose --sampler ga, random or grid)")
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         with warnings.catch_warnings():  # constant_liar is "experimental" in older Optuna
             warnings.simplefilter("ignore")

@@ -2,6 +2,8 @@
 an Optuna study, loaded back with Optuna and compared trial by trial with its store. Fake fitness."""
 
 import math
+import subprocess
+import sys
 
 import pytest
 
@@ -99,3 +101,8 @@ def test_export_refuses_a_taken_study_name_and_a_bad_storage_in_one_line(tmp_pat
     assert "cannot open the Optuna storage 'nosuchdb://x'" in err and err.count("\n") == 1
     assert main(["search", "export", str(tmp_path / "none"), "--optuna", url]) == 2
     assert "no search store at" in capsys.readouterr().err
+
+
+def test_the_export_never_imports_torch():
+    code = "import towerlab.search.export, sys; assert 'torch' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -277,6 +277,8 @@ class Space:
 
     def genome_at(self, index: int) -> dict:
         """The genome `all_genomes()` yields at position `index`, without listing the others."""
+        if self.size == math.inf:
+            raise ValueError(f"space {self.name!r} has a float range: its genomes have no positions")
         if not 0 <= index < self.size:
             raise IndexError(f"genome index {index} outside space of {self.size}")
         genome = {}

@@ -2,6 +2,7 @@
 arrays in memory; the result object; user errors as exceptions."""
 
 import json
+import math
 import subprocess
 import sys
 
@@ -23,6 +24,12 @@ def synthetic_arrays(n_train=1200, n_test=300):
     """Keras layout: (N, 28, 28) uint8 images, integer labels."""
     arrays = make_synthetic((1, 28, 28), n_train, n_test, seed=0)
     return arrays["x_train"][:, 0], arrays["y_train"], arrays["x_test"][:, 0], arrays["y_test"]
+
+
+def make_net(input_shape, num_classes, width=16, act="relu"):
+    """A model function of the user's: its genes arrive as keyword arguments."""
+    return nn.Sequential(nn.Flatten(), nn.Linear(math.prod(input_shape), width),
+                         nn.ReLU() if act == "relu" else nn.Tanh(), nn.Linear(width, num_classes))
 
 
 class SmallNet(nn.Module):
@@ -78,6 +85,13 @@ def test_a_module_instance_starts_every_replica_from_its_own_weights(tmp_path):
     (lambda a: api.search({"model": "mlp", "genes": {"lr": [float("nan")]}}, a), "the space dict must hold only"),
     (lambda a: api.grid({"model": "mlp", "genes": {"lr": {"low": 1e-3, "high": 0.1}}}, a),
      "a grid cannot list float gene 'lr'"),
+    (lambda a: api.search({"width": [8], "depth": [2]}, a, model=make_net),
+     "gene 'depth' is neither a training gene (optimizer, lr, batch_size, epochs, label_smoothing) nor a keyword "
+     "argument of make_net(input_shape, num_classes, ...)"),
+    (lambda a: api.search({"width": [8]}, a), "a space given as its genes alone needs model="),
+    (lambda a: api.search("mlp", a, model=make_net), "model= (a function of yours) goes with a space of model 'custom'"),
+    (lambda a: api.search({"width": [8]}, a, model=SmallNet()), "model= of a search must be a function"),
+    (lambda a: api.search("mlp", a, model="cnn"), "model='cnn' names the model of a space given as its genes alone"),
 ])
 def test_bad_input_raises_one_user_error_and_writes_nothing(call, fragment, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
@@ -131,6 +145,36 @@ def test_a_search_on_arrays_over_a_dict_space(tmp_path):
     other = api.search(space, (x, (y + 1) % 10), test=(x_test, y_test), out=str(tmp_path / "c"), store=store,
                        **options)
     assert (other.evaluations, other.cache_hits) == (4, 0)  # other arrays: another cache
+
+
+def test_a_search_over_a_model_function_of_yours(tmp_path):
+    pytest.importorskip("optuna")
+    x, y, x_test, y_test = synthetic_arrays(600, 200)
+    genes = {"width": {"low": 8, "high": 64, "log": True}, "lr": {"low": 1e-3, "high": 0.1, "log": True},
+             "act": ["relu", "tanh"]}
+    options = dict(sampler="tpe", population=2, generations=2, top=1, remeasure=0, max_epochs=1, patience=1,
+                   devices=1, device="cpu", progress=False)
+    first = api.search(genes, (x, y), test=(x_test, y_test), model=make_net, export_best=True,
+                       out=str(tmp_path / "a"), **options)
+    assert (first.evaluations, first.failures) == (4, 0)
+    assert json.loads(first.config["search"]["space"]) == {"model": "custom", "genes": genes}
+    genome = first.best["genome"]
+    assert set(genome) == {"width", "lr", "act"} and 8 <= genome["width"] <= 64
+    network = first.model.network  # rebuilt by make_net from the genes the file records
+    assert network[1].out_features == genome["width"] and isinstance(network[2], nn.ReLU) == (genome["act"] == "relu")
+    assert float((first.model.predict(x_test) == y_test).mean()) == first.best["test_accuracy"]
+    store = str(first.out / "search.db")
+    again = api.search(genes, (x, y), test=(x_test, y_test), model=make_net, out=str(tmp_path / "b"), store=store,
+                       **options)
+    assert (again.evaluations, again.cache_hits) == (0, 4)
+
+    def wider(input_shape, num_classes, width=16, act="relu"):
+        return make_net(input_shape, num_classes, 2 * width, act)
+
+    # over 2 forked workers, which get the nested function as it is
+    other = api.search(genes, (x, y), test=(x_test, y_test), model=wider, out=str(tmp_path / "c"), store=store,
+                       **{**options, "devices": 2})
+    assert (other.evaluations, other.cache_hits, other.failures, other.workers) == (4, 0, 0, 2)  # another cache
 
 
 def test_any_ranks_user_error_reaches_the_launcher_as_one_exception():

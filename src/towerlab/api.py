@@ -141,7 +141,7 @@ def _array_dataset(data: tuple, validation: tuple | None, test: tuple | None, va
 
 
 def evolve(space: str | os.PathLike | dict | None = None, data: str | os.PathLike | tuple | None = None, *,
-           validation: tuple | None = None, test: tuple | None = None,
+           validation: tuple | None = None, test: tuple | None = None, model: str | Callable | None = None,
            config: str | os.PathLike | dict | None = None, **options: Any) -> SearchRun:
     """A genetic search, as `towerlab evolve` does: `space` ("mlp", "cnn", "whitenet", a TOML file,
     or the same as a dict: `{"model": "mlp", "genes": {"neurons": {"low": 16, "high": 512, "log":
@@ -149,31 +149,41 @@ def evolve(space: str | os.PathLike | dict | None = None, data: str | os.PathLik
     `(images, labels)` with `validation=` and `test=` as `train` takes them), `config` a config file,
     `options` the flags by their names (`population=10`, `generations=5`, `devices=2`,
     `export_best=True`)."""
-    return _search("evolve", space, data, validation, test, config, options)
+    return _search("evolve", space, data, validation, test, model, config, options)
 
 
 def grid(space: str | os.PathLike | dict | None = None, data: str | os.PathLike | tuple | None = None, *,
-         validation: tuple | None = None, test: tuple | None = None,
+         validation: tuple | None = None, test: tuple | None = None, model: str | Callable | None = None,
          config: str | os.PathLike | dict | None = None, **options: Any) -> SearchRun:
     """Every genome of a space (or a random `limit` of them), as `towerlab grid` does; arguments as
     for `evolve`."""
-    return _search("grid", space, data, validation, test, config, options)
+    return _search("grid", space, data, validation, test, model, config, options)
 
 
 def search(space: str | os.PathLike | dict | None = None, data: str | os.PathLike | tuple | None = None, *,
-           validation: tuple | None = None, test: tuple | None = None,
+           validation: tuple | None = None, test: tuple | None = None, model: str | Callable | None = None,
            config: str | os.PathLike | dict | None = None, **options: Any) -> SearchRun:
     """A search with the sampler of your choice (`sampler="tpe"`, ...), as `towerlab search run`
     does; arguments as for `evolve`."""
-    return _search("search", space, data, validation, test, config, options)
+    return _search("search", space, data, validation, test, model, config, options)
 
 
-def _search(kind: str, space: Any, data: Any, validation: Any, test: Any, config: Any, options: dict) -> SearchRun:
+def _search(kind: str, space: Any, data: Any, validation: Any, test: Any, model: Any, config: Any,
+            options: dict) -> SearchRun:
     from towerlab.runner import resolved_run
     from towerlab.search_job import search_out, start_search
     from towerlab.settings import resolve_search
 
     options = dict(options)
+    function = model if model is not None and not isinstance(model, str) else None
+    if isinstance(space, dict) and "genes" not in space:  # the genes alone: the model is model=
+        if model is None:
+            raise UserError("a space given as its genes alone needs model=: a model name (\"mlp\", \"cnn\", "
+                            "\"whitenet\") or a function of yours, (input_shape, num_classes, **genes) -> nn.Module")
+        space = {"model": CUSTOM_MODEL if function is not None else model, "genes": space}
+    elif isinstance(model, str):
+        raise UserError(f"model={model!r} names the model of a space given as its genes alone (a dict); a space "
+                        "file, a name or a dict with \"genes\" says its model itself")
     if isinstance(space, dict):
         # as JSON text: config.json records it, and a resume given the same dict finds the same space
         try:
@@ -196,12 +206,26 @@ def _search(kind: str, space: Any, data: Any, validation: Any, test: Any, config
     if run.resume is None and run.out is None:
         run = replace(run, out=str(search_out(kind, cfg, run)))
     out = Path(run.resume or run.out)
-    _run(lambda: start_search(kind, cfg, run, data=dataset), kind)
+    _run(lambda: start_search(kind, cfg, run, data=dataset, function=function), kind)
     best = out / "best.json"
     return SearchRun(out=out, summary=_json(out / "summary.json"), config=_json(out / "config.json"),
                      generations=_jsonl(out / "generations.jsonl"), best=_json(best) if best.exists() else None,
-                     model=load_model(out / "model.pt")[0] if cfg.export_best and (out / "model.pt").exists()
-                     else None)
+                     model=_exported(out, function) if cfg.export_best and (out / "model.pt").exists() else None)
+
+
+def _exported(out: Path, function: Callable | None) -> Any:
+    """A search's model.pt as a Classifier; a model function's network is rebuilt by the function, from
+    the shape and classes the file records and the winner's genes."""
+    if function is None:
+        return load_model(out / "model.pt")[0]
+    import torch
+
+    from towerlab.fitness import model_genes
+
+    record = torch.load(out / "model.pt", map_location="cpu", weights_only=True)
+    genes = model_genes(_json(out / "best.json")["genome"])
+    return load_model(out / "model.pt", module=lambda: function(tuple(record["input_shape"]), record["num_classes"],
+                                                                **genes))[0]
 
 
 def _run(job: Callable[[], int], what: str) -> None:

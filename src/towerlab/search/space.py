@@ -26,7 +26,7 @@ from typing import Any, Iterator, Mapping, Union
 
 import numpy as np
 
-from towerlab.config import OPTIMIZERS
+from towerlab.config import CUSTOM_MODEL, OPTIMIZERS
 from towerlab.errors import UserError
 
 try:
@@ -41,7 +41,7 @@ ACTIVATIONS = ("relu", "elu", "tanh", "sigmoid")
 class GeneRule:
     """The values a gene accepts: ints and floats within bounds, or one of fixed strings."""
 
-    kind: str  # "int", "float" or "choice"
+    kind: str  # "int", "float", "choice" or "any" (a model function's gene: a number, a string or a bool)
     low: float | None = None
     low_open: bool = False
     high: float | None = None
@@ -52,6 +52,8 @@ class GeneRule:
     def describe(self) -> str:
         if self.kind == "choice":
             return "one of " + ", ".join(self.choices)
+        if self.kind == "any":
+            return "a number, a string or a boolean"
         text = ("an odd int" if self.odd else "an int") if self.kind == "int" else "a number"
         if self.low is not None and self.high is not None:
             return (f"{text} in {'(' if self.low_open else '['}{_num(self.low)}, "
@@ -65,6 +67,9 @@ class GeneRule:
         when the value is not valid."""
         if self.kind == "choice":
             return value if isinstance(value, str) and value in self.choices else None
+        if self.kind == "any":
+            ok = isinstance(value, (str, bool, int)) or (isinstance(value, float) and math.isfinite(value))
+            return value if ok else None
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             return None
         if self.kind == "int":
@@ -93,6 +98,9 @@ _TRAINING_GENES = {
     "epochs": _POSITIVE_INT,
     "label_smoothing": GeneRule("float", low=0.0, high=1.0, high_open=True),
 }
+# The genes of a model function of yours (model "custom", given from Python): the training genes as
+# for every model, and any other name, which the function takes as a keyword argument.
+_MODEL_FUNCTION_GENE = GeneRule("any")
 GENE_RULES: dict[str, dict[str, GeneRule]] = {
     "mlp": {
         "neurons": _POSITIVE_INT,
@@ -115,6 +123,7 @@ GENE_RULES: dict[str, dict[str, GeneRule]] = {
         "depth": GeneRule("int", low=1, high=4),  # convolutions per stage
         **_TRAINING_GENES,
     },
+    CUSTOM_MODEL: dict(_TRAINING_GENES),
 }
 
 
@@ -375,16 +384,17 @@ def check_genes(model: str, genes: Mapping[str, Any], where: str) -> dict[str, G
                         f"e.g. {next(iter(rules))} = [...]")
     checked: dict[str, Gene] = {}
     for gene, values in genes.items():
-        if gene not in rules:
+        if gene not in rules and model != CUSTOM_MODEL:
             raise UserError(f"{where}: unknown gene {gene!r} for model {model}: "
                             f"known genes are {', '.join(rules)}")
+        rule = rules.get(gene, _MODEL_FUNCTION_GENE)
         if isinstance(values, dict):
-            checked[gene] = parse_range(gene, values, rules[gene], f"{where}: gene {gene!r}")
+            checked[gene] = parse_range(gene, values, rule, f"{where}: gene {gene!r}")
             continue
         if not isinstance(values, list) or not values:
             raise UserError(f"{where}: gene {gene!r} must be a non-empty list of values or a range "
                             f"{{low = A, high = B}}, got {values!r}")
-        rule, seen = rules[gene], set()
+        seen = set()
         normalized = []
         for value in values:
             ok = rule.normalize(value)
@@ -417,7 +427,7 @@ def parse_range(gene: str, spec: Mapping[str, Any], rule: GeneRule, where: str) 
         raise UserError(f"{where}: low and high must be finite numbers, got {low!r} and {high!r}")
     if rule.kind == "choice":
         raise UserError(f"{where} takes a list of values ({rule.describe()}), not a range")
-    kind = "int" if isinstance(low, int) and isinstance(high, int) and rule.kind == "int" else "float"
+    kind = "int" if isinstance(low, int) and isinstance(high, int) and rule.kind in ("int", "any") else "float"
     if rule.kind == "int" and kind == "float":
         raise UserError(f"{where} takes ints: give its range int bounds, got {low!r} and {high!r}")
     for bound in (low, high):

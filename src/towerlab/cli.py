@@ -109,6 +109,10 @@ def _search_run_helps(kind: str) -> dict[str, str]:
             "progress": "progress bar over the candidates when the terminal is interactive"}
 
 
+MODEL_FUNCTION_HELP = ("FILE.py:FUNCTION: a function of yours, FUNCTION(input_shape, num_classes, **genes) -> "
+                       "nn.Module, that builds the networks of a space of model \"custom\" (give it again on --resume)")
+
+
 def _search_parsers(sub: argparse._SubParsersAction) -> None:
     for kind, text in (("evolve", "evolve network hyperparameters with a genetic algorithm"),
                        ("grid", "evaluate every genome of a search space (or a random --limit of them)")):
@@ -116,6 +120,7 @@ def _search_parsers(sub: argparse._SubParsersAction) -> None:
         _config_flags(p)
         add_arguments(p, SearchConfig, skip=("sampler",))
         add_arguments(p, RunConfig, skip=SEARCH_RUN_SKIP, helps=_search_run_helps(kind))
+        p.add_argument("--model", dest="model_function", metavar="FILE.py:FUNCTION", help=MODEL_FUNCTION_HELP)
         p.set_defaults(handler=_cmd_search, kind=kind)
     search = sub.add_parser("search", help="search with any sampler; inspect stored searches")
     search_sub = search.add_subparsers(dest="search_command", required=True, parser_class=_Parser)
@@ -124,6 +129,7 @@ def _search_parsers(sub: argparse._SubParsersAction) -> None:
     _config_flags(p)
     add_arguments(p, SearchConfig)
     add_arguments(p, RunConfig, skip=SEARCH_RUN_SKIP, helps=_search_run_helps("search"))
+    p.add_argument("--model", dest="model_function", metavar="FILE.py:FUNCTION", help=MODEL_FUNCTION_HELP)
     p.set_defaults(handler=_cmd_search, kind="search")
     p = search_sub.add_parser("show", help="the generations and top genomes of a stored search, or every "
                                            "evaluation as CSV or JSON")
@@ -189,9 +195,11 @@ def _cmd_search(args: argparse.Namespace) -> int:
         foreign = settings_of_others(cfg.sampler)
         return _print_config(search={k: v for k, v in to_dict(cfg).items() if k not in foreign},
                              run={k: v for k, v in to_dict(run).items() if k not in SEARCH_RUN_SKIP})
+    from towerlab.models import load_function
     from towerlab.search_job import start_search
 
-    return start_search(args.kind, cfg, run)
+    function = load_function(args.model_function) if args.model_function else None
+    return start_search(args.kind, cfg, run, function=function)
 
 
 def _print_config(**sections: object) -> int:

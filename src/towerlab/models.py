@@ -9,7 +9,10 @@ layers can reduce.
 from __future__ import annotations
 
 import copy
+import importlib
 import math
+import os
+import sys
 from pathlib import Path
 from typing import Any, Callable
 
@@ -280,6 +283,32 @@ def uses_channels_last(name: str) -> bool:
     LeNet-5's step 1.27x and CifarNet's 1.92x faster; in fp32, and for the cnn model, about 1.4x.
     Not a module of your own, which may reshape its activations with `view`."""
     return name not in ("mlp", CUSTOM_MODEL)
+
+
+def load_function(spec: str) -> Callable[..., nn.Module]:
+    """The function `FILE.py:FUNCTION` names, imported from its file as a module of its folder (so
+    that spawned workers, which get this process's sys.path, import it by name as well)."""
+    path_text, _, name = spec.rpartition(":")
+    path = Path(path_text)
+    if not path_text or not name or path.suffix != ".py":
+        raise UserError(f"--model {spec!r}: give FILE.py:FUNCTION, e.g. --model mynet.py:make")
+    if not path.is_file():
+        raise UserError(f"--model {spec!r}: no file {path_text}")
+    folder = str(path.resolve().parent)
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
+    try:
+        module = importlib.import_module(path.stem)
+    except Exception as exc:  # noqa: BLE001 - whatever the user's file raises, say so in one line
+        raise UserError(f"--model {spec!r}: importing {path_text} failed: {type(exc).__name__}: "
+                        f"{str(exc).splitlines()[0] if str(exc) else ''}") from None
+    if os.path.realpath(getattr(module, "__file__", "") or "") != os.path.realpath(path):
+        raise UserError(f"--model {spec!r}: the name {path.stem!r} is taken by another module "
+                        f"({getattr(module, '__file__', 'built in')}): rename {path_text}")
+    function = getattr(module, name, None)
+    if not callable(function):
+        raise UserError(f"--model {spec!r}: {path_text} defines no function {name!r}")
+    return function
 
 
 def instantiate(source: nn.Module | Callable[[], nn.Module]) -> nn.Module:

@@ -2,6 +2,7 @@
 arrays in memory; the result object; user errors as exceptions."""
 
 import json
+import math
 import signal
 import subprocess
 import sys
@@ -25,6 +26,12 @@ def synthetic_arrays(n_train=1200, n_test=300):
     """Keras layout: (N, 28, 28) uint8 images, integer labels."""
     arrays = make_synthetic((1, 28, 28), n_train, n_test, seed=0)
     return arrays["x_train"][:, 0], arrays["y_train"], arrays["x_test"][:, 0], arrays["y_test"]
+
+
+def make_net(input_shape, num_classes, width=16, act="relu"):
+    """A model function of the user's: its genes arrive as keyword arguments."""
+    return nn.Sequential(nn.Flatten(), nn.Linear(math.prod(input_shape), width),
+                         nn.ReLU() if act == "relu" else nn.Tanh(), nn.Linear(width, num_classes))
 
 
 class SmallNet(nn.Module):
@@ -95,11 +102,22 @@ class HoldsALock(SmallNet):
     (lambda a: api.train("lenet5", a, epochs="3"), "epochs must be a whole number"),
     (lambda a: api.train("lenet5", (a[0][:5], a[1])), "5 images but 1200 labels"),
     (lambda a: api.train(model="custom", data="synthetic"), "a module you give from Python"),
-    (lambda a: api.evolve(data=a), "takes a dataset name or an .npz path"),
     (lambda a: api.train(ParameterFree, a, devices=2), "has no trainable parameters"),
     (lambda a: api.train(frozen, a, devices=2), "has no trainable parameters"),
     (lambda a: api.train(IntegerLogits, a, devices=2), "returns int64 logits"),
     (lambda a: api.train(HoldsALock(), a, devices=2), "cannot be copied"),
+    (lambda a: api.evolve("mlp", "synthetic", test=a), "go with data given as arrays"),
+    (lambda a: api.search({"model": "mlp", "genes": {"lr": {"low": 0.1}}}, a), "a range needs low and high"),
+    (lambda a: api.search({"model": "mlp", "genes": {"lr": [float("nan")]}}, a), "the space dict must hold only"),
+    (lambda a: api.grid({"model": "mlp", "genes": {"lr": {"low": 1e-3, "high": 0.1}}}, a),
+     "a grid cannot list float gene 'lr'"),
+    (lambda a: api.search({"width": [8], "depth": [2]}, a, model=make_net),
+     "gene 'depth' is neither a training gene (optimizer, lr, batch_size, epochs, label_smoothing) nor a keyword "
+     "argument of make_net(input_shape, num_classes, ...)"),
+    (lambda a: api.search({"width": [8]}, a), "a space given as its genes alone needs model="),
+    (lambda a: api.search("mlp", a, model=make_net), "model= (a function of yours) goes with a space of model 'custom'"),
+    (lambda a: api.search({"width": [8]}, a, model=SmallNet()), "model= of a search must be a function"),
+    (lambda a: api.search("mlp", a, model="cnn"), "model='cnn' names the model of a space given as its genes alone"),
 ])
 def test_bad_input_raises_one_user_error_and_writes_nothing(call, fragment, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
@@ -155,6 +173,57 @@ def test_a_search_from_python(tmp_path):
     assert search.generations and search.generations[0]["evaluated"] == 2
     assert search.model is not None and search.model.num_classes == 10
     assert search.config["kind"] == "grid" and search.out == tmp_path / "grid"
+
+
+def test_a_search_on_arrays_over_a_dict_space(tmp_path):
+    pytest.importorskip("optuna")
+    x, y, x_test, y_test = synthetic_arrays(600, 200)
+    space = {"model": "mlp", "genes": {"neurons": {"low": 8, "high": 64, "log": True},
+                                       "lr": {"low": 1e-4, "high": 0.01, "log": True}, "activation": ["relu", "tanh"]}}
+    options = dict(sampler="tpe", population=2, generations=2, top=1, remeasure=0, max_epochs=1, patience=1,
+                   devices=1, device="cpu", progress=False)
+    first = api.search(space, (x, y), test=(x_test, y_test), out=str(tmp_path / "a"), **options)
+    assert (first.evaluations, first.cache_hits, first.data_source["format"]) == (4, 0, "arrays")
+    assert first.config["search"]["val_size"] == 60  # a tenth of the images held out, as train does
+    genome = first.best["genome"]
+    assert 8 <= genome["neurons"] <= 64 and 1e-4 <= genome["lr"] <= 0.01 and type(genome["lr"]) is float
+    assert 0 <= first.best["test_accuracy"] <= 1
+    store = str(first.out / "search.db")
+    again = api.search(space, (x, y), test=(x_test, y_test), out=str(tmp_path / "b"), store=store, **options)
+    assert (again.evaluations, again.cache_hits) == (0, 4)  # the same arrays: the store serves them
+    other = api.search(space, (x, (y + 1) % 10), test=(x_test, y_test), out=str(tmp_path / "c"), store=store,
+                       **options)
+    assert (other.evaluations, other.cache_hits) == (4, 0)  # other arrays: another cache
+
+
+def test_a_search_over_a_model_function_of_yours(tmp_path):
+    pytest.importorskip("optuna")
+    x, y, x_test, y_test = synthetic_arrays(600, 200)
+    genes = {"width": {"low": 8, "high": 64, "log": True}, "lr": {"low": 1e-3, "high": 0.1, "log": True},
+             "act": ["relu", "tanh"]}
+    options = dict(sampler="tpe", population=2, generations=2, top=1, remeasure=0, max_epochs=1, patience=1,
+                   devices=1, device="cpu", progress=False)
+    first = api.search(genes, (x, y), test=(x_test, y_test), model=make_net, export_best=True,
+                       out=str(tmp_path / "a"), **options)
+    assert (first.evaluations, first.failures) == (4, 0)
+    assert json.loads(first.config["search"]["space"]) == {"model": "custom", "genes": genes}
+    genome = first.best["genome"]
+    assert set(genome) == {"width", "lr", "act"} and 8 <= genome["width"] <= 64
+    network = first.model.network  # rebuilt by make_net from the genes the file records
+    assert network[1].out_features == genome["width"] and isinstance(network[2], nn.ReLU) == (genome["act"] == "relu")
+    assert float((first.model.predict(x_test) == y_test).mean()) == first.best["test_accuracy"]
+    store = str(first.out / "search.db")
+    again = api.search(genes, (x, y), test=(x_test, y_test), model=make_net, out=str(tmp_path / "b"), store=store,
+                       **options)
+    assert (again.evaluations, again.cache_hits) == (0, 4)
+
+    def wider(input_shape, num_classes, width=16, act="relu"):
+        return make_net(input_shape, num_classes, 2 * width, act)
+
+    # over 2 forked workers, which get the nested function as it is
+    other = api.search(genes, (x, y), test=(x_test, y_test), model=wider, out=str(tmp_path / "c"), store=store,
+                       **{**options, "devices": 2})
+    assert (other.evaluations, other.cache_hits, other.failures, other.workers) == (4, 0, 0, 2)  # another cache
 
 
 def test_any_ranks_user_error_reaches_the_launcher_as_one_exception():

@@ -142,7 +142,7 @@ def test_evaluate_and_predict_take_a_network_of_ones_own_with_module(trained_own
 
 
 @pytest.mark.parametrize("spec, message", [
-    ("mynet.py", "--module mynet.py: give FILE.py:NAME, the file that defines your network"),
+    ("mynet.py", "--module mynet.py: give FILE.py:NAME, the file that defines it"),
     ("nowhere.py:Net", "--module nowhere.py:Net: no file nowhere.py"),
     ("mynet.py:Nope", "--module mynet.py:Nope: mynet.py defines no Nope"),
     ("mynet.py:not_a_network", "your model factory returned int, not an nn.Module"),

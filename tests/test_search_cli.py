@@ -148,3 +148,62 @@ def test_default_re_measuring_costs_at_most_half_the_searchs_trainings(settings,
     assert cfg.remeasure == remeasure
     plan = planned_trainings(cfg, load_space("mlp"))
     assert "remeasure" not in settings and plan["remeasure"] <= plan["search"] / 2 or cfg.remeasure == 3
+
+
+def test_a_typed_space_searches_from_the_command_line(tmp_path, capsys):
+    pytest.importorskip("optuna")
+    space = tmp_path / "typed.toml"
+    space.write_text('model = "mlp"\n[genes]\nneurons = {low = 8, high = 64, log = true}\n'
+                     'lr = {low = 1e-4, high = 0.01, log = true}\nlayers = [1, 2]\n')
+    out = tmp_path / "tpe"
+    assert main(["search", "run", "--sampler", "tpe", *BASE, "--space", str(space), "--population", "2",
+                 "--generations", "2", "--remeasure", "0", "--top", "1", "--out", str(out)]) == 0
+    best = json.loads((out / "best.json").read_text())
+    assert 8 <= best["genome"]["neurons"] <= 64 and type(best["genome"]["neurons"]) is int
+    assert 1e-4 <= best["genome"]["lr"] <= 0.01 and type(best["genome"]["lr"]) is float
+    assert "over space" in capsys.readouterr().out
+    assert main(["search", "show", str(out)]) == 0
+    assert "(model mlp, a continuous space)" in capsys.readouterr().out
+
+    assert main(["grid", *BASE, "--space", str(space), "--out", str(tmp_path / "grid")]) == 2
+    err = capsys.readouterr().err
+    assert "a grid cannot list float gene 'lr'" in err and err.count("\n") == 1 and not (tmp_path / "grid").exists()
+
+
+MODEL_FILE = '''
+from torch import nn
+
+
+def make(input_shape, num_classes, width=8):
+    c, h, w = input_shape
+    return nn.Sequential(nn.Flatten(), nn.Linear(c * h * w, width), nn.ReLU(), nn.Linear(width, num_classes))
+'''
+
+
+def test_a_model_function_of_yours_searches_from_the_command_line(tmp_path, capsys):
+    (tmp_path / "mynet.py").write_text(MODEL_FILE)
+    space = tmp_path / "custom.toml"
+    space.write_text('model = "custom"\n[genes]\nwidth = {low = 4, high = 32, log = true}\nlr = [0.001, 0.01]\n')
+    out = tmp_path / "s"
+    args = ["search", "run", "--sampler", "random", *BASE, "--space", str(space), "--population", "2",
+            "--generations", "1", "--remeasure", "0", "--top", "1"]
+    assert main([*args, "--model", f"{tmp_path / 'mynet.py'}:make", "--out", str(out)]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert (summary["evaluations"], summary["failures"]) == (2, 0)
+    assert 4 <= json.loads((out / "best.json").read_text())["genome"]["width"] <= 32
+    capsys.readouterr()
+    # the function is given again on resume; without it, one line
+    assert main(["search", "run", "--resume", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "has model 'custom': its networks come from a function of yours" in err and err.count("\n") == 1
+    assert main(["search", "run", "--resume", str(out), "--generations", "2", "--model",
+                 f"{tmp_path / 'mynet.py'}:make"]) == 0
+    assert json.loads((out / "summary.json").read_text())["evaluations"] == 4
+    for spec, fragment in [(f"{tmp_path / 'mynet.py'}:nope", "defines no nope"),
+                           (f"{tmp_path / 'none.py'}:make", "no file"), ("mynet:make", "give FILE.py:FUNCTION")]:
+        assert main([*args, "--model", spec, "--out", str(tmp_path / "x")]) == 2
+        err = capsys.readouterr().err
+        assert fragment in err and err.count("\n") == 1 and not (tmp_path / "x").exists()
+    (tmp_path / "narrow.py").write_text(MODEL_FILE.replace("width=8", "depth=1"))
+    assert main([*args, "--model", f"{tmp_path / 'narrow.py'}:make", "--out", str(tmp_path / "x")]) == 2
+    assert "gene 'width' is neither a training gene" in capsys.readouterr().err

@@ -97,9 +97,8 @@ def train(model: str | Any | Callable[[], Any] | None = None, data: str | os.Pat
     replica failed. It may be called from a thread other than the main one; signals (Ctrl-C,
     SIGTERM) are then left to the main thread's handlers.
     """
-    from towerlab import data as datasets
     from towerlab.runner import default_out, resolved_run, start
-    from towerlab.settings import read_config_file, resolve_train, split_options
+    from towerlab.settings import resolve_train
 
     options = dict(options)
     module = None
@@ -115,10 +114,7 @@ def train(model: str | Any | Callable[[], Any] | None = None, data: str | os.Pat
     cfg, run = resolve_train(options, config)
     dataset = None
     if arrays:
-        chosen = run.resume is not None or "val_size" in split_options(options, "train")[0] or \
-            (config is not None and "val_size" in read_config_file(config, "train")[0])  # else a tenth
-        val_size = cfg.val_size if chosen else min(cfg.val_size, len(data[1]) // 10)
-        dataset = datasets.from_arrays(data, validation, test, val_size)
+        dataset = _array_dataset(data, validation, test, cfg.val_size, "train", options, config, run.resume)
         cfg = replace(cfg, val_size=dataset.n_val)
     run = resolved_run(run)
     if run.resume is None and run.out is None:
@@ -132,52 +128,105 @@ def train(model: str | Any | Callable[[], Any] | None = None, data: str | os.Pat
                     model=load_model(out / "model.pt", module=module)[0])
 
 
-def evolve(space: str | os.PathLike | None = None, data: str | os.PathLike | None = None, *,
+def _array_dataset(data: tuple, validation: tuple | None, test: tuple | None, val_size: int, kind: str,
+                   options: dict, config: Any, resume: str | None) -> Any:
+    """The in-memory dataset of a job given arrays: without `validation`, a tenth of the training
+    images (at most `val_size`) are held out, unless `val_size` was chosen (or the job resumes)."""
+    from towerlab import data as datasets
+    from towerlab.settings import read_config_file, split_options
+
+    main = "train" if kind == "train" else "search"
+    chosen = resume is not None or "val_size" in split_options(options, main)[0] or \
+        (config is not None and "val_size" in read_config_file(config, main)[0])
+    return datasets.from_arrays(data, validation, test, val_size if chosen else min(val_size, len(data[1]) // 10))
+
+
+def evolve(space: str | os.PathLike | dict | None = None, data: str | os.PathLike | tuple | None = None, *,
+           validation: tuple | None = None, test: tuple | None = None, model: str | Callable | None = None,
            config: str | os.PathLike | dict | None = None, **options: Any) -> SearchRun:
-    """A genetic search, as `towerlab evolve` does: `space` ("mlp", "cnn" or a TOML file), `data` (a
-    dataset name or an .npz path), `config` a config file, `options` the flags by their names
-    (`population=10`, `generations=5`, `devices=2`, `export_best=True`)."""
-    return _search("evolve", space, data, config, options)
+    """A genetic search, as `towerlab evolve` does: `space` ("mlp", "cnn", "whitenet", a TOML file,
+    or the same as a dict: `{"model": "mlp", "genes": {"neurons": {"low": 16, "high": 512, "log":
+    True}, "activation": ["relu", "tanh"]}}`), `data` (a dataset name, an .npz path, or arrays
+    `(images, labels)` with `validation=` and `test=` as `train` takes them), `config` a config file,
+    `options` the flags by their names (`population=10`, `generations=5`, `devices=2`,
+    `export_best=True`)."""
+    return _search("evolve", space, data, validation, test, model, config, options)
 
 
-def grid(space: str | os.PathLike | None = None, data: str | os.PathLike | None = None, *,
+def grid(space: str | os.PathLike | dict | None = None, data: str | os.PathLike | tuple | None = None, *,
+         validation: tuple | None = None, test: tuple | None = None, model: str | Callable | None = None,
          config: str | os.PathLike | dict | None = None, **options: Any) -> SearchRun:
     """Every genome of a space (or a random `limit` of them), as `towerlab grid` does; arguments as
     for `evolve`."""
-    return _search("grid", space, data, config, options)
+    return _search("grid", space, data, validation, test, model, config, options)
 
 
-def search(space: str | os.PathLike | None = None, data: str | os.PathLike | None = None, *,
+def search(space: str | os.PathLike | dict | None = None, data: str | os.PathLike | tuple | None = None, *,
+           validation: tuple | None = None, test: tuple | None = None, model: str | Callable | None = None,
            config: str | os.PathLike | dict | None = None, **options: Any) -> SearchRun:
     """A search with the sampler of your choice (`sampler="tpe"`, ...), as `towerlab search run`
     does; arguments as for `evolve`."""
-    return _search("search", space, data, config, options)
+    return _search("search", space, data, validation, test, model, config, options)
 
 
-def _search(kind: str, space: Any, data: Any, config: Any, options: dict) -> SearchRun:
+def _search(kind: str, space: Any, data: Any, validation: Any, test: Any, model: Any, config: Any,
+            options: dict) -> SearchRun:
     from towerlab.runner import resolved_run
     from towerlab.search_job import search_out, start_search
     from towerlab.settings import resolve_search
 
     options = dict(options)
-    if space is not None:
+    function = model if model is not None and not isinstance(model, str) else None
+    if isinstance(space, dict) and "genes" not in space:  # the genes alone: the model is model=
+        if model is None:
+            raise UserError("a space given as its genes alone needs model=: a model name (\"mlp\", \"cnn\", "
+                            "\"whitenet\") or a function of yours, (input_shape, num_classes, **genes) -> nn.Module")
+        space = {"model": CUSTOM_MODEL if function is not None else model, "genes": space}
+    elif isinstance(model, str):
+        raise UserError(f"model={model!r} names the model of a space given as its genes alone (a dict); a space "
+                        "file, a name or a dict with \"genes\" says its model itself")
+    if isinstance(space, dict):
+        # as JSON text: config.json records it, and a resume given the same dict finds the same space
+        try:
+            options["space"] = json.dumps(space, allow_nan=False)
+        except (TypeError, ValueError) as exc:
+            raise UserError(f"the space dict must hold only strings, finite numbers, lists and dicts ({exc})") from None
+    elif space is not None:
         options["space"] = os.fspath(space)
+    arrays = data is not None and not isinstance(data, (str, os.PathLike))
     if data is not None:
-        if not isinstance(data, (str, os.PathLike)):
-            raise UserError(f"towerlab.api.{kind} takes a dataset name or an .npz path: save arrays with "
-                            "numpy.savez(path, x_train=..., y_train=..., x_test=..., y_test=...)")
-        options["dataset"] = os.fspath(data)
+        options["dataset"] = ARRAYS_DATASET if arrays else os.fspath(data)
+    if (validation is not None or test is not None) and not arrays:
+        raise UserError("validation= and test= go with data given as arrays, (images, labels)")
     cfg, run = resolve_search(kind, options, config)
+    dataset = None
+    if arrays:
+        dataset = _array_dataset(data, validation, test, cfg.val_size, kind, options, config, run.resume)
+        cfg = replace(cfg, val_size=dataset.n_val)
     run = resolved_run(run)
     if run.resume is None and run.out is None:
         run = replace(run, out=str(search_out(kind, cfg, run)))
     out = Path(run.resume or run.out)
-    _run(lambda: start_search(kind, cfg, run), kind)
+    _run(lambda: start_search(kind, cfg, run, data=dataset, function=function), kind)
     best = out / "best.json"
     return SearchRun(out=out, summary=_json(out / "summary.json"), config=_json(out / "config.json"),
                      generations=_jsonl(out / "generations.jsonl"), best=_json(best) if best.exists() else None,
-                     model=load_model(out / "model.pt")[0] if cfg.export_best and (out / "model.pt").exists()
-                     else None)
+                     model=_exported(out, function) if cfg.export_best and (out / "model.pt").exists() else None)
+
+
+def _exported(out: Path, function: Callable | None) -> Any:
+    """A search's model.pt as a Classifier; a model function's network is rebuilt by the function, from
+    the shape and classes the file records and the winner's genes."""
+    if function is None:
+        return load_model(out / "model.pt")[0]
+    import torch
+
+    from towerlab.fitness import model_genes
+
+    record = torch.load(out / "model.pt", map_location="cpu", weights_only=True)
+    genes = model_genes(_json(out / "best.json")["genome"])
+    return load_model(out / "model.pt", module=lambda: function(tuple(record["input_shape"]), record["num_classes"],
+                                                                **genes))[0]
 
 
 def _run(job: Callable[[], int], what: str) -> None:

@@ -162,6 +162,10 @@ def _search_run_helps(kind: str) -> dict[str, str]:
             "progress": "progress bar over the candidates when the terminal is interactive"}
 
 
+MODEL_FUNCTION_HELP = ("FILE.py:FUNCTION: a function of yours, FUNCTION(input_shape, num_classes, **genes) -> "
+                       "nn.Module, that builds the networks of a space of model \"custom\" (give it again on --resume)")
+
+
 def _search_parsers(sub: argparse._SubParsersAction) -> None:
     for kind, text in (("evolve", "evolve network hyperparameters with a genetic algorithm"),
                        ("grid", "evaluate every genome of a search space (or a random --limit of them)")):
@@ -169,6 +173,7 @@ def _search_parsers(sub: argparse._SubParsersAction) -> None:
         _config_flags(p)
         add_arguments(p, SearchConfig, skip=("sampler",))
         add_arguments(p, RunConfig, skip=SEARCH_RUN_SKIP, helps=_search_run_helps(kind))
+        p.add_argument("--model", dest="model_function", metavar="FILE.py:FUNCTION", help=MODEL_FUNCTION_HELP)
         p.set_defaults(handler=_cmd_search, kind=kind)
     search = sub.add_parser("search", help="search with any sampler; inspect stored searches",
                             description="Search with any sampler (tpe, ga, grid, random); inspect stored "
@@ -180,6 +185,7 @@ def _search_parsers(sub: argparse._SubParsersAction) -> None:
     _config_flags(p)
     add_arguments(p, SearchConfig)
     add_arguments(p, RunConfig, skip=SEARCH_RUN_SKIP, helps=_search_run_helps("search"))
+    p.add_argument("--model", dest="model_function", metavar="FILE.py:FUNCTION", help=MODEL_FUNCTION_HELP)
     p.set_defaults(handler=_cmd_search, kind="search")
     p = search_sub.add_parser("show", help="the generations and top genomes of a stored search, or every "
                                            "evaluation as CSV or JSON")
@@ -190,6 +196,14 @@ def _search_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--plot", metavar="PNG", help="also draw validation accuracy against training time, "
                                                  "one colour per search, into this file")
     p.set_defaults(handler=_cmd_search_show)
+    p = search_sub.add_parser("export", help="write a store's searches as Optuna studies (optuna-dashboard, "
+                                             "optuna.visualization)")
+    p.add_argument("path", help="a search's output folder, or its search.db")
+    p.add_argument("--optuna", required=True, metavar="STORAGE_URL",
+                   help="the Optuna storage to write to, e.g. sqlite:///study.db")
+    p.add_argument("--study-name", default=None,
+                   help="the study's name (default: the folder's name; NAME-ID for each search of a shared store)")
+    p.set_defaults(handler=_cmd_search_export)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -237,9 +251,11 @@ def _cmd_search(args: argparse.Namespace) -> int:
         foreign = settings_of_others(cfg.sampler)
         return _print_config(search={k: v for k, v in to_dict(cfg).items() if k not in foreign},
                              run={k: v for k, v in to_dict(run).items() if k not in SEARCH_RUN_SKIP})
+    from towerlab.models import load_function
     from towerlab.search_job import start_search
 
-    return start_search(args.kind, cfg, run)
+    function = load_function(args.model_function) if args.model_function else None
+    return start_search(args.kind, cfg, run, function=function)
 
 
 def _print_config(**sections: object) -> int:
@@ -269,32 +285,10 @@ def _cmd_search_show(args: argparse.Namespace) -> int:
 
 def _user_module(spec: str | None) -> Any:
     """--module FILE.py:NAME -> what FILE.py defines as NAME (a network class, a function returning a
-    network, or a network), run as `python FILE.py` would run it: its folder first on the path."""
-    if spec is None:
-        return None
-    import importlib.util
+    network, or a network)."""
+    from towerlab.models import load_function
 
-    file, _, name = spec.rpartition(":")
-    if not file or not name.isidentifier():
-        raise UserError(f"--module {spec}: give FILE.py:NAME, the file that defines your network and the name "
-                        "of its class (or of a function returning one)")
-    path = Path(file)
-    if not path.is_file():
-        raise UserError(f"--module {spec}: no file {path}")
-    loader = importlib.util.spec_from_file_location(path.stem, path)
-    if loader is None or loader.loader is None:
-        raise UserError(f"--module {spec}: {path} is not a Python file (FILE.py)")
-    module = importlib.util.module_from_spec(loader)
-    sys.modules[loader.name] = module  # where dataclasses and pickle look its classes up
-    sys.path.insert(0, str(path.parent.absolute()))  # its own imports of the files beside it
-    try:
-        loader.loader.exec_module(module)
-    except Exception as exc:  # noqa: BLE001 - any failure of the user's file is theirs to fix, in one line
-        raise UserError(f"--module {spec}: running {path} failed ({type(exc).__name__}: "
-                        f"{' '.join(str(exc).split())[:200]})") from None
-    if not hasattr(module, name):
-        raise UserError(f"--module {spec}: {path} defines no {name}")
-    return getattr(module, name)
+    return None if spec is None else load_function(spec, "--module", "NAME")
 
 
 @contextlib.contextmanager
@@ -308,6 +302,19 @@ def _own_module_flag() -> Iterator[None]:
         name = exc.module_class.rpartition(".")[2] if "." in exc.module_class else "NAME"
         raise UserError(f"{exc.path} holds a network of your own ({exc.module_class}): give the file that defines "
                         f"it, --module FILE.py:{name}") from None
+
+
+def _cmd_search_export(args: argparse.Namespace) -> int:
+    from towerlab.search import Store
+    from towerlab.search.export import export_optuna
+    from towerlab.search.show import store_path
+
+    path = store_path(args.path)
+    with Store(path, create=False) as store:
+        name = args.study_name or (Path(args.path).resolve().name if Path(args.path).is_dir() else path.stem)
+        for study, trials in export_optuna(store, args.optuna, name):
+            print(f"study {study}: {trials} trials -> {args.optuna}")
+    return 0
 
 
 def _cmd_evaluate(args: argparse.Namespace) -> int:

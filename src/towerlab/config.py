@@ -310,7 +310,8 @@ class SearchConfig:
     sampler: str = _opt("tpe", "how candidates are proposed: ga (the original's genetic algorithm), grid, "
                         "random (without replacement) or tpe (Optuna's TPE, needs the tpe extra); "
                         "`towerlab evolve` is ga and `towerlab grid` is grid")
-    space: str = _opt("mlp", "search space: mlp, cnn, whitenet, or a TOML file listing each gene's values")
+    space: str = _opt("mlp", "search space: mlp, cnn, whitenet, a TOML file giving each gene's values "
+                     "(a list, or a range {low, high, log, step}), or the same as JSON text")
     dataset: str = _opt("mnist", "dataset the candidates train on: one of the names, or the path of your own "
                         ".npz", choices=DATASETS)
     val_size: int = _opt(5000, "validation images (the fitness is validation accuracy)")
@@ -350,7 +351,9 @@ class SearchConfig:
     def __post_init__(self) -> None:
         _check_finite(self)
         _check_seed(self.seed)
-        _check_paths(self, "space", "store")
+        _check_paths(self, "store")
+        if not self.space.lstrip().startswith("{"):  # a space given as JSON text is no path
+            _check_path("--space", self.space)
         object.__setattr__(self, "dataset", check_dataset(self.dataset))
         for name in ("population", "limit"):
             value = getattr(self, name)

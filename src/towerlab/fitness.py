@@ -11,13 +11,15 @@ rest from it: its optimizer settings, learning rate, batch size, schedule, augme
 
 from __future__ import annotations
 
+import hashlib
+import inspect
 import math
 import time
-from typing import Any
+from typing import Any, Callable, Optional, Union
 
 import torch
 
-from towerlab.config import SearchConfig, TrainConfig, is_custom_dataset
+from towerlab.config import ARRAYS_DATASET, CUSTOM_MODEL, SearchConfig, TrainConfig, is_custom_dataset
 from towerlab.data import fingerprint
 from towerlab.distributed import Context, Interrupted, StopFlag, device_name
 from towerlab.presets import apply_preset
@@ -26,6 +28,9 @@ from towerlab.optim import DEFAULT_LR
 from towerlab.train import Diverged, train
 
 TRAINING_GENES = ("optimizer", "lr", "batch_size", "epochs", "label_smoothing")
+# A candidate's model: a family's name, or a function of yours, `function(input_shape, num_classes,
+# **model_genes) -> nn.Module`, which gets every gene that is not a training gene.
+Model = Optional[Union[str, Callable[..., torch.nn.Module]]]
 DEFAULT_BATCH = {"cifar10": 64}  # the original's; 128 for the MNIST-like sets
 # Bumped whenever candidate training changes what it computes (a recipe below included: a test pins
 # their content), so a store's cache never serves fitnesses that today's code would not reproduce.
@@ -47,7 +52,8 @@ def recipe(model: str, optimizer: str | None = None) -> dict:
     return settings
 
 
-def training_settings(cfg: SearchConfig, device_type: str, threads: int) -> dict:
+def training_settings(cfg: SearchConfig, device_type: str, threads: int, source: dict | None = None,
+                      model: Model = None) -> dict:
     """Everything besides the genome and the seed that decides a candidate's fitness: the search's
     settings, and the numerics of its workers that the search chooses (the device kind, and on a CPU
     the threads per candidate, whose count changes a float sum's order and so the result)."""
@@ -56,11 +62,11 @@ def training_settings(cfg: SearchConfig, device_type: str, threads: int) -> dict
                 "numerics": {"device": device_type, **({"threads": threads} if device_type == "cpu" else {})}}
     if is_custom_dataset(cfg.dataset):
         settings["dataset_content"] = fingerprint(cfg.dataset)  # a replaced file invalidates the cache
+    elif cfg.dataset == ARRAYS_DATASET:
+        settings["dataset_content"] = source["sha256"]  # other arrays: another cache
+    if callable(model):
+        settings["model_function"] = function_identity(model)
     return settings
-
-
-def train_config_hash(cfg: SearchConfig, device_type: str, threads: int) -> str:
-    return genome_hash(training_settings(cfg, device_type, threads))
 
 
 def numerics(tc: TrainConfig, device: torch.device) -> dict:
@@ -71,10 +77,31 @@ def numerics(tc: TrainConfig, device: torch.device) -> dict:
             "torch": torch.__version__}
 
 
-def candidate_config(cfg: SearchConfig, model: str, genome: dict, seed: int,
+def function_identity(function: Callable) -> str:
+    """A model function's name and the hash of its source: another function, or the same one edited,
+    is another cache (an edit to what it calls is not seen: the source is all there is to read)."""
+    name = f"{getattr(function, '__module__', '')}.{getattr(function, '__qualname__', type(function).__name__)}"
+    try:
+        text = inspect.getsource(function)
+    except (OSError, TypeError):  # defined where no source is kept (stdin, a console): the name alone
+        return name
+    return f"{name}:{hashlib.sha256(text.encode()).hexdigest()}"
+
+
+def train_config_hash(cfg: SearchConfig, device_type: str, threads: int, source: dict | None = None,
+                      model: Model = None) -> str:
+    """`device_type`, `threads`: the workers' device kind and CPU threads per candidate; `source`: the
+    data's (`Dataset.source`), needed for arrays given from Python; `model`: a model function of
+    yours (see `Model`)."""
+    return genome_hash(training_settings(cfg, device_type, threads, source, model))
+
+
+def candidate_config(cfg: SearchConfig, model: Model, genome: dict, seed: int,
                      max_epochs: int | None = None) -> TrainConfig:
     """The training of one candidate; `max_epochs` below the search's caps it (a pruned search's
     lower rung), an epochs gene included."""
+    if callable(model):
+        model = CUSTOM_MODEL
     base = recipe(model, genome.get("optimizer"))
     optimizer = genome.get("optimizer", base.get("optimizer", "adam"))
     training = {**base, **{k: v for k, v in genome.items() if k in TRAINING_GENES}}
@@ -84,7 +111,8 @@ def candidate_config(cfg: SearchConfig, model: str, genome: dict, seed: int,
     return TrainConfig(**{
         **training,
         "model": model,
-        "model_options": {k: v for k, v in genome.items() if k not in TRAINING_GENES},
+        # a model function's genes go to the function (`network`), not to TrainConfig's built-in options
+        "model_options": {} if model == CUSTOM_MODEL else model_genes(genome),
         "dataset": cfg.dataset, "val_size": cfg.val_size,
         "batch_size": genome.get("batch_size", cfg.batch_size or base.get("batch_size")
                                  or DEFAULT_BATCH.get(cfg.dataset, 128)),
@@ -94,25 +122,38 @@ def candidate_config(cfg: SearchConfig, model: str, genome: dict, seed: int,
     })
 
 
-def estimated_cost(cfg: SearchConfig, model: str, genome: dict, input_shape: tuple[int, int, int],
+def model_genes(genome: dict) -> dict:
+    """The genes that are not the training's: the model's options, or a model function's keywords."""
+    return {k: v for k, v in genome.items() if k not in TRAINING_GENES}
+
+
+def estimated_cost(cfg: SearchConfig, model: Model, genome: dict, input_shape: tuple[int, int, int],
                    num_classes: int, max_epochs: int | None = None) -> float:
     """Forward FLOPs per example times epochs, counted on the meta device (nothing is allocated).
     Only used to hand the most expensive candidates out first, so that a generation does not end
     waiting for one big network that started last. 0 for a genome that cannot be built."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    from towerlab.models import build_model
-
     tc = candidate_config(cfg, model, genome, 0, max_epochs)
     try:
         with torch.device("meta"), FlopCounterMode(display=False) as counter:
-            build_model(tc.model, input_shape, num_classes, **tc.model_options)(torch.zeros(1, *input_shape))
+            network(model, genome, tc, input_shape, num_classes)(torch.zeros(1, *input_shape))
     except Exception:  # noqa: BLE001 - the candidate will fail in training and be recorded so
         return 0.0
     return float(counter.get_total_flops()) * tc.epochs
 
 
-def train_candidate(cfg: SearchConfig, model: str, genome: dict, seed: int, data: Any, device: torch.device,
+def network(model: Model, genome: dict, tc: TrainConfig, input_shape: tuple[int, int, int],
+            num_classes: int) -> torch.nn.Module:
+    """A candidate's network: the family's, or what the model function returns for its genes."""
+    from towerlab.models import build_model
+
+    if callable(model):
+        return model(input_shape, num_classes, **model_genes(genome))
+    return build_model(tc.model, input_shape, num_classes, **tc.model_options)
+
+
+def train_candidate(cfg: SearchConfig, model: Model, genome: dict, seed: int, data: Any, device: torch.device,
                     *, test: bool = False, stop: StopFlag | None = None,
                     max_epochs: int | None = None) -> tuple[dict, Any]:
     """Train one genome on this process's device. Returns (the outcome's fields, the TrainResult);
@@ -121,7 +162,8 @@ def train_candidate(cfg: SearchConfig, model: str, genome: dict, seed: int, data
     tc = candidate_config(cfg, model, genome, seed, max_epochs)
     how = numerics(tc, device)
     try:
-        result = train(tc, Context(device=device), data, test=test, stop=stop, setup_apart=False)
+        source = (lambda: network(model, genome, tc, data.input_shape, data.num_classes)) if callable(model) else None
+        result = train(tc, Context(device=device), data, test=test, stop=stop, setup_apart=False, source=source)
     except Interrupted:
         raise
     except torch.cuda.OutOfMemoryError:

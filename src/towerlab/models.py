@@ -9,7 +9,10 @@ layers can reduce.
 from __future__ import annotations
 
 import copy
+import importlib
 import math
+import os
+import sys
 from pathlib import Path
 from typing import Any, Callable
 
@@ -290,6 +293,37 @@ def uses_channels_last(name: str) -> bool:
     LeNet-5's step 1.27x and CifarNet's 1.92x faster; in fp32, and for the cnn model, about 1.4x.
     Not a module of your own, which may reshape its activations with `view`."""
     return name not in ("mlp", CUSTOM_MODEL)
+
+
+def load_function(spec: str, flag: str = "--model", what: str = "FUNCTION") -> Any:
+    """What `FILE.py:NAME` names (a function, a network class, a network), imported from its file as a
+    module of its folder, as `python FILE.py` would find its neighbours (and so that spawned workers,
+    which get this process's sys.path, import it by name as well). `flag` and `what` word the errors:
+    `--model FILE.py:FUNCTION` for a search's model function, `--module FILE.py:NAME` for a run's."""
+    path_text, _, name = spec.rpartition(":")
+    path = Path(path_text)
+    if not path_text or not name.isidentifier():
+        raise UserError(f"{flag} {spec}: give FILE.py:{what}, the file that defines it and the name it has there "
+                        f"(e.g. {flag} mynet.py:{'make' if what == 'FUNCTION' else 'Net'})")
+    if not path.is_file():
+        raise UserError(f"{flag} {spec}: no file {path_text}")
+    if path.suffix != ".py":
+        raise UserError(f"{flag} {spec}: {path_text} is not a Python file (FILE.py)")
+    folder = str(path.resolve().parent)
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
+    try:
+        module = importlib.import_module(path.stem)
+    except Exception as exc:  # noqa: BLE001 - whatever the user's file raises, say so in one line
+        raise UserError(f"{flag} {spec}: importing {path_text} failed: {type(exc).__name__}: "
+                        f"{str(exc).splitlines()[0] if str(exc) else ''}") from None
+    if os.path.realpath(getattr(module, "__file__", "") or "") != os.path.realpath(path):
+        raise UserError(f"{flag} {spec}: the name {path.stem!r} is taken by another module "
+                        f"({getattr(module, '__file__', 'built in')}): rename {path_text}")
+    found = getattr(module, name, None)
+    if not callable(found):
+        raise UserError(f"{flag} {spec}: {path_text} defines no {name}")
+    return found
 
 
 def instantiate(source: nn.Module | Callable[[], nn.Module]) -> nn.Module:

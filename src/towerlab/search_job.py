@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import json
 import math
 import signal
@@ -25,14 +26,14 @@ import torch
 
 import towerlab
 from towerlab import atomic
-from towerlab.config import (RunConfig, SearchConfig, TrainConfig, dataset_label, replace, to_dict,
+from towerlab.config import (CUSTOM_MODEL, RunConfig, SearchConfig, TrainConfig, dataset_label, replace, to_dict,
                              to_flags)
 from towerlab.distributed import (Context, Interrupted, StopFlag, check_capacity, kv_store, local_processes,
                                   search_threads, search_workers, session, start_method_for, torchrun_restart,
                                   torchrun_world_size, under_torchrun)
 from towerlab.errors import UserError
-from towerlab.fitness import (candidate_config, candidate_task, estimated_cost, outcome, train_candidate,
-                              train_config_hash)
+from towerlab.fitness import (TRAINING_GENES, candidate_config, candidate_task, estimated_cost, outcome,
+                              train_candidate, train_config_hash)
 from towerlab.job import (check_writable_file, require_out_under_torchrun, restarted_by_torchrun, save_model,
                           start_job, write_config)
 from towerlab.report import (Reporter, format_cost, format_estimate, format_generation, format_plan, format_top,
@@ -58,11 +59,15 @@ def check_settings(cfg: SearchConfig, run: RunConfig) -> Space:
     return space
 
 
-def start_search(kind: str, cfg: SearchConfig, run: RunConfig, *, start_method: str | None = None) -> int:
-    """Run the search job; returns its exit status (`start_method` as in `distributed.launch`; None:
+def start_search(kind: str, cfg: SearchConfig, run: RunConfig, *, data: Any = None, function: Any = None,
+                 start_method: str | None = None) -> int:
+    """Run the search job; returns its exit status. `data` (a towerlab.data.Dataset, arrays from
+    Python) replaces loading `cfg.dataset`; `function` builds the networks of a space of model
+    "custom" (see `towerlab.fitness.Model`); `start_method` as in `distributed.launch` (None:
     `distributed.start_method_for` the run's device)."""
     space = check_settings(cfg, run)
     cfg = resolved_remeasure(cfg, space)  # recorded as resolved: a resume re-measures as this start did
+    check_function(space, function)
     require_out_under_torchrun(run)
     if cfg.store:
         check_writable_file(cfg.store, "--store")
@@ -83,17 +88,47 @@ def start_search(kind: str, cfg: SearchConfig, run: RunConfig, *, start_method: 
         stale_seconds()  # a bad TOWERLAB_WORKER_STALE_SECONDS is refused before any worker starts
         # Every data problem (and the download, or the offline fallback) once, before any worker
         # starts; the workers get this data, so every one of them reads the very same.
-        return (kind, cfg, run, str(out), *handed_over(_data(cfg, run), start_method))
+        return (kind, cfg, run, str(out), *handed_over(data if data is not None else _data(cfg, run), start_method),
+                function)
 
     def resume_hint() -> str:
         return (f"Continue the search with: towerlab {COMMANDS[kind]} --resume {out}"
                 if (out / "config.json").exists() else "")
 
     return start_job(out, resume=run.resume is not None, processes=workers,
-                     run_here=lambda: _process(0, torchrun_world_size(), None, kind, cfg, run, str(out)),
+                     run_here=lambda: _process(0, torchrun_world_size(), None, kind, cfg, run, str(out), data,
+                                               function=function),
                      spawned=_spawned, preflight=preflight, hint=resume_hint, essential={0},
                      start_method=start_method, timeout=run.timeout,
                      name=lambda rank: "coordinator rank 0" if rank == 0 else f"worker rank {rank}")
+
+
+def check_function(space: Space, function: Any) -> None:
+    """A space of model "custom" goes with a model function given from Python, and only it; each of
+    its genes must be a training gene or a keyword the function takes (refused before anything
+    trains, in one line naming the gene)."""
+    if (space.model == CUSTOM_MODEL) != (function is not None):
+        raise UserError(f"space {space.name} has model {CUSTOM_MODEL!r}: its networks come from a function of yours, "
+                        "given from Python (towerlab.api.search(space, data, model=make))" if function is None else
+                        f"model= (a function of yours) goes with a space of model {CUSTOM_MODEL!r} (a dict space "
+                        f"without \"model\" gets it), not with space {space.name} of model {space.model}")
+    if function is None:
+        return
+    if not callable(function) or isinstance(function, torch.nn.Module):
+        raise UserError(f"model= of a search must be a function (input_shape, num_classes, **genes) returning a new "
+                        f"nn.Module, got {type(function).__name__}")
+    name = getattr(function, "__name__", "your function")
+    try:
+        parameters = list(inspect.signature(function).parameters.values())
+    except (TypeError, ValueError):  # a builtin or C callable: nothing to check against
+        return
+    if any(p.kind is p.VAR_KEYWORD for p in parameters):
+        return
+    keywords = {p.name for p in parameters[2:] if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    for gene in space.genes:
+        if gene not in TRAINING_GENES and gene not in keywords:
+            raise UserError(f"gene {gene!r} is neither a training gene ({', '.join(TRAINING_GENES)}) nor a keyword "
+                            f"argument of {name}(input_shape, num_classes, ...): add it to {name}, or rename the gene")
 
 
 def search_out(kind: str, cfg: SearchConfig, run: RunConfig, space: Space | None = None) -> Path:
@@ -116,14 +151,14 @@ def _data(cfg: SearchConfig, run: RunConfig, **how: Any) -> Any:
 
 
 def _spawned(rank: int, world_size: int, store_path: str, kind: str, cfg: SearchConfig, run: RunConfig,
-             out: str, data: Any, fallback: bool | None) -> None:
-    status = _process(rank, world_size, store_path, kind, cfg, run, out, data, fallback)
+             out: str, data: Any, fallback: bool | None, function: Any) -> None:
+    status = _process(rank, world_size, store_path, kind, cfg, run, out, data, fallback, function)
     if status:
         sys.exit(status)
 
 
 def _process(rank: int, world_size: int, store_path: str | None, kind: str, cfg: SearchConfig,
-             run: RunConfig, out: str, data: Any = None, fallback: bool | None = None) -> int:
+             run: RunConfig, out: str, data: Any = None, fallback: bool | None = None, function: Any = None) -> int:
     local = local_processes(run) * (1 if under_torchrun() else cfg.workers_per_device)
     torch.set_num_threads(search_threads(run.threads, run.device, local))
     with session(rank=rank, world_size=world_size, store_path=store_path, timeout=run.timeout,
@@ -133,10 +168,11 @@ def _process(rank: int, world_size: int, store_path: str | None, kind: str, cfg:
         # dies, losing at most the candidate in flight, which the resumed search trains again.
         data = worker_data(ctx, functools.partial(_data, cfg, run), data, fallback).to(ctx.device)
         space = load_space(cfg.space)
+        model = function or space.model
         worker = f"rank{ctx.rank}@{socket.gethostname()}:{ctx.device}"
 
         def work(task: dict) -> dict:
-            fields, _ = train_candidate(cfg, space.model, task["genome"], task["seed"], data, ctx.device,
+            fields, _ = train_candidate(cfg, model, task["genome"], task["seed"], data, ctx.device,
                                         test=task["kind"] == "test", stop=stop, max_epochs=task["max_epochs"])
             return {**fields, "worker": worker}
 
@@ -152,7 +188,8 @@ def _process(rank: int, world_size: int, store_path: str | None, kind: str, cfg:
             pool.serve()
             return 0
         try:
-            _coordinate(kind, cfg, run, Path(out), space, ctx, pool.map if pool else _local_map(work), data, stop)
+            _coordinate(kind, cfg, run, Path(out), space, model, ctx, pool.map if pool else _local_map(work), data,
+                        stop)
         finally:
             if pool is not None:
                 pool.shutdown()
@@ -167,11 +204,11 @@ def _local_map(work: Callable[[dict], dict]) -> Callable:
     return run_here
 
 
-def _coordinate(kind: str, cfg: SearchConfig, run: RunConfig, out: Path, space: Space, ctx: Context,
+def _coordinate(kind: str, cfg: SearchConfig, run: RunConfig, out: Path, space: Space, model: Any, ctx: Context,
                 run_tasks: Callable, data: Any, stop: StopFlag | None = None) -> None:
     reporter = Reporter(None, progress=run.progress,
                         on_closed=lambda: stop.request(signal.SIGPIPE) if stop is not None else None)
-    tch = train_config_hash(cfg, ctx.device.type, torch.get_num_threads())  # the threads _process set
+    tch = train_config_hash(cfg, ctx.device.type, torch.get_num_threads(), data.source, model)  # _process's threads
     try:
         if cfg.store:
             store = Store(cfg.store)  # a foreign or broken file is refused before the folder is made
@@ -192,8 +229,8 @@ def _coordinate(kind: str, cfg: SearchConfig, run: RunConfig, out: Path, space: 
         else:
             search_id = open_search(store, cfg, make_sampler(cfg, space), space, tch, None)
             _write_config(out, kind, cfg, run, ctx, store, search_id)
-        reporter.line(f"towerlab {COMMANDS[kind]}: {resuming}{cfg.sampler} over space {space.name} ({space.size} "
-                      f"genomes, model {space.model}) on {cfg.dataset}, {ctx.world_size} worker(s) on "
+        reporter.line(f"towerlab {COMMANDS[kind]}: {resuming}{cfg.sampler} over space {space.name} "
+                      f"({space.size_text}, model {space.model}) on {cfg.dataset}, {ctx.world_size} worker(s) on "
                       f"{ctx.device.type} -> {out}")
 
         plan = planned_trainings(cfg, space)
@@ -207,7 +244,7 @@ def _coordinate(kind: str, cfg: SearchConfig, run: RunConfig, out: Path, space: 
             def tasks(batch: list[Candidate]) -> list[dict]:
                 # Largest first: the batch then ends on small candidates, not on a big one that
                 # started last while the other workers sat idle.
-                batch = sorted(batch, key=lambda c: -estimated_cost(cfg, space.model, c.genome, data.input_shape,
+                batch = sorted(batch, key=lambda c: -estimated_cost(cfg, model, c.genome, data.input_shape,
                                                                      data.num_classes, c.max_epochs))
                 queue.extend(batch)
                 return [candidate_task(c) for c in batch]
@@ -265,7 +302,7 @@ def _coordinate(kind: str, cfg: SearchConfig, run: RunConfig, out: Path, space: 
         if not top:
             raise UserError(_all_failed(result, out))
         if cfg.export_best:
-            _export_best(cfg, space, top[0], data, ctx.device, out, reporter, stop)
+            _export_best(cfg, model, top[0], data, ctx.device, out, reporter, stop)
     reporter.close()
 
 
@@ -398,15 +435,15 @@ def _write_results(kind: str, cfg: SearchConfig, space: Space, out: Path, store:
         "towerlab_version": towerlab.__version__})
 
 
-def _export_best(cfg: SearchConfig, space: Space, best: dict, data: Any, device: torch.device, out: Path,
+def _export_best(cfg: SearchConfig, model: Any, best: dict, data: Any, device: torch.device, out: Path,
                  reporter: Reporter, stop: StopFlag | None = None) -> None:
     """model.pt of the winner: retrained exactly as it was evaluated (same seed, same budget, the
     weights of its best epoch), so the file is the network whose accuracies are reported."""
     reporter.line("Exporting the best network (retraining it) ...")
-    fields, result = train_candidate(cfg, space.model, best["genome"], best["seed"], data, device, test=True,
+    fields, result = train_candidate(cfg, model, best["genome"], best["seed"], data, device, test=True,
                                      stop=stop, max_epochs=best["max_epochs"])
     if result is None or fields["status"] != "ok":
         raise UserError(f"retraining the best network failed ({fields.get('reason')}): model.pt not written")
     save_model(out / "model.pt", result.model,
-               candidate_config(cfg, space.model, best["genome"], best["seed"], best["max_epochs"]), data)
+               candidate_config(cfg, model, best["genome"], best["seed"], best["max_epochs"]), data)
     reporter.line(f"Wrote {out / 'model.pt'} (validation {result.val_accuracy:.4f}, test {result.test_accuracy:.4f})")

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Callable, Optional, TypeVar
 
 from towerlab.search.evaluation import rung_epochs
+from towerlab.search.space import space_of
 from towerlab.search.store import STORE_NAME, SearchRow, Store
 
 # The columns of `--csv`, in order; the genes follow as gene_<name>.
@@ -131,13 +132,11 @@ def _shape(search: SearchRow, generations: list) -> str:
 
 def _format_one(store: Store, search: SearchRow) -> str:
     space = search.space
-    size = 1
-    for values in space["genes"].values():
-        size *= len(values)
+    size = space_of({"model": space["model"], "genes": space["genes"]}, space["name"], f"store {store.path}").size_text
     state = f"finished {search.finished}" if search.finished else "not finished (resume it with --resume)"
     generations = store.generations(search.id)
     lines = [f"search {search.id}: {search.sampler} over space {space['name']} (model {space['model']}, "
-             f"{size} genomes), seed {search.config['seed']}, {_shape(search, generations)}; "
+             f"{size}), seed {search.config['seed']}, {_shape(search, generations)}; "
              f"started {search.created}, {state}",
              f"  {'gen':>4} {'evaluated':>9} {'cached':>7} {'failed':>6} {'best':>7} {'mean':>7} "
              f"{'worst':>7} {'seconds':>9}"]

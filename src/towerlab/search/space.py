@@ -1,12 +1,17 @@
 """Search spaces: which genes a genome has and which values each may take.
 
+A gene is categorical (a list of values) or a numeric `Range` (`{low = A, high = B}`: ints when
+both bounds are ints, floats otherwise, with `log = true` and `step = N` as wished); a range is
+never listed out, so a search draws from a space of any size without materialising it.
+
 A genome is a plain dict gene name -> value (ints, floats and strings only), in the space's gene
 order. Its identity is `canonical(genome)` (compact JSON, sorted keys) and `genome_hash` (sha256 of
 that text): the store caches evaluations by this hash, so two dicts with equal items are the same
 genome whatever their key order.
 
-A space comes from a built-in name (`mlp`, `cnn`, `whitenet`) or a TOML file; `GENE_RULES` (pure data) says
-which genes exist for each model family and which values are valid.
+A space comes from a built-in name (`mlp`, `cnn`, `whitenet`), a TOML file or a JSON text (what the
+Python API makes of a dict); `GENE_RULES` (pure data) says which genes exist for each model family and
+which values are valid.
 """
 
 from __future__ import annotations
@@ -17,9 +22,11 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any, Iterator, Mapping, Union
 
-from towerlab.config import OPTIMIZERS
+import numpy as np
+
+from towerlab.config import CUSTOM_MODEL, OPTIMIZERS
 from towerlab.errors import UserError
 from towerlab.readers import require_regular_file
 
@@ -35,7 +42,7 @@ ACTIVATIONS = ("relu", "elu", "tanh", "sigmoid")
 class GeneRule:
     """The values a gene accepts: ints and floats within bounds, or one of fixed strings."""
 
-    kind: str  # "int", "float" or "choice"
+    kind: str  # "int", "float", "choice" or "any" (a model function's gene: a number, a string or a bool)
     low: float | None = None
     low_open: bool = False
     high: float | None = None
@@ -46,6 +53,8 @@ class GeneRule:
     def describe(self) -> str:
         if self.kind == "choice":
             return "one of " + ", ".join(self.choices)
+        if self.kind == "any":
+            return "a number, a string or a boolean"
         text = ("an odd int" if self.odd else "an int") if self.kind == "int" else "a number"
         if self.low is not None and self.high is not None:
             return (f"{text} in {'(' if self.low_open else '['}{_num(self.low)}, "
@@ -59,6 +68,9 @@ class GeneRule:
         when the value is not valid."""
         if self.kind == "choice":
             return value if isinstance(value, str) and value in self.choices else None
+        if self.kind == "any":
+            ok = isinstance(value, (str, bool, int)) or (isinstance(value, float) and math.isfinite(value))
+            return value if ok else None
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             return None
         if self.kind == "int":
@@ -87,6 +99,9 @@ _TRAINING_GENES = {
     "epochs": _POSITIVE_INT,
     "label_smoothing": GeneRule("float", low=0.0, high=1.0, high_open=True),
 }
+# The genes of a model function of yours (model "custom", given from Python): the training genes as
+# for every model, and any other name, which the function takes as a keyword argument.
+_MODEL_FUNCTION_GENE = GeneRule("any")
 GENE_RULES: dict[str, dict[str, GeneRule]] = {
     "mlp": {
         "neurons": _POSITIVE_INT,
@@ -109,7 +124,100 @@ GENE_RULES: dict[str, dict[str, GeneRule]] = {
         "depth": GeneRule("int", low=1, high=4),  # convolutions per stage
         **_TRAINING_GENES,
     },
+    CUSTOM_MODEL: dict(_TRAINING_GENES),
 }
+
+
+RANGE_KEYS = ("low", "high", "log", "step", "points")
+
+
+@dataclass(frozen=True)
+class Range:
+    """A numeric gene given by its bounds (both included) instead of a list: ints when `kind` is
+    "int", floats otherwise; `log`: drawn on a log scale; `step`: only low + k * step; `points`: how
+    many values a grid takes from an unstepped float range (evenly spaced, on the log scale if `log`).
+    Build one with `parse_gene`, which checks it."""
+
+    kind: str  # "int" or "float"
+    low: float
+    high: float
+    log: bool = False
+    step: float | None = None
+    points: int | None = None
+
+    @property
+    def count(self) -> float:
+        """How many values it holds: an int, or math.inf for an unstepped float range."""
+        if self.kind == "float" and self.step is None:
+            return math.inf
+        return round((self.high - self.low) / (self.step or 1)) + 1
+
+    def value_at(self, index: int) -> float:
+        """The value at `index` of a stepped (or int) range, in increasing order."""
+        value = self.low + index * (self.step or 1)
+        return value if self.kind == "int" else min(float(value), self.high)
+
+    def grid_values(self) -> tuple | None:
+        """The values a grid tries (None: an unstepped float range without `points`)."""
+        if self.count != math.inf:
+            return tuple(self.value_at(i) for i in range(int(self.count)))
+        if self.points is None:
+            return None
+        if self.log:
+            a, b = math.log(self.low), math.log(self.high)
+            inner = [math.exp(a + (b - a) * i / (self.points - 1)) for i in range(1, self.points - 1)]
+        else:
+            inner = [self.low + (self.high - self.low) * i / (self.points - 1) for i in range(1, self.points - 1)]
+        return (float(self.low), *inner, float(self.high))
+
+    def draw(self, rng: np.random.Generator) -> Any:
+        """A value drawn from the range's distribution (uniform, or log-uniform with `log`)."""
+        if self.log:  # an int range spans low - 0.5 .. high + 0.5 before rounding, as Optuna's does
+            pad = 0.5 if self.kind == "int" else 0.0
+            x = math.exp(rng.uniform(math.log(self.low - pad), math.log(self.high + pad)))
+            return self.clip(round(x)) if self.kind == "int" else self.clip(x)
+        if self.count != math.inf:
+            return self.value_at(int(rng.integers(int(self.count))))
+        return self.clip(float(rng.uniform(self.low, self.high)))
+
+    def moved(self, rng: np.random.Generator, value: Any) -> Any:
+        """The genetic algorithm's mutation of a value: a uniform random step of at most a fifth of
+        the range, on the log scale for a log range, reflected at the bounds and rounded to the
+        step; an int or stepped range moves by at least one step."""
+        scale = math.log if self.log else float
+        low, high = scale(self.low), scale(self.high)
+        x = scale(value) + rng.uniform(-(high - low) / 5, (high - low) / 5)
+        x = 2 * high - x if x > high else 2 * low - x if x < low else x
+        x = math.exp(x) if self.log else x
+        if self.count == math.inf:
+            return self.clip(x)
+        step, last = self.step or 1, int(self.count) - 1
+        here = round((value - self.low) / step)
+        k = min(max(round((x - self.low) / step), 0), last)
+        if k == here:  # the step was too small to leave the value: one step, away from a bound
+            k = here + 1 if here == 0 or (here < last and rng.random() < 0.5) else here - 1
+        return self.value_at(k)
+
+    def clip(self, x: float) -> Any:
+        x = min(max(x, self.low), self.high)
+        return int(x) if self.kind == "int" else float(x)
+
+    def holds(self, value: Any) -> bool:
+        if type(value) is not (int if self.kind == "int" else float) or not self.low <= value <= self.high:
+            return False
+        if self.step is None:
+            return True
+        k = (value - self.low) / self.step
+        return abs(k - round(k)) < 1e-9
+
+    def to_dict(self) -> dict:
+        """The TOML table it was written as (the defaults left out)."""
+        data = {"low": self.low, "high": self.high}
+        data.update({k: getattr(self, k) for k in ("log", "step", "points") if getattr(self, k)})
+        return data
+
+
+Gene = Union[tuple, Range]
 
 
 def canonical(genome: Mapping[str, Any]) -> str:
@@ -123,7 +231,7 @@ def genome_hash(genome: Mapping[str, Any]) -> str:
 
 @dataclass(frozen=True)
 class Space:
-    """An ordered set of genes, each with its tuple of allowed values. Treat `genes` as read-only.
+    """An ordered set of genes, each a tuple of allowed values or a `Range`. Treat `genes` as read-only.
 
     The gene order and the value order are part of the space: the search draws by position, so
     `fingerprint` covers both (and the model), but not `name`: a copied file is the same space.
@@ -131,20 +239,23 @@ class Space:
 
     name: str
     model: str
-    genes: dict[str, tuple]
+    genes: dict[str, Gene]
     fingerprint: str = field(init=False, compare=False)
 
     def __post_init__(self) -> None:
-        genes = {str(k): tuple(v) for k, v in dict(self.genes).items()}
+        genes = {str(k): v if isinstance(v, Range) else tuple(v) for k, v in dict(self.genes).items()}
         if not genes:
             raise ValueError(f"space {self.name!r} has no genes")
         for gene, values in genes.items():
+            if isinstance(values, Range):
+                continue
             if not values:
                 raise ValueError(f"space {self.name!r}: gene {gene!r} has no values")
-            if len({canonical({"v": v}) for v in values}) != len(values):
+            # (type, repr) tells values apart as `canonical` does (1, 1.0, True), at a fraction of its cost
+            if len({(type(v), repr(v)) for v in values}) != len(values):
                 raise ValueError(f"space {self.name!r}: gene {gene!r} lists a value twice")
         object.__setattr__(self, "genes", genes)
-        content = json.dumps({"model": self.model, "genes": [[k, list(v)] for k, v in genes.items()]},
+        content = json.dumps({"model": self.model, "genes": [[k, _gene_json(v)] for k, v in genes.items()]},
                              separators=(",", ":"))
         object.__setattr__(self, "fingerprint", hashlib.sha256(content.encode()).hexdigest())
 
@@ -152,24 +263,38 @@ class Space:
         return hash(self.fingerprint)
 
     @property
-    def size(self) -> int:
-        """Number of distinct genomes."""
-        return math.prod(len(v) for v in self.genes.values())
+    def typed(self) -> bool:
+        """Whether a gene is a range: the samplers then draw from each gene's distribution."""
+        return any(isinstance(v, Range) for v in self.genes.values())
+
+    @property
+    def size(self) -> float:
+        """Number of distinct genomes (math.inf with an unstepped float range)."""
+        return math.prod(_count(v) for v in self.genes.values())
+
+    @property
+    def size_text(self) -> str:
+        return f"{self.size} genomes" if self.size != math.inf else "a continuous space"
+
+    def gene_size(self, name: str) -> float:
+        return _count(self.genes[name])
 
     def all_genomes(self) -> Iterator[dict]:
-        """Every genome once, the last gene varying fastest (`itertools.product` order)."""
+        """Every genome once, the last gene varying fastest (`itertools.product` order). A finite space only."""
         names = list(self.genes)
-        for values in itertools.product(*self.genes.values()):
+        for values in itertools.product(*(_values(v) for v in self.genes.values())):
             yield dict(zip(names, values))
 
     def genome_at(self, index: int) -> dict:
         """The genome `all_genomes()` yields at position `index`, without listing the others."""
+        if self.size == math.inf:
+            raise ValueError(f"space {self.name!r} has a float range: its genomes have no positions")
         if not 0 <= index < self.size:
             raise IndexError(f"genome index {index} outside space of {self.size}")
         genome = {}
         for name, values in reversed(list(self.genes.items())):
-            index, digit = divmod(index, len(values))
-            genome[name] = values[digit]
+            index, digit = divmod(index, int(_count(values)))
+            genome[name] = values.value_at(digit) if isinstance(values, Range) else values[digit]
         return {name: genome[name] for name in self.genes}
 
     def contains(self, genome: Mapping[str, Any]) -> bool:
@@ -177,11 +302,41 @@ class Space:
         included: True is not 1, 1 is not 1.0)."""
         if set(genome) != set(self.genes):
             return False
-        return all(any(type(v) is type(genome[k]) and v == genome[k] for v in values)
+        return all(values.holds(genome[k]) if isinstance(values, Range)
+                   else any(type(v) is type(genome[k]) and v == genome[k] for v in values)
                    for k, values in self.genes.items())
 
+    def gridded(self) -> Space:
+        """The space a grid walks: each range replaced by its `grid_values` (UserError for an
+        unstepped float range without `points`)."""
+        genes = {}
+        for name, values in self.genes.items():
+            if isinstance(values, Range):
+                values = values.grid_values()
+                if values is None:
+                    raise UserError(f"space {self.name}: a grid cannot list float gene {name!r} (a range without "
+                                    f"step): add points = N (N values from low to high) or step = S to it")
+            genes[name] = values
+        return Space(self.name, self.model, genes)
+
     def to_dict(self) -> dict:
-        return {"name": self.name, "model": self.model, "genes": {k: list(v) for k, v in self.genes.items()}}
+        return {"name": self.name, "model": self.model, "genes": {k: _gene_json(v) for k, v in self.genes.items()}}
+
+
+def _count(gene: Gene) -> float:
+    return gene.count if isinstance(gene, Range) else len(gene)
+
+
+def _values(gene: Gene) -> Any:
+    if isinstance(gene, tuple):
+        return gene
+    if gene.count == math.inf:
+        raise ValueError("an unstepped float range cannot be listed")
+    return (gene.value_at(i) for i in range(int(gene.count)))
+
+
+def _gene_json(gene: Gene) -> Any:
+    return gene.to_dict() if isinstance(gene, Range) else list(gene)
 
 
 BUILTIN_SPACES: dict[str, Space] = {
@@ -219,24 +374,28 @@ BUILTIN_SPACES: dict[str, Space] = {
 _TOP_LEVEL_KEYS = ("model", "genes")
 
 
-def check_genes(model: str, genes: Mapping[str, Any], where: str) -> dict[str, tuple]:
-    """Validate gene lists against `GENE_RULES`; return them normalized. `where` names the source
-    in the messages ("search space FILE")."""
+def check_genes(model: str, genes: Mapping[str, Any], where: str) -> dict[str, Gene]:
+    """Validate genes (lists of values, or range tables) against `GENE_RULES`; return them
+    normalized. `where` names the source in the messages ("search space FILE")."""
     if model not in GENE_RULES:
         raise UserError(f"{where}: unknown model {model!r}: use one of {', '.join(GENE_RULES)}")
     rules = GENE_RULES[model]
     if not genes:
         raise UserError(f"{where}: no genes: list at least one under [genes], "
                         f"e.g. {next(iter(rules))} = [...]")
-    checked: dict[str, tuple] = {}
+    checked: dict[str, Gene] = {}
     for gene, values in genes.items():
-        if gene not in rules:
+        if gene not in rules and model != CUSTOM_MODEL:
             raise UserError(f"{where}: unknown gene {gene!r} for model {model}: "
                             f"known genes are {', '.join(rules)}")
+        rule = rules.get(gene, _MODEL_FUNCTION_GENE)
+        if isinstance(values, dict):
+            checked[gene] = parse_range(gene, values, rule, f"{where}: gene {gene!r}")
+            continue
         if not isinstance(values, list) or not values:
-            raise UserError(f"{where}: gene {gene!r} must be a non-empty list of values, "
-                            f"got {values!r}")
-        rule, seen = rules[gene], set()
+            raise UserError(f"{where}: gene {gene!r} must be a non-empty list of values or a range "
+                            f"{{low = A, high = B}}, got {values!r}")
+        seen = set()
         normalized = []
         for value in values:
             ok = rule.normalize(value)
@@ -251,11 +410,71 @@ def check_genes(model: str, genes: Mapping[str, Any], where: str) -> dict[str, t
     return checked
 
 
+def _is_number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def parse_range(gene: str, spec: Mapping[str, Any], rule: GeneRule, where: str) -> Range:
+    """A range table (`{low = A, high = B, log = true, step = S, points = N}`) checked against the
+    gene's rule: ints when both bounds are ints and the gene takes ints, floats otherwise."""
+    unknown = sorted(set(spec) - set(RANGE_KEYS))
+    if unknown:
+        raise UserError(f"{where}: unknown key(s) {', '.join(map(str, unknown))} in its range: "
+                        f"a range takes {', '.join(RANGE_KEYS)}")
+    if "low" not in spec or "high" not in spec:
+        raise UserError(f"{where}: a range needs low and high, e.g. {{low = 1, high = 8}}")
+    low, high = spec["low"], spec["high"]
+    if not (_is_number(low) and _is_number(high)):
+        raise UserError(f"{where}: low and high must be finite numbers, got {low!r} and {high!r}")
+    if rule.kind == "choice":
+        raise UserError(f"{where} takes a list of values ({rule.describe()}), not a range")
+    kind = "int" if isinstance(low, int) and isinstance(high, int) and rule.kind in ("int", "any") else "float"
+    if rule.kind == "int" and kind == "float":
+        raise UserError(f"{where} takes ints: give its range int bounds, got {low!r} and {high!r}")
+    for bound in (low, high):
+        if rule.normalize(bound) is None:
+            raise UserError(f"{where}: bound {bound!r} is not {rule.describe()}")
+    if kind == "float":
+        low, high = float(low), float(high)
+    if not low < high:
+        raise UserError(f"{where}: low ({low!r}) must be below high ({high!r}); a fixed value is a list of one")
+    log, step, points = spec.get("log", False), spec.get("step"), spec.get("points")
+    if not isinstance(log, bool):
+        raise UserError(f"{where}: log must be true or false, got {log!r}")
+    if log and low <= 0:
+        raise UserError(f"{where}: a log range needs low > 0, got {low!r}")
+    if step is not None:
+        if log:
+            raise UserError(f"{where}: log and step do not go together: choose one")
+        if not _is_number(step) or step <= 0 or (kind == "int" and not isinstance(step, int)):
+            raise UserError(f"{where}: step must be a positive {'int' if kind == 'int' else 'number'}, got {step!r}")
+        steps = (high - low) / step
+        if abs(steps - round(steps)) > 1e-9 * max(1.0, steps):
+            raise UserError(f"{where}: high - low ({high - low!r}) must be a multiple of step ({step!r})")
+        step = step if kind == "int" else float(step)
+    if points is not None and (kind == "int" or step is not None):
+        raise UserError(f"{where}: points is for a float range without step (a grid takes every value of the others)")
+    if points is not None and (not isinstance(points, int) or isinstance(points, bool) or points < 2):
+        raise UserError(f"{where}: points must be an int >= 2, got {points!r}")
+    if rule.odd and not (low % 2 == 1 and step is not None and step % 2 == 0):
+        raise UserError(f"{where} takes odd ints: give its range an odd low and an even step (step = 2)")
+    return Range(kind, low, high, log, step, points)
+
+
 def load_space(name_or_path: str | Path) -> Space:
-    """A built-in space by name, or a TOML file: `model = "mlp"` and a `[genes]` table of lists."""
+    """A built-in space by name, a TOML file (`model = "mlp"` and a `[genes]` table: a list of
+    values or a range table per gene), or the same as a JSON text (it starts with `{`)."""
     text = str(name_or_path)
     if text in BUILTIN_SPACES:
         return BUILTIN_SPACES[text]
+    if text.lstrip().startswith("{"):
+        try:
+            data = json.loads(text)
+        except ValueError as e:
+            raise UserError(f"the search space given as JSON is not valid JSON: {e}") from None
+        if not isinstance(data, dict):
+            raise UserError("the search space given as JSON must be an object: {\"model\": ..., \"genes\": {...}}")
+        return space_of(data, "inline", "search space (JSON)")
     path = Path(text)
     where = f"search space {text}"
     if not path.exists():
@@ -271,9 +490,14 @@ def load_space(name_or_path: str | Path) -> Space:
         raise UserError(f"{where} is not valid TOML: {e}") from None
     except UnicodeDecodeError:
         raise UserError(f"{where} is not valid TOML: not UTF-8 text") from None
+    return space_of(data, text, where)
+
+
+def space_of(data: Mapping[str, Any], name: str, where: str) -> Space:
+    """The space a parsed file (or dict) describes, checked."""
     unknown = sorted(set(data) - set(_TOP_LEVEL_KEYS))
     if unknown:
-        raise UserError(f"{where}: unknown key(s) {', '.join(unknown)}: a space file holds only "
+        raise UserError(f"{where}: unknown key(s) {', '.join(map(str, unknown))}: a space file holds only "
                         f"model = \"mlp\"|\"cnn\"|\"whitenet\" and a [genes] table")
     if "model" not in data:
         choices = " or ".join(f'model = "{m}"' for m in GENE_RULES)
@@ -284,4 +508,4 @@ def load_space(name_or_path: str | Path) -> Space:
     genes = data.get("genes", {})
     if not isinstance(genes, dict):
         raise UserError(f"{where}: genes must be a table: write [genes] and one list per gene under it")
-    return Space(text, model, check_genes(model, genes, where))
+    return Space(name, model, check_genes(model, genes, where))

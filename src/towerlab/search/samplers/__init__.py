@@ -18,7 +18,7 @@ import numpy as np
 
 from towerlab.config import SearchConfig
 from towerlab.errors import UserError
-from towerlab.search.space import Space
+from towerlab.search.space import Range, Space
 
 if TYPE_CHECKING:
     from towerlab.search.history import Generation
@@ -30,7 +30,8 @@ SAMPLERS = {
     "tpe": "towerlab.search.samplers.tpe:TPESampler",
 }
 
-# numpy draws indices below 2**63; a larger space is sampled gene by gene.
+# numpy draws indices below 2**63; a larger space is sampled gene by gene (so is a space with a
+# range gene: its genomes are drawn from each gene's distribution, never by position).
 INDEXABLE = 2**62
 
 
@@ -106,5 +107,7 @@ def make_sampler(cfg: SearchConfig, space: Space) -> Sampler:
 
 
 def random_genome(rng: np.random.Generator, space: Space) -> dict:
-    """Each gene drawn uniformly from its allowed values."""
-    return {name: values[int(rng.integers(len(values)))] for name, values in space.genes.items()}
+    """Each gene drawn from its distribution: uniformly among a list's values, from a range as
+    `Range.draw` says."""
+    return {name: values.draw(rng) if isinstance(values, Range) else values[int(rng.integers(len(values)))]
+            for name, values in space.genes.items()}

@@ -18,7 +18,7 @@ from towerlab.errors import UserError
 from towerlab.search.evaluation import GENERATION_STREAM, make_rng
 from towerlab.search.history import Generation, rank_key
 from towerlab.search.samplers import INDEXABLE, Sampler, random_genome
-from towerlab.search.space import Space, genome_hash
+from towerlab.search.space import Range, Space, genome_hash
 
 # Attempts at a child that is not yet in the generation before a duplicate is accepted (it will be
 # a cache hit, not a second training).
@@ -38,14 +38,19 @@ def _same(a: object, b: object) -> bool:
 
 
 def mutate(rng: np.random.Generator, space: Space, genome: dict) -> dict:
-    """A copy with exactly one gene changed to another allowed value. Genes with a single allowed
-    value are never picked; when no gene can change, the genome comes back unchanged."""
-    changeable = [name for name, values in space.genes.items() if len(values) > 1]
+    """A copy with exactly one gene changed: a listed gene to another of its values, drawn
+    uniformly; a range gene by a bounded random step on its scale (`Range.moved`). Genes with a
+    single allowed value are never picked; when no gene can change, the genome comes back unchanged."""
+    changeable = [name for name in space.genes if space.gene_size(name) > 1]
     child = dict(genome)
     if not changeable:
         return child
     name = changeable[int(rng.integers(len(changeable)))]
-    others = [v for v in space.genes[name] if not _same(v, genome[name])]
+    gene = space.genes[name]
+    if isinstance(gene, Range):
+        child[name] = gene.moved(rng, genome[name])
+        return child
+    others = [v for v in gene if not _same(v, genome[name])]
     child[name] = others[int(rng.integers(len(others)))]
     return child
 
@@ -54,7 +59,7 @@ def initial_population(rng: np.random.Generator, space: Space, population: int) 
     """`population` distinct random genomes; when the space is smaller, every genome (in random
     order) and then random repeats."""
     size = space.size
-    if size > INDEXABLE:
+    if size > INDEXABLE or (space.typed and size >= population):
         genomes: dict[str, dict] = {}
         while len(genomes) < population:
             genome = random_genome(rng, space)

@@ -1,5 +1,7 @@
 """The brute-force baseline (`--sampler grid`, `towerlab grid`): every genome of a space (or a
-seeded random subset) as one generation, through the same store, cache and resume as any search."""
+seeded random subset) as one generation, through the same store, cache and resume as any search.
+A range gene contributes every value it holds (an int or stepped range) or its `points` values (a
+float range); a float range without either is refused."""
 
 from __future__ import annotations
 
@@ -20,8 +22,9 @@ def _check(space: Space, limit: Optional[int]) -> None:
 
 
 def grid_genomes(space: Space, limit: Optional[int], seed: int) -> list[dict]:
-    """All genomes in `space.all_genomes()` order or, with a `limit` below the space size, that
-    many drawn without replacement by the search RNG, kept in the same order."""
+    """All genomes in `space.gridded().all_genomes()` order or, with a `limit` below the space size,
+    that many drawn without replacement by the search RNG, kept in the same order."""
+    space = space.gridded()
     _check(space, limit)
     if limit is None or limit >= space.size:
         return list(space.all_genomes())
@@ -35,8 +38,9 @@ class GridSampler(Sampler):
 
     def __init__(self, cfg: SearchConfig, space: Space) -> None:
         super().__init__(cfg, space)
-        _check(space, cfg.limit)  # before any folder or worker
-        self.population = min(cfg.limit or space.size, space.size)  # its one generation
+        grid = space.gridded()  # a float range without points is refused here, before any folder or worker
+        _check(grid, cfg.limit)
+        self.population = min(cfg.limit or grid.size, grid.size)  # its one generation
 
     def propose(self, history: Sequence[Generation]) -> list[dict]:
         return [] if history else grid_genomes(self.space, self.cfg.limit, self.cfg.seed)

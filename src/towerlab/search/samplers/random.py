@@ -1,5 +1,6 @@
-"""`--sampler random`: genomes drawn uniformly without replacement (never one the search has
-proposed before), `--population` at a time, until the space is exhausted."""
+"""`--sampler random`: genomes drawn without replacement (never one the search has proposed
+before), `--population` at a time, until the space is exhausted: uniformly from a space of lists,
+from each gene's distribution (`random_genome`) when a gene is a range."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ class RandomSampler(Sampler):
             return [rest[int(i)] for i in rng.choice(len(rest), size=n, replace=False)]
         picks: dict[str, dict] = {}
         while len(picks) < n:
-            genome = (self.space.genome_at(int(rng.integers(size))) if size <= INDEXABLE
+            genome = (self.space.genome_at(int(rng.integers(size))) if size <= INDEXABLE and not self.space.typed
                       else random_genome(rng, self.space))
             h = genome_hash(genome)
             if h not in seen:

@@ -5,8 +5,9 @@ Each generation asks `--population` trials before any is told (Optuna's constant
 apart), so the history does not depend on how many workers train them; fewer per generation
 means a better-informed TPE and less parallel work. The sampler is seeded from the search seed, so
 replaying the tells of a stored search asks the same trials again: a TPE search resumes exactly,
-with the same Optuna version. Genes are categorical (each value a choice), as in the baselines
-the sampler was measured against. A failed candidate is told FAIL; one a pruned search stopped
+with the same Optuna version. A listed gene is categorical (each value a choice, as in the
+baselines the sampler was measured against); a range gene is Optuna's int or float distribution,
+with its log scale or step. A failed candidate is told FAIL; one a pruned search stopped
 early is told PRUNED with its fitness at the rung it reached.
 """
 
@@ -20,16 +21,25 @@ from towerlab.errors import UserError
 from towerlab.search.evaluation import rung_epochs, sampler_rng
 from towerlab.search.history import Generation
 from towerlab.search.samplers import Sampler
-from towerlab.search.space import Space
+from towerlab.search.space import Gene, Range, Space
 
 
-def _optuna() -> Any:
+def optuna_module(needed_by: str, instead: str = "") -> Any:
+    """The optuna package, or a UserError saying how to install it."""
     try:
         import optuna
     except ImportError:
-        raise UserError("the tpe sampler needs Optuna: pip install 'towerlab[tpe]' "
-                        "(or choose --sampler ga, random or grid)") from None
+        raise UserError(f"{needed_by} needs Optuna: pip install 'towerlab[tpe]'{instead}") from None
     return optuna
+
+
+def distribution(optuna: Any, gene: Gene) -> Any:
+    """The Optuna distribution of a gene."""
+    if not isinstance(gene, Range):
+        return optuna.distributions.CategoricalDistribution(gene)
+    if gene.kind == "int":
+        return optuna.distributions.IntDistribution(gene.low, gene.high, log=gene.log, step=gene.step or 1)
+    return optuna.distributions.FloatDistribution(gene.low, gene.high, log=gene.log, step=gene.step)
 
 
 class TPESampler(Sampler):
@@ -37,15 +47,14 @@ class TPESampler(Sampler):
 
     def __init__(self, cfg: SearchConfig, space: Space) -> None:
         super().__init__(cfg, space)
-        optuna = self._optuna = _optuna()
+        optuna = self._optuna = optuna_module("the tpe sampler", " (or choose --sampler ga, random or grid)")
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         with warnings.catch_warnings():  # constant_liar is "experimental" in older Optuna
             warnings.simplefilter("ignore")
             sampler = optuna.samplers.TPESampler(seed=int(sampler_rng(cfg.seed, "tpe").integers(2**32)),
                                                  constant_liar=True)
         self._study = optuna.create_study(direction="maximize", sampler=sampler)
-        self._distributions = {name: optuna.distributions.CategoricalDistribution(values)
-                               for name, values in space.genes.items()}
+        self._distributions = {name: distribution(optuna, values) for name, values in space.genes.items()}
         self._last_rung = len(rung_epochs(cfg.max_epochs, cfg.min_epochs, cfg.prune_factor)) - 1
         self._asked: list[Any] = []
 

@@ -295,6 +295,9 @@ def uses_channels_last(name: str) -> bool:
     return name not in ("mlp", CUSTOM_MODEL)
 
 
+_LOADED: dict[str, str] = {}  # module name -> the file load_function imported it from
+
+
 def load_function(spec: str, flag: str = "--model", what: str = "FUNCTION") -> Any:
     """What `FILE.py:NAME` names (a function, a network class, a network), imported from its file as a
     module of its folder, as `python FILE.py` would find its neighbours (and so that spawned workers,
@@ -302,7 +305,7 @@ def load_function(spec: str, flag: str = "--model", what: str = "FUNCTION") -> A
     `--model FILE.py:FUNCTION` for a search's model function, `--module FILE.py:NAME` for a run's."""
     path_text, _, name = spec.rpartition(":")
     path = Path(path_text)
-    if not path_text or not name.isidentifier():
+    if not path_text or not name.isidentifier() or (path.suffix != ".py" and not path.is_file()):
         raise UserError(f"{flag} {spec}: give FILE.py:{what}, the file that defines it and the name it has there "
                         f"(e.g. {flag} mynet.py:{'make' if what == 'FUNCTION' else 'Net'})")
     if not path.is_file():
@@ -310,8 +313,12 @@ def load_function(spec: str, flag: str = "--model", what: str = "FUNCTION") -> A
     if path.suffix != ".py":
         raise UserError(f"{flag} {spec}: {path_text} is not a Python file (FILE.py)")
     folder = str(path.resolve().parent)
-    if folder not in sys.path:
-        sys.path.insert(0, folder)
+    if folder in sys.path:
+        sys.path.remove(folder)
+    sys.path.insert(0, folder)  # first, over a folder an earlier call put there
+    if _LOADED.get(path.stem, os.path.realpath(path)) != os.path.realpath(path):
+        sys.modules.pop(path.stem, None)  # a file of the same name that this function loaded before
+        importlib.invalidate_caches()
     try:
         module = importlib.import_module(path.stem)
     except Exception as exc:  # noqa: BLE001 - whatever the user's file raises, say so in one line
@@ -320,6 +327,7 @@ def load_function(spec: str, flag: str = "--model", what: str = "FUNCTION") -> A
     if os.path.realpath(getattr(module, "__file__", "") or "") != os.path.realpath(path):
         raise UserError(f"{flag} {spec}: the name {path.stem!r} is taken by another module "
                         f"({getattr(module, '__file__', 'built in')}): rename {path_text}")
+    _LOADED[path.stem] = os.path.realpath(path)
     found = getattr(module, name, None)
     if not callable(found):
         raise UserError(f"{flag} {spec}: {path_text} defines no {name}")

@@ -5,7 +5,7 @@ each, whatever the number of workers: issue 43.)
     python bench/threads.py        # MNIST, neurons=768,layers=1,activation=relu,optimizer=nadam, 3 seeds, 1 epoch
 
 Writes bench/results/threads-<dataset>-<date>.json: each seed's validation and test accuracy on
-each thread count, and how many seeds differ.
+each thread count, and how many seeds score differently (`seeds_that_differ`).
 """
 
 from __future__ import annotations
@@ -34,8 +34,9 @@ def main(argv: list[str] | None = None) -> int:
             for threads in (1, 2)}
     for threads, results in runs.items():
         print(f"{threads} thread(s): " + ", ".join(f"{r['val_accuracy']:.4f}" for r in results))
-    differ = sum(a != b for a, b in zip(runs[1], runs[2]))
-    print(f"{differ} of {len(seeds)} seeds differ between 1 and 2 threads")
+    scores = {t: [(r["val_accuracy"], r["test_accuracy"]) for r in results] for t, results in runs.items()}
+    differ = sum(a != b for a, b in zip(scores[1], scores[2]))
+    print(f"{differ} of {len(seeds)} seeds score differently (validation or test) on 1 and 2 threads")
     record = {"machine": machine.describe(), "date": measure.now(), "pick": pick, "settings": settings,
               "seeds": seeds, "runs": {str(t): r for t, r in runs.items()}, "seeds_that_differ": differ}
     path = machine.write_record(args.out, f"threads-{args.dataset}-{measure.now()[:10]}.json", record)

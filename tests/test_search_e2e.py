@@ -129,6 +129,9 @@ def test_grid_writes_its_record_and_exports_the_winner(tmp_path, space_file, cap
                  "--remeasure", "2", "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "Generation 1/1: evaluated 4, cached 0, failed 0" in printed and "Top 2 networks" in printed
+    assert ("Budget: at most 4 trainings for the search, then about 4 to re-measure the networks about to be "
+            "crowned (more when that reorders them) and 2 to test the top: about 10 epochs of training") in printed
+    assert "The first training took " in printed and "epochs on 1 worker(s) take about " in printed
     summary = json.loads((out / "summary.json").read_text())
     for key in ("best_genome", "best_val_accuracy", "best_test_accuracy", "evaluations", "cache_hits", "failures",
                 "generations", "seconds", "workers"):

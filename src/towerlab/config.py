@@ -327,8 +327,8 @@ class SearchConfig:
     seed: int = _opt(0, "seed of the search; candidate seeds derive from (seed, generation, index)")
     remeasure: Optional[int] = _opt(None, "fresh seeds a network about to be crowned (ga's elite, the final top) is "
                                     "trained with again; such networks rank by their mean (0: every network is "
-                                    "measured once; None: 2, fewer where they would cost more than half the "
-                                    "search's trainings)")
+                                    "measured once; None: 2, fewer where they would cost more than a quarter of "
+                                    "the search's trainings)")
     max_epochs: int = _opt(10, "epochs a candidate may train at most (a space with an `epochs` gene, like "
                                "whitenet, sets each candidate's own)")
     patience: int = _opt(5, "a candidate stops after this many epochs without a lower validation loss")

@@ -172,19 +172,18 @@ def format_generation(stats: Any, generations: int) -> str:
 
 def format_plan(plan: dict) -> str:
     """What a search's budget holds (`towerlab.search.engine.planned_trainings`), said before it starts."""
-    parts = [f"at most {plan['search']} trainings for the search"]
-    if plan["rungs"]:
-        parts.append(f"{plan['rungs']} promotions to longer rungs")
-    parts += [f"{plan['remeasure']} for re-measuring", f"{plan['test']} for testing"]
-    return "Budget: " + ", ".join(parts) + f"; {plan['epochs']} epochs of training at most"
+    promotions = f", {plan['rungs']} promotions to longer rungs" if plan["rungs"] else ""
+    return (f"Budget: at most {plan['search']} trainings for the search{promotions}, then about "
+            f"{plan['remeasure']} to re-measure the networks about to be crowned (more when that reorders them) and "
+            f"{plan['test']} to test the top: about {plan['epochs']} epochs of training")
 
 
 def format_estimate(seconds: float, epochs: int, plan: dict, workers: int) -> str:
     """The search's duration guessed from its first training (`seconds` for `epochs` epochs)."""
     whole = seconds / max(1, epochs) * plan["epochs"] / max(1, workers)
     return (f"The first training took {seconds:.1f} s for {epochs} epoch(s): at that pace the budget's "
-            f"{plan['epochs']} epochs on {workers} worker(s) take at most about {duration(whole)} (networks "
-            f"differ in size; early stopping and the store make it shorter)")
+            f"{plan['epochs']} epochs on {workers} worker(s) take about {duration(whole)} (a guess from one network: "
+            f"larger ones take longer; early stopping and the store's cache, less)")
 
 
 def duration(seconds: float) -> str:

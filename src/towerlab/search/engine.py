@@ -88,7 +88,11 @@ def planned_trainings(cfg: SearchConfig, space: Space) -> dict:
 
 
 DEFAULT_REMEASURE = 2
-REMEASURE_SHARE = 0.5  # of a search's trainings, the most that default re-measuring may add
+# Of a search's trainings, the most that default re-measuring may add: a quarter, because the
+# networks it re-measures are the largest ones as often as not, and races re-measure more (a quick
+# search of 8 one-epoch MNIST trainings with 2 seeds for its top 2 spent 98 s re-measuring against 92 s
+# searching: bench/results/quick-search-mnist-2026-11-25.json).
+REMEASURE_SHARE = 0.25
 
 
 def resolved_remeasure(cfg: SearchConfig, space: Space) -> SearchConfig:

@@ -183,7 +183,7 @@ def test_format_search_shows_generations_counts_and_top(tmp_path):
         return Outcome.ok(0.5 + c.genome["neurons"] / 4096 + c.genome["layers"] / 100, seconds=1.25)
 
     with Store(tmp_path / "search.db") as store:
-        result = run_search(SearchConfig(sampler="ga", population=8, generations=3, top=3), space, serial(fit),
+        result = run_search(SearchConfig(sampler="ga", population=8, generations=3, top=3, remeasure=2), space, serial(fit),
                             store, TCH)
         best = result.top[0]
         store.set_test_accuracy(store.lookup(best.genome_hash, TCH).id, 0.8765)

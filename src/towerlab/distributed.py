@@ -404,9 +404,9 @@ def _worker_entry(fn: Callable[..., None], rank: int, world_size: int, store_pat
         # Left from inside the handler: `exc` holds the failed run's frames (its model, DDP's reducer,
         # the process group), and freeing them runs gloo's teardown with the GIL held, which deadlocks
         # with a gloo thread that still drops a finished collective's tensors (seen on a diverged run:
-        # the replica hung until --timeout). `_leave` skips that teardown.
-        _leave(_failure_status(exc, store_path, rank))
-    _leave(0)
+        # the replica hung until --timeout). `leave` skips that teardown.
+        leave(_failure_status(exc, store_path, rank))
+    leave(0)
 
 
 def _failure_status(exc: BaseException, store_path: str, rank: int) -> int:
@@ -427,7 +427,7 @@ def _failure_status(exc: BaseException, store_path: str, rank: int) -> int:
     return 1
 
 
-def _leave(status: int) -> None:
+def leave(status: int) -> None:
     """Exit without the interpreter's teardown. Everything is written and closed by now; what is
     left are native threads (gloo's, the store's) that a full teardown may destroy while they still
     run, which aborts the process ("terminate called without an active exception", SIGABRT) and

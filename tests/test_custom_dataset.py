@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from towerlab import data
+from towerlab.data import load
 from towerlab.cli import main
 from towerlab.config import SearchConfig, TrainConfig
 from towerlab.errors import UserError
@@ -36,15 +36,15 @@ def colour_classes(path, n_train=600, n_test=200, seed=0, classes=3, side=12):
 
 def test_a_custom_npz_loads_with_its_shape_classes_and_fingerprint(tmp_path):
     path = colour_classes(tmp_path / "colours.npz", classes=4, side=10)
-    ds = data.load_dataset(str(path), val_size=100)
+    ds = load.load_dataset(str(path), val_size=100)
     assert ds.input_shape == (3, 10, 10) and ds.num_classes == 4
     assert (ds.n_train, ds.n_val, ds.n_test) == (500, 100, 200)
     assert ds.source["format"] == "npz" and ds.source["files"] == [str(path)]
     assert ds.source["note"] == "custom: 4 classes, images 3x10x10"
     with np.load(path) as raw:  # channels last on disk, channels first in towerlab, nothing reordered
         assert torch.equal(ds.x_test, torch.from_numpy(raw["x_test"].transpose(0, 3, 1, 2).copy()))
-    assert len(ds.source["sha256"]) == 64 and data.fingerprint(str(path)) == "sha256:" + ds.source["sha256"]
-    assert data.fingerprint("mnist") == "mnist"
+    assert len(ds.source["sha256"]) == 64 and load.fingerprint(str(path)) == "sha256:" + ds.source["sha256"]
+    assert load.fingerprint("mnist") == "mnist"
 
 
 def test_the_config_stores_an_absolute_path_and_labels_folders_by_the_stem(tmp_path, monkeypatch):
@@ -70,7 +70,7 @@ def test_a_bad_custom_npz_is_one_clear_error(tmp_path, change, message):
         arrays = {**dict(raw), **change}
     np.savez(path, **arrays)
     with pytest.raises(UserError, match=message):
-        data.load_dataset(str(path), val_size=100)
+        load.load_dataset(str(path), val_size=100)
 
 
 def test_a_missing_custom_file_exits_2_naming_it(tmp_path, capsys):

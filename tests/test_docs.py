@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from towerlab.cli import build_parser
-from towerlab.data import make_synthetic
+from towerlab.data.synthetic import make_synthetic
 from towerlab.errors import UserError
 
 from util import REPO

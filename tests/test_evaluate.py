@@ -8,7 +8,7 @@ import torch
 from towerlab import api
 from towerlab.api import evaluate
 from towerlab.cli import main
-from towerlab.data import load_dataset
+from towerlab.data.load import load_dataset
 from towerlab.errors import UserError
 from towerlab.models import load_model
 from util import TINY, summary

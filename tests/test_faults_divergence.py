@@ -14,7 +14,7 @@ import torch
 
 from test_faults_values import strict
 from towerlab.cli import main
-from towerlab.data import channel_stats, load_dataset
+from towerlab.data.load import channel_stats, load_dataset
 from util import ONE_CPU, TINY, weights
 
 

@@ -27,7 +27,8 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from towerlab import checkpoint, readers
+from towerlab import checkpoint
+from towerlab.data import readers
 from towerlab.cli import main
 from towerlab.errors import UserError
 from towerlab.models import build_model, load_model, model_record

@@ -152,7 +152,7 @@ def test_the_default_one_gpu_step_is_one_cuda_graph_and_equals_the_eager_step(ar
 
 def test_the_recorded_program_equals_the_program_run_op_by_op(tmp_path):
     from towerlab.config import TrainConfig
-    from towerlab.data import load_dataset
+    from towerlab.data.load import load_dataset
     from towerlab.distributed import Context
     from towerlab.train import train
 
@@ -172,7 +172,7 @@ def test_the_recorded_program_equals_the_program_run_op_by_op(tmp_path):
 def test_steady_graph_and_program_steps_never_wait_for_the_host(tmp_path):
     from towerlab.batches import Batches, Normalizer
     from towerlab.config import TrainConfig
-    from towerlab.data import load_dataset
+    from towerlab.data.load import load_dataset
     from towerlab.distributed import Context
     from towerlab.step import StepProgram
     from towerlab.train import build

@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from towerlab import readers
+from towerlab.data import readers
 from towerlab.errors import UserError
 
 

@@ -124,7 +124,7 @@ def test_a_search_candidate_spends_no_warm_up_steps(monkeypatch):
     import torch
 
     from towerlab.config import SearchConfig
-    from towerlab.data import load_dataset
+    from towerlab.data.load import load_dataset
     from towerlab.fitness import train_candidate
     from towerlab.step import EagerSteps
 

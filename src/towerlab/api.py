@@ -132,13 +132,13 @@ def _array_dataset(data: tuple, validation: tuple | None, test: tuple | None, va
                    options: dict, config: Any, resume: str | None) -> Any:
     """The in-memory dataset of a job given arrays: without `validation`, a tenth of the training
     images (at most `val_size`) are held out, unless `val_size` was chosen (or the job resumes)."""
-    from towerlab import data as datasets
+    from towerlab.data.load import from_arrays
     from towerlab.settings import read_config_file, split_options
 
     main = "train" if kind == "train" else "search"
     chosen = resume is not None or "val_size" in split_options(options, main)[0] or \
         (config is not None and "val_size" in read_config_file(config, main)[0])
-    return datasets.from_arrays(data, validation, test, val_size if chosen else min(val_size, len(data[1]) // 10))
+    return from_arrays(data, validation, test, val_size if chosen else min(val_size, len(data[1]) // 10))
 
 
 def evolve(space: str | os.PathLike | dict | None = None, data: str | os.PathLike | tuple | None = None, *,

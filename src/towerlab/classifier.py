@@ -15,7 +15,7 @@ from torch import nn
 
 from towerlab.batches import Normalizer, tta_logits
 from towerlab.errors import UserError
-from towerlab.readers import images_as_nchw
+from towerlab.data.readers import images_as_nchw
 
 PREDICT_BATCH = 1024  # the training loop's evaluation batch: the same batches give the same numbers
 

@@ -19,6 +19,7 @@ os.environ.setdefault("MPLBACKEND", "Agg")
 
 from towerlab import __version__, atomic  # noqa: E402
 from towerlab.config import RunConfig, SearchConfig, TrainConfig, add_arguments, given  # noqa: E402
+from towerlab.data import catalog  # noqa: E402
 from towerlab.errors import UserError  # noqa: E402
 from towerlab.exits import EXIT_PEER_LOST, EXIT_SIGPIPE, EXIT_USER_ERROR, Interrupted  # noqa: E402
 
@@ -141,7 +142,7 @@ def _data_parser(sub: argparse._SubParsersAction) -> None:
                        description="Download datasets or show which are found where; see docs/data.md.")
     data_sub = p.add_subparsers(dest="data_command", required=True, parser_class=_Parser)
     fetch = data_sub.add_parser("fetch", help="download a dataset's official files (checksums verified)")
-    fetch.add_argument("name", help="mnist, fashion-mnist or cifar10")
+    fetch.add_argument("name", help=f"one of {', '.join(catalog.downloadable())}")
     fetch.add_argument("--data-dir", default=None, help="target folder (default: $TOWERLAB_DATA, else the user cache)")
     fetch.set_defaults(handler=_cmd_data_fetch)
     info = data_sub.add_parser("info", help="which datasets are found where")
@@ -341,8 +342,8 @@ def _cmd_predict(args: argparse.Namespace) -> int:
 
 
 def _cmd_data_fetch(args: argparse.Namespace) -> int:
-    from towerlab.data import resolve_data_dir
-    from towerlab.fetch import fetch
+    from towerlab.data.fetch import fetch
+    from towerlab.data.locate import resolve_data_dir
 
     def downloaded(filename: str, done: int, total: int | None) -> None:
         if done == total:  # a line per file, once its bytes are in (the MD5 is checked next)
@@ -356,7 +357,7 @@ def _cmd_data_fetch(args: argparse.Namespace) -> int:
 
 
 def _cmd_data_info(args: argparse.Namespace) -> int:
-    from towerlab.data import dataset_info, resolve_data_dir
+    from towerlab.data.locate import dataset_info, resolve_data_dir
 
     folder = resolve_data_dir(args.data_dir)
     print(f"data folder: {folder}")

@@ -19,9 +19,9 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from towerlab.data import catalog
 from towerlab.errors import UserError
 
-DATASETS = ("mnist", "fashion-mnist", "cifar10", "synthetic")
 MODELS = ("lenet5", "cifarnet", "convnet", "mlp", "cnn", "whitenet")
 OPTIMIZERS = ("adam", "sgd", "rmsprop", "adagrad", "adadelta", "adamax", "nadam")
 SCHEDULES = ("constant", "onecycle", "linear")
@@ -89,7 +89,7 @@ def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
 
 
 def is_custom_dataset(name: str) -> bool:
-    """A dataset named by the path of an .npz file rather than by one of DATASETS."""
+    """A dataset named by the path of an .npz file rather than by a name of the catalog."""
     return name.lower().endswith(".npz")
 
 
@@ -104,8 +104,8 @@ def check_dataset(name: str) -> str:
     if is_custom_dataset(name):
         _check_path("--dataset", name)
         return os.path.abspath(os.path.expanduser(name))
-    if name not in DATASETS and name != ARRAYS_DATASET:
-        raise UserError(f"unknown dataset {name!r}: choose one of {', '.join(DATASETS)}, "
+    if name not in catalog.CATALOG and name != ARRAYS_DATASET:
+        raise UserError(f"unknown dataset {name!r}: choose one of {', '.join(catalog.names())}, "
                         "or give the path of your own .npz (x_train, y_train, x_test, y_test)")
     return name
 
@@ -142,7 +142,7 @@ class TrainConfig:
             "flag": "model-opt",
         },
     )
-    dataset: str = _opt("mnist", "dataset: one of the names, or the path of your own .npz", choices=DATASETS)
+    dataset: str = _opt("mnist", "dataset: one of the names, or the path of your own .npz", choices=catalog.names())
     val_size: int = _opt(5000, "validation images held out from the end of the training set")
     synthetic_shape: str = _opt("1x28x28", "synthetic dataset only: image shape CxHxW")
     synthetic_train: int = _opt(6000, "synthetic dataset only: training images (test: a sixth of it)")
@@ -313,7 +313,7 @@ class SearchConfig:
     space: str = _opt("mlp", "search space: mlp, cnn, whitenet, a TOML file giving each gene's values "
                      "(a list, or a range {low, high, log, step}), or the same as JSON text")
     dataset: str = _opt("mnist", "dataset the candidates train on: one of the names, or the path of your own "
-                        ".npz", choices=DATASETS)
+                        ".npz", choices=catalog.names())
     val_size: int = _opt(5000, "validation images (the fitness is validation accuracy)")
     population: Optional[int] = _opt(None, "candidates per generation (None: the sampler's own: ga and random 20; "
                                      "tpe 4, the candidates it proposes before any of their outcomes is told)")

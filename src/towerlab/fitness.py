@@ -20,7 +20,7 @@ from typing import Any, Callable, Optional, Union
 import torch
 
 from towerlab.config import ARRAYS_DATASET, CUSTOM_MODEL, SearchConfig, TrainConfig, is_custom_dataset
-from towerlab.data import fingerprint
+from towerlab.data.load import fingerprint
 from towerlab.distributed import Context, Interrupted, StopFlag, device_name
 from towerlab.presets import apply_preset
 from towerlab.search import Candidate, Outcome, genome_hash

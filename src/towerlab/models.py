@@ -22,7 +22,7 @@ from torch import nn
 
 from towerlab.config import CUSTOM_MODEL, MODELS, PRECISIONS, TTA
 from towerlab.errors import UserError
-from towerlab.readers import require_regular_file
+from towerlab.data.readers import require_regular_file
 from towerlab.whitenet import WhitenedConvNet
 
 ACTIVATIONS: dict[str, Callable[[], nn.Module]] = {

@@ -29,7 +29,7 @@ from towerlab import atomic, checkpoint
 from towerlab.batches import steps_per_epoch
 from towerlab.config import (CUSTOM_MODEL, RunConfig, TrainConfig, dataset_label, from_dict, parse_shape, replace,
                              to_dict)
-from towerlab.data import content_sha256
+from towerlab.data.load import content_sha256
 from towerlab.distributed import (Context, StopFlag, barrier, broadcast_object, check_capacity, default_threads,
                                   device_type, local_processes, resolve_devices, session, start_method_for,
                                   torchrun_restart, torchrun_world_size, under_torchrun)
@@ -58,7 +58,7 @@ def load_data(cfg: TrainConfig, run: RunConfig, *, download: bool = True, log: A
               allow_fallback: bool = True, fallback_only: bool = False) -> Any:
     """`cfg.dataset` as `run` finds it (downloading only where both `download` and --download allow);
     `fallback_only`: the offline fallback without looking further (another rank fell back)."""
-    from towerlab.data import load_dataset, load_fallback
+    from towerlab.data.load import load_dataset, load_fallback
 
     if fallback_only:
         return load_fallback(cfg.val_size, log, reason="the job's first process fell back to it")

@@ -25,7 +25,7 @@ from typing import Any, Mapping
 from towerlab.config import (RunConfig, SearchConfig, TrainConfig, checked_values, from_dict, replace, to_dict,
                              unknown_keys, upgrade_search_config)
 from towerlab.errors import UserError
-from towerlab.readers import require_regular_file
+from towerlab.data.readers import require_regular_file
 
 try:
     import tomllib

@@ -4,9 +4,10 @@ stdlib only (urllib), so fetching needs nothing beyond Python. Each file is stre
 file in its destination folder, verified, then moved into place with `os.replace`: an interrupted or
 corrupt download never leaves a file under the official name. Mirrors are tried in order.
 
-Where files go (the same places `towerlab.data` looks): mnist and cifar10 directly into the data
-directory, fashion-mnist into `<data_dir>/fashion-mnist/` because its IDX names clash with MNIST's.
-A download that fails removes the folders it created.
+What is downloaded, from where and to where is each dataset's `source` in the catalog
+(towerlab.data.catalog): mnist and cifar10 go directly into the data directory, fashion-mnist into
+`<data_dir>/fashion-mnist/` because its IDX names clash with MNIST's. A download that fails removes
+the folders it created.
 
 `TOWERLAB_MIRROR=URL` replaces the official hosts with one mirror of your own: each file is fetched
 from `URL/<dataset>/<official file name>` (e.g. `URL/mnist/train-images-idx3-ubyte.gz`), its MD5
@@ -23,10 +24,11 @@ import tempfile
 import urllib.error
 import urllib.parse
 import urllib.request
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from towerlab.data import catalog
+from towerlab.data.catalog import RemoteFile, Source
 from towerlab.errors import UserError
 
 # Long enough for a slow mirror to start answering, short enough that an offline machine gives up soon.
@@ -37,62 +39,15 @@ _CHUNK = 1 << 20
 
 Progress = Callable[[str, int, "int | None"], None]
 
-
-@dataclass(frozen=True)
-class RemoteFile:
-    filename: str
-    md5: str
-
-
-@dataclass(frozen=True)
-class Source:
-    """Where one dataset's official files come from and where they go."""
-
-    subdir: str  # relative to the data directory; "" for the data directory itself
-    mirrors: tuple[str, ...]  # base URLs ending in "/", tried in order
-    files: tuple[RemoteFile, ...]
-    npz_name: str  # the single-file alternative a user can copy in by hand
-
-
-# Module-level so tests can point it at a local server.
-SOURCES: dict[str, Source] = {
-    "mnist": Source(
-        subdir="",
-        mirrors=("https://ossci-datasets.s3.amazonaws.com/mnist/",
-                 "https://storage.googleapis.com/cvdf-datasets/mnist/"),
-        files=(RemoteFile("train-images-idx3-ubyte.gz", "f68b3c2dcbeaaa9fbdd348bbdeb94873"),
-               RemoteFile("train-labels-idx1-ubyte.gz", "d53e105ee54ea40749a09fcbcd1e9432"),
-               RemoteFile("t10k-images-idx3-ubyte.gz", "9fb629c4189551a2d022fa330f9573f3"),
-               RemoteFile("t10k-labels-idx1-ubyte.gz", "ec29112dd5afa0611ce80d1b7f02629c")),
-        npz_name="mnist.npz",
-    ),
-    "fashion-mnist": Source(
-        subdir="fashion-mnist",
-        mirrors=("http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/",
-                 "https://raw.githubusercontent.com/zalandoresearch/fashion-mnist/master/data/fashion/"),
-        files=(RemoteFile("train-images-idx3-ubyte.gz", "8d4fb7e6c68d591d4c3dfef9ec88bf0d"),
-               RemoteFile("train-labels-idx1-ubyte.gz", "25c81989df183df01b3e8a0aad5dffbe"),
-               RemoteFile("t10k-images-idx3-ubyte.gz", "bef4ecab320f06d8554ea6380940ec79"),
-               RemoteFile("t10k-labels-idx1-ubyte.gz", "bb300cfdad3c16e7a12a480ee83cd310")),
-        npz_name="fashion_mnist.npz",
-    ),
-    "cifar10": Source(
-        subdir="",
-        mirrors=("https://www.cs.toronto.edu/~kriz/",),
-        files=(RemoteFile("cifar-10-python.tar.gz", "c58f30108f718f92721af3b95e74349a"),),
-        npz_name="cifar10.npz",
-    ),
-}
-
-
 MIRROR_ENV = "TOWERLAB_MIRROR"
 
 
 def source_for(name: str) -> Source:
-    """Where `name`'s files come from: the official hosts, or $TOWERLAB_MIRROR/<name>/."""
-    if name not in SOURCES:
-        raise UserError(f"nothing to download for dataset '{name}': downloadable ones are {', '.join(SOURCES)}")
-    source = SOURCES[name]
+    """Where `name`'s files come from: its catalog entry's official hosts, or $TOWERLAB_MIRROR/<name>/."""
+    source = catalog.CATALOG[name].source if name in catalog.CATALOG else None
+    if source is None:
+        raise UserError(f"nothing to download for dataset '{name}': "
+                        f"downloadable ones are {', '.join(catalog.downloadable())}")
     mirror = os.environ.get(MIRROR_ENV, "").strip()
     if not mirror:
         return source
@@ -163,8 +118,10 @@ def _download(name: str, source: Source, remote: RemoteFile, path: Path, data_di
         raise UserError(f"{remote.filename} for {name} has the wrong checksum ({'; '.join(bad_checksums)}, "
                         f"expected {remote.md5}; a corrupt mirror or a proxy page?): try again later or put the "
                         f"official files in {path.parent} by hand")
-    raise UserError(f"could not download {name} from {', '.join(network_failures)} (offline?): put the files "
-                    f"in {path.parent} by hand or copy a {source.npz_name} into {data_dir}")
+    by_hand = f"put the files in {path.parent} by hand"
+    npz = catalog.CATALOG[name].npz_names
+    raise UserError(f"could not download {name} from {', '.join(network_failures)} (offline?): {by_hand}"
+                    + (f" or copy a {npz[0]} into {data_dir}" if npz else ""))
 
 
 def _download_verified(url: str, path: Path, remote: RemoteFile,

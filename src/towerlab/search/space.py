@@ -28,7 +28,7 @@ import numpy as np
 
 from towerlab.config import CUSTOM_MODEL, OPTIMIZERS
 from towerlab.errors import UserError
-from towerlab.readers import require_regular_file
+from towerlab.data.readers import require_regular_file
 
 try:
     import tomllib

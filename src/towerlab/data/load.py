@@ -29,9 +29,8 @@ from towerlab.data import catalog, fetch, locate, readers
 from towerlab.data.synthetic import make_synthetic
 from towerlab.errors import UserError
 
-# The fallback's digits are MNIST's classes 0-9.
-FALLBACK_CLASSES = 10
 MAX_CUSTOM_CLASSES = 1000
+FALLBACK_CLASSES = 10  # the fallback's digits are MNIST's, labelled 0-9
 FALLBACK_VAL_MAX = 500
 _STATS_CHUNK_BYTES = 8 * 2**20
 
@@ -109,7 +108,7 @@ def content_sha256(source: dict) -> dict[str, str]:
 
 
 def fingerprint(name: str) -> str:
-    """What identifies a dataset's content: its name for the built-in ones, the file's SHA-256 for a
+    """What identifies a dataset's content: its name for the catalog's, the file's SHA-256 for a
     custom .npz (so a search cache never serves fitnesses computed on a file since replaced)."""
     return "sha256:" + _sha256(_custom_path(name)) if is_custom_dataset(name) else name
 

@@ -8,8 +8,9 @@ files may take and where in the data folder each is looked for (in order: the fi
 where its official files are downloaded from, and whether the offline fallback may stand in for it.
 Finding, loading, downloading and `towerlab data info` read only the entry, so a dataset whose files
 come in a known format (`FORMATS`) is added with one entry: a line in CATALOG below, or
-`register(Entry(...))` from your own code before the job starts (a job's worker processes are forked
-on Linux, so they see it too; a torchrun worker imports towerlab afresh and needs the line).
+`register(Entry(...))` from your own code before the job starts. A registration reaches the workers
+that are forked from that process (CPU workers on Linux); spawned ones (GPU workers, macOS) and
+torchrun's import towerlab afresh and know only the lines of CATALOG.
 """
 
 from __future__ import annotations

@@ -234,7 +234,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     cfg, run = resolve_train(args)
     if args.print_config:
         return _print_config(train=cfg, run=run)
-    from towerlab.runner import start
+    from towerlab.jobs.train import start
 
     return start(cfg, run)
 
@@ -244,7 +244,7 @@ def _cmd_search(args: argparse.Namespace) -> int:
     if args.print_config:  # the settings this search reads: not other samplers' nor training-only run options
         from towerlab.config import to_dict
         from towerlab.search import settings_of_others
-        from towerlab.search_job import check_settings
+        from towerlab.jobs.search import check_settings
 
         check_settings(cfg, run)  # a file the search would refuse is not printed
 
@@ -252,7 +252,7 @@ def _cmd_search(args: argparse.Namespace) -> int:
         return _print_config(search={k: v for k, v in to_dict(cfg).items() if k not in foreign},
                              run={k: v for k, v in to_dict(run).items() if k not in SEARCH_RUN_SKIP})
     from towerlab.models import load_function
-    from towerlab.search_job import start_search
+    from towerlab.jobs.search import start_search
 
     function = load_function(args.model_function) if args.model_function else None
     return start_search(args.kind, cfg, run, function=function)
@@ -318,7 +318,7 @@ def _cmd_search_export(args: argparse.Namespace) -> int:
 
 
 def _cmd_evaluate(args: argparse.Namespace) -> int:
-    from towerlab.evaluation import evaluate
+    from towerlab.jobs.scoring import evaluate
 
     with _own_module_flag():
         result = evaluate(args.run, args.dataset, split=args.split, data_dir=args.data_dir,
@@ -330,7 +330,7 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
 
 
 def _cmd_predict(args: argparse.Namespace) -> int:
-    from towerlab.evaluation import predict_file
+    from towerlab.jobs.scoring import predict_file
 
     with _own_module_flag():
         result = predict_file(args.run, args.images, args.out, module=_user_module(args.module))

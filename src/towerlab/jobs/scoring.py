@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from towerlab import atomic
 from towerlab.config import RunConfig, TrainConfig, from_dict, replace
 from towerlab.errors import UserError
-from towerlab.job import read_config
+from towerlab.jobs.common import quiet, read_config
 from towerlab.models import load_model
 from towerlab.readers import labels_as_int64, npz_arrays
 
@@ -45,7 +45,7 @@ def evaluate(path: str | os.PathLike, data: Any = None, *, split: str = "test", 
     found as the run found it; a dataset name or .npz path; or (images, labels) arrays (`split` then
     does not apply). Returns {"dataset", "split", "n", "accuracy", "loss"} (and "recorded", the
     run's own figure for that split of that very data, where it has one)."""
-    from towerlab.runner import load_data, quiet
+    from towerlab.jobs.train import train_data
 
     if split not in SPLITS:
         raise UserError(f"unknown split {split!r}: choose one of {', '.join(SPLITS)}")
@@ -61,7 +61,7 @@ def evaluate(path: str | os.PathLike, data: Any = None, *, split: str = "test", 
             cfg = replace(cfg, dataset=str(data))
         stored = read_config(file.parent) or {}
         run = RunConfig(data_dir=data_dir if data_dir is not None else stored.get("run", {}).get("data_dir"))
-        dataset = load_data(cfg, run, log=log or quiet)
+        dataset = train_data(cfg, run, log=log or quiet)
         x, y = (dataset.x_test, dataset.y_test) if split == "test" else (dataset.x_val, dataset.y_val)
         name, source = cfg.dataset, dataset.source
     if len(x) == 0:

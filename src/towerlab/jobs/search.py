@@ -18,6 +18,7 @@ import signal
 import socket
 import sys
 import time
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Callable
@@ -26,19 +27,18 @@ import torch
 
 import towerlab
 from towerlab import atomic
-from towerlab.config import (CUSTOM_MODEL, RunConfig, SearchConfig, TrainConfig, dataset_label, replace, to_dict,
-                             to_flags)
+from towerlab.config import CUSTOM_MODEL, RunConfig, SearchConfig, dataset_label, replace, to_dict, to_flags
 from towerlab.distributed import (Context, Interrupted, StopFlag, check_capacity, kv_store, local_processes,
                                   search_threads, search_workers, session, start_method_for, torchrun_restart,
                                   torchrun_world_size, under_torchrun)
 from towerlab.errors import UserError
-from towerlab.fitness import (TRAINING_GENES, candidate_config, candidate_task, estimated_cost, outcome,
-                              train_candidate, train_config_hash)
-from towerlab.job import (check_writable_file, require_out_under_torchrun, restarted_by_torchrun, save_model,
-                          start_job, write_config)
+from towerlab.jobs.candidate import (TRAINING_GENES, candidate_config, candidate_task, estimated_cost, outcome,
+                                     train_candidate, train_config_hash)
+from towerlab.jobs.common import (Job, check_writable_file, handed_over, load_data, require_out_under_torchrun,
+                                  resolved_run, restarted_by_torchrun, save_model, start_job, worker_data,
+                                  write_config)
 from towerlab.report import (Reporter, format_cost, format_estimate, format_generation, format_plan, format_top,
                              plot_accuracy_time, plot_fitness)
-from towerlab.runner import handed_over, load_data, resolved_run, worker_data
 from towerlab.search import (Candidate, Space, evaluation_records, load_space, make_sampler, open_search,
                              planned_trainings, refuse_unused_settings, resolved_remeasure, run_search,
                              sampler_class)
@@ -63,7 +63,7 @@ def start_search(kind: str, cfg: SearchConfig, run: RunConfig, *, data: Any = No
                  start_method: str | None = None) -> int:
     """Run the search job; returns its exit status. `data` (a towerlab.data.Dataset, arrays from
     Python) replaces loading `cfg.dataset`; `function` builds the networks of a space of model
-    "custom" (see `towerlab.fitness.Model`); `start_method` as in `distributed.launch` (None:
+    "custom" (see `towerlab.jobs.candidate.Model`); `start_method` as in `distributed.launch` (None:
     `distributed.start_method_for` the run's device)."""
     space = check_settings(cfg, run)
     cfg = resolved_remeasure(cfg, space)  # recorded as resolved: a resume re-measures as this start did
@@ -83,24 +83,45 @@ def start_search(kind: str, cfg: SearchConfig, run: RunConfig, *, data: Any = No
         # Recorded as resolved: a resume trains its candidates with as many threads.
         run = replace(run, threads=search_threads(run.threads, run.device, workers))
         check_capacity(workers, run.threads, f"--devices {run.devices} x --workers-per-device {cfg.workers_per_device}")
+    return start_job(SearchJob(out=out, resume=run.resume is not None, processes=workers, start_method=start_method,
+                               timeout=run.timeout, essential={0}, kind=kind, cfg=cfg, run=run, data=data,
+                               function=function))
 
-    def preflight() -> tuple:
+
+@dataclass(kw_only=True)
+class SearchJob(Job):
+    """The search job: rank 0 coordinates, every rank trains candidates (see `common.Job` for the hooks)."""
+
+    kind: str
+    cfg: SearchConfig
+    run: RunConfig
+    data: Any = None
+    function: Any = None
+
+    def run_here(self) -> int:
+        return _process(0, torchrun_world_size(), None, self.kind, self.cfg, self.run, str(self.out), self.data,
+                        function=self.function)
+
+    def preflight(self) -> tuple:
         stale_seconds()  # a bad TOWERLAB_WORKER_STALE_SECONDS is refused before any worker starts
         # Every data problem (and the download, or the offline fallback) once, before any worker
         # starts; the workers get this data, so every one of them reads the very same.
-        return (kind, cfg, run, str(out), *handed_over(data if data is not None else _data(cfg, run), start_method),
-                function)
+        data = self.data if self.data is not None else _data(self.cfg, self.run)
+        return (self.kind, self.cfg, self.run, str(self.out), *handed_over(data, self.start_method), self.function)
 
-    def resume_hint() -> str:
-        return (f"Continue the search with: towerlab {COMMANDS[kind]} --resume {out}"
-                if atomic.is_job_folder(out) else "")
+    @staticmethod
+    def worker(rank: int, world_size: int, store_path: str, kind: str, cfg: SearchConfig, run: RunConfig,
+               out: str, data: Any, fallback: bool | None, function: Any) -> None:
+        status = _process(rank, world_size, store_path, kind, cfg, run, out, data, fallback, function)
+        if status:
+            sys.exit(status)
 
-    return start_job(out, resume=run.resume is not None, processes=workers,
-                     run_here=lambda: _process(0, torchrun_world_size(), None, kind, cfg, run, str(out), data,
-                                               function=function),
-                     spawned=_spawned, preflight=preflight, hint=resume_hint, essential={0},
-                     start_method=start_method, timeout=run.timeout,
-                     name=lambda rank: "coordinator rank 0" if rank == 0 else f"worker rank {rank}")
+    def hint(self) -> str:
+        return (f"Continue the search with: towerlab {COMMANDS[self.kind]} --resume {self.out}"
+                if atomic.is_job_folder(self.out) else "")
+
+    def name(self, rank: int) -> str:
+        return "coordinator rank 0" if rank == 0 else f"worker rank {rank}"
 
 
 def check_function(space: Space, function: Any) -> None:
@@ -147,14 +168,7 @@ def default_out(kind: str, cfg: SearchConfig, space: Space) -> Path:
 
 
 def _data(cfg: SearchConfig, run: RunConfig, **how: Any) -> Any:
-    return load_data(TrainConfig(dataset=cfg.dataset, val_size=cfg.val_size), run, **how)
-
-
-def _spawned(rank: int, world_size: int, store_path: str, kind: str, cfg: SearchConfig, run: RunConfig,
-             out: str, data: Any, fallback: bool | None, function: Any) -> None:
-    status = _process(rank, world_size, store_path, kind, cfg, run, out, data, fallback, function)
-    if status:
-        sys.exit(status)
+    return load_data(cfg.dataset, cfg.val_size, run, **how)
 
 
 def _process(rank: int, world_size: int, store_path: str | None, kind: str, cfg: SearchConfig,
@@ -237,7 +251,7 @@ def _coordinate(kind: str, cfg: SearchConfig, run: RunConfig, out: Path, space: 
         reporter.line(format_plan(plan))
         first: list[dict] = []  # the first successful training of this start: the estimate's yardstick
 
-        def evaluate(candidates: list[Candidate], record: Any) -> None:
+        def train_candidates(candidates: list[Candidate], record: Any) -> None:
             reporter.start_progress(len(candidates), 0, unit="net")
             queue: list[Candidate] = []  # task i of the batch trains queue[i]
 
@@ -278,7 +292,7 @@ def _coordinate(kind: str, cfg: SearchConfig, run: RunConfig, out: Path, space: 
         started = time.perf_counter()
         recorded: list[int] = []
         try:
-            result = run_search(cfg, space, evaluate, store, tch, on_generation, resume=search_id,
+            result = run_search(cfg, space, train_candidates, store, tch, on_generation, resume=search_id,
                                 on_progress=reporter.line)
         except Interrupted:
             reporter.line(f"Interrupted: the {len(recorded)} evaluation(s) finished since this start are kept in "

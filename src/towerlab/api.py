@@ -263,6 +263,6 @@ def evaluate(run: str | os.PathLike, data: Any = None, *, split: str = "test", d
     """Score a run's model (its folder or its model.pt) on `split` ("test" or "val") of the data it
     was trained on, or of `data` (a dataset name, an .npz path, or (images, labels) arrays).
     Returns {"dataset", "split", "n", "accuracy", "loss", "recorded" (the run's own figure)}."""
-    from towerlab.jobs.scoring import evaluate as score
+    from towerlab.jobs.scoring import score_run
 
-    return score(run, data, split=split, data_dir=data_dir, module=module)
+    return score_run(run, data, split=split, data_dir=data_dir, module=module)

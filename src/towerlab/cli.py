@@ -95,6 +95,11 @@ MODULE_HELP = ("for a run trained with a network of your own (from Python, model
                "file that defines it and the name of its class, or of a function returning one")
 
 
+TRAIN_MODEL_HELP = ("network to train: a name, or FILE.py:FUNCTION, a function of yours, FUNCTION(input_shape, "
+                    "num_classes) -> nn.Module (give it again on --resume; evaluate its run with --module "
+                    "FILE.py:FUNCTION)")
+
+
 def _config_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", metavar="FILE", default=None, help=CONFIG_HELP)
     p.add_argument("--print-config", action="store_true", help=PRINT_CONFIG_HELP)
@@ -106,7 +111,7 @@ def _train_parser(sub: argparse._SubParsersAction) -> None:
                                    "averaged every step (all-reduce or a CPU parameter server); see "
                                    "docs/training.md.")
     _config_flags(p)
-    add_arguments(p, TrainConfig)
+    add_arguments(p, TrainConfig, helps={"model": TRAIN_MODEL_HELP})
     add_arguments(p, RunConfig)
     p.set_defaults(handler=_cmd_train)
 
@@ -231,12 +236,18 @@ def resolve_search(args: argparse.Namespace) -> tuple[SearchConfig, RunConfig]:
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
+    function = None
+    if ":" in getattr(args, "model", ""):  # FILE.py:FUNCTION: a model function of yours (no model name has a colon)
+        from towerlab.config import CUSTOM_MODEL
+        from towerlab.models import load_function
+
+        function, args.model = load_function(args.model), CUSTOM_MODEL
     cfg, run = resolve_train(args)
     if args.print_config:
         return _print_config(train=cfg, run=run)
     from towerlab.jobs.train import start
 
-    return start(cfg, run)
+    return start(cfg, run, function=function)
 
 
 def _cmd_search(args: argparse.Namespace) -> int:
@@ -318,11 +329,11 @@ def _cmd_search_export(args: argparse.Namespace) -> int:
 
 
 def _cmd_evaluate(args: argparse.Namespace) -> int:
-    from towerlab.jobs.scoring import evaluate
+    from towerlab.jobs.scoring import score_run
 
     with _own_module_flag():
-        result = evaluate(args.run, args.dataset, split=args.split, data_dir=args.data_dir,
-                          module=_user_module(args.module), log=lambda line: print(line, file=sys.stderr, flush=True))
+        result = score_run(args.run, args.dataset, split=args.split, data_dir=args.data_dir,
+                           module=_user_module(args.module), log=lambda line: print(line, file=sys.stderr, flush=True))
     recorded = f" (the run recorded {result['recorded']:.4f})" if "recorded" in result else ""
     print(f"{args.run}: {result['split']} accuracy {result['accuracy']:.4f}, loss {result['loss']:.4f} on "
           f"{result['n']} images of {result['dataset']}{recorded}")

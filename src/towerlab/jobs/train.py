@@ -56,17 +56,18 @@ def default_out(cfg: TrainConfig) -> Path:
     return Path("runs") / f"{datetime.now():%Y%m%d-%H%M%S}-{cfg.model}-{dataset_label(cfg.dataset)}"
 
 
-def start(cfg: TrainConfig, run: RunConfig, *, data: Any = None, module: Any = None,
+def start(cfg: TrainConfig, run: RunConfig, *, data: Any = None, module: Any = None, function: Any = None,
           start_method: str | None = None) -> int:
     """Run the job; returns its exit status. `data` (a towerlab.data.Dataset) replaces loading
-    `cfg.dataset`; `module` (an nn.Module or a factory of one) trains in place of `cfg.model`
-    ("custom"); `start_method` as in `distributed.launch` (None: `distributed.start_method_for`
-    the run's device)."""
+    `cfg.dataset`; `module` (an nn.Module or a factory of one), or `function` (a model function,
+    `function(input_shape, num_classes) -> nn.Module`, called with the data's) trains in place of
+    `cfg.model` ("custom"); `start_method` as in `distributed.launch` (None:
+    `distributed.start_method_for` the run's device)."""
     started = time.time()  # the summary's wall_seconds run from here to its writing
     if run.tensorboard:
         require_tensorboard()
     require_out_under_torchrun(run)
-    require_module(cfg, module)
+    require_module(cfg, module if function is None else function)
     run = resolved_run(run)
     start_method = start_method or start_method_for(run.device)
     if not under_torchrun():
@@ -78,7 +79,7 @@ def start(cfg: TrainConfig, run: RunConfig, *, data: Any = None, module: Any = N
     # Under torchrun, rank 0 decides in _decide_start whether the folder is its own restart.
     return start_job(TrainJob(out=out, resume=run.resume is not None, new=not under_torchrun(), processes=run.devices,
                               start_method=start_method, timeout=run.timeout, cfg=cfg, run=run, data=data,
-                              module=module, started=started))
+                              module=module, function=function, started=started))
 
 
 @dataclass(kw_only=True)
@@ -89,23 +90,25 @@ class TrainJob(Job):
     run: RunConfig
     data: Any = None
     module: Any = None
+    function: Any = None
     started: float
 
     def run_here(self) -> int:
         return _process(0, torchrun_world_size(), None, self.cfg, self.run, str(self.out), self.started, self.data,
-                        self.module)
+                        self.module, function=self.function)
 
     def preflight(self) -> tuple:
         """Every mistake (and the download, or the offline fallback) once, here, before any worker
         starts; the workers read the very data loaded here (see `handed_over`)."""
         data = self.data if self.data is not None else train_data(self.cfg, self.run)
-        check_setup(self.cfg, self.run.devices, data, self.module)
-        return (self.cfg, self.run, str(self.out), *handed_over(data, self.start_method), self.module, self.started)
+        check_setup(self.cfg, self.run.devices, data, network_source(self.module, self.function, data))
+        return (self.cfg, self.run, str(self.out), *handed_over(data, self.start_method), self.module, self.function,
+                self.started)
 
     @staticmethod
     def worker(rank: int, world_size: int, store_path: str, cfg: TrainConfig, run: RunConfig, out: str,
-               data: Any, fallback: bool | None, module: Any, started: float) -> None:
-        status = _process(rank, world_size, store_path, cfg, run, out, started, data, module, fallback)
+               data: Any, fallback: bool | None, module: Any, function: Any, started: float) -> None:
+        status = _process(rank, world_size, store_path, cfg, run, out, started, data, module, fallback, function)
         if status:
             sys.exit(status)
 
@@ -120,17 +123,28 @@ class TrainJob(Job):
 def require_module(cfg: TrainConfig, module: Any) -> None:
     if (cfg.model == CUSTOM_MODEL) != (module is not None):
         raise UserError(f"model {CUSTOM_MODEL!r} is a module you give from Python: "
-                        "towerlab.api.train(model=YourModule()) or model=a function returning one"
+                        "towerlab.api.train(model=YourModule()) or model=a function returning one; on the command "
+                        "line, --model FILE.py:FUNCTION (give it again on --resume)"
                         if module is None else "a module of your own goes with model 'custom'")
 
 
+def network_source(module: Any, function: Any, data: Any) -> Any:
+    """What builds a network of your own for `data`: `module` as given, or a factory calling the model
+    function `function(input_shape, num_classes)` with the data's (None: a built-in model)."""
+    if function is None:
+        return module
+    return functools.partial(function, data.input_shape, data.num_classes)
+
+
 def _process(rank: int, world_size: int, store_path: str | None, cfg: TrainConfig, run: RunConfig,
-             out_dir: str, started: float, data: Any = None, module: Any = None, fallback: bool | None = None) -> int:
+             out_dir: str, started: float, data: Any = None, module: Any = None, fallback: bool | None = None,
+             function: Any = None) -> int:
     torch.set_num_threads(run.threads or default_threads(local_processes(run)))
     out = Path(out_dir)
     with StopFlag() as stop, session(rank=rank, world_size=world_size, store_path=store_path,
                                      timeout=run.timeout, device=run.device) as ctx:
         data = worker_data(ctx, functools.partial(train_data, cfg, run), data, fallback)
+        module = network_source(module, function, data)
         network = check_setup(cfg, ctx.world_size, data, module)
         digests = content_sha256(data.source) if ctx.is_main else {}  # read once: start, resume check, summary
         resume_state = _start_state(cfg, run, ctx, out, digests, checkpoint.size_limit(network))

@@ -32,8 +32,8 @@ from towerlab.distributed import (Context, Interrupted, StopFlag, check_capacity
                                   search_threads, search_workers, session, start_method_for, torchrun_restart,
                                   torchrun_world_size, under_torchrun)
 from towerlab.errors import UserError
-from towerlab.jobs.candidate import (TRAINING_GENES, candidate_config, candidate_task, estimated_cost, outcome,
-                                     train_candidate, train_config_hash)
+from towerlab.jobs.candidate import (TRAINING_GENES, Model, candidate_config, candidate_task, estimated_cost,
+                                     model_genes, outcome, train_candidate, train_config_hash)
 from towerlab.jobs.common import (Job, check_writable_file, handed_over, load_data, require_out_under_torchrun,
                                   resolved_run, restarted_by_torchrun, save_model, start_job, worker_data,
                                   write_config)
@@ -298,7 +298,7 @@ def _coordinate(kind: str, cfg: SearchConfig, run: RunConfig, out: Path, space: 
             reporter.line(f"Interrupted: the {len(recorded)} evaluation(s) finished since this start are kept in "
                           f"{store.path}, with every earlier one")
             raise
-        top, tested = _test_top(result, store, run_tasks, reporter)
+        top, tested = _test_top(result, store, run_tasks, reporter, data.n_test > 0)
         if top:
             reporter.line(format_top(top))
         cost = _cost(store, result.search_id, tested)
@@ -311,7 +311,7 @@ def _coordinate(kind: str, cfg: SearchConfig, run: RunConfig, out: Path, space: 
         if data.source.get("fallback"):  # on the last lines, where it cannot scroll away
             reporter.line("Trained on the OFFLINE FALLBACK DATA, not the full dataset: not comparable with "
                           "MNIST results")
-        _write_results(kind, cfg, space, out, store, result, top, {"cost": cost, "numerics": used}, ctx,
+        _write_results(kind, cfg, space, model, out, store, result, top, {"cost": cost, "numerics": used}, ctx,
                        time.perf_counter() - started, data.source)
         if not top:
             raise UserError(_all_failed(result, out))
@@ -341,7 +341,8 @@ def _all_failed(result: Any, out: Path) -> str:
             f"`towerlab search show {out}` lists each failure")
 
 
-def _test_top(result: Any, store: Store, run_tasks: Callable, reporter: Reporter) -> tuple[list[dict], list[float]]:
+def _test_top(result: Any, store: Store, run_tasks: Callable, reporter: Reporter,
+              has_test: bool = True) -> tuple[list[dict], list[float]]:
     """Test accuracy, computed once and only for the top genomes: each is retrained with the seed of
     its evaluation (so it is the same network) and scored on the test set. A top genome's validation
     accuracy is the mean over its seeds (the evaluation's, then its re-measures'), listed with
@@ -356,6 +357,10 @@ def _test_top(result: Any, store: Store, run_tasks: Callable, reporter: Reporter
                      "val_loss": t.val_loss, "seed": t.seed, "epochs": t.epochs, "rung": t.rung,
                      "max_epochs": evaluation.max_epochs, "test_accuracy": evaluation.test_accuracy})
     todo = [i for i, row in enumerate(rows) if row["test_accuracy"] is None]
+    if todo and not has_test:  # arrays given without test=: nothing to score a retraining on
+        reporter.line("No test split: the top networks are not retrained for a test accuracy (give test= to have "
+                      "them tested)")
+        todo = []
     if todo:
         reporter.line(f"Testing the top {len(rows)} networks (retraining {len(todo)} with their seeds)")
 
@@ -397,10 +402,40 @@ def _write_config(out: Path, kind: str, cfg: SearchConfig, run: RunConfig, ctx: 
                        "store": str(store.path), "workers": ctx.world_size, "device_type": ctx.device.type})
 
 
-def retrain_command(cfg: SearchConfig, space: Space, genome: dict, seed: int, max_epochs: int | None = None) -> str:
-    """The `towerlab train` command that trains this candidate again as it was evaluated: on one device."""
-    return " ".join(["towerlab", "train", *to_flags(candidate_config(cfg, space.model, genome, seed, max_epochs)),
-                     "--devices", "1"])
+def retrain_command(cfg: SearchConfig, model: Model, genome: dict, seed: int, max_epochs: int | None = None) -> str:
+    """The `towerlab train` command that trains this candidate again as it was evaluated: on one device.
+    A model function of yours is named by its file, --model FILE.py:FUNCTION; where that cannot
+    retrain the candidate (a function given from Python without a file, or genes the function would
+    need), the text says so plainly, beside the command that would."""
+    flags = to_flags(candidate_config(cfg, model, genome, seed, max_epochs))
+    if not callable(model):
+        return " ".join(["towerlab", "train", *flags, "--devices", "1"])
+    name = getattr(model, "__name__", "FUNCTION")
+    spec = _function_file(model)
+    flags[flags.index("--model") + 1] = spec or f"FILE.py:{name}"
+    command = " ".join(["towerlab", "train", *flags, "--devices", "1"])
+    if spec is None:
+        return f"none: {name} was given from Python, not from a file; where FILE.py defines it: {command}"
+    genes = model_genes(genome)
+    if genes:
+        values = ", ".join(f"{k}={v}" for k, v in genes.items())
+        return (f"none: towerlab train calls {name}(input_shape, num_classes) alone, without the winner's genes "
+                f"({values}); with those as {name}'s defaults: {command}")
+    return command
+
+
+def _function_file(function: Callable) -> str | None:
+    """FILE.py:FUNCTION for a function a module file defines at its top level (not __main__'s: a script
+    or a notebook cell cannot be imported by name); None otherwise."""
+    name = getattr(function, "__name__", "")
+    if getattr(function, "__module__", "__main__") == "__main__" or getattr(function, "__qualname__", "") != name \
+            or not name.isidentifier():
+        return None
+    try:
+        path = inspect.getsourcefile(function)
+    except TypeError:
+        return None
+    return f"{path}:{name}" if path and path.endswith(".py") and Path(path).is_file() else None
 
 
 def _numerics_used(store: Store, result: Any) -> list[dict]:
@@ -418,7 +453,7 @@ def _numerics_text(numerics: dict) -> str:
             f"torch {numerics.get('torch')}")
 
 
-def _write_results(kind: str, cfg: SearchConfig, space: Space, out: Path, store: Store, result: Any,
+def _write_results(kind: str, cfg: SearchConfig, space: Space, model: Model, out: Path, store: Store, result: Any,
                    top: list[dict], accounts: dict, ctx: Context, seconds: float, data_source: dict) -> None:
     """best.json, the plots and summary.json; `accounts`: the summary's fields about what the search
     cost and ran on ("cost", "numerics")."""
@@ -428,7 +463,7 @@ def _write_results(kind: str, cfg: SearchConfig, space: Space, out: Path, store:
             "genome": best["genome"], "val_accuracy": best["val_accuracy"], "val_accuracy_sd": best["val_accuracy_sd"],
             "val_accuracies": best["val_accuracies"], "seeds": best["seeds"], "test_accuracy": best["test_accuracy"],
             "seed": best["seed"], "model": space.model, "dataset": cfg.dataset,
-            "command": retrain_command(cfg, space, best["genome"], best["seed"], best["max_epochs"])})
+            "command": retrain_command(cfg, model, best["genome"], best["seed"], best["max_epochs"])})
     stats = [g.stats.to_json() for g in result.history]
     title = f"{cfg.sampler}: {Path(space.name).stem} on {dataset_label(cfg.dataset)}"
     plot_fitness(stats, out / "fitness.png", title)
@@ -460,4 +495,5 @@ def _export_best(cfg: SearchConfig, model: Any, best: dict, data: Any, device: t
         raise UserError(f"retraining the best network failed ({fields.get('reason')}): model.pt not written")
     save_model(out / "model.pt", result.model,
                candidate_config(cfg, model, best["genome"], best["seed"], best["max_epochs"]), data)
-    reporter.line(f"Wrote {out / 'model.pt'} (validation {result.val_accuracy:.4f}, test {result.test_accuracy:.4f})")
+    test = f", test {result.test_accuracy:.4f}" if result.test_accuracy is not None else ", no test split"
+    reporter.line(f"Wrote {out / 'model.pt'} (validation {result.val_accuracy:.4f}{test})")

@@ -27,13 +27,13 @@ import torch
 
 import towerlab
 from towerlab import atomic
-from towerlab.config import CUSTOM_MODEL, RunConfig, SearchConfig, dataset_label, replace, to_dict, to_flags
+from towerlab.config import CUSTOM_MODEL, RunConfig, SearchConfig, dataset_label, replace, to_dict
 from towerlab.distributed import (Context, Interrupted, StopFlag, check_capacity, kv_store, local_processes,
                                   search_threads, search_workers, session, start_method_for, torchrun_restart,
                                   torchrun_world_size, under_torchrun)
 from towerlab.errors import UserError
-from towerlab.jobs.candidate import (TRAINING_GENES, Model, candidate_config, candidate_task, estimated_cost,
-                                     model_genes, outcome, train_candidate, train_config_hash)
+from towerlab.jobs.candidate import (TRAINING_GENES, candidate_config, candidate_task, estimated_cost, outcome,
+                                     retrain_command, train_candidate, train_config_hash)
 from towerlab.jobs.common import (Job, check_writable_file, handed_over, load_data, require_out_under_torchrun,
                                   resolved_run, restarted_by_torchrun, save_model, start_job, worker_data,
                                   write_config)
@@ -402,42 +402,6 @@ def _write_config(out: Path, kind: str, cfg: SearchConfig, run: RunConfig, ctx: 
                        "store": str(store.path), "workers": ctx.world_size, "device_type": ctx.device.type})
 
 
-def retrain_command(cfg: SearchConfig, model: Model, genome: dict, seed: int, max_epochs: int | None = None) -> str:
-    """The `towerlab train` command that trains this candidate again as it was evaluated: on one device.
-    A model function of yours is named by its file, --model FILE.py:FUNCTION; where that cannot
-    retrain the candidate (a function given from Python without a file, or genes the function would
-    need), the text says so plainly, beside the command that would."""
-    flags = to_flags(candidate_config(cfg, model, genome, seed, max_epochs))
-    if not callable(model):
-        return " ".join(["towerlab", "train", *flags, "--devices", "1"])
-    name = getattr(model, "__name__", "FUNCTION")
-    spec = _function_file(model)
-    flags[flags.index("--model") + 1] = spec or f"FILE.py:{name}"
-    command = " ".join(["towerlab", "train", *flags, "--devices", "1"])
-    if spec is None:
-        return f"none: {name} was given from Python, not from a file; where FILE.py defines it: {command}"
-    genes = model_genes(genome)
-    if genes:
-        values = ", ".join(f"{k}={v}" for k, v in genes.items())
-        return (f"none: towerlab train calls {name}(input_shape, num_classes) alone, without the winner's genes "
-                f"({values}); with those as {name}'s defaults: {command}")
-    return command
-
-
-def _function_file(function: Callable) -> str | None:
-    """FILE.py:FUNCTION for a function a module file defines at its top level (not __main__'s: a script
-    or a notebook cell cannot be imported by name); None otherwise."""
-    name = getattr(function, "__name__", "")
-    if getattr(function, "__module__", "__main__") == "__main__" or getattr(function, "__qualname__", "") != name \
-            or not name.isidentifier():
-        return None
-    try:
-        path = inspect.getsourcefile(function)
-    except TypeError:
-        return None
-    return f"{path}:{name}" if path and path.endswith(".py") and Path(path).is_file() else None
-
-
 def _numerics_used(store: Store, result: Any) -> list[dict]:
     """The distinct numerics (device, threads, precision, torch) of the trainings this search made
     and of those the store served its top from (another search's, in a shared store); unknown
@@ -453,7 +417,7 @@ def _numerics_text(numerics: dict) -> str:
             f"torch {numerics.get('torch')}")
 
 
-def _write_results(kind: str, cfg: SearchConfig, space: Space, model: Model, out: Path, store: Store, result: Any,
+def _write_results(kind: str, cfg: SearchConfig, space: Space, model: Any, out: Path, store: Store, result: Any,
                    top: list[dict], accounts: dict, ctx: Context, seconds: float, data_source: dict) -> None:
     """best.json, the plots and summary.json; `accounts`: the summary's fields about what the search
     cost and ran on ("cost", "numerics")."""

@@ -116,7 +116,7 @@ def replica_pids(pid: int) -> list[int]:
 
 
 class StopAtRead:
-    """A stand-in for the Ctrl-C handler (runner.StopFlag): reports SIGINT from its n-th read on (one
+    """A stand-in for the Ctrl-C handler (jobs.train.StopFlag): reports SIGINT from its n-th read on (one
     read per step). Set `reads_before_stop` on the class before the run."""
 
     reads_before_stop = 0

@@ -124,16 +124,16 @@ _DATA: dict = {}  # a retraining process's data sets, loaded once
 def _retrain_one(task: tuple[dict, dict, int, str]) -> dict:
     import torch
 
-    from towerlab.config import RunConfig, SearchConfig, TrainConfig
-    from towerlab.fitness import train_candidate
-    from towerlab.runner import load_data
+    from towerlab.config import RunConfig, SearchConfig
+    from towerlab.jobs.candidate import train_candidate
+    from towerlab.jobs.common import load_data
 
     pick, settings, seed, data_dir = task
     cfg = SearchConfig(sampler="ga", **settings)
     key = (cfg.dataset, cfg.val_size)
     if key not in _DATA:
         run = RunConfig(data_dir=data_dir, device="cpu", download=False)
-        _DATA[key] = load_data(TrainConfig(dataset=cfg.dataset, val_size=cfg.val_size), run, download=False,
+        _DATA[key] = load_data(cfg.dataset, cfg.val_size, run, download=False,
                                log=lambda _line: None).to(torch.device("cpu"))
     fields, _ = train_candidate(cfg, "mlp", pick, seed, _DATA[key], torch.device("cpu"), test=True)
     ok = fields["status"] == "ok"

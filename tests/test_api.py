@@ -334,7 +334,7 @@ def test_a_run_on_arrays_resumes_with_the_same_arrays(tmp_path):
 def load_like_a_torchrun_rank(rank, world_size, store_path, out_dir, rank0_finds):
     """A rank of a job without a local launcher (torchrun's case): rank 0 decides, the others follow."""
     from towerlab.distributed import session
-    from towerlab.runner import load_everywhere
+    from towerlab.jobs.common import load_everywhere
 
     calls = []
 
@@ -360,3 +360,22 @@ def test_without_a_launcher_rank_0_decides_and_every_rank_follows(tmp_path):
     assert json.loads((tmp_path / "rank0.json").read_text())[0]["allow_fallback"] is True
     with pytest.raises(UserError, match="^mnist not found, and could not download"):
         launch(load_like_a_torchrun_rank, 2, (tmp_path, "nothing"), start_method="fork")
+
+
+def test_an_arrays_search_without_a_test_split_says_so_once_and_warns_of_nothing(tmp_path, capsys):
+    x, y, _, _ = synthetic_arrays(600, 1)  # its test images are not given
+
+    def small(input_shape, num_classes):
+        return make_net(input_shape, num_classes, width=8)
+
+    found = api.search({"lr": [0.001, 0.01]}, (x, y), model=small, sampler="random", population=2, generations=1,
+                       top=2, remeasure=0, max_epochs=1, patience=1, devices=1, device="cpu", progress=False,
+                       out=str(tmp_path / "s"))
+    printed = capsys.readouterr()
+    lines = (printed.out + printed.err).splitlines()
+    assert "warning" not in printed.out + printed.err
+    assert [line for line in lines if "test split" in line] == [
+        "No test split: the top networks are not retrained for a test accuracy (give test= to have them tested)"]
+    assert [row["test_accuracy"] for row in found.summary["top"]] == [None, None]
+    assert found.summary["cost"]["test"]["trainings"] == 0
+    assert found.best["command"].startswith("none: small was given from Python, not from a file; ")

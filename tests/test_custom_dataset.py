@@ -13,7 +13,7 @@ from towerlab.data import load
 from towerlab.cli import main
 from towerlab.config import SearchConfig, TrainConfig
 from towerlab.errors import UserError
-from towerlab.fitness import train_config_hash
+from towerlab.jobs.candidate import train_config_hash
 from towerlab.models import load_model
 from util import ONE_CPU
 

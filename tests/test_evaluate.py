@@ -11,7 +11,7 @@ from towerlab.cli import main
 from towerlab.data.load import load_dataset
 from towerlab.errors import UserError
 from towerlab.models import load_model
-from util import TINY, summary
+from util import TINY, interrupt, summary
 
 
 @pytest.fixture(scope="module")
@@ -154,3 +154,38 @@ def test_a_module_flag_that_gives_no_network_is_one_line(spec, message, trained_
     assert main(["evaluate", "run", "--module", spec]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("towerlab: error: ") and message in err
+
+
+MODEL_FUNCTION_FILE = '''
+from torch import nn
+
+
+def make(input_shape, num_classes):
+    c, h, w = input_shape
+    return nn.Sequential(nn.Flatten(), nn.Linear(c * h * w, 16), nn.ReLU(), nn.Linear(16, num_classes))
+'''
+
+
+def test_train_takes_a_model_function_from_a_file_and_evaluate_and_resume_take_it_again(tmp_path, capsys,
+                                                                                         monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "mynet.py").write_text(MODEL_FUNCTION_FILE)
+    args = [*TINY, "--model", "mynet.py:make", "--epochs", "3", "--batch-size", "100"]
+    interrupt(args, tmp_path / "run", monkeypatch)  # stopped at step 23 of 45, a checkpoint kept
+    capsys.readouterr()
+    assert main(["train", "--resume", "run"]) == 2  # the function is given again on resume; without it, one line
+    err = capsys.readouterr().err
+    assert "--model FILE.py:FUNCTION (give it again on --resume)" in err and err.count("\n") == 1
+    assert main(["train", "--resume", "run", "--model", "mynet.py:make"]) == 0
+    record = summary(tmp_path / "run")
+    assert (record["model"], record["steps"]) == ("custom", 45)
+    network = torch.load(tmp_path / "run" / "model.pt", weights_only=True)["state_dict"]
+    assert network["1.weight"].shape == (16, 28 * 28)  # make's network, built for the data's shape and classes
+    capsys.readouterr()
+    assert main(["evaluate", "run", "--module", "mynet.py:make"]) == 0
+    assert f"test accuracy {record['test_accuracy']:.4f}" in capsys.readouterr().out
+    for spec, fragment in [("mynet.py:nope", "--model mynet.py:nope: mynet.py defines no nope"),
+                           ("none.py:make", "--model none.py:make: no file none.py")]:
+        assert main(["train", *TINY, "--model", spec, "--out", "x"]) == 2
+        err = capsys.readouterr().err
+        assert fragment in err and err.count("\n") == 1 and not (tmp_path / "x").exists()

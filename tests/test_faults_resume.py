@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 import torch
 
-import towerlab.runner
-import towerlab.search_job
+import towerlab.jobs.search
+import towerlab.jobs.train
 from test_custom_dataset import colour_classes
 from towerlab.cli import main
 from towerlab.config import RunConfig
@@ -26,7 +26,7 @@ ARGS = [*TINY, "--model", "lenet5", "--epochs", "3", "--batch-size", "100", "--t
 
 
 def interrupt(module, monkeypatch, args: list[str], reads: int = 20) -> int:
-    """`main(args)` with a Ctrl-C after `reads` steps (`module`: runner or search_job)."""
+    """`main(args)` with a Ctrl-C after `reads` steps (`module`: towerlab.jobs.train or towerlab.jobs.search)."""
     monkeypatch.setattr(StopAtRead, "reads_before_stop", reads)
     monkeypatch.setattr(module, "StopFlag", StopAtRead)
     try:
@@ -54,7 +54,7 @@ def test_every_run_option_is_either_kept_or_free_on_resume():
                                   ["--device", "cuda"]])
 def test_a_resume_refuses_options_that_change_the_arithmetic(flag, tmp_path, monkeypatch, capsys):
     out = tmp_path / "run"
-    assert interrupt(towerlab.runner, monkeypatch, ["train", *ARGS, "--out", str(out)]) == 130
+    assert interrupt(towerlab.jobs.train, monkeypatch, ["train", *ARGS, "--out", str(out)]) == 130
     before = (out / "checkpoint.pt").read_bytes()
     capsys.readouterr()
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # --device cuda: refused as a change, not as absent
@@ -66,7 +66,7 @@ def test_a_resume_refuses_options_that_change_the_arithmetic(flag, tmp_path, mon
 
 def test_a_resume_with_every_free_option_changed_equals_the_uninterrupted_run(whole, tmp_path, monkeypatch):
     out = tmp_path / "run"
-    assert interrupt(towerlab.runner, monkeypatch, ["train", *ARGS, "--out", str(out)]) == 130
+    assert interrupt(towerlab.jobs.train, monkeypatch, ["train", *ARGS, "--out", str(out)]) == 130
     free = ["--input", "feed", "--display-step", "7", "--timeout", "60", "--no-progress", "--no-download",
             "--data-dir", str(tmp_path), "--allow-changed-data",
             *(["--tensorboard"] if importlib.util.find_spec("tensorboard") else [])]
@@ -82,7 +82,7 @@ def test_a_custom_file_replaced_under_a_resume_is_refused_or_recorded(tmp_path, 
     args = ["train", "--model", "mlp", "--dataset", str(data), "--val-size", "100", "--batch-size", "50", "--epochs", "3",
             "--no-progress", "--threads", "1", *ONE_CPU]
     out = tmp_path / "run"
-    assert interrupt(towerlab.runner, monkeypatch, [*args, "--out", str(out)], reads=12) == 130
+    assert interrupt(towerlab.jobs.train, monkeypatch, [*args, "--out", str(out)], reads=12) == 130
     started_on = json.loads((out / "config.json").read_text())["data_sha256"]
     assert list(started_on) == [str(data)] and len(started_on[str(data)]) == 64
     colour_classes(data, seed=1)  # the same path, other images
@@ -110,7 +110,7 @@ def test_a_built_in_dataset_moved_resumes_and_replaced_is_refused(tmp_path, monk
     out = tmp_path / "run"
     args = ["train", "--model", "mlp", "--data-dir", str(tmp_path / "data"), "--no-download", "--val-size", "100",
             "--batch-size", "50", "--epochs", "2", "--no-progress", "--threads", "1", *ONE_CPU, "--out", str(out)]
-    assert interrupt(towerlab.runner, monkeypatch, args, reads=8) == 130
+    assert interrupt(towerlab.jobs.train, monkeypatch, args, reads=8) == 130
     shutil.copytree(tmp_path / "data", tmp_path / "moved")  # the same files elsewhere: the same data
     fake_mnist(tmp_path / "data", seed=1)
     capsys.readouterr()
@@ -124,7 +124,7 @@ def test_a_built_in_dataset_moved_resumes_and_replaced_is_refused(tmp_path, monk
 
 def test_an_interrupted_training_names_the_resume_command(tmp_path, monkeypatch, capsys):
     out = tmp_path / "run"
-    assert interrupt(towerlab.runner, monkeypatch, ["train", *ARGS, "--out", str(out)]) == 130
+    assert interrupt(towerlab.jobs.train, monkeypatch, ["train", *ARGS, "--out", str(out)]) == 130
     captured = capsys.readouterr()
     assert "Interrupted at step 20: checkpoint saved" in captured.out
     assert captured.err == f"towerlab: interrupted. Continue from the last checkpoint with: towerlab train --resume " \
@@ -135,7 +135,7 @@ def test_an_interrupted_training_names_the_resume_command(tmp_path, monkeypatch,
                                           (15, "step 15 of 45 (the end of epoch 1)")])
 def test_a_resumed_run_says_on_its_first_line_where_it_resumes_from(reads, where, tmp_path, monkeypatch, capsys):
     out = tmp_path / "run"
-    assert interrupt(towerlab.runner, monkeypatch, ["train", *ARGS, "--out", str(out)], reads=reads) == 130
+    assert interrupt(towerlab.jobs.train, monkeypatch, ["train", *ARGS, "--out", str(out)], reads=reads) == 130
     fresh = capsys.readouterr().out.splitlines()[0]
     assert fresh.startswith("towerlab: lenet5 on synthetic (1500 train / 500 val / 333 test)")
     assert main(["train", "--resume", str(out)]) == 0
@@ -151,7 +151,7 @@ SPACE_ARGS = ["evolve", "--dataset", "synthetic", "--val-size", "500", "--popula
 def test_an_interrupted_search_says_what_it_kept_and_how_to_continue(tmp_path, monkeypatch, capsys):
     out = tmp_path / "evo"
     # A candidate reads the flag once per step, 42 steps (an epoch of 5,500 / 128): this stops the third.
-    assert interrupt(towerlab.search_job, monkeypatch, [*SPACE_ARGS, "--out", str(out)], reads=2 * 42 + 5) == 130
+    assert interrupt(towerlab.jobs.search, monkeypatch, [*SPACE_ARGS, "--out", str(out)], reads=2 * 42 + 5) == 130
     captured = capsys.readouterr()
     assert f"Interrupted: the 2 evaluation(s) finished since this start are kept in {out / 'search.db'}" \
         in captured.out, captured.out
@@ -170,7 +170,7 @@ def test_allow_changed_data_is_for_a_resume_only(tmp_path, capsys):
 
 def test_a_search_resume_keeps_the_threads_its_candidates_were_trained_with(tmp_path, monkeypatch, capsys):
     out = tmp_path / "evo"
-    assert interrupt(towerlab.search_job, monkeypatch, [*SPACE_ARGS, "--out", str(out)], reads=2 * 42 + 5) == 130
+    assert interrupt(towerlab.jobs.search, monkeypatch, [*SPACE_ARGS, "--out", str(out)], reads=2 * 42 + 5) == 130
     assert json.loads((out / "config.json").read_text())["run"]["threads"] == 1
     before = (out / "search.db").read_bytes()
     capsys.readouterr()

@@ -20,7 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from towerlab import checkpoint, runner
+from towerlab import checkpoint
+from towerlab.jobs import train as train_job
+from towerlab.settings import read_run_config
 from towerlab.cli import main
 from towerlab.config import replace
 from towerlab.distributed import Context
@@ -150,14 +152,14 @@ def test_a_torchrun_restart_resumes_only_its_own_folder(tmp_path, monkeypatch):
     """The restart decision itself, for each kind of folder a restarted worker may find."""
     out = tmp_path / "run"
     assert main(["train", *TINY, "--model", "mlp", "--steps", "3", "--out", str(out)]) == 0
-    cfg, run = runner.read_run_config(out)
+    cfg, run = read_run_config(out)
     run = replace(run, resume=None)
     for name, value in {"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "localhost", "MASTER_PORT": "29500",
                         "TORCHELASTIC_RUN_ID": "this-job", "TORCHELASTIC_RESTART_COUNT": "1"}.items():
         monkeypatch.setenv(name, value)
 
     def decide(config=cfg):
-        return runner._decide_start(config, run, Context(), out)
+        return train_job._decide_start(config, run, Context(), out)
 
     def stored_run_id(run_id):
         config = json.loads((out / "config.json").read_text())

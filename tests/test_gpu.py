@@ -18,7 +18,7 @@ import torch
 
 from towerlab.cli import build_parser, main, resolve_train
 from towerlab.distributed import launch, session
-from towerlab.runner import load_data
+from towerlab.jobs.train import train_data
 from towerlab.search import evaluation_records
 from towerlab.train import train
 from util import (ONE_GPU, RESUMABLE, TINY_DATA, interrupt, max_difference, metrics, search_rows, small_space_file,
@@ -70,7 +70,7 @@ def _rank(rank: int, world_size: int, store_path: str, args: list[str], strategy
     with session(rank=rank, world_size=world_size, store_path=store_path, backend="gloo", per_device=world_size,
                  device="cuda") as ctx:
         assert ctx.device == torch.device("cuda", 0)
-        result = train(cfg, ctx, load_data(cfg, run, download=False), strategy=strategy, test=False)
+        result = train(cfg, ctx, train_data(cfg, run, download=False), strategy=strategy, test=False)
         if ctx.is_main:
             torch.save({k: v.cpu() for k, v in result.model.state_dict().items()}, out)
 

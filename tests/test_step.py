@@ -29,7 +29,7 @@ from towerlab.config import RunConfig, TrainConfig
 from towerlab.distributed import Context, launch, session
 from towerlab.errors import UserError
 from towerlab.optim import DEFAULT_LR, Update, make_optimizer, make_scheduler, schedule_tables, uses_momentum
-from towerlab.runner import load_data
+from towerlab.jobs.train import train_data
 from towerlab.step import StepProgram
 from towerlab.train import build, train
 from util import ONE_CPU, RESUMABLE, TINY, interrupt, max_difference, summary, weights
@@ -103,7 +103,7 @@ def config(case: dict, steps: int = 20, **over) -> TrainConfig:
 
 
 def data_for(cfg: TrainConfig):  # noqa: ANN201
-    return load_data(cfg, RunConfig(), download=False, log=lambda _: None)
+    return train_data(cfg, RunConfig(), download=False, log=lambda _: None)
 
 
 def run(cfg: TrainConfig, mode: str) -> dict:
@@ -245,7 +245,7 @@ def _rank(rank: int, world_size: int, store_path: str, args: list[str], mode: st
         towerlab.step.COMPILE_OPTIONS["cpu"] = {"backend": "aot_eager"}
     cfg, run_cfg = resolve_train(build_parser().parse_args(["train", *args]))
     with session(rank=rank, world_size=world_size, store_path=store_path, backend="gloo") as ctx:
-        result = train(cfg, ctx, load_data(cfg, run_cfg, download=False), step_mode=mode, test=False)
+        result = train(cfg, ctx, train_data(cfg, run_cfg, download=False), step_mode=mode, test=False)
         assert result.step_mode == mode
         if ctx.is_main:
             torch.save({k: v.clone() for k, v in result.model.state_dict().items()}, out)

@@ -125,7 +125,7 @@ def test_a_search_candidate_spends_no_warm_up_steps(monkeypatch):
 
     from towerlab.config import SearchConfig
     from towerlab.data.load import load_dataset
-    from towerlab.fitness import train_candidate
+    from towerlab.jobs.candidate import train_candidate
     from towerlab.step import EagerSteps
 
     always_warm_up(monkeypatch)

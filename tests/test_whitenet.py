@@ -8,13 +8,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import towerlab.runner
+import towerlab.jobs.train
 from towerlab.batches import Augmentation, Batches, Normalizer, epoch_salt, flip_translate, hashed_words, tta_logits
 from towerlab.cli import main
 from towerlab.config import RunConfig, SearchConfig, TrainConfig
 from towerlab.distributed import Context
 from towerlab.errors import UserError
-from towerlab.fitness import candidate_config
+from towerlab.jobs.candidate import candidate_config
 from towerlab.lookahead import Lookahead
 from towerlab.models import build_model, load_model
 from towerlab.optim import make_optimizer, make_scheduler, parameter_groups
@@ -284,7 +284,7 @@ def test_whitenet_training_moves_the_weights_and_whitens_the_data(whitenet_one_r
     assert max_difference(weights(tmp_path / "short"), weights(whitenet_one_replica)) > 1e-3
     model, record = load_model(whitenet_one_replica / "model.pt")
     cfg = TrainConfig(**record["config"])
-    data = towerlab.runner.load_data(cfg, RunConfig(), download=False)
+    data = towerlab.jobs.train.train_data(cfg, RunConfig(), download=False)
     normalize = Normalizer(record["mean"], record["std"], torch.device("cpu"))
     images = normalize(data.x_train[:300]).double()
     half = model.whiten_weight.shape[0] // 2
@@ -299,7 +299,7 @@ def test_whitenet_interrupted_then_resumed_equals_uninterrupted(tmp_path, monkey
     args = [*TINY32, *SMALL_FLAGS, *RECIPE, "--epochs", "2", "--batch-size", "50"]
     assert main(["train", *args, "--out", str(tmp_path / "whole")]) == 0
     StopAtRead.reads_before_stop = 13  # step 13 of 20: mid-way through the second epoch, between lookaheads
-    monkeypatch.setattr(towerlab.runner, "StopFlag", StopAtRead)
+    monkeypatch.setattr(towerlab.jobs.train, "StopFlag", StopAtRead)
     assert main(["train", *args, "--out", str(tmp_path / "cut")]) == 130
     monkeypatch.undo()
     assert main(["train", "--resume", str(tmp_path / "cut")]) == 0
@@ -331,7 +331,7 @@ def test_a_changed_recipe_fails_here_until_fitness_version_is_bumped():
     """A search store serves cached fitnesses by the training settings' hash, which holds
     FITNESS_VERSION but not the recipes (so an mlp or cnn store stays valid when cifar-94 changes).
     Whoever changes a recipe bumps FITNESS_VERSION and records the new pair here."""
-    from towerlab.fitness import FITNESS_VERSION, RECIPES, recipe
+    from towerlab.jobs.candidate import FITNESS_VERSION, RECIPES, recipe
     from towerlab.search import genome_hash
 
     pinned = {"whitenet": "a12d8ee16e67394c37b808762865055baf9a3fcb7159898e417fd0f7b089414e"}

@@ -116,7 +116,7 @@ def replica_pids(pid: int) -> list[int]:
 
 
 class StopAtRead:
-    """A stand-in for the Ctrl-C handler (runner.StopFlag): reports SIGINT from its n-th read on (one
+    """A stand-in for the Ctrl-C handler (jobs.train.StopFlag): reports SIGINT from its n-th read on (one
     read per step). Set `reads_before_stop` on the class before the run."""
 
     reads_before_stop = 0
@@ -156,11 +156,11 @@ RESUMABLE = [*TINY_DATA, "--model", "mlp", "--model-opt", "layers=2", "--model-o
 def interrupt(args: list[str], out: Path, monkeypatch) -> None:  # noqa: ANN001 - pytest's fixture
     """`towerlab train *args` into `out`, stopped by a Ctrl-C mid-way through the second epoch of
     RESUMABLE (at step 23): it exits 130 with a checkpoint and no summary."""
-    import towerlab.runner
+    import towerlab.jobs.train
     from towerlab.cli import main
 
     StopAtRead.reads_before_stop = 23
     with monkeypatch.context() as patch:
-        patch.setattr(towerlab.runner, "StopFlag", StopAtRead)
+        patch.setattr(towerlab.jobs.train, "StopFlag", StopAtRead)
         assert main(["train", *args, "--out", str(out)]) == 130
     assert not (out / "summary.json").exists()

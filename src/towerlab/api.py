@@ -97,7 +97,8 @@ def train(model: str | Any | Callable[[], Any] | None = None, data: str | os.Pat
     replica failed. It may be called from a thread other than the main one; signals (Ctrl-C,
     SIGTERM) are then left to the main thread's handlers.
     """
-    from towerlab.runner import default_out, resolved_run, start
+    from towerlab.jobs.common import resolved_run
+    from towerlab.jobs.train import default_out, start
     from towerlab.settings import resolve_train
 
     options = dict(options)
@@ -171,8 +172,8 @@ def search(space: str | os.PathLike | dict | None = None, data: str | os.PathLik
 
 def _search(kind: str, space: Any, data: Any, validation: Any, test: Any, model: Any, config: Any,
             options: dict) -> SearchRun:
-    from towerlab.runner import resolved_run
-    from towerlab.search_job import search_out, start_search
+    from towerlab.jobs.common import resolved_run
+    from towerlab.jobs.search import search_out, start_search
     from towerlab.settings import resolve_search
 
     options = dict(options)
@@ -221,7 +222,7 @@ def _exported(out: Path, function: Callable | None) -> Any:
         return load_model(out / "model.pt")[0]
     import torch
 
-    from towerlab.fitness import model_genes
+    from towerlab.jobs.candidate import model_genes
 
     record = torch.load(out / "model.pt", map_location="cpu", weights_only=True)
     genes = model_genes(_json(out / "best.json")["genome"])
@@ -262,6 +263,6 @@ def evaluate(run: str | os.PathLike, data: Any = None, *, split: str = "test", d
     """Score a run's model (its folder or its model.pt) on `split` ("test" or "val") of the data it
     was trained on, or of `data` (a dataset name, an .npz path, or (images, labels) arrays).
     Returns {"dataset", "split", "n", "accuracy", "loss", "recorded" (the run's own figure)}."""
-    from towerlab.evaluation import evaluate as score
+    from towerlab.jobs.scoring import score_run
 
-    return score(run, data, split=split, data_dir=data_dir, module=module)
+    return score_run(run, data, split=split, data_dir=data_dir, module=module)

@@ -96,6 +96,11 @@ MODULE_HELP = ("for a run trained with a network of your own (from Python, model
                "file that defines it and the name of its class, or of a function returning one")
 
 
+TRAIN_MODEL_HELP = ("network to train: a name, or FILE.py:FUNCTION, a function of yours, FUNCTION(input_shape, "
+                    "num_classes) -> nn.Module (give it again on --resume; evaluate its run with --module "
+                    "FILE.py:FUNCTION)")
+
+
 def _config_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", metavar="FILE", default=None, help=CONFIG_HELP)
     p.add_argument("--print-config", action="store_true", help=PRINT_CONFIG_HELP)
@@ -107,7 +112,7 @@ def _train_parser(sub: argparse._SubParsersAction) -> None:
                                    "averaged every step (all-reduce or a CPU parameter server); see "
                                    "docs/training.md.")
     _config_flags(p)
-    add_arguments(p, TrainConfig)
+    add_arguments(p, TrainConfig, helps={"model": TRAIN_MODEL_HELP})
     add_arguments(p, RunConfig)
     p.set_defaults(handler=_cmd_train)
 
@@ -232,12 +237,18 @@ def resolve_search(args: argparse.Namespace) -> tuple[SearchConfig, RunConfig]:
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
+    function = None
+    if ":" in getattr(args, "model", ""):  # FILE.py:FUNCTION: a model function of yours (no model name has a colon)
+        from towerlab.config import CUSTOM_MODEL
+        from towerlab.models import load_function
+
+        function, args.model = load_function(args.model), CUSTOM_MODEL
     cfg, run = resolve_train(args)
     if args.print_config:
         return _print_config(train=cfg, run=run)
-    from towerlab.runner import start
+    from towerlab.jobs.train import start
 
-    return start(cfg, run)
+    return start(cfg, run, function=function)
 
 
 def _cmd_search(args: argparse.Namespace) -> int:
@@ -245,7 +256,7 @@ def _cmd_search(args: argparse.Namespace) -> int:
     if args.print_config:  # the settings this search reads: not other samplers' nor training-only run options
         from towerlab.config import to_dict
         from towerlab.search import settings_of_others
-        from towerlab.search_job import check_settings
+        from towerlab.jobs.search import check_settings
 
         check_settings(cfg, run)  # a file the search would refuse is not printed
 
@@ -253,7 +264,7 @@ def _cmd_search(args: argparse.Namespace) -> int:
         return _print_config(search={k: v for k, v in to_dict(cfg).items() if k not in foreign},
                              run={k: v for k, v in to_dict(run).items() if k not in SEARCH_RUN_SKIP})
     from towerlab.models import load_function
-    from towerlab.search_job import start_search
+    from towerlab.jobs.search import start_search
 
     function = load_function(args.model_function) if args.model_function else None
     return start_search(args.kind, cfg, run, function=function)
@@ -319,11 +330,11 @@ def _cmd_search_export(args: argparse.Namespace) -> int:
 
 
 def _cmd_evaluate(args: argparse.Namespace) -> int:
-    from towerlab.evaluation import evaluate
+    from towerlab.jobs.scoring import score_run
 
     with _own_module_flag():
-        result = evaluate(args.run, args.dataset, split=args.split, data_dir=args.data_dir,
-                          module=_user_module(args.module), log=lambda line: print(line, file=sys.stderr, flush=True))
+        result = score_run(args.run, args.dataset, split=args.split, data_dir=args.data_dir,
+                           module=_user_module(args.module), log=lambda line: print(line, file=sys.stderr, flush=True))
     recorded = f" (the run recorded {result['recorded']:.4f})" if "recorded" in result else ""
     print(f"{args.run}: {result['split']} accuracy {result['accuracy']:.4f}, loss {result['loss']:.4f} on "
           f"{result['n']} images of {result['dataset']}{recorded}")
@@ -331,7 +342,7 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
 
 
 def _cmd_predict(args: argparse.Namespace) -> int:
-    from towerlab.evaluation import predict_file
+    from towerlab.jobs.scoring import predict_file
 
     with _own_module_flag():
         result = predict_file(args.run, args.images, args.out, module=_user_module(args.module))

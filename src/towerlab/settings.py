@@ -174,8 +174,6 @@ def _preset_layers(name: str | None, device: str) -> tuple[dict, dict]:
 
 
 def _resumed_train(train_given: dict, run_given: dict) -> tuple[TrainConfig, RunConfig]:
-    from towerlab.runner import read_run_config
-
     if "preset" in run_given:
         raise UserError("--preset does not go with --resume: the stored run already holds the preset's settings")
     folder = Path(run_given["resume"])
@@ -188,6 +186,17 @@ def _resumed_train(train_given: dict, run_given: dict) -> tuple[TrainConfig, Run
                         "drop those flags or start a new run")
     _check_kept_run_options(folder, stored_run, run_given)
     return cfg, _resumed_run(folder, stored_run, run_given)
+
+
+def read_run_config(folder: Path) -> tuple[TrainConfig, RunConfig]:
+    path = folder / "config.json"
+    try:
+        stored = json.loads(path.read_text(encoding="utf-8"))
+        return from_dict(TrainConfig, stored["train"], where=path), from_dict(RunConfig, stored["run"], where=path)
+    except FileNotFoundError:
+        raise UserError(f"{folder} is not a towerlab run (no config.json): check the --resume path") from None
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise UserError(f"{path} is unreadable ({type(exc).__name__}): it was not written by towerlab train") from None
 
 
 def _refuse_new_run_only_options(run_given: dict) -> None:

@@ -14,28 +14,28 @@ torchrun.
 from __future__ import annotations
 
 import functools
-import json
 import signal
 import sys
 import time
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
 import towerlab
 from towerlab import atomic, checkpoint
 from towerlab.batches import steps_per_epoch
-from towerlab.config import (CUSTOM_MODEL, RunConfig, TrainConfig, dataset_label, from_dict, parse_shape, replace,
-                             to_dict)
+from towerlab.config import CUSTOM_MODEL, RunConfig, TrainConfig, dataset_label, from_dict, replace, to_dict
 from towerlab.data.load import content_sha256
 from towerlab.distributed import (Context, StopFlag, barrier, broadcast_object, check_capacity, default_threads,
-                                  device_type, local_processes, resolve_devices, session, start_method_for,
-                                  torchrun_restart, torchrun_world_size, under_torchrun)
+                                  local_processes, session, start_method_for, torchrun_restart, torchrun_world_size,
+                                  under_torchrun)
 from towerlab.errors import UserError
-from towerlab.job import (OutputFolder, read_config, require_out_under_torchrun, restarted_by_torchrun, save_model,
-                          start_job, write_config)
+from towerlab.jobs.common import (Job, OutputFolder, handed_over, load_data, read_config, require_out_under_torchrun,
+                                  resolved_run, restarted_by_torchrun, save_model, start_job, stderr_line, worker_data,
+                                  write_config)
 from towerlab.report import Reporter, format_final, require_tensorboard, truncate_metrics
 from towerlab.step import resolve_step
 from towerlab.train import TrainResult, check_setup, train
@@ -46,110 +46,28 @@ RESUME_KEYS = ("step", "train_seconds", "history", "best_val_loss", "best_epoch"
                "stopped", "strategy")
 
 
-def stderr_line(text: str) -> None:
-    print(text, file=sys.stderr, flush=True)
-
-
-def quiet(_line: str) -> None:
-    pass
-
-
-def load_data(cfg: TrainConfig, run: RunConfig, *, download: bool = True, log: Any = stderr_line,
-              allow_fallback: bool = True, fallback_only: bool = False) -> Any:
-    """`cfg.dataset` as `run` finds it (downloading only where both `download` and --download allow);
-    `fallback_only`: the offline fallback without looking further (another rank fell back)."""
-    from towerlab.data.load import load_dataset, load_fallback
-
-    if fallback_only:
-        return load_fallback(cfg.val_size, log, reason="the job's first process fell back to it")
-    # The synthetic set is one fixed dataset (seed 0): the run's seed varies the training, not the data.
-    return load_dataset(cfg.dataset, run.data_dir, cfg.val_size, download=download and run.download,
-                        allow_fallback=allow_fallback,
-                        synthetic_shape=parse_shape(cfg.synthetic_shape), synthetic_train=cfg.synthetic_train,
-                        synthetic_test=max(1, cfg.synthetic_train // 6), seed=0, log=log)
-
-
-def load_everywhere(ctx: Context, load: Callable[..., Any]) -> Any:
-    """The same data on every rank of a torchrun job (or in a single process). Rank 0 loads first,
-    downloading or falling back offline as it must, and tells the others what it read, or its error;
-    then the first process of each other machine loads that same source (downloading if it must,
-    never falling back on its own), and the others read what it fetched. Only rank 0 prints.
-
-    `load(download=..., allow_fallback=..., fallback_only=..., log=...)` loads the job's dataset.
-    (Workers of a local launcher follow its decision instead: see `handed_over`.)"""
-    decision: dict = {}
-    data = None
-    if ctx.is_main:
-        try:
-            data = load(download=True, allow_fallback=True, fallback_only=False, log=stderr_line)
-            decision["fallback"] = bool(data.source.get("fallback"))
-        except UserError as exc:
-            decision["error"] = str(exc)
-    decision = broadcast_object(ctx, decision)
-    if "error" in decision:
-        raise UserError(decision["error"])
-    if not ctx.is_main and ctx.local_rank == 0:
-        data = load(download=True, allow_fallback=False, fallback_only=decision["fallback"], log=quiet)
-    barrier(ctx)
-    if data is None:
-        data = load(download=False, allow_fallback=False, fallback_only=decision["fallback"], log=quiet)
-    return data
-
-
-def handed_over(data: Any, start_method: str) -> tuple[Any, bool | None]:
-    """What a local launcher hands its workers of the data it loaded (which is where the download,
-    or the offline fallback, happened, once): (the data, None) where that costs no copy (forked
-    workers share the launcher's memory) or nothing else holds it (arrays given from Python); else
-    (None, whether it fell back), and spawned workers read the same source themselves, since
-    sending them the data would go through /dev/shm, which containers keep small."""
-    if start_method == "fork" or data.source.get("format") == "arrays":
-        return data, None
-    return None, bool(data.source.get("fallback"))
-
-
-def worker_data(ctx: Context, load: Callable[..., Any], data: Any, fallback: bool | None) -> Any:
-    """A worker's data: what its launcher handed over, or the source it read (`handed_over`), or,
-    with neither (a single process, a torchrun rank), as `load_everywhere` decides."""
-    if data is not None:
-        return data
-    if fallback is not None:
-        return load(download=False, allow_fallback=False, fallback_only=fallback, log=quiet)
-    return load_everywhere(ctx, load)
+def train_data(cfg: TrainConfig, run: RunConfig, **how: Any) -> Any:
+    """The data `cfg` trains on (`how`: as `common.load_data` takes it)."""
+    return load_data(cfg.dataset, cfg.val_size, run, synthetic_shape=cfg.synthetic_shape,
+                     synthetic_train=cfg.synthetic_train, **how)
 
 
 def default_out(cfg: TrainConfig) -> Path:
     return Path("runs") / f"{datetime.now():%Y%m%d-%H%M%S}-{cfg.model}-{dataset_label(cfg.dataset)}"
 
 
-def read_run_config(folder: Path) -> tuple[TrainConfig, RunConfig]:
-    path = folder / "config.json"
-    try:
-        stored = json.loads(path.read_text(encoding="utf-8"))
-        return from_dict(TrainConfig, stored["train"], where=path), from_dict(RunConfig, stored["run"], where=path)
-    except FileNotFoundError:
-        raise UserError(f"{folder} is not a towerlab run (no config.json): check the --resume path") from None
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise UserError(f"{path} is unreadable ({type(exc).__name__}): it was not written by towerlab train") from None
-
-
-def resolved_run(run: RunConfig) -> RunConfig:
-    """`run` with --device and --devices resolved for this machine (left as given under torchrun)."""
-    if under_torchrun():
-        return run
-    return replace(run, device=device_type(run.device), devices=resolve_devices(run.devices, run.device))
-
-
-def start(cfg: TrainConfig, run: RunConfig, *, data: Any = None, module: Any = None,
+def start(cfg: TrainConfig, run: RunConfig, *, data: Any = None, module: Any = None, function: Any = None,
           start_method: str | None = None) -> int:
     """Run the job; returns its exit status. `data` (a towerlab.data.Dataset) replaces loading
-    `cfg.dataset`; `module` (an nn.Module or a factory of one) trains in place of `cfg.model`
-    ("custom"); `start_method` as in `distributed.launch` (None: `distributed.start_method_for`
-    the run's device)."""
+    `cfg.dataset`; `module` (an nn.Module or a factory of one), or `function` (a model function,
+    `function(input_shape, num_classes) -> nn.Module`, called with the data's) trains in place of
+    `cfg.model` ("custom"); `start_method` as in `distributed.launch` (None:
+    `distributed.start_method_for` the run's device)."""
     started = time.time()  # the summary's wall_seconds run from here to its writing
     if run.tensorboard:
         require_tensorboard()
     require_out_under_torchrun(run)
-    require_module(cfg, module)
+    require_module(cfg, module if function is None else function)
     run = resolved_run(run)
     start_method = start_method or start_method_for(run.device)
     if not under_torchrun():
@@ -158,52 +76,75 @@ def start(cfg: TrainConfig, run: RunConfig, *, data: Any = None, module: Any = N
         check_capacity(run.devices, run.threads, f"--devices {run.devices}")
         resolve_step(run.step, run.device, run.devices, run.strategy, run.input)  # an impossible --step: refused now
     out = Path(run.resume or run.out or default_out(cfg))
-
-    def resume_hint() -> str:
-        return f"Continue from the last checkpoint with: towerlab train --resume {out}" \
-            if checkpoint.exists(out / CHECKPOINT) else ""
-
     # Under torchrun, rank 0 decides in _decide_start whether the folder is its own restart.
-    return start_job(out, resume=run.resume is not None, new=not under_torchrun(),
-                     run_here=lambda: _process(0, torchrun_world_size(), None, cfg, run, str(out), started, data,
-                                               module),
-                     processes=run.devices, spawned=_spawned, start_method=start_method,
-                     preflight=lambda: _preflight(cfg, run, str(out), data, module, start_method, started),
-                     hint=resume_hint, timeout=run.timeout, name=lambda rank: f"replica rank {rank}" + (
-                         ", the parameter server," if run.strategy == "ps" and rank == 0 else ""))
+    return start_job(TrainJob(out=out, resume=run.resume is not None, new=not under_torchrun(), processes=run.devices,
+                              start_method=start_method, timeout=run.timeout, cfg=cfg, run=run, data=data,
+                              module=module, function=function, started=started))
+
+
+@dataclass(kw_only=True)
+class TrainJob(Job):
+    """The train job: one replica per process (see `common.Job` for the hooks)."""
+
+    cfg: TrainConfig
+    run: RunConfig
+    data: Any = None
+    module: Any = None
+    function: Any = None
+    started: float
+
+    def run_here(self) -> int:
+        return _process(0, torchrun_world_size(), None, self.cfg, self.run, str(self.out), self.started, self.data,
+                        self.module, function=self.function)
+
+    def preflight(self) -> tuple:
+        """Every mistake (and the download, or the offline fallback) once, here, before any worker
+        starts; the workers read the very data loaded here (see `handed_over`)."""
+        data = self.data if self.data is not None else train_data(self.cfg, self.run)
+        check_setup(self.cfg, self.run.devices, data, network_source(self.module, self.function, data))
+        return (self.cfg, self.run, str(self.out), *handed_over(data, self.start_method), self.module, self.function,
+                self.started)
+
+    @staticmethod
+    def worker(rank: int, world_size: int, store_path: str, cfg: TrainConfig, run: RunConfig, out: str,
+               data: Any, fallback: bool | None, module: Any, function: Any, started: float) -> None:
+        status = _process(rank, world_size, store_path, cfg, run, out, started, data, module, fallback, function)
+        if status:
+            sys.exit(status)
+
+    def hint(self) -> str:
+        return f"Continue from the last checkpoint with: towerlab train --resume {self.out}" \
+            if checkpoint.exists(self.out / CHECKPOINT) else ""
+
+    def name(self, rank: int) -> str:
+        return f"replica rank {rank}" + (", the parameter server," if self.run.strategy == "ps" and rank == 0 else "")
 
 
 def require_module(cfg: TrainConfig, module: Any) -> None:
     if (cfg.model == CUSTOM_MODEL) != (module is not None):
         raise UserError(f"model {CUSTOM_MODEL!r} is a module you give from Python: "
-                        "towerlab.api.train(model=YourModule()) or model=a function returning one"
+                        "towerlab.api.train(model=YourModule()) or model=a function returning one; on the command "
+                        "line, --model FILE.py:FUNCTION (give it again on --resume)"
                         if module is None else "a module of your own goes with model 'custom'")
 
 
-def _preflight(cfg: TrainConfig, run: RunConfig, out: str, data: Any, module: Any, start_method: str,
-               started: float) -> tuple:
-    """Every mistake (and the download, or the offline fallback) once, here, before any worker
-    starts; the workers read the very data loaded here (see `handed_over`)."""
-    if data is None:
-        data = load_data(cfg, run)
-    check_setup(cfg, run.devices, data, module)
-    return (cfg, run, out, *handed_over(data, start_method), module, started)
-
-
-def _spawned(rank: int, world_size: int, store_path: str, cfg: TrainConfig, run: RunConfig, out: str,
-             data: Any, fallback: bool | None, module: Any, started: float) -> None:
-    status = _process(rank, world_size, store_path, cfg, run, out, started, data, module, fallback)
-    if status:
-        sys.exit(status)
+def network_source(module: Any, function: Any, data: Any) -> Any:
+    """What builds a network of your own for `data`: `module` as given, or a factory calling the model
+    function `function(input_shape, num_classes)` with the data's (None: a built-in model)."""
+    if function is None:
+        return module
+    return functools.partial(function, data.input_shape, data.num_classes)
 
 
 def _process(rank: int, world_size: int, store_path: str | None, cfg: TrainConfig, run: RunConfig,
-             out_dir: str, started: float, data: Any = None, module: Any = None, fallback: bool | None = None) -> int:
+             out_dir: str, started: float, data: Any = None, module: Any = None, fallback: bool | None = None,
+             function: Any = None) -> int:
     torch.set_num_threads(run.threads or default_threads(local_processes(run)))
     out = Path(out_dir)
     with StopFlag() as stop, session(rank=rank, world_size=world_size, store_path=store_path,
                                      timeout=run.timeout, device=run.device) as ctx:
-        data = worker_data(ctx, functools.partial(load_data, cfg, run), data, fallback)
+        data = worker_data(ctx, functools.partial(train_data, cfg, run), data, fallback)
+        module = network_source(module, function, data)
         network = check_setup(cfg, ctx.world_size, data, module)
         digests = content_sha256(data.source) if ctx.is_main else {}  # read once: start, resume check, summary
         resume_state = _start_state(cfg, run, ctx, out, digests, checkpoint.size_limit(network))

@@ -2,10 +2,16 @@
 predict RUN_DIR images.npz` labels images. Both read `model.pt` through `load_model`, whose
 Classifier normalises raw uint8 images as the training did, so a run's own test split gives back
 the test accuracy the run recorded.
+
+Named scoring, not evaluation: `train.evaluate` is a network's loss and accuracy on a split during
+training, and a search's evaluation is a candidate's training (towerlab.search.evaluation); here a
+finished run's model is scored (`score_run`), or labels images (`predict_file`).
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 import io
 import os
 from pathlib import Path
@@ -18,7 +24,7 @@ import torch.nn.functional as F
 from towerlab import atomic
 from towerlab.config import RunConfig, TrainConfig, from_dict, replace
 from towerlab.errors import UserError
-from towerlab.job import read_config
+from towerlab.jobs.common import quiet, read_config
 from towerlab.models import load_model
 from towerlab.data.readers import labels_as_int64, npz_arrays
 
@@ -39,18 +45,18 @@ def model_file(path: str | os.PathLike) -> Path:
     return path
 
 
-def evaluate(path: str | os.PathLike, data: Any = None, *, split: str = "test", data_dir: str | None = None,
+def score_run(path: str | os.PathLike, data: Any = None, *, split: str = "test", data_dir: str | None = None,
              module: Any = None, log: Any = None) -> dict:
     """Score the model of run `path` on `split` of `data`: by default the dataset it was trained on,
     found as the run found it; a dataset name or .npz path; or (images, labels) arrays (`split` then
     does not apply). Returns {"dataset", "split", "n", "accuracy", "loss"} (and "recorded", the
     run's own figure for that split of that very data, where it has one)."""
-    from towerlab.runner import load_data, quiet
+    from towerlab.jobs.train import train_data
 
     if split not in SPLITS:
         raise UserError(f"unknown split {split!r}: choose one of {', '.join(SPLITS)}")
     file = model_file(path)
-    model, record = load_model(file, module=module)
+    model, record = _load(file, module)
     source = None
     if data is not None and not isinstance(data, (str, os.PathLike)):
         x, y = _pair(data)
@@ -61,7 +67,7 @@ def evaluate(path: str | os.PathLike, data: Any = None, *, split: str = "test", 
             cfg = replace(cfg, dataset=str(data))
         stored = read_config(file.parent) or {}
         run = RunConfig(data_dir=data_dir if data_dir is not None else stored.get("run", {}).get("data_dir"))
-        dataset = load_data(cfg, run, log=log or quiet)
+        dataset = train_data(cfg, run, log=log or quiet)
         x, y = (dataset.x_test, dataset.y_test) if split == "test" else (dataset.x_val, dataset.y_val)
         name, source = cfg.dataset, dataset.source
     if len(x) == 0:
@@ -75,6 +81,30 @@ def evaluate(path: str | os.PathLike, data: Any = None, *, split: str = "test", 
     if recorded is not None:
         result["recorded"] = recorded
     return result
+
+
+def _load(file: Path, module: Any) -> tuple[Any, dict]:
+    """`load_model`, where `module` may also be a model function (`towerlab train --model
+    FILE.py:FUNCTION`), `module(input_shape, num_classes)`, called with what the file records."""
+    if _takes_shape(module):
+        try:
+            record = torch.load(file, map_location="cpu", weights_only=True)
+            module = functools.partial(module, tuple(record["input_shape"]), record["num_classes"])
+        except Exception:  # noqa: BLE001 - not a model file: load_model says what is wrong with it
+            pass
+    return load_model(file, module=module)
+
+
+def _takes_shape(module: Any) -> bool:
+    """Whether `module` needs (input_shape, num_classes): two positional arguments without defaults."""
+    if module is None or isinstance(module, torch.nn.Module):
+        return False
+    try:
+        parameters = inspect.signature(module).parameters.values()
+    except (TypeError, ValueError):  # a builtin or C callable: called without arguments, as before
+        return False
+    return sum(p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+               for p in parameters) == 2
 
 
 def _trained_on(record: dict, file: Path) -> TrainConfig:
@@ -123,7 +153,7 @@ def predict_file(path: str | os.PathLike, images_path: str | os.PathLike, out: s
     file = model_file(path)
     out = Path(out) if out is not None else Path(f"{Path(images_path).stem}-predictions.npz")
     atomic.refuse_overwriting(out, (file, images_path), (file.parent,))
-    model, _record = load_model(file, module=module)
+    model, _record = _load(file, module)
     images, labels, image_key, label_key = read_images(images_path)
     probabilities = model.predict_proba(images)
     predictions = probabilities.argmax(1)

@@ -15,11 +15,12 @@ import hashlib
 import inspect
 import math
 import time
+from pathlib import Path
 from typing import Any, Callable, Optional, Union
 
 import torch
 
-from towerlab.config import ARRAYS_DATASET, CUSTOM_MODEL, SearchConfig, TrainConfig, is_custom_dataset
+from towerlab.config import ARRAYS_DATASET, CUSTOM_MODEL, SearchConfig, TrainConfig, is_custom_dataset, to_flags
 from towerlab.data.load import fingerprint
 from towerlab.distributed import Context, Interrupted, StopFlag, device_name
 from towerlab.presets import apply_preset
@@ -197,3 +198,39 @@ def outcome(fields: dict) -> Outcome:
 
 def candidate_task(candidate: Candidate, kind: str = "fitness") -> dict:
     return {"kind": kind, "genome": candidate.genome, "seed": candidate.seed, "max_epochs": candidate.max_epochs}
+
+
+def retrain_command(cfg: SearchConfig, model: Model, genome: dict, seed: int, max_epochs: int | None = None) -> str:
+    """The `towerlab train` command that trains this candidate again as it was evaluated: on one device.
+    A model function of yours is named by its file, --model FILE.py:FUNCTION; where that cannot
+    retrain the candidate (a function given from Python without a file, or genes the function would
+    need), the text says so plainly, beside the command that would."""
+    flags = to_flags(candidate_config(cfg, model, genome, seed, max_epochs))
+    if not callable(model):
+        return " ".join(["towerlab", "train", *flags, "--devices", "1"])
+    name = getattr(model, "__name__", "FUNCTION")
+    spec = _function_file(model)
+    flags[flags.index("--model") + 1] = spec or f"FILE.py:{name}"
+    command = " ".join(["towerlab", "train", *flags, "--devices", "1"])
+    if spec is None:
+        return f"none: {name} was given from Python, not from a file; where FILE.py defines it: {command}"
+    genes = model_genes(genome)
+    if genes:
+        values = ", ".join(f"{k}={v}" for k, v in genes.items())
+        return (f"none: towerlab train calls {name}(input_shape, num_classes) alone, without the winner's genes "
+                f"({values}); with those as {name}'s defaults: {command}")
+    return command
+
+
+def _function_file(function: Callable) -> str | None:
+    """FILE.py:FUNCTION for a function a module file defines at its top level (not __main__'s: a script
+    or a notebook cell cannot be imported by name); None otherwise."""
+    name = getattr(function, "__name__", "")
+    if getattr(function, "__module__", "__main__") == "__main__" or getattr(function, "__qualname__", "") != name \
+            or not name.isidentifier():
+        return None
+    try:
+        path = inspect.getsourcefile(function)
+    except TypeError:
+        return None
+    return f"{path}:{name}" if path and path.endswith(".py") and Path(path).is_file() else None

@@ -18,6 +18,7 @@ import signal
 import socket
 import sys
 import time
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Callable
@@ -26,19 +27,18 @@ import torch
 
 import towerlab
 from towerlab import atomic
-from towerlab.config import (CUSTOM_MODEL, RunConfig, SearchConfig, TrainConfig, dataset_label, replace, to_dict,
-                             to_flags)
+from towerlab.config import CUSTOM_MODEL, RunConfig, SearchConfig, dataset_label, replace, to_dict
 from towerlab.distributed import (Context, Interrupted, StopFlag, check_capacity, kv_store, local_processes,
                                   search_threads, search_workers, session, start_method_for, torchrun_restart,
                                   torchrun_world_size, under_torchrun)
 from towerlab.errors import UserError
-from towerlab.fitness import (TRAINING_GENES, candidate_config, candidate_task, estimated_cost, outcome,
-                              train_candidate, train_config_hash)
-from towerlab.job import (check_writable_file, require_out_under_torchrun, restarted_by_torchrun, save_model,
-                          start_job, write_config)
+from towerlab.jobs.candidate import (TRAINING_GENES, candidate_config, candidate_task, estimated_cost, outcome,
+                                     retrain_command, train_candidate, train_config_hash)
+from towerlab.jobs.common import (Job, check_writable_file, handed_over, load_data, require_out_under_torchrun,
+                                  resolved_run, restarted_by_torchrun, save_model, start_job, worker_data,
+                                  write_config)
 from towerlab.report import (Reporter, format_cost, format_estimate, format_generation, format_plan, format_top,
                              plot_accuracy_time, plot_fitness)
-from towerlab.runner import handed_over, load_data, resolved_run, worker_data
 from towerlab.search import (Candidate, Space, evaluation_records, load_space, make_sampler, open_search,
                              planned_trainings, refuse_unused_settings, resolved_remeasure, run_search,
                              sampler_class)
@@ -63,7 +63,7 @@ def start_search(kind: str, cfg: SearchConfig, run: RunConfig, *, data: Any = No
                  start_method: str | None = None) -> int:
     """Run the search job; returns its exit status. `data` (a towerlab.data.Dataset, arrays from
     Python) replaces loading `cfg.dataset`; `function` builds the networks of a space of model
-    "custom" (see `towerlab.fitness.Model`); `start_method` as in `distributed.launch` (None:
+    "custom" (see `towerlab.jobs.candidate.Model`); `start_method` as in `distributed.launch` (None:
     `distributed.start_method_for` the run's device)."""
     space = check_settings(cfg, run)
     cfg = resolved_remeasure(cfg, space)  # recorded as resolved: a resume re-measures as this start did
@@ -83,24 +83,45 @@ def start_search(kind: str, cfg: SearchConfig, run: RunConfig, *, data: Any = No
         # Recorded as resolved: a resume trains its candidates with as many threads.
         run = replace(run, threads=search_threads(run.threads, run.device, workers))
         check_capacity(workers, run.threads, f"--devices {run.devices} x --workers-per-device {cfg.workers_per_device}")
+    return start_job(SearchJob(out=out, resume=run.resume is not None, processes=workers, start_method=start_method,
+                               timeout=run.timeout, essential={0}, kind=kind, cfg=cfg, run=run, data=data,
+                               function=function))
 
-    def preflight() -> tuple:
+
+@dataclass(kw_only=True)
+class SearchJob(Job):
+    """The search job: rank 0 coordinates, every rank trains candidates (see `common.Job` for the hooks)."""
+
+    kind: str
+    cfg: SearchConfig
+    run: RunConfig
+    data: Any = None
+    function: Any = None
+
+    def run_here(self) -> int:
+        return _process(0, torchrun_world_size(), None, self.kind, self.cfg, self.run, str(self.out), self.data,
+                        function=self.function)
+
+    def preflight(self) -> tuple:
         stale_seconds()  # a bad TOWERLAB_WORKER_STALE_SECONDS is refused before any worker starts
         # Every data problem (and the download, or the offline fallback) once, before any worker
         # starts; the workers get this data, so every one of them reads the very same.
-        return (kind, cfg, run, str(out), *handed_over(data if data is not None else _data(cfg, run), start_method),
-                function)
+        data = self.data if self.data is not None else _data(self.cfg, self.run)
+        return (self.kind, self.cfg, self.run, str(self.out), *handed_over(data, self.start_method), self.function)
 
-    def resume_hint() -> str:
-        return (f"Continue the search with: towerlab {COMMANDS[kind]} --resume {out}"
-                if atomic.is_job_folder(out) else "")
+    @staticmethod
+    def worker(rank: int, world_size: int, store_path: str, kind: str, cfg: SearchConfig, run: RunConfig,
+               out: str, data: Any, fallback: bool | None, function: Any) -> None:
+        status = _process(rank, world_size, store_path, kind, cfg, run, out, data, fallback, function)
+        if status:
+            sys.exit(status)
 
-    return start_job(out, resume=run.resume is not None, processes=workers,
-                     run_here=lambda: _process(0, torchrun_world_size(), None, kind, cfg, run, str(out), data,
-                                               function=function),
-                     spawned=_spawned, preflight=preflight, hint=resume_hint, essential={0},
-                     start_method=start_method, timeout=run.timeout,
-                     name=lambda rank: "coordinator rank 0" if rank == 0 else f"worker rank {rank}")
+    def hint(self) -> str:
+        return (f"Continue the search with: towerlab {COMMANDS[self.kind]} --resume {self.out}"
+                if atomic.is_job_folder(self.out) else "")
+
+    def name(self, rank: int) -> str:
+        return "coordinator rank 0" if rank == 0 else f"worker rank {rank}"
 
 
 def check_function(space: Space, function: Any) -> None:
@@ -147,14 +168,7 @@ def default_out(kind: str, cfg: SearchConfig, space: Space) -> Path:
 
 
 def _data(cfg: SearchConfig, run: RunConfig, **how: Any) -> Any:
-    return load_data(TrainConfig(dataset=cfg.dataset, val_size=cfg.val_size), run, **how)
-
-
-def _spawned(rank: int, world_size: int, store_path: str, kind: str, cfg: SearchConfig, run: RunConfig,
-             out: str, data: Any, fallback: bool | None, function: Any) -> None:
-    status = _process(rank, world_size, store_path, kind, cfg, run, out, data, fallback, function)
-    if status:
-        sys.exit(status)
+    return load_data(cfg.dataset, cfg.val_size, run, **how)
 
 
 def _process(rank: int, world_size: int, store_path: str | None, kind: str, cfg: SearchConfig,
@@ -237,7 +251,7 @@ def _coordinate(kind: str, cfg: SearchConfig, run: RunConfig, out: Path, space: 
         reporter.line(format_plan(plan))
         first: list[dict] = []  # the first successful training of this start: the estimate's yardstick
 
-        def evaluate(candidates: list[Candidate], record: Any) -> None:
+        def train_candidates(candidates: list[Candidate], record: Any) -> None:
             reporter.start_progress(len(candidates), 0, unit="net")
             queue: list[Candidate] = []  # task i of the batch trains queue[i]
 
@@ -278,13 +292,13 @@ def _coordinate(kind: str, cfg: SearchConfig, run: RunConfig, out: Path, space: 
         started = time.perf_counter()
         recorded: list[int] = []
         try:
-            result = run_search(cfg, space, evaluate, store, tch, on_generation, resume=search_id,
+            result = run_search(cfg, space, train_candidates, store, tch, on_generation, resume=search_id,
                                 on_progress=reporter.line)
         except Interrupted:
             reporter.line(f"Interrupted: the {len(recorded)} evaluation(s) finished since this start are kept in "
                           f"{store.path}, with every earlier one")
             raise
-        top, tested = _test_top(result, store, run_tasks, reporter)
+        top, tested = _test_top(result, store, run_tasks, reporter, data.n_test > 0)
         if top:
             reporter.line(format_top(top))
         cost = _cost(store, result.search_id, tested)
@@ -297,7 +311,7 @@ def _coordinate(kind: str, cfg: SearchConfig, run: RunConfig, out: Path, space: 
         if data.source.get("fallback"):  # on the last lines, where it cannot scroll away
             reporter.line("Trained on the OFFLINE FALLBACK DATA, not the full dataset: not comparable with "
                           "MNIST results")
-        _write_results(kind, cfg, space, out, store, result, top, {"cost": cost, "numerics": used}, ctx,
+        _write_results(kind, cfg, space, model, out, store, result, top, {"cost": cost, "numerics": used}, ctx,
                        time.perf_counter() - started, data.source)
         if not top:
             raise UserError(_all_failed(result, out))
@@ -327,7 +341,8 @@ def _all_failed(result: Any, out: Path) -> str:
             f"`towerlab search show {out}` lists each failure")
 
 
-def _test_top(result: Any, store: Store, run_tasks: Callable, reporter: Reporter) -> tuple[list[dict], list[float]]:
+def _test_top(result: Any, store: Store, run_tasks: Callable, reporter: Reporter,
+              has_test: bool = True) -> tuple[list[dict], list[float]]:
     """Test accuracy, computed once and only for the top genomes: each is retrained with the seed of
     its evaluation (so it is the same network) and scored on the test set. A top genome's validation
     accuracy is the mean over its seeds (the evaluation's, then its re-measures'), listed with
@@ -342,6 +357,10 @@ def _test_top(result: Any, store: Store, run_tasks: Callable, reporter: Reporter
                      "val_loss": t.val_loss, "seed": t.seed, "epochs": t.epochs, "rung": t.rung,
                      "max_epochs": evaluation.max_epochs, "test_accuracy": evaluation.test_accuracy})
     todo = [i for i, row in enumerate(rows) if row["test_accuracy"] is None]
+    if todo and not has_test:  # arrays given without test=: nothing to score a retraining on
+        reporter.line("No test split: the top networks are not retrained for a test accuracy (give test= to have "
+                      "them tested)")
+        todo = []
     if todo:
         reporter.line(f"Testing the top {len(rows)} networks (retraining {len(todo)} with their seeds)")
 
@@ -383,12 +402,6 @@ def _write_config(out: Path, kind: str, cfg: SearchConfig, run: RunConfig, ctx: 
                        "store": str(store.path), "workers": ctx.world_size, "device_type": ctx.device.type})
 
 
-def retrain_command(cfg: SearchConfig, space: Space, genome: dict, seed: int, max_epochs: int | None = None) -> str:
-    """The `towerlab train` command that trains this candidate again as it was evaluated: on one device."""
-    return " ".join(["towerlab", "train", *to_flags(candidate_config(cfg, space.model, genome, seed, max_epochs)),
-                     "--devices", "1"])
-
-
 def _numerics_used(store: Store, result: Any) -> list[dict]:
     """The distinct numerics (device, threads, precision, torch) of the trainings this search made
     and of those the store served its top from (another search's, in a shared store); unknown
@@ -404,7 +417,7 @@ def _numerics_text(numerics: dict) -> str:
             f"torch {numerics.get('torch')}")
 
 
-def _write_results(kind: str, cfg: SearchConfig, space: Space, out: Path, store: Store, result: Any,
+def _write_results(kind: str, cfg: SearchConfig, space: Space, model: Any, out: Path, store: Store, result: Any,
                    top: list[dict], accounts: dict, ctx: Context, seconds: float, data_source: dict) -> None:
     """best.json, the plots and summary.json; `accounts`: the summary's fields about what the search
     cost and ran on ("cost", "numerics")."""
@@ -414,7 +427,7 @@ def _write_results(kind: str, cfg: SearchConfig, space: Space, out: Path, store:
             "genome": best["genome"], "val_accuracy": best["val_accuracy"], "val_accuracy_sd": best["val_accuracy_sd"],
             "val_accuracies": best["val_accuracies"], "seeds": best["seeds"], "test_accuracy": best["test_accuracy"],
             "seed": best["seed"], "model": space.model, "dataset": cfg.dataset,
-            "command": retrain_command(cfg, space, best["genome"], best["seed"], best["max_epochs"])})
+            "command": retrain_command(cfg, model, best["genome"], best["seed"], best["max_epochs"])})
     stats = [g.stats.to_json() for g in result.history]
     title = f"{cfg.sampler}: {Path(space.name).stem} on {dataset_label(cfg.dataset)}"
     plot_fitness(stats, out / "fitness.png", title)
@@ -446,4 +459,5 @@ def _export_best(cfg: SearchConfig, model: Any, best: dict, data: Any, device: t
         raise UserError(f"retraining the best network failed ({fields.get('reason')}): model.pt not written")
     save_model(out / "model.pt", result.model,
                candidate_config(cfg, model, best["genome"], best["seed"], best["max_epochs"]), data)
-    reporter.line(f"Wrote {out / 'model.pt'} (validation {result.val_accuracy:.4f}, test {result.test_accuracy:.4f})")
+    test = f", test {result.test_accuracy:.4f}" if result.test_accuracy is not None else ", no test split"
+    reporter.line(f"Wrote {out / 'model.pt'} (validation {result.val_accuracy:.4f}{test})")

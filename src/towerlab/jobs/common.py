@@ -1,6 +1,7 @@
 """What every towerlab job shares, training and search alike: the output folder and the lock that
-makes one live job its owner, config.json's provenance, torchrun restart detection, starting the
-processes (here, spawned locally, or under torchrun), and model.pt.
+makes one live job its owner, config.json's provenance, loading the job's data (once, and the same
+on every process), torchrun restart detection, starting the processes (here, spawned locally, or
+under torchrun: `Job` and `start_job`), and model.pt.
 
 The lock is an exclusive `flock` on `<out>/.towerlab.lock`, held by the job's launching process
 (under torchrun: global rank 0) for as long as the job runs. The kernel drops it when that process
@@ -12,6 +13,7 @@ of its children.
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import errno
 import fcntl
@@ -22,6 +24,7 @@ import platform
 import socket
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -29,7 +32,9 @@ import torch
 
 import towerlab
 from towerlab import atomic
-from towerlab.distributed import EXIT_SIGPIPE, EXIT_STOPPED, Interrupted, launch, torchrun_restart, under_torchrun
+from towerlab.config import RunConfig, parse_shape, replace
+from towerlab.distributed import (EXIT_SIGPIPE, EXIT_STOPPED, Context, Interrupted, barrier, broadcast_object,
+                                  device_type, launch, resolve_devices, torchrun_restart, under_torchrun)
 from towerlab.errors import UserError
 from towerlab.models import model_record
 
@@ -176,46 +181,79 @@ def require_out_under_torchrun(run: Any) -> None:
         raise UserError("under torchrun every rank must agree on the output folder: pass --out")
 
 
+def resolved_run(run: RunConfig) -> RunConfig:
+    """`run` with --device and --devices resolved for this machine (left as given under torchrun)."""
+    if under_torchrun():
+        return run
+    return replace(run, device=device_type(run.device), devices=resolve_devices(run.devices, run.device))
+
+
 def launches_here() -> bool:
     """Whether this process owns the job's folder: always, except the ranks > 0 of torchrun."""
     return not under_torchrun() or os.environ.get("RANK") == "0"
 
 
-def start_job(out: Path, *, resume: bool, run_here: Callable[[], int], processes: int = 1,
-              spawned: Callable[..., None] | None = None, preflight: Callable[[], tuple] = tuple,
-              hint: Callable[[], str] | None = None, essential: set[int] | None = None, new: bool = True,
-              start_method: str = "spawn", timeout: float | None = None,
-              name: Callable[[int], str] | None = None) -> int:
-    """Run one job on `out`, owning the folder for its whole life; returns the exit status.
+@dataclass(kw_only=True)
+class Job(abc.ABC):
+    """One job on one output folder, as `start_job` runs it: the launch settings are its fields,
+    the job itself its hooks.
 
     `run_here()` runs the job in this process (a single process, or a torchrun rank); with
     `processes` > 1, `preflight()` finds every mistake once and returns what every worker needs
     (the loaded data among it, so that all of them read the very same), then
-    `spawned(rank, world_size, store_path, *preflight())` runs in each of `processes` fresh
-    processes (`essential`, `hint`, `start_method`, `timeout` and `name` as in `distributed.launch`).
-    `new` asks for an empty folder (a new job, neither resumed nor restarted). After Ctrl-C,
-    SIGTERM or a closed stdout it says how to continue.
-    """
-    folder = OutputFolder(out, must_exist=resume) if launches_here() else None
+    `worker(rank, world_size, store_path, *preflight())` runs in each of `processes` fresh processes
+    (a static method: spawned workers get it pickled, and the job's own fields must not travel with
+    it). `essential`, `start_method`, `timeout`, `hint()` and `name(rank)` are as in
+    `distributed.launch`; `hint()` also says how to continue after Ctrl-C, SIGTERM or a closed stdout.
+    `new` asks for an empty folder (a new job, neither resumed nor restarted)."""
+
+    out: Path
+    resume: bool = False
+    new: bool = True
+    processes: int = 1
+    start_method: str = "spawn"
+    timeout: float | None = None
+    essential: set[int] | None = None
+
+    @abc.abstractmethod
+    def run_here(self) -> int: ...
+
+    @abc.abstractmethod
+    def preflight(self) -> tuple: ...
+
+    @staticmethod
+    @abc.abstractmethod
+    def worker(rank: int, world_size: int, store_path: str, *args: Any) -> None: ...
+
+    @abc.abstractmethod
+    def hint(self) -> str: ...
+
+    @abc.abstractmethod
+    def name(self, rank: int) -> str: ...
+
+
+def start_job(job: Job) -> int:
+    """Run `job` on its folder, owning the folder for the job's whole life; returns the exit status."""
+    folder = OutputFolder(job.out, must_exist=job.resume) if launches_here() else None
     with folder or contextlib.nullcontext():
-        if folder is not None and new and not resume:
+        if folder is not None and job.new and not job.resume:
             folder.require_new()
         try:
-            if processes == 1 or under_torchrun():
-                status = run_here()
+            if job.processes == 1 or under_torchrun():
+                status = job.run_here()
             else:
-                status = launch(spawned, processes, preflight(), essential=essential, hint=hint,
-                                start_method=start_method, timeout=timeout, name=name)
+                status = launch(job.worker, job.processes, job.preflight(), essential=job.essential, hint=job.hint,
+                                start_method=job.start_method, timeout=job.timeout, name=job.name)
         except Interrupted as exc:
-            _how_to_continue(folder, hint, exc.exit_status)
+            _how_to_continue(folder, job, exc.exit_status)
             raise
         if status in EXIT_STOPPED:
-            _how_to_continue(folder, hint, status)
+            _how_to_continue(folder, job, status)
         return status
 
 
-def _how_to_continue(folder: OutputFolder | None, hint: Callable[[], str] | None, status: int) -> None:
-    advice = hint() if folder is not None and hint is not None else ""
+def _how_to_continue(folder: OutputFolder | None, job: Job, status: int) -> None:
+    advice = job.hint() if folder is not None else ""
     if advice:
         why = "stopped: the reader of its output went away" if status == EXIT_SIGPIPE else "interrupted"
         with contextlib.suppress(OSError):  # stderr may be that closed pipe too
@@ -281,3 +319,80 @@ def save_model(path: Path, model: torch.nn.Module, cfg: Any, data: Any) -> None:
     torch.save(model_record(model, cfg.model, data.input_shape, data.num_classes, cfg.model_options,
                             config=to_dict(cfg), mean=list(data.mean), std=list(data.std), **extra), buffer)
     atomic.write_bytes(path, buffer.getvalue())
+
+
+def stderr_line(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+def quiet(_line: str) -> None:
+    pass
+
+
+def load_data(dataset: str, val_size: int, run: RunConfig, *, synthetic_shape: str | None = None,
+              synthetic_train: int | None = None, download: bool = True, log: Any = stderr_line,
+              allow_fallback: bool = True, fallback_only: bool = False) -> Any:
+    """`dataset` with `val_size` validation images, as `run` finds it (downloading only where both
+    `download` and --download allow); `synthetic_shape` ("CxHxW") and `synthetic_train` size the
+    synthetic set (None: `data.load_dataset`'s own); `fallback_only`: the offline fallback without
+    looking further (another rank fell back)."""
+    from towerlab.data.load import load_dataset, load_fallback
+
+    if fallback_only:
+        return load_fallback(val_size, log, reason="the job's first process fell back to it")
+    synthetic: dict = {}
+    if synthetic_shape is not None:
+        synthetic["synthetic_shape"] = parse_shape(synthetic_shape)
+    if synthetic_train is not None:
+        synthetic.update(synthetic_train=synthetic_train, synthetic_test=max(1, synthetic_train // 6))
+    # The synthetic set is one fixed dataset (seed 0): the run's seed varies the training, not the data.
+    return load_dataset(dataset, run.data_dir, val_size, download=download and run.download,
+                        allow_fallback=allow_fallback, seed=0, log=log, **synthetic)
+
+
+def load_everywhere(ctx: Context, load: Callable[..., Any]) -> Any:
+    """The same data on every rank of a torchrun job (or in a single process). Rank 0 loads first,
+    downloading or falling back offline as it must, and tells the others what it read, or its error;
+    then the first process of each other machine loads that same source (downloading if it must,
+    never falling back on its own), and the others read what it fetched. Only rank 0 prints.
+
+    `load(download=..., allow_fallback=..., fallback_only=..., log=...)` loads the job's dataset.
+    (Workers of a local launcher follow its decision instead: see `handed_over`.)"""
+    decision: dict = {}
+    data = None
+    if ctx.is_main:
+        try:
+            data = load(download=True, allow_fallback=True, fallback_only=False, log=stderr_line)
+            decision["fallback"] = bool(data.source.get("fallback"))
+        except UserError as exc:
+            decision["error"] = str(exc)
+    decision = broadcast_object(ctx, decision)
+    if "error" in decision:
+        raise UserError(decision["error"])
+    if not ctx.is_main and ctx.local_rank == 0:
+        data = load(download=True, allow_fallback=False, fallback_only=decision["fallback"], log=quiet)
+    barrier(ctx)
+    if data is None:
+        data = load(download=False, allow_fallback=False, fallback_only=decision["fallback"], log=quiet)
+    return data
+
+
+def handed_over(data: Any, start_method: str) -> tuple[Any, bool | None]:
+    """What a local launcher hands its workers of the data it loaded (which is where the download,
+    or the offline fallback, happened, once): (the data, None) where that costs no copy (forked
+    workers share the launcher's memory) or nothing else holds it (arrays given from Python); else
+    (None, whether it fell back), and spawned workers read the same source themselves, since
+    sending them the data would go through /dev/shm, which containers keep small."""
+    if start_method == "fork" or data.source.get("format") == "arrays":
+        return data, None
+    return None, bool(data.source.get("fallback"))
+
+
+def worker_data(ctx: Context, load: Callable[..., Any], data: Any, fallback: bool | None) -> Any:
+    """A worker's data: what its launcher handed over, or the source it read (`handed_over`), or,
+    with neither (a single process, a torchrun rank), as `load_everywhere` decides."""
+    if data is not None:
+        return data
+    if fallback is not None:
+        return load(download=False, allow_fallback=False, fallback_only=fallback, log=quiet)
+    return load_everywhere(ctx, load)

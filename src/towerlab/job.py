@@ -29,7 +29,9 @@ import torch
 
 import towerlab
 from towerlab import atomic
-from towerlab.distributed import EXIT_SIGPIPE, EXIT_STOPPED, Interrupted, launch, torchrun_restart, under_torchrun
+from towerlab.distributed.env import torchrun_restart, under_torchrun
+from towerlab.distributed.launch import launch
+from towerlab.distributed.signals import EXIT_SIGPIPE, EXIT_STOPPED, Interrupted
 from towerlab.errors import UserError
 from towerlab.models import model_record
 

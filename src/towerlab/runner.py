@@ -30,9 +30,11 @@ from towerlab.batches import steps_per_epoch
 from towerlab.config import (CUSTOM_MODEL, RunConfig, TrainConfig, dataset_label, from_dict, parse_shape, replace,
                              to_dict)
 from towerlab.data import content_sha256
-from towerlab.distributed import (Context, StopFlag, barrier, broadcast_object, check_capacity, default_threads,
-                                  device_type, local_processes, resolve_devices, session, start_method_for,
-                                  torchrun_restart, torchrun_world_size, under_torchrun)
+from towerlab.distributed.env import (check_capacity, default_threads, device_type, local_processes, resolve_devices,
+                                      torchrun_restart, torchrun_world_size, under_torchrun)
+from towerlab.distributed.group import Context, barrier, broadcast_object, session
+from towerlab.distributed.launch import start_method_for
+from towerlab.distributed.signals import StopFlag
 from towerlab.errors import UserError
 from towerlab.job import (OutputFolder, read_config, require_out_under_torchrun, restarted_by_torchrun, save_model,
                           start_job, write_config)
@@ -143,7 +145,7 @@ def start(cfg: TrainConfig, run: RunConfig, *, data: Any = None, module: Any = N
           start_method: str | None = None) -> int:
     """Run the job; returns its exit status. `data` (a towerlab.data.Dataset) replaces loading
     `cfg.dataset`; `module` (an nn.Module or a factory of one) trains in place of `cfg.model`
-    ("custom"); `start_method` as in `distributed.launch` (None: `distributed.start_method_for`
+    ("custom"); `start_method` as in `distributed.launch` (None: `distributed.launch.start_method_for`
     the run's device)."""
     started = time.time()  # the summary's wall_seconds run from here to its writing
     if run.tensorboard:

@@ -28,9 +28,11 @@ import towerlab
 from towerlab import atomic
 from towerlab.config import (CUSTOM_MODEL, RunConfig, SearchConfig, TrainConfig, dataset_label, replace, to_dict,
                              to_flags)
-from towerlab.distributed import (Context, Interrupted, StopFlag, check_capacity, kv_store, local_processes,
-                                  search_threads, search_workers, session, start_method_for, torchrun_restart,
-                                  torchrun_world_size, under_torchrun)
+from towerlab.distributed.env import (check_capacity, local_processes, search_threads, search_workers, torchrun_restart,
+                                      torchrun_world_size, under_torchrun)
+from towerlab.distributed.group import Context, kv_store, session
+from towerlab.distributed.launch import start_method_for
+from towerlab.distributed.signals import Interrupted, StopFlag
 from towerlab.errors import UserError
 from towerlab.fitness import (TRAINING_GENES, candidate_config, candidate_task, estimated_cost, outcome,
                               train_candidate, train_config_hash)
@@ -64,7 +66,7 @@ def start_search(kind: str, cfg: SearchConfig, run: RunConfig, *, data: Any = No
     """Run the search job; returns its exit status. `data` (a towerlab.data.Dataset, arrays from
     Python) replaces loading `cfg.dataset`; `function` builds the networks of a space of model
     "custom" (see `towerlab.fitness.Model`); `start_method` as in `distributed.launch` (None:
-    `distributed.start_method_for` the run's device)."""
+    `distributed.launch.start_method_for` the run's device)."""
     space = check_settings(cfg, run)
     cfg = resolved_remeasure(cfg, space)  # recorded as resolved: a resume re-measures as this start did
     check_function(space, function)

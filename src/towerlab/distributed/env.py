@@ -59,7 +59,7 @@ def torchrun_world_size() -> int:
 
 def torchrun_ranks() -> tuple[int, int, int]:
     """(rank, local rank, world size) as torchrun set them; only under torchrun (`under_torchrun`)."""
-    return _env_int("RANK", 0), _env_int("LOCAL_RANK", 0), _env_int("WORLD_SIZE", 1, low=1)
+    return _env_int("RANK", 0), _env_int("LOCAL_RANK", 0), torchrun_world_size()
 
 
 def torchrun_restart() -> tuple[str | None, int]:

@@ -20,7 +20,8 @@ import torch
 import torch.distributed as dist
 
 from towerlab.config import TrainConfig
-from towerlab.distributed import launch, session
+from towerlab.distributed.group import session
+from towerlab.distributed.launch import launch
 
 CASES = [("lenet5", "mnist", 128), ("lenet5", "mnist", 512), ("cifarnet", "cifar10", 128)]
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from towerlab.distributed import device_name
+from towerlab.distributed.env import device_name
 
 _TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 

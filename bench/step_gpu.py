@@ -27,7 +27,7 @@ import torch
 from towerlab.batches import Batches, Normalizer
 from towerlab.config import TrainConfig
 from towerlab.data.load import load_dataset
-from towerlab.distributed import Context
+from towerlab.distributed.group import Context
 from towerlab.presets import apply_preset
 from towerlab.step import EagerSteps, StepProgram
 from towerlab.strategies import make_strategy

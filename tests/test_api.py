@@ -15,7 +15,7 @@ from torch import nn
 
 from towerlab import api
 from towerlab.data.synthetic import make_synthetic
-from towerlab.distributed import launch
+from towerlab.distributed.launch import launch
 from towerlab.errors import UserError
 from util import TINY, summary
 
@@ -333,7 +333,7 @@ def test_a_run_on_arrays_resumes_with_the_same_arrays(tmp_path):
 
 def load_like_a_torchrun_rank(rank, world_size, store_path, out_dir, rank0_finds):
     """A rank of a job without a local launcher (torchrun's case): rank 0 decides, the others follow."""
-    from towerlab.distributed import session
+    from towerlab.distributed.group import session
     from towerlab.jobs.common import load_everywhere
 
     calls = []

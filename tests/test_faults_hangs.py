@@ -16,7 +16,8 @@ import pytest
 import torch.distributed as dist
 
 from towerlab.cli import main
-from towerlab.distributed import launch, peer_lost
+from towerlab.distributed.group import peer_lost
+from towerlab.distributed.launch import launch
 from util import ONE_CPU, TINY, reaped, replica_pids, start_towerlab
 
 TIMEOUT = 5  # seconds, the smallest --timeout

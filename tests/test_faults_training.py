@@ -25,7 +25,7 @@ from towerlab.jobs import train as train_job
 from towerlab.settings import read_run_config
 from towerlab.cli import main
 from towerlab.config import replace
-from towerlab.distributed import Context
+from towerlab.distributed.group import Context
 from towerlab.errors import UserError
 from towerlab.train import STOP_CHECK_EVERY
 from util import TINY, max_difference, metrics, reaped, replica_pids, run_cli, start_towerlab, summary, weights

@@ -20,9 +20,9 @@ from pathlib import Path
 import pytest
 
 from towerlab import atomic
-from towerlab import distributed
 from towerlab.cli import main
 from towerlab.config import RunConfig, SearchConfig, TrainConfig, _base_type, from_dict
+from towerlab.distributed.env import check_capacity
 from towerlab.errors import UserError
 from towerlab.report import Reporter
 from util import ONE_CPU, TINY
@@ -238,9 +238,9 @@ def test_half_set_distributed_environment_is_one_line(env, fragment, command, tm
 
 def test_more_processes_or_threads_than_the_machine_holds_are_refused(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(os, "cpu_count", lambda: 2)
-    monkeypatch.setattr(distributed, "machine_memory", lambda: 24 * 2**30)
-    distributed.check_capacity(4, 1, "--devices 4")  # the README's --devices 4 on two cores stays legal
-    distributed.check_capacity(16, 1, "--devices 16")
+    monkeypatch.setattr("towerlab.distributed.env.machine_memory", lambda: 24 * 2**30)
+    check_capacity(4, 1, "--devices 4")  # the README's --devices 4 on two cores stays legal
+    check_capacity(16, 1, "--devices 16")
     for args, fragment in ((["train", *TINY, "--steps", "2", "--devices", "1000"], "asks for 1000 processes"),
                            ([*GRID, "--devices", "2", "--workers-per-device", "1000"], "asks for 2000 processes"),
                            (["train", *TINY, "--steps", "2", "--threads", "1000"], "makes 1000 threads on 2 cores")):
@@ -248,9 +248,9 @@ def test_more_processes_or_threads_than_the_machine_holds_are_refused(tmp_path, 
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and fragment in err, err
         assert not (tmp_path / "run").exists()
-    monkeypatch.setattr(distributed, "machine_memory", lambda: 2**30)  # 1 GiB holds two processes
+    monkeypatch.setattr("towerlab.distributed.env.machine_memory", lambda: 2**30)  # 1 GiB holds two processes
     with pytest.raises(UserError, match="at most 2"):
-        distributed.check_capacity(4, 1, "--devices 4")
+        check_capacity(4, 1, "--devices 4")
 
 
 def test_a_model_larger_than_the_machine_is_refused(tmp_path, capsys):

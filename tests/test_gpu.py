@@ -17,7 +17,8 @@ import pytest
 import torch
 
 from towerlab.cli import build_parser, main, resolve_train
-from towerlab.distributed import launch, session
+from towerlab.distributed.group import session
+from towerlab.distributed.launch import launch
 from towerlab.jobs.train import train_data
 from towerlab.search import evaluation_records
 from towerlab.train import train
@@ -62,7 +63,7 @@ def one_gpu_double_batch(tmp_path_factory):
 
 def _rank(rank: int, world_size: int, store_path: str, args: list[str], strategy: str, out: str) -> None:
     """One of `world_size` ranks sharing the first GPU, over gloo: NCCL allows one rank per GPU, so
-    this is the search's --workers-per-device path (distributed.session's per_device). Rank 0 saves
+    this is the search's --workers-per-device path (distributed.group.session's per_device). Rank 0 saves
     the trained weights to `out`."""
     exact_float32()
     torch.set_num_threads(1)
@@ -153,7 +154,7 @@ def test_the_default_one_gpu_step_is_one_cuda_graph_and_equals_the_eager_step(ar
 def test_the_recorded_program_equals_the_program_run_op_by_op(tmp_path):
     from towerlab.config import TrainConfig
     from towerlab.data.load import load_dataset
-    from towerlab.distributed import Context
+    from towerlab.distributed.group import Context
     from towerlab.train import train
 
     data = load_dataset("synthetic", val_size=500, synthetic_train=2000, log=lambda _: None)
@@ -173,7 +174,7 @@ def test_steady_graph_and_program_steps_never_wait_for_the_host(tmp_path):
     from towerlab.batches import Batches, Normalizer
     from towerlab.config import TrainConfig
     from towerlab.data.load import load_dataset
-    from towerlab.distributed import Context
+    from towerlab.distributed.group import Context
     from towerlab.step import StepProgram
     from towerlab.train import build
 

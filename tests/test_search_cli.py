@@ -121,13 +121,13 @@ def test_a_grid_too_large_to_hold_is_refused_before_any_folder(tmp_path, capsys)
 
 
 def test_a_cpu_search_runs_a_worker_per_core_each_training_on_one_thread(monkeypatch):
-    from towerlab import distributed
-    from towerlab.distributed import search_threads, search_workers
+    from towerlab.distributed import env
+    from towerlab.distributed.env import search_threads, search_workers
 
-    monkeypatch.setattr(distributed.os, "cpu_count", lambda: 16)
-    monkeypatch.setattr(distributed, "machine_memory", lambda: 64 * 2**30)
+    monkeypatch.setattr(env.os, "cpu_count", lambda: 16)
+    monkeypatch.setattr(env, "machine_memory", lambda: 64 * 2**30)
     assert (search_workers(None, "cpu"), search_workers(3, "cpu")) == (16, 3)
-    monkeypatch.setattr(distributed, "machine_memory", lambda: 4 * 2**30)  # 512 MiB a process at least
+    monkeypatch.setattr(env, "machine_memory", lambda: 4 * 2**30)  # 512 MiB a process at least
     assert search_workers(None, "cpu") == 8
     # one thread per candidate, however many workers share the cores; --threads as given
     assert search_threads(None, "cpu", 16) == search_threads(None, "cpu", 1) == 1

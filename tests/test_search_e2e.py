@@ -8,7 +8,7 @@ import torch
 
 from towerlab.cli import main
 from towerlab.config import SearchConfig
-from towerlab.distributed import device_name
+from towerlab.distributed.env import device_name
 from towerlab.jobs.candidate import train_config_hash
 from towerlab.models import load_model
 from towerlab.search import evaluation_records

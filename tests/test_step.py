@@ -26,7 +26,8 @@ import towerlab.step
 from towerlab.batches import Batches, Normalizer
 from towerlab.cli import build_parser, main, resolve_train
 from towerlab.config import RunConfig, TrainConfig
-from towerlab.distributed import Context, launch, session
+from towerlab.distributed.group import Context, session
+from towerlab.distributed.launch import launch
 from towerlab.errors import UserError
 from towerlab.optim import DEFAULT_LR, Update, make_optimizer, make_scheduler, schedule_tables, uses_momentum
 from towerlab.jobs.train import train_data

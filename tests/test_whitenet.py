@@ -12,7 +12,7 @@ import towerlab.jobs.train
 from towerlab.batches import Augmentation, Batches, Normalizer, epoch_salt, flip_translate, hashed_words, tta_logits
 from towerlab.cli import main
 from towerlab.config import RunConfig, SearchConfig, TrainConfig
-from towerlab.distributed import Context
+from towerlab.distributed.group import Context
 from towerlab.errors import UserError
 from towerlab.jobs.candidate import candidate_config
 from towerlab.lookahead import Lookahead

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from towerlab.config import ARRAYS_DATASET, CUSTOM_MODEL, replace
-from towerlab.distributed import EXIT_SIGINT, EXIT_SIGTERM, Interrupted
+from towerlab.distributed.signals import EXIT_SIGINT, EXIT_SIGTERM, Interrupted
 from towerlab.models import load_model
 from towerlab.errors import UserError
 

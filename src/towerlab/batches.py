@@ -21,7 +21,7 @@ from typing import Callable, Iterator
 
 import torch
 
-from towerlab.distributed import Context
+from towerlab.distributed.group import Context
 
 PREFETCH = 4  # batches the queue mode keeps ready
 

@@ -20,8 +20,8 @@ os.environ.setdefault("MPLBACKEND", "Agg")
 from towerlab import __version__, atomic  # noqa: E402
 from towerlab.config import RunConfig, SearchConfig, TrainConfig, add_arguments, given  # noqa: E402
 from towerlab.data import catalog  # noqa: E402
+from towerlab.distributed.signals import EXIT_PEER_LOST, EXIT_SIGPIPE, EXIT_USER_ERROR, Interrupted  # noqa: E402
 from towerlab.errors import UserError  # noqa: E402
-from towerlab.exits import EXIT_PEER_LOST, EXIT_SIGPIPE, EXIT_USER_ERROR, Interrupted  # noqa: E402
 
 
 class _Parser(argparse.ArgumentParser):
@@ -400,7 +400,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except RuntimeError as exc:
         # Under torchrun a worker runs main() itself: when another worker dies, say so in one line
         # (torchrun's agent reports which one died, and restarts the group with --max-restarts).
-        from towerlab.distributed import peer_lost  # here, not at the top: it imports torch
+        from towerlab.distributed.group import peer_lost  # here, not at the top: it imports torch
 
         if not peer_lost(exc):
             raise

@@ -166,7 +166,7 @@ def _preset_layers(name: str | None, device: str) -> tuple[dict, dict]:
     """A preset's settings for the device type the run will use."""
     if name is None:
         return {}, {}
-    from towerlab.distributed import device_type
+    from towerlab.distributed.env import device_type
     from towerlab.presets import apply_preset, run_options
 
     kind = device_type(device)
@@ -213,7 +213,7 @@ def _resumed_run(folder: Path, stored: RunConfig, run_given: dict) -> RunConfig:
 def _check_kept_run_options(folder: Path, stored: RunConfig, run_given: dict, free: tuple[str, ...] = ()) -> None:
     """A resumed run keeps the options that change its arithmetic (config's `resume="keep"`, less
     `free`), so that it ends with the parameters of the uninterrupted run; the others may change."""
-    from towerlab.distributed import device_type
+    from towerlab.distributed.env import device_type
 
     for f in dataclasses.fields(RunConfig):
         if f.metadata.get("resume") != "keep" or f.name in free or f.name not in run_given:

@@ -39,7 +39,7 @@ from torch import nn
 
 from towerlab.batches import Batches, mix_seed
 from towerlab.config import TrainConfig
-from towerlab.distributed import Context, max_over_ranks, world_group
+from towerlab.distributed.group import Context, max_over_ranks, world_group
 from towerlab.errors import UserError
 from towerlab.lookahead import Lookahead
 from towerlab.optim import Update, parameter_groups, schedule_tables, tables_on, uses_momentum

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from towerlab.config import TrainConfig
-from towerlab.distributed import Context, cpu_group
+from towerlab.distributed.group import Context, cpu_group
 from towerlab.lookahead import Lookahead
 from towerlab.optim import make_optimizer, make_scheduler, parameter_groups
 

@@ -21,8 +21,9 @@ from torch import nn
 from towerlab import checkpoint, models
 from towerlab.batches import Batches, Normalizer, eval_batches, tta_logits
 from towerlab.config import TrainConfig, to_dict
-from towerlab.distributed import (Context, Interrupted, StopFlag, machine_memory, max_over_ranks, sum_over_ranks,
-                                  world_group)
+from towerlab.distributed.env import machine_memory
+from towerlab.distributed.group import Context, max_over_ranks, sum_over_ranks, world_group
+from towerlab.distributed.signals import Interrupted, StopFlag
 from towerlab.errors import UserError
 from towerlab.models import build_model, instantiate
 from towerlab.report import Reporter, format_epoch, format_step

@@ -22,7 +22,9 @@ import torch
 
 from towerlab.config import ARRAYS_DATASET, CUSTOM_MODEL, SearchConfig, TrainConfig, is_custom_dataset, to_flags
 from towerlab.data.load import fingerprint
-from towerlab.distributed import Context, Interrupted, StopFlag, device_name
+from towerlab.distributed.env import device_name
+from towerlab.distributed.group import Context
+from towerlab.distributed.signals import Interrupted, StopFlag
 from towerlab.presets import apply_preset
 from towerlab.search import Candidate, Outcome, genome_hash
 from towerlab.optim import DEFAULT_LR

@@ -33,8 +33,10 @@ import torch
 import towerlab
 from towerlab import atomic
 from towerlab.config import RunConfig, parse_shape, replace
-from towerlab.distributed import (EXIT_SIGPIPE, EXIT_STOPPED, Context, Interrupted, barrier, broadcast_object,
-                                  device_type, launch, resolve_devices, torchrun_restart, under_torchrun)
+from towerlab.distributed.env import device_type, resolve_devices, torchrun_ranks, torchrun_restart, under_torchrun
+from towerlab.distributed.group import Context, barrier, broadcast_object
+from towerlab.distributed.launch import launch
+from towerlab.distributed.signals import EXIT_SIGPIPE, EXIT_STOPPED, Interrupted
 from towerlab.errors import UserError
 from towerlab.models import model_record
 
@@ -190,7 +192,7 @@ def resolved_run(run: RunConfig) -> RunConfig:
 
 def launches_here() -> bool:
     """Whether this process owns the job's folder: always, except the ranks > 0 of torchrun."""
-    return not under_torchrun() or os.environ.get("RANK") == "0"
+    return not under_torchrun() or torchrun_ranks()[0] == 0
 
 
 @dataclass(kw_only=True)

@@ -28,9 +28,10 @@ import torch
 import towerlab
 from towerlab import atomic
 from towerlab.config import CUSTOM_MODEL, RunConfig, SearchConfig, dataset_label, replace, to_dict
-from towerlab.distributed import (Context, Interrupted, StopFlag, check_capacity, kv_store, local_processes,
-                                  search_threads, search_workers, session, start_method_for, torchrun_restart,
-                                  torchrun_world_size, under_torchrun)
+from towerlab.distributed.env import check_capacity, local_processes, search_threads, search_workers, torchrun_restart, torchrun_world_size, under_torchrun
+from towerlab.distributed.group import Context, kv_store, session
+from towerlab.distributed.launch import start_method_for
+from towerlab.distributed.signals import Interrupted, StopFlag
 from towerlab.errors import UserError
 from towerlab.jobs.candidate import (TRAINING_GENES, candidate_config, candidate_task, estimated_cost, outcome,
                                      retrain_command, train_candidate, train_config_hash)

@@ -29,9 +29,10 @@ from towerlab import atomic, checkpoint
 from towerlab.batches import steps_per_epoch
 from towerlab.config import CUSTOM_MODEL, RunConfig, TrainConfig, dataset_label, from_dict, replace, to_dict
 from towerlab.data.load import content_sha256
-from towerlab.distributed import (Context, StopFlag, barrier, broadcast_object, check_capacity, default_threads,
-                                  local_processes, session, start_method_for, torchrun_restart, torchrun_world_size,
-                                  under_torchrun)
+from towerlab.distributed.env import check_capacity, default_threads, local_processes, torchrun_restart, torchrun_world_size, under_torchrun
+from towerlab.distributed.group import Context, barrier, broadcast_object, session
+from towerlab.distributed.launch import start_method_for
+from towerlab.distributed.signals import StopFlag
 from towerlab.errors import UserError
 from towerlab.jobs.common import (Job, OutputFolder, handed_over, load_data, read_config, require_out_under_torchrun,
                                   resolved_run, restarted_by_torchrun, save_model, start_job, stderr_line, worker_data,

@@ -1,18 +1,12 @@
-"""Processes and process groups. The ONLY module that reads RANK / WORLD_SIZE / LOCAL_RANK, picks
-nccl or gloo, spawns local workers and tears groups down.
-
-Three ways a process can be part of a run:
-- alone (world size 1): no process group at all;
-- spawned by `launch` for `--devices N`: rendezvous through a FileStore in a private temp folder,
-  so no code names a port;
-- started by torchrun (RANK and WORLD_SIZE set): join the group torchrun describes (env://).
-"""
+"""Local workers: `launch` starts `--devices N` processes (fork or spawn) that rendezvous through a
+FileStore in a private temp folder, so no code names a port; it watches their exits and heartbeats,
+stops the others when one fails and names the cause. `leave` is how every worker exits, towerlab's
+own and torchrun's."""
 
 from __future__ import annotations
 
 import contextlib
 import os
-import platform
 import pickle
 import shutil
 import signal
@@ -21,331 +15,17 @@ import tempfile
 import threading
 import time
 import traceback
-from dataclasses import dataclass
-from datetime import timedelta
 from multiprocessing.connection import wait
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import torch
-import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from towerlab.distributed.group import peer_lost
+from towerlab.distributed.signals import (EXIT_PEER_LOST, EXIT_SIGINT, EXIT_SIGTERM, EXIT_STOPPED, EXIT_USER_ERROR,
+                                          Interrupted, handle_stop_signals, interrupt_once)
 from towerlab.errors import UserError
-# Defined apart so the CLI reads them without torch; the modules that use torch import them from here.
-from towerlab.exits import (EXIT_PEER_LOST, EXIT_SIGINT, EXIT_SIGPIPE, EXIT_SIGTERM, EXIT_STOPPED,  # noqa: F401
-                            EXIT_USER_ERROR, Interrupted)
-
-
-class StopFlag:
-    """Records SIGINT / SIGTERM instead of dying, so the training loop can stop at a step boundary,
-    agree with the other ranks, save, and exit 130 / 143."""
-
-    # A Ctrl-C reaches a worker twice (from the terminal and forwarded by the launcher), so a repeat
-    # only means "stop now, without saving" once this many seconds have passed since the first.
-    REPEAT_WINDOW = 3.0
-
-    def __init__(self) -> None:
-        self.signum = 0
-        self._first = 0.0
-        self._previous: dict[int, Any] = {}
-
-    def _handle(self, signum: int, _frame: Any) -> None:
-        if not self.signum:
-            self.signum, self._first = signum, time.monotonic()
-        elif time.monotonic() - self._first > self.REPEAT_WINDOW:
-            raise KeyboardInterrupt
-
-    def request(self, signum: int) -> None:
-        """Stop as if `signum` had arrived (a closed stdout asks for an orderly stop this way)."""
-        if not self.signum:
-            self.signum, self._first = signum, time.monotonic()
-
-    def __enter__(self) -> "StopFlag":
-        self._previous = _handle_stop_signals(self._handle)
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        for s, handler in self._previous.items():
-            signal.signal(s, handler)
-
-
-def _handle_stop_signals(handler: Callable[[int, Any], None]) -> dict[int, Any]:
-    """Have `handler` take SIGINT and SIGTERM; returns the handlers it replaced. Python runs signal
-    handlers in the main thread only, so a job started from another thread (a GUI, a server, a
-    notebook's background job) leaves the main thread's handlers as they are (and returns {}): the
-    program that owns the main thread decides what a signal does. Its forked workers still stop
-    in order on a Ctrl-C from the terminal, which reaches them directly."""
-    if threading.current_thread() is not threading.main_thread():
-        return {}
-    return {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
-
-
-@dataclass(frozen=True)
-class Context:
-    """Who this process is in the run."""
-
-    rank: int = 0
-    local_rank: int = 0
-    world_size: int = 1
-    device: torch.device = torch.device("cpu")
-    backend: str | None = None  # None: a single process without a process group
-
-    @property
-    def is_main(self) -> bool:
-        return self.rank == 0
-
-    @property
-    def distributed(self) -> bool:
-        return self.backend is not None
-
-
-def _env_int(name: str, default: int, low: int = 0) -> int:
-    text = os.environ.get(name, "").strip()
-    if not text:
-        return default
-    try:
-        value = int(text)
-    except ValueError:
-        value = low - 1
-    if value < low:
-        raise UserError(f"environment variable {name}={text!r} is not a whole number >= {low}: torchrun sets it; "
-                        "start under torchrun, or unset it")
-    return value
-
-
-def under_torchrun() -> bool:
-    """Whether torchrun started this process (RANK and WORLD_SIZE set). A half-set environment
-    (RANK without WORLD_SIZE, no MASTER_ADDR, a rank beyond the world) is refused in one line
-    rather than running alone or failing deep inside the rendezvous."""
-    present = [name for name in ("RANK", "WORLD_SIZE") if os.environ.get(name, "").strip()]
-    if not present:
-        return False
-    if len(present) == 1:
-        missing = "WORLD_SIZE" if present == ["RANK"] else "RANK"
-        raise UserError(f"{present[0]} is set but {missing} is not: both come from torchrun; start under "
-                        f"torchrun, or unset {present[0]} to run alone")
-    rank, world_size = _env_int("RANK", 0), _env_int("WORLD_SIZE", 1, low=1)
-    if rank >= world_size:
-        raise UserError(f"RANK={rank} is not below WORLD_SIZE={world_size}: start under torchrun, or unset both")
-    for name in ("MASTER_ADDR", "MASTER_PORT"):
-        if not os.environ.get(name, "").strip():
-            raise UserError(f"RANK and WORLD_SIZE are set but {name} is not: start under torchrun (it sets all "
-                            "of them), or unset RANK and WORLD_SIZE to run alone")
-    if not 0 < _env_int("MASTER_PORT", 0) < 65536:
-        raise UserError(f"MASTER_PORT={os.environ['MASTER_PORT']!r} is not a port number (1-65535)")
-    if _env_int("LOCAL_RANK", 0) >= _env_int("LOCAL_WORLD_SIZE", world_size, low=1):
-        raise UserError("LOCAL_RANK is not below LOCAL_WORLD_SIZE: start under torchrun, or unset them")
-    _env_int("TORCHELASTIC_RESTART_COUNT", 0)
-    return True
-
-
-def torchrun_world_size() -> int:
-    return _env_int("WORLD_SIZE", 1, low=1)
-
-
-def torchrun_restart() -> tuple[str | None, int]:
-    """(the torchrun job's run id, how many times torchrun restarted this worker group); (None, 0)
-    outside torchrun. The run id stays the same across the restarts of one `torchrun` command
-    (`--standalone` makes a fresh one per command), so it tells "my own earlier attempt" apart from
-    an older run that happens to use the same output folder."""
-    if not under_torchrun():
-        return None, 0
-    return os.environ.get("TORCHELASTIC_RUN_ID"), _env_int("TORCHELASTIC_RESTART_COUNT", 0)
-
-
-def device_type(device: str = "auto") -> str:
-    """The device kind a run with `--device` `device` uses: "cuda" or "cpu"."""
-    if device == "cpu":
-        return "cpu"
-    if device == "cuda" and not torch.cuda.is_available():
-        raise UserError("--device cuda, but CUDA is not available here (no GPU, or a CPU-only build of "
-                        "torch): use --device cpu or auto")
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def resolve_devices(devices: int | None, device: str = "auto") -> int:
-    """How many local replicas `--devices` asks for on this machine: every GPU, or two CPU processes
-    (one on a one-core machine) when it is None; more GPUs than present is a user error."""
-    kind = device_type(device)
-    if kind == "cuda":
-        present = torch.cuda.device_count()
-        if devices is not None and devices > present:
-            raise UserError(f"--devices {devices} asks for more GPUs than the {present} present: use "
-                            f"--devices {present} or fewer, or --device cpu for {devices} CPU processes")
-        return present if devices is None else devices
-    return min(2, os.cpu_count() or 1) if devices is None else devices
-
-
-def default_threads(processes: int) -> int:
-    return max(1, (os.cpu_count() or 1) // max(1, processes))
-
-
-def search_workers(devices: int | None, device: str = "auto") -> int:
-    """How many local workers `--devices` gives a search: as for training on GPUs; on a CPU, one per
-    core (each trains its candidates on `search_threads`' one thread), as many as memory holds."""
-    if devices is not None or device_type(device) == "cuda":
-        return resolve_devices(devices, device)
-    return max(1, min(os.cpu_count() or 1, machine_memory() // PROCESS_BYTES))
-
-
-def search_threads(threads: int | None, device: str, workers: int) -> int:
-    """CPU threads per search worker. On a CPU, `--threads` or 1: never the cores shared out among
-    the workers, because a float sum's order follows the thread count, so a candidate trained on 2
-    threads need not score what it scores on 1 (measured: 0.9716 against 0.9706 after one MNIST
-    epoch), and a search's history would then depend on how many workers ran it. On a GPU the
-    threads only feed the device: cores / workers, as for training."""
-    if threads is not None:
-        return threads
-    return 1 if device_type(device) == "cpu" else default_threads(workers)
-
-
-def device_name(device: torch.device) -> str:
-    """The device's model (the GPU's name; the CPU's, from /proc/cpuinfo where there is one), which
-    picks the kernels and so, in the last bits, the results."""
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as stream:
-            name = next((line.split(":", 1)[1].strip() for line in stream if line.startswith("model name")), "")
-    except OSError:
-        name = ""
-    return name or platform.processor() or platform.machine()
-
-
-OVERSUBSCRIPTION = 8  # busy threads per core beyond which each one only slows the others down
-PROCESS_BYTES = 2**29  # what one process holds at least: torch itself (~220 MiB), its data, a model
-
-
-def machine_memory() -> int:
-    """Bytes of physical memory on this machine."""
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-
-
-def check_capacity(processes: int, threads: int, what: str) -> None:
-    """Refuse to start more local processes, or threads, than this machine can hold (a few per core,
-    and the memory each process needs at least), in one line, before anything starts. `what` names
-    the flags that asked for the processes."""
-    cores = os.cpu_count() or 1
-    memory = machine_memory()
-    most = max(1, min(OVERSUBSCRIPTION * cores, memory // PROCESS_BYTES))
-    if processes > most:
-        raise UserError(f"{what} asks for {processes} processes on this machine, which holds at most {most} "
-                        f"({cores} cores, {memory / 2**30:.0f} GiB of memory): ask for {most} or fewer")
-    if processes * threads > OVERSUBSCRIPTION * cores:
-        raise UserError(f"--threads {threads} in each of {processes} process(es) makes {processes * threads} threads "
-                        f"on {cores} cores: at most {OVERSUBSCRIPTION * cores} in all can make progress; use fewer")
-
-
-def local_processes(run: Any) -> int:
-    """Processes of this job on this machine: torchrun says so, otherwise --devices."""
-    if under_torchrun():
-        return _env_int("LOCAL_WORLD_SIZE", 1, low=1)
-    return resolve_devices(run.devices, run.device)
-
-
-@contextlib.contextmanager
-def session(*, rank: int = 0, world_size: int = 1, store_path: str | None = None, timeout: float = 120.0,
-            backend: str | None = None, per_device: int = 1, device: str = "auto") -> Iterator[Context]:
-    """Join (or skip, when alone) the process group and always tear it down.
-
-    Under torchrun the environment decides rank and world size; otherwise the caller does.
-    `per_device` processes share each GPU (the search packs small candidates that way); they must
-    then talk over gloo (`backend="gloo"`), since NCCL allows one rank per GPU. `device` is the
-    run's `--device` (auto, cpu or cuda).
-    """
-    kind = device_type(device)
-    if under_torchrun():
-        rank, world_size = _env_int("RANK", 0), _env_int("WORLD_SIZE", 1, low=1)
-        local_rank = _env_int("LOCAL_RANK", 0)
-    else:
-        local_rank = rank
-    device = torch.device(kind, local_rank // per_device) if kind == "cuda" else torch.device("cpu")
-    if kind == "cuda":
-        torch.cuda.set_device(device)
-    if world_size == 1 and not under_torchrun():
-        yield Context(device=device)
-        return
-    backend = backend or ("nccl" if kind == "cuda" else "gloo")
-    options: dict[str, Any] = {"backend": backend, "timeout": timedelta(seconds=timeout),
-                               "rank": rank, "world_size": world_size}
-    if under_torchrun():
-        options["store"] = _torchrun_store(timeout)
-    else:
-        options["store"] = dist.FileStore(store_path, world_size)
-    if backend == "nccl":
-        options["device_id"] = device
-    dist.init_process_group(**options)
-    try:
-        yield Context(rank=rank, local_rank=local_rank, world_size=world_size, device=device, backend=backend)
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
-
-
-def _torchrun_store(timeout: float) -> Any:
-    """The store torchrun describes (env://), with this restart attempt's keys under their own prefix.
-
-    torchrun's agent keeps one store for every restart of a worker group (its shared rendezvous
-    store): without the prefix a restarted group reads the keys of the attempt before, and gloo
-    connects to the dead workers' addresses ("Connection refused", pytorch/pytorch#167288), or the
-    search's pool takes old results for new tasks.
-    """
-    store, _rank, _world_size = next(dist.rendezvous("env://", timeout=timedelta(seconds=timeout)))
-    return dist.PrefixStore(f"towerlab/attempt{torchrun_restart()[1]}", store)
-
-
-def cpu_group(ctx: Context) -> Any:
-    """A group that moves CPU tensors: the default group under gloo, a gloo side group under nccl.
-    Every rank must call this at the same point."""
-    if ctx.backend == "gloo":
-        return dist.group.WORLD
-    return dist.new_group(backend="gloo")
-
-
-def world_group(ctx: Context) -> Any:
-    """The group of every rank of the run, or None for a process alone."""
-    return dist.group.WORLD if ctx.distributed else None
-
-
-def kv_store() -> Any:
-    """The key-value store of the default process group (the search's coordination channel)."""
-    return dist.distributed_c10d._get_default_store()  # noqa: SLF001 - the public API has no getter
-
-
-def max_over_ranks(ctx: Context, value: float, group: Any = None) -> float:
-    """The largest `value` of all ranks, on every rank. A collective: all ranks must call it."""
-    if not ctx.distributed:
-        return value
-    device = torch.device("cpu") if group is not None else ctx.device
-    tensor = torch.tensor([float(value)], device=device)
-    dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=group)
-    return float(tensor.item())
-
-
-def sum_over_ranks(ctx: Context, values: torch.Tensor) -> torch.Tensor:
-    """Element-wise sum over ranks (in place). A collective: all ranks must call it."""
-    if ctx.distributed:
-        dist.all_reduce(values, op=dist.ReduceOp.SUM)
-    return values
-
-
-def broadcast_object(ctx: Context, obj: Any) -> Any:
-    """Rank 0's `obj` on every rank."""
-    if not ctx.distributed:
-        return obj
-    box = [obj if ctx.is_main else None]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]
-
-
-def barrier(ctx: Context) -> None:
-    if ctx.distributed:
-        dist.barrier()
-
-
-# ---------------------------------------------------------------------------------------------
-# local workers
 
 
 def _signal_name(exitcode: int) -> str:
@@ -353,13 +33,6 @@ def _signal_name(exitcode: int) -> str:
         return signal.Signals(-exitcode).name
     except ValueError:
         return f"signal {-exitcode}"
-
-
-def _interrupt_once(_signum: int, _frame: Any) -> None:
-    # A Ctrl-C reaches a worker twice (from the terminal and forwarded by the launcher): the repeat
-    # must not interrupt the handling of the first, or the worker dies with a traceback.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    raise KeyboardInterrupt
 
 
 def _die_with(launcher_pid: int) -> None:
@@ -396,7 +69,7 @@ def _worker_entry(fn: Callable[..., None], rank: int, world_size: int, store_pat
     # launcher (a file beside the rendezvous store), which reports the first one, whichever rank had it.
     _die_with(launcher_pid)
     _beat(beats, rank)
-    signal.signal(signal.SIGINT, _interrupt_once)
+    signal.signal(signal.SIGINT, interrupt_once)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a forked worker inherits the launcher's forwarding
     try:
         fn(rank, world_size, store_path, *args)
@@ -436,15 +109,6 @@ def leave(status: int) -> None:
         with contextlib.suppress(OSError, ValueError):  # closed, or a broken pipe: nothing to keep
             stream.flush()
     os._exit(status)
-
-
-def peer_lost(exc: BaseException) -> bool:
-    """Whether `exc` is a collective or store operation broken by another process of the job dying,
-    or timed out (--timeout) waiting for one that stopped answering (gloo says "Timed out waiting ..."
-    in a receive, "Application timeout caused pair closure" when its connection times out first)."""
-    return isinstance(exc, dist.DistError) or (
-        isinstance(exc, RuntimeError)
-        and any(s in str(exc).lower() for s in ("connection", "gloo", "timed out", "timeout")))
 
 
 RDZV_PREFIX = "towerlab-rdzv-"
@@ -502,7 +166,7 @@ def launch(fn: Callable[..., None], world_size: int, args: tuple = (), *, grace:
         received.append(signum)
         _signal_alive(procs, signum)
 
-    previous = _handle_stop_signals(forward)
+    previous = handle_stop_signals(forward)
     starter = _ForkingThread(procs) if start_method == "fork" else None
     status = None
     try:

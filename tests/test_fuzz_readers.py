@@ -30,7 +30,8 @@ from hypothesis import strategies as st
 from towerlab import checkpoint, readers
 from towerlab.cli import main
 from towerlab.errors import UserError
-from towerlab.models import build_model, load_model, model_record
+from towerlab.models import build_model
+from towerlab.models.files import load_model, model_record
 from towerlab.search import load_space
 
 # Bounded: a few hundred milliseconds per reader and the suite stays quick. A single example that

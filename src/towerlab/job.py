@@ -31,7 +31,7 @@ import towerlab
 from towerlab import atomic
 from towerlab.distributed import EXIT_SIGPIPE, EXIT_STOPPED, Interrupted, launch, torchrun_restart, under_torchrun
 from towerlab.errors import UserError
-from towerlab.models import model_record
+from towerlab.models.files import model_record
 
 LOCK_NAME = ".towerlab.lock"
 _held_locks: set[int] = set()  # this process's lock descriptors

@@ -56,8 +56,8 @@ def test_options_are_read_from_the_builders_signature():
 
 
 def test_only_whitenet_has_hooks_and_only_mlp_trains_without_channels_last():
-    hooked = {name for name, entry in CATALOG.items() if entry.hooks_of().fit is not None}
-    assert hooked == {"whitenet"} and CATALOG["whitenet"].hooks_of().fit_images == 5000
+    hooked = {name for name, entry in CATALOG.items() if entry.hooks.fit is not None}
+    assert hooked == {"whitenet"} and CATALOG["whitenet"].hooks.fit_images == 5000
     assert [name for name, entry in CATALOG.items() if not entry.channels_last] == ["mlp"]
 
 

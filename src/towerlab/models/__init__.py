@@ -41,12 +41,12 @@ class Hooks:
 class Model:
     """A catalog entry: `path` of its builder; `genes`: the rules of the options a search varies
     (None: any option its builder takes); `channels_last`: whether it trains on NHWC activations
-    (see `uses_channels_last`); `hooks`: "module:name" of its `Hooks`."""
+    (see `uses_channels_last`); `hooks_at`: "module:name" of its `Hooks` (None: it has none)."""
 
     path: str
     genes: Optional[Mapping[str, GeneRule]] = None
     channels_last: bool = True
-    hooks: Optional[str] = None
+    hooks_at: Optional[str] = None
 
     @property
     def builder(self) -> Callable[..., Any]:
@@ -56,8 +56,9 @@ class Model:
     def options(self) -> tuple[str, ...]:
         return keyword_options(self.builder) or ()
 
-    def hooks_of(self) -> Hooks:
-        return _load(self.hooks) if self.hooks else NO_HOOKS
+    @property
+    def hooks(self) -> Hooks:
+        return _load(self.hooks_at) if self.hooks_at else NO_HOOKS
 
 
 NO_HOOKS = Hooks()
@@ -72,7 +73,7 @@ CATALOG: dict[str, Model] = {
         "blocks": GeneRule("int", low=1, high=4),
         "filters": POSITIVE_INT,  # of the first block; the model doubles them per block
         "kernel_size": GeneRule("int", low=1, odd=True), "dense": POSITIVE_INT, "dropout": FRACTION}),
-    "whitenet": Model(".whitenet:WhitenedConvNet", hooks=".whitenet:HOOKS", genes={
+    "whitenet": Model(".whitenet:WhitenedConvNet", hooks_at=".whitenet:HOOKS", genes={
         "width1": POSITIVE_INT, "width2": POSITIVE_INT, "width3": POSITIVE_INT,  # channels of the three stages
         "depth": GeneRule("int", low=1, high=4)}),  # convolutions per stage
 }
@@ -114,7 +115,7 @@ def build_model(name: str, input_shape: tuple[int, int, int], num_classes: int =
 
 def hooks(name: str) -> Hooks:
     """Model `name`'s hooks; a module of your own (model "custom") has none."""
-    return CATALOG[name].hooks_of() if name in CATALOG else NO_HOOKS
+    return CATALOG[name].hooks if name in CATALOG else NO_HOOKS
 
 
 def uses_channels_last(name: str) -> bool:

@@ -436,7 +436,7 @@ def space_of(data: Mapping[str, Any], name: str, where: str) -> Space:
     unknown = sorted(set(data) - set(_TOP_LEVEL_KEYS))
     if unknown:
         raise UserError(f"{where}: unknown key(s) {', '.join(map(str, unknown))}: a space file holds only "
-                        f"model = \"mlp\"|\"cnn\"|\"whitenet\" and a [genes] table")
+                        f"model = \"NAME\" ({', '.join(_model_names())}) and a [genes] table")
     if "model" not in data:
         choices = " or ".join(f'model = "{m}"' for m in _model_names())
         raise UserError(f"{where}: missing model: add {choices}")

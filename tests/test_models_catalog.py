@@ -7,6 +7,7 @@ from towerlab import api, config
 from towerlab.data import make_synthetic
 from towerlab.errors import UserError
 from towerlab.models import CATALOG, Model, build_model
+from towerlab.models.mlp import ACTIVATIONS
 
 QUIET = {"display_step": 1000, "progress": False, "device": "cpu"}
 
@@ -53,6 +54,7 @@ def test_options_are_read_from_the_builders_signature():
     assert CATALOG["convnet"].options == ("dropout",) and CATALOG["lenet5"].options == ()
     for name, entry in CATALOG.items():  # a search's declared genes are options the builder takes
         assert set(entry.genes or ()) <= set(entry.options), name
+    assert CATALOG["mlp"].genes["activation"].choices == tuple(ACTIVATIONS)
 
 
 def test_only_whitenet_has_hooks_and_only_mlp_trains_without_channels_last():

@@ -53,8 +53,9 @@ class Model:
         return _load(self.path)
 
     @property
-    def options(self) -> tuple[str, ...]:
-        return keyword_options(self.builder) or ()
+    def options(self) -> tuple[str, ...] | None:
+        """Its builder's keyword options (None: it takes any)."""
+        return keyword_options(self.builder)
 
     @property
     def hooks(self) -> Hooks:
@@ -106,9 +107,10 @@ def entry(name: str) -> Model:
 def build_model(name: str, input_shape: tuple[int, int, int], num_classes: int = 10, **options: Any) -> Any:
     """A freshly initialised model. Unknown names and options are user errors."""
     model = entry(name)
-    unknown = sorted(set(options) - set(model.options))
+    known = model.options
+    unknown = [] if known is None else sorted(set(options) - set(known))
     if unknown:
-        allowed = ", ".join(model.options) or "none"
+        allowed = ", ".join(known) or "none"
         raise UserError(f"model {name} has no option {', '.join(unknown)} (its options: {allowed})")
     return model.builder(tuple(input_shape), num_classes, **options)
 

@@ -31,7 +31,7 @@ import numpy as np
 from towerlab.config import CUSTOM_MODEL, OPTIMIZERS
 from towerlab.errors import UserError
 from towerlab.models import CATALOG
-from towerlab.models.options import GeneRule
+from towerlab.models.options import FRACTION, POSITIVE_INT, GeneRule
 from towerlab.readers import require_regular_file
 
 try:
@@ -39,13 +39,12 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib  # type: ignore[no-redef]
 
-_POSITIVE_INT = GeneRule("int", low=1)
 _TRAINING_GENES = {
     "optimizer": GeneRule("choice", choices=OPTIMIZERS),
     "lr": GeneRule("float", low=0.0, low_open=True),
-    "batch_size": _POSITIVE_INT,
-    "epochs": _POSITIVE_INT,
-    "label_smoothing": GeneRule("float", low=0.0, high=1.0, high_open=True),
+    "batch_size": POSITIVE_INT,
+    "epochs": POSITIVE_INT,
+    "label_smoothing": FRACTION,
 }
 # A gene that is no training gene and no declared option: a keyword of the model's function (a
 # family's builder, or a function of yours), which the search job checks against the function's
@@ -58,7 +57,7 @@ def gene_rules(model: str, where: str) -> tuple[dict[str, GeneRule], bool]:
     family that declares the options a search varies (`towerlab.models.Model.genes`) takes those
     and the training genes only; any other model (a family without the declaration, or a function
     of yours: model "custom") takes the training genes and any keyword of its function."""
-    if model not in CATALOG and model != CUSTOM_MODEL:
+    if model not in _model_names():
         raise UserError(f"{where}: unknown model {model!r}: use one of {', '.join(_model_names())}")
     declared = CATALOG[model].genes if model in CATALOG else None
     return {**(declared or {}), **_TRAINING_GENES}, declared is not None

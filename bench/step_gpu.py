@@ -52,7 +52,7 @@ def make_steps(mode: str, cfg: TrainConfig, data, device: torch.device):  # noqa
     batches = Batches(data.x_train, data.y_train, ctx, cfg.batch_size, cfg.seed, "resident", normalize,
                       augment_images=cfg.augment, translate=cfg.translate)
     module = build(cfg, data.input_shape, data.num_classes, ctx)
-    fit_to_data(module, batches.x, normalize)
+    fit_to_data(cfg, module, batches.x, normalize)
     module.train()
     worst = torch.zeros((), device=device)
     started = time.perf_counter()

@@ -10,7 +10,7 @@ from towerlab.api import evaluate
 from towerlab.cli import main
 from towerlab.data.load import load_dataset
 from towerlab.errors import UserError
-from towerlab.models import load_model
+from towerlab.models.files import load_model
 from util import TINY, interrupt, summary
 
 

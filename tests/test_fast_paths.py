@@ -7,7 +7,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from towerlab.batches import crop_flip, hashed_words
-from towerlab.models import build_model, tf_local_response_norm
+from towerlab.models import build_model
+from towerlab.models.seeds import tf_local_response_norm
 
 
 def test_lrn_matches_torch_forward_and_backward_in_both_memory_formats():

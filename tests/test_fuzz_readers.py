@@ -31,7 +31,8 @@ from towerlab import checkpoint
 from towerlab.data import readers
 from towerlab.cli import main
 from towerlab.errors import UserError
-from towerlab.models import build_model, load_model, model_record
+from towerlab.models import build_model
+from towerlab.models.files import load_model, model_record
 from towerlab.search import load_space
 
 # Bounded: a few hundred milliseconds per reader and the suite stays quick. A single example that

@@ -5,7 +5,10 @@ import torch
 import torch.nn.functional as F
 
 from towerlab.errors import UserError
-from towerlab.models import MLP, build_model, load_model, model_record, tf_local_response_norm
+from towerlab.models import build_model
+from towerlab.models.files import load_model, model_record
+from towerlab.models.mlp import MLP
+from towerlab.models.seeds import tf_local_response_norm
 
 SHAPES = [(1, 28, 28), (3, 32, 32)]
 SMALL_OPTIONS = {"mlp": {"layers": 2, "neurons": 32}, "cnn": {"blocks": 2, "filters": 8, "dense": 16},

@@ -7,8 +7,9 @@ from pathlib import Path
 import pytest
 
 from towerlab.errors import UserError
-from towerlab.search import BUILTIN_SPACES, GENE_RULES, Space, canonical, genome_hash, load_space
-from towerlab.search.space import check_genes
+from towerlab.config import CUSTOM_MODEL, MODELS
+from towerlab.search import BUILTIN_SPACES, Space, canonical, genome_hash, load_space
+from towerlab.search.space import check_genes, gene_rules
 
 
 def test_search_and_store_never_import_torch():
@@ -158,7 +159,7 @@ def test_every_schema_gene_can_be_loaded(tmp_path):
                 "filters": "[32]", "kernel_size": "[5]", "dense": "[128]", "dropout": "[0.25]",
                 "optimizer": '["nadam"]', "lr": "[0.1]", "batch_size": "[32]", "epochs": "[3]",
                 "label_smoothing": "[0.2]", "width1": "[64]", "width2": "[256]", "width3": "[256]", "depth": "[3]"}
-    for model, rules in GENE_RULES.items():
+    for model, (rules, _) in ((m, gene_rules(m, m)) for m in (*MODELS, CUSTOM_MODEL)):
         body = "".join(f"{gene} = {examples[gene]}\n" for gene in rules)
         space = load_space(write(tmp_path, f'model = "{model}"\n[genes]\n{body}'))
         assert list(space.genes) == list(rules) and space.size == 1

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from towerlab.cli import main
-from towerlab.models import load_model
+from towerlab.models.files import load_model
 from util import (ONE_CPU, RESUMABLE, TINY, interrupt, max_difference, metrics, replica_pids, run_cli, start_towerlab,
                   summary, weights)
 

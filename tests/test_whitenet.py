@@ -16,9 +16,10 @@ from towerlab.distributed.group import Context
 from towerlab.errors import UserError
 from towerlab.jobs.candidate import candidate_config
 from towerlab.lookahead import Lookahead
-from towerlab.models import build_model, load_model
+from towerlab.models import build_model
+from towerlab.models.files import load_model
 from towerlab.optim import make_optimizer, make_scheduler, parameter_groups
-from towerlab.whitenet import GlobalBatchNorm, patch_whitening
+from towerlab.models.whitenet import GlobalBatchNorm, patch_whitening
 from util import ONE_CPU, StopAtRead, max_difference, summary, weights
 
 TINY32 = ["--dataset", "synthetic", "--synthetic-shape", "3x32x32", "--synthetic-train", "600", "--val-size", "100",

@@ -24,7 +24,7 @@ from typing import Any, Callable
 
 from towerlab.config import ARRAYS_DATASET, CUSTOM_MODEL, replace
 from towerlab.distributed.signals import EXIT_SIGINT, EXIT_SIGTERM, Interrupted
-from towerlab.models import load_model
+from towerlab.models.files import load_model
 from towerlab.errors import UserError
 
 
@@ -47,7 +47,7 @@ class TrainRun(_Record):
     `summary`: summary.json (also readable as attributes: `run.test_accuracy`, `run.train_seconds`);
     `history`: one entry per evaluation of the validation set (metrics.jsonl's "epoch" and "eval"
     lines); `metrics`: every line of metrics.jsonl; `config`: config.json; `model`: the trained
-    network as a `towerlab.classifier.Classifier` (raw uint8 images in; `.network` is the bare module).
+    network as a `towerlab.models.classifier.Classifier` (raw uint8 images in; `.network` is the bare module).
     """
 
     out: Path

@@ -240,7 +240,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     function = None
     if ":" in getattr(args, "model", ""):  # FILE.py:FUNCTION: a model function of yours (no model name has a colon)
         from towerlab.config import CUSTOM_MODEL
-        from towerlab.models import load_function
+        from towerlab.models.custom import load_function
 
         function, args.model = load_function(args.model), CUSTOM_MODEL
     cfg, run = resolve_train(args)
@@ -263,7 +263,7 @@ def _cmd_search(args: argparse.Namespace) -> int:
         foreign = settings_of_others(cfg.sampler)
         return _print_config(search={k: v for k, v in to_dict(cfg).items() if k not in foreign},
                              run={k: v for k, v in to_dict(run).items() if k not in SEARCH_RUN_SKIP})
-    from towerlab.models import load_function
+    from towerlab.models.custom import load_function
     from towerlab.jobs.search import start_search
 
     function = load_function(args.model_function) if args.model_function else None
@@ -298,7 +298,7 @@ def _cmd_search_show(args: argparse.Namespace) -> int:
 def _user_module(spec: str | None) -> Any:
     """--module FILE.py:NAME -> what FILE.py defines as NAME (a network class, a function returning a
     network, or a network)."""
-    from towerlab.models import load_function
+    from towerlab.models.custom import load_function
 
     return None if spec is None else load_function(spec, "--module", "NAME")
 
@@ -306,7 +306,7 @@ def _user_module(spec: str | None) -> Any:
 @contextlib.contextmanager
 def _own_module_flag() -> Iterator[None]:
     """A run trained with a network of your own needs it again: say so in terms of the flag."""
-    from towerlab.models import ModuleNeeded
+    from towerlab.models.files import ModuleNeeded
 
     try:
         yield

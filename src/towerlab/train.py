@@ -25,11 +25,11 @@ from towerlab.distributed.env import machine_memory
 from towerlab.distributed.group import Context, max_over_ranks, sum_over_ranks, world_group
 from towerlab.distributed.signals import Interrupted, StopFlag
 from towerlab.errors import UserError
-from towerlab.models import build_model, instantiate
+from towerlab.models import build_model
+from towerlab.models.custom import instantiate
 from towerlab.report import Reporter, format_epoch, format_step
 from towerlab.step import WARMUP_STEPS, EagerSteps, StepProgram, Steps, resolve_step, warms_up
 from towerlab.strategies import make_strategy
-from towerlab.whitenet import WHITEN_IMAGES, share_batch_statistics
 
 EVAL_BATCH = 1024
 STOP_CHECK_EVERY = 10  # steps between the ranks' agreement on a Ctrl-C (a tiny all-reduce)
@@ -164,17 +164,17 @@ def build(cfg: TrainConfig, input_shape: tuple[int, int, int], num_classes: int,
     module = module.to(ctx.device)
     if uses_channels_last(cfg):
         module = module.to(memory_format=torch.channels_last)
-    share_batch_statistics(module, world_group(ctx))
+    models.hooks(cfg.model).share_batch_statistics(module, world_group(ctx))
     return module
 
 
-def fit_to_data(module: nn.Module, x_train: torch.Tensor, normalize: Normalizer) -> None:
+def fit_to_data(cfg: TrainConfig, module: nn.Module, x_train: torch.Tensor, normalize: Normalizer) -> None:
     """A model whose first layer is computed from the training images (whitenet's patch whitening)
     gets them here, before the first step: the same leading images, so every rank computes the same
     layer."""
-    fit = getattr(module, "fit_whitening", None)
-    if fit is not None:
-        fit(normalize(x_train[:WHITEN_IMAGES].to(normalize.scale.device)))
+    hooks = models.hooks(cfg.model)
+    if hooks.fit is not None:
+        hooks.fit(module, normalize(x_train[:hooks.fit_images].to(normalize.scale.device)))
 
 
 def uses_channels_last(cfg: TrainConfig) -> bool:
@@ -205,7 +205,7 @@ def train(cfg: TrainConfig, ctx: Context, data: Any, *, input_mode: str = "resid
     if resume_state is None:
         # Part of training, as in airbench94's timing: a pass over training images.
         clock.start()
-        fit_to_data(module, batches.x, batches.normalize)  # resident: already on the device
+        fit_to_data(cfg, module, batches.x, batches.normalize)  # resident: already on the device
         progress.train_seconds += clock.stop()
     mode = resolve_step(step_mode, ctx.device.type, ctx.world_size, strategy, input_mode)
     worst = torch.zeros((), device=ctx.device)

@@ -25,6 +25,7 @@ from towerlab.data.load import fingerprint
 from towerlab.distributed.env import device_name
 from towerlab.distributed.group import Context
 from towerlab.distributed.signals import Interrupted, StopFlag
+from towerlab.models import CATALOG, entry
 from towerlab.presets import apply_preset
 from towerlab.search import Candidate, Outcome, genome_hash
 from towerlab.optim import DEFAULT_LR
@@ -99,13 +100,20 @@ def train_config_hash(cfg: SearchConfig, device_type: str, threads: int, source:
     return genome_hash(training_settings(cfg, device_type, threads, source, model))
 
 
+def model_function(model: Model) -> Callable[..., torch.nn.Module]:
+    """A candidate's model function, `function(input_shape, num_classes, **model_genes) -> nn.Module`:
+    a family's is its catalog entry's builder (its network class), a function of yours is itself."""
+    return entry(model).builder if isinstance(model, str) else model
+
+
 def candidate_config(cfg: SearchConfig, model: Model, genome: dict, seed: int,
                      max_epochs: int | None = None) -> TrainConfig:
     """The training of one candidate; `max_epochs` below the search's caps it (a pruned search's
-    lower rung), an epochs gene included."""
-    if callable(model):
-        model = CUSTOM_MODEL
-    base = recipe(model, genome.get("optimizer"))
+    lower rung), an epochs gene included. A family's candidate records its name and its genes as
+    the model's options (what `load_model` rebuilds it from); a function's records "custom", and
+    the function gets its genes (`network`)."""
+    name = model if isinstance(model, str) else CUSTOM_MODEL
+    base = recipe(name, genome.get("optimizer"))
     optimizer = genome.get("optimizer", base.get("optimizer", "adam"))
     training = {**base, **{k: v for k, v in genome.items() if k in TRAINING_GENES}}
     epochs = genome.get("epochs", cfg.max_epochs)
@@ -113,9 +121,8 @@ def candidate_config(cfg: SearchConfig, model: Model, genome: dict, seed: int,
         epochs = min(epochs, max_epochs)
     return TrainConfig(**{
         **training,
-        "model": model,
-        # a model function's genes go to the function (`network`), not to TrainConfig's built-in options
-        "model_options": {} if model == CUSTOM_MODEL else model_genes(genome),
+        "model": name,
+        "model_options": model_genes(genome) if name in CATALOG else {},
         "dataset": cfg.dataset, "val_size": cfg.val_size,
         "batch_size": genome.get("batch_size", cfg.batch_size or base.get("batch_size")
                                  or DEFAULT_BATCH.get(cfg.dataset, 128)),
@@ -126,7 +133,7 @@ def candidate_config(cfg: SearchConfig, model: Model, genome: dict, seed: int,
 
 
 def model_genes(genome: dict) -> dict:
-    """The genes that are not the training's: the model's options, or a model function's keywords."""
+    """The genes that are not the training's: the keywords of the model function (a family's options)."""
     return {k: v for k, v in genome.items() if k not in TRAINING_GENES}
 
 
@@ -140,20 +147,15 @@ def estimated_cost(cfg: SearchConfig, model: Model, genome: dict, input_shape: t
     tc = candidate_config(cfg, model, genome, 0, max_epochs)
     try:
         with torch.device("meta"), FlopCounterMode(display=False) as counter:
-            network(model, genome, tc, input_shape, num_classes)(torch.zeros(1, *input_shape))
+            network(model, genome, input_shape, num_classes)(torch.zeros(1, *input_shape))
     except Exception:  # noqa: BLE001 - the candidate will fail in training and be recorded so
         return 0.0
     return float(counter.get_total_flops()) * tc.epochs
 
 
-def network(model: Model, genome: dict, tc: TrainConfig, input_shape: tuple[int, int, int],
-            num_classes: int) -> torch.nn.Module:
-    """A candidate's network: the family's, or what the model function returns for its genes."""
-    from towerlab.models import build_model
-
-    if callable(model):
-        return model(input_shape, num_classes, **model_genes(genome))
-    return build_model(tc.model, input_shape, num_classes, **tc.model_options)
+def network(model: Model, genome: dict, input_shape: tuple[int, int, int], num_classes: int) -> torch.nn.Module:
+    """A candidate's network: what its model function returns for its genes."""
+    return model_function(model)(input_shape, num_classes, **model_genes(genome))
 
 
 def train_candidate(cfg: SearchConfig, model: Model, genome: dict, seed: int, data: Any, device: torch.device,
@@ -165,7 +167,7 @@ def train_candidate(cfg: SearchConfig, model: Model, genome: dict, seed: int, da
     tc = candidate_config(cfg, model, genome, seed, max_epochs)
     how = numerics(tc, device)
     try:
-        source = (lambda: network(model, genome, tc, data.input_shape, data.num_classes)) if callable(model) else None
+        source = (lambda: network(model, genome, data.input_shape, data.num_classes)) if callable(model) else None
         result = train(tc, Context(device=device), data, test=test, stop=stop, setup_apart=False, source=source)
     except Interrupted:
         raise

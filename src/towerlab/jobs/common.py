@@ -38,7 +38,7 @@ from towerlab.distributed.group import Context, barrier, broadcast_object
 from towerlab.distributed.launch import launch
 from towerlab.distributed.signals import EXIT_SIGPIPE, EXIT_STOPPED, Interrupted
 from towerlab.errors import UserError
-from towerlab.models import model_record
+from towerlab.models.files import model_record
 
 LOCK_NAME = ".towerlab.lock"
 _held_locks: set[int] = set()  # this process's lock descriptors

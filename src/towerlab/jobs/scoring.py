@@ -25,7 +25,7 @@ from towerlab import atomic
 from towerlab.config import RunConfig, TrainConfig, from_dict, replace
 from towerlab.errors import UserError
 from towerlab.jobs.common import quiet, read_config
-from towerlab.models import load_model
+from towerlab.models.files import load_model
 from towerlab.data.readers import labels_as_int64, npz_arrays
 
 SPLITS = ("test", "val")

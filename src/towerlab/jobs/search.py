@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import inspect
 import json
 import math
 import signal
@@ -33,11 +32,12 @@ from towerlab.distributed.group import Context, kv_store, session
 from towerlab.distributed.launch import start_method_for
 from towerlab.distributed.signals import Interrupted, StopFlag
 from towerlab.errors import UserError
-from towerlab.jobs.candidate import (TRAINING_GENES, candidate_config, candidate_task, estimated_cost, outcome,
-                                     retrain_command, train_candidate, train_config_hash)
+from towerlab.jobs.candidate import (TRAINING_GENES, candidate_config, candidate_task, estimated_cost,
+                                     model_function, outcome, retrain_command, train_candidate, train_config_hash)
 from towerlab.jobs.common import (Job, check_writable_file, handed_over, load_data, require_out_under_torchrun,
                                   resolved_run, restarted_by_torchrun, save_model, start_job, worker_data,
                                   write_config)
+from towerlab.models import keyword_options
 from towerlab.report import (Reporter, format_cost, format_estimate, format_generation, format_plan, format_top,
                              plot_accuracy_time, plot_fitness)
 from towerlab.search import (Candidate, Space, evaluation_records, load_space, make_sampler, open_search,
@@ -126,27 +126,22 @@ class SearchJob(Job):
 
 
 def check_function(space: Space, function: Any) -> None:
-    """A space of model "custom" goes with a model function given from Python, and only it; each of
-    its genes must be a training gene or a keyword the function takes (refused before anything
-    trains, in one line naming the gene)."""
+    """A space of model "custom" goes with a model function given from Python, and only it; each
+    gene of a space must be a training gene or a keyword its model function takes (a family's
+    builder, or yours): refused before anything trains, in one line naming the gene."""
     if (space.model == CUSTOM_MODEL) != (function is not None):
         raise UserError(f"space {space.name} has model {CUSTOM_MODEL!r}: its networks come from a function of yours, "
                         "given from Python (towerlab.api.search(space, data, model=make))" if function is None else
                         f"model= (a function of yours) goes with a space of model {CUSTOM_MODEL!r} (a dict space "
                         f"without \"model\" gets it), not with space {space.name} of model {space.model}")
-    if function is None:
-        return
-    if not callable(function) or isinstance(function, torch.nn.Module):
+    if function is not None and (not callable(function) or isinstance(function, torch.nn.Module)):
         raise UserError(f"model= of a search must be a function (input_shape, num_classes, **genes) returning a new "
                         f"nn.Module, got {type(function).__name__}")
-    name = getattr(function, "__name__", "your function")
-    try:
-        parameters = list(inspect.signature(function).parameters.values())
-    except (TypeError, ValueError):  # a builtin or C callable: nothing to check against
+    builder = model_function(function or space.model)
+    keywords = keyword_options(builder)
+    if keywords is None:  # **kwargs, or no signature to read: the function takes what it takes
         return
-    if any(p.kind is p.VAR_KEYWORD for p in parameters):
-        return
-    keywords = {p.name for p in parameters[2:] if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    name = getattr(builder, "__name__", "your function")
     for gene in space.genes:
         if gene not in TRAINING_GENES and gene not in keywords:
             raise UserError(f"gene {gene!r} is neither a training gene ({', '.join(TRAINING_GENES)}) nor a keyword "

@@ -18,11 +18,11 @@ from towerlab.search.samplers import (SAMPLERS, Sampler, make_sampler, random_ge
 from towerlab.search.samplers.ga import breed, initial_population, mutate, next_generation
 from towerlab.search.samplers.grid import grid_genomes
 from towerlab.search.show import evaluation_records, format_search
-from towerlab.search.space import BUILTIN_SPACES, GENE_RULES, GeneRule, Space, canonical, genome_hash, load_space
+from towerlab.search.space import BUILTIN_SPACES, Space, canonical, genome_hash, load_space
 from towerlab.search.store import Store
 
 __all__ = [
-    "BUILTIN_SPACES", "GENE_RULES", "SAMPLERS", "Candidate", "Evaluate", "GeneRule", "Generation",
+    "BUILTIN_SPACES", "SAMPLERS", "Candidate", "Evaluate", "Generation",
     "GenerationStats", "Member", "Outcome", "Record", "Sampler", "SearchResult", "Space", "Store", "TopGenome",
     "breed", "candidate_seed", "canonical", "evaluation_records", "format_search", "genome_hash", "grid_genomes",
     "initial_population", "load_space", "make_rng", "make_sampler", "mutate", "next_generation", "open_search",

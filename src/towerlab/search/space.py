@@ -10,8 +10,10 @@ that text): the store caches evaluations by this hash, so two dicts with equal i
 genome whatever their key order.
 
 A space comes from a built-in name (`mlp`, `cnn`, `whitenet`), a TOML file or a JSON text (what the
-Python API makes of a dict); `GENE_RULES` (pure data) says which genes exist for each model family and
-which values are valid.
+Python API makes of a dict). A space's model is a family of the model catalog (`towerlab.models`)
+or "custom" (a function of yours): the training genes' rules are here, a family's declared options'
+rules are in its catalog entry (`gene_rules`), and every other gene is a keyword of the model's
+function, which the search job checks against the function before anything trains.
 """
 
 from __future__ import annotations
@@ -29,103 +31,40 @@ import numpy as np
 from towerlab.config import CUSTOM_MODEL, OPTIMIZERS
 from towerlab.errors import UserError
 from towerlab.data.readers import require_regular_file
+from towerlab.models import CATALOG
+from towerlab.models.options import FRACTION, POSITIVE_INT, GeneRule
 
 try:
     import tomllib
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib  # type: ignore[no-redef]
 
-ACTIVATIONS = ("relu", "elu", "tanh", "sigmoid")
-
-
-@dataclass(frozen=True)
-class GeneRule:
-    """The values a gene accepts: ints and floats within bounds, or one of fixed strings."""
-
-    kind: str  # "int", "float", "choice" or "any" (a model function's gene: a number, a string or a bool)
-    low: float | None = None
-    low_open: bool = False
-    high: float | None = None
-    high_open: bool = False
-    odd: bool = False
-    choices: tuple[str, ...] = ()
-
-    def describe(self) -> str:
-        if self.kind == "choice":
-            return "one of " + ", ".join(self.choices)
-        if self.kind == "any":
-            return "a number, a string or a boolean"
-        text = ("an odd int" if self.odd else "an int") if self.kind == "int" else "a number"
-        if self.low is not None and self.high is not None:
-            return (f"{text} in {'(' if self.low_open else '['}{_num(self.low)}, "
-                    f"{_num(self.high)}{')' if self.high_open else ']'}")
-        if self.low is not None:
-            return f"{text} {'>' if self.low_open else '>='} {_num(self.low)}"
-        return text
-
-    def normalize(self, value: Any) -> Any:
-        """The value in canonical form (floats stay floats even when written as ints), or None
-        when the value is not valid."""
-        if self.kind == "choice":
-            return value if isinstance(value, str) and value in self.choices else None
-        if self.kind == "any":
-            ok = isinstance(value, (str, bool, int)) or (isinstance(value, float) and math.isfinite(value))
-            return value if ok else None
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            return None
-        if self.kind == "int":
-            if not isinstance(value, int) or (self.odd and value % 2 == 0):
-                return None
-        else:
-            value = float(value)
-            if not math.isfinite(value):
-                return None
-        if self.low is not None and (value < self.low or (self.low_open and value == self.low)):
-            return None
-        if self.high is not None and (value > self.high or (self.high_open and value == self.high)):
-            return None
-        return value
-
-
-def _num(x: float) -> str:
-    return str(int(x)) if float(x).is_integer() else str(x)
-
-
-_POSITIVE_INT = GeneRule("int", low=1)
 _TRAINING_GENES = {
     "optimizer": GeneRule("choice", choices=OPTIMIZERS),
     "lr": GeneRule("float", low=0.0, low_open=True),
-    "batch_size": _POSITIVE_INT,
-    "epochs": _POSITIVE_INT,
-    "label_smoothing": GeneRule("float", low=0.0, high=1.0, high_open=True),
+    "batch_size": POSITIVE_INT,
+    "epochs": POSITIVE_INT,
+    "label_smoothing": FRACTION,
 }
-# The genes of a model function of yours (model "custom", given from Python): the training genes as
-# for every model, and any other name, which the function takes as a keyword argument.
-_MODEL_FUNCTION_GENE = GeneRule("any")
-GENE_RULES: dict[str, dict[str, GeneRule]] = {
-    "mlp": {
-        "neurons": _POSITIVE_INT,
-        "layers": _POSITIVE_INT,
-        "activation": GeneRule("choice", choices=ACTIVATIONS),
-        **_TRAINING_GENES,
-    },
-    "cnn": {
-        "blocks": GeneRule("int", low=1, high=4),
-        "filters": _POSITIVE_INT,  # of the first block; the model doubles them per block
-        "kernel_size": GeneRule("int", low=1, odd=True),
-        "dense": _POSITIVE_INT,
-        "dropout": GeneRule("float", low=0.0, high=1.0, high_open=True),
-        **_TRAINING_GENES,
-    },
-    "whitenet": {
-        "width1": _POSITIVE_INT,  # channels of the three stages
-        "width2": _POSITIVE_INT,
-        "width3": _POSITIVE_INT,
-        "depth": GeneRule("int", low=1, high=4),  # convolutions per stage
-        **_TRAINING_GENES,
-    },
-    CUSTOM_MODEL: dict(_TRAINING_GENES),
-}
+# A gene that is no training gene and no declared option: a keyword of the model's function (a
+# family's builder, or a function of yours), which the search job checks against the function's
+# signature before anything trains.
+_OPTION_GENE = GeneRule("any")
+
+
+def gene_rules(model: str, where: str) -> tuple[dict[str, GeneRule], bool]:
+    """The rules of a space's genes for `model`, and whether they are all its genes: a catalog
+    family that declares the options a search varies (`towerlab.models.Model.genes`) takes those
+    and the training genes only; any other model (a family without the declaration, or a function
+    of yours: model "custom") takes the training genes and any keyword of its function."""
+    if model not in _model_names():
+        raise UserError(f"{where}: unknown model {model!r}: use one of {', '.join(_model_names())}")
+    declared = CATALOG[model].genes if model in CATALOG else None
+    return {**(declared or {}), **_TRAINING_GENES}, declared is not None
+
+
+def _model_names() -> tuple[str, ...]:
+    return (*CATALOG, CUSTOM_MODEL)
 
 
 RANGE_KEYS = ("low", "high", "log", "step", "points")
@@ -375,20 +314,18 @@ _TOP_LEVEL_KEYS = ("model", "genes")
 
 
 def check_genes(model: str, genes: Mapping[str, Any], where: str) -> dict[str, Gene]:
-    """Validate genes (lists of values, or range tables) against `GENE_RULES`; return them
+    """Validate genes (lists of values, or range tables) against `gene_rules`; return them
     normalized. `where` names the source in the messages ("search space FILE")."""
-    if model not in GENE_RULES:
-        raise UserError(f"{where}: unknown model {model!r}: use one of {', '.join(GENE_RULES)}")
-    rules = GENE_RULES[model]
+    rules, complete = gene_rules(model, where)
     if not genes:
         raise UserError(f"{where}: no genes: list at least one under [genes], "
                         f"e.g. {next(iter(rules))} = [...]")
     checked: dict[str, Gene] = {}
     for gene, values in genes.items():
-        if gene not in rules and model != CUSTOM_MODEL:
+        if gene not in rules and complete:
             raise UserError(f"{where}: unknown gene {gene!r} for model {model}: "
                             f"known genes are {', '.join(rules)}")
-        rule = rules.get(gene, _MODEL_FUNCTION_GENE)
+        rule = rules.get(gene, _OPTION_GENE)
         if isinstance(values, dict):
             checked[gene] = parse_range(gene, values, rule, f"{where}: gene {gene!r}")
             continue
@@ -498,13 +435,13 @@ def space_of(data: Mapping[str, Any], name: str, where: str) -> Space:
     unknown = sorted(set(data) - set(_TOP_LEVEL_KEYS))
     if unknown:
         raise UserError(f"{where}: unknown key(s) {', '.join(map(str, unknown))}: a space file holds only "
-                        f"model = \"mlp\"|\"cnn\"|\"whitenet\" and a [genes] table")
+                        f"model = \"NAME\" ({', '.join(_model_names())}) and a [genes] table")
     if "model" not in data:
-        choices = " or ".join(f'model = "{m}"' for m in GENE_RULES)
+        choices = " or ".join(f'model = "{m}"' for m in _model_names())
         raise UserError(f"{where}: missing model: add {choices}")
     model = data["model"]
     if not isinstance(model, str):
-        raise UserError(f"{where}: model must be a string, one of {', '.join(GENE_RULES)}")
+        raise UserError(f"{where}: model must be a string, one of {', '.join(_model_names())}")
     genes = data.get("genes", {})
     if not isinstance(genes, dict):
         raise UserError(f"{where}: genes must be a table: write [genes] and one list per gene under it")

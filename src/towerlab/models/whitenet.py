@@ -15,9 +15,9 @@ The design and its constants are K. Jordan's, "94% on CIFAR-10 in 3.29 Seconds o
   (PyTorch's 0.4) and eps 1e-12;
 - a global max-pool, a linear head without bias, logits scaled by 1/9.
 
-The whitening needs data, so it is not part of `__init__`: `train` calls `fit_whitening` with the
-same training images on every rank before the first step (a checkpoint or model file carries the
-result as the buffer `whiten_weight`).
+The whitening needs data, so it is not part of `__init__`: its catalog entry's hooks (`HOOKS`) have
+`train` call `fit_whitening` with the same training images on every rank before the first step (a
+checkpoint or model file carries the result as the buffer `whiten_weight`).
 """
 
 from __future__ import annotations
@@ -30,6 +30,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from towerlab.errors import UserError
+from towerlab.models import Hooks
+from towerlab.models.options import MAX_LAYERS, require_positive_int
 
 WHITEN_KERNEL = 2
 WHITEN_EPS = 5e-4     # added to the patch covariance's eigenvalues [airbench]
@@ -136,8 +138,6 @@ class WhitenedConvNet(nn.Module):
     def __init__(self, input_shape: tuple[int, int, int], num_classes: int = 10, *, width1: int = 64,
                  width2: int = 256, width3: int = 256, depth: int = 2):
         super().__init__()
-        from towerlab.models import MAX_LAYERS, require_positive_int
-
         for name, value in (("width1", width1), ("width2", width2), ("width3", width3)):
             require_positive_int(name, value)
         require_positive_int("depth", depth, MAX_LAYERS)
@@ -169,3 +169,7 @@ class WhitenedConvNet(nn.Module):
         x = F.conv2d(x, self.whiten_weight, self.whiten_bias)
         x = self.stages(x).amax(dim=(2, 3))
         return self.head(x) * LOGIT_SCALE
+
+
+HOOKS = Hooks(fit_images=WHITEN_IMAGES, fit=WhitenedConvNet.fit_whitening,
+              share_batch_statistics=share_batch_statistics)

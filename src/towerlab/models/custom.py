@@ -1,0 +1,71 @@
+"""Networks of your own: a model file's function or class (`--model FILE.py:FUNCTION`,
+`--module FILE.py:NAME`) and a module or factory given from Python (model "custom")."""
+
+from __future__ import annotations
+
+import copy
+import importlib
+import os
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+from torch import nn
+
+from towerlab.errors import UserError
+
+_LOADED: dict[str, str] = {}  # module name -> the file load_function imported it from
+
+
+def load_function(spec: str, flag: str = "--model", what: str = "FUNCTION") -> Any:
+    """What `FILE.py:NAME` names (a function, a network class, a network), imported from its file as a
+    module of its folder, as `python FILE.py` would find its neighbours (and so that spawned workers,
+    which get this process's sys.path, import it by name as well). `flag` and `what` word the errors:
+    `--model FILE.py:FUNCTION` for a search's model function, `--module FILE.py:NAME` for a run's."""
+    path_text, _, name = spec.rpartition(":")
+    path = Path(path_text)
+    if not path_text or not name.isidentifier() or (path.suffix != ".py" and not path.is_file()):
+        raise UserError(f"{flag} {spec}: give FILE.py:{what}, the file that defines it and the name it has there "
+                        f"(e.g. {flag} mynet.py:{'make' if what == 'FUNCTION' else 'Net'})")
+    if not path.is_file():
+        raise UserError(f"{flag} {spec}: no file {path_text}")
+    if path.suffix != ".py":
+        raise UserError(f"{flag} {spec}: {path_text} is not a Python file (FILE.py)")
+    folder = str(path.resolve().parent)
+    if folder in sys.path:
+        sys.path.remove(folder)
+    sys.path.insert(0, folder)  # first, over a folder an earlier call put there
+    if _LOADED.get(path.stem, os.path.realpath(path)) != os.path.realpath(path):
+        sys.modules.pop(path.stem, None)  # a file of the same name that this function loaded before
+        importlib.invalidate_caches()
+    try:
+        module = importlib.import_module(path.stem)
+    except Exception as exc:  # noqa: BLE001 - whatever the user's file raises, say so in one line
+        raise UserError(f"{flag} {spec}: importing {path_text} failed: {type(exc).__name__}: "
+                        f"{str(exc).splitlines()[0] if str(exc) else ''}") from None
+    if os.path.realpath(getattr(module, "__file__", "") or "") != os.path.realpath(path):
+        raise UserError(f"{flag} {spec}: the name {path.stem!r} is taken by another module "
+                        f"({getattr(module, '__file__', 'built in')}): rename {path_text}")
+    _LOADED[path.stem] = os.path.realpath(path)
+    found = getattr(module, name, None)
+    if not callable(found):
+        raise UserError(f"{flag} {spec}: {path_text} defines no {name}")
+    return found
+
+
+def instantiate(source: nn.Module | Callable[[], nn.Module]) -> nn.Module:
+    """A fresh network from a module of your own: a copy of an nn.Module (its current weights are the
+    initial ones), or what a factory returns (called after the run's seed is set)."""
+    if isinstance(source, nn.Module):
+        try:
+            return copy.deepcopy(source)
+        except Exception as exc:  # noqa: BLE001 - whatever an attribute's copy raises, there is no copy
+            raise UserError(f"your module cannot be copied ({type(exc).__name__}: {' '.join(str(exc).split())[:200]}),"
+                            " and every replica starts from a copy: give a function that returns a new one "
+                            "(model=YourModule, or model=lambda: YourModule(...))") from None
+    if not callable(source):
+        raise UserError(f"model must be a name, an nn.Module or a function returning one, got {type(source).__name__}")
+    module = source()
+    if not isinstance(module, nn.Module):
+        raise UserError(f"your model factory returned {type(module).__name__}, not an nn.Module")
+    return module

@@ -1,0 +1,107 @@
+"""`model.pt`: what it records (`model_record`) and `load_model`, which rebuilds the network from it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from towerlab.config import CUSTOM_MODEL, PRECISIONS, TTA
+from towerlab.errors import UserError
+from towerlab.models import build_model, uses_channels_last
+from towerlab.models.classifier import Classifier
+from towerlab.models.custom import instantiate
+from towerlab.data.readers import require_regular_file
+
+
+def model_record(model: nn.Module, name: str, input_shape: tuple[int, ...], num_classes: int,
+                 options: dict, **extra: Any) -> dict:
+    """What `model.pt` holds: enough to rebuild the network with `load_model`, plus the run's config."""
+    return {"format": "towerlab-model", "version": 1, "name": name, "input_shape": list(input_shape),
+            "num_classes": num_classes, "options": dict(options),
+            "state_dict": {k: v.detach().cpu() for k, v in model.state_dict().items()}, **extra}
+
+
+class ModuleNeeded(UserError):
+    """A model file holds a network of your own, and no module was given to rebuild it in. The
+    command line says how to give one there (--module)."""
+
+    def __init__(self, path: str | Path, module_class: str):
+        self.path, self.module_class = path, module_class
+        super().__init__(f"{path} holds a module of your own ({module_class}): rebuild it with "
+                         "load_model(path, module=YourModule())")
+
+
+def load_model(path: str | Path, map_location: str | torch.device = "cpu", *,
+               module: nn.Module | Callable[[], nn.Module] | None = None) -> tuple[Any, dict]:
+    """Rebuild a saved network (`path`: a model.pt, or the run folder holding one): returns
+    (a `towerlab.models.classifier.Classifier`, the file's record).
+
+    The Classifier takes raw uint8 images (normalised inside, as in training) or normalised float
+    input; its `.network` is the bare network. A model of your own (trained with
+    `towerlab.api.train(model=...)`) is rebuilt in `module` (an instance or a factory), which must be
+    given. Never executes code from the file (weights_only loading)."""
+    if Path(path).is_dir():
+        path = Path(path) / "model.pt"
+    require_regular_file(path)
+    try:
+        record = torch.load(path, map_location=map_location, weights_only=True)
+    except FileNotFoundError:
+        raise UserError(f"no model file at {path}") from None
+    except Exception as exc:  # noqa: BLE001 - any unpickling failure means a bad file
+        raise UserError(f"{path} is not a readable towerlab model ({type(exc).__name__}): "
+                        "re-export it with towerlab train") from None
+    if not isinstance(record, dict) or record.get("format") != "towerlab-model":
+        raise UserError(f"{path} is not a towerlab model file")
+    name, shape, classes, options, state = (record.get(k) for k in
+                                            ("name", "input_shape", "num_classes", "options", "state_dict"))
+    if not (isinstance(name, str) and isinstance(shape, (list, tuple)) and len(shape) == 3
+            and all(type(d) is int and d > 0 for d in shape) and type(classes) is int and classes > 0
+            and isinstance(options, dict) and isinstance(state, dict)
+            and all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in state.items())):
+        raise UserError(f"{path} is an incomplete or damaged towerlab model file (name, input_shape, "
+                        "num_classes, options and state_dict are required): re-export it with towerlab train")
+    if name == CUSTOM_MODEL:
+        if module is None:
+            raise ModuleNeeded(path, str(record.get("module_class", "a custom class")))
+        network = instantiate(module)
+        _load_state(network, state, path)
+    else:
+        network = _rebuild(path, name, tuple(shape), classes, options, state)
+    mean, std = record.get("mean"), record.get("std")
+    stats_ok = all(isinstance(v, (list, tuple)) and len(v) == shape[0]
+                   and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v) for v in (mean, std))
+    config = record.get("config") if isinstance(record.get("config"), dict) else {}
+    precision = config.get("precision") if config.get("precision") in PRECISIONS else "fp32"
+    tta = config.get("tta") if config.get("tta") in TTA else "none"
+    return Classifier(network, tuple(shape), classes, mean if stats_ok else None, std if stats_ok else None,
+                      precision=precision, tta=tta, channels_last=uses_channels_last(name)), record
+
+
+def _rebuild(path: str | Path, name: str, shape: tuple, classes: int, options: dict, state: dict) -> nn.Module:
+    # Check the record against a skeleton on the meta device first, so a small file that claims a
+    # huge network cannot make us allocate it.
+    try:
+        with torch.device("meta"):
+            skeleton = build_model(name, shape, classes, **options)
+    except UserError as exc:
+        raise UserError(f"{path} describes an impossible {name}: {exc}") from None
+    except (TypeError, ValueError, RuntimeError) as exc:
+        raise UserError(f"{path} describes an impossible {name} ({type(exc).__name__}: "
+                        f"{' '.join(str(exc).split())[:200]})") from None
+    expected = {k: tuple(v.shape) for k, v in skeleton.state_dict().items()}
+    if expected != {k: tuple(v.shape) for k, v in state.items()}:
+        raise UserError(f"{path} does not match model {name}: its tensors are not those of {name} "
+                        f"with options {options} and input {shape}")
+    model = build_model(name, shape, classes, **options)
+    model.load_state_dict(state)
+    return model
+
+
+def _load_state(network: nn.Module, state: dict, path: str | Path) -> None:
+    expected = {k: tuple(v.shape) for k, v in network.state_dict().items()}
+    if expected != {k: tuple(v.shape) for k, v in state.items()}:
+        raise UserError(f"{path} does not match the module you gave: their tensors differ (names or shapes)")
+    network.load_state_dict(state)

@@ -15,7 +15,7 @@ from towerlab.config import SearchConfig, TrainConfig
 from towerlab.data import catalog, locate, readers
 from towerlab.data.load import load_dataset
 from towerlab.errors import UserError
-from towerlab.models import load_model
+from towerlab.models.files import load_model
 from util import ONE_CPU
 
 

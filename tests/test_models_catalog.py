@@ -4,7 +4,7 @@ one registry line trains by name, and a search varies its builder's options."""
 import pytest
 
 from towerlab import api, config
-from towerlab.data import make_synthetic
+from towerlab.data.synthetic import make_synthetic
 from towerlab.errors import UserError
 from towerlab.models import CATALOG, Model, build_model
 from towerlab.models.mlp import ACTIVATIONS

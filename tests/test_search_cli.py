@@ -229,7 +229,7 @@ def test_best_json_retrains_a_model_function_winner_through_its_file(tmp_path, c
 
 def test_best_json_says_plainly_when_no_command_retrains_a_model_function_winner(tmp_path):
     from towerlab.jobs.candidate import retrain_command
-    from towerlab.models import load_function
+    from towerlab.models.custom import load_function
 
     (tmp_path / "mynet.py").write_text(MODEL_FILE)
     make = load_function(f"{tmp_path / 'mynet.py'}:make")

@@ -160,9 +160,9 @@ MODEL_FUNCTION_FILE = '''
 from torch import nn
 
 
-def make(input_shape, num_classes):
+def make(input_shape, num_classes, width=16):
     c, h, w = input_shape
-    return nn.Sequential(nn.Flatten(), nn.Linear(c * h * w, 16), nn.ReLU(), nn.Linear(16, num_classes))
+    return nn.Sequential(nn.Flatten(), nn.Linear(c * h * w, width), nn.ReLU(), nn.Linear(width, num_classes))
 '''
 
 
@@ -170,7 +170,7 @@ def test_train_takes_a_model_function_from_a_file_and_evaluate_and_resume_take_i
                                                                                          monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "mynet.py").write_text(MODEL_FUNCTION_FILE)
-    args = [*TINY, "--model", "mynet.py:make", "--epochs", "3", "--batch-size", "100"]
+    args = [*TINY, "--model", "mynet.py:make", "--model-opt", "width=12", "--epochs", "3", "--batch-size", "100"]
     interrupt(args, tmp_path / "run", monkeypatch)  # stopped at step 23 of 45, a checkpoint kept
     capsys.readouterr()
     assert main(["train", "--resume", "run"]) == 2  # the function is given again on resume; without it, one line
@@ -180,12 +180,16 @@ def test_train_takes_a_model_function_from_a_file_and_evaluate_and_resume_take_i
     record = summary(tmp_path / "run")
     assert (record["model"], record["steps"]) == ("custom", 45)
     network = torch.load(tmp_path / "run" / "model.pt", weights_only=True)["state_dict"]
-    assert network["1.weight"].shape == (16, 28 * 28)  # make's network, built for the data's shape and classes
+    # make's network, built for the data's shape and classes, with the width --model-opt gave it
+    assert network["1.weight"].shape == (12, 28 * 28)
     capsys.readouterr()
-    assert main(["evaluate", "run", "--module", "mynet.py:make"]) == 0
+    assert main(["evaluate", "run", "--module", "mynet.py:make"]) == 0  # rebuilt with the options model.pt records
     assert f"test accuracy {record['test_accuracy']:.4f}" in capsys.readouterr().out
-    for spec, fragment in [("mynet.py:nope", "--model mynet.py:nope: mynet.py defines no nope"),
-                           ("none.py:make", "--model none.py:make: no file none.py")]:
-        assert main(["train", *TINY, "--model", spec, "--out", "x"]) == 2
+    for extra, fragment in [(["--model", "mynet.py:nope"], "--model mynet.py:nope: mynet.py defines no nope"),
+                            (["--model", "none.py:make"], "--model none.py:make: no file none.py"),
+                            (["--model", "mynet.py:make", "--model-opt", "depth=2"],
+                             "--model-opt depth: make(input_shape, num_classes, ...) takes no keyword argument "
+                             "'depth' (it takes: width)")]:
+        assert main(["train", *TINY, *extra, "--out", "x"]) == 2
         err = capsys.readouterr().err
         assert fragment in err and err.count("\n") == 1 and not (tmp_path / "x").exists()

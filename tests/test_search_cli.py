@@ -214,20 +214,21 @@ def test_a_model_function_of_yours_searches_from_the_command_line(tmp_path, caps
 def test_best_json_retrains_a_model_function_winner_through_its_file(tmp_path, capsys):
     (tmp_path / "mynet.py").write_text(MODEL_FILE)
     space = tmp_path / "custom.toml"
-    space.write_text('model = "custom"\n[genes]\nlr = [0.001, 0.01]\n')
+    space.write_text('model = "custom"\n[genes]\nwidth = [6, 12]\nlr = [0.001, 0.01]\n')
     out = tmp_path / "s"
     assert main(["search", "run", "--sampler", "random", *BASE, "--space", str(space), "--population", "2",
                  "--generations", "1", "--remeasure", "0", "--top", "1", "--model", f"{tmp_path / 'mynet.py'}:make",
                  "--out", str(out)]) == 0
     best = json.loads((out / "best.json").read_text())
-    assert best["command"].startswith(f"towerlab train --model {tmp_path / 'mynet.py'}:make ")
+    assert best["command"].startswith(f"towerlab train --model {tmp_path / 'mynet.py'}:make "
+                                      f"--model-opt width={best['genome']['width']} ")
     assert main([*best["command"].split()[1:], "--threads", "1", "--no-progress", "--out", str(tmp_path / "again")]) == 0
     again = json.loads((tmp_path / "again" / "summary.json").read_text())
     assert (again["model"], again["val_accuracy"], again["test_accuracy"]) == \
         ("custom", best["val_accuracy"], best["test_accuracy"])
 
 
-def test_best_json_says_plainly_when_no_command_retrains_a_model_function_winner(tmp_path):
+def test_best_json_names_a_model_function_by_its_file_and_its_genes_as_options(tmp_path):
     from towerlab.jobs.candidate import retrain_command
     from towerlab.models.custom import load_function
 
@@ -242,8 +243,7 @@ def test_best_json_says_plainly_when_no_command_retrains_a_model_function_winner
         f"towerlab train --model {tmp_path / 'mynet.py'}:make --dataset synthetic --batch-size 128 --epochs 1 " \
         "--lr 0.01 --seed 3 --patience 5 --devices 1"
     assert retrain_command(cfg, make, {"width": 12, "lr": 0.01}, 3) == \
-        "none: towerlab train calls make(input_shape, num_classes) alone, without the winner's genes (width=12); " \
-        f"with those as make's defaults: towerlab train --model {tmp_path / 'mynet.py'}:make --dataset synthetic " \
+        f"towerlab train --model {tmp_path / 'mynet.py'}:make --model-opt width=12 --dataset synthetic " \
         "--batch-size 128 --epochs 1 --lr 0.01 --seed 3 --patience 5 --devices 1"
     assert retrain_command(cfg, local, {"lr": 0.01}, 3).startswith(
         "none: local was given from Python, not from a file; where FILE.py defines it: towerlab train --model "

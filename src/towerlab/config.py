@@ -138,7 +138,7 @@ class TrainConfig:
         metadata={
             "help": "model hyperparameter KEY=VALUE, repeatable "
             "(mlp: layers, neurons, activation; cnn: blocks, filters, kernel_size, dense, dropout; "
-            "whitenet: width1, width2, width3, depth)",
+            "whitenet: width1, width2, width3, depth; --model FILE.py:FUNCTION: FUNCTION's keyword arguments)",
             "flag": "model-opt",
         },
     )
@@ -186,8 +186,6 @@ class TrainConfig:
         _check_seed(self.seed)
         if self.model != CUSTOM_MODEL:
             _check_choice("model", self.model, MODELS)
-        elif self.model_options:
-            raise UserError("--model-opt sets options of the built-in models, not of a module of your own")
         object.__setattr__(self, "dataset", check_dataset(self.dataset))
         _check_choice("optimizer", self.optimizer, OPTIMIZERS)
         _check_choice("schedule", self.schedule, SCHEDULES)

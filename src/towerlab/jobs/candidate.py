@@ -25,7 +25,7 @@ from towerlab.data.load import fingerprint
 from towerlab.distributed.env import device_name
 from towerlab.distributed.group import Context
 from towerlab.distributed.signals import Interrupted, StopFlag
-from towerlab.models import CATALOG, entry
+from towerlab.models import entry
 from towerlab.presets import apply_preset
 from towerlab.search import Candidate, Outcome, genome_hash
 from towerlab.optim import DEFAULT_LR
@@ -109,9 +109,9 @@ def model_function(model: Model) -> Callable[..., torch.nn.Module]:
 def candidate_config(cfg: SearchConfig, model: Model, genome: dict, seed: int,
                      max_epochs: int | None = None) -> TrainConfig:
     """The training of one candidate; `max_epochs` below the search's caps it (a pruned search's
-    lower rung), an epochs gene included. A family's candidate records its name and its genes as
-    the model's options (what `load_model` rebuilds it from); a function's records "custom", and
-    the function gets its genes (`network`)."""
+    lower rung), an epochs gene included. A candidate records its model genes as the model's options
+    (what rebuilds it: `load_model` for a family, the function for one of yours, which records
+    "custom" as its model)."""
     name = model if isinstance(model, str) else CUSTOM_MODEL
     base = recipe(name, genome.get("optimizer"))
     optimizer = genome.get("optimizer", base.get("optimizer", "adam"))
@@ -122,7 +122,7 @@ def candidate_config(cfg: SearchConfig, model: Model, genome: dict, seed: int,
     return TrainConfig(**{
         **training,
         "model": name,
-        "model_options": model_genes(genome) if name in CATALOG else {},
+        "model_options": model_genes(genome),
         "dataset": cfg.dataset, "val_size": cfg.val_size,
         "batch_size": genome.get("batch_size", cfg.batch_size or base.get("batch_size")
                                  or DEFAULT_BATCH.get(cfg.dataset, 128)),
@@ -206,9 +206,9 @@ def candidate_task(candidate: Candidate, kind: str = "fitness") -> dict:
 
 def retrain_command(cfg: SearchConfig, model: Model, genome: dict, seed: int, max_epochs: int | None = None) -> str:
     """The `towerlab train` command that trains this candidate again as it was evaluated: on one device.
-    A model function of yours is named by its file, --model FILE.py:FUNCTION; where that cannot
-    retrain the candidate (a function given from Python without a file, or genes the function would
-    need), the text says so plainly, beside the command that would."""
+    A model function of yours is named by its file, --model FILE.py:FUNCTION, and gets its genes as
+    --model-opt; where no file defines it (given from Python), the text says so plainly, beside the
+    command that would retrain it."""
     flags = to_flags(candidate_config(cfg, model, genome, seed, max_epochs))
     if not callable(model):
         return " ".join(["towerlab", "train", *flags, "--devices", "1"])
@@ -218,11 +218,6 @@ def retrain_command(cfg: SearchConfig, model: Model, genome: dict, seed: int, ma
     command = " ".join(["towerlab", "train", *flags, "--devices", "1"])
     if spec is None:
         return f"none: {name} was given from Python, not from a file; where FILE.py defines it: {command}"
-    genes = model_genes(genome)
-    if genes:
-        values = ", ".join(f"{k}={v}" for k, v in genes.items())
-        return (f"none: towerlab train calls {name}(input_shape, num_classes) alone, without the winner's genes "
-                f"({values}); with those as {name}'s defaults: {command}")
     return command
 
 

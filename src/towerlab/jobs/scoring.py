@@ -85,11 +85,12 @@ def score_run(path: str | os.PathLike, data: Any = None, *, split: str = "test",
 
 def _load(file: Path, module: Any) -> tuple[Any, dict]:
     """`load_model`, where `module` may also be a model function (`towerlab train --model
-    FILE.py:FUNCTION`), `module(input_shape, num_classes)`, called with what the file records."""
+    FILE.py:FUNCTION`), `module(input_shape, num_classes, **options)`, called with what the file records."""
     if _takes_shape(module):
         try:
             record = torch.load(file, map_location="cpu", weights_only=True)
-            module = functools.partial(module, tuple(record["input_shape"]), record["num_classes"])
+            module = functools.partial(module, tuple(record["input_shape"]), record["num_classes"],
+                                       **record["options"])
         except Exception:  # noqa: BLE001 - not a model file: load_model says what is wrong with it
             pass
     return load_model(file, module=module)

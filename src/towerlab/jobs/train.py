@@ -29,11 +29,13 @@ from towerlab import atomic, checkpoint
 from towerlab.batches import steps_per_epoch
 from towerlab.config import CUSTOM_MODEL, RunConfig, TrainConfig, dataset_label, from_dict, replace, to_dict
 from towerlab.data.load import content_sha256
-from towerlab.distributed.env import check_capacity, default_threads, local_processes, torchrun_restart, torchrun_world_size, under_torchrun
+from towerlab.distributed.env import (check_capacity, default_threads, local_processes, torchrun_restart,
+                                     torchrun_world_size, under_torchrun)
 from towerlab.distributed.group import Context, barrier, broadcast_object, session
 from towerlab.distributed.launch import start_method_for
 from towerlab.distributed.signals import StopFlag
 from towerlab.errors import UserError
+from towerlab.models import keyword_options
 from towerlab.jobs.common import (Job, OutputFolder, handed_over, load_data, read_config, require_out_under_torchrun,
                                   resolved_run, restarted_by_torchrun, save_model, start_job, stderr_line, worker_data,
                                   write_config)
@@ -68,7 +70,7 @@ def start(cfg: TrainConfig, run: RunConfig, *, data: Any = None, module: Any = N
     if run.tensorboard:
         require_tensorboard()
     require_out_under_torchrun(run)
-    require_module(cfg, module if function is None else function)
+    require_module(cfg, module, function)
     run = resolved_run(run)
     start_method = start_method or start_method_for(run.device)
     if not under_torchrun():
@@ -102,7 +104,7 @@ class TrainJob(Job):
         """Every mistake (and the download, or the offline fallback) once, here, before any worker
         starts; the workers read the very data loaded here (see `handed_over`)."""
         data = self.data if self.data is not None else train_data(self.cfg, self.run)
-        check_setup(self.cfg, self.run.devices, data, network_source(self.module, self.function, data))
+        check_setup(self.cfg, self.run.devices, data, network_source(self.module, self.function, data, self.cfg.model_options))
         return (self.cfg, self.run, str(self.out), *handed_over(data, self.start_method), self.module, self.function,
                 self.started)
 
@@ -121,20 +123,30 @@ class TrainJob(Job):
         return f"replica rank {rank}" + (", the parameter server," if self.run.strategy == "ps" and rank == 0 else "")
 
 
-def require_module(cfg: TrainConfig, module: Any) -> None:
-    if (cfg.model == CUSTOM_MODEL) != (module is not None):
+def require_module(cfg: TrainConfig, module: Any, function: Any) -> None:
+    if (cfg.model == CUSTOM_MODEL) != (module is not None or function is not None):
         raise UserError(f"model {CUSTOM_MODEL!r} is a module you give from Python: "
                         "towerlab.api.train(model=YourModule()) or model=a function returning one; on the command "
                         "line, --model FILE.py:FUNCTION (give it again on --resume)"
-                        if module is None else "a module of your own goes with model 'custom'")
+                        if module is None and function is None else "a module of your own goes with model 'custom'")
+    if module is not None and cfg.model_options:
+        # Only a model function takes options (as keyword arguments); a module is built already.
+        raise UserError("--model-opt sets options of the built-in models and the keyword arguments of a model "
+                        "function (--model FILE.py:FUNCTION), not of a module of your own")
+    keywords = None if function is None else keyword_options(function)
+    unknown = [] if keywords is None else sorted(set(cfg.model_options) - set(keywords))
+    if unknown:
+        name = getattr(function, "__name__", "your function")
+        raise UserError(f"--model-opt {unknown[0]}: {name}(input_shape, num_classes, ...) takes no keyword argument "
+                        f"{unknown[0]!r} (it takes: {', '.join(keywords) or 'none'})")
 
 
-def network_source(module: Any, function: Any, data: Any) -> Any:
+def network_source(module: Any, function: Any, data: Any, options: dict) -> Any:
     """What builds a network of your own for `data`: `module` as given, or a factory calling the model
-    function `function(input_shape, num_classes)` with the data's (None: a built-in model)."""
+    function `function(input_shape, num_classes, **options)` with the data's (None: a built-in model)."""
     if function is None:
         return module
-    return functools.partial(function, data.input_shape, data.num_classes)
+    return functools.partial(function, data.input_shape, data.num_classes, **options)
 
 
 def _process(rank: int, world_size: int, store_path: str | None, cfg: TrainConfig, run: RunConfig,
@@ -145,7 +157,7 @@ def _process(rank: int, world_size: int, store_path: str | None, cfg: TrainConfi
     with StopFlag() as stop, session(rank=rank, world_size=world_size, store_path=store_path,
                                      timeout=run.timeout, device=run.device) as ctx:
         data = worker_data(ctx, functools.partial(train_data, cfg, run), data, fallback)
-        module = network_source(module, function, data)
+        module = network_source(module, function, data, cfg.model_options)
         network = check_setup(cfg, ctx.world_size, data, module)
         digests = content_sha256(data.source) if ctx.is_main else {}  # read once: start, resume check, summary
         resume_state = _start_state(cfg, run, ctx, out, digests, checkpoint.size_limit(network))

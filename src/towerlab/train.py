@@ -26,8 +26,7 @@ from towerlab.distributed import (Context, Interrupted, StopFlag, machine_memory
 from towerlab.errors import UserError
 from towerlab.models import build_model, instantiate
 from towerlab.report import Reporter, format_epoch, format_step
-from towerlab.step import WARMUP_STEPS, EagerSteps, StepProgram, Steps, resolve_step, warms_up
-from towerlab.strategies import make_strategy
+from towerlab.step import Steps, make_steps, resolve_step, warms_up
 from towerlab.whitenet import WHITEN_IMAGES, share_batch_statistics
 
 EVAL_BATCH = 1024
@@ -208,10 +207,7 @@ def train(cfg: TrainConfig, ctx: Context, data: Any, *, input_mode: str = "resid
         progress.train_seconds += clock.stop()
     mode = resolve_step(step_mode, ctx.device.type, ctx.world_size, strategy, input_mode)
     worst = torch.zeros((), device=ctx.device)
-    if mode == "eager":
-        steps: Steps = EagerSteps(make_strategy(strategy, module, cfg, ctx, total_steps), batches, cfg, ctx, worst)
-    else:
-        steps = StepProgram(module, cfg, ctx, batches, total_steps, worst)
+    steps = make_steps(mode, strategy, module, cfg, ctx, batches, total_steps, worst)
     if resume_state is not None:
         progress = _restore(resume_state, steps)
     resident = input_mode == "resident"
@@ -231,10 +227,7 @@ def train(cfg: TrainConfig, ctx: Context, data: Any, *, input_mode: str = "resid
     if progress.step < total_steps and progress.stopped is None and (
             mode != "eager" or (setup_apart and warms_up(ctx.device, mode))):
         clock.start()
-        if isinstance(steps, StepProgram):
-            ran = steps.prepare(mode, progress.step, reporter.line)
-        else:
-            ran = steps.warm_up(progress.step, min(WARMUP_STEPS, total_steps - progress.step))
+        ran = steps.prepare(mode, progress.step, reporter.line)
         seconds = clock.stop()
         progress.setup_seconds += seconds
         reporter.line(f"Setup: {seconds:.1f} s before training ({ran} warm-up steps, undone)")

@@ -108,7 +108,7 @@ class _Progress:
     stopped: str | None = None
 
 
-def evaluate(module: nn.Module, x: torch.Tensor, y: torch.Tensor, ctx: Context, normalize: Normalizer,
+def loss_and_accuracy(module: nn.Module, x: torch.Tensor, y: torch.Tensor, ctx: Context, normalize: Normalizer,
              precision: str = "fp32", tta: str = "none") -> tuple[float, float]:
     """(mean loss, accuracy) over a whole split, of the logits averaged over the `tta` views; each
     rank scores its shard, the sums are reduced."""
@@ -214,10 +214,10 @@ def train(cfg: TrainConfig, ctx: Context, data: Any, *, input_mode: str = "resid
     val = (data.x_val.to(ctx.device), data.y_val.to(ctx.device)) if resident else (data.x_val, data.y_val)
     global_batch = cfg.batch_size * ctx.world_size
 
-    def evaluate_val() -> tuple[float | None, float | None]:
+    def val_scores() -> tuple[float | None, float | None]:
         if data.n_val == 0:
             return None, None
-        return evaluate(module, *val, ctx, batches.normalize, cfg.precision, cfg.tta)
+        return loss_and_accuracy(module, *val, ctx, batches.normalize, cfg.precision, cfg.tta)
 
     def save(step: int) -> None:
         if checkpoint_path is not None and ctx.is_main:
@@ -256,7 +256,7 @@ def train(cfg: TrainConfig, ctx: Context, data: Any, *, input_mode: str = "resid
                     raise Interrupted(signum)
             if cfg.eval_every and step % cfg.eval_every == 0 and step % steps_per_epoch:
                 progress.train_seconds += clock.stop()
-                scores = evaluate_val()
+                scores = val_scores()
                 divergence.check(step, val_loss=scores[0])
                 _after_eval(cfg, progress, reporter, step, steps_per_epoch, scores, module, epochs_total,
                             global_batch, end_of_epoch=False)
@@ -268,7 +268,7 @@ def train(cfg: TrainConfig, ctx: Context, data: Any, *, input_mode: str = "resid
         if clock.started is not None:
             progress.train_seconds += clock.stop()
         if progress.stopped is None:
-            scores = evaluate_val()
+            scores = val_scores()
             divergence.check(progress.step, val_loss=scores[0])
             _after_eval(cfg, progress, reporter, progress.step, steps_per_epoch, scores, module,
                         epochs_total, global_batch, end_of_epoch=True)
@@ -280,7 +280,7 @@ def train(cfg: TrainConfig, ctx: Context, data: Any, *, input_mode: str = "resid
     test_loss = test_acc = None
     if test and data.n_test > 0:
         test_data = (data.x_test.to(ctx.device), data.y_test.to(ctx.device)) if resident else (data.x_test, data.y_test)
-        test_loss, test_acc = evaluate(module, *test_data, ctx, batches.normalize, cfg.precision, cfg.tta)
+        test_loss, test_acc = loss_and_accuracy(module, *test_data, ctx, batches.normalize, cfg.precision, cfg.tta)
     seconds = progress.train_seconds
     return TrainResult(
         steps=progress.step, epochs=progress.step / steps_per_epoch, steps_per_epoch=steps_per_epoch,

@@ -63,9 +63,9 @@ def data():
 
 # SGD with Nesterov momentum, weight decay, a linear schedule, BatchNorm's parameters on their own
 # learning rate and Lookahead: every piece of the set-up a strategy is now handed instead of making.
-CFG = TrainConfig(model="cnn", dataset="synthetic", val_size=200, batch_size=100, steps=20, optimizer="sgd",
-                  lr=0.05, momentum=0.9, nesterov=True, weight_decay=1e-3, schedule="linear", norm_lr_scale=4.0,
-                  lookahead=3)
+CFG = TrainConfig(model="cnn", model_options={"filters": 8, "dense": 32}, dataset="synthetic", val_size=200,
+                  batch_size=100, steps=20, optimizer="sgd", lr=0.05, momentum=0.9, nesterov=True, weight_decay=1e-3,
+                  schedule="linear", norm_lr_scale=4.0, lookahead=3)
 
 
 def same_weights(a: torch.nn.Module, b: torch.nn.Module) -> bool:

@@ -57,8 +57,8 @@ WARMUP_STEPS = 3
 Yield = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # (loss, logits, labels) of one step
 
 
-def autocast(cfg: TrainConfig, device: torch.device, *, cache_casts: bool = True
-             ) -> contextlib.AbstractContextManager:
+def mixed_precision(cfg: TrainConfig, device: torch.device, *, cache_casts: bool = True
+                    ) -> contextlib.AbstractContextManager:
     """--precision's context for forward and loss: bf16 autocast, or nothing for fp32."""
     if cfg.precision != "bf16":
         return contextlib.nullcontext()
@@ -177,12 +177,12 @@ class EagerSteps(Steps):
         self.total_steps = total_steps
         self.steps_per_epoch = batches.steps_per_epoch
         self.dropout = uses_dropout(strat.module)
-        self.autocast = autocast(cfg, ctx.device)
+        self.precision = mixed_precision(cfg, ctx.device)
         self.lookahead = lookahead_for(cfg, strat.module, total_steps)
 
     def step(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """One update on the batch (x, y); returns its (loss, logits), detached."""
-        loss, logits = forward_loss(self.strat.model, x, y, self.cfg, self.autocast)
+        loss, logits = forward_loss(self.strat.model, x, y, self.cfg, self.precision)
         self.strat.update(loss)
         # Lookahead's pull towards the slow weights, on every replica alike.
         if self.lookahead is not None and self.lookahead.step():
@@ -260,7 +260,8 @@ class StepProgram(Steps):
             self._broadcast_buffers()
         # Made each call (a compiled program would otherwise hold this object's identity, and a
         # process training many programs would compile each anew); no cast cache in a graph.
-        loss, logits = forward_loss(self.module, x, y, self.cfg, autocast(self.cfg, self.ctx.device, cache_casts=False))
+        precision = mixed_precision(self.cfg, self.ctx.device, cache_casts=False)
+        loss, logits = forward_loss(self.module, x, y, self.cfg, precision)
         grads = list(torch.autograd.grad(loss, self.params))
         if self.group is not None:
             grads = self._average(grads)

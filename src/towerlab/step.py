@@ -17,13 +17,15 @@ memory, so the step must be a program that takes no changing Python value and re
   setting, which a graph's replay reads), Lookahead's pull every N steps (its mix is a host number),
   the epoch's refill.
 
-`--step` picks how it runs: `eager` is not the program but the reference step (torch.optim's fused
-or foreach optimizers and torch's schedulers, `strategies`), for every strategy and input mode;
+`--step` picks how it runs: `eager` is not the program but the reference step (forward and loss
+here, then a strategy's gradient exchange and its torch.optim optimizer and scheduler, set up by
+`optim.ScheduledOptimizer`; Lookahead here after it), for every strategy and input mode;
 `graph` records the program once as a CUDA graph and replays it; `compiled` runs it through
 torch.compile(fullgraph=True), and on one GPU records the compiled step as a graph too; `auto` is
 `graph` where one process drives one GPU with resident data and `ddp`, else `eager`. Recording or
 compiling happens during the warm-up, timed as setup and undone; where it fails, the run says why in
-one line and runs the program op by op ("program" in summary.json).
+one line and runs the program op by op ("program" in summary.json). `make_steps` builds the kind a
+run takes from `STEP_KINDS`.
 """
 
 from __future__ import annotations

@@ -45,7 +45,7 @@ def _timed(ctx, fn, n: int) -> float:
 
 def _worker(rank: int, world_size: int, store: str, data_dir: str, scale: float, rounds: int, out: str) -> None:
     from towerlab.data.load import load_dataset
-    from towerlab.strategies import make_strategy
+    from towerlab.step import make_steps
     from towerlab.train import _make_batches, build
 
     torch.set_num_threads(1)
@@ -55,17 +55,19 @@ def _worker(rank: int, world_size: int, store: str, data_dir: str, scale: float,
             data = load_dataset(dataset, data_dir, 5000)
             cfg = TrainConfig(model=model, dataset=dataset, batch_size=batch, precision="bf16")
             batches = _make_batches(cfg, ctx, data, "resident")
-            strat = make_strategy("ddp", build(cfg, data.input_shape, data.num_classes, ctx), cfg, ctx, 10**6)
+            steps = make_steps("eager", "ddp", build(cfg, data.input_shape, data.num_classes, ctx), cfg, ctx, batches,
+                               10**6, torch.zeros((), device=ctx.device))
+            strat = steps.strat
             source = _cycle(batches)
             grads = torch.zeros(sum(p.numel() for p in strat.module.parameters()))
             n = max(3, int(scale * (8192 if model == "lenet5" else 256) / batch))
 
             def ddp() -> None:
-                strat.step(*next(source))
+                steps.step(*next(source))
 
             def compute_only() -> None:
                 with strat.model.no_sync():
-                    strat.step(*next(source))
+                    steps.step(*next(source))
 
             for _ in range(3):
                 ddp()

@@ -24,13 +24,12 @@ from dataclasses import replace
 
 import torch
 
+from towerlab import step
 from towerlab.batches import Batches, Normalizer
 from towerlab.config import TrainConfig
 from towerlab.data.load import load_dataset
 from towerlab.distributed.group import Context
 from towerlab.presets import apply_preset
-from towerlab.step import EagerSteps, StepProgram
-from towerlab.strategies import make_strategy
 from towerlab.train import build, fit_to_data, uses_channels_last
 
 # (name, preset, batch, input shape): the steps of issue 38's targets.
@@ -56,12 +55,8 @@ def make_steps(mode: str, cfg: TrainConfig, data, device: torch.device):  # noqa
     module.train()
     worst = torch.zeros((), device=device)
     started = time.perf_counter()
-    if mode == "eager":
-        steps = EagerSteps(make_strategy("ddp", module, cfg, ctx, cfg.steps), batches, cfg, ctx, worst)
-        steps.warm_up(0, 3)
-    else:
-        steps = StepProgram(module, cfg, ctx, batches, cfg.steps, worst)
-        steps.prepare(mode, 0, print)
+    steps = step.make_steps(mode, "ddp", module, cfg, ctx, batches, cfg.steps, worst)
+    steps.prepare(mode, 0, print)
     if device.type == "cuda":
         torch.cuda.synchronize()
     return steps, time.perf_counter() - started

@@ -15,6 +15,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from towerlab.config import TrainConfig
+
 
 class Lookahead:
     def __init__(self, module: nn.Module, every: int, decay: float, total_steps: int):
@@ -48,3 +50,8 @@ class Lookahead:
         self.steps = state["steps"]
         for slow, saved in zip(self.slow, state["slow"], strict=True):
             slow.copy_(saved)
+
+
+def lookahead_for(cfg: TrainConfig, module: nn.Module, total_steps: int) -> Lookahead | None:
+    """`--lookahead`'s averaging of `module` over a run of `total_steps`, or None when it is off."""
+    return Lookahead(module, cfg.lookahead, cfg.lookahead_decay, total_steps) if cfg.lookahead else None

@@ -1,7 +1,7 @@
 """Optimizers and learning-rate schedules, in two forms.
 
-- torch.optim's optimizers (fused or foreach) stepped with torch's schedulers: the eager step and
-  the parameter server (`make_optimizer`, `make_scheduler`).
+- torch.optim's optimizers (fused or foreach) stepped with torch's schedulers: the eager step, for
+  every strategy (`ScheduledOptimizer`, built from the `OPTIMIZERS` and `SCHEDULES` registries).
 - `Update`: the same arithmetic as tensor operations on state allocated up front, with the
   learning rate and the momentum (Adam's beta1) read from schedule tables by a step counter on the
   device. It takes no changing Python value and never reads a value back, so a CUDA graph can
@@ -13,7 +13,7 @@
 from __future__ import annotations
 
 import warnings
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch import nn
@@ -46,28 +46,52 @@ def group_scales(cfg: TrainConfig, groups: list[list[int]]) -> list[float]:
     return [1.0, cfg.norm_lr_scale][:len(groups)]
 
 
+def trained_parameters(module: nn.Module) -> list[torch.Tensor]:
+    """The parameters an optimizer steps, in the model's order (what `parameter_groups` indexes)."""
+    return [p for p in module.parameters() if p.requires_grad]
+
+
+def _adam(cfg: TrainConfig, param_groups: list[dict], device: torch.device) -> torch.optim.Optimizer:
+    cls = torch.optim.AdamW if cfg.weight_decay > 0 else torch.optim.Adam
+    return cls(param_groups, lr=cfg.lr, fused=True)
+
+
+def _sgd(cfg: TrainConfig, param_groups: list[dict], device: torch.device) -> torch.optim.Optimizer:
+    return torch.optim.SGD(param_groups, lr=cfg.lr, momentum=cfg.momentum, nesterov=cfg.nesterov, fused=True)
+
+
+def _adagrad(cfg: TrainConfig, param_groups: list[dict], device: torch.device) -> torch.optim.Optimizer:
+    fast = {"fused": True} if device.type == "cpu" else {"foreach": True}
+    return torch.optim.Adagrad(param_groups, lr=cfg.lr, **fast)
+
+
+def _foreach(cls: type[torch.optim.Optimizer]) -> Callable[[TrainConfig, list[dict], torch.device],
+                                                            torch.optim.Optimizer]:
+    def build(cfg: TrainConfig, param_groups: list[dict], device: torch.device) -> torch.optim.Optimizer:
+        return cls(param_groups, lr=cfg.lr, foreach=True)
+    return build
+
+
+# --optimizer NAME -> its torch.optim optimizer over prepared parameter groups. One fused kernel per
+# step where torch has one: Adam, AdamW and SGD on CPUs and GPUs, Adagrad on CPUs. On a CPU, fused
+# Adam steps LeNet-5's parameters 2.6x and CifarNet's 3.1x faster than foreach, whose CPU path still
+# loops over the tensors (bench/changes.py). An optimizer is also an `Update` method and a `STATE`
+# entry (the step program's form) and a `DEFAULT_LR`; tests hold all four to config.OPTIMIZERS.
+OPTIMIZERS: dict[str, Callable[[TrainConfig, list[dict], torch.device], torch.optim.Optimizer]] = {
+    "adam": _adam, "sgd": _sgd, "rmsprop": _foreach(torch.optim.RMSprop), "adagrad": _adagrad,
+    "adadelta": _foreach(torch.optim.Adadelta), "adamax": _foreach(torch.optim.Adamax),
+    "nadam": _foreach(torch.optim.NAdam)}
+
+
 def make_optimizer(cfg: TrainConfig, params: list[torch.Tensor], groups: list[list[int]],
                    device: torch.device) -> torch.optim.Optimizer:
     """`cfg.optimizer` over `params`; the second of `groups`, if any, learns `cfg.norm_lr_scale` times
     faster with its weight decay divided by as much, so its decay per step stays that of the rest
     (airbench94's BatchNorm biases: 64x)."""
-    name, lr, weight_decay = cfg.optimizer, cfg.lr, cfg.weight_decay
-    param_groups = [{"params": [params[i] for i in group], "lr": lr * scale, "weight_decay": weight_decay / scale}
+    param_groups = [{"params": [params[i] for i in group], "lr": cfg.lr * scale,
+                     "weight_decay": cfg.weight_decay / scale}
                     for group, scale in zip(groups, group_scales(cfg, groups))]
-    # One fused kernel per step where torch has one: Adam, AdamW and SGD on CPUs and GPUs, Adagrad on
-    # CPUs. On a CPU, fused Adam steps LeNet-5's parameters 2.6x and CifarNet's 3.1x faster than
-    # foreach, whose CPU path still loops over the tensors (bench/changes.py).
-    fused = {"fused": True}
-    if name == "adam":
-        cls = torch.optim.AdamW if weight_decay > 0 else torch.optim.Adam
-        return cls(param_groups, lr=lr, **fused)
-    if name == "sgd":
-        return torch.optim.SGD(param_groups, lr=lr, momentum=cfg.momentum, nesterov=cfg.nesterov, **fused)
-    if name == "adagrad" and device.type == "cpu":
-        return torch.optim.Adagrad(param_groups, lr=lr, **fused)
-    classes = {"rmsprop": torch.optim.RMSprop, "adagrad": torch.optim.Adagrad,
-               "adadelta": torch.optim.Adadelta, "adamax": torch.optim.Adamax, "nadam": torch.optim.NAdam}
-    return classes[name](param_groups, lr=lr, foreach=True)
+    return OPTIMIZERS[cfg.optimizer](cfg, param_groups, device)
 
 
 def linear_factor(step: int, total_steps: int, warmup: float) -> float:
@@ -78,18 +102,77 @@ def linear_factor(step: int, total_steps: int, warmup: float) -> float:
     return 1.0 + (LINEAR_END - 1.0) * (step - rise) / max(1, total_steps - rise)
 
 
+def _constant(cfg: TrainConfig, optimizer: torch.optim.Optimizer, total_steps: int) -> None:
+    return None  # the optimizer's own learning rate throughout: nothing to step
+
+
+def _onecycle(cfg: TrainConfig, optimizer: torch.optim.Optimizer, total_steps: int) -> Any:
+    warmup = ONECYCLE_WARMUP if cfg.warmup is None else cfg.warmup
+    # It cycles the momentum too, where the optimizer has one (Adagrad and Adadelta have none).
+    cycles = any(key in optimizer.defaults for key in ("momentum", "betas"))
+    return torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=[g["lr"] for g in optimizer.param_groups],
+                                               total_steps=max(2, total_steps), pct_start=warmup,
+                                               cycle_momentum=cycles)
+
+
+def _linear(cfg: TrainConfig, optimizer: torch.optim.Optimizer, total_steps: int) -> Any:
+    warmup = LINEAR_WARMUP if cfg.warmup is None else cfg.warmup
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: linear_factor(step, total_steps, warmup))
+
+
+# --schedule NAME -> torch's scheduler for it, or None (the step program reads the same values from
+# `schedule_tables`, recorded from these).
+SCHEDULES: dict[str, Callable[[TrainConfig, torch.optim.Optimizer, int], Any]] = {
+    "constant": _constant, "onecycle": _onecycle, "linear": _linear}
+
+
 def make_scheduler(cfg: TrainConfig, optimizer: torch.optim.Optimizer, total_steps: int) -> Any:
-    if cfg.schedule == "onecycle":
-        warmup = ONECYCLE_WARMUP if cfg.warmup is None else cfg.warmup
-        # It cycles the momentum too, where the optimizer has one (Adagrad and Adadelta have none).
-        cycles = any(key in optimizer.defaults for key in ("momentum", "betas"))
-        return torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=[g["lr"] for g in optimizer.param_groups],
-                                                   total_steps=max(2, total_steps), pct_start=warmup,
-                                                   cycle_momentum=cycles)
-    if cfg.schedule == "linear":
-        warmup = LINEAR_WARMUP if cfg.warmup is None else cfg.warmup
-        return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: linear_factor(step, total_steps, warmup))
-    return None
+    return SCHEDULES[cfg.schedule](cfg, optimizer, total_steps)
+
+
+class ScheduledOptimizer:
+    """`cfg`'s optimizer and schedule over `params`, set up once for every strategy: `step()` after
+    the gradients are in, `lr()` of the next step, and the state a checkpoint keeps
+    ({"optimizer", "scheduler"}, the layout of every checkpoint so far)."""
+
+    def __init__(self, cfg: TrainConfig, params: list[torch.Tensor], groups: list[list[int]],
+                 device: torch.device, total_steps: int):
+        self.optimizer = make_optimizer(cfg, params, groups, device)
+        self.scheduler = make_scheduler(cfg, self.optimizer, total_steps)
+
+    def zero_grad(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def step(self) -> None:
+        self.optimizer.step()
+        if self.scheduler is not None:
+            self.scheduler.step()
+
+    def lr(self) -> float:
+        return float(self.optimizer.param_groups[0]["lr"])
+
+    def state_dict(self) -> dict:
+        return {"optimizer": self.optimizer.state_dict(),
+                "scheduler": self.scheduler.state_dict() if self.scheduler else None}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+        if self.scheduler is not None and state.get("scheduler"):
+            self.scheduler.load_state_dict(state["scheduler"])
+
+
+# What a strategy is handed: it builds the optimizer over the tensors it steps (the replica's
+# parameters, or the parameter server's master copy on the CPU), in the order of the module's
+# trained parameters, on their device.
+OptimizerFactory = Callable[[list[torch.Tensor], torch.device], ScheduledOptimizer]
+
+
+def optimizer_factory(cfg: TrainConfig, module: nn.Module, total_steps: int) -> OptimizerFactory:
+    groups = parameter_groups(module, trained_parameters(module), cfg.norm_lr_scale)
+
+    def build(params: list[torch.Tensor], device: torch.device) -> ScheduledOptimizer:
+        return ScheduledOptimizer(cfg, params, groups, device, total_steps)
+    return build
 
 
 def _momentum(group: dict) -> float | None:

@@ -17,13 +17,15 @@ memory, so the step must be a program that takes no changing Python value and re
   setting, which a graph's replay reads), Lookahead's pull every N steps (its mix is a host number),
   the epoch's refill.
 
-`--step` picks how it runs: `eager` is not the program but the reference step (torch.optim's fused
-or foreach optimizers and torch's schedulers, `strategies`), for every strategy and input mode;
+`--step` picks how it runs: `eager` is not the program but the reference step (forward and loss
+here, then a strategy's gradient exchange and its torch.optim optimizer and scheduler, set up by
+`optim.ScheduledOptimizer`; Lookahead here after it), for every strategy and input mode;
 `graph` records the program once as a CUDA graph and replays it; `compiled` runs it through
 torch.compile(fullgraph=True), and on one GPU records the compiled step as a graph too; `auto` is
 `graph` where one process drives one GPU with resident data and `ddp`, else `eager`. Recording or
 compiling happens during the warm-up, timed as setup and undone; where it fails, the run says why in
-one line and runs the program op by op ("program" in summary.json).
+one line and runs the program op by op ("program" in summary.json). `make_steps` builds the kind a
+run takes from `STEP_KINDS`.
 """
 
 from __future__ import annotations
@@ -41,9 +43,10 @@ from towerlab.batches import Batches, mix_seed
 from towerlab.config import TrainConfig
 from towerlab.distributed.group import Context, max_over_ranks, world_group
 from towerlab.errors import UserError
-from towerlab.lookahead import Lookahead
-from towerlab.optim import Update, parameter_groups, schedule_tables, tables_on, uses_momentum
-from towerlab.strategies import Strategy
+from towerlab.lookahead import Lookahead, lookahead_for
+from towerlab.optim import (Update, optimizer_factory, parameter_groups, schedule_tables, tables_on,
+                            trained_parameters, uses_momentum)
+from towerlab.strategies import Strategy, make_strategy
 
 # torch.compile's settings for --step compiled, by device kind: inductor's default mode (no CUDA
 # graphs of its own: on one GPU the program records its graph around the compiled step). Tests swap in
@@ -54,6 +57,23 @@ COMPILE_OPTIONS: dict[str, dict] = {"cuda": {}, "cpu": {}}
 WARMUP_STEPS = 3
 
 Yield = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # (loss, logits, labels) of one step
+
+
+def mixed_precision(cfg: TrainConfig, device: torch.device, *, cache_casts: bool = True
+                    ) -> contextlib.AbstractContextManager:
+    """--precision's context for forward and loss: bf16 autocast, or nothing for fp32."""
+    if cfg.precision != "bf16":
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=torch.bfloat16, cache_enabled=cache_casts)
+
+
+def forward_loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor, cfg: TrainConfig,
+                 precision: contextlib.AbstractContextManager) -> tuple[torch.Tensor, torch.Tensor]:
+    """(loss, logits) of `model` on the batch: cross-entropy with --label-smoothing, under `precision`."""
+    with precision:
+        logits = model(x)
+        loss = F.cross_entropy(logits, y, label_smoothing=cfg.label_smoothing)
+    return loss, logits
 
 
 def uses_dropout(module: nn.Module) -> bool:
@@ -114,6 +134,11 @@ class Steps:
     def epoch(self, epoch: int, start: int) -> Iterator[Yield]:
         raise NotImplementedError  # and state_dict, load_state_dict, lr: each kind has its own
 
+    def prepare(self, mode: str, step: int, log: Callable[[str], None]) -> int:
+        """Warm up on the steps from `step` before the clock, as `mode` (resolve_step's answer) runs
+        them, and undo them exactly; returns how many warm-up steps ran."""
+        raise NotImplementedError
+
     def snapshot(self) -> dict:
         return {"state": copy.deepcopy(self.state_dict()), "worst": self.worst.clone()}
 
@@ -143,31 +168,51 @@ def warms_up(device: torch.device, mode: str) -> bool:
 
 
 class EagerSteps(Steps):
-    """The reference step: batches from `Batches`, the strategy's torch.optim update, dropout seeded
-    per step on the host."""
+    """The reference step: batches from `Batches`, forward and loss here, the strategy's gradient
+    exchange and torch.optim update, Lookahead after it, dropout seeded per step on the host."""
 
     mode = "eager"
 
-    def __init__(self, strat: Strategy, batches: Batches, cfg: TrainConfig, ctx: Context, worst: torch.Tensor):
+    def __init__(self, strat: Strategy, batches: Batches, cfg: TrainConfig, ctx: Context, total_steps: int,
+                 worst: torch.Tensor):
         self.strat, self.batches, self.cfg, self.ctx, self.worst = strat, batches, cfg, ctx, worst
+        self.total_steps = total_steps
         self.steps_per_epoch = batches.steps_per_epoch
         self.dropout = uses_dropout(strat.module)
+        self.precision = mixed_precision(cfg, ctx.device)
+        self.lookahead = lookahead_for(cfg, strat.module, total_steps)
+
+    def step(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """One update on the batch (x, y); returns its (loss, logits), detached."""
+        loss, logits = forward_loss(self.strat.model, x, y, self.cfg, self.precision)
+        self.strat.update(loss)
+        # Lookahead's pull towards the slow weights, on every replica alike.
+        if self.lookahead is not None and self.lookahead.step():
+            self.strat.weights_changed()
+        return loss.detach(), logits.detach()
 
     def epoch(self, epoch: int, start: int) -> Iterator[Yield]:
         step = epoch * self.batches.steps_per_epoch + start
         for x, y in self.batches.epoch(epoch, start):
             if self.dropout:
                 seed_step(self.cfg, self.ctx, step)
-            loss, logits = self.strat.step(x, y)
-            torch.maximum(self.worst, loss.detach().float(), out=self.worst)
+            loss, logits = self.step(x, y)
+            torch.maximum(self.worst, loss.float(), out=self.worst)
             step += 1
             yield loss, logits, y
 
+    def prepare(self, mode: str, step: int, log: Callable[[str], None]) -> int:
+        return self.warm_up(step, min(WARMUP_STEPS, self.total_steps - step))
+
     def state_dict(self) -> dict:
-        return self.strat.state_dict()
+        # The layout of every eager checkpoint: {"model", "optimizer", "scheduler"[, "lookahead"]}.
+        return {"model": self.strat.module.state_dict(), **self.strat.state_dict(), **_lookahead_state(self.lookahead)}
 
     def load_state_dict(self, state: dict) -> None:
+        self.strat.module.load_state_dict(state["model"])
         self.strat.load_state_dict(state)
+        if self.lookahead is not None:
+            self.lookahead.load_state_dict(state["lookahead"])
 
     def lr(self) -> float:
         return self.strat.lr()
@@ -181,14 +226,14 @@ class StepProgram(Steps):
                  worst: torch.Tensor):
         self.module, self.cfg, self.ctx, self.batches, self.worst = module, cfg, ctx, batches, worst
         device = ctx.device
-        self.params = [p for p in module.parameters() if p.requires_grad]
+        self.params = trained_parameters(module)
         self.sizes = [p.numel() for p in self.params]
         groups = parameter_groups(module, self.params, cfg.norm_lr_scale)
         lrs, momenta = schedule_tables(cfg, groups, total_steps)
         self.lr_host = [row[0] for row in lrs]
         self.lr_table, self.momentum_table = tables_on(device, lrs, momenta)
         self.update = Update(cfg, self.params, groups, uses_momentum(cfg.optimizer, momenta))
-        self.lookahead = Lookahead(module, cfg.lookahead, cfg.lookahead_decay, total_steps) if cfg.lookahead else None
+        self.lookahead = lookahead_for(cfg, module, total_steps)
         self.steps_per_epoch = batches.steps_per_epoch
         self.perm = torch.zeros(batches.steps_per_epoch, cfg.batch_size, dtype=torch.long, device=device)
         self.salts = torch.zeros(3, dtype=torch.long, device=device)
@@ -217,10 +262,8 @@ class StepProgram(Steps):
             self._broadcast_buffers()
         # Made each call (a compiled program would otherwise hold this object's identity, and a
         # process training many programs would compile each anew); no cast cache in a graph.
-        with torch.autocast(self.ctx.device.type, dtype=torch.bfloat16, enabled=self.cfg.precision == "bf16",
-                            cache_enabled=False):
-            logits = self.module(x)
-            loss = F.cross_entropy(logits, y, label_smoothing=self.cfg.label_smoothing)
+        precision = mixed_precision(self.cfg, self.ctx.device, cache_casts=False)
+        loss, logits = forward_loss(self.module, x, y, self.cfg, precision)
         grads = list(torch.autograd.grad(loss, self.params))
         if self.group is not None:
             grads = self._average(grads)
@@ -287,7 +330,7 @@ class StepProgram(Steps):
         update = self.update
         return {"model": self.module.state_dict(),
                 "update": {"step_count": update.step_count, "mu_product": update.mu_product, "state": update.state},
-                **({"lookahead": self.lookahead.state_dict()} if self.lookahead is not None else {})}
+                **_lookahead_state(self.lookahead)}
 
     @torch.no_grad()
     def load_state_dict(self, state: dict) -> None:
@@ -366,6 +409,34 @@ class StepProgram(Steps):
             own.append(self.momentum_table)
         slow = self.lookahead.slow if self.lookahead is not None else []
         return [*self.module.state_dict(keep_vars=True).values(), *own, *slow]
+
+
+def _lookahead_state(lookahead: Lookahead | None) -> dict:
+    return {"lookahead": lookahead.state_dict()} if lookahead is not None else {}
+
+
+def make_steps(mode: str, strategy: str, module: nn.Module, cfg: TrainConfig, ctx: Context, batches: Batches,
+               total_steps: int, worst: torch.Tensor) -> Steps:
+    """The steps a run of `mode` (resolve_step's answer) drives, over `strategy` where the step is eager."""
+    return STEP_KINDS[mode](strategy, module, cfg, ctx, batches, total_steps, worst)
+
+
+def _eager(strategy: str, module: nn.Module, cfg: TrainConfig, ctx: Context, batches: Batches,
+           total_steps: int, worst: torch.Tensor) -> Steps:
+    strat = make_strategy(strategy, module, ctx, optimizer_factory(cfg, module, total_steps))
+    return EagerSteps(strat, batches, cfg, ctx, total_steps, worst)
+
+
+def _program(strategy: str, module: nn.Module, cfg: TrainConfig, ctx: Context, batches: Batches,
+             total_steps: int, worst: torch.Tensor) -> Steps:
+    # Its own all-reduce: resolve_step let only --strategy ddp through.
+    return StepProgram(module, cfg, ctx, batches, total_steps, worst)
+
+
+# resolve_step's answers (--step's choices but auto, and "program", the tests' uncaptured program)
+# -> how their steps are built; the program's kinds differ in what `prepare` records or compiles.
+STEP_KINDS: dict[str, Callable[..., Steps]] = {"eager": _eager, "program": _program, "graph": _program,
+                                               "compiled": _program}
 
 
 def _traced_autograd(compiled: Callable[[], Yield]) -> Callable[[], Yield]:

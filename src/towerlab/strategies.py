@@ -12,64 +12,43 @@ and every replica starts the next step with the same parameters.
 
 from __future__ import annotations
 
-import contextlib
-
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import nn
 
-from towerlab.config import TrainConfig
 from towerlab.distributed.group import Context, cpu_group
-from towerlab.lookahead import Lookahead
-from towerlab.optim import make_optimizer, make_scheduler, parameter_groups
+from towerlab.optim import OptimizerFactory, ScheduledOptimizer, trained_parameters
 
 
 class Strategy:
-    """One synchronous update per `step(x, y)`; nothing in it waits for the host."""
+    """The wrapping of the module (`model`, what the forward runs through), the gradient exchange
+    and the optimizer step, with their state. The step around it (forward, loss, Lookahead) is the
+    caller's (towerlab.step); nothing here waits for the host. A strategy is one subclass plus its
+    line in `STRATEGIES` (and its name in config.STRATEGIES, which a test holds them to)."""
 
     name = ""
 
-    def __init__(self, module: nn.Module, cfg: TrainConfig, ctx: Context, total_steps: int):
+    def __init__(self, module: nn.Module, ctx: Context):
         self.module = module
-        self.cfg = cfg
+        self.model = module
         self.ctx = ctx
-        self.total_steps = total_steps
-        self._autocast = (torch.autocast(ctx.device.type, dtype=torch.bfloat16)
-                          if cfg.precision == "bf16" else contextlib.nullcontext())
-        self.params = [p for p in module.parameters() if p.requires_grad]
-        self.groups = parameter_groups(module, self.params, cfg.norm_lr_scale)
-        self.lookahead = (Lookahead(module, cfg.lookahead, cfg.lookahead_decay, total_steps)
-                          if cfg.lookahead else None)
+        self.params = trained_parameters(module)
 
-    def forward_loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        with self._autocast:
-            logits = model(x)
-            loss = F.cross_entropy(logits, y, label_smoothing=self.cfg.label_smoothing)
-        return loss, logits
-
-    def step(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def update(self, loss: torch.Tensor) -> None:
+        """From this replica's loss to the next parameters, the same on every replica: the gradients
+        (computed here, so that each strategy decides where they land), their exchange, one
+        optimizer step."""
         raise NotImplementedError
 
-    def end_step(self) -> None:
-        """After the update: Lookahead's pull towards the slow weights, on every replica alike."""
-        if self.lookahead is not None and self.lookahead.step():
-            self.weights_changed()
-
     def weights_changed(self) -> None:
-        """The replica's weights were changed outside the optimizer."""
-
-    def averaging_state(self) -> dict:
-        return {"lookahead": self.lookahead.state_dict()} if self.lookahead is not None else {}
-
-    def load_averaging_state(self, state: dict) -> None:
-        if self.lookahead is not None:
-            self.lookahead.load_state_dict(state["lookahead"])
+        """The replica's weights were changed outside the optimizer (Lookahead's pull, a checkpoint)."""
 
     def state_dict(self) -> dict:
+        """The optimizer's state, {"optimizer", "scheduler"} (the model's weights are the caller's)."""
         raise NotImplementedError
 
     def load_state_dict(self, state: dict) -> None:
+        """Load the optimizer's state; the module holds the saved weights already."""
         raise NotImplementedError
 
     def lr(self) -> float:
@@ -79,49 +58,35 @@ class Strategy:
 class AllReduce(Strategy):
     name = "ddp"
 
-    def __init__(self, module: nn.Module, cfg: TrainConfig, ctx: Context, total_steps: int):
-        super().__init__(module, cfg, ctx, total_steps)
-        model: nn.Module = module
+    def __init__(self, module: nn.Module, ctx: Context, new_optimizer: OptimizerFactory):
+        super().__init__(module, ctx)
         if ctx.distributed:
             # Buckets as views of the gradients (no copy) and a static graph (buckets rebuilt once).
-            model = nn.parallel.DistributedDataParallel(
+            self.model = nn.parallel.DistributedDataParallel(
                 module, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None,
                 gradient_as_bucket_view=True, static_graph=True)
-        self.model = model
-        self.optimizer = make_optimizer(cfg, self.params, self.groups, ctx.device)
-        self.scheduler = make_scheduler(cfg, self.optimizer, total_steps)
+        self.optimizer = new_optimizer(self.params, ctx.device)
 
-    def step(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        loss, logits = self.forward_loss(self.model, x, y)
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+    def update(self, loss: torch.Tensor) -> None:
+        self.optimizer.zero_grad()
+        loss.backward()  # DDP all-reduces the gradients' buckets while it runs
         self.optimizer.step()
-        if self.scheduler is not None:
-            self.scheduler.step()
-        self.end_step()
-        return loss.detach(), logits.detach()
 
     def state_dict(self) -> dict:
-        return {"model": self.module.state_dict(), "optimizer": self.optimizer.state_dict(),
-                "scheduler": self.scheduler.state_dict() if self.scheduler else None, **self.averaging_state()}
+        return self.optimizer.state_dict()
 
     def load_state_dict(self, state: dict) -> None:
-        self.module.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        if self.scheduler is not None and state.get("scheduler"):
-            self.scheduler.load_state_dict(state["scheduler"])
-        self.load_averaging_state(state)
+        self.optimizer.load_state_dict(state)
 
     def lr(self) -> float:
-        return float(self.optimizer.param_groups[0]["lr"])
+        return self.optimizer.lr()
 
 
 class ParameterServer(Strategy):
     name = "ps"
 
-    def __init__(self, module: nn.Module, cfg: TrainConfig, ctx: Context, total_steps: int):
-        super().__init__(module, cfg, ctx, total_steps)
-        self.model = module
+    def __init__(self, module: nn.Module, ctx: Context, new_optimizer: OptimizerFactory):
+        super().__init__(module, ctx)
         self.group = cpu_group(ctx) if ctx.distributed else None
         self.buffers = list(module.buffers())
         self.sizes = [p.numel() for p in self.params]
@@ -130,25 +95,25 @@ class ParameterServer(Strategy):
         self.grad_flat = torch.zeros(total, pin_memory=pin)
         self.param_flat = torch.zeros(total, pin_memory=pin)
         self.master: list[torch.Tensor] = []
-        self.optimizer = None
-        self.scheduler = None
+        self.optimizer: ScheduledOptimizer | None = None
         if ctx.is_main:
             # Contiguous, like the flat buffer whose views are their gradients: the fused optimizer
             # walks parameter, gradient and state memory in step, so their strides must agree (a
             # channels-last replica weight copied as is would be updated with scrambled gradients).
             self.master = [p.detach().to("cpu", torch.float32, copy=True, memory_format=torch.contiguous_format)
                            .requires_grad_() for p in self.params]
-            # The master's gradients are views of the reduced flat buffer: no copy per parameter.
-            for m, g in zip(self.master, self._views(self.grad_flat)):
-                m.grad = g
-            self.optimizer = make_optimizer(cfg, self.master, self.groups, torch.device("cpu"))
-            self.scheduler = make_scheduler(cfg, self.optimizer, total_steps)
+            self._attach_gradients()
+            self.optimizer = new_optimizer(self.master, torch.device("cpu"))
+
+    def _attach_gradients(self) -> None:
+        # The master's gradients are views of the reduced flat buffer: no copy per parameter.
+        for m, g in zip(self.master, self._views(self.grad_flat)):
+            m.grad = g
 
     def _views(self, flat: torch.Tensor) -> list[torch.Tensor]:
         return [chunk.view_as(p) for chunk, p in zip(torch.split(flat, self.sizes), self.params)]
 
-    def step(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        loss, logits = self.forward_loss(self.model, x, y)
+    def update(self, loss: torch.Tensor) -> None:
         for p in self.params:
             p.grad = None
         loss.backward()
@@ -156,12 +121,10 @@ class ParameterServer(Strategy):
         self.grad_flat.copy_(torch.cat([p.grad.reshape(-1) for p in self.params]))
         if self.ctx.distributed:
             dist.reduce(self.grad_flat, dst=0, op=dist.ReduceOp.SUM, group=self.group)
-        if self.ctx.is_main:
+        if self.optimizer is not None:
             if self.ctx.world_size > 1:
                 self.grad_flat.div_(self.ctx.world_size)
             self.optimizer.step()
-            if self.scheduler is not None:
-                self.scheduler.step()
             torch.cat([m.detach().reshape(-1) for m in self.master], out=self.param_flat)
         if self.ctx.distributed:
             dist.broadcast(self.param_flat, src=0, group=self.group)
@@ -169,11 +132,9 @@ class ParameterServer(Strategy):
             for p, fresh in zip(self.params, self._views(self.param_flat)):
                 p.copy_(fresh, non_blocking=True)
             self._sync_buffers()
-        self.end_step()
-        return loss.detach(), logits.detach()
 
     def weights_changed(self) -> None:
-        # Every replica applied the same Lookahead step; the master copy follows rank 0's replica.
+        # Every replica changed its weights alike; the master copy follows rank 0's replica.
         if self.ctx.is_main:
             with torch.no_grad():
                 for m, p in zip(self.master, self.params):
@@ -189,30 +150,24 @@ class ParameterServer(Strategy):
             b.copy_(chunk.view_as(b))
 
     def state_dict(self) -> dict:
-        # Rank 0 holds the only optimizer; its replica equals the master after every step.
-        return {"model": self.module.state_dict(),
-                "optimizer": self.optimizer.state_dict() if self.optimizer else None,
-                "scheduler": self.scheduler.state_dict() if self.scheduler else None, **self.averaging_state()}
+        # Rank 0 holds the only optimizer.
+        if self.optimizer is None:
+            return {"optimizer": None, "scheduler": None}
+        return self.optimizer.state_dict()
 
     def load_state_dict(self, state: dict) -> None:
-        self.module.load_state_dict(state["model"])
-        if self.ctx.is_main:
-            with torch.no_grad():
-                for m, p in zip(self.master, self.params):
-                    m.copy_(p.detach().cpu())
-            self.optimizer.load_state_dict(state["optimizer"])
-            for m, g in zip(self.master, self._views(self.grad_flat)):
-                m.grad = g
-            if self.scheduler is not None and state.get("scheduler"):
-                self.scheduler.load_state_dict(state["scheduler"])
-        self.load_averaging_state(state)
+        if self.optimizer is not None:
+            self.weights_changed()
+            self.optimizer.load_state_dict(state)
+            self._attach_gradients()
 
     def lr(self) -> float:
-        return float(self.optimizer.param_groups[0]["lr"]) if self.optimizer else float("nan")
+        return self.optimizer.lr() if self.optimizer is not None else float("nan")
 
 
-STRATEGIES = {"ddp": AllReduce, "ps": ParameterServer}
+# --strategy NAME -> its class (a test holds these names to config.STRATEGIES).
+STRATEGIES: dict[str, type[Strategy]] = {"ddp": AllReduce, "ps": ParameterServer}
 
 
-def make_strategy(name: str, module: nn.Module, cfg: TrainConfig, ctx: Context, total_steps: int) -> Strategy:
-    return STRATEGIES[name](module, cfg, ctx, total_steps)
+def make_strategy(name: str, module: nn.Module, ctx: Context, new_optimizer: OptimizerFactory) -> Strategy:
+    return STRATEGIES[name](module, ctx, new_optimizer)

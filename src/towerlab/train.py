@@ -28,8 +28,7 @@ from towerlab.errors import UserError
 from towerlab.models import build_model
 from towerlab.models.custom import instantiate
 from towerlab.report import Reporter, format_epoch, format_step
-from towerlab.step import WARMUP_STEPS, EagerSteps, StepProgram, Steps, resolve_step, warms_up
-from towerlab.strategies import make_strategy
+from towerlab.step import Steps, make_steps, resolve_step, warms_up
 
 EVAL_BATCH = 1024
 STOP_CHECK_EVERY = 10  # steps between the ranks' agreement on a Ctrl-C (a tiny all-reduce)
@@ -110,8 +109,8 @@ class _Progress:
     stopped: str | None = None
 
 
-def evaluate(module: nn.Module, x: torch.Tensor, y: torch.Tensor, ctx: Context, normalize: Normalizer,
-             precision: str = "fp32", tta: str = "none") -> tuple[float, float]:
+def loss_and_accuracy(module: nn.Module, x: torch.Tensor, y: torch.Tensor, ctx: Context, normalize: Normalizer,
+                      precision: str = "fp32", tta: str = "none") -> tuple[float, float]:
     """(mean loss, accuracy) over a whole split, of the logits averaged over the `tta` views; each
     rank scores its shard, the sums are reduced."""
     was_training = module.training
@@ -209,20 +208,17 @@ def train(cfg: TrainConfig, ctx: Context, data: Any, *, input_mode: str = "resid
         progress.train_seconds += clock.stop()
     mode = resolve_step(step_mode, ctx.device.type, ctx.world_size, strategy, input_mode)
     worst = torch.zeros((), device=ctx.device)
-    if mode == "eager":
-        steps: Steps = EagerSteps(make_strategy(strategy, module, cfg, ctx, total_steps), batches, cfg, ctx, worst)
-    else:
-        steps = StepProgram(module, cfg, ctx, batches, total_steps, worst)
+    steps = make_steps(mode, strategy, module, cfg, ctx, batches, total_steps, worst)
     if resume_state is not None:
         progress = _restore(resume_state, steps)
     resident = input_mode == "resident"
     val = (data.x_val.to(ctx.device), data.y_val.to(ctx.device)) if resident else (data.x_val, data.y_val)
     global_batch = cfg.batch_size * ctx.world_size
 
-    def evaluate_val() -> tuple[float | None, float | None]:
+    def val_scores() -> tuple[float | None, float | None]:
         if data.n_val == 0:
             return None, None
-        return evaluate(module, *val, ctx, batches.normalize, cfg.precision, cfg.tta)
+        return loss_and_accuracy(module, *val, ctx, batches.normalize, cfg.precision, cfg.tta)
 
     def save(step: int) -> None:
         if checkpoint_path is not None and ctx.is_main:
@@ -232,10 +228,7 @@ def train(cfg: TrainConfig, ctx: Context, data: Any, *, input_mode: str = "resid
     if progress.step < total_steps and progress.stopped is None and (
             mode != "eager" or (setup_apart and warms_up(ctx.device, mode))):
         clock.start()
-        if isinstance(steps, StepProgram):
-            ran = steps.prepare(mode, progress.step, reporter.line)
-        else:
-            ran = steps.warm_up(progress.step, min(WARMUP_STEPS, total_steps - progress.step))
+        ran = steps.prepare(mode, progress.step, reporter.line)
         seconds = clock.stop()
         progress.setup_seconds += seconds
         reporter.line(f"Setup: {seconds:.1f} s before training ({ran} warm-up steps, undone)")
@@ -264,7 +257,7 @@ def train(cfg: TrainConfig, ctx: Context, data: Any, *, input_mode: str = "resid
                     raise Interrupted(signum)
             if cfg.eval_every and step % cfg.eval_every == 0 and step % steps_per_epoch:
                 progress.train_seconds += clock.stop()
-                scores = evaluate_val()
+                scores = val_scores()
                 divergence.check(step, val_loss=scores[0])
                 _after_eval(cfg, progress, reporter, step, steps_per_epoch, scores, module, epochs_total,
                             global_batch, end_of_epoch=False)
@@ -276,7 +269,7 @@ def train(cfg: TrainConfig, ctx: Context, data: Any, *, input_mode: str = "resid
         if clock.started is not None:
             progress.train_seconds += clock.stop()
         if progress.stopped is None:
-            scores = evaluate_val()
+            scores = val_scores()
             divergence.check(progress.step, val_loss=scores[0])
             _after_eval(cfg, progress, reporter, progress.step, steps_per_epoch, scores, module,
                         epochs_total, global_batch, end_of_epoch=True)
@@ -288,7 +281,7 @@ def train(cfg: TrainConfig, ctx: Context, data: Any, *, input_mode: str = "resid
     test_loss = test_acc = None
     if test and data.n_test > 0:
         test_data = (data.x_test.to(ctx.device), data.y_test.to(ctx.device)) if resident else (data.x_test, data.y_test)
-        test_loss, test_acc = evaluate(module, *test_data, ctx, batches.normalize, cfg.precision, cfg.tta)
+        test_loss, test_acc = loss_and_accuracy(module, *test_data, ctx, batches.normalize, cfg.precision, cfg.tta)
     seconds = progress.train_seconds
     return TrainResult(
         steps=progress.step, epochs=progress.step / steps_per_epoch, steps_per_epoch=steps_per_epoch,

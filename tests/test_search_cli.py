@@ -152,6 +152,16 @@ def test_default_re_measuring_costs_at_most_a_quarter_of_the_searchs_trainings(s
         assert plan["remeasure"] <= plan["search"] / 4
 
 
+def test_the_budget_counts_the_promotions_of_the_generations_max_evaluations_reaches():
+    from towerlab.search import load_space, planned_trainings
+
+    # tpe's 4 a generation: 12 trainings are 3 generations of the 10, each promoting ceil(4 / 3) = 2 to 3 epochs
+    cfg = SearchConfig(sampler="tpe", max_evaluations=12, min_epochs=1, max_epochs=3, remeasure=0, top=2)
+    plan = planned_trainings(cfg, load_space("mlp"))
+    assert (plan["search"], plan["rungs"], plan["test"]) == (12, 6, 2)
+    assert plan["epochs"] == 12 * 1 + 6 * 3 + 2 * 3
+
+
 def test_a_typed_space_searches_from_the_command_line(tmp_path, capsys):
     pytest.importorskip("optuna")
     space = tmp_path / "typed.toml"

@@ -78,6 +78,8 @@ def planned_trainings(cfg: SearchConfig, space: Space) -> dict:
     search = sampler.population * generations
     if cfg.max_evaluations is not None:
         search = min(search, cfg.max_evaluations)
+        # the generations the budget reaches, each with its promotions and elites (not --generations')
+        generations = min(generations, math.ceil(search / sampler.population))
     ladder = rung_epochs(cfg.max_epochs, cfg.min_epochs, cfg.prune_factor)
     promoted = [math.ceil(sampler.population / cfg.prune_factor ** i) * generations for i in range(1, len(ladder))]
     top = min(cfg.top, search)

@@ -2,14 +2,14 @@
 with a SQLite store that caches every evaluation and replays a search on resume. Pure Python and
 numpy (Optuna for TPE), never torch.
 
-The torch side supplies `evaluate(candidates, record)` (see `towerlab.search.evaluation`); the
+The torch side supplies a `Trainer`, `train(candidates, record)` (see `towerlab.search.candidates`); the
 store is `towerlab.search.store.Store`, and `towerlab.search.pool` hands candidates to worker
 processes. Everything random comes from the search seed, so a search can be resumed by replaying
 it against its store.
 """
 
 from towerlab.search.engine import open_search, planned_trainings, resolved_remeasure, run_search
-from towerlab.search.evaluation import (Candidate, Evaluate, Outcome, Record, candidate_seed, make_rng,
+from towerlab.search.candidates import (Candidate, Outcome, Record, Trainer, candidate_seed, make_rng,
                                         remeasure_seed, rung_epochs, serial)
 from towerlab.search.history import Generation, GenerationStats, Member, SearchResult, TopGenome, rank_key
 from towerlab.search.rounds import rung_hash
@@ -22,8 +22,8 @@ from towerlab.search.space import BUILTIN_SPACES, GENE_RULES, GeneRule, Space, c
 from towerlab.search.store import Store
 
 __all__ = [
-    "BUILTIN_SPACES", "GENE_RULES", "SAMPLERS", "Candidate", "Evaluate", "GeneRule", "Generation",
-    "GenerationStats", "Member", "Outcome", "Record", "Sampler", "SearchResult", "Space", "Store", "TopGenome",
+    "BUILTIN_SPACES", "GENE_RULES", "SAMPLERS", "Candidate", "GeneRule", "Generation",
+    "GenerationStats", "Member", "Outcome", "Record", "Sampler", "SearchResult", "Space", "Store", "TopGenome", "Trainer",
     "breed", "candidate_seed", "canonical", "evaluation_records", "format_search", "genome_hash", "grid_genomes",
     "initial_population", "load_space", "make_rng", "make_sampler", "mutate", "next_generation", "open_search",
     "planned_trainings", "resolved_remeasure",

@@ -1,19 +1,20 @@
-"""The evaluation protocol between the search and whoever trains its candidates (the torch side).
+"""A search's candidates and what training one gave (`Candidate`, `Outcome`), every seed of a
+search, and the protocol between the search and whoever trains its candidates (the torch side).
 
-`evaluate(candidates, record) -> None` is the swappable batch map. The engine passes only the
-candidates the store cannot serve (each key once) and a `record(candidate, outcome)` callback. The
-evaluator calls `record` exactly once per candidate, as soon as that candidate has finished, in any
+A `Trainer`, `train(candidates, record) -> None`, is the swappable batch map. The engine passes only
+the candidates the store cannot serve (each key once) and a `record(candidate, outcome)` callback.
+The trainer calls `record` exactly once per candidate, as soon as that candidate has finished, in any
 order and from any thread of this process; `record` writes the outcome to the store in its own
 transaction before it returns, so a crash loses only the unfinished candidates. A candidate that
 fails (out of memory, diverged, ...) is recorded as `Outcome.failed(reason)`; an exception escaping
-`evaluate` stops the search (it can be resumed), and an evaluator that returns without recording
+`train` stops the search (it can be resumed), and a trainer that returns without recording
 every candidate is a bug (RuntimeError). `serial(fitness)` turns a function
-`fitness(candidate) -> Outcome` into an evaluator that trains in this process.
+`fitness(candidate) -> Outcome` into a trainer that trains in this process.
 
-Work that unlocks as results come in (a pruned generation's next rung): after a `record`, an
-evaluator may call `record.more()`, which returns the candidates that became trainable (each once,
+Work that unlocks as results come in (a pruned generation's next rung): after a `record`, a
+trainer may call `record.more()`, which returns the candidates that became trainable (each once,
 possibly none); it then trains them too before it returns, so its workers need not wait for a rung's
-last trainings. An evaluator that never asks is called again with them; the history is the same.
+last trainings. A trainer that never asks is called again with them; the history is the same.
 
 A candidate trains for `max_epochs` (None: the search's --max-epochs; a pruned search's lower
 rungs train less) with `seed`. Every random stream of a search derives from its seed:
@@ -126,15 +127,15 @@ class Outcome:
 
 
 Record = Callable[[Candidate, Outcome], None]
-Evaluate = Callable[[list[Candidate], Record], None]
+Trainer = Callable[[list[Candidate], Record], None]
 
 
-def serial(fitness: Callable[[Candidate], Outcome]) -> Evaluate:
-    """An evaluator that trains the candidates one after another in this process. An exception
+def serial(fitness: Callable[[Candidate], Outcome]) -> Trainer:
+    """A trainer that trains the candidates one after another in this process. An exception
     from `fitness` becomes a failed outcome, except a UserError (a mistake no other candidate
     would escape) and KeyboardInterrupt/SystemExit, which stop the search."""
 
-    def evaluate(candidates: list[Candidate], record: Record) -> None:
+    def train(candidates: list[Candidate], record: Record) -> None:
         more = getattr(record, "more", None)
         queue = deque(candidates)
         while queue:
@@ -151,7 +152,7 @@ def serial(fitness: Callable[[Candidate], Outcome]) -> Evaluate:
             if more is not None:
                 queue.extend(more())
 
-    return evaluate
+    return train
 
 
 def rung_epochs(max_epochs: int, min_epochs: Optional[int], factor: int) -> list[int]:

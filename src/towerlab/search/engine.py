@@ -1,7 +1,7 @@
 """The one loop every search runs: the sampler proposes a generation, `Rounds` serves it from the
 store or trains it (pruning as asked), the networks about to be crowned are re-measured, the
 sampler is told the outcomes; at the end the top is crowned and the summary written. No torch
-here: the evaluation protocol is in `towerlab.search.evaluation`, the counts in
+here: the training protocol is in `towerlab.search.candidates`, the counts in
 `towerlab.search.history`.
 """
 
@@ -13,7 +13,7 @@ from typing import Callable, Optional
 
 from towerlab.config import SearchConfig, to_dict
 from towerlab.errors import UserError
-from towerlab.search.evaluation import Evaluate, rung_epochs
+from towerlab.search.candidates import Trainer, rung_epochs
 from towerlab.search.history import Generation, GenerationStats, SearchResult, TopGenome
 from towerlab.search.rounds import Rounds
 from towerlab.search.samplers import Sampler, make_sampler
@@ -106,14 +106,14 @@ def resolved_remeasure(cfg: SearchConfig, space: Space) -> SearchConfig:
     return replace(cfg, remeasure=min(DEFAULT_REMEASURE, most))
 
 
-def run_search(cfg: SearchConfig, space: Space, evaluate: Evaluate, store: Store, train_config_hash: str,
+def run_search(cfg: SearchConfig, space: Space, train: Trainer, store: Store, train_config_hash: str,
                on_generation: Optional[Callable[[GenerationStats], None]] = None,
                *, resume: int | bool | None = None, on_progress: Optional[Callable[[str], None]] = None,
                ) -> SearchResult:
     """Search `space` with the sampler `cfg.sampler`, for at most `cfg.generations` generations
     and `cfg.max_evaluations` distinct trainings, or until the sampler has nothing left.
 
-    `evaluate(candidates, record)` trains what the store (keyed by genome hash and
+    `train(candidates, record)` trains what the store (keyed by genome hash and
     `train_config_hash`) cannot serve. `on_generation(stats)` is called after each generation,
     replayed ones included (`stats.replayed`); `on_progress(line)` hears what a large generation
     is doing before it is trained. `resume` continues a search of the store (True:
@@ -124,7 +124,7 @@ def run_search(cfg: SearchConfig, space: Space, evaluate: Evaluate, store: Store
     cfg = resolved_remeasure(cfg, space)
     sampler = make_sampler(cfg, space)
     search_id = open_search(store, cfg, sampler, space, train_config_hash, resume)
-    rounds = Rounds(store, search_id, cfg, train_config_hash, evaluate)
+    rounds = Rounds(store, search_id, cfg, train_config_hash, train)
     history: list[Generation] = []
     while len(history) < cfg.generations:
         budget = (None if cfg.max_evaluations is None

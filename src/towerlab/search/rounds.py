@@ -18,8 +18,8 @@ its rows are shared with unpruned searches of the same settings. A rung's promot
 all of its results, so the history never depends on which worker finished first. Workers need not
 wait for a rung's last trainings, though: a genome whose place is certain already (it ranks in the
 rung's places even if every training still running ranks above it) is handed out for the next rung
-at once, so an evaluator that asks for more work as results come in (`record.more()`, see
-`towerlab.search.evaluation`) keeps its workers busy across the rungs of a generation, and the
+at once, so a trainer that asks for more work as results come in (`record.more()`, see
+`towerlab.search.candidates`) keeps its workers busy across the rungs of a generation, and the
 history is still the one a rung-by-rung search makes.
 
 Re-measuring (`--remeasure K`): a network about to be crowned (the genetic algorithm's elite, the
@@ -38,7 +38,7 @@ from typing import Callable, Optional, Sequence
 
 from towerlab.config import SearchConfig
 from towerlab.errors import UserError
-from towerlab.search.evaluation import Candidate, Evaluate, Outcome, candidate_seed, remeasure_seed, rung_epochs
+from towerlab.search.candidates import Candidate, Outcome, Trainer, candidate_seed, remeasure_seed, rung_epochs
 from towerlab.search.history import Generation, GenerationStats, Member, TopGenome, rank_key, statistics_of
 from towerlab.search.space import genome_hash
 from towerlab.search.store import Evaluation, Store
@@ -59,8 +59,8 @@ def _key(candidate: Candidate) -> _Key:
 
 
 class _Recorder:
-    """The `record` callback given to the evaluator: writes each outcome as it arrives. `more()`
-    hands out what the outcomes so far have made trainable (`unlock`), for evaluators that take
+    """The `record` callback given to the trainer: writes each outcome as it arrives. `more()`
+    hands out what the outcomes so far have made trainable (`unlock`), for trainers that take
     work as it comes."""
 
     def __init__(self, store: Store, search_id: int, hashes: dict[int, str],
@@ -90,7 +90,7 @@ class _Recorder:
 
     def more(self) -> list[Candidate]:
         """Candidates that became trainable since they were last asked for (each handed out once);
-        the evaluator trains them as well before it returns."""
+        the trainer trains them as well before it returns."""
         with self._lock:
             if self._unlock is None:
                 return []
@@ -217,8 +217,8 @@ class Rounds:
     """A search's generations and re-measures, played against its store."""
 
     def __init__(self, store: Store, search_id: int, cfg: SearchConfig, train_config_hash: str,
-                 evaluate: Evaluate) -> None:
-        self.store, self.search_id, self.seed, self.evaluate = store, search_id, cfg.seed, evaluate
+                 train: Trainer) -> None:
+        self.store, self.search_id, self.seed, self.train = store, search_id, cfg.seed, train
         self.ladder = rung_epochs(cfg.max_epochs, cfg.min_epochs, cfg.prune_factor)
         self.hashes = {epochs: rung_hash(train_config_hash, epochs, cfg.max_epochs) for epochs in self.ladder}
         self.prune_factor, self.prune_places, self.remeasure = cfg.prune_factor, cfg.prune_places, cfg.remeasure
@@ -239,7 +239,7 @@ class Rounds:
         if pending:
             recorder = _Recorder(self.store, self.search_id, self.hashes)
             recorder.expect(pending)
-            self.evaluate(list(pending), recorder)
+            self.train(list(pending), recorder)
             self._check(recorder, len(pending), what)
             served.update(recorder.rows)
         return served
@@ -248,7 +248,7 @@ class Rounds:
     def _check(recorder: _Recorder, handed: int, what: str) -> None:
         missing = recorder.missing()
         if missing:
-            raise RuntimeError(f"the evaluator returned without recording {len(missing)} of {handed} "
+            raise RuntimeError(f"the trainer returned without recording {len(missing)} of {handed} "
                                f"candidates of {what}, e.g. index {missing[0].index}")
 
     def _within(self, budget: Optional[int], hashes: list[str]) -> int:
@@ -298,7 +298,7 @@ class Rounds:
         recorder = _Recorder(self.store, self.search_id, self.hashes, climb.unlock, climb.recorded)
         pending = recorder.more()
         while pending:
-            self.evaluate(list(pending), recorder)
+            self.train(list(pending), recorder)
             self._check(recorder, len(pending), f"generation {generation}")
             pending = recorder.more()
 

@@ -51,7 +51,7 @@ from typing import Any, Iterator, Optional
 
 from towerlab.config import upgrade_search_config
 from towerlab.errors import UserError
-from towerlab.search.evaluation import Candidate, Outcome
+from towerlab.search.candidates import Candidate, Outcome
 from towerlab.search.space import Space
 
 SCHEMA_VERSION = 3

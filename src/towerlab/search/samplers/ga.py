@@ -15,7 +15,7 @@ import numpy as np
 
 from towerlab.config import SearchConfig
 from towerlab.errors import UserError
-from towerlab.search.evaluation import GENERATION_STREAM, make_rng
+from towerlab.search.candidates import GENERATION_STREAM, make_rng
 from towerlab.search.history import Generation, rank_key
 from towerlab.search.samplers import INDEXABLE, Sampler, random_genome
 from towerlab.search.space import Range, Space, genome_hash

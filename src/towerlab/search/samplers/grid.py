@@ -9,7 +9,7 @@ from typing import Optional, Sequence
 
 from towerlab.config import MAX_MEMBERS, SearchConfig
 from towerlab.errors import UserError
-from towerlab.search.evaluation import GRID_STREAM, make_rng
+from towerlab.search.candidates import GRID_STREAM, make_rng
 from towerlab.search.history import Generation
 from towerlab.search.samplers import Sampler
 from towerlab.search.space import Space

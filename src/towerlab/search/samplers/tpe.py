@@ -18,7 +18,7 @@ from typing import Any, Sequence
 
 from towerlab.config import SearchConfig
 from towerlab.errors import UserError
-from towerlab.search.evaluation import rung_epochs, sampler_rng
+from towerlab.search.candidates import rung_epochs, sampler_rng
 from towerlab.search.history import Generation
 from towerlab.search.samplers import Sampler
 from towerlab.search.space import Gene, Range, Space

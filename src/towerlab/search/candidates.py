@@ -17,7 +17,7 @@ possibly none); it then trains them too before it returns, so its workers need n
 last trainings. A trainer that never asks is called again with them; the history is the same.
 
 A candidate trains for `max_epochs` (None: the search's --max-epochs; a pruned search's lower
-rungs train less) with `seed`. Every random stream of a search derives from its seed:
+rungs train less, `towerlab.search.pruners`) with `seed`. Every random stream of a search derives from its seed:
 `make_rng(seed, *stream)`, a sampler's own from `sampler_rng(seed, name, ...)`, and each
 candidate's training seed from (search seed, generation, index), whichever worker trains it. A
 re-measure's seed comes from (genome, replicate) alone, so every search sharing a store asks for
@@ -154,16 +154,3 @@ def serial(fitness: Callable[[Candidate], Outcome]) -> Trainer:
 
     return train
 
-
-def rung_epochs(max_epochs: int, min_epochs: Optional[int], factor: int) -> list[int]:
-    """The epochs each rung of a pruned search trains for: `min_epochs`, times `factor` while a
-    rung `factor` times longer still fits under `max_epochs`, then `max_epochs` (1, 3, 10 for
-    1 / 3 / 10). Unpruned (min_epochs None): [max_epochs]."""
-    ladder = []
-    epochs = min_epochs
-    while epochs is not None and epochs * factor <= max_epochs:
-        ladder.append(epochs)
-        epochs *= factor
-    if min_epochs is not None and not ladder:
-        ladder.append(min_epochs)
-    return ladder + [max_epochs]

@@ -13,8 +13,9 @@ from typing import Callable, Optional
 
 from towerlab.config import SearchConfig, to_dict
 from towerlab.errors import UserError
-from towerlab.search.candidates import Trainer, rung_epochs
+from towerlab.search.candidates import Trainer
 from towerlab.search.history import Generation, GenerationStats, SearchResult, TopGenome
+from towerlab.search.pruners import make_pruner
 from towerlab.search.rounds import Rounds
 from towerlab.search.samplers import Sampler, make_sampler
 from towerlab.search.space import Space
@@ -70,7 +71,7 @@ def open_search(store: Store, cfg: SearchConfig, sampler: Sampler, space: Space,
 def planned_trainings(cfg: SearchConfig, space: Space) -> dict:
     """The most trainings the search's budget holds, by purpose, and their epochs: `search`, members
     trained for the first time (population x generations, or --max-evaluations); `rungs`, a pruned
-    search's promotions to its higher rungs (each rung keeps 1/prune_factor of the one below);
+    search's promotions to its higher rungs (as many as its pruner's `most_promoted`);
     `remeasure`, --remeasure K for the final top and for each later generation's elite; `test`, the
     top once each. A store that serves some of them, early stopping and failures make fewer."""
     sampler = make_sampler(cfg, space)
@@ -78,8 +79,9 @@ def planned_trainings(cfg: SearchConfig, space: Space) -> dict:
     search = sampler.population * generations
     if cfg.max_evaluations is not None:
         search = min(search, cfg.max_evaluations)
-    ladder = rung_epochs(cfg.max_epochs, cfg.min_epochs, cfg.prune_factor)
-    promoted = [math.ceil(sampler.population / cfg.prune_factor ** i) * generations for i in range(1, len(ladder))]
+    pruner = make_pruner(cfg)
+    ladder = pruner.rungs
+    promoted = [n * generations for n in pruner.most_promoted(sampler.population)]
     top = min(cfg.top, search)
     remeasure = cfg.remeasure * (top + min(sampler.elite, sampler.population) * (generations - 1))
     return {"search": search, "rungs": sum(promoted), "remeasure": remeasure, "test": top,

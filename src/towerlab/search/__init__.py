@@ -2,9 +2,9 @@
 with a SQLite store that caches every evaluation and replays a search on resume. Pure Python and
 numpy (Optuna for TPE), never torch.
 
-The torch side supplies a `Trainer`, `train(candidates, record)` (see
-`towerlab.search.candidates`); a pruner (`towerlab.search.pruners`) says what a generation's rungs
-are and whom each promotes; the store is `towerlab.search.store.Store`, and `towerlab.search.pool` hands candidates to worker
+The torch side supplies a `Trainer`, `train(candidates, record)` (see `towerlab.search.candidates`);
+a pruner (`towerlab.search.pruners`) says what a generation's rungs are and whom each promotes; the
+store is `towerlab.search.store.Store`, and `towerlab.search.pool` hands candidates to worker
 processes. Everything random comes from the search seed, so a search can be resumed by replaying
 it against its store.
 """
@@ -15,8 +15,9 @@ from towerlab.search.engine import open_search, planned_trainings, resolved_reme
 from towerlab.search.history import Generation, GenerationStats, Member, SearchResult, TopGenome, rank_key
 from towerlab.search.pruners import Pruner, SuccessiveHalving, make_pruner, rung_epochs
 from towerlab.search.rounds import rung_hash
-from towerlab.search.samplers import (SAMPLERS, Sampler, make_sampler, random_genome, refuse_unused_settings,
-                                      sampler_class, settings_of_others)
+from towerlab.search.samplers import (SAMPLERS, Sampler, make_sampler, own_settings, random_genome,
+                                      refuse_unused_settings, resolved_settings, sampler_class, settings_classes,
+                                      settings_of_others)
 from towerlab.search.samplers.ga import breed, initial_population, mutate, next_generation
 from towerlab.search.samplers.grid import grid_genomes
 from towerlab.search.show import evaluation_records, format_search
@@ -26,9 +27,9 @@ from towerlab.search.store import Store
 __all__ = [
     "BUILTIN_SPACES", "GENE_RULES", "SAMPLERS", "Candidate", "GeneRule", "Generation", "GenerationStats", "Member",
     "Outcome", "Pruner", "Record", "Sampler", "SearchResult", "Space", "Store", "SuccessiveHalving", "TopGenome",
-    "Trainer", "breed", "candidate_seed", "canonical", "evaluation_records", "format_search", "genome_hash", "grid_genomes",
-    "initial_population", "load_space", "make_pruner", "make_rng", "make_sampler", "mutate", "next_generation", "open_search",
-    "planned_trainings", "resolved_remeasure",
-    "random_genome", "rank_key", "refuse_unused_settings", "remeasure_seed", "rung_epochs", "rung_hash", "run_search",
-    "sampler_class", "serial", "settings_of_others",
+    "Trainer", "breed", "candidate_seed", "canonical", "evaluation_records", "format_search", "genome_hash",
+    "grid_genomes", "initial_population", "load_space", "make_pruner", "make_rng", "make_sampler", "mutate",
+    "next_generation", "open_search", "own_settings", "planned_trainings", "random_genome", "rank_key",
+    "refuse_unused_settings", "remeasure_seed", "resolved_remeasure", "resolved_settings", "rung_epochs", "rung_hash",
+    "run_search", "sampler_class", "serial", "settings_classes", "settings_of_others",
 ]

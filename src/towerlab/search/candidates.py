@@ -31,11 +31,14 @@ import time
 import zlib
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
-
-import numpy as np
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from towerlab.errors import UserError
+
+# numpy is imported where it is used: the samplers import this module, and the command line imports
+# them to build its flags from their settings, where `towerlab --help` answers without numpy.
+if TYPE_CHECKING:
+    import numpy as np
 
 STATUSES = ("ok", "failed")
 # SeedSequence spawn keys keep the streams apart: (0, generation) draws the genetic algorithm's
@@ -46,6 +49,8 @@ GENERATION_STREAM, GRID_STREAM, CANDIDATE_STREAM, REMEASURE_STREAM, SAMPLER_STRE
 
 def make_rng(search_seed: int, *stream: int) -> np.random.Generator:
     """The search's own PCG64 stream `stream` (never the global `random` or `np.random` state)."""
+    import numpy as np
+
     return np.random.Generator(np.random.PCG64(np.random.SeedSequence(search_seed, spawn_key=stream)))
 
 
@@ -61,11 +66,15 @@ def _seed_of(seq: np.random.SeedSequence) -> int:
 def candidate_seed(search_seed: int, generation: int, index: int) -> int:
     """Training seed of the candidate at `index` of `generation`: a Python int in [0, 2**31), the
     same whichever worker trains it."""
+    import numpy as np
+
     return _seed_of(np.random.SeedSequence(search_seed, spawn_key=(CANDIDATE_STREAM, generation, index)))
 
 
 def remeasure_seed(genome_hash: str, replicate: int) -> int:
     """Training seed of re-measure `replicate` (1, 2, ...) of a genome, in [0, 2**31)."""
+    import numpy as np
+
     return _seed_of(np.random.SeedSequence(int(genome_hash, 16), spawn_key=(REMEASURE_STREAM, replicate)))
 
 

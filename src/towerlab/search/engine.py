@@ -17,12 +17,12 @@ from towerlab.search.candidates import Trainer
 from towerlab.search.history import Generation, GenerationStats, SearchResult, TopGenome
 from towerlab.search.pruners import make_pruner
 from towerlab.search.rounds import Rounds
-from towerlab.search.samplers import Sampler, make_sampler
+from towerlab.search.samplers import Sampler, make_sampler, resolved_settings
 from towerlab.search.space import Space
 from towerlab.search.store import Store
 
 # What every search must keep to resume: it changes what is trained or how it is ranked (the
-# space and the training-config hash are checked as well, and each sampler adds its `identity`).
+# space and the training-config hash are checked as well, and each sampler adds what it `reads`).
 # Other settings (generations, max_evaluations, top, workers...) may change on resume.
 _IDENTITY = ("seed", "remeasure", "min_epochs", "prune_factor", "prune_places")
 # From this many members on, proposing and looking up a generation takes seconds to minutes:
@@ -51,7 +51,7 @@ def open_search(store: Store, cfg: SearchConfig, sampler: Sampler, space: Space,
         raise UserError(f"store {store.path} was made with other training settings (dataset, val-size, epochs, "
                         f"patience, batch size, device kind, CPU threads per candidate, or an older towerlab's): "
                         f"resume with the same ones")
-    for name in (*_IDENTITY, *sampler.identity):
+    for name in (*_IDENTITY, *sampler.reads()):
         if row.config.get(name) != config[name]:
             raise UserError(f"store {store.path} holds a search with --{name.replace('_', '-')} "
                             f"{row.config.get(name)}, not {config[name]}: resume with the same setting")
@@ -123,7 +123,7 @@ def run_search(cfg: SearchConfig, space: Space, train: Trainer, store: Store, tr
     finished generations are replayed and checked, finished evaluations are kept, and the result
     equals an uninterrupted run's.
     """
-    cfg = resolved_remeasure(cfg, space)
+    cfg = resolved_settings(resolved_remeasure(cfg, space))  # recorded with every setting the sampler reads
     sampler = make_sampler(cfg, space)
     search_id = open_search(store, cfg, sampler, space, train_config_hash, resume)
     rounds = Rounds(store, search_id, cfg, train_config_hash, train)

@@ -69,7 +69,7 @@ def statements(script: str) -> list[str]:
     return [s for s in script.split(";") if s.strip()]
 
 
-def create(db: sqlite3.Connection) -> None:
+def create_tables(db: sqlite3.Connection) -> None:
     """An empty store of this schema."""
     for statement in statements(SCHEMA):
         db.execute(statement)

@@ -51,7 +51,7 @@ from typing import Any, Iterator, Optional
 
 from towerlab.config import upgrade_search_config
 from towerlab.errors import UserError
-from towerlab.search import schema
+from towerlab.search.schema import SCHEMA_VERSION, TABLES, create_tables, upgrade_from_1, upgrade_from_2
 from towerlab.search.candidates import Candidate, Outcome
 from towerlab.search.space import Space
 
@@ -170,12 +170,12 @@ class Store:
         """Refuse a newer schema or a foreign file before writing anything; create an empty one;
         migrate an older one."""
         version, tables = self._schema()
-        if version > schema.SCHEMA_VERSION:
+        if version > SCHEMA_VERSION:
             raise UserError(f"search store {self.path} has schema version {version}, newer than this "
-                            f"towerlab reads ({schema.SCHEMA_VERSION}): upgrade towerlab to open it")
-        if version == schema.SCHEMA_VERSION and schema.TABLES <= tables:
+                            f"towerlab reads ({SCHEMA_VERSION}): upgrade towerlab to open it")
+        if version == SCHEMA_VERSION and TABLES <= tables:
             return
-        if version in (1, 2) and schema.TABLES <= tables:
+        if version in (1, 2) and TABLES <= tables:
             if version == 1:
                 self._migrate_from_1()
             self._migrate_from_2()
@@ -186,7 +186,7 @@ class Store:
         with self._write():
             raced = self._schema() != (0, set())  # another process wrote it meanwhile
             if not raced:
-                schema.create(self._db)
+                create_tables(self._db)
         if raced:
             self._check_schema(create=False)
 
@@ -196,7 +196,7 @@ class Store:
             with self._write() as db:
                 if db.execute("PRAGMA user_version").fetchone()[0] != 1:
                     return  # another process migrated it meanwhile
-                if not schema.upgrade_from_1(db):
+                if not upgrade_from_1(db):
                     raise _damaged(self.path, "rows that name no search")
         finally:
             self._db.execute("PRAGMA foreign_keys = ON")
@@ -205,7 +205,7 @@ class Store:
         with self._write() as db:
             if db.execute("PRAGMA user_version").fetchone()[0] != 2:
                 return  # another process migrated it meanwhile
-            schema.upgrade_from_2(db)
+            upgrade_from_2(db)
 
     def _check_integrity(self) -> None:
         problems = [r[0] for r in self._db.execute("PRAGMA quick_check").fetchall()]

@@ -248,7 +248,8 @@ def resolve_search(kind: str, options: Mapping, config: str | os.PathLike | Mapp
                    ) -> tuple[SearchConfig, RunConfig]:
     """The search's configs from `options` over `config` (`kind`: evolve or grid, whose sampler is
     theirs, or search); for `resume`, the stored search's, where only SEARCH_EXTENSIBLE settings and
-    run options may be changed."""
+    run options may be changed. Either way with the sampler's own settings complete, as the search
+    records them (`towerlab.search.samplers.resolved_settings`)."""
     from towerlab.search.samplers import resolved_settings
 
     search_given, run_given = split_options(options, "search")

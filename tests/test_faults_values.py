@@ -25,6 +25,7 @@ from towerlab.config import RunConfig, SearchConfig, TrainConfig, _base_type, fr
 from towerlab.distributed.env import check_capacity
 from towerlab.errors import UserError
 from towerlab.report import Reporter
+from towerlab.search.samplers import settings_classes
 from util import ONE_CPU, TINY
 
 HUGE_INT = str(10**30)
@@ -74,7 +75,8 @@ GRID = ["grid", "--dataset", "synthetic", "--val-size", "500", "--limit", "1", "
 SEARCH_SKIP = (*(f.name for f in fields(RunConfig)), "population", "limit", "max_epochs")
 
 
-@pytest.mark.parametrize("flag, value", _cases(SearchConfig, SEARCH_SKIP))
+@pytest.mark.parametrize("flag, value", [case for cls in (SearchConfig, *settings_classes())
+                                         for case in _cases(cls, SEARCH_SKIP)])
 def test_every_search_flag_against_hostile_values(flag, value, tmp_path, capsys):
     out = tmp_path / "grid"
     status = main([*GRID, flag, value, "--out", str(out)])

@@ -11,8 +11,8 @@ import pytest
 
 from towerlab.config import SearchConfig
 from towerlab.errors import UserError
-from towerlab.search import (Outcome, Store, format_search, genome_hash, load_space, rank_key, rung_epochs, rung_hash,
-                             run_search, serial)
+from towerlab.search import (Outcome, Store, SuccessiveHalving, format_search, genome_hash, load_space, rank_key,
+                             rung_epochs, rung_hash, run_search, serial)
 
 TCH = "tch"
 
@@ -54,6 +54,22 @@ def test_the_rungs():
         SearchConfig(min_epochs=10, max_epochs=10)
     with pytest.raises(UserError, match="--prune-factor must be at least 2"):
         SearchConfig(prune_factor=1)
+
+
+def test_successive_halving_promotes_the_best_third_and_the_held_by_its_places():
+    ranked = list("abcdefg")  # seven successes, best first; "f" already holds the next rung
+    counted_over_all = SuccessiveHalving(9, 1, 3, "all")
+    assert counted_over_all.rungs == [1, 3, 9] and counted_over_all.most_promoted(9) == [3, 1]
+    assert counted_over_all.promoted(ranked, {"f"}) == {"a", "b", "c", "f"}  # ceil(7 / 3) places, f besides
+    assert counted_over_all.promoted(list("fabcdeg"), {"f"}) == {"f", "a", "b"}  # f takes the first place
+    counted_over_new = SuccessiveHalving(9, 1, 3, "new")
+    assert counted_over_new.promoted(list("fabcdeg"), {"f"}) == {"f", "a", "b"}  # ceil(6 / 3) places for the new
+    # 5 results in (4 successes), 4 still running: at most ceil(9 / 3) = 3 places, 4 running could take them all
+    assert counted_over_all.sure(list("abcd"), 5, list("wxyz"), set()) == []
+    # 8 results in (7 successes), 1 running: ceil(7 / 3) - 1 = 2 places are certain, held ones never handed out
+    assert counted_over_all.sure(ranked, 8, ["z"], set()) == ["a", "b"]
+    assert counted_over_all.sure(ranked, 8, ["z"], {"a"}) == ["b"]
+    assert counted_over_new.sure(ranked, 8, ["z"], {"z"}) == ["a", "b", "c"]  # a held one running takes no place
 
 
 def test_each_rung_keeps_the_best_third_of_the_one_below(tmp_path):

@@ -9,7 +9,8 @@ import pytest
 from towerlab.config import SearchConfig, to_dict
 from towerlab.errors import UserError
 from towerlab.search import Candidate, Outcome, format_search, genome_hash, load_space, run_search, serial
-from towerlab.search.store import SCHEMA_VERSION, Store
+from towerlab.search.schema import SCHEMA_VERSION
+from towerlab.search.store import Store
 
 TCH = "tch"
 

@@ -172,13 +172,22 @@ MODEL_FUNCTION_HELP = ("FILE.py:FUNCTION: a function of yours, FUNCTION(input_sh
                        "nn.Module, that builds the networks of a space of model \"custom\" (give it again on --resume)")
 
 
+def _search_flags(parser: argparse.ArgumentParser, kind: str) -> None:
+    """A search command's flags: SearchConfig's, each sampler's own settings', the run's."""
+    from towerlab.search.samplers import settings_classes
+
+    add_arguments(parser, SearchConfig, skip=("sampler",) if kind != "search" else ())
+    for settings in settings_classes():
+        add_arguments(parser, settings)
+    add_arguments(parser, RunConfig, skip=SEARCH_RUN_SKIP, helps=_search_run_helps(kind))
+
+
 def _search_parsers(sub: argparse._SubParsersAction) -> None:
     for kind, text in (("evolve", "evolve network hyperparameters with a genetic algorithm"),
                        ("grid", "evaluate every genome of a search space (or a random --limit of them)")):
         p = sub.add_parser(kind, help=text, description=text + ", on every device and machine; see docs/search.md.")
         _config_flags(p)
-        add_arguments(p, SearchConfig, skip=("sampler",))
-        add_arguments(p, RunConfig, skip=SEARCH_RUN_SKIP, helps=_search_run_helps(kind))
+        _search_flags(p, kind)
         p.add_argument("--model", dest="model_function", metavar="FILE.py:FUNCTION", help=MODEL_FUNCTION_HELP)
         p.set_defaults(handler=_cmd_search, kind=kind)
     search = sub.add_parser("search", help="search with any sampler; inspect stored searches",
@@ -189,8 +198,7 @@ def _search_parsers(sub: argparse._SubParsersAction) -> None:
     p = search_sub.add_parser("run", help=text, description=text + ", on every device and machine; see "
                                                                    "docs/search.md.")
     _config_flags(p)
-    add_arguments(p, SearchConfig)
-    add_arguments(p, RunConfig, skip=SEARCH_RUN_SKIP, helps=_search_run_helps("search"))
+    _search_flags(p, "search")
     p.add_argument("--model", dest="model_function", metavar="FILE.py:FUNCTION", help=MODEL_FUNCTION_HELP)
     p.set_defaults(handler=_cmd_search, kind="search")
     p = search_sub.add_parser("show", help="the generations and top genomes of a stored search, or every "
@@ -231,9 +239,11 @@ def resolve_train(args: argparse.Namespace) -> tuple[TrainConfig, RunConfig]:
 
 
 def resolve_search(args: argparse.Namespace) -> tuple[SearchConfig, RunConfig]:
+    from towerlab.search.samplers import settings_classes
     from towerlab.settings import resolve_search as resolve
 
-    return resolve(args.kind, {**given(args, SearchConfig), **given(args, RunConfig)}, getattr(args, "config", None))
+    options = {k: v for cls in (SearchConfig, *settings_classes(), RunConfig) for k, v in given(args, cls).items()}
+    return resolve(args.kind, options, getattr(args, "config", None))
 
 
 def _cmd_train(args: argparse.Namespace) -> int:

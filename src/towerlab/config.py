@@ -54,13 +54,16 @@ def _check_finite(cfg: Any) -> None:
         value = getattr(cfg, f.name)
         if not isinstance(value, (int, float)) or isinstance(value, bool) or _base_type(f.type)[0] is not float:
             continue
-        try:
-            finite = math.isfinite(value)
-        except OverflowError:  # an int beyond every float
-            finite = False
-        if not finite:
-            raise UserError(f"--{f.metadata.get('flag', f.name.replace('_', '-'))} must be a finite number, "
-                            f"got {value}")
+        _check_finite_number(f.metadata.get("flag", f.name.replace("_", "-")), value)
+
+
+def _check_finite_number(flag: str, value: float) -> None:
+    try:
+        finite = math.isfinite(value)
+    except OverflowError:  # an int beyond every float
+        finite = False
+    if not finite:
+        raise UserError(f"--{flag} must be a finite number, got {value}")
 
 
 def _check_path(flag: str, path: str) -> None:
@@ -290,7 +293,7 @@ class RunConfig:
                             f"every evaluation and checkpoint) and {MAX_TIMEOUT:g} (a week), got {self.timeout}")
 
 
-def _check_fraction(name: str, value: float) -> None:
+def check_fraction(name: str, value: float) -> None:
     if not 0.0 <= value <= 1.0:
         raise UserError(f"--{name.replace('_', '-')} is a probability in [0, 1], got {value}")
 
@@ -300,10 +303,33 @@ MAX_MEMBERS = 1_000_000
 MAX_REMEASURE = 100
 
 
+def setting(default: Any, help: str, **meta: Any) -> Any:
+    """A field of a sampler's own settings (`SamplerSettings`): its default, and the help text of
+    the flag generated from it."""
+    return _opt(default, help, **meta)
+
+
 @dataclass(frozen=True)
+class SamplerSettings:
+    """A sampler's own settings (towerlab.search.samplers): a frozen dataclass of `setting` fields,
+    which become flags and config keys as SearchConfig's fields do, and are recorded among them.
+    A subclass checks its invariants in `check` (a UserError naming the flag)."""
+
+    def __post_init__(self) -> None:
+        _check_finite(self)
+        self.check()
+
+    def check(self) -> None:
+        """Nothing to check beyond finite numbers."""
+
+
+@dataclass(frozen=True, init=False)
 class SearchConfig:
     """A network search: the sampler that proposes candidates, its budget, and how candidates train.
-    The genetic algorithm's settings default to the original's."""
+
+    Built flat, as flags and config keys are: `SearchConfig(sampler="ga", elite=2)`. Keys that are
+    none of its fields are the sampler's own settings (its `SamplerSettings`), kept in `settings`
+    and checked by the sampler (towerlab.search.samplers); `to_dict` writes them among the fields."""
 
     sampler: str = _opt("tpe", "how candidates are proposed: ga (the original's genetic algorithm), grid, "
                         "random (without replacement) or tpe (Optuna's TPE, needs the tpe extra); "
@@ -318,10 +344,6 @@ class SearchConfig:
     generations: int = _opt(10, "generations (rounds of --population candidates) at most")
     max_evaluations: Optional[int] = _opt(None, "stop after training this many distinct networks, whatever the "
                                           "sampler (None: no limit; re-measures and higher rungs not counted)")
-    retain: float = _opt(0.4, "ga: fraction of the best networks kept as parents")
-    random_select: float = _opt(0.1, "ga: probability of also keeping each rejected network")
-    mutate_chance: float = _opt(0.2, "ga: probability that a child has one gene redrawn")
-    elite: int = _opt(1, "ga: the best K networks always survive unchanged")
     seed: int = _opt(0, "seed of the search; candidate seeds derive from (seed, generation, index)")
     remeasure: Optional[int] = _opt(None, "fresh seeds a network about to be crowned (ga's elite, the final top) is "
                                     "trained with again; such networks rank by their mean (0: every network is "
@@ -339,35 +361,41 @@ class SearchConfig:
                              "those that do go on besides)", choices=PRUNE_PLACES)
     batch_size: Optional[int] = _opt(None, "batch size of candidates (None: 128, or 64 on CIFAR-10; "
                                      "a batch_size gene overrides it)")
-    limit: Optional[int] = _opt(None, "grid only: evaluate a random subset of this many genomes")
     top: int = _opt(5, "networks listed (and tested) at the end")
     export_best: bool = _opt(False, "retrain the winner exactly as it was evaluated and save it as model.pt")
     workers_per_device: int = _opt(1, "candidates trained at once on each device (small nets cannot fill a GPU)")
     store: Optional[str] = _opt(None, "SQLite store to read cached evaluations from and write to "
                                 "(None: <out>/search.db)")
+    settings: dict = field(default_factory=dict, metadata={"help": "the sampler's own settings", "flat": True})
+
+    def __init__(self, **values: Any) -> None:
+        """Flat keywords, as a flag or a config key names them; unknown ones are settings of some
+        sampler, which refuses those it does not know (config.py cannot: samplers live above it)."""
+        fields = dataclasses.fields(self)
+        names = {f.name for f in fields}
+        for f in fields:
+            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+            object.__setattr__(self, f.name, values.get(f.name, default))
+        object.__setattr__(self, "settings", {**self.settings, **{k: v for k, v in values.items() if k not in names}})
+        self.__post_init__()
 
     def __post_init__(self) -> None:
         _check_finite(self)
+        for name, value in self.settings.items():  # their samplers check the rest; nan passes every check unnoticed
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                _check_finite_number(name.replace("_", "-"), value)
         _check_seed(self.seed)
         _check_paths(self, "store")
         if not self.space.lstrip().startswith("{"):  # a space given as JSON text is no path
             _check_path("--space", self.space)
         object.__setattr__(self, "dataset", check_dataset(self.dataset))
-        for name in ("population", "limit"):
-            value = getattr(self, name)
-            if value is not None and value > MAX_MEMBERS:
-                raise UserError(f"--{name} {value} is more than a generation can hold: at most {MAX_MEMBERS} "
-                                "(a generation is kept in memory and recorded as one row of the store)")
+        check_members("population", self.population)
         if self.population is not None and self.population < 2:
             raise UserError(f"--population must be at least 2, got {self.population}")
-        for name in ("retain", "random_select", "mutate_chance"):
-            _check_fraction(name, getattr(self, name))
         for name in ("generations", "max_epochs", "patience", "top", "workers_per_device"):
             _check_positive(name, getattr(self, name))
-        for name in ("batch_size", "limit", "max_evaluations", "min_epochs"):
+        for name in ("batch_size", "max_evaluations", "min_epochs"):
             _check_positive(name, getattr(self, name), allow_none=True)
-        if not 0 <= self.elite <= (self.population or self.elite):
-            raise UserError(f"--elite must be between 0 and --population ({self.population}), got {self.elite}")
         if self.val_size <= 0:
             raise UserError("--val-size must be positive: the fitness is validation accuracy")
         if self.remeasure is not None and not 0 <= self.remeasure <= MAX_REMEASURE:
@@ -381,6 +409,12 @@ class SearchConfig:
         if self.min_epochs is None and self.prune_places != "all":
             raise UserError(f"--prune-places {self.prune_places} does nothing without --min-epochs: "
                             "the search is not pruned (add --min-epochs, or drop --prune-places)")
+
+
+def check_members(name: str, value: Optional[int]) -> None:
+    if value is not None and value > MAX_MEMBERS:
+        raise UserError(f"--{name} {value} is more than a generation can hold: at most {MAX_MEMBERS} "
+                        "(a generation is kept in memory and recorded as one row of the store)")
 
 
 # What a search recorded before these settings existed ran with: no re-measuring, budget or pruning.
@@ -405,15 +439,22 @@ def upgrade_search_config(data: dict, kind: str) -> dict:
 
 
 def to_dict(cfg: Any) -> dict:
-    return dataclasses.asdict(cfg)
+    """The config's fields as a dict; a field marked `flat` (SearchConfig.settings) gives its items
+    among the others."""
+    data = dataclasses.asdict(cfg)
+    for f in dataclasses.fields(cfg):
+        if f.metadata.get("flat"):
+            data.update(data.pop(f.name))
+    return data
 
 
-def from_dict(cls: type, data: dict, *, what: str = "config key", where: str | os.PathLike | None = None) -> Any:
+def from_dict(cls: type, data: dict, *, what: str = "config key", where: str | os.PathLike | None = None,
+              extra: typing.Sequence[type] = ()) -> Any:
     """Build `cls` from a dict, refusing unknown keys (a typo must not be ignored) and values of the
     wrong type (a config file or a Python caller may give "2" for 2); `where` (the file it was read
-    from) prefixes any complaint."""
+    from) prefixes any complaint. `extra`: as in `checked_values`."""
     try:
-        return cls(**checked_values(cls, data, what=what))
+        return cls(**checked_values(cls, data, what=what, extra=extra))
     except UserError as exc:
         if where is None:
             raise
@@ -430,11 +471,11 @@ def unknown_keys(unknown: list[str], known: typing.Iterable[str], what: str) -> 
     return UserError(f"unknown {what}(s) {named}{listed}")
 
 
-def checked_values(cls: type, data: dict, *, what: str = "config key") -> dict:
-    """`data` with every key a field of `cls` and every value of its field's type (an int is
-    accepted for a float); a UserError naming the first that is not (`what` names a key: "config
-    key", "option")."""
-    fields = {f.name: f for f in dataclasses.fields(cls)}
+def checked_values(cls: type, data: dict, *, what: str = "config key", extra: typing.Sequence[type] = ()) -> dict:
+    """`data` with every key a field of `cls` (or of the `extra` dataclasses: a search's sampler
+    settings) and every value of its field's type (an int is accepted for a float); a UserError
+    naming the first that is not (`what` names a key: "config key", "option")."""
+    fields = {f.name: f for c in (*extra, cls) for f in dataclasses.fields(c)}
     unknown = sorted(set(data) - set(fields))
     if unknown:
         raise unknown_keys(unknown, fields, what)
@@ -509,7 +550,7 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type, *, skip: tuple[str
     summary = " ".join((cls.__doc__ or "").split()).split(". ")[0].rstrip(".") + "."  # the first sentence
     group = parser.add_argument_group(cls.__name__, summary)
     for f in dataclasses.fields(cls):
-        if f.name in skip:
+        if f.name in skip or f.metadata.get("flat"):  # a flat field's items have flags of their own
             continue
         flag = "--" + f.metadata.get("flag", f.name.replace("_", "-"))
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
@@ -533,14 +574,19 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type, *, skip: tuple[str
 
 
 def to_flags(cfg: Any) -> list[str]:
-    """The command-line flags that reproduce `cfg` (the fields that differ from their defaults)."""
+    """The command-line flags that reproduce `cfg` (the fields that differ from their defaults; a
+    flat field's items, each its own flag)."""
     flags = []
+    items = []
     for f in dataclasses.fields(cfg):
         value = getattr(cfg, f.name)
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-        if value == default:
-            continue
-        flag = "--" + f.metadata.get("flag", f.name.replace("_", "-"))
+        if f.metadata.get("flat"):
+            items += [(name.replace("_", "-"), item) for name, item in value.items()]
+        elif value != default:
+            items.append((f.metadata.get("flag", f.name.replace("_", "-")), value))
+    for name, value in items:
+        flag = "--" + name
         if isinstance(value, bool):
             flags.append(flag if value else "--no-" + flag[2:])
         elif isinstance(value, dict):

@@ -69,17 +69,26 @@ def _normalised(values: Mapping, cls: type | tuple[type, ...], what: str) -> dic
     return normalised
 
 
+def _extra(main: str) -> list[type]:
+    """The classes whose fields are settings of the main config besides its own: a search's samplers'."""
+    if main != "search":
+        return []
+    from towerlab.search.samplers import settings_classes
+
+    return settings_classes()
+
+
 def split_options(options: Mapping, main: str, *, what: str = "option") -> tuple[dict, dict]:
     """Flat settings (keyword arguments, or a file's top level) -> (the main config's, RunConfig's),
     each checked for unknown keys and wrong types."""
-    cls = MAIN[main]
-    values = _normalised(options, (cls, RunConfig), what)
-    main_names = {f.name for f in dataclasses.fields(cls)}
+    cls, extra = MAIN[main], _extra(main)
+    values = _normalised(options, (cls, *extra, RunConfig), what)
+    main_names = {f.name for c in (cls, *extra) for f in dataclasses.fields(c) if not f.metadata.get("flat")}
     run_names = {f.name for f in dataclasses.fields(RunConfig)}
     unknown = sorted(set(values) - main_names - run_names)
     if unknown:
         raise unknown_keys(unknown, main_names | run_names, what)
-    return (checked_values(cls, {k: v for k, v in values.items() if k in main_names}, what=what),
+    return (checked_values(cls, {k: v for k, v in values.items() if k in main_names}, what=what, extra=extra),
             checked_values(RunConfig, {k: v for k, v in values.items() if k in run_names}, what=what))
 
 
@@ -105,7 +114,8 @@ def read_config_file(config: str | os.PathLike | Mapping, main: str) -> tuple[di
         if is_record and section == "search" and isinstance(data.get("kind"), str):
             values = upgrade_search_config(dict(values), data["kind"])  # a search from before samplers
         what = f"{where} [{section}] key"
-        values = checked_values(cls, _normalised(values, cls, what), what=what)
+        extra = _extra(main) if section == main else []
+        values = checked_values(cls, _normalised(values, (cls, *extra), what), what=what, extra=extra)
         twice = sorted(set(into) & set(values))
         if twice:
             raise UserError(f"{where} sets {', '.join(twice)} at the top level and under [{section}]: keep one")
@@ -247,14 +257,18 @@ def resolve_search(kind: str, options: Mapping, config: str | os.PathLike | Mapp
                    ) -> tuple[SearchConfig, RunConfig]:
     """The search's configs from `options` over `config` (`kind`: evolve or grid, whose sampler is
     theirs, or search); for `resume`, the stored search's, where only SEARCH_EXTENSIBLE settings and
-    run options may be changed."""
+    run options may be changed. Either way with the sampler's own settings complete, as the search
+    records them (`towerlab.search.samplers.resolved_settings`)."""
+    from towerlab.search.samplers import resolved_settings
+
     search_given, run_given = split_options(options, "search")
     if kind in SEARCH_COMMANDS:
         search_given["sampler"] = SEARCH_COMMANDS[kind]
     if "resume" not in run_given:
         file_search, file_run = read_config_file(config, "search") if config is not None else ({}, {})
         _refuse_new_run_only_options({**file_run, **run_given})
-        return SearchConfig(**{**file_search, **search_given}), RunConfig(**{**file_run, **run_given})
+        return (resolved_settings(SearchConfig(**{**file_search, **search_given})),
+                RunConfig(**{**file_run, **run_given}))
     if config is not None:
         raise UserError("--config does not go with --resume: the stored search already holds its settings")
     folder = Path(run_given["resume"])
@@ -263,7 +277,8 @@ def resolve_search(kind: str, options: Mapping, config: str | os.PathLike | Mapp
     try:
         stored = json.loads(path.read_text(encoding="utf-8"))
         search = upgrade_search_config(stored["search"], stored["kind"])
-        cfg, stored_run = from_dict(SearchConfig, search, where=path), from_dict(RunConfig, stored["run"], where=path)
+        cfg = from_dict(SearchConfig, search, where=path, extra=_extra("search"))
+        stored_run = from_dict(RunConfig, stored["run"], where=path)
     except FileNotFoundError:
         raise UserError(f"{folder} is not a towerlab search (no config.json): check the --resume path") from None
     except (OSError, ValueError, KeyError, TypeError, AttributeError):  # JSONDecodeError is a ValueError
@@ -271,14 +286,15 @@ def resolve_search(kind: str, options: Mapping, config: str | os.PathLike | Mapp
     if kind in SEARCH_COMMANDS and cfg.sampler != SEARCH_COMMANDS[kind]:
         command = next((k for k, v in SEARCH_COMMANDS.items() if v == cfg.sampler), "search run")
         raise UserError(f"{folder} holds a {cfg.sampler} search: resume it with towerlab {command} --resume {folder}")
-    changed = [k for k, v in search_given.items() if getattr(cfg, k) != v and k not in SEARCH_EXTENSIBLE]
+    recorded = to_dict(cfg)
+    changed = [k for k, v in search_given.items() if recorded.get(k) != v and k not in SEARCH_EXTENSIBLE]
     if changed:
         flags = ", ".join("--" + k.replace("_", "-") for k in changed)
         raise UserError(f"--resume continues the stored search, whose {flags} differ(s) from what you passed: "
                         "drop those flags or start a new search")
     # How many workers take part never changes a fitness (each candidate trains alone, from its own seed).
     _check_kept_run_options(folder, stored_run, run_given, free=("devices",))
-    return replace(cfg, **search_given), _resumed_run(folder, stored_run, run_given)
+    return resolved_settings(replace(cfg, **search_given)), _resumed_run(folder, stored_run, run_given)
 
 
 # ------------------------------------------------------------------------------------------- writing

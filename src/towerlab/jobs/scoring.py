@@ -3,8 +3,8 @@ predict RUN_DIR images.npz` labels images. Both read `model.pt` through `load_mo
 Classifier normalises raw uint8 images as the training did, so a run's own test split gives back
 the test accuracy the run recorded.
 
-Named scoring, not evaluation: `train.evaluate` is a network's loss and accuracy on a split during
-training, and a search's evaluation is a candidate's training (towerlab.search.evaluation); here a
+Named scoring, not evaluation: `train.loss_and_accuracy` measures a network on a split during
+training, and a search's evaluation is a candidate's training (towerlab.search.candidates); here a
 finished run's model is scored (`score_run`), or labels images (`predict_file`).
 """
 

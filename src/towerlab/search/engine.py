@@ -1,7 +1,7 @@
 """The one loop every search runs: the sampler proposes a generation, `Rounds` serves it from the
 store or trains it (pruning as asked), the networks about to be crowned are re-measured, the
 sampler is told the outcomes; at the end the top is crowned and the summary written. No torch
-here: the evaluation protocol is in `towerlab.search.evaluation`, the counts in
+here: the training protocol is in `towerlab.search.candidates`, the counts in
 `towerlab.search.history`.
 """
 
@@ -13,15 +13,16 @@ from typing import Callable, Optional
 
 from towerlab.config import SearchConfig, to_dict
 from towerlab.errors import UserError
-from towerlab.search.evaluation import Evaluate, rung_epochs
+from towerlab.search.candidates import Trainer
 from towerlab.search.history import Generation, GenerationStats, SearchResult, TopGenome
+from towerlab.search.pruners import make_pruner
 from towerlab.search.rounds import Rounds
-from towerlab.search.samplers import Sampler, make_sampler
+from towerlab.search.samplers import Sampler, make_sampler, resolved_settings
 from towerlab.search.space import Space
 from towerlab.search.store import Store
 
 # What every search must keep to resume: it changes what is trained or how it is ranked (the
-# space and the training-config hash are checked as well, and each sampler adds its `identity`).
+# space and the training-config hash are checked as well, and each sampler adds what it `reads`).
 # Other settings (generations, max_evaluations, top, workers...) may change on resume.
 _IDENTITY = ("seed", "remeasure", "min_epochs", "prune_factor", "prune_places")
 # From this many members on, proposing and looking up a generation takes seconds to minutes:
@@ -50,7 +51,7 @@ def open_search(store: Store, cfg: SearchConfig, sampler: Sampler, space: Space,
         raise UserError(f"store {store.path} was made with other training settings (dataset, val-size, epochs, "
                         f"patience, batch size, device kind, CPU threads per candidate, or an older towerlab's): "
                         f"resume with the same ones")
-    for name in (*_IDENTITY, *sampler.identity):
+    for name in (*_IDENTITY, *sampler.reads()):
         if row.config.get(name) != config[name]:
             raise UserError(f"store {store.path} holds a search with --{name.replace('_', '-')} "
                             f"{row.config.get(name)}, not {config[name]}: resume with the same setting")
@@ -70,7 +71,7 @@ def open_search(store: Store, cfg: SearchConfig, sampler: Sampler, space: Space,
 def planned_trainings(cfg: SearchConfig, space: Space) -> dict:
     """The most trainings the search's budget holds, by purpose, and their epochs: `search`, members
     trained for the first time (population x generations, or --max-evaluations); `rungs`, a pruned
-    search's promotions to its higher rungs (each rung keeps 1/prune_factor of the one below);
+    search's promotions to its higher rungs (as many as its pruner's `most_promoted`);
     `remeasure`, --remeasure K for the final top and for each later generation's elite; `test`, the
     top once each. A store that serves some of them, early stopping and failures make fewer."""
     sampler = make_sampler(cfg, space)
@@ -80,8 +81,9 @@ def planned_trainings(cfg: SearchConfig, space: Space) -> dict:
         search = min(search, cfg.max_evaluations)
         # the generations the budget reaches, each with its promotions and elites (not --generations')
         generations = min(generations, math.ceil(search / sampler.population))
-    ladder = rung_epochs(cfg.max_epochs, cfg.min_epochs, cfg.prune_factor)
-    promoted = [math.ceil(sampler.population / cfg.prune_factor ** i) * generations for i in range(1, len(ladder))]
+    pruner = make_pruner(cfg)
+    ladder = pruner.rungs
+    promoted = [n * generations for n in pruner.most_promoted(sampler.population)]
     top = min(cfg.top, search)
     remeasure = cfg.remeasure * (top + min(sampler.elite, sampler.population) * (generations - 1))
     return {"search": search, "rungs": sum(promoted), "remeasure": remeasure, "test": top,
@@ -108,14 +110,14 @@ def resolved_remeasure(cfg: SearchConfig, space: Space) -> SearchConfig:
     return replace(cfg, remeasure=min(DEFAULT_REMEASURE, most))
 
 
-def run_search(cfg: SearchConfig, space: Space, evaluate: Evaluate, store: Store, train_config_hash: str,
+def run_search(cfg: SearchConfig, space: Space, train: Trainer, store: Store, train_config_hash: str,
                on_generation: Optional[Callable[[GenerationStats], None]] = None,
                *, resume: int | bool | None = None, on_progress: Optional[Callable[[str], None]] = None,
                ) -> SearchResult:
     """Search `space` with the sampler `cfg.sampler`, for at most `cfg.generations` generations
     and `cfg.max_evaluations` distinct trainings, or until the sampler has nothing left.
 
-    `evaluate(candidates, record)` trains what the store (keyed by genome hash and
+    `train(candidates, record)` trains what the store (keyed by genome hash and
     `train_config_hash`) cannot serve. `on_generation(stats)` is called after each generation,
     replayed ones included (`stats.replayed`); `on_progress(line)` hears what a large generation
     is doing before it is trained. `resume` continues a search of the store (True:
@@ -123,10 +125,10 @@ def run_search(cfg: SearchConfig, space: Space, evaluate: Evaluate, store: Store
     finished generations are replayed and checked, finished evaluations are kept, and the result
     equals an uninterrupted run's.
     """
-    cfg = resolved_remeasure(cfg, space)
+    cfg = resolved_settings(resolved_remeasure(cfg, space))  # recorded with every setting the sampler reads
     sampler = make_sampler(cfg, space)
     search_id = open_search(store, cfg, sampler, space, train_config_hash, resume)
-    rounds = Rounds(store, search_id, cfg, train_config_hash, evaluate)
+    rounds = Rounds(store, search_id, cfg, train_config_hash, train)
     history: list[Generation] = []
     while len(history) < cfg.generations:
         budget = (None if cfg.max_evaluations is None

@@ -18,7 +18,7 @@ from datetime import datetime, timedelta
 from typing import Any, Optional
 
 from towerlab.errors import UserError
-from towerlab.search.evaluation import rung_epochs
+from towerlab.search.pruners import rung_epochs
 from towerlab.search.rounds import rung_hash
 from towerlab.search.samplers.tpe import distribution, optuna_module
 from towerlab.search.space import space_of

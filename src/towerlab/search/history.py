@@ -12,7 +12,7 @@ Counting (per generation; `SearchResult` sums them)
 - failed: the evaluated members whose evaluation failed (so a failure is counted once, where it
   was trained; the same failed genome served again later is cached).
 - best / mean / worst: over the members (duplicates included) whose evaluation succeeded, each at
-  the highest rung it reached; None when none did. train_seconds: the evaluators' seconds summed
+  the highest rung it reached; None when none did. train_seconds: the trainers' seconds summed
   over every training this generation made (every rung of a pruned search; not re-measures).
   seconds: wall-clock seconds of the generation in the process that completed it; never part of
   equality, since it is never reproducible.

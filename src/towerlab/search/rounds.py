@@ -1,26 +1,22 @@
-"""Playing a generation through the store (the cache), with early pruning, and re-measuring the
-networks about to be crowned. No torch here; the counts are defined in `towerlab.search.history`.
+"""Playing a generation through the store (the cache), rung by rung as its pruner says
+(`towerlab.search.pruners`), and re-measuring the networks about to be crowned. No torch here; the
+counts are defined in `towerlab.search.history`.
 
-Pruning (successive halving, `--min-epochs`): every unique genome of a generation trains for the
-first rung's epochs; the best 1/`prune_factor` of those that succeeded go on to the next rung, and
-so on up to `--max-epochs`. A genome the store already holds at the next rung (the genetic
-algorithm's elite, a genome proposed again) goes on as well, at no cost, so it keeps the rung it
-reached in an earlier generation. `--prune-places all` counts a rung's places over every member
-that succeeded at it, such held genomes included (they take places, and usually the first ones);
-`new` counts them over, and gives them to, the members that do not hold the next rung yet.
+Every unique genome of a generation trains for the first rung's epochs; the pruner promotes some of
+them to the next rung, and so on up to `--max-epochs`. A genome the store already holds at the next
+rung goes on at no cost, so it keeps the rung it reached in an earlier generation.
 A higher rung trains the genome again from scratch, with the same seed, for more epochs. That
-costs the lower rungs' epochs once more for the few promoted (about 1/prune_factor extra), and buys
-exactness: a rung's result is the very training an unpruned search with that many epochs makes,
-whichever worker runs it, so it is cached and replayed like any other evaluation and no weights
-travel between workers or sit in the store. Each rung's trainings are
+costs the lower rungs' epochs once more for the few promoted (about 1/prune_factor extra under
+successive halving), and buys exactness: a rung's result is the very training an unpruned search
+with that many epochs makes, whichever worker runs it, so it is cached and replayed like any other
+evaluation and no weights travel between workers or sit in the store. Each rung's trainings are
 stored under their own training-config hash (`rung_hash`); the last rung's is the search's own, so
 its rows are shared with unpruned searches of the same settings. A rung's promotions are decided on
 all of its results, so the history never depends on which worker finished first. Workers need not
-wait for a rung's last trainings, though: a genome whose place is certain already (it ranks in the
-rung's places even if every training still running ranks above it) is handed out for the next rung
-at once, so an evaluator that asks for more work as results come in (`record.more()`, see
-`towerlab.search.evaluation`) keeps its workers busy across the rungs of a generation, and the
-history is still the one a rung-by-rung search makes.
+wait for a rung's last trainings, though: a genome whose place is certain already (the pruner's
+`sure`) is handed out for the next rung at once, so a trainer that asks for more work as results
+come in (`record.more()`, see `towerlab.search.candidates`) keeps its workers busy across the rungs
+of a generation, and the history is still the one a rung-by-rung search makes.
 
 Re-measuring (`--remeasure K`): a network about to be crowned (the genetic algorithm's elite, the
 final top) is trained again with K fresh seeds (`remeasure_seed`) at its rung and ranked by the
@@ -38,8 +34,9 @@ from typing import Callable, Optional, Sequence
 
 from towerlab.config import SearchConfig
 from towerlab.errors import UserError
-from towerlab.search.evaluation import Candidate, Evaluate, Outcome, candidate_seed, remeasure_seed, rung_epochs
+from towerlab.search.candidates import Candidate, Outcome, Trainer, candidate_seed, remeasure_seed
 from towerlab.search.history import Generation, GenerationStats, Member, TopGenome, rank_key, statistics_of
+from towerlab.search.pruners import make_pruner
 from towerlab.search.space import genome_hash
 from towerlab.search.store import Evaluation, Store
 
@@ -59,8 +56,8 @@ def _key(candidate: Candidate) -> _Key:
 
 
 class _Recorder:
-    """The `record` callback given to the evaluator: writes each outcome as it arrives. `more()`
-    hands out what the outcomes so far have made trainable (`unlock`), for evaluators that take
+    """The `record` callback given to the trainer: writes each outcome as it arrives. `more()`
+    hands out what the outcomes so far have made trainable (`unlock`), for trainers that take
     work as it comes."""
 
     def __init__(self, store: Store, search_id: int, hashes: dict[int, str],
@@ -90,7 +87,7 @@ class _Recorder:
 
     def more(self) -> list[Candidate]:
         """Candidates that became trainable since they were last asked for (each handed out once);
-        the evaluator trains them as well before it returns."""
+        the trainer trains them as well before it returns."""
         with self._lock:
             if self._unlock is None:
                 return []
@@ -169,25 +166,15 @@ class _Climb:
 
     def _certain(self) -> list[str]:
         """The genomes of the current rung that will be promoted whatever the trainings still
-        running give, and that must train for it (not held): a member that succeeded at position k
-        among the contenders so far is sure of a place when k plus the contenders still running
-        stays below the places the contenders so far already give (contenders only add up)."""
-        held = self._holding()
-        counted = (lambda h: True) if self.rounds.prune_places == "all" else (lambda h: h not in held)
+        running give, and that must train for it (not held)."""
         done = [h for h in self.alive if h not in self._open]
-        running = sum(1 for h in self._open if counted(h))
-        if running >= math.ceil(len(done) / self.rounds.prune_factor):
-            return []  # not even a full rung of successes would leave a place to be sure of
-        ranked = self._ranked([h for h in done if self.rows[h, self.rung].status == "ok" and counted(h)])
-        sure = ranked[:max(0, math.ceil(len(ranked) / self.rounds.prune_factor) - running)]
-        return [h for h in sure if h not in held]
+        ok = self._ranked([h for h in done if self.rows[h, self.rung].status == "ok"])
+        return self.rounds.pruner.sure(ok, len(done), self._open, self._holding())
 
     def _promote(self) -> None:
         """Decide the current rung on all its results and move to the next."""
         ok = self._ranked([h for h in self.alive if self.rows[h, self.rung].status == "ok"])
-        held = {h for h in ok if h in self._holding()}  # they go on for free
-        contenders = ok if self.rounds.prune_places == "all" else [h for h in ok if h not in held]
-        promoted = held | set(contenders[:math.ceil(len(contenders) / self.rounds.prune_factor)])
+        promoted = self.rounds.pruner.promoted(ok, self._holding())
         early = {h for (h, rung) in (*self.rows, *self.handed) if rung == self.rung + 1}
         if not early <= promoted:
             raise RuntimeError(f"generation {self.generation}: genomes handed out early for rung {self.rung + 1} "
@@ -217,11 +204,12 @@ class Rounds:
     """A search's generations and re-measures, played against its store."""
 
     def __init__(self, store: Store, search_id: int, cfg: SearchConfig, train_config_hash: str,
-                 evaluate: Evaluate) -> None:
-        self.store, self.search_id, self.seed, self.evaluate = store, search_id, cfg.seed, evaluate
-        self.ladder = rung_epochs(cfg.max_epochs, cfg.min_epochs, cfg.prune_factor)
+                 train: Trainer) -> None:
+        self.store, self.search_id, self.seed, self.train = store, search_id, cfg.seed, train
+        self.pruner = make_pruner(cfg)
+        self.ladder = self.pruner.rungs
         self.hashes = {epochs: rung_hash(train_config_hash, epochs, cfg.max_epochs) for epochs in self.ladder}
-        self.prune_factor, self.prune_places, self.remeasure = cfg.prune_factor, cfg.prune_places, cfg.remeasure
+        self.remeasure = cfg.remeasure
         self._measured: dict[tuple[str, int], _Measurement] = {}
 
     # -- serving ----------------------------------------------------------------------------------
@@ -239,7 +227,7 @@ class Rounds:
         if pending:
             recorder = _Recorder(self.store, self.search_id, self.hashes)
             recorder.expect(pending)
-            self.evaluate(list(pending), recorder)
+            self.train(list(pending), recorder)
             self._check(recorder, len(pending), what)
             served.update(recorder.rows)
         return served
@@ -248,7 +236,7 @@ class Rounds:
     def _check(recorder: _Recorder, handed: int, what: str) -> None:
         missing = recorder.missing()
         if missing:
-            raise RuntimeError(f"the evaluator returned without recording {len(missing)} of {handed} "
+            raise RuntimeError(f"the trainer returned without recording {len(missing)} of {handed} "
                                f"candidates of {what}, e.g. index {missing[0].index}")
 
     def _within(self, budget: Optional[int], hashes: list[str]) -> int:
@@ -298,7 +286,7 @@ class Rounds:
         recorder = _Recorder(self.store, self.search_id, self.hashes, climb.unlock, climb.recorded)
         pending = recorder.more()
         while pending:
-            self.evaluate(list(pending), recorder)
+            self.train(list(pending), recorder)
             self._check(recorder, len(pending), f"generation {generation}")
             pending = recorder.more()
 

@@ -11,7 +11,7 @@ import statistics
 from pathlib import Path
 from typing import Callable, Optional, TypeVar
 
-from towerlab.search.evaluation import rung_epochs
+from towerlab.search.pruners import rung_epochs
 from towerlab.search.space import space_of
 from towerlab.search.store import STORE_NAME, SearchRow, Store
 

@@ -24,13 +24,10 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Union
-
-import numpy as np
+from typing import TYPE_CHECKING, Any, Iterator, Mapping, Union
 
 from towerlab.config import CUSTOM_MODEL, OPTIMIZERS
 from towerlab.errors import UserError
-from towerlab.data.readers import require_regular_file
 from towerlab.models import CATALOG
 from towerlab.models.options import FRACTION, POSITIVE_INT, GeneRule
 
@@ -38,6 +35,12 @@ try:
     import tomllib
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib  # type: ignore[no-redef]
+
+# numpy (and towerlab.data.readers, which imports it) is imported where it is used: the samplers
+# import this module, and the command line imports them to build its flags from their settings,
+# where `towerlab --help` answers without numpy.
+if TYPE_CHECKING:
+    import numpy as np
 
 _TRAINING_GENES = {
     "optimizer": GeneRule("choice", choices=OPTIMIZERS),
@@ -417,6 +420,8 @@ def load_space(name_or_path: str | Path) -> Space:
     if not path.exists():
         raise UserError(f"unknown search space {text!r}: use {', '.join(BUILTIN_SPACES)} "
                         f"or the path of a TOML file")
+    from towerlab.data.readers import require_regular_file
+
     require_regular_file(path)
     try:
         with open(path, "rb") as f:

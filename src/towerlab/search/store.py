@@ -31,9 +31,9 @@ Durability: WAL journal, one transaction per write, so a process killed mid-writ
 row. synchronous=FULL: a commit happens once per finished training (seconds to hours of compute),
 so one fsync each costs nothing, and a recorded evaluation then survives a power loss too (NORMAL
 in WAL mode may lose the last commits then). The schema version is `PRAGMA user_version`; an
-older store (1: before samplers; 2: before numerics) is migrated in place when opened. A damaged
-file (SQLite's quick_check at open, a read that finds a page malformed, a record that no longer
-parses) is a UserError that names the file and what to do.
+older store (1: before samplers; 2: before numerics) is migrated in place when opened
+(`towerlab.search.schema`). A damaged file (SQLite's quick_check at open, a read that finds a page
+malformed, a record that no longer parses) is a UserError that names the file and what to do.
 """
 
 from __future__ import annotations
@@ -51,72 +51,15 @@ from typing import Any, Iterator, Optional
 
 from towerlab.config import upgrade_search_config
 from towerlab.errors import UserError
-from towerlab.search.evaluation import Candidate, Outcome
+from towerlab.search.schema import SCHEMA_VERSION, TABLES, create_tables, upgrade_from_1, upgrade_from_2
+from towerlab.search.candidates import Candidate, Outcome
 from towerlab.search.space import Space
 
-SCHEMA_VERSION = 3
 STORE_NAME = "search.db"  # the store's file name inside a search folder
-
-_SEARCHES = """
-CREATE TABLE searches (
-    id INTEGER PRIMARY KEY,
-    sampler TEXT NOT NULL,
-    config TEXT NOT NULL,
-    space TEXT NOT NULL,
-    space_fingerprint TEXT NOT NULL,
-    train_config_hash TEXT NOT NULL,
-    created TEXT NOT NULL,
-    finished TEXT,
-    summary TEXT
-)"""
-_EVALUATION_INDEXES = """
-CREATE INDEX evaluations_ok ON evaluations (genome_hash, train_config_hash, replicate) WHERE status = 'ok';
-CREATE UNIQUE INDEX evaluations_search ON evaluations (search_id, genome_hash, train_config_hash, replicate)
-"""
-_SCHEMA = _SEARCHES + """;
-CREATE TABLE evaluations (
-    id INTEGER PRIMARY KEY,
-    genome_hash TEXT NOT NULL,
-    train_config_hash TEXT NOT NULL,
-    genome TEXT NOT NULL,
-    status TEXT NOT NULL CHECK (status IN ('ok', 'failed')),
-    fitness REAL CHECK (status <> 'ok' OR fitness IS NOT NULL),
-    val_loss REAL,
-    test_accuracy REAL,
-    epochs INTEGER NOT NULL,
-    seconds REAL NOT NULL,
-    worker TEXT NOT NULL,
-    reason TEXT,
-    search_id INTEGER NOT NULL REFERENCES searches (id),
-    generation INTEGER NOT NULL,
-    idx INTEGER NOT NULL,
-    seed INTEGER NOT NULL,
-    finished_at TEXT NOT NULL,
-    max_epochs INTEGER,
-    replicate INTEGER NOT NULL DEFAULT 0,
-    numerics TEXT
-);""" + _EVALUATION_INDEXES + """;
-CREATE TABLE generations (
-    search_id INTEGER NOT NULL REFERENCES searches (id),
-    generation INTEGER NOT NULL,
-    members TEXT NOT NULL,
-    results TEXT,
-    stats TEXT,
-    complete INTEGER NOT NULL DEFAULT 0 CHECK (complete IN (0, 1)),
-    started TEXT NOT NULL,
-    finished TEXT,
-    PRIMARY KEY (search_id, generation)
-);
-"""
-_TABLES = {"searches", "evaluations", "generations"}
 
 
 def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
-
-
-def _statements(script: str) -> list[str]:
-    return [s for s in script.split(";") if s.strip()]
 
 
 @dataclass(frozen=True)
@@ -230,9 +173,9 @@ class Store:
         if version > SCHEMA_VERSION:
             raise UserError(f"search store {self.path} has schema version {version}, newer than this "
                             f"towerlab reads ({SCHEMA_VERSION}): upgrade towerlab to open it")
-        if version == SCHEMA_VERSION and _TABLES <= tables:
+        if version == SCHEMA_VERSION and TABLES <= tables:
             return
-        if version in (1, 2) and _TABLES <= tables:
+        if version in (1, 2) and TABLES <= tables:
             if version == 1:
                 self._migrate_from_1()
             self._migrate_from_2()
@@ -243,54 +186,26 @@ class Store:
         with self._write():
             raced = self._schema() != (0, set())  # another process wrote it meanwhile
             if not raced:
-                for statement in _statements(_SCHEMA):
-                    self._db.execute(statement)
-                self._db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+                create_tables(self._db)
         if raced:
             self._check_schema(create=False)
 
     def _migrate_from_1(self) -> None:
-        """Version 1 (before samplers): `kind` ('evolve'|'grid', a CHECK-ed list) becomes `sampler`
-        (ga, grid); configs gain the settings they ran with; evaluations gain their budget and
-        replicate, and one successful row per genome becomes one per genome and search."""
         self._db.execute("PRAGMA foreign_keys = OFF")  # the searches table is rebuilt under its rows
         try:
             with self._write() as db:
                 if db.execute("PRAGMA user_version").fetchone()[0] != 1:
                     return  # another process migrated it meanwhile
-                db.execute(_SEARCHES.replace("CREATE TABLE searches", "CREATE TABLE searches_v2"))
-                for row in db.execute("SELECT * FROM searches").fetchall():
-                    config = upgrade_search_config(json.loads(row["config"]), row["kind"])
-                    summary = _loads(row["summary"])
-                    if summary is not None:  # its top: the hashes of genomes measured once each
-                        summary["top"] = [_top_of_v1(db, h, row["train_config_hash"]) for h in summary["top"]]
-                    db.execute("INSERT INTO searches_v2 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                               (row["id"], config["sampler"], json.dumps(config, sort_keys=True), row["space"],
-                                row["space_fingerprint"], row["train_config_hash"], row["created"],
-                                row["finished"], None if summary is None else json.dumps(summary)))
-                db.execute("DROP TABLE searches")
-                db.execute("ALTER TABLE searches_v2 RENAME TO searches")
-                db.execute("ALTER TABLE evaluations ADD COLUMN max_epochs INTEGER")
-                db.execute("ALTER TABLE evaluations ADD COLUMN replicate INTEGER NOT NULL DEFAULT 0")
-                db.execute("UPDATE evaluations SET max_epochs = (SELECT json_extract(config, '$.max_epochs')"
-                           " FROM searches WHERE searches.id = evaluations.search_id)")
-                db.execute("DROP INDEX evaluations_ok")
-                db.execute("DROP INDEX evaluations_search")
-                for statement in _statements(_EVALUATION_INDEXES):
-                    db.execute(statement)
-                if db.execute("PRAGMA foreign_key_check").fetchall():
+                if not upgrade_from_1(db):
                     raise _damaged(self.path, "rows that name no search")
-                db.execute("PRAGMA user_version = 2")
         finally:
             self._db.execute("PRAGMA foreign_keys = ON")
 
     def _migrate_from_2(self) -> None:
-        """Version 2 (before numerics): evaluations gain the column, NULL (unknown) in their rows."""
         with self._write() as db:
             if db.execute("PRAGMA user_version").fetchone()[0] != 2:
                 return  # another process migrated it meanwhile
-            db.execute("ALTER TABLE evaluations ADD COLUMN numerics TEXT")
-            db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+            upgrade_from_2(db)
 
     def _check_integrity(self) -> None:
         problems = [r[0] for r in self._db.execute("PRAGMA quick_check").fetchall()]
@@ -509,12 +424,3 @@ class Store:
 
 def _loads(text: Optional[str]) -> Any:
     return None if text is None else json.loads(text)
-
-
-def _top_of_v1(db: sqlite3.Connection, genome_hash: str, train_config_hash: str) -> dict:
-    """A version-1 summary's top entry in the form `towerlab.search.engine` writes (its one row)."""
-    row = db.execute("SELECT * FROM evaluations WHERE genome_hash = ? AND train_config_hash = ? AND status = 'ok'",
-                     (genome_hash, train_config_hash)).fetchone()
-    return {"genome_hash": genome_hash, "genome": json.loads(row["genome"]), "fitness": row["fitness"],
-            "fitnesses": [row["fitness"]], "seeds": [row["seed"]], "rung": 0,
-            "train_config_hash": train_config_hash}

@@ -5,7 +5,14 @@ sampler is about to crown, and tells the sampler the outcomes (`tell`). A sample
 never touches the store and never reads the clock, so replaying a search against its store
 proposes the same generations again: that is how a search resumes.
 
-Adding a sampler: a module here with a `Sampler` subclass, and its line in `SAMPLERS`.
+Adding a sampler: a module here with a `Sampler` subclass, and its line in `SAMPLERS`. A sampler
+with settings of its own declares them in that module, as a `SamplerSettings` dataclass of
+`setting` fields (towerlab.config) that its `Settings` names: they become flags and config keys of
+every search command, are checked when the sampler is made, recorded with the search's other
+settings (config.json, the store) and refused in a search by another sampler. A setting's name is
+its sampler's alone: neither another sampler nor SearchConfig declares it. The command line imports
+every sampler's module to build its flags, and `towerlab --help` answers without numpy: a sampler
+module imports numpy (and anything heavier) where it is used, not at its top.
 """
 
 from __future__ import annotations
@@ -14,13 +21,13 @@ import dataclasses
 import importlib
 from typing import TYPE_CHECKING, Sequence
 
-import numpy as np
-
-from towerlab.config import SearchConfig
+from towerlab.config import SamplerSettings, SearchConfig, to_dict, unknown_keys
 from towerlab.errors import UserError
 from towerlab.search.space import Range, Space
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # numpy is not imported to build the command line's flags from the samplers' settings
+    import numpy as np
+
     from towerlab.search.history import Generation
 
 SAMPLERS = {
@@ -37,19 +44,27 @@ INDEXABLE = 2**62
 
 class Sampler:
     """Proposes generations of genomes. `identity` names the SearchConfig fields (besides the seed
-    and what every search keeps) that change what it proposes: a resumed search must keep them.
+    and what every search keeps) that change what it proposes; with its own `Settings` they are what
+    it `reads`, and a resumed search must keep them. `settings`: its own settings, checked.
     `elite`: how many of the latest generation's best it keeps unchanged, which the engine
     re-measures before `propose` sees their scores. `one_generation`: it proposes everything at
     once (the grid), so --generations bounds nothing and is not checked against its budget."""
 
     default_population = 20
     identity: tuple[str, ...] = ("population",)
+    Settings: type[SamplerSettings] = SamplerSettings
     one_generation = False
 
     def __init__(self, cfg: SearchConfig, space: Space) -> None:
         self.cfg, self.space = cfg, space
+        self.settings = own_settings(cfg)
         self.population = cfg.population or self.default_population
         self.elite = 0
+
+    @classmethod
+    def reads(cls) -> tuple[str, ...]:
+        """The settings whose values change what it proposes: its `identity` and its own settings."""
+        return (*cls.identity, *(f.name for f in dataclasses.fields(cls.Settings)))
 
     def propose(self, history: Sequence[Generation]) -> list[dict]:
         """The next generation's genomes (genomes of `self.space`), or [] when there are no more."""
@@ -68,11 +83,60 @@ def sampler_class(name: str) -> type[Sampler]:
     return getattr(importlib.import_module(module), attr)
 
 
+def settings_classes() -> list[type[SamplerSettings]]:
+    """The registered samplers' own settings that hold any, in SAMPLERS' order: the flags and config
+    keys a search takes besides SearchConfig's fields. A name declared twice is a bug (RuntimeError):
+    its flag would be one sampler's or the other's."""
+    classes: list[type[SamplerSettings]] = []
+    declared = {f.name: "SearchConfig" for f in dataclasses.fields(SearchConfig)}
+    for sampler in SAMPLERS:
+        settings = sampler_class(sampler).Settings
+        if settings in classes or not dataclasses.fields(settings):
+            continue
+        for f in dataclasses.fields(settings):
+            if f.name in declared:
+                raise RuntimeError(f"sampler {sampler} declares the setting {f.name}, which {declared[f.name]} "
+                                   "declares as well: give it a name of its own")
+            declared[f.name] = f"the {sampler} sampler"
+        classes.append(settings)
+    return classes
+
+
+def _defaults() -> dict:
+    """Every setting's default: SearchConfig's fields' and every sampler's own."""
+    return {f.name: f.default for cls in (SearchConfig, *settings_classes()) for f in dataclasses.fields(cls)
+            if not f.metadata.get("flat")}
+
+
+def own_settings(cfg: SearchConfig) -> SamplerSettings:
+    """The own settings of `cfg.sampler`, as `cfg` gives them and at their defaults otherwise. Every
+    setting `cfg` gives is checked by the sampler that declares it, whichever sampler runs, as a
+    SearchConfig field would be (a bad value, or a setting no sampler declares: UserError)."""
+    known = _defaults()
+    unknown = sorted(set(cfg.settings) - set(known))
+    if unknown:
+        raise unknown_keys(unknown, known, "search setting")
+    checked = {settings: settings(**{f.name: cfg.settings[f.name] for f in dataclasses.fields(settings)
+                                     if f.name in cfg.settings})
+               for settings in settings_classes()}
+    own = sampler_class(cfg.sampler).Settings
+    return checked[own] if own in checked else own()
+
+
+def resolved_settings(cfg: SearchConfig) -> SearchConfig:
+    """`cfg` with its sampler's own settings complete (each at its default where not given), as a
+    search records them, and the settings of other samplers left out where they are at their
+    defaults (set away from them, they stay for `refuse_unused_settings` to name)."""
+    defaults, own = _defaults(), to_dict(own_settings(cfg))
+    others = {name: value for name, value in cfg.settings.items() if name not in own and value != defaults[name]}
+    return dataclasses.replace(cfg, settings={**own, **others})
+
+
 def settings_of_others(sampler: str) -> dict[str, list[str]]:
-    """The SearchConfig fields that only other samplers read (their `identity`), each with those samplers."""
-    mine = sampler_class(sampler).identity
-    readers = {f.name: [s for s in SAMPLERS if f.name in sampler_class(s).identity]
-               for f in dataclasses.fields(SearchConfig) if f.name not in mine}
+    """The settings that only other samplers read (their `reads`), each with those samplers."""
+    mine = sampler_class(sampler).reads()
+    readers = {name: [s for s in SAMPLERS if name in sampler_class(s).reads()]
+               for name in _defaults() if name not in mine}
     return {name: users for name, users in readers.items() if users}
 
 
@@ -82,12 +146,12 @@ def refuse_unused_settings(cfg: SearchConfig) -> None:
     --prune-factor in a search that is not pruned (no --min-epochs): checked here rather than in
     SearchConfig beside --prune-places's twin check, so that a search recorded with an ignored factor
     still resumes."""
-    defaults = {f.name: f.default for f in dataclasses.fields(SearchConfig)}
+    defaults, values = _defaults(), to_dict(cfg)
     if cfg.min_epochs is None and cfg.prune_factor != defaults["prune_factor"]:
         raise UserError(f"--prune-factor {cfg.prune_factor} does nothing without --min-epochs: the search is not "
                         "pruned (add --min-epochs, or drop --prune-factor)")
     for name, users in settings_of_others(cfg.sampler).items():
-        if getattr(cfg, name) != defaults[name]:
+        if name in values and values[name] != defaults[name]:
             flag = "--" + name.replace("_", "-")
             readers = users[0] if len(users) == 1 else ", ".join(users[:-1]) + " and " + users[-1]
             raise UserError(f"{flag} does nothing in a {cfg.sampler} search: only the {readers} sampler"

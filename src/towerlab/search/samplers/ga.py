@@ -9,16 +9,18 @@ a resumed search replays the finished generations from the store and reaches the
 from __future__ import annotations
 
 import math
-from typing import Optional, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Optional, Sequence
 
-import numpy as np
-
-from towerlab.config import SearchConfig
+from towerlab.config import SamplerSettings, SearchConfig, check_fraction, setting, to_dict
 from towerlab.errors import UserError
-from towerlab.search.evaluation import GENERATION_STREAM, make_rng
+from towerlab.search.candidates import GENERATION_STREAM, make_rng
 from towerlab.search.history import Generation, rank_key
 from towerlab.search.samplers import INDEXABLE, Sampler, random_genome
 from towerlab.search.space import Range, Space, genome_hash
+
+if TYPE_CHECKING:  # numpy is not imported to build the command line's flags from the samplers' settings
+    import numpy as np
 
 # Attempts at a child that is not yet in the generation before a duplicate is accepted (it will be
 # a cache hit, not a second training).
@@ -120,23 +122,36 @@ def _child(rng: np.random.Generator, space: Space, parents: list[dict], mutate_c
     return child
 
 
+@dataclass(frozen=True)
+class GeneticSettings(SamplerSettings):
+    """The genetic algorithm's settings (ga, towerlab evolve); their defaults are the original's."""
+
+    retain: float = setting(0.4, "ga: fraction of the best networks kept as parents")
+    random_select: float = setting(0.1, "ga: probability of also keeping each rejected network")
+    mutate_chance: float = setting(0.2, "ga: probability that a child has one gene redrawn")
+    elite: int = setting(1, "ga: the best K networks always survive unchanged")
+
+    def check(self) -> None:
+        for name in ("retain", "random_select", "mutate_chance"):
+            check_fraction(name, getattr(self, name))
+
+
 class GeneticSampler(Sampler):
     """`--sampler ga` (`towerlab evolve`): generation 0 is `initial_population`, each next one
     `next_generation` of the one before, ranked by score (re-measured elites by their mean)."""
 
-    identity = ("population", "retain", "random_select", "mutate_chance", "elite")
+    Settings = GeneticSettings
 
     def __init__(self, cfg: SearchConfig, space: Space) -> None:
         super().__init__(cfg, space)
-        if cfg.elite > self.population:
-            raise UserError(f"--elite must be between 0 and --population ({self.population}), got {cfg.elite}")
-        self.elite = cfg.elite
+        if not 0 <= self.settings.elite <= self.population:
+            raise UserError(f"--elite must be between 0 and --population ({self.population}), "
+                            f"got {self.settings.elite}")
+        self.elite = self.settings.elite
 
     def propose(self, history: Sequence[Generation]) -> list[dict]:
         rng = make_rng(self.cfg.seed, GENERATION_STREAM, len(history))
         if not history:
             return initial_population(rng, self.space, self.population)
-        cfg = self.cfg
         return next_generation(rng, self.space, [(m.genome, m.score, m.rung) for m in history[-1].members],
-                               population=self.population, retain=cfg.retain, random_select=cfg.random_select,
-                               mutate_chance=cfg.mutate_chance, elite=cfg.elite)
+                               population=self.population, **to_dict(self.settings))

@@ -5,11 +5,12 @@ float range); a float range without either is refused."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Optional, Sequence
 
-from towerlab.config import MAX_MEMBERS, SearchConfig
+from towerlab.config import MAX_MEMBERS, SamplerSettings, SearchConfig, check_members, setting
 from towerlab.errors import UserError
-from towerlab.search.evaluation import GRID_STREAM, make_rng
+from towerlab.search.candidates import GRID_STREAM, make_rng
 from towerlab.search.history import Generation
 from towerlab.search.samplers import Sampler
 from towerlab.search.space import Space
@@ -32,15 +33,29 @@ def grid_genomes(space: Space, limit: Optional[int], seed: int) -> list[dict]:
     return [space.genome_at(int(i)) for i in sorted(picks)]
 
 
+@dataclass(frozen=True)
+class GridSettings(SamplerSettings):
+    """The grid's settings (grid, towerlab grid)."""
+
+    limit: Optional[int] = setting(None, "grid only: evaluate a random subset of this many genomes")
+
+    def check(self) -> None:
+        check_members("limit", self.limit)
+        if self.limit is not None and self.limit <= 0:
+            raise UserError(f"--limit must be positive, got {self.limit}")
+
+
 class GridSampler(Sampler):
-    identity = ("limit",)
+    identity = ()
+    Settings = GridSettings
     one_generation = True
 
     def __init__(self, cfg: SearchConfig, space: Space) -> None:
         super().__init__(cfg, space)
         grid = space.gridded()  # a float range without points is refused here, before any folder or worker
-        _check(grid, cfg.limit)
-        self.population = min(cfg.limit or grid.size, grid.size)  # its one generation
+        limit = self.settings.limit
+        _check(grid, limit)
+        self.population = min(limit or grid.size, grid.size)  # its one generation
 
     def propose(self, history: Sequence[Generation]) -> list[dict]:
-        return [] if history else grid_genomes(self.space, self.cfg.limit, self.cfg.seed)
+        return [] if history else grid_genomes(self.space, self.settings.limit, self.cfg.seed)

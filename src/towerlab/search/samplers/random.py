@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from towerlab.config import MAX_MEMBERS
-from towerlab.search.evaluation import sampler_rng
+from towerlab.search.candidates import sampler_rng
 from towerlab.search.history import Generation
 from towerlab.search.samplers import INDEXABLE, Sampler, random_genome
 from towerlab.search.space import genome_hash

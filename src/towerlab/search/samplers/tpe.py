@@ -18,8 +18,9 @@ from typing import Any, Sequence
 
 from towerlab.config import SearchConfig
 from towerlab.errors import UserError
-from towerlab.search.evaluation import rung_epochs, sampler_rng
+from towerlab.search.candidates import sampler_rng
 from towerlab.search.history import Generation
+from towerlab.search.pruners import make_pruner
 from towerlab.search.samplers import Sampler
 from towerlab.search.space import Gene, Range, Space
 
@@ -55,7 +56,7 @@ class TPESampler(Sampler):
                                                  constant_liar=True)
         self._study = optuna.create_study(direction="maximize", sampler=sampler)
         self._distributions = {name: distribution(optuna, values) for name, values in space.genes.items()}
-        self._last_rung = len(rung_epochs(cfg.max_epochs, cfg.min_epochs, cfg.prune_factor)) - 1
+        self._last_rung = len(make_pruner(cfg).rungs) - 1
         self._asked: list[Any] = []
 
     def propose(self, history: Sequence[Generation]) -> list[dict]:

@@ -1,22 +1,23 @@
-"""The evaluation protocol between the search and whoever trains its candidates (the torch side).
+"""A search's candidates and what training one gave (`Candidate`, `Outcome`), every seed of a
+search, and the protocol between the search and whoever trains its candidates (the torch side).
 
-`evaluate(candidates, record) -> None` is the swappable batch map. The engine passes only the
-candidates the store cannot serve (each key once) and a `record(candidate, outcome)` callback. The
-evaluator calls `record` exactly once per candidate, as soon as that candidate has finished, in any
+A `Trainer`, `train(candidates, record) -> None`, is the swappable batch map. The engine passes only
+the candidates the store cannot serve (each key once) and a `record(candidate, outcome)` callback.
+The trainer calls `record` exactly once per candidate, as soon as that candidate has finished, in any
 order and from any thread of this process; `record` writes the outcome to the store in its own
 transaction before it returns, so a crash loses only the unfinished candidates. A candidate that
 fails (out of memory, diverged, ...) is recorded as `Outcome.failed(reason)`; an exception escaping
-`evaluate` stops the search (it can be resumed), and an evaluator that returns without recording
+`train` stops the search (it can be resumed), and a trainer that returns without recording
 every candidate is a bug (RuntimeError). `serial(fitness)` turns a function
-`fitness(candidate) -> Outcome` into an evaluator that trains in this process.
+`fitness(candidate) -> Outcome` into a trainer that trains in this process.
 
-Work that unlocks as results come in (a pruned generation's next rung): after a `record`, an
-evaluator may call `record.more()`, which returns the candidates that became trainable (each once,
+Work that unlocks as results come in (a pruned generation's next rung): after a `record`, a
+trainer may call `record.more()`, which returns the candidates that became trainable (each once,
 possibly none); it then trains them too before it returns, so its workers need not wait for a rung's
-last trainings. An evaluator that never asks is called again with them; the history is the same.
+last trainings. A trainer that never asks is called again with them; the history is the same.
 
 A candidate trains for `max_epochs` (None: the search's --max-epochs; a pruned search's lower
-rungs train less) with `seed`. Every random stream of a search derives from its seed:
+rungs train less, `towerlab.search.pruners`) with `seed`. Every random stream of a search derives from its seed:
 `make_rng(seed, *stream)`, a sampler's own from `sampler_rng(seed, name, ...)`, and each
 candidate's training seed from (search seed, generation, index), whichever worker trains it. A
 re-measure's seed comes from (genome, replicate) alone, so every search sharing a store asks for
@@ -30,11 +31,14 @@ import time
 import zlib
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
-
-import numpy as np
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from towerlab.errors import UserError
+
+# numpy is imported where it is used: the samplers import this module, and the command line imports
+# them to build its flags from their settings, where `towerlab --help` answers without numpy.
+if TYPE_CHECKING:
+    import numpy as np
 
 STATUSES = ("ok", "failed")
 # SeedSequence spawn keys keep the streams apart: (0, generation) draws the genetic algorithm's
@@ -45,6 +49,8 @@ GENERATION_STREAM, GRID_STREAM, CANDIDATE_STREAM, REMEASURE_STREAM, SAMPLER_STRE
 
 def make_rng(search_seed: int, *stream: int) -> np.random.Generator:
     """The search's own PCG64 stream `stream` (never the global `random` or `np.random` state)."""
+    import numpy as np
+
     return np.random.Generator(np.random.PCG64(np.random.SeedSequence(search_seed, spawn_key=stream)))
 
 
@@ -60,11 +66,15 @@ def _seed_of(seq: np.random.SeedSequence) -> int:
 def candidate_seed(search_seed: int, generation: int, index: int) -> int:
     """Training seed of the candidate at `index` of `generation`: a Python int in [0, 2**31), the
     same whichever worker trains it."""
+    import numpy as np
+
     return _seed_of(np.random.SeedSequence(search_seed, spawn_key=(CANDIDATE_STREAM, generation, index)))
 
 
 def remeasure_seed(genome_hash: str, replicate: int) -> int:
     """Training seed of re-measure `replicate` (1, 2, ...) of a genome, in [0, 2**31)."""
+    import numpy as np
+
     return _seed_of(np.random.SeedSequence(int(genome_hash, 16), spawn_key=(REMEASURE_STREAM, replicate)))
 
 
@@ -126,15 +136,15 @@ class Outcome:
 
 
 Record = Callable[[Candidate, Outcome], None]
-Evaluate = Callable[[list[Candidate], Record], None]
+Trainer = Callable[[list[Candidate], Record], None]
 
 
-def serial(fitness: Callable[[Candidate], Outcome]) -> Evaluate:
-    """An evaluator that trains the candidates one after another in this process. An exception
+def serial(fitness: Callable[[Candidate], Outcome]) -> Trainer:
+    """A trainer that trains the candidates one after another in this process. An exception
     from `fitness` becomes a failed outcome, except a UserError (a mistake no other candidate
     would escape) and KeyboardInterrupt/SystemExit, which stop the search."""
 
-    def evaluate(candidates: list[Candidate], record: Record) -> None:
+    def train(candidates: list[Candidate], record: Record) -> None:
         more = getattr(record, "more", None)
         queue = deque(candidates)
         while queue:
@@ -151,18 +161,5 @@ def serial(fitness: Callable[[Candidate], Outcome]) -> Evaluate:
             if more is not None:
                 queue.extend(more())
 
-    return evaluate
+    return train
 
-
-def rung_epochs(max_epochs: int, min_epochs: Optional[int], factor: int) -> list[int]:
-    """The epochs each rung of a pruned search trains for: `min_epochs`, times `factor` while a
-    rung `factor` times longer still fits under `max_epochs`, then `max_epochs` (1, 3, 10 for
-    1 / 3 / 10). Unpruned (min_epochs None): [max_epochs]."""
-    ladder = []
-    epochs = min_epochs
-    while epochs is not None and epochs * factor <= max_epochs:
-        ladder.append(epochs)
-        epochs *= factor
-    if min_epochs is not None and not ladder:
-        ladder.append(min_epochs)
-    return ladder + [max_epochs]

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from pathlib import Path
 
 import machine
 import measure

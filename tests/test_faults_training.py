@@ -24,7 +24,7 @@ from towerlab import checkpoint
 from towerlab.jobs import train as train_job
 from towerlab.settings import read_run_config
 from towerlab.cli import main
-from towerlab.config import replace
+from towerlab.fields import replace
 from towerlab.distributed.group import Context
 from towerlab.errors import UserError
 from towerlab.train import STOP_CHECK_EVERY

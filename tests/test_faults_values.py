@@ -21,7 +21,8 @@ import pytest
 
 from towerlab import atomic
 from towerlab.cli import main
-from towerlab.config import RunConfig, SearchConfig, TrainConfig, _base_type, from_dict
+from towerlab.config import RunConfig, SearchConfig, TrainConfig, _base_type
+from towerlab.fields import from_dict
 from towerlab.distributed.env import check_capacity
 from towerlab.errors import UserError
 from towerlab.report import Reporter

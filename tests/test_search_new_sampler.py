@@ -7,7 +7,8 @@ import json
 import pytest
 
 from towerlab.cli import build_parser, main, resolve_search
-from towerlab.config import SearchConfig, to_dict
+from towerlab.config import SearchConfig
+from towerlab.fields import to_dict
 from towerlab.errors import UserError
 from towerlab.search import SAMPLERS, Outcome, Space, Store, run_search, serial, settings_classes
 from towerlab.settings import read_config_file

@@ -6,7 +6,8 @@ import sys
 
 import pytest
 
-from towerlab.config import SearchConfig, to_dict
+from towerlab.config import SearchConfig
+from towerlab.fields import to_dict
 from towerlab.errors import UserError
 from towerlab.search import Candidate, Outcome, format_search, genome_hash, load_space, run_search, serial
 from towerlab.search.schema import SCHEMA_VERSION

@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from towerlab.config import ARRAYS_DATASET, CUSTOM_MODEL, replace
+from towerlab.config import ARRAYS_DATASET, CUSTOM_MODEL
+from towerlab.fields import replace
 from towerlab.distributed.signals import EXIT_SIGINT, EXIT_SIGTERM, Interrupted
 from towerlab.models.files import load_model
 from towerlab.errors import UserError

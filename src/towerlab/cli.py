@@ -18,7 +18,8 @@ from typing import Any, Iterator, Sequence
 os.environ.setdefault("MPLBACKEND", "Agg")
 
 from towerlab import __version__, atomic  # noqa: E402
-from towerlab.config import RunConfig, SearchConfig, TrainConfig, add_arguments, given  # noqa: E402
+from towerlab.config import RunConfig, SearchConfig, TrainConfig  # noqa: E402
+from towerlab.fields import add_arguments, given  # noqa: E402
 from towerlab.data import catalog  # noqa: E402
 from towerlab.distributed.signals import EXIT_PEER_LOST, EXIT_SIGPIPE, EXIT_USER_ERROR, Interrupted  # noqa: E402
 from towerlab.errors import UserError  # noqa: E402
@@ -264,7 +265,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
 def _cmd_search(args: argparse.Namespace) -> int:
     cfg, run = resolve_search(args)
     if args.print_config:  # the settings this search reads: not other samplers' nor training-only run options
-        from towerlab.config import to_dict
+        from towerlab.fields import to_dict
         from towerlab.search import settings_of_others
         from towerlab.jobs.search import check_settings
 

@@ -22,8 +22,8 @@ import os
 from pathlib import Path
 from typing import Any, Mapping
 
-from towerlab.config import (RunConfig, SearchConfig, TrainConfig, checked_values, from_dict, replace, to_dict,
-                             unknown_keys, upgrade_search_config)
+from towerlab.config import RunConfig, SearchConfig, TrainConfig, upgrade_search_config
+from towerlab.fields import checked_values, from_dict, replace, to_dict, unknown_keys
 from towerlab.errors import UserError
 from towerlab.data.readers import require_regular_file
 

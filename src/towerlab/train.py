@@ -20,7 +20,8 @@ from torch import nn
 
 from towerlab import checkpoint, models
 from towerlab.batches import Batches, Normalizer, eval_batches, tta_logits
-from towerlab.config import TrainConfig, to_dict
+from towerlab.config import TrainConfig
+from towerlab.fields import to_dict
 from towerlab.distributed.env import machine_memory
 from towerlab.distributed.group import Context, max_over_ranks, sum_over_ranks, world_group
 from towerlab.distributed.signals import Interrupted, StopFlag

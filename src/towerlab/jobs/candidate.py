@@ -20,7 +20,8 @@ from typing import Any, Callable, Optional, Union
 
 import torch
 
-from towerlab.config import ARRAYS_DATASET, CUSTOM_MODEL, SearchConfig, TrainConfig, is_custom_dataset, to_flags
+from towerlab.config import ARRAYS_DATASET, CUSTOM_MODEL, SearchConfig, TrainConfig, is_custom_dataset
+from towerlab.fields import to_flags
 from towerlab.data.load import fingerprint
 from towerlab.distributed.env import device_name
 from towerlab.distributed.group import Context

@@ -32,7 +32,8 @@ import torch
 
 import towerlab
 from towerlab import atomic
-from towerlab.config import RunConfig, parse_shape, replace
+from towerlab.config import RunConfig, parse_shape
+from towerlab.fields import replace
 from towerlab.distributed.env import device_type, resolve_devices, torchrun_ranks, torchrun_restart, under_torchrun
 from towerlab.distributed.group import Context, barrier, broadcast_object
 from towerlab.distributed.launch import launch
@@ -313,7 +314,8 @@ def restarted_by_torchrun(out: Path, same_job: Callable[[dict], bool]) -> bool:
 def save_model(path: Path, model: torch.nn.Module, cfg: Any, data: Any) -> None:
     """model.pt: the network and what rebuilds it and feeds it (input shape, classes, the training
     split's mean and std), with the TrainConfig that trained it; written atomically."""
-    from towerlab.config import CUSTOM_MODEL, to_dict
+    from towerlab.config import CUSTOM_MODEL
+    from towerlab.fields import to_dict
 
     buffer = io.BytesIO()
     custom = cfg.model == CUSTOM_MODEL

@@ -22,7 +22,8 @@ import torch
 import torch.nn.functional as F
 
 from towerlab import atomic
-from towerlab.config import RunConfig, TrainConfig, from_dict, replace
+from towerlab.config import RunConfig, TrainConfig
+from towerlab.fields import from_dict, replace
 from towerlab.errors import UserError
 from towerlab.jobs.common import quiet, read_config
 from towerlab.models.files import load_model

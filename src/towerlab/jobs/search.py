@@ -26,7 +26,8 @@ import torch
 
 import towerlab
 from towerlab import atomic
-from towerlab.config import CUSTOM_MODEL, RunConfig, SearchConfig, dataset_label, replace, to_dict
+from towerlab.config import CUSTOM_MODEL, RunConfig, SearchConfig, dataset_label
+from towerlab.fields import replace, to_dict
 from towerlab.distributed.env import check_capacity, local_processes, search_threads, search_workers, torchrun_restart, torchrun_world_size, under_torchrun
 from towerlab.distributed.group import Context, kv_store, session
 from towerlab.distributed.launch import start_method_for

@@ -27,7 +27,8 @@ import torch
 import towerlab
 from towerlab import atomic, checkpoint
 from towerlab.batches import steps_per_epoch
-from towerlab.config import CUSTOM_MODEL, RunConfig, TrainConfig, dataset_label, from_dict, replace, to_dict
+from towerlab.config import CUSTOM_MODEL, RunConfig, TrainConfig, dataset_label
+from towerlab.fields import from_dict, replace, to_dict
 from towerlab.data.load import content_sha256
 from towerlab.distributed.env import (check_capacity, default_threads, local_processes, torchrun_restart,
                                      torchrun_world_size, under_torchrun)

@@ -11,7 +11,8 @@ import math
 from dataclasses import replace
 from typing import Callable, Optional
 
-from towerlab.config import SearchConfig, to_dict
+from towerlab.config import SearchConfig
+from towerlab.fields import to_dict
 from towerlab.errors import UserError
 from towerlab.search.candidates import Trainer
 from towerlab.search.history import Generation, GenerationStats, SearchResult, TopGenome

@@ -21,7 +21,8 @@ import dataclasses
 import importlib
 from typing import TYPE_CHECKING, Sequence
 
-from towerlab.config import SamplerSettings, SearchConfig, to_dict, unknown_keys
+from towerlab.config import SamplerSettings, SearchConfig
+from towerlab.fields import to_dict, unknown_keys
 from towerlab.errors import UserError
 from towerlab.search.space import Range, Space
 

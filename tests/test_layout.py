@@ -14,10 +14,10 @@ import pytest
 SRC = Path(__file__).resolve().parents[1] / "src"
 
 # The layers, bottom first (the first pattern that matches places a module): a module may import its
-# own layer and the layers below it, never above. The dataset catalog is stdlib only and sits beside
-# config, which checks --dataset against it.
+# own layer and the layers below it, never above. The dataset and model catalogs (stdlib only) sit
+# beside config, which takes its --dataset and --model choices from them.
 LAYERS = (
-    (1, r"towerlab(\.(config|fields|presets|errors|atomic|data\.catalog))?"),
+    (1, r"towerlab(\.(config|fields|presets|errors|atomic|data\.catalog|models|models\.options))?"),
     (2, r"towerlab\.(step|strategies|optim|lookahead|batches|checkpoint|report|"
         r"models(\..+)?|data(\..+)?|distributed(\..+)?)"),
     (3, r"towerlab\.(train|settings|search(\..+)?)"),

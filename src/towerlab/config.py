@@ -17,8 +17,10 @@ from typing import Any, Optional
 from towerlab.data import catalog
 from towerlab.errors import UserError
 from towerlab.fields import base_type
+from towerlab.models import CATALOG as MODEL_CATALOG
 
-MODELS = ("lenet5", "cifarnet", "convnet", "mlp", "cnn", "whitenet")
+# The model catalog (towerlab.models, no torch) is read live: a model added to it is a --model choice.
+MODELS = MODEL_CATALOG.keys()
 OPTIMIZERS = ("adam", "sgd", "rmsprop", "adagrad", "adadelta", "adamax", "nadam")
 SCHEDULES = ("constant", "onecycle", "linear")
 STRATEGIES = ("ddp", "ps")

@@ -5,8 +5,9 @@ An entry names its builder, a function `builder(input_shape, num_classes, **opti
 imported when first used, so this module imports no torch: the search core reads a family's
 gene rules here. A model's options are its builder's keyword parameters. No training code here.
 
-Adding a model: one file with its builder (see mlp.py), one line in `CATALOG`, and its name in
-`towerlab.config.MODELS` (which the command line's choices come from; a test checks that the two agree).
+Adding a model: one file with its builder (see mlp.py) and one line in `CATALOG`, whose names are
+the command line's --model choices (`towerlab.config.MODELS` reads them; this module and options.py
+sit below config for that, importing nothing of towerlab's but errors).
 A family whose options a search varies declares their values' rules (`genes`); the search takes
 the training genes and these, and only these. Without `genes`, a space of the family may vary any
 option, and the builder's signature refuses what it does not take before anything trains.

@@ -21,7 +21,8 @@ import pytest
 
 from towerlab import atomic
 from towerlab.cli import main
-from towerlab.config import RunConfig, SearchConfig, TrainConfig, _base_type
+from towerlab.config import RunConfig, SearchConfig, TrainConfig
+from towerlab.fields import base_type
 from towerlab.fields import from_dict
 from towerlab.distributed.env import check_capacity
 from towerlab.errors import UserError
@@ -42,7 +43,7 @@ LEGAL = {(name, HUGE_INT) for name in (*TRAIN_BUDGETS, *SEARCH_BUDGETS, "steps")
 def _flags(cls: type, skip: tuple = ()) -> list[tuple[str, str, type]]:
     out = []
     for f in fields(cls):
-        kind, _ = _base_type(f.type)
+        kind, _ = base_type(f.type)
         if kind in HOSTILE and f.name not in SKIP and f.name not in skip:
             out.append((f.name, "--" + f.metadata.get("flag", f.name.replace("_", "-")), kind))
     return out

@@ -232,7 +232,8 @@ def test_best_json_retrains_a_model_function_winner_through_its_file(tmp_path, c
     best = json.loads((out / "best.json").read_text())
     assert best["command"].startswith(f"towerlab train --model {tmp_path / 'mynet.py'}:make "
                                       f"--model-opt width={best['genome']['width']} ")
-    assert main([*best["command"].split()[1:], "--threads", "1", "--no-progress", "--out", str(tmp_path / "again")]) == 0
+    assert best["command"].endswith(" --devices 1 --device cpu --threads 1")
+    assert main([*best["command"].split()[1:], "--no-progress", "--out", str(tmp_path / "again")]) == 0
     again = json.loads((tmp_path / "again" / "summary.json").read_text())
     assert (again["model"], again["val_accuracy"], again["test_accuracy"]) == \
         ("custom", best["val_accuracy"], best["test_accuracy"])
@@ -255,6 +256,8 @@ def test_best_json_names_a_model_function_by_its_file_and_its_genes_as_options(t
     assert retrain_command(cfg, make, {"width": 12, "lr": 0.01}, 3) == \
         f"towerlab train --model {tmp_path / 'mynet.py'}:make --model-opt width=12 --dataset synthetic " \
         "--batch-size 128 --epochs 1 --lr 0.01 --seed 3 --patience 5 --devices 1"
+    assert retrain_command(cfg, make, {"lr": 0.01}, 3, cpu_threads=2).endswith(
+        "--seed 3 --patience 5 --devices 1 --device cpu --threads 2")
     assert retrain_command(cfg, local, {"lr": 0.01}, 3).startswith(
         "none: local was given from Python, not from a file; where FILE.py defines it: towerlab train --model "
         "FILE.py:local --dataset synthetic")

@@ -164,7 +164,9 @@ def test_retraining_the_winner_from_best_json_reproduces_its_accuracy(tmp_path, 
     assert main(["grid", *BASE, "--space", space_file, "--limit", "2", "--remeasure", "2", "--out", str(out)]) == 0
     best = json.loads((out / "best.json").read_text())
     command = best["command"].split()[2:]
-    assert main(["train", *command, "--threads", "1", "--no-progress", "--out", str(tmp_path / "again")]) == 0
+    # a CPU search's candidates train on 1 thread each: the command says so, and reproduces by itself
+    assert command[-6:] == ["--devices", "1", "--device", "cpu", "--threads", "1"]
+    assert main(["train", *command, "--no-progress", "--out", str(tmp_path / "again")]) == 0
     again = json.loads((tmp_path / "again" / "summary.json").read_text())
     # the command trains the evaluation's network (its seed is the first); the winner ranks by its mean
     assert best["seed"] == best["seeds"][0] and len(best["seeds"]) == 3

@@ -205,18 +205,22 @@ def candidate_task(candidate: Candidate, kind: str = "fitness") -> dict:
     return {"kind": kind, "genome": candidate.genome, "seed": candidate.seed, "max_epochs": candidate.max_epochs}
 
 
-def retrain_command(cfg: SearchConfig, model: Model, genome: dict, seed: int, max_epochs: int | None = None) -> str:
-    """The `towerlab train` command that trains this candidate again as it was evaluated: on one device.
-    A model function of yours is named by its file, --model FILE.py:FUNCTION, and gets its genes as
-    --model-opt; where no file defines it (given from Python), the text says so plainly, beside the
-    command that would retrain it."""
-    flags = to_flags(candidate_config(cfg, model, genome, seed, max_epochs))
+def retrain_command(cfg: SearchConfig, model: Model, genome: dict, seed: int, max_epochs: int | None = None,
+                    cpu_threads: int | None = None) -> str:
+    """The `towerlab train` command that trains this candidate again as it was evaluated: on one device,
+    and where the search ran on CPUs (`cpu_threads`), on the CPU with as many threads (another count
+    sums in another order: other numbers). A model function of yours is named by its file, --model
+    FILE.py:FUNCTION, and gets its genes as --model-opt; where no file defines it (given from Python),
+    the text says so plainly, beside the command that would retrain it."""
+    flags = to_flags(candidate_config(cfg, model, genome, seed, max_epochs)) + ["--devices", "1"]
+    if cpu_threads is not None:
+        flags += ["--device", "cpu", "--threads", str(cpu_threads)]
     if not callable(model):
-        return " ".join(["towerlab", "train", *flags, "--devices", "1"])
+        return " ".join(["towerlab", "train", *flags])
     name = getattr(model, "__name__", "FUNCTION")
     spec = _function_file(model)
     flags[flags.index("--model") + 1] = spec or f"FILE.py:{name}"
-    command = " ".join(["towerlab", "train", *flags, "--devices", "1"])
+    command = " ".join(["towerlab", "train", *flags])
     if spec is None:
         return f"none: {name} was given from Python, not from a file; where FILE.py defines it: {command}"
     return command

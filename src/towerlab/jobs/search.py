@@ -308,8 +308,10 @@ def _coordinate(kind: str, cfg: SearchConfig, run: RunConfig, out: Path, space: 
         if data.source.get("fallback"):  # on the last lines, where it cannot scroll away
             reporter.line("Trained on the OFFLINE FALLBACK DATA, not the full dataset: not comparable with "
                           "MNIST results")
+        # a CPU candidate's numbers depend on its threads: the retraining command names them
+        cpu_threads = run.threads if ctx.device.type == "cpu" else None
         _write_results(kind, cfg, space, model, out, store, result, top, {"cost": cost, "numerics": used}, ctx,
-                       time.perf_counter() - started, data.source)
+                       time.perf_counter() - started, data.source, cpu_threads)
         if not top:
             raise UserError(_all_failed(result, out))
         if cfg.export_best:
@@ -415,16 +417,17 @@ def _numerics_text(numerics: dict) -> str:
 
 
 def _write_results(kind: str, cfg: SearchConfig, space: Space, model: Any, out: Path, store: Store, result: Any,
-                   top: list[dict], accounts: dict, ctx: Context, seconds: float, data_source: dict) -> None:
+                   top: list[dict], accounts: dict, ctx: Context, seconds: float, data_source: dict,
+                   cpu_threads: int | None) -> None:
     """best.json, the plots and summary.json; `accounts`: the summary's fields about what the search
-    cost and ran on ("cost", "numerics")."""
+    cost and ran on ("cost", "numerics"); `cpu_threads`: a CPU candidate's threads (None on GPUs)."""
     best = top[0] if top else None
     if best is not None:
         atomic.write_json(out / "best.json", {
             "genome": best["genome"], "val_accuracy": best["val_accuracy"], "val_accuracy_sd": best["val_accuracy_sd"],
             "val_accuracies": best["val_accuracies"], "seeds": best["seeds"], "test_accuracy": best["test_accuracy"],
             "seed": best["seed"], "model": space.model, "dataset": cfg.dataset,
-            "command": retrain_command(cfg, model, best["genome"], best["seed"], best["max_epochs"])})
+            "command": retrain_command(cfg, model, best["genome"], best["seed"], best["max_epochs"], cpu_threads)})
     stats = [g.stats.to_json() for g in result.history]
     title = f"{cfg.sampler}: {Path(space.name).stem} on {dataset_label(cfg.dataset)}"
     plot_fitness(stats, out / "fitness.png", title)

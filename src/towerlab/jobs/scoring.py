@@ -10,8 +10,6 @@ finished run's model is scored (`score_run`), or labels images (`predict_file`).
 
 from __future__ import annotations
 
-import functools
-import inspect
 import io
 import os
 from pathlib import Path
@@ -57,7 +55,7 @@ def score_run(path: str | os.PathLike, data: Any = None, *, split: str = "test",
     if split not in SPLITS:
         raise UserError(f"unknown split {split!r}: choose one of {', '.join(SPLITS)}")
     file = model_file(path)
-    model, record = _load(file, module)
+    model, record = load_model(file, module=module)
     source = None
     if data is not None and not isinstance(data, (str, os.PathLike)):
         x, y = _pair(data)
@@ -82,31 +80,6 @@ def score_run(path: str | os.PathLike, data: Any = None, *, split: str = "test",
     if recorded is not None:
         result["recorded"] = recorded
     return result
-
-
-def _load(file: Path, module: Any) -> tuple[Any, dict]:
-    """`load_model`, where `module` may also be a model function (`towerlab train --model
-    FILE.py:FUNCTION`), `module(input_shape, num_classes, **options)`, called with what the file records."""
-    if _takes_shape(module):
-        try:
-            record = torch.load(file, map_location="cpu", weights_only=True)
-            module = functools.partial(module, tuple(record["input_shape"]), record["num_classes"],
-                                       **record["options"])
-        except Exception:  # noqa: BLE001 - not a model file: load_model says what is wrong with it
-            pass
-    return load_model(file, module=module)
-
-
-def _takes_shape(module: Any) -> bool:
-    """Whether `module` needs (input_shape, num_classes): two positional arguments without defaults."""
-    if module is None or isinstance(module, torch.nn.Module):
-        return False
-    try:
-        parameters = inspect.signature(module).parameters.values()
-    except (TypeError, ValueError):  # a builtin or C callable: called without arguments, as before
-        return False
-    return sum(p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
-               for p in parameters) == 2
 
 
 def _trained_on(record: dict, file: Path) -> TrainConfig:
@@ -155,7 +128,7 @@ def predict_file(path: str | os.PathLike, images_path: str | os.PathLike, out: s
     file = model_file(path)
     out = Path(out) if out is not None else Path(f"{Path(images_path).stem}-predictions.npz")
     atomic.refuse_overwriting(out, (file, images_path), (file.parent,))
-    model, _record = _load(file, module)
+    model, _record = load_model(file, module=module)
     images, labels, image_key, label_key = read_images(images_path)
     probabilities = model.predict_proba(images)
     predictions = probabilities.argmax(1)

@@ -38,7 +38,7 @@ from towerlab.jobs.candidate import (TRAINING_GENES, candidate_config, candidate
 from towerlab.jobs.common import (Job, check_writable_file, handed_over, load_data, require_out_under_torchrun,
                                   resolved_run, restarted_by_torchrun, save_model, start_job, worker_data,
                                   write_config)
-from towerlab.models import keyword_options
+from towerlab.models import not_taken
 from towerlab.report import (Reporter, format_cost, format_estimate, format_generation, format_plan, format_top,
                              plot_accuracy_time, plot_fitness)
 from towerlab.search import (Candidate, Space, evaluation_records, load_space, make_sampler, open_search,
@@ -139,14 +139,11 @@ def check_function(space: Space, function: Any) -> None:
         raise UserError(f"model= of a search must be a function (input_shape, num_classes, **genes) returning a new "
                         f"nn.Module, got {type(function).__name__}")
     builder = model_function(function or space.model)
-    keywords = keyword_options(builder)
-    if keywords is None:  # **kwargs, or no signature to read: the function takes what it takes
-        return
-    name = getattr(builder, "__name__", "your function")
-    for gene in space.genes:
-        if gene not in TRAINING_GENES and gene not in keywords:
-            raise UserError(f"gene {gene!r} is neither a training gene ({', '.join(TRAINING_GENES)}) nor a keyword "
-                            f"argument of {name}(input_shape, num_classes, ...): add it to {name}, or rename the gene")
+    unknown = not_taken(builder, [gene for gene in space.genes if gene not in TRAINING_GENES])
+    if unknown:
+        name = getattr(builder, "__name__", "your function")
+        raise UserError(f"gene {unknown[0]!r} is neither a training gene ({', '.join(TRAINING_GENES)}) nor a keyword "
+                        f"argument of {name}(input_shape, num_classes, ...): add it to {name}, or rename the gene")
 
 
 def search_out(kind: str, cfg: SearchConfig, run: RunConfig, space: Space | None = None) -> Path:

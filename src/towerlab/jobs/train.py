@@ -36,7 +36,7 @@ from towerlab.distributed.group import Context, barrier, broadcast_object, sessi
 from towerlab.distributed.launch import start_method_for
 from towerlab.distributed.signals import StopFlag
 from towerlab.errors import UserError
-from towerlab.models import keyword_options
+from towerlab.models import keyword_options, not_taken
 from towerlab.jobs.common import (Job, OutputFolder, handed_over, load_data, read_config, require_out_under_torchrun,
                                   resolved_run, restarted_by_torchrun, save_model, start_job, stderr_line, worker_data,
                                   write_config)
@@ -134,12 +134,11 @@ def require_module(cfg: TrainConfig, module: Any, function: Any) -> None:
         # Only a model function takes options (as keyword arguments); a module is built already.
         raise UserError("--model-opt sets options of the built-in models and the keyword arguments of a model "
                         "function (--model FILE.py:FUNCTION), not of a module of your own")
-    keywords = None if function is None else keyword_options(function)
-    unknown = [] if keywords is None else sorted(set(cfg.model_options) - set(keywords))
+    unknown = [] if function is None else sorted(not_taken(function, cfg.model_options))
     if unknown:
         name = getattr(function, "__name__", "your function")
         raise UserError(f"--model-opt {unknown[0]}: {name}(input_shape, num_classes, ...) takes no keyword argument "
-                        f"{unknown[0]!r} (it takes: {', '.join(keywords) or 'none'})")
+                        f"{unknown[0]!r} (it takes: {', '.join(keyword_options(function)) or 'none'})")
 
 
 def network_source(module: Any, function: Any, data: Any, options: dict) -> Any:

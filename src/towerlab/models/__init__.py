@@ -99,6 +99,13 @@ def keyword_options(function: Callable[..., Any]) -> tuple[str, ...] | None:
     return tuple(p.name for p in parameters[2:] if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
 
 
+def not_taken(function: Callable[..., Any], names: Any) -> list[str]:
+    """Those of `names` (in their order) that model function `function` takes no keyword for: none
+    when it takes any (**kwargs, or no signature to read)."""
+    keywords = keyword_options(function)
+    return [] if keywords is None else [name for name in names if name not in keywords]
+
+
 def entry(name: str) -> Model:
     if name not in CATALOG:
         raise UserError(f"unknown model {name!r}: choose one of {', '.join(CATALOG)}")
@@ -108,10 +115,9 @@ def entry(name: str) -> Model:
 def build_model(name: str, input_shape: tuple[int, int, int], num_classes: int = 10, **options: Any) -> Any:
     """A freshly initialised model. Unknown names and options are user errors."""
     model = entry(name)
-    known = model.options
-    unknown = [] if known is None else sorted(set(options) - set(known))
+    unknown = sorted(not_taken(model.builder, options))
     if unknown:
-        allowed = ", ".join(known) or "none"
+        allowed = ", ".join(model.options) or "none"
         raise UserError(f"model {name} has no option {', '.join(unknown)} (its options: {allowed})")
     return model.builder(tuple(input_shape), num_classes, **options)
 

@@ -4,7 +4,9 @@
 from __future__ import annotations
 
 import copy
+import functools
 import importlib
+import inspect
 import os
 import sys
 from pathlib import Path
@@ -51,6 +53,21 @@ def load_function(spec: str, flag: str = "--model", what: str = "FUNCTION") -> A
     if not callable(found):
         raise UserError(f"{flag} {spec}: {path_text} defines no {name}")
     return found
+
+
+def for_shape(source: Any, input_shape: tuple, num_classes: int, options: dict) -> Any:
+    """`source` as a factory: a model function (`--model FILE.py:FUNCTION`, two positional
+    parameters without defaults: `source(input_shape, num_classes, **options)`) gets the recorded
+    shape, classes and options; a module or a factory of none is `source` itself."""
+    if source is None or isinstance(source, nn.Module):
+        return source
+    try:
+        parameters = inspect.signature(source).parameters.values()
+    except (TypeError, ValueError):  # a builtin or C callable: called without arguments
+        return source
+    takes_shape = sum(p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+                      for p in parameters) == 2
+    return functools.partial(source, tuple(input_shape), num_classes, **options) if takes_shape else source
 
 
 def instantiate(source: nn.Module | Callable[[], nn.Module]) -> nn.Module:

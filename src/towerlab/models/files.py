@@ -12,7 +12,7 @@ from towerlab.config import CUSTOM_MODEL, PRECISIONS, TTA
 from towerlab.errors import UserError
 from towerlab.models import build_model, uses_channels_last
 from towerlab.models.classifier import Classifier
-from towerlab.models.custom import instantiate
+from towerlab.models.custom import for_shape, instantiate
 from towerlab.data.readers import require_regular_file
 
 
@@ -42,7 +42,9 @@ def load_model(path: str | Path, map_location: str | torch.device = "cpu", *,
     The Classifier takes raw uint8 images (normalised inside, as in training) or normalised float
     input; its `.network` is the bare network. A model of your own (trained with
     `towerlab.api.train(model=...)`) is rebuilt in `module` (an instance or a factory), which must be
-    given. Never executes code from the file (weights_only loading)."""
+    given; a model function (`towerlab train --model FILE.py:FUNCTION`) is called with the input
+    shape, classes and options the file records. Never executes code from the file (weights_only
+    loading)."""
     if Path(path).is_dir():
         path = Path(path) / "model.pt"
     require_regular_file(path)
@@ -66,7 +68,7 @@ def load_model(path: str | Path, map_location: str | torch.device = "cpu", *,
     if name == CUSTOM_MODEL:
         if module is None:
             raise ModuleNeeded(path, str(record.get("module_class", "a custom class")))
-        network = instantiate(module)
+        network = instantiate(for_shape(module, shape, classes, options))
         _load_state(network, state, path)
     else:
         network = _rebuild(path, name, tuple(shape), classes, options, state)

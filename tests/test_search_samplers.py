@@ -232,7 +232,7 @@ def test_the_sampler_is_recorded_as_data(tmp_path):
     with Store(tmp_path / "s.db") as store:
         row = store.searches()[0]
         assert row.sampler == "random" and row.config["sampler"] == "random"
-        sql = store._db.execute("SELECT sql FROM sqlite_master WHERE name = 'searches'").fetchone()[0]
+        sql = store.db.raw.execute("SELECT sql FROM sqlite_master WHERE name = 'searches'").fetchone()[0]
         assert "CHECK" not in sql
     with pytest.raises(UserError, match="search 1 in store .* is a random search, not ga"):
         search(tmp_path / "s.db", SearchConfig(sampler="ga", population=3, generations=1, remeasure=0), resume=1)

@@ -1,5 +1,6 @@
 """The SQLite store: schema, cache semantics, atomic writes, and `towerlab search show` text."""
 
+import contextlib
 import sqlite3
 import subprocess
 import sys
@@ -34,8 +35,8 @@ def test_a_new_store_is_wal_with_foreign_keys_and_a_schema_version(store):
     db = sqlite3.connect(store.path)
     assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
-    assert store._db.execute("PRAGMA foreign_keys").fetchone()[0] == 1
-    assert store._db.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
+    assert store.db.raw.execute("PRAGMA foreign_keys").fetchone()[0] == 1
+    assert store.db.raw.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
     with pytest.raises(sqlite3.IntegrityError):  # no evaluation without its search
         store.record(candidate({"a": 1}), Outcome.ok(0.5), TCH, search_id=99)
 
@@ -72,22 +73,46 @@ def test_an_evaluation_keeps_the_numerics_it_was_trained_with(store):
     assert store.record(candidate({"a": 2}), Outcome.ok(0.8), TCH, sid).numerics is None
 
 
+def downgrade(path, version: int) -> None:
+    """Make the store at `path` look as the towerlab of schema `version` (2 or 3) wrote it."""
+    with contextlib.closing(sqlite3.connect(path)) as db, db:
+        db.executescript("DROP TABLE tasks; DROP TABLE workers; DROP INDEX searches_token;"
+                         "ALTER TABLE searches DROP COLUMN setup; ALTER TABLE searches DROP COLUMN token;"
+                         "ALTER TABLE generations DROP COLUMN watermark")
+        if version == 2:
+            db.execute("ALTER TABLE evaluations DROP COLUMN numerics")
+        db.execute(f"PRAGMA user_version = {version}")
+
+
+def test_a_version_3_store_gains_the_queue_and_keeps_its_rows_and_searches(tmp_path):
+    path = tmp_path / "search.db"
+    with Store(path) as s:
+        sid = new_search(s)
+        s.begin_generation(sid, 0, [{"a": 1}], [genome_hash({"a": 1})])
+        s.record(candidate({"a": 1}), Outcome.ok(0.9), TCH, sid)
+    downgrade(path, 3)
+    with Store(path) as s:
+        assert s.search(sid).setup is None and s.generation(sid, 0).watermark is None
+        assert s.lookup(genome_hash({"a": 1}), TCH).fitness == 0.9
+        s.enqueue(sid, "train", [(candidate({"b": 1}), TCH, 1.0)])
+        assert s.claim("w", [sid], lease=30, max_attempts=3).candidate.genome == {"b": 1}
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
+
+
 def test_a_version_2_store_gains_the_numerics_column_and_keeps_its_rows(tmp_path):
     path = tmp_path / "search.db"
     with Store(path) as s:
         sid = new_search(s)
         s.record(candidate({"a": 1}), Outcome.ok(0.9), TCH, sid)
-    with sqlite3.connect(path) as db:  # as towerlab before schema 3 wrote it
-        db.execute("ALTER TABLE evaluations DROP COLUMN numerics")
-        db.execute("PRAGMA user_version = 2")
-    db.close()
+    downgrade(path, 2)
     with Store(path) as s:
         row = s.lookup(genome_hash({"a": 1}), TCH)
         assert (row.fitness, row.numerics) == (0.9, None)
         assert s.record(candidate({"b": 1}), Outcome.ok(0.5, numerics={"threads": 1}), TCH, sid).numerics == {
             "threads": 1}
     with sqlite3.connect(path) as db:
-        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
+        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
     db.close()
 
 
@@ -120,10 +145,12 @@ def test_test_accuracy_and_the_best_so_far(store):
 
 def test_a_write_interrupted_in_process_is_rolled_back(store):
     sid = new_search(store)
+    def interrupted(tx):
+        tx.run("UPDATE searches SET finished = 'x' WHERE id = ?", (sid,))
+        raise KeyboardInterrupt
+
     with pytest.raises(KeyboardInterrupt):
-        with store._write() as db:
-            db.execute("UPDATE searches SET finished = 'x' WHERE id = ?", (sid,))
-            raise KeyboardInterrupt
+        store.db.write(interrupted)
     assert store.search(sid).finished is None
     store.finish_search(sid, {"evaluations": 0})  # the store still works
     assert store.search(sid).summary == {"evaluations": 0}
@@ -133,8 +160,8 @@ def test_a_process_killed_mid_transaction_leaves_no_row(tmp_path):
     path = tmp_path / "search.db"
     Store(path).close()
     code = ("import os, sys; from towerlab.search.store import Store; s = Store(sys.argv[1]);"
-            "s._db.execute('BEGIN IMMEDIATE');"
-            "s._db.execute(\"INSERT INTO searches (sampler, config, space, space_fingerprint, train_config_hash,"
+            "s.db.raw.execute('BEGIN IMMEDIATE');"
+            "s.db.raw.execute(\"INSERT INTO searches (sampler, config, space, space_fingerprint, train_config_hash,"
             " created) VALUES ('grid', '{}', '{}', 'f', 't', 'now')\"); os._exit(9)")
     assert subprocess.run([sys.executable, "-c", code, str(path)]).returncode == 9
     with Store(path) as store:

@@ -1,16 +1,23 @@
-"""The search store's schema (`PRAGMA user_version` SCHEMA_VERSION) and the migrations of older
-stores to it: 1, before samplers; 2, before numerics. `towerlab.search.store` runs them, each in
-one transaction, when it opens an older store; the tables are described there."""
+"""The search store's schema (version SCHEMA_VERSION: SQLite's `PRAGMA user_version`, PostgreSQL's
+`towerlab_schema` table) and the migrations of older stores to it: 1, before samplers; 2, before
+numerics; 3, before the queue. `towerlab.search.store` runs them, each in one transaction, when it opens
+an older store; the tables are described there. Stores of versions 1 to 3 are SQLite files: their
+migrations speak SQLite; today's schema and the migration from 3 speak what both databases read."""
 
 from __future__ import annotations
 
 import json
 import sqlite3
+from typing import TYPE_CHECKING
 
 from towerlab.config import upgrade_search_config
 
-SCHEMA_VERSION = 3
+if TYPE_CHECKING:
+    from towerlab.search.database import Transaction
 
+SCHEMA_VERSION = 4
+
+# Version 3's tables, as SQLite stores of versions 1 to 3 hold them (`upgrade_from_1` rebuilds this one).
 _SEARCHES = """
 CREATE TABLE searches (
     id INTEGER PRIMARY KEY,
@@ -27,31 +34,48 @@ _EVALUATION_INDEXES = """
 CREATE INDEX evaluations_ok ON evaluations (genome_hash, train_config_hash, replicate) WHERE status = 'ok';
 CREATE UNIQUE INDEX evaluations_search ON evaluations (search_id, genome_hash, train_config_hash, replicate)
 """
-SCHEMA = _SEARCHES + """;
+
+# Today's schema, in the SQL that SQLite and PostgreSQL both read (`towerlab.search.database` supplies
+# {id}); the same tables in both, described in `towerlab.search.store`.
+SCHEMA = """
+CREATE TABLE searches (
+    id {id},
+    sampler TEXT NOT NULL,
+    config TEXT NOT NULL,
+    space TEXT NOT NULL,
+    space_fingerprint TEXT NOT NULL,
+    train_config_hash TEXT NOT NULL,
+    created TEXT NOT NULL,
+    finished TEXT,
+    summary TEXT,
+    setup TEXT,
+    token TEXT
+);
+CREATE UNIQUE INDEX searches_token ON searches (token);
 CREATE TABLE evaluations (
-    id INTEGER PRIMARY KEY,
+    id {id},
     genome_hash TEXT NOT NULL,
     train_config_hash TEXT NOT NULL,
     genome TEXT NOT NULL,
     status TEXT NOT NULL CHECK (status IN ('ok', 'failed')),
-    fitness REAL CHECK (status <> 'ok' OR fitness IS NOT NULL),
-    val_loss REAL,
-    test_accuracy REAL,
+    fitness DOUBLE PRECISION CHECK (status <> 'ok' OR fitness IS NOT NULL),
+    val_loss DOUBLE PRECISION,
+    test_accuracy DOUBLE PRECISION,
     epochs INTEGER NOT NULL,
-    seconds REAL NOT NULL,
+    seconds DOUBLE PRECISION NOT NULL,
     worker TEXT NOT NULL,
     reason TEXT,
-    search_id INTEGER NOT NULL REFERENCES searches (id),
+    search_id BIGINT NOT NULL REFERENCES searches (id),
     generation INTEGER NOT NULL,
     idx INTEGER NOT NULL,
-    seed INTEGER NOT NULL,
+    seed BIGINT NOT NULL,
     finished_at TEXT NOT NULL,
     max_epochs INTEGER,
     replicate INTEGER NOT NULL DEFAULT 0,
     numerics TEXT
 );""" + _EVALUATION_INDEXES + """;
 CREATE TABLE generations (
-    search_id INTEGER NOT NULL REFERENCES searches (id),
+    search_id BIGINT NOT NULL REFERENCES searches (id),
     generation INTEGER NOT NULL,
     members TEXT NOT NULL,
     results TEXT,
@@ -59,21 +83,73 @@ CREATE TABLE generations (
     complete INTEGER NOT NULL DEFAULT 0 CHECK (complete IN (0, 1)),
     started TEXT NOT NULL,
     finished TEXT,
+    watermark BIGINT,
     PRIMARY KEY (search_id, generation)
 );
+""" 
+
+# Added by version 4 (the store is the queue): the tasks workers claim, and the workers.
+QUEUE = """
+CREATE TABLE tasks (
+    id {id},
+    search_id BIGINT NOT NULL REFERENCES searches (id),
+    kind TEXT NOT NULL CHECK (kind IN ('train', 'test')),
+    genome_hash TEXT NOT NULL,
+    train_config_hash TEXT NOT NULL,
+    replicate INTEGER NOT NULL,
+    generation INTEGER NOT NULL,
+    idx INTEGER NOT NULL,
+    genome TEXT NOT NULL,
+    seed BIGINT NOT NULL,
+    max_epochs INTEGER,
+    priority DOUBLE PRECISION NOT NULL DEFAULT 0,
+    state TEXT NOT NULL CHECK (state IN ('open', 'claimed', 'done')),
+    worker TEXT,
+    lease_until DOUBLE PRECISION,
+    attempts INTEGER NOT NULL DEFAULT 0,
+    lost TEXT,
+    result TEXT,
+    created DOUBLE PRECISION NOT NULL,
+    claimed DOUBLE PRECISION,
+    finished DOUBLE PRECISION,
+    UNIQUE (search_id, kind, genome_hash, train_config_hash, replicate)
+);
+CREATE INDEX tasks_waiting ON tasks (search_id, state, priority);
+CREATE TABLE workers (
+    id TEXT PRIMARY KEY,
+    host TEXT NOT NULL,
+    pid INTEGER NOT NULL,
+    device TEXT NOT NULL,
+    started DOUBLE PRECISION NOT NULL,
+    seen DOUBLE PRECISION NOT NULL,
+    left_at DOUBLE PRECISION,
+    task BIGINT
+)
 """
-TABLES = {"searches", "evaluations", "generations"}
+TABLES = {"searches", "evaluations", "generations", "tasks", "workers"}
+OLD_TABLES = {"searches", "evaluations", "generations"}  # a store of version 1 to 3
 
 
 def statements(script: str) -> list[str]:
     return [s for s in script.split(";") if s.strip()]
 
 
-def create_tables(db: sqlite3.Connection) -> None:
-    """An empty store of this schema."""
-    for statement in statements(SCHEMA):
-        db.execute(statement)
-    db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+def create_tables(tx: Transaction) -> None:
+    """An empty store of this schema (the caller records its version)."""
+    for statement in statements(SCHEMA + ";" + QUEUE):
+        tx.run(statement)
+
+
+def upgrade_from_3(tx: Transaction) -> None:
+    """Version 3 to 4 (the store is the queue): a search records how its workers train (`setup`) and the
+    token its creator gave it; a generation the newest evaluation id other searches may serve it from
+    (`watermark`: NULL in older generations, which may take any); the tasks and workers tables."""
+    tx.run("ALTER TABLE searches ADD COLUMN setup TEXT")
+    tx.run("ALTER TABLE searches ADD COLUMN token TEXT")
+    tx.run("CREATE UNIQUE INDEX searches_token ON searches (token)")
+    tx.run("ALTER TABLE generations ADD COLUMN watermark BIGINT")
+    for statement in statements(QUEUE):
+        tx.run(statement)
 
 
 def upgrade_from_1(db: sqlite3.Connection) -> bool:
@@ -107,10 +183,9 @@ def upgrade_from_1(db: sqlite3.Connection) -> bool:
     return True
 
 
-def upgrade_from_2(db: sqlite3.Connection) -> None:
+def upgrade_from_2(tx: Transaction) -> None:
     """Version 2 (before numerics): evaluations gain the column, NULL (unknown) in their rows."""
-    db.execute("ALTER TABLE evaluations ADD COLUMN numerics TEXT")
-    db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+    tx.run("ALTER TABLE evaluations ADD COLUMN numerics TEXT")
 
 
 def _top_of_v1(db: sqlite3.Connection, genome_hash: str, train_config_hash: str) -> dict:

@@ -1,39 +1,53 @@
-"""The search's SQLite record: every evaluation, every generation, and what resume replays.
+"""The search store: every evaluation, every generation, what resume replays, and the queue of work that
+every worker claims from. An SQLite file (one machine) or a PostgreSQL database (many), the same tables
+in both (`towerlab.search.schema`, `towerlab.search.database`):
 
-Any number of processes may read and write one store at once (WAL, one short transaction per
-write): `towerlab search show` while a search runs, two searches sharing a `--store`, even two
-processes continuing the same search. Tables:
-
-searches     id, sampler (its name: data, not a fixed list), config (SearchConfig JSON), space
-             (JSON: name, model, genes), space_fingerprint, train_config_hash, created, finished
-             (NULL while running or interrupted), summary (JSON counts and the top, when finished).
+searches     id, sampler (its name), config (SearchConfig JSON), space (JSON: name, model, genes),
+             space_fingerprint, train_config_hash, created, finished (NULL while running or
+             interrupted), summary (JSON counts and the top, when finished), setup (JSON: how its
+             workers train: device kind, threads, the model, the data; NULL before schema 4), token
+             (what its creator named it by, so a retried creation makes one search).
 evaluations  one row per training: genome_hash, train_config_hash (of a pruned search's lower rung,
              see `towerlab.search.rounds`), genome (JSON), status ('ok'|'failed'), fitness
-             (validation accuracy; NULL unless ok), val_loss, test_accuracy (set afterwards by
-             `set_test_accuracy`), epochs (trained), max_epochs (the budget it trained under),
-             replicate (0: the evaluation; 1..: a re-measure with a fresh seed), seconds, worker,
-             reason (why it failed), search_id, generation, idx (-1 for a re-measure), seed,
-             finished_at, numerics (JSON: what the result depends on besides its settings and seed,
-             as the worker saw it: device, threads, precision, torch; NULL before schema 3). Unique per (search_id, genome_hash, train_config_hash, replicate): writing
-             a row a search already has is a no-op that returns the row (evaluations are idempotent
-             by their key, so two processes continuing one search lose nothing and never collide).
-generations  (search_id, generation) key, members (JSON list of {genome_hash, genome} in
-             population order, written when the generation begins), results (JSON per-member
-             records) and stats (JSON), written with complete = 1 when it ends; started, finished.
+             (validation accuracy; NULL unless ok), val_loss, test_accuracy (set by a test task),
+             epochs (trained), max_epochs (the budget it trained under), replicate (0: the
+             evaluation; 1..: a re-measure with a fresh seed), seconds, worker, reason (why it
+             failed), search_id, generation, idx (-1 for a re-measure), seed, finished_at, numerics
+             (JSON: what the result depends on besides its settings and seed, as the worker saw it:
+             device, threads, precision, torch; NULL before schema 3). Unique per (search_id,
+             genome_hash, train_config_hash, replicate): writing a row a search already has is a no-op
+             that returns the row.
+generations  (search_id, generation) key, members (JSON list of {genome_hash, genome} in population
+             order, written when the generation begins, with `watermark`, the newest evaluation id
+             then), results (JSON per-member records) and stats (JSON), written with complete = 1 when
+             it ends; started, finished.
+tasks        the queue: one row per training a search needs and no evaluation serves (kind 'train':
+             an evaluation, a higher rung, a re-measure) or per retraining of a top network for its
+             test accuracy (kind 'test'), unique per (search_id, kind, genome_hash,
+             train_config_hash, replicate); state 'open', 'claimed' (by `worker`, until
+             `lease_until` on the database's clock) or 'done'; attempts (claims so far), lost (why the
+             last claimant lost it), result (a test task's outcome, JSON).
+workers      every worker that joined: id, host, pid, device, started, seen (its last claim or
+             renewal), left_at, task (what it holds now).
 
-The cache: `lookup` serves a search its own row first, whatever its status, and otherwise the
-oldest 'ok' row of any search. So a failed candidate is not retried by the search that failed it,
-resumed or not (its history stays reproducible), while a later search retries it (the failure may
-have been the machine's: out of memory, a lost worker). Two searches running at once may both
-train a genome neither found; each keeps its own row and its own history, as if it had run alone.
+The cache: `lookup` serves a search its own row first, whatever its status, and otherwise the oldest
+'ok' row of any search, written before the generation began (its watermark): so every worker of a
+search, whenever it looks, takes the same decision. A failed candidate is not retried by the search
+that failed it, resumed or not (its history stays reproducible), while a later search retries it (the
+failure may have been the machine's: out of memory, a lost worker). Two searches running at once may
+both train a genome neither found; each keeps its own row and its own history, as if it had run alone.
 
-Durability: WAL journal, one transaction per write, so a process killed mid-write leaves no half
-row. synchronous=FULL: a commit happens once per finished training (seconds to hours of compute),
-so one fsync each costs nothing, and a recorded evaluation then survives a power loss too (NORMAL
-in WAL mode may lose the last commits then). The schema version is `PRAGMA user_version`; an
-older store (1: before samplers; 2: before numerics) is migrated in place when opened
-(`towerlab.search.schema`). A damaged file (SQLite's quick_check at open, a read that finds a page
-malformed, a record that no longer parses) is a UserError that names the file and what to do.
+The queue: `claim` hands a worker the first open task (or one whose lease lapsed) of the searches it
+works on, largest first, in one transaction; `renew` extends the lease while it trains; `complete`
+writes the result and closes the task in one transaction, only while the worker still holds it, so a
+worker that comes back after its lease lapsed cannot write a second result. A task whose workers were
+lost `attempts` times is recorded as failed by the next claim instead of being handed out again.
+
+Durability: one transaction per write, so a process killed mid-write leaves no half row; SQLite
+stores are WAL with synchronous=FULL. An older SQLite store (1: before samplers; 2: before numerics;
+3: before the queue) is migrated in place when opened. A damaged file (SQLite's quick_check at
+open, a read that finds a page malformed, a record that no longer parses) is a UserError that names
+the file and what to do.
 """
 
 from __future__ import annotations
@@ -42,20 +56,23 @@ import json
 import math
 import os
 import sqlite3
-import threading
-from contextlib import contextmanager, suppress
+import uuid
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any, Optional, Sequence
 
 from towerlab.config import upgrade_search_config
 from towerlab.errors import UserError
-from towerlab.search.schema import SCHEMA_VERSION, TABLES, create_tables, upgrade_from_1, upgrade_from_2
 from towerlab.search.candidates import Candidate, Outcome
+from towerlab.search.database import (CHUNK, Database, PostgreSQL, SQLite, Transaction, connect, damaged, is_damage,
+                                      is_url, placeholders)
+from towerlab.search.schema import (OLD_TABLES, SCHEMA_VERSION, TABLES, create_tables, upgrade_from_1,
+                                    upgrade_from_2, upgrade_from_3)
 from towerlab.search.space import Space
 
 STORE_NAME = "search.db"  # the store's file name inside a search folder
+_SCHEMA_LOCK = -1  # the advisory lock key under which a PostgreSQL store's tables are made
 
 
 def _now() -> str:
@@ -73,6 +90,8 @@ class SearchRow:
     created: str
     finished: Optional[str]
     summary: Optional[dict]
+    setup: Optional[dict] = None
+    token: Optional[str] = None
 
 
 @dataclass(frozen=True)
@@ -109,154 +128,184 @@ class GenerationRow:
     complete: bool
     started: str
     finished: Optional[str]
+    watermark: Optional[int] = None
 
 
-def _damaged(path: Path, error: object) -> UserError:
-    error = " ".join(str(error).split())  # SQLite's reports span lines; ours is one
-    return UserError(f"search store {path} is damaged ({error}): restore it from a copy, or save what is "
-                     f"readable with `sqlite3 {path} .recover | sqlite3 recovered.db` and pass "
-                     "--store recovered.db; a new search needs another --out")
+@dataclass(frozen=True)
+class Task:
+    """A piece of a search's work as the queue holds it: `candidate` to train under `train_config_hash`
+    (kind "train"), or to retrain for its test accuracy (kind "test")."""
 
-
-def _is_damage(error: sqlite3.DatabaseError) -> bool:
-    """SQLITE_CORRUPT (a malformed page), as opposed to a busy, full or read-only database."""
-    name = getattr(error, "sqlite_errorname", "")  # Python 3.11+
-    return name.startswith("SQLITE_CORRUPT") or (not name and "malformed" in str(error))
+    id: int
+    search_id: int
+    kind: str
+    candidate: Candidate
+    train_config_hash: str
+    state: str
+    worker: Optional[str]
+    attempts: int
+    lost: Optional[str]
+    result: Optional[dict]
+    seconds: Optional[float] = None  # from its claim to its end, when done
 
 
 class Store:
-    """A search store at `path`, or at `path`/search.db when `path` is a folder (created, with its
-    folder, unless `create=False`)."""
+    """A search store: an SQLite file at `target` (or `target`/search.db when `target` is a folder;
+    created, with its folder, unless `create=False`), or the PostgreSQL database a postgresql:// URL
+    names (its tables created unless `create=False`)."""
 
-    def __init__(self, path: str | os.PathLike, *, create: bool = True) -> None:
-        self.path = Path(path)
-        if self.path.is_dir():
-            self.path = self.path / STORE_NAME
-        if not create and not self.path.is_file():
-            raise UserError(f"no search store at {self.path}: give the search.db of a search "
-                            f"(or the folder holding it)")
-        if create:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._lock = threading.RLock()
+    def __init__(self, target: str | os.PathLike, *, create: bool = True) -> None:
+        self.url = str(target) if is_url(str(target)) else None
+        if self.url is None:
+            path = Path(target)
+            if path.is_dir():
+                path = path / STORE_NAME
+            if not create and not path.is_file():
+                raise UserError(f"no search store at {path}: give the search.db of a search "
+                                f"(or the folder holding it)")
+            if create:
+                try:
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                except OSError as exc:
+                    raise UserError(f"cannot create the search store {path}: {exc.strerror or exc}") from None
+        self.db: Database = connect(self.url or path)
+        self.path: Path | str = self.db.where if self.url else path
         try:
-            # isolation_level=None: we open every transaction ourselves (BEGIN IMMEDIATE).
-            self._db = sqlite3.connect(self.path, timeout=30.0, isolation_level=None,
-                                       check_same_thread=False)
-        except sqlite3.Error as e:
-            raise UserError(f"cannot open search store {self.path}: {e}") from None
-        try:
-            self._db.row_factory = sqlite3.Row
-            self._db.execute("PRAGMA foreign_keys = ON")
-            self._check_integrity()  # before anything is migrated or written
-            self._check_schema(create)
-            self._db.execute("PRAGMA journal_mode = WAL")
-            self._db.execute("PRAGMA synchronous = FULL")
-        except sqlite3.DatabaseError as e:
-            self._db.close()
-            if _is_damage(e):
-                raise _damaged(self.path, e) from None
-            raise UserError(f"{self.path} is not a towerlab search store ({e}): "
-                            f"give the search.db of a search, or a new path") from None
+            if isinstance(self.db, SQLite):
+                self._open_sqlite(create)
+            else:
+                self._open_postgresql(create)
         except BaseException:
-            self._db.close()
+            self.db.close()
             raise
 
-    def _schema(self) -> tuple[int, set[str]]:
-        version = self._db.execute("PRAGMA user_version").fetchone()[0]
-        tables = {r[0] for r in self._db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    @property
+    def target(self) -> str:
+        """What opens this store again: its file, or its URL (with the password it was given)."""
+        return self.url or str(self.path)
+
+    # -- opening ----------------------------------------------------------------------------------
+
+    def _open_sqlite(self, create: bool) -> None:
+        db = self.db
+        assert isinstance(db, SQLite)
+        try:
+            self._check_integrity(db)  # before anything is migrated or written
+            self._check_sqlite_schema(db, create)
+            db.configure()
+        except sqlite3.DatabaseError as e:
+            if is_damage(e):
+                raise damaged(self.path, e) from None
+            raise UserError(f"{self.path} is not a towerlab search store ({e}): "
+                            f"give the search.db of a search, or a new path") from None
+
+    def _check_integrity(self, db: SQLite) -> None:
+        problems = [r[0] for r in db.raw.execute("PRAGMA quick_check").fetchall()]
+        if problems != ["ok"]:
+            raise damaged(self.path, "; ".join(problems[:2]))
+
+    @staticmethod
+    def _sqlite_schema(db: SQLite) -> tuple[int, set[str]]:
+        version = db.raw.execute("PRAGMA user_version").fetchone()[0]
+        tables = {r[0] for r in db.raw.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
         return version, tables
 
-    def _check_schema(self, create: bool) -> None:
+    def _check_sqlite_schema(self, db: SQLite, create: bool) -> None:
         """Refuse a newer schema or a foreign file before writing anything; create an empty one;
         migrate an older one."""
-        version, tables = self._schema()
-        if version > SCHEMA_VERSION:
-            raise UserError(f"search store {self.path} has schema version {version}, newer than this "
-                            f"towerlab reads ({SCHEMA_VERSION}): upgrade towerlab to open it")
+        version, tables = self._sqlite_schema(db)
+        self._refuse_newer(version)
         if version == SCHEMA_VERSION and TABLES <= tables:
             return
-        if version in (1, 2) and TABLES <= tables:
+        if version in (1, 2, 3) and OLD_TABLES <= tables:
             if version == 1:
-                self._migrate_from_1()
-            self._migrate_from_2()
+                self._migrate_from_1(db)
+            if version <= 2:
+                self._migrate(db, 2, upgrade_from_2)
+            self._migrate(db, 3, upgrade_from_3)
             return
         if version != 0 or tables or not create:
             raise UserError(f"{self.path} is an SQLite file but not a towerlab search store: "
                             f"give the search.db of a search, or a new path")
-        with self._write():
-            raced = self._schema() != (0, set())  # another process wrote it meanwhile
-            if not raced:
-                create_tables(self._db)
-        if raced:
-            self._check_schema(create=False)
 
-    def _migrate_from_1(self) -> None:
-        self._db.execute("PRAGMA foreign_keys = OFF")  # the searches table is rebuilt under its rows
+        def make(tx: Transaction) -> bool:
+            if self._sqlite_schema(db) != (0, set()):
+                return False  # another process wrote it meanwhile
+            create_tables(tx)
+            tx.run(f"PRAGMA user_version = {SCHEMA_VERSION}")
+            return True
+
+        if not db.write(make):
+            self._check_sqlite_schema(db, create=False)
+
+    def _refuse_newer(self, version: int) -> None:
+        if version > SCHEMA_VERSION:
+            raise UserError(f"search store {self.path} has schema version {version}, newer than this "
+                            f"towerlab reads ({SCHEMA_VERSION}): upgrade towerlab to open it")
+
+    def _migrate_from_1(self, db: SQLite) -> None:
+        db.raw.execute("PRAGMA foreign_keys = OFF")  # the searches table is rebuilt under its rows
         try:
-            with self._write() as db:
-                if db.execute("PRAGMA user_version").fetchone()[0] != 1:
+            def upgrade(tx: Transaction) -> None:
+                if db.raw.execute("PRAGMA user_version").fetchone()[0] != 1:
                     return  # another process migrated it meanwhile
-                if not upgrade_from_1(db):
-                    raise _damaged(self.path, "rows that name no search")
+                if not upgrade_from_1(db.raw):
+                    raise damaged(self.path, "rows that name no search")
+            db.write(upgrade)
         finally:
-            self._db.execute("PRAGMA foreign_keys = ON")
+            db.raw.execute("PRAGMA foreign_keys = ON")
 
-    def _migrate_from_2(self) -> None:
-        with self._write() as db:
-            if db.execute("PRAGMA user_version").fetchone()[0] != 2:
+    @staticmethod
+    def _migrate(db: SQLite, version: int, upgrade: Any) -> None:
+        def run(tx: Transaction) -> None:
+            if db.raw.execute("PRAGMA user_version").fetchone()[0] != version:
                 return  # another process migrated it meanwhile
-            upgrade_from_2(db)
+            upgrade(tx)
+            tx.run(f"PRAGMA user_version = {version + 1}")
+        db.write(run)
 
-    def _check_integrity(self) -> None:
-        problems = [r[0] for r in self._db.execute("PRAGMA quick_check").fetchall()]
-        if problems != ["ok"]:
-            raise _damaged(self.path, "; ".join(problems[:2]))
+    def _open_postgresql(self, create: bool) -> None:
+        db = self.db
+        assert isinstance(db, PostgreSQL)
 
-    @contextmanager
-    def _write(self) -> Iterator[sqlite3.Connection]:
-        """One transaction: committed whole, or rolled back whole (even on KeyboardInterrupt).
+        def version(tx: Transaction) -> Optional[int]:
+            if tx.one("SELECT to_regclass('towerlab_schema') AS t")["t"] is None:
+                return None
+            row = tx.one("SELECT version FROM towerlab_schema")
+            return None if row is None else int(row["version"])
 
-        A write the disk refuses (full, I/O error, read-only, locked for 30 s) is a UserError: what
-        was committed before stays, and the search can be resumed once the disk is fixed."""
-        with self._lock:
-            try:
-                self._db.execute("BEGIN IMMEDIATE")
-                try:
-                    yield self._db
-                    self._db.execute("COMMIT")
-                except BaseException:
-                    # SQLite may have rolled back already (e.g. SQLITE_FULL): then ROLLBACK itself fails.
-                    if self._db.in_transaction:
-                        with suppress(sqlite3.Error):
-                            self._db.execute("ROLLBACK")
-                    raise
-            except sqlite3.OperationalError as e:
-                raise UserError(f"cannot write to search store {self.path} ({e}): every evaluation recorded "
-                                f"before is kept; fix the disk (space, permissions) and continue with --resume"
-                                ) from None
-            except sqlite3.DatabaseError as e:
-                if _is_damage(e):
-                    raise _damaged(self.path, e) from None
-                raise
+        def make(tx: Transaction) -> Optional[int]:
+            found = version(tx)
+            if found is not None:
+                return found
+            if tx.one("SELECT to_regclass('searches') AS t")["t"] is not None:
+                raise UserError(f"the database {self.path} holds a table named searches but no towerlab store: "
+                                "give a database of its own to towerlab")
+            if not create:
+                raise UserError(f"the database {self.path} holds no search store")
+            create_tables(tx)
+            tx.run("CREATE TABLE towerlab_schema (version INTEGER NOT NULL)")
+            tx.run("INSERT INTO towerlab_schema (version) VALUES (?)", (SCHEMA_VERSION,))
+            return SCHEMA_VERSION
 
-    def _read(self, sql: str, args: tuple = ()) -> list[sqlite3.Row]:
-        with self._lock:
-            try:
-                return self._db.execute(sql, args).fetchall()
-            except sqlite3.DatabaseError as e:
-                if _is_damage(e):
-                    raise _damaged(self.path, e) from None
-                raise
+        found = db.write(version)
+        if found is None:
+            found = db.write(make, lock=_SCHEMA_LOCK)
+        self._refuse_newer(found)
+
+    # -- the parts every query shares ------------------------------------------------------------------
+
+    def _read(self, sql: str, args: tuple = ()) -> list[dict]:
+        return self.db.read(sql, args)
 
     def _json(self, text: Optional[str]) -> Any:
         try:
-            return _loads(text)
+            return None if text is None else json.loads(text)
         except ValueError as e:  # bytes changed inside a row: the pages are sound, the data is not
-            raise _damaged(self.path, f"unreadable record: {e}") from None
+            raise damaged(self.path, f"unreadable record: {e}") from None
 
     def close(self) -> None:
-        with self._lock:
-            self._db.close()
+        self.db.close()
 
     def __enter__(self) -> Store:
         return self
@@ -266,30 +315,35 @@ class Store:
 
     # -- searches -------------------------------------------------------------------------------
 
-    def begin_search(self, sampler: str, config: dict, space: Space, train_config_hash: str) -> int:
-        with self._write() as db:
-            cursor = db.execute(
-                "INSERT INTO searches (sampler, config, space, space_fingerprint, train_config_hash, created)"
-                " VALUES (?, ?, ?, ?, ?, ?)",
-                (sampler, json.dumps(config, sort_keys=True), json.dumps(space.to_dict()), space.fingerprint,
-                 train_config_hash, _now()))
-            return int(cursor.lastrowid)
+    def begin_search(self, sampler: str, config: dict, space: Space, train_config_hash: str,
+                     setup: Optional[dict] = None, token: Optional[str] = None) -> int:
+        """A new search's id. `token` names it (a new one when not given): a creation retried after a
+        lost connection finds the search it made instead of making a second one."""
+        token = token or uuid.uuid4().hex
+
+        def insert(tx: Transaction) -> int:
+            tx.run("INSERT INTO searches (sampler, config, space, space_fingerprint, train_config_hash, created,"
+                   " setup, token) VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (token) DO NOTHING",
+                   (sampler, json.dumps(config, sort_keys=True), json.dumps(space.to_dict()), space.fingerprint,
+                    train_config_hash, _now(), None if setup is None else json.dumps(setup, sort_keys=True), token))
+            return int(tx.one("SELECT id FROM searches WHERE token = ?", (token,))["id"])
+
+        return self.db.write(insert)
 
     def resume_search(self, search_id: int, config: dict) -> None:
         """Mark the search running again, under `config` (it may extend the generations)."""
-        with self._write() as db:
-            db.execute("UPDATE searches SET config = ?, finished = NULL, summary = NULL WHERE id = ?",
-                       (json.dumps(config, sort_keys=True), search_id))
+        self.db.write(lambda tx: tx.run("UPDATE searches SET config = ?, finished = NULL, summary = NULL WHERE id = ?",
+                                        (json.dumps(config, sort_keys=True), search_id)))
 
     def finish_search(self, search_id: int, summary: dict) -> None:
-        with self._write() as db:
-            db.execute("UPDATE searches SET finished = ?, summary = ? WHERE id = ?",
-                       (_now(), json.dumps(summary), search_id))
+        """The search's summary; the first process to finish it writes it (every one computes the same)."""
+        self.db.write(lambda tx: tx.run("UPDATE searches SET finished = ?, summary = ? WHERE id = ? AND finished IS NULL",
+                                        (_now(), json.dumps(summary), search_id)))
 
-    def _search(self, row: sqlite3.Row) -> SearchRow:
+    def _search(self, row: dict) -> SearchRow:
         data = dict(row)
-        for key in ("config", "space", "summary"):
-            data[key] = self._json(data[key])
+        for key in ("config", "space", "summary", "setup"):
+            data[key] = self._json(data.get(key))
         if isinstance(data["config"], dict):  # a search recorded before a setting existed ran without it
             data["config"] = upgrade_search_config(data["config"], data["sampler"])
         return SearchRow(**data)
@@ -299,8 +353,10 @@ class Store:
         return self._search(rows[0]) if rows else None
 
     def latest_search(self, sampler: Optional[str] = None) -> Optional[SearchRow]:
-        rows = self._read("SELECT * FROM searches WHERE ? IS NULL OR sampler = ? ORDER BY id DESC LIMIT 1",
-                          (sampler, sampler))
+        if sampler is None:
+            rows = self._read("SELECT * FROM searches ORDER BY id DESC LIMIT 1")
+        else:
+            rows = self._read("SELECT * FROM searches WHERE sampler = ? ORDER BY id DESC LIMIT 1", (sampler,))
         return self._search(rows[0]) if rows else None
 
     def searches(self) -> list[SearchRow]:
@@ -308,7 +364,7 @@ class Store:
 
     # -- evaluations ----------------------------------------------------------------------------
 
-    def _evaluation(self, row: sqlite3.Row) -> Evaluation:
+    def _evaluation(self, row: dict) -> Evaluation:
         data = dict(row)
         data["genome"] = self._json(data["genome"])
         data["numerics"] = self._json(data["numerics"])
@@ -316,46 +372,56 @@ class Store:
         return Evaluation(**data)
 
     def lookup(self, genome_hash: str, train_config_hash: str, search_id: Optional[int] = None,
-               replicate: int = 0) -> Optional[Evaluation]:
+               replicate: int = 0, watermark: Optional[int] = None) -> Optional[Evaluation]:
         """The evaluation that serves this genome: the row of `search_id` itself if it has one (ok or
-        failed), else the oldest successful row of any search; None when it must be trained."""
-        rows = self._read(
-            "SELECT * FROM evaluations WHERE genome_hash = ? AND train_config_hash = ? AND replicate = ?"
-            " AND (status = 'ok' OR search_id IS ?) ORDER BY search_id IS ? DESC, id LIMIT 1",
-            (genome_hash, train_config_hash, replicate, search_id, search_id))
+        failed), else the oldest successful row of any search (of those up to id `watermark`, when
+        given); None when it must be trained."""
+        others = "status = 'ok'" + ("" if watermark is None else " AND id <= ?")
+        bound = () if watermark is None else (watermark,)
+        if search_id is None:
+            rows = self._read(f"SELECT * FROM evaluations WHERE genome_hash = ? AND train_config_hash = ?"
+                              f" AND replicate = ? AND {others} ORDER BY id LIMIT 1",
+                              (genome_hash, train_config_hash, replicate, *bound))
+        else:
+            rows = self._read(f"SELECT * FROM evaluations WHERE genome_hash = ? AND train_config_hash = ?"
+                              f" AND replicate = ? AND (search_id = ? OR ({others}))"
+                              " ORDER BY CASE WHEN search_id = ? THEN 0 ELSE 1 END, id LIMIT 1",
+                              (genome_hash, train_config_hash, replicate, search_id, *bound, search_id))
         return self._evaluation(rows[0]) if rows else None
+
+    @staticmethod
+    def _insert_evaluation(tx: Transaction, candidate: Candidate, outcome: Outcome, train_config_hash: str,
+                           search_id: int) -> dict:
+        fitness = outcome.fitness if outcome.status == "ok" else None
+        val_loss = outcome.val_loss if outcome.val_loss is None or math.isfinite(outcome.val_loss) else None
+        tx.run("INSERT INTO evaluations (genome_hash, train_config_hash, genome, status, fitness, val_loss,"
+               " test_accuracy, epochs, seconds, worker, reason, search_id, generation, idx, seed, finished_at,"
+               " max_epochs, replicate, numerics) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+               " ON CONFLICT (search_id, genome_hash, train_config_hash, replicate) DO NOTHING",
+               (candidate.genome_hash, train_config_hash, json.dumps(candidate.genome), outcome.status, fitness,
+                val_loss, None, outcome.epochs, outcome.seconds, outcome.worker, outcome.reason, search_id,
+                candidate.generation, candidate.index, candidate.seed, _now(), candidate.max_epochs,
+                candidate.replicate,
+                None if outcome.numerics is None else json.dumps(outcome.numerics, sort_keys=True)))
+        row = tx.one("SELECT * FROM evaluations WHERE search_id = ? AND genome_hash = ? AND train_config_hash = ?"
+                     " AND replicate = ?", (search_id, candidate.genome_hash, train_config_hash, candidate.replicate))
+        assert row is not None
+        return row
 
     def record(self, candidate: Candidate, outcome: Outcome, train_config_hash: str,
                search_id: int) -> Evaluation:
         """Write one finished evaluation (one transaction) and return its row. When the search
-        already has a row for this key (another process continuing it got there first), that row
-        stays and is returned: the same key, the same seed, the same training."""
-        fitness = outcome.fitness if outcome.status == "ok" else None
-        val_loss = outcome.val_loss if outcome.val_loss is None or math.isfinite(outcome.val_loss) else None
-        values = (candidate.genome_hash, train_config_hash, json.dumps(candidate.genome), outcome.status,
-                  fitness, val_loss, None, outcome.epochs, outcome.seconds, outcome.worker,
-                  outcome.reason, search_id, candidate.generation, candidate.index, candidate.seed, _now(),
-                  candidate.max_epochs, candidate.replicate,
-                  None if outcome.numerics is None else json.dumps(outcome.numerics, sort_keys=True))
-        with self._write() as db:
-            db.execute(
-                "INSERT INTO evaluations (genome_hash, train_config_hash, genome, status, fitness,"
-                " val_loss, test_accuracy, epochs, seconds, worker, reason, search_id, generation, idx,"
-                " seed, finished_at, max_epochs, replicate, numerics) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?,"
-                " ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (search_id, genome_hash, train_config_hash, replicate) DO NOTHING",
-                values)
-            row = db.execute("SELECT * FROM evaluations WHERE search_id = ? AND genome_hash = ?"
-                             " AND train_config_hash = ? AND replicate = ?",
-                             (search_id, candidate.genome_hash, train_config_hash, candidate.replicate)).fetchone()
-        return self._evaluation(row)
+        already has a row for this key (another process got there first), that row stays and is
+        returned: the same key, the same seed, the same training."""
+        return self._evaluation(self.db.write(
+            lambda tx: self._insert_evaluation(tx, candidate, outcome, train_config_hash, search_id)))
 
     def set_test_accuracy(self, evaluation_id: int, accuracy: float) -> None:
         """Attach the test accuracy to a successful evaluation."""
-        with self._write() as db:
-            cursor = db.execute("UPDATE evaluations SET test_accuracy = ? WHERE id = ? AND status = 'ok'",
-                                (float(accuracy), evaluation_id))
-            if cursor.rowcount != 1:
-                raise KeyError(f"no successful evaluation {evaluation_id} in {self.path}")
+        changed = self.db.write(lambda tx: tx.run(
+            "UPDATE evaluations SET test_accuracy = ? WHERE id = ? AND status = 'ok'", (float(accuracy), evaluation_id)))
+        if changed != 1:
+            raise KeyError(f"no successful evaluation {evaluation_id} in {self.path}")
 
     def search_top(self, search_id: int, n: int) -> list[Evaluation]:
         """The `n` best successful evaluations (one per genome, replicate 0) among the genomes of
@@ -365,47 +431,55 @@ class Store:
             return []
         wanted = sorted({m["genome_hash"] for gen in self.generations(search_id) for m in gen.members})
         best: dict[str, Evaluation] = {}
-        for start in range(0, len(wanted), 500):  # SQLite caps the parameters of one statement
-            chunk = wanted[start:start + 500]
+        for start in range(0, len(wanted), CHUNK):
+            chunk = wanted[start:start + CHUNK]
             for row in self._read(
                     "SELECT * FROM evaluations WHERE status = 'ok' AND train_config_hash = ? AND replicate = 0"
-                    f" AND genome_hash IN ({', '.join('?' * len(chunk))}) ORDER BY search_id IS ? DESC, id",
+                    f" AND genome_hash IN ({placeholders(len(chunk))})"
+                    " ORDER BY CASE WHEN search_id = ? THEN 0 ELSE 1 END, id",
                     (search.train_config_hash, *chunk, search_id)):
                 best.setdefault(row["genome_hash"], self._evaluation(row))
         return sorted(best.values(), key=lambda e: (-e.fitness, e.genome_hash))[:n]
 
-    def evaluations(self, search_id: Optional[int] = None) -> list[Evaluation]:
-        """Evaluations in the order they finished (of one search, or all)."""
-        rows = self._read("SELECT * FROM evaluations WHERE ? IS NULL OR search_id = ? ORDER BY id",
-                          (search_id, search_id))
+    def evaluations(self, search_id: Optional[int] = None, after: int = 0) -> list[Evaluation]:
+        """Evaluations in the order they finished (of one search, or all), those after id `after`."""
+        if search_id is None:
+            rows = self._read("SELECT * FROM evaluations WHERE id > ? ORDER BY id", (after,))
+        else:
+            rows = self._read("SELECT * FROM evaluations WHERE search_id = ? AND id > ? ORDER BY id",
+                              (search_id, after))
         return [self._evaluation(r) for r in rows]
 
     # -- generations ----------------------------------------------------------------------------
 
     def begin_generation(self, search_id: int, generation: int, genomes: list[dict],
                          hashes: list[str]) -> GenerationRow:
-        """Record a generation's members (genomes and their hashes, in population order), unless the
-        search has it already (another process continuing the search began it); return the row."""
+        """Record a generation's members (genomes and their hashes, in population order) and the newest
+        evaluation id now (what other searches may serve it from), unless the search has it already
+        (another worker began it); return the row."""
         members = [{"genome_hash": h, "genome": g} for h, g in zip(hashes, genomes, strict=True)]
-        with self._write() as db:
-            db.execute("INSERT INTO generations (search_id, generation, members, started) VALUES (?, ?, ?, ?)"
-                       " ON CONFLICT (search_id, generation) DO NOTHING",
-                       (search_id, generation, json.dumps(members), _now()))
+        self.db.write(lambda tx: tx.run(
+            "INSERT INTO generations (search_id, generation, members, started, watermark)"
+            " SELECT ?, ?, ?, ?, COALESCE(MAX(id), 0) FROM evaluations WHERE true"
+            " ON CONFLICT (search_id, generation) DO NOTHING",
+            (search_id, generation, json.dumps(members), _now())), lock=search_id)
         stored = self.generation(search_id, generation)
         assert stored is not None
         return stored
 
     def complete_generation(self, search_id: int, generation: int, results: list[dict],
                             stats: dict) -> None:
-        with self._write() as db:
-            cursor = db.execute(
-                "UPDATE generations SET results = ?, stats = ?, complete = 1, finished = ?"
-                " WHERE search_id = ? AND generation = ?",
-                (json.dumps(results), json.dumps(stats), _now(), search_id, generation))
-            if cursor.rowcount != 1:
+        """The generation's results; the first process to complete it writes them (every one computes the same)."""
+        def complete(tx: Transaction) -> None:
+            if tx.one("SELECT complete FROM generations WHERE search_id = ? AND generation = ?",
+                      (search_id, generation)) is None:
                 raise KeyError(f"generation {generation} of search {search_id} was never begun")
+            tx.run("UPDATE generations SET results = ?, stats = ?, complete = 1, finished = ?"
+                   " WHERE search_id = ? AND generation = ? AND complete = 0",
+                   (json.dumps(results), json.dumps(stats), _now(), search_id, generation))
+        self.db.write(complete)
 
-    def _generation(self, row: sqlite3.Row) -> GenerationRow:
+    def _generation(self, row: dict) -> GenerationRow:
         data = dict(row)
         for key in ("members", "results", "stats"):
             data[key] = self._json(data[key])
@@ -421,6 +495,164 @@ class Store:
         rows = self._read("SELECT * FROM generations WHERE search_id = ? ORDER BY generation", (search_id,))
         return [self._generation(r) for r in rows]
 
+    # -- the queue --------------------------------------------------------------------------------
 
-def _loads(text: Optional[str]) -> Any:
-    return None if text is None else json.loads(text)
+    def enqueue(self, search_id: int, kind: str, candidates: Sequence[tuple[Candidate, str, float]]) -> None:
+        """Put (candidate, train_config_hash, priority) on the queue unless the search has them there
+        already (another worker put them first), in one transaction."""
+        if not candidates:
+            return
+
+        def insert(tx: Transaction) -> None:
+            for c, tch, priority in candidates:
+                tx.run("INSERT INTO tasks (search_id, kind, genome_hash, train_config_hash, replicate, generation,"
+                       " idx, genome, seed, max_epochs, priority, state, created)"
+                       " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'open', {now})"
+                       " ON CONFLICT (search_id, kind, genome_hash, train_config_hash, replicate) DO NOTHING",
+                       (search_id, kind, c.genome_hash, tch, c.replicate, c.generation, c.index,
+                        json.dumps(c.genome), c.seed, c.max_epochs, float(priority)))
+
+        self.db.write(insert)
+
+    def _task(self, row: dict) -> Task:
+        candidate = Candidate(row["generation"], row["idx"], self._json(row["genome"]), row["genome_hash"],
+                              int(row["seed"]), row["max_epochs"], row["replicate"])
+        seconds = (row["finished"] - row["claimed"]) if row.get("finished") and row.get("claimed") else None
+        return Task(row["id"], row["search_id"], row["kind"], candidate, row["train_config_hash"], row["state"],
+                    row["worker"], row["attempts"], row["lost"], self._json(row["result"]), seconds)
+
+    def claim(self, worker: str, search_ids: Sequence[int], lease: float, max_attempts: int) -> Optional[Task]:
+        """The next task for `worker` among `search_ids` (open, or claimed under a lease that lapsed),
+        claimed until the database's clock reads `lease` seconds later; None when there is none. A task
+        whose claimants were lost `max_attempts` times is recorded as failed on the way (a test task
+        with a failed result), and the next one is taken."""
+        if not search_ids:
+            return None
+        ids = tuple(search_ids)
+
+        def take(tx: Transaction) -> Optional[dict]:
+            while True:
+                row = tx.one(f"SELECT * FROM tasks WHERE search_id IN ({placeholders(len(ids))}) AND"
+                             " (state = 'open' OR (state = 'claimed' AND lease_until < {now}))"
+                             " ORDER BY search_id, priority DESC, id LIMIT 1{skip_locked}", ids)
+                if row is None:
+                    return None
+                if row["state"] == "claimed":  # its claimant stopped renewing: lost
+                    row["lost"] = f"the lease of worker {row['worker']} lapsed"
+                if row["attempts"] < max_attempts:
+                    tx.run("UPDATE tasks SET state = 'claimed', worker = ?, lease_until = {now} + ?,"
+                           " attempts = attempts + 1, claimed = {now}, lost = ? WHERE id = ?",
+                           (worker, lease, row["lost"], row["id"]))
+                    tx.run("UPDATE workers SET seen = {now}, task = ? WHERE id = ?", (row["id"], worker))
+                    return tx.one("SELECT * FROM tasks WHERE id = ?", (row["id"],))
+                self._give_up(tx, self._task(row), worker, max_attempts)
+
+        row = self.db.write(take)
+        return None if row is None else self._task(row)
+
+    def _give_up(self, tx: Transaction, task: Task, worker: str, attempts: int) -> None:
+        reason = (f"its worker was lost {attempts} times while training it (last: {task.lost or 'unknown'}); "
+                  "killed by the out-of-memory killer?")
+        self._close(tx, task, Outcome.failed(reason, worker=worker), None)
+
+    def _close(self, tx: Transaction, task: Task, outcome: Outcome, test_accuracy: Optional[float]) -> Optional[dict]:
+        """Write the task's result and mark it done (the caller checked it may)."""
+        result = {"status": outcome.status, "fitness": outcome.fitness, "reason": outcome.reason,
+                  "seconds": outcome.seconds, "worker": outcome.worker, "test_accuracy": test_accuracy}
+        tx.run("UPDATE tasks SET state = 'done', finished = {now}, result = ?, lease_until = NULL WHERE id = ?",
+               (json.dumps(result), task.id))
+        if task.kind == "train":
+            return self._insert_evaluation(tx, task.candidate, outcome, task.train_config_hash, task.search_id)
+        if outcome.status == "ok" and test_accuracy is not None:
+            served = tx.one("SELECT id FROM evaluations WHERE genome_hash = ? AND train_config_hash = ? AND"
+                            " replicate = 0 AND (search_id = ? OR status = 'ok')"
+                            " ORDER BY CASE WHEN search_id = ? THEN 0 ELSE 1 END, id LIMIT 1",
+                            (task.candidate.genome_hash, task.train_config_hash, task.search_id, task.search_id))
+            if served is not None:
+                tx.run("UPDATE evaluations SET test_accuracy = ? WHERE id = ? AND status = 'ok'",
+                       (float(test_accuracy), served["id"]))
+        return None
+
+    def renew(self, task: Task, worker: str, lease: float) -> bool:
+        """Extend `worker`'s lease on `task`; False when it no longer holds it (the lease lapsed and
+        another worker took the task)."""
+        def extend(tx: Transaction) -> bool:
+            held = tx.run("UPDATE tasks SET lease_until = {now} + ? WHERE id = ? AND worker = ? AND state = 'claimed'",
+                          (lease, task.id, worker))
+            tx.run("UPDATE workers SET seen = {now} WHERE id = ?", (worker,))
+            return held == 1
+        return self.db.write(extend)
+
+    def complete(self, task: Task, worker: str, outcome: Outcome,
+                 test_accuracy: Optional[float] = None) -> tuple[bool, Optional[Evaluation]]:
+        """Write the result of `task` and close it, in one transaction, if `worker` still holds it:
+        (True, its evaluation row for a training task). (False, None) when the lease was lost: the result
+        is dropped, since the task is another worker's now (or done already)."""
+        def close(tx: Transaction) -> tuple[bool, Optional[dict]]:
+            held = tx.one("SELECT id FROM tasks WHERE id = ? AND worker = ? AND state = 'claimed'", (task.id, worker))
+            if held is None:
+                return False, None
+            tx.run("UPDATE workers SET seen = {now}, task = NULL WHERE id = ?", (worker,))
+            return True, self._close(tx, task, outcome, test_accuracy)
+
+        done, row = self.db.write(close)
+        return done, None if row is None else self._evaluation(row)
+
+    def put_back(self, task: Task, worker: str) -> None:
+        """Hand a task back unfinished (its worker was interrupted): open again at once, and the claim
+        not counted as a loss."""
+        self.db.write(lambda tx: tx.run(
+            "UPDATE tasks SET state = 'open', worker = NULL, lease_until = NULL, attempts = attempts - 1"
+            " WHERE id = ? AND worker = ? AND state = 'claimed'", (task.id, worker)))
+
+    def release(self, worker: str, reason: str) -> int:
+        """A worker is gone (its process ended, `reason` says how): the tasks it held are open again at
+        once, the loss counted; returns how many."""
+        def free(tx: Transaction) -> int:
+            n = tx.run("UPDATE tasks SET state = 'open', lease_until = NULL, lost = ?"
+                       " WHERE worker = ? AND state = 'claimed'", (f"worker {worker} {reason}", worker))
+            tx.run("UPDATE workers SET left_at = {now}, task = NULL WHERE id = ? AND left_at IS NULL", (worker,))
+            return n
+        return self.db.write(free)
+
+    def tasks(self, search_id: int, kind: Optional[str] = None) -> list[Task]:
+        if kind is None:
+            rows = self._read("SELECT * FROM tasks WHERE search_id = ? ORDER BY id", (search_id,))
+        else:
+            rows = self._read("SELECT * FROM tasks WHERE search_id = ? AND kind = ? ORDER BY id", (search_id, kind))
+        return [self._task(r) for r in rows]
+
+    def waiting(self, search_ids: Sequence[int]) -> int:
+        """How many tasks of these searches are open or claimed."""
+        if not search_ids:
+            return 0
+        return int(self._read(f"SELECT COUNT(*) AS n FROM tasks WHERE search_id IN ({placeholders(len(search_ids))})"
+                              " AND state <> 'done'", tuple(search_ids))[0]["n"])
+
+    def queue_counts(self, search_id: int) -> dict[str, int]:
+        """The search's tasks by state: open, claimed (lease held or lapsed), done."""
+        counts = {"open": 0, "claimed": 0, "done": 0}
+        for row in self._read("SELECT state, COUNT(*) AS n FROM tasks WHERE search_id = ? GROUP BY state",
+                              (search_id,)):
+            counts[row["state"]] = int(row["n"])
+        return counts
+
+    # -- workers ----------------------------------------------------------------------------------
+
+    def join(self, worker: str, host: str, pid: int, device: str) -> None:
+        self.db.write(lambda tx: tx.run(
+            "INSERT INTO workers (id, host, pid, device, started, seen) VALUES (?, ?, ?, ?, {now}, {now})"
+            " ON CONFLICT (id) DO UPDATE SET seen = excluded.seen, left_at = NULL", (worker, host, pid, device)))
+
+    def leave(self, worker: str) -> None:
+        self.db.write(lambda tx: tx.run("UPDATE workers SET left_at = {now}, task = NULL WHERE id = ?", (worker,)))
+
+    def workers(self) -> list[dict]:
+        """Every worker that joined, with `age` (seconds since it was last seen, on the database's clock)."""
+        return self._read("SELECT w.*, {now} - w.seen AS age, t.search_id AS search_id, t.generation AS generation,"
+                          " t.idx AS idx, t.kind AS kind FROM workers w LEFT JOIN tasks t ON t.id = w.task"
+                          " ORDER BY w.started")
+
+    def clock(self) -> float:
+        """The database's clock (seconds since the epoch)."""
+        return float(self._read("SELECT {now} AS now")[0]["now"])

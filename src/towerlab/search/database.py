@@ -1,0 +1,359 @@
+"""The database under a search store: SQLite, a file on this machine (the default), or PostgreSQL, a
+server that workers on many machines reach by URL. `towerlab.search.store` writes its queries once, in
+the SQL both understand, with `?` for parameters and two tokens: `{id}` (an auto-numbered primary key)
+and `{now}` (the database's clock in seconds since the epoch, so that leases never depend on which
+machine's clock reads them). This module turns them into each dialect and runs them.
+
+Every write is one transaction, given as a function of a `Transaction` so that it can be run again:
+PostgreSQL's connection may drop (the server restarts, the network blinks), and then the transaction is
+retried on a new connection with a bounded backoff (`RETRY_SECONDS` in all) before the store gives up
+with one line. The functions are written to be idempotent (inserts that do nothing on conflict, updates
+that check what they change), so a retry after a commit whose answer was lost changes nothing twice.
+`lock=KEY` serialises the transactions that take the same key: SQLite serialises every write anyway
+(BEGIN IMMEDIATE); PostgreSQL takes a transaction-scoped advisory lock.
+
+A password in a URL is never printed: `redacted(url)` is what messages and records show; the password
+itself may come from the URL, from $PGPASSWORD or from ~/.pgpass, as libpq reads them.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import threading
+import time
+from contextlib import suppress
+from pathlib import Path
+from typing import Any, Callable, Optional, TypeVar
+from urllib.parse import urlsplit, urlunsplit
+
+from towerlab.errors import UserError
+
+T = TypeVar("T")
+
+POSTGRES_SCHEMES = ("postgresql", "postgres")
+# How long a lost PostgreSQL connection is retried, in all, before the store gives up (seconds), and the
+# longest wait between two tries: enough for a server restart or a failover, not for an outage.
+RETRY_SECONDS = 120.0
+RETRY_WAIT = 8.0
+RETRY_ENV = "TOWERLAB_DB_RETRY_SECONDS"
+# Rows read with one statement at most, where a query lists values (SQLite caps a statement's parameters).
+CHUNK = 500
+
+
+def is_url(text: str) -> bool:
+    """Whether a --store names a database server (postgresql://...) rather than a file."""
+    return urlsplit(str(text)).scheme in POSTGRES_SCHEMES
+
+
+def redacted(url: str) -> str:
+    """`url` without its password (user:***@host), as every message and record shows it."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.hostname or ""
+    if parts.port is not None:
+        host += f":{parts.port}"
+    return urlunsplit(parts._replace(netloc=f"{parts.username or ''}:***@{host}"))
+
+
+def retry_seconds() -> float:
+    text = os.environ.get(RETRY_ENV, "").strip()
+    if not text:
+        return RETRY_SECONDS
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value <= 86400:
+        raise UserError(f"{RETRY_ENV}={text!r}: give the seconds a lost database connection is retried, 0 to 86400")
+    return value
+
+
+class Transaction:
+    """The statements of one transaction; rows come back as dicts."""
+
+    def __init__(self, db: Database, connection: Any) -> None:
+        self._db, self._connection = db, connection
+
+    def run(self, sql: str, args: tuple = ()) -> int:
+        """Execute; the number of rows it changed."""
+        return self._db._execute(self._connection, sql, args).rowcount
+
+    def rows(self, sql: str, args: tuple = ()) -> list[dict]:
+        return self._db._fetch(self._db._execute(self._connection, sql, args))
+
+    def one(self, sql: str, args: tuple = ()) -> Optional[dict]:
+        rows = self.rows(sql, args)
+        return rows[0] if rows else None
+
+
+class Database:
+    """One connection to a store's database, shared by this process's threads (one at a time)."""
+
+    dialect: str
+    where: str  # the file, or the redacted URL
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+        self._sql: dict[str, str] = {}
+        _OPEN.add(self)
+
+    # -- what each dialect supplies ----------------------------------------------------------------
+
+    _TOKENS: dict[str, str] = {}
+    _PARAMETER = "?"
+
+    def _connect(self) -> Any:
+        raise NotImplementedError
+
+    def _begin(self, connection: Any, lock: Optional[int]) -> None:
+        raise NotImplementedError
+
+    def _lost(self, error: BaseException) -> bool:
+        """Whether `error` means the connection is gone (retry on a new one)."""
+        return False
+
+    def _failed(self, error: BaseException, writing: bool) -> BaseException:
+        """What to raise for a database error that no retry mends: usually a UserError."""
+        raise NotImplementedError
+
+    # -- running statements --------------------------------------------------------------------------
+
+    def sql(self, text: str) -> str:
+        """`text` in this dialect: the tokens replaced, `?` as its parameter marker."""
+        done = self._sql.get(text)
+        if done is None:
+            done = text
+            for token, value in self._TOKENS.items():
+                done = done.replace(token, value)
+            if self._PARAMETER != "?":
+                done = done.replace("%", "%%").replace("?", self._PARAMETER)
+            self._sql[text] = done
+        return done
+
+    def _execute(self, connection: Any, sql: str, args: tuple) -> Any:
+        return connection.execute(self.sql(sql), args)
+
+    def _fetch(self, cursor: Any) -> list[dict]:
+        return [dict(row) for row in cursor.fetchall()] if cursor.description else []
+
+    def write(self, work: Callable[[Transaction], T], *, lock: Optional[int] = None) -> T:
+        """`work` in one transaction, committed whole or rolled back whole (KeyboardInterrupt included);
+        run again on a new connection where the old one was lost."""
+        return self._retrying(lambda connection: self._transaction(connection, work, lock), writing=True)
+
+    def read(self, sql: str, args: tuple = ()) -> list[dict]:
+        return self._retrying(lambda connection: self._fetch(self._execute(connection, sql, args)), writing=False)
+
+    def _transaction(self, connection: Any, work: Callable[[Transaction], T], lock: Optional[int]) -> T:
+        self._begin(connection, lock)
+        try:
+            result = work(Transaction(self, connection))
+            connection.execute("COMMIT")
+        except BaseException:
+            with suppress(Exception):  # SQLite may have rolled back already (SQLITE_FULL), a lost link cannot
+                connection.execute("ROLLBACK")
+            raise
+        return result
+
+    def _retrying(self, attempt: Callable[[Any], T], writing: bool) -> T:
+        with self._lock:
+            deadline = None
+            wait = 0.5
+            while True:
+                try:
+                    return attempt(self._connection())
+                except Exception as error:  # noqa: BLE001 - sorted below: retried, a UserError, or raised
+                    if not self._lost(error):
+                        raise self._failed(error, writing) from None
+                    self._drop()
+                    now = time.monotonic()
+                    deadline = deadline if deadline is not None else now + retry_seconds()
+                    if now >= deadline:
+                        raise UserError(f"lost the search store's database {self.where} and could not reach it "
+                                        f"again for {retry_seconds():g} s ({_one_line(error)}): every result "
+                                        "written before is kept; start the workers again once it is back") from None
+                    time.sleep(min(wait, max(0.0, deadline - now)))
+                    wait = min(2 * wait, RETRY_WAIT)
+
+    def _connection(self) -> Any:
+        if self._conn is None:
+            self._conn = self._connect()
+        return self._conn
+
+    def _drop(self) -> None:
+        connection, self._conn = self._conn, None
+        if connection is not None:
+            with suppress(Exception):
+                connection.close()
+
+    _conn: Any = None
+
+    def close(self) -> None:
+        with self._lock:
+            self._drop()
+        _OPEN.discard(self)
+
+    def forget(self) -> None:
+        """In a forked child: never use nor close the parent's connection (closing a PostgreSQL one
+        would end the parent's session; an SQLite one may hold the parent's locks). It is kept, unused,
+        so that the garbage collector never closes it either."""
+        if self._conn is not None:
+            _ORPHANS.append(self._conn)
+        self._conn = None
+        self._lock = threading.RLock()
+
+
+_OPEN: set[Database] = set()
+_ORPHANS: list[Any] = []
+
+
+def _forget_all() -> None:
+    for db in list(_OPEN):
+        db.forget()
+
+
+os.register_at_fork(after_in_child=_forget_all)
+
+
+def _one_line(error: BaseException) -> str:
+    return " ".join(str(error).split()) or type(error).__name__
+
+
+# -- SQLite ------------------------------------------------------------------------------------------
+
+
+def is_damage(error: BaseException) -> bool:
+    """SQLITE_CORRUPT (a malformed page), as opposed to a busy, full or read-only database."""
+    name = getattr(error, "sqlite_errorname", "")  # Python 3.11+
+    return name.startswith("SQLITE_CORRUPT") or (not name and "malformed" in str(error))
+
+
+def damaged(where: object, error: object) -> UserError:
+    return UserError(f"search store {where} is damaged ({_one_line(error)}): restore it from a copy, or save "
+                     f"what is readable with `sqlite3 {where} .recover | sqlite3 recovered.db` and pass "
+                     "--store recovered.db; a new search needs another --out")
+
+
+class SQLite(Database):
+    dialect = "sqlite"
+    _TOKENS = {"{id}": "INTEGER PRIMARY KEY", "{now}": "((julianday('now') - 2440587.5) * 86400.0)",
+               "{skip_locked}": ""}  # BEGIN IMMEDIATE: one writer at a time holds the whole file
+
+    def __init__(self, path: Path) -> None:
+        super().__init__()
+        self.path = path
+        self.where = str(path)
+        try:
+            self._conn = self._connect()
+        except sqlite3.Error as e:
+            _OPEN.discard(self)
+            raise UserError(f"cannot open search store {path}: {e}") from None
+
+    def _connect(self) -> sqlite3.Connection:
+        # isolation_level=None: every transaction is opened here (BEGIN IMMEDIATE).
+        connection = sqlite3.connect(self.path, timeout=30.0, isolation_level=None, check_same_thread=False)
+        connection.row_factory = sqlite3.Row
+        connection.execute("PRAGMA foreign_keys = ON")
+        return connection
+
+    def configure(self) -> None:
+        """WAL (readers never wait for the writer) and synchronous=FULL: a commit happens once per
+        finished training, so one fsync each costs nothing, and a recorded result then survives a
+        power loss too (NORMAL in WAL mode may lose the last commits)."""
+        self.raw.execute("PRAGMA journal_mode = WAL")
+        self.raw.execute("PRAGMA synchronous = FULL")
+
+    @property
+    def raw(self) -> sqlite3.Connection:
+        """The connection itself, for what only SQLite has (its checks, its migrations)."""
+        return self._connection()
+
+    def _begin(self, connection: Any, lock: Optional[int]) -> None:
+        connection.execute("BEGIN IMMEDIATE")
+
+    def _failed(self, error: BaseException, writing: bool) -> BaseException:
+        if isinstance(error, sqlite3.DatabaseError) and is_damage(error):
+            return damaged(self.path, error)
+        if writing and isinstance(error, sqlite3.OperationalError):
+            return UserError(f"cannot write to search store {self.path} ({error}): every evaluation recorded "
+                             "before is kept; fix the disk (space, permissions) and continue with --resume")
+        return error
+
+
+# -- PostgreSQL --------------------------------------------------------------------------------------
+
+
+def psycopg_module() -> Any:
+    try:
+        import psycopg
+    except ImportError:
+        raise UserError("a postgresql:// store needs psycopg: pip install 'towerlab[postgresql]'") from None
+    return psycopg
+
+
+class PostgreSQL(Database):
+    dialect = "postgresql"
+    _TOKENS = {"{id}": "BIGINT GENERATED BY DEFAULT AS IDENTITY PRIMARY KEY",
+               "{now}": "(extract(epoch from clock_timestamp())::double precision)",
+               "{skip_locked}": " FOR UPDATE SKIP LOCKED"}
+    _PARAMETER = "%s"
+
+    def __init__(self, url: str) -> None:
+        super().__init__()
+        self.url = url
+        self.where = redacted(url)
+        self._psycopg = psycopg_module()
+        try:
+            self._conn = self._connect()
+        except self._psycopg.Error as e:
+            _OPEN.discard(self)
+            raise UserError(f"cannot reach the search store's database {self.where}: {_one_line(e)}") from None
+
+    def _connect(self) -> Any:
+        from psycopg.rows import dict_row
+
+        # autocommit: every transaction is opened here (BEGIN); a short connect timeout so a retry
+        # loop polls a restarting server rather than waiting on one attempt.
+        return self._psycopg.connect(self.url, autocommit=True, row_factory=dict_row, connect_timeout=10,
+                                     application_name="towerlab")
+
+    def _begin(self, connection: Any, lock: Optional[int]) -> None:
+        connection.execute("BEGIN")
+        if lock is not None:
+            connection.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK_SPACE + lock,))
+
+    def _lost(self, error: BaseException) -> bool:
+        psycopg = self._psycopg
+        if isinstance(error, (psycopg.errors.AdminShutdown, psycopg.errors.CannotConnectNow,
+                              psycopg.errors.ConnectionFailure)):
+            return True
+        return isinstance(error, psycopg.OperationalError) and (self._conn is None or self._conn.closed
+                                                                 or self._conn.broken)
+
+    def _failed(self, error: BaseException, writing: bool) -> BaseException:
+        if isinstance(error, self._psycopg.errors.DiskFull):
+            return UserError(f"the search store's database {self.where} is out of disk ({_one_line(error)}): "
+                             "every result written before is kept; make room and start the workers again")
+        if isinstance(error, self._psycopg.errors.InsufficientPrivilege):
+            return UserError(f"the search store's database {self.where} refused: {_one_line(error)} (grant "
+                             "the user the rights of docs/distributed-search.md)")
+        return error
+
+
+# Advisory lock keys of towerlab (one per search id above this base; 0 for creating the schema), apart
+# from small keys that other programs sharing the database may take.
+_LOCK_SPACE = 0x746C_0000_0000
+
+
+def connect(target: str | os.PathLike) -> Database:
+    """The database a store names: a postgresql:// URL, or an SQLite file."""
+    if is_url(str(target)):
+        return PostgreSQL(str(target))
+    return SQLite(Path(target))
+
+
+def placeholders(n: int) -> str:
+    return ", ".join("?" * n)
+

@@ -26,7 +26,7 @@ import torch
 from towerlab import atomic, checkpoint
 from towerlab.config import SearchConfig
 from towerlab.errors import UserError
-from towerlab.search import Candidate, Outcome, load_space, make_sampler, open_search
+from towerlab.search import Candidate, Outcome, Search, load_space
 from towerlab.search.store import Store
 
 
@@ -256,7 +256,7 @@ def fill(store: Store, search_id: int, n: int, start: int = 0, padding: int = 0)
 def new_store(path: Path) -> int:
     with Store(path) as store:
         cfg = SearchConfig(sampler="grid")
-        search_id = open_search(store, cfg, make_sampler(cfg, load_space("mlp")), load_space("mlp"), "tch", None)
+        search_id = Search.resolve(cfg, load_space("mlp")).create(store, "tch").id
         fill(store, search_id, 5)
     return search_id
 

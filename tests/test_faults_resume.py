@@ -5,16 +5,20 @@ continue, naming its folder."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import shutil
+import signal
+import sqlite3
 from dataclasses import fields
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-import towerlab.jobs.search
+import towerlab.jobs.search_workers
 import towerlab.jobs.train
 from test_custom_dataset import colour_classes
 from towerlab.cli import main
@@ -26,7 +30,7 @@ ARGS = [*TINY, "--model", "lenet5", "--epochs", "3", "--batch-size", "100", "--t
 
 
 def interrupt(module, monkeypatch, args: list[str], reads: int = 20) -> int:
-    """`main(args)` with a Ctrl-C after `reads` steps (`module`: towerlab.jobs.train or towerlab.jobs.search)."""
+    """`main(args)` with a Ctrl-C after `reads` steps (`module`: towerlab.jobs.train)."""
     monkeypatch.setattr(StopAtRead, "reads_before_stop", reads)
     monkeypatch.setattr(module, "StopFlag", StopAtRead)
     try:
@@ -148,10 +152,32 @@ SPACE_ARGS = ["evolve", "--dataset", "synthetic", "--val-size", "500", "--popula
               "--max-epochs", "1", "--top", "1", "--threads", "1", "--no-progress", *ONE_CPU]
 
 
+class StopAfterTwo(StopAtRead):
+    """A Ctrl-C in a search's worker as soon as the store holds two evaluations (the worker reads the
+    flag at every step of a training and at every look for work)."""
+
+    store: Path = Path("search.db")
+
+    @property
+    def signum(self):
+        with contextlib.closing(sqlite3.connect(self.store)) as db:
+            done = db.execute("SELECT COUNT(*) FROM evaluations").fetchone()[0]
+        return int(signal.SIGINT) if done >= 2 else 0
+
+
+def interrupt_search(monkeypatch, out: Path, args: list[str]) -> int:
+    """`main(args)`, the search in `out`, with a Ctrl-C in its worker once two evaluations are in."""
+    monkeypatch.setattr(StopAfterTwo, "store", out / "search.db")
+    monkeypatch.setattr(towerlab.jobs.search_workers, "StopFlag", StopAfterTwo)
+    try:
+        return main(args)
+    finally:
+        monkeypatch.undo()
+
+
 def test_an_interrupted_search_says_what_it_kept_and_how_to_continue(tmp_path, monkeypatch, capsys):
     out = tmp_path / "evo"
-    # A candidate reads the flag once per step, 42 steps (an epoch of 5,500 / 128): this stops the third.
-    assert interrupt(towerlab.jobs.search, monkeypatch, [*SPACE_ARGS, "--out", str(out)], reads=2 * 42 + 5) == 130
+    assert interrupt_search(monkeypatch, out, [*SPACE_ARGS, "--out", str(out)]) == 130
     captured = capsys.readouterr()
     assert f"Interrupted: the 2 evaluation(s) finished since this start are kept in {out / 'search.db'}" \
         in captured.out, captured.out
@@ -170,7 +196,7 @@ def test_allow_changed_data_is_for_a_resume_only(tmp_path, capsys):
 
 def test_a_search_resume_keeps_the_threads_its_candidates_were_trained_with(tmp_path, monkeypatch, capsys):
     out = tmp_path / "evo"
-    assert interrupt(towerlab.jobs.search, monkeypatch, [*SPACE_ARGS, "--out", str(out)], reads=2 * 42 + 5) == 130
+    assert interrupt_search(monkeypatch, out, [*SPACE_ARGS, "--out", str(out)]) == 130
     assert json.loads((out / "config.json").read_text())["run"]["threads"] == 1
     before = (out / "search.db").read_bytes()
     capsys.readouterr()

@@ -4,6 +4,7 @@ the search commands refuse, with real (tiny, synthetic) training."""
 import csv
 import io
 import json
+import re
 
 import pytest
 
@@ -42,7 +43,8 @@ def test_search_run_with_a_sampler_writes_its_record_and_every_evaluation_comes_
     assert {"gene_neurons", "gene_layers", "gene_activation", "val_accuracy", "seconds", "worker", "device", "threads",
             "precision", "torch_version"} <= set(rows[0])
     assert {(r["threads"], r["precision"]) for r in rows} == {("1", "fp32")}
-    assert all(float(r["seconds"]) > 0 and r["worker"].startswith("rank0@") for r in rows)
+    # a worker is named by its host, its process and its device
+    assert all(float(r["seconds"]) > 0 and re.fullmatch(r".+:\d+:cpu", r["worker"]) for r in rows)
 
     assert main(["search", "show", str(out), "--json", "--plot", str(tmp_path / "all.png")]) == 0
     records = json.loads(capsys.readouterr().out)
@@ -143,21 +145,20 @@ def test_a_cpu_search_runs_a_worker_per_core_each_training_on_one_thread(monkeyp
     ({"sampler": "grid", "limit": 4, "remeasure": 3}, 3),  # as given
 ])
 def test_default_re_measuring_costs_at_most_a_quarter_of_the_searchs_trainings(settings, remeasure):
-    from towerlab.search import load_space, planned_trainings, resolved_remeasure
+    from towerlab.search import Search, load_space
 
-    cfg = resolved_remeasure(SearchConfig(**settings), load_space("mlp"))
-    assert cfg.remeasure == remeasure
+    search = Search.resolve(SearchConfig(**settings), load_space("mlp"))
+    assert search.cfg.remeasure == remeasure
     if "remeasure" not in settings:  # the default: re-measures cost at most a quarter of the search
-        plan = planned_trainings(cfg, load_space("mlp"))
-        assert plan["remeasure"] <= plan["search"] / 4
+        assert search.plan["remeasure"] <= search.plan["search"] / 4
 
 
 def test_the_budget_counts_the_promotions_of_the_generations_max_evaluations_reaches():
-    from towerlab.search import load_space, planned_trainings
+    from towerlab.search import Search, load_space
 
     # tpe's 4 a generation: 12 trainings are 3 generations of the 10, each promoting ceil(4 / 3) = 2 to 3 epochs
     cfg = SearchConfig(sampler="tpe", max_evaluations=12, min_epochs=1, max_epochs=3, remeasure=0, top=2)
-    plan = planned_trainings(cfg, load_space("mlp"))
+    plan = Search.resolve(cfg, load_space("mlp")).plan
     assert (plan["search"], plan["rungs"], plan["test"]) == (12, 6, 2)
     assert plan["epochs"] == 12 * 1 + 6 * 3 + 2 * 3
 

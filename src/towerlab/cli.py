@@ -202,9 +202,23 @@ def _search_parsers(sub: argparse._SubParsersAction) -> None:
     _search_flags(p, "search")
     p.add_argument("--model", dest="model_function", metavar="FILE.py:FUNCTION", help=MODEL_FUNCTION_HELP)
     p.set_defaults(handler=_cmd_search, kind="search")
+    text = "join the searches of a store with this machine's devices, until nothing is left to do"
+    p = search_sub.add_parser("worker", help=text, description=text + "; see docs/distributed-search.md.")
+    p.add_argument("store", nargs="?", default=None,
+                   help="the store: a postgresql:// URL, a search.db, or a search's folder (default: $TOWERLAB_STORE)")
+    p.add_argument("--search", type=int, default=None, metavar="ID", help="join this search only")
+    p.add_argument("--wait", action="store_true", help="when nothing is left, wait for new work (until Ctrl-C)")
+    p.add_argument("--workers-per-device", type=int, default=1, metavar="N",
+                   help="candidates trained at once on each device")
+    add_arguments(p, RunConfig, skip=tuple(f for f in RunConfig.__dataclass_fields__
+                                           if f not in ("device", "devices", "threads", "data_dir", "download")),
+                  helps={"devices": "local devices, one worker each (None: every GPU, or one per core without one)",
+                         "threads": "CPU threads per candidate (None: each search's own; another count is "
+                                    "refused, since it changes the results)"})
+    p.set_defaults(handler=_cmd_search_worker)
     p = search_sub.add_parser("show", help="the generations and top genomes of a stored search, or every "
                                            "evaluation as CSV or JSON")
-    p.add_argument("path", help="a search's output folder, or its search.db")
+    p.add_argument("path", help="a search's output folder, its search.db, or a postgresql:// URL")
     form = p.add_mutually_exclusive_group()
     form.add_argument("--csv", action="store_true", help="print every evaluation as CSV (genes as gene_<name>)")
     form.add_argument("--json", action="store_true", help="print every evaluation as JSON")
@@ -286,6 +300,21 @@ def _print_config(**sections: object) -> int:
 
     print(config_toml(**sections), end="")
     return 0
+
+
+def _cmd_search_worker(args: argparse.Namespace) -> int:
+    from towerlab.jobs.search_workers import start_workers
+    from towerlab.search.database import STORE_ENV
+    from towerlab.search.show import store_path
+
+    target = args.store or os.environ.get(STORE_ENV, "").strip()
+    if not target:
+        raise UserError(f"give the store to join (a postgresql:// URL or a search.db), or set ${STORE_ENV}")
+    if args.workers_per_device < 1:
+        raise UserError(f"--workers-per-device must be at least 1, got {args.workers_per_device}")
+    run = RunConfig(**{k: v for k, v in given(args, RunConfig).items()})
+    return start_workers(str(store_path(target)), run, per_device=args.workers_per_device, search_id=args.search,
+                         wait=args.wait)
 
 
 def _cmd_search_show(args: argparse.Namespace) -> int:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import os
 import pickle
+import queue
 import shutil
 import signal
 import sys
@@ -63,7 +64,7 @@ def _beat(beats: Any, rank: int) -> None:
     threading.Thread(target=run, name="towerlab-heartbeat", daemon=True).start()
 
 
-def _worker_entry(fn: Callable[..., None], rank: int, world_size: int, store_path: str,
+def worker_entry(fn: Callable[..., None], rank: int, world_size: int, store_path: str,
                   args: tuple, launcher_pid: int, beats: Any) -> None:
     # Each worker exits with a status the launcher understands. A user error's message goes to the
     # launcher (a file beside the rendezvous store), which reports the first one, whichever rank had it.
@@ -114,7 +115,7 @@ def leave(status: int) -> None:
 RDZV_PREFIX = "towerlab-rdzv-"
 
 
-def _sweep_rendezvous() -> None:
+def sweep_rendezvous() -> None:
     """Remove the rendezvous folders of launchers that are gone (one killed with SIGKILL cannot
     remove its own); each folder's name carries its launcher's pid."""
     for folder in Path(tempfile.gettempdir()).glob(RDZV_PREFIX + "*"):
@@ -152,32 +153,33 @@ def launch(fn: Callable[..., None], world_size: int, args: tuple = (), *, grace:
     call a rank.
     """
     log = log or (lambda line: print(line, file=sys.stderr, flush=True))
-    _sweep_rendezvous()
+    sweep_rendezvous()
     rdzv = tempfile.mkdtemp(prefix=f"{RDZV_PREFIX}{os.getpid()}-")
     store_path = os.path.join(rdzv, "store")
     ctx = mp.get_context(start_method)
     beats = ctx.Array("d", world_size, lock=False)  # each process's last heartbeat (time.monotonic)
-    procs = [ctx.Process(target=_worker_entry, args=(fn, rank, world_size, store_path, args, os.getpid(), beats),
+    procs = [ctx.Process(target=worker_entry, args=(fn, rank, world_size, store_path, args, os.getpid(), beats),
                          daemon=False)
              for rank in range(world_size)]
     received: list[int] = []
 
     def forward(signum: int, _frame: Any) -> None:
         received.append(signum)
-        _signal_alive(procs, signum)
+        signal_alive(procs, signum)
 
     previous = handle_stop_signals(forward)
-    starter = _ForkingThread(procs) if start_method == "fork" else None
+    starter = ForkingThread() if start_method == "fork" else None
     status = None
     try:
         if starter is not None:
-            starter.start_all()
+            for p in procs:
+                starter.start(p)
         else:
-            _start_spawned(procs)
+            start_spawned(procs)
         watch = _Heartbeats(beats, timeout) if timeout is not None else None
         status = _monitor(procs, grace, log, received, hint, essential, watch,
                           name or (lambda rank: f"replica rank {rank}"))
-        error = _first_user_error(rdzv, essential) if status == EXIT_USER_ERROR else None
+        error = first_user_error(rdzv, essential) if status == EXIT_USER_ERROR else None
         if error is not None:
             raise UserError(error)
         return status
@@ -208,7 +210,7 @@ def start_method_for(device_kind: str) -> str:
     return "spawn"
 
 
-def _start_spawned(procs: list) -> None:
+def start_spawned(procs: list) -> None:
     try:
         for p in procs:
             p.start()
@@ -218,41 +220,42 @@ def _start_spawned(procs: list) -> None:
                         "in an importable module (a .py file), not in a notebook or __main__") from None
 
 
-class _ForkingThread:
-    """Forks the workers from a thread of its own, which lives until they are gone.
+class ForkingThread:
+    """Forks worker processes from a thread of its own, which lives until they are gone.
 
     A fresh thread, because GNU OpenMP (torch's CPU thread pool) cannot run a parallel region in a
     child forked from a thread that has used its pool: the child waits for pool threads that fork
     did not copy, and hangs. A child forked from a thread that never used OpenMP builds a pool of its
     own. Kept alive, because Linux's parent-death signal (`_die_with`) follows the thread that
-    forked, not its process."""
+    forked, not its process. `start(p)` may be called again later (a replacement worker)."""
 
-    def __init__(self, procs: list):
-        self.procs = procs
-        self._done = threading.Event()
-        self._started = threading.Event()
-        self._error: BaseException | None = None
+    def __init__(self) -> None:
+        self._orders: queue.Queue = queue.Queue()
         self._thread = threading.Thread(target=self._run, name="towerlab-workers", daemon=True)
+        self._thread.start()
 
     def _run(self) -> None:
-        try:
-            for p in self.procs:
-                p.start()
-        except BaseException as exc:  # noqa: BLE001 - re-raised in the launching thread
-            self._error = exc
-        finally:
-            self._started.set()
-        self._done.wait()
+        while True:
+            order = self._orders.get()
+            if order is None:
+                return
+            process, answer = order
+            try:
+                process.start()
+                answer.put(None)
+            except BaseException as exc:  # noqa: BLE001 - re-raised in the thread that asked
+                answer.put(exc)
 
-    def start_all(self) -> None:
-        self._thread.start()
-        self._started.wait()
-        if self._error is not None:
-            raise self._error
+    def start(self, process: Any) -> None:
+        answer: queue.Queue = queue.Queue()
+        self._orders.put((process, answer))
+        error = answer.get()
+        if error is not None:
+            raise error
 
     def release(self) -> None:
         """After the workers are gone."""
-        self._done.set()
+        self._orders.put(None)
         self._thread.join()
 
 
@@ -267,7 +270,7 @@ def _report_user_error(store_path: str, rank: int, message: str) -> None:
         os.replace(tmp, path)
 
 
-def _first_user_error(rdzv: str, essential: set[int] | None) -> str | None:
+def first_user_error(rdzv: str, essential: set[int] | None) -> str | None:
     """The message of the first worker (in time) that failed with a user error: later ones are
     usually the same mistake, or a consequence of the first."""
     reports = []
@@ -320,21 +323,21 @@ def _monitor(procs: list, grace: float, log: Callable[[str], None], received: li
             elif deadline is None:
                 deadline = time.monotonic() + grace
                 if essential is not None:
-                    _signal_alive(procs, signal.SIGTERM)
+                    signal_alive(procs, signal.SIGTERM)
         for rank, p in enumerate(procs):
             if p.exitcode in (None, 0) or rank in failures:
                 continue
             failures[rank] = p.exitcode
             if essential is not None and rank not in essential and not received:
                 if deadline is None:  # once the job ends, the others' exits are no news
-                    log(f"towerlab: warning: {name(rank)} (pid {p.pid}) {_describe(p.exitcode)}; "
+                    log(f"towerlab: warning: {name(rank)} (pid {p.pid}) {describe_exit(p.exitcode)}; "
                         "the others carry on")
             elif deadline is None:
                 deadline = time.monotonic() + grace
                 if essential is not None and rank in essential and not received:
                     # Without this rank the job cannot go on, and the others would only wait for it:
                     # ask them to stop now (they exit at their next step) rather than after `grace`.
-                    _signal_alive(procs, signal.SIGTERM)
+                    signal_alive(procs, signal.SIGTERM)
         if essential is not None and deadline is None and not any(procs[r].is_alive() for r in essential):
             deadline = time.monotonic() + grace  # the job is over; the rest only have to leave
         if deadline is not None and time.monotonic() > deadline:
@@ -362,7 +365,7 @@ def _monitor(procs: list, grace: float, log: Callable[[str], None], received: li
     if code == EXIT_USER_ERROR or code in EXIT_STOPPED:
         return code
     advice = hint() if hint is not None else ""
-    what = _describe_hung(silent[rank]) if code == HUNG else _describe(code)
+    what = _describe_hung(silent[rank]) if code == HUNG else describe_exit(code)
     others = "the others were stopped" if essential is not None else "the other replicas were stopped"
     log(f"towerlab: error: {name(rank)} (pid {procs[rank].pid}) {what}; {others}" + (f". {advice}" if advice else ""))
     return 1
@@ -372,14 +375,14 @@ def _describe_hung(seconds: float) -> str:
     return f"stopped answering: no heartbeat for {seconds:.0f} s (stopped or hung), more than --timeout"
 
 
-def _signal_alive(procs: list, signum: int) -> None:
+def signal_alive(procs: list, signum: int) -> None:
     for p in procs:
         if p.is_alive() and p.pid is not None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(p.pid, signum)
 
 
-def _describe(exitcode: int) -> str:
+def describe_exit(exitcode: int) -> str:
     if exitcode == EXIT_PEER_LOST:
         return "lost contact with the others (a peer failed, or a collective waited longer than --timeout)"
     return f"was killed by {_signal_name(exitcode)}" if exitcode < 0 else f"exited with status {exitcode}"

@@ -218,7 +218,7 @@ def retrain_command(cfg: SearchConfig, model: Model, genome: dict, seed: int, ma
     if not callable(model):
         return " ".join(["towerlab", "train", *flags])
     name = getattr(model, "__name__", "FUNCTION")
-    spec = _function_file(model)
+    spec = function_file(model)
     flags[flags.index("--model") + 1] = spec or f"FILE.py:{name}"
     command = " ".join(["towerlab", "train", *flags])
     if spec is None:
@@ -226,7 +226,7 @@ def retrain_command(cfg: SearchConfig, model: Model, genome: dict, seed: int, ma
     return command
 
 
-def _function_file(function: Callable) -> str | None:
+def function_file(function: Callable) -> str | None:
     """FILE.py:FUNCTION for a function a module file defines at its top level (not __main__'s: a script
     or a notebook cell cannot be imported by name); None otherwise."""
     name = getattr(function, "__name__", "")

@@ -57,6 +57,16 @@ def redacted(url: str) -> str:
     return urlunsplit(parts._replace(netloc=f"{parts.username or ''}:***@{host}"))
 
 
+STORE_ENV = "TOWERLAB_STORE"  # the store a search or a worker uses when none is named
+
+
+def with_password(url: str) -> str:
+    """A recorded (redacted) URL with its password back, where $TOWERLAB_STORE is that URL with one;
+    else as given (libpq then finds the password in $PGPASSWORD or ~/.pgpass)."""
+    env = os.environ.get(STORE_ENV, "").strip()
+    return env if env and is_url(url) and is_url(env) and redacted(env) == url else url
+
+
 def retry_seconds() -> float:
     text = os.environ.get(RETRY_ENV, "").strip()
     if not text:

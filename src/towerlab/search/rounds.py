@@ -79,11 +79,27 @@ class _Recorder:
             if self._pending.get(key) != candidate:
                 state = "recorded twice" if key in self.rows else "not pending"
                 raise ValueError(f"record() got a candidate that is {state}: {candidate}")
-            row = self._store.record(candidate, outcome, self._hashes[candidate.max_epochs], self._search_id)
-            self.rows[key] = row
-            del self._pending[key]
-            if self._recorded is not None:
-                self._recorded(candidate, row)
+            self._keep(key, candidate, self._store.record(candidate, outcome, self._hashes[candidate.max_epochs],
+                                                         self._search_id))
+
+    def served(self, candidate: Candidate, row: Evaluation) -> None:
+        """The candidate's row, which is in the store already (a trainer whose workers write their
+        results themselves: `towerlab.search.queue`)."""
+        with self._lock:
+            key = _key(candidate)
+            if self._pending.get(key) != candidate:
+                raise ValueError(f"served() got a candidate that is not pending: {candidate}")
+            self._keep(key, candidate, row)
+
+    def _keep(self, key: _Key, candidate: Candidate, row: Evaluation) -> None:
+        self.rows[key] = row
+        del self._pending[key]
+        if self._recorded is not None:
+            self._recorded(candidate, row)
+
+    def train_config_hash(self, candidate: Candidate) -> str:
+        """What the candidate's row is stored under (its rung's hash)."""
+        return self._hashes[candidate.max_epochs]
 
     def more(self) -> list[Candidate]:
         """Candidates that became trainable since they were last asked for (each handed out once);
@@ -129,7 +145,7 @@ class _Climb:
         if (h, rung) in self.rows or (h, rung) in self.handed:
             return
         rounds = self.rounds
-        row = rounds.store.lookup(h, rounds.hashes[rounds.ladder[rung]], rounds.search_id)
+        row = rounds.store.lookup(h, rounds.hashes[rounds.ladder[rung]], rounds.search_id, watermark=rounds.watermark)
         if row is not None:
             self.rows[h, rung] = row
         else:
@@ -210,6 +226,10 @@ class Rounds:
         self.ladder = self.pruner.rungs
         self.hashes = {epochs: rung_hash(train_config_hash, epochs, cfg.max_epochs) for epochs in self.ladder}
         self.remeasure = cfg.remeasure
+        # What other searches' rows may serve this one: those up to the current generation's watermark
+        # (None: any, as in generations recorded before watermarks), so that every worker replaying the
+        # search, whenever it looks, serves it the same rows.
+        self.watermark: Optional[int] = None
         self._measured: dict[tuple[str, int], _Measurement] = {}
 
     # -- serving ----------------------------------------------------------------------------------
@@ -219,7 +239,8 @@ class Rounds:
         served: dict[_Key, Evaluation] = {}
         pending = []
         for c in candidates:
-            row = self.store.lookup(c.genome_hash, self.hashes[c.max_epochs], self.search_id, c.replicate)
+            row = self.store.lookup(c.genome_hash, self.hashes[c.max_epochs], self.search_id, c.replicate,
+                                    self.watermark)
             if row is None:
                 pending.append(c)
             else:
@@ -269,6 +290,7 @@ class Rounds:
             n = self._within(budget, hashes)
             stored = self.store.begin_generation(self.search_id, generation, [dict(g) for g in genomes[:n]],
                                                  hashes[:n])
+        self.watermark = stored.watermark
         n = len(stored.members)
         if [m["genome_hash"] for m in stored.members] != hashes[:n]:
             raise UserError(f"store {self.store.path}: replaying search {self.search_id} from its seed gives other "
@@ -311,7 +333,7 @@ class Rounds:
         being pruned below it). This search's own row of this very generation does not count: it
         exists only when an interrupted start of the generation already trained the promotion, and
         counting it would change whom a resumed `--prune-places new` rung counts its places over."""
-        row = self.store.lookup(genome_hash, rung_config_hash, self.search_id)
+        row = self.store.lookup(genome_hash, rung_config_hash, self.search_id, watermark=self.watermark)
         return (row is not None and row.status == "ok"
                 and (row.search_id, row.generation) != (self.search_id, generation))
 

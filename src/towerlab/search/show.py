@@ -11,6 +11,7 @@ import statistics
 from pathlib import Path
 from typing import Callable, Optional, TypeVar
 
+from towerlab.search.database import is_url, with_password
 from towerlab.search.pruners import rung_epochs
 from towerlab.search.space import space_of
 from towerlab.search.store import STORE_NAME, SearchRow, Store
@@ -32,9 +33,12 @@ def _open(store_or_path: Store | str | os.PathLike, what: Callable[[Store], T]) 
         return what(store)
 
 
-def store_path(path: str | os.PathLike) -> Path:
-    """The store a path means: a file itself; a search folder's search.db, or the `--store` its
-    config.json names when the search kept its evaluations elsewhere."""
+def store_path(path: str | os.PathLike) -> str | Path:
+    """The store a path means: a postgresql:// URL, or a file itself; a search folder's search.db, or the
+    store its config.json names when the search kept its evaluations elsewhere (a recorded URL gets its
+    password from $TOWERLAB_STORE where that is the same URL)."""
+    if is_url(str(path)):
+        return str(path)
     path = Path(path)
     if not path.is_dir() or (path / STORE_NAME).exists():
         return path
@@ -42,7 +46,9 @@ def store_path(path: str | os.PathLike) -> Path:
         named = json.loads((path / "config.json").read_text(encoding="utf-8"))["search"]["store"]
     except (OSError, ValueError, KeyError, TypeError):
         return path
-    return Path(named) if named else path
+    if not named:
+        return path
+    return with_password(named) if is_url(named) else Path(named)
 
 
 def format_search(store_or_path: Store | str | os.PathLike, search_id: Optional[int] = None) -> str:

@@ -335,10 +335,22 @@ class Store:
         self.db.write(lambda tx: tx.run("UPDATE searches SET config = ?, finished = NULL, summary = NULL WHERE id = ?",
                                         (json.dumps(config, sort_keys=True), search_id)))
 
-    def finish_search(self, search_id: int, summary: dict) -> None:
-        """The search's summary; the first process to finish it writes it (every one computes the same)."""
-        self.db.write(lambda tx: tx.run("UPDATE searches SET finished = ?, summary = ? WHERE id = ? AND finished IS NULL",
-                                        (_now(), json.dumps(summary), search_id)))
+    def finish_search(self, search_id: int, summary: dict, config: Optional[dict] = None) -> bool:
+        """The search's summary; the first process to finish it writes it (every one computes the same).
+        With `config`, only while the search still has those settings: a worker that played it under
+        settings a resume has since changed (more generations) finishes nothing. Whether it wrote it."""
+        if config is None:
+            return 1 == self.db.write(lambda tx: tx.run(
+                "UPDATE searches SET finished = ?, summary = ? WHERE id = ? AND finished IS NULL",
+                (_now(), json.dumps(summary), search_id)))
+        def finish(tx: Transaction) -> bool:
+            row = tx.one("SELECT sampler, config, finished FROM searches WHERE id = ?", (search_id,))
+            if row is None or row["finished"] is not None or (
+                    upgrade_search_config(json.loads(row["config"]), row["sampler"]) != json.loads(json.dumps(config))):
+                return False
+            tx.run("UPDATE searches SET finished = ?, summary = ? WHERE id = ?", (_now(), json.dumps(summary), search_id))
+            return True
+        return self.db.write(finish)
 
     def _search(self, row: dict) -> SearchRow:
         data = dict(row)
@@ -361,6 +373,9 @@ class Store:
 
     def searches(self) -> list[SearchRow]:
         return [self._search(r) for r in self._read("SELECT * FROM searches ORDER BY id")]
+
+    def unfinished_searches(self) -> list[SearchRow]:
+        return [self._search(r) for r in self._read("SELECT * FROM searches WHERE finished IS NULL ORDER BY id")]
 
     # -- evaluations ----------------------------------------------------------------------------
 
@@ -449,6 +464,23 @@ class Store:
             rows = self._read("SELECT * FROM evaluations WHERE search_id = ? AND id > ? ORDER BY id",
                               (search_id, after))
         return [self._evaluation(r) for r in rows]
+
+    def newest_evaluation(self) -> int:
+        """The id of the newest evaluation (0 in an empty store)."""
+        return int(self._read("SELECT COALESCE(MAX(id), 0) AS n FROM evaluations")[0]["n"])
+
+    def own_rows(self, search_id: int, keys: Sequence[tuple[str, str, int]]) -> dict[tuple[str, str, int], Evaluation]:
+        """The rows this search itself holds for (genome_hash, train_config_hash, replicate) keys."""
+        wanted, found = set(keys), {}
+        hashes = sorted({h for h, _, _ in keys})
+        for start in range(0, len(hashes), CHUNK):
+            chunk = hashes[start:start + CHUNK]
+            for row in self._read(f"SELECT * FROM evaluations WHERE search_id = ? AND genome_hash IN"
+                                  f" ({placeholders(len(chunk))})", (search_id, *chunk)):
+                key = (row["genome_hash"], row["train_config_hash"], row["replicate"])
+                if key in wanted:
+                    found[key] = self._evaluation(row)
+        return found
 
     # -- generations ----------------------------------------------------------------------------
 
@@ -614,6 +646,21 @@ class Store:
             tx.run("UPDATE workers SET left_at = {now}, task = NULL WHERE id = ? AND left_at IS NULL", (worker,))
             return n
         return self.db.write(free)
+
+    def reopen_failed_tests(self, search_id: int) -> int:
+        """Put the search's failed test retrainings back on the queue (and the search back to unfinished,
+        so that its workers take them); how many."""
+        failed = [t.id for t in self.tasks(search_id, "test") if t.state == "done" and (t.result or {}).get("status") != "ok"]
+
+        def reopen(tx: Transaction) -> None:
+            for task_id in failed:
+                tx.run("UPDATE tasks SET state = 'open', attempts = 0, result = NULL, worker = NULL, lost = NULL"
+                       " WHERE id = ?", (task_id,))
+            tx.run("UPDATE searches SET finished = NULL, summary = NULL WHERE id = ?", (search_id,))
+
+        if failed:
+            self.db.write(reopen)
+        return len(failed)
 
     def tasks(self, search_id: int, kind: Optional[str] = None) -> list[Task]:
         if kind is None:

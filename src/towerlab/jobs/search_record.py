@@ -1,0 +1,226 @@
+"""What a search job shows and writes: while its workers work, `Watch` follows the store (a line per
+generation as it completes, generations.jsonl, the first training's estimate, a progress bar on a
+terminal and otherwise a status line at least every `STATUS_EVERY` seconds); at the end, `write_record`
+writes best.json, the plots and summary.json from the store, whoever trained what.
+
+The output folder holds config.json, search.db (unless --store points elsewhere), generations.jsonl,
+best.json, fitness.png, accuracy_time.png, summary.json and, with --export-best, model.pt.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+
+import towerlab
+from towerlab import atomic
+from towerlab.config import dataset_label
+from towerlab.errors import UserError
+from towerlab.jobs.candidate import Model, candidate_config, retrain_command, train_candidate
+from towerlab.jobs.common import save_model
+from towerlab.report import (Reporter, format_cost, format_estimate, format_generation, format_top, plot_accuracy_time,
+                             plot_fitness)
+from towerlab.search import Search, SearchResult, evaluation_records
+from towerlab.search.history import GenerationStats
+from towerlab.search.store import Store
+
+# Seconds without a line after which a job without a progress bar says where its search stands.
+STATUS_EVERY = 30.0
+
+
+class Watch:
+    """Follows a search in its store for the job's console and generations.jsonl (see the module's
+    docstring). `step()` looks once; it returns whether anything was done since the last look."""
+
+    def __init__(self, store: Store, search: Search, out: Path, reporter: Reporter, workers: int,
+                 resumed: bool) -> None:
+        self.store, self.search, self.out, self.reporter, self.workers = store, search, out, reporter, workers
+        self.log = out / "generations.jsonl"
+        if resumed:
+            self.log.unlink(missing_ok=True)  # rewritten from the store as the generations are shown again
+        self.shown = 0  # generations shown
+        self.since = store.newest_evaluation()  # this start's evaluations come after
+        self.first: Optional[float] = None
+        self.trained = 0
+        self.last_line = time.monotonic()
+        self.started = time.monotonic()
+        self.replayed = {g.generation for g in store.generations(search.id) if g.complete}
+        if reporter.progress:
+            reporter.start_progress(search.plan["search"], 0, unit="net")
+
+    def step(self) -> bool:
+        assert self.search.id is not None
+        new = self.store.evaluations(self.search.id, after=self.since)
+        for row in new:
+            self.since = row.id
+            self.trained += 1
+            self.reporter.advance()
+            if self.first is None and row.status == "ok" and row.replicate == 0:
+                self.first = row.seconds
+                self._line(format_estimate(row.seconds, row.epochs, self.search.plan, self.workers))
+        for gen in self.store.generations(self.search.id)[self.shown:]:
+            if not gen.complete:
+                break
+            stats = GenerationStats(**gen.stats, replayed=gen.generation in self.replayed)
+            self._line(format_generation(stats, self.search.generations))
+            with open(self.log, "a", encoding="utf-8") as f:
+                f.write(atomic.json_text(stats.to_json(), sort_keys=True) + "\n")
+            self.shown += 1
+        if not self.reporter.progress and time.monotonic() - self.last_line > STATUS_EVERY:
+            self._line(self.status())
+        return bool(new)
+
+    def status(self) -> str:
+        """Where the search stands: its generation, its queue, its workers."""
+        assert self.search.id is not None
+        counts = self.store.queue_counts(self.search.id)
+        active = sum(1 for w in self.store.workers() if w["left_at"] is None and w["search_id"] == self.search.id)
+        return (f"Generation {self.shown + 1}/{self.search.generations}: {self.trained} training(s) done since this "
+                f"start, {counts['claimed']} in progress on {active} worker(s), {counts['open']} waiting "
+                f"({time.monotonic() - self.started:.0f} s)")
+
+    def _line(self, text: str) -> None:
+        self.reporter.line(text)
+        self.last_line = time.monotonic()
+
+    def close(self) -> None:
+        self.reporter.end_progress()
+
+
+def test_results(result: SearchResult, store: Store, has_test: bool, reporter: Reporter) -> tuple[list[dict], list[float]]:
+    """The top networks as the record lists them, and the seconds of every test retraining the
+    search made. A top genome's validation accuracy is the mean over its seeds (the evaluation's, then
+    its re-measures'), listed with their spread; its test accuracy is the evaluation's network's,
+    retrained with its seed by a test task (`towerlab.search.queue`)."""
+    rows, evaluations = [], []
+    for t in result.top:
+        evaluation = store.lookup(t.genome_hash, t.train_config_hash, result.search_id)
+        evaluations.append(evaluation)
+        rows.append({"genome": t.genome, "genome_hash": t.genome_hash, "val_accuracy": t.fitness,
+                     "val_accuracy_sd": t.spread, "val_accuracies": list(t.fitnesses), "seeds": list(t.seeds),
+                     "val_loss": t.val_loss, "seed": t.seed, "epochs": t.epochs, "rung": t.rung,
+                     "max_epochs": evaluation.max_epochs, "test_accuracy": evaluation.test_accuracy})
+    tasks = {(task.candidate.genome_hash, task.train_config_hash): task
+             for task in store.tasks(result.search_id, "test") if task.state == "done"}
+    if not has_test and rows:  # arrays given without test=: nothing to score a retraining on
+        reporter.line("No test split: the top networks are not retrained for a test accuracy (give test= to have "
+                      "them tested)")
+    for t, evaluation in zip(result.top, evaluations):
+        task = tasks.get((t.genome_hash, t.train_config_hash))
+        outcome = None if task is None else task.result
+        if outcome is None:
+            continue
+        if outcome.get("status") != "ok" or outcome.get("test_accuracy") is None:
+            reporter.line(f"towerlab: warning: retraining a top network failed ({outcome.get('reason')}); "
+                          "its test accuracy stays unknown")
+        elif outcome["fitness"] != evaluation.fitness:
+            reporter.line(f"towerlab: warning: a retrained top network reached validation accuracy "
+                          f"{outcome['fitness']:.4f}, not {evaluation.fitness:.4f} (non-deterministic kernels)")
+    seconds = [task.result.get("seconds", 0.0) for task in tasks.values() if task.result]
+    return rows, seconds
+
+
+def cost(store: Store, search_id: int, tested: list[float]) -> dict:
+    """The trainings the search made, by purpose, each with its seconds of training: the search's own
+    (every rung of every candidate it trained), the re-measures of the networks it was about to
+    crown, and the retrainings that gave the top networks their test accuracy."""
+    rows = store.evaluations(search_id)
+
+    def part(seconds: list[float]) -> dict:
+        return {"trainings": len(seconds), "train_seconds": math.fsum(seconds)}
+
+    return {"search": part([e.seconds for e in rows if e.replicate == 0]),
+            "remeasure": part([e.seconds for e in rows if e.replicate > 0]), "test": part(tested)}
+
+
+def numerics_used(store: Store, result: SearchResult) -> list[dict]:
+    """The distinct numerics (device, threads, precision, torch) of the trainings this search made
+    and of those the store served its top from (another search's, in a shared store); unknown
+    ones (rows from before they were recorded) left out."""
+    rows = [*store.evaluations(result.search_id),
+            *(store.lookup(t.genome_hash, t.train_config_hash, result.search_id) for t in result.top)]
+    used = {json.dumps(r.numerics, sort_keys=True) for r in rows if r is not None and r.numerics}
+    return [json.loads(n) for n in sorted(used)]
+
+
+def numerics_text(numerics: dict) -> str:
+    return (f"{numerics.get('device')}, {numerics.get('threads')} thread(s), {numerics.get('precision')}, "
+            f"torch {numerics.get('torch')}")
+
+
+def all_failed(result: SearchResult, out: Path) -> str:
+    """The line that ends a search in which no candidate succeeded: the search failed, whatever it wrote."""
+    genomes = {m.genome_hash: m for g in result.history for m in g.members}
+    reason = next((m.reason for m in genomes.values() if m.reason), "unknown")
+    return (f"all {len(genomes)} candidates failed (the first: {reason}), so there is no network to report: "
+            f"`towerlab search show {out}` lists each failure")
+
+
+def write_record(kind: str, search: Search, model: Model, out: Path, store: Store, result: SearchResult,
+                 reporter: Reporter, *, seconds: float, data_source: dict, has_test: bool,
+                 cpu_threads: Optional[int], workers: int) -> list[dict]:
+    """Print the top and the cost, and write best.json, the plots and summary.json; the top's rows.
+    `cpu_threads`: a CPU candidate's threads (None on GPUs)."""
+    cfg, space = search.cfg, search.space
+    top, tested = test_results(result, store, has_test, reporter)
+    if top:
+        reporter.line(format_top(top))
+    spent = cost(store, result.search_id, tested)
+    reporter.line(format_cost(spent))
+    used = numerics_used(store, result)
+    if len(used) > 1:
+        reporter.line(f"towerlab: warning: this search's results were computed on {len(used)} kinds of "
+                      f"device or torch ({'; '.join(numerics_text(n) for n in used)}): results that differ "
+                      f"in their last digits are compared; `towerlab search show {out} --csv` says which is which")
+    if data_source.get("fallback"):  # on the last lines, where it cannot scroll away
+        reporter.line("Trained on the OFFLINE FALLBACK DATA, not the full dataset: not comparable with "
+                      "MNIST results")
+    best = top[0] if top else None
+    if best is not None:
+        atomic.write_json(out / "best.json", {
+            "genome": best["genome"], "val_accuracy": best["val_accuracy"], "val_accuracy_sd": best["val_accuracy_sd"],
+            "val_accuracies": best["val_accuracies"], "seeds": best["seeds"], "test_accuracy": best["test_accuracy"],
+            "seed": best["seed"], "model": space.model, "dataset": cfg.dataset,
+            "command": retrain_command(cfg, model, best["genome"], best["seed"], best["max_epochs"], cpu_threads)})
+    stats = [g.stats.to_json() for g in result.history]
+    title = f"{cfg.sampler}: {Path(space.name).stem} on {dataset_label(cfg.dataset)}"
+    plot_fitness(stats, out / "fitness.png", title)
+    plot_accuracy_time([r for r in evaluation_records(store) if r["search"] == result.search_id],
+                       out / "accuracy_time.png", title)
+    atomic.write_json(out / "summary.json", {
+        "kind": kind, "sampler": cfg.sampler, "space": space.name, "model": space.model, "dataset": cfg.dataset,
+        "data_source": data_source, "data_fallback": bool(data_source.get("fallback")),
+        "best_genome": best["genome"] if best else None,
+        "best_val_accuracy": best["val_accuracy"] if best else None,
+        "best_val_accuracy_sd": best["val_accuracy_sd"] if best else None,
+        "best_test_accuracy": best["test_accuracy"] if best else None,
+        "top": top, "evaluations": result.evaluations, "cache_hits": result.cache_hits,
+        "failures": result.failures, "generations": result.generations, "trainings": result.trainings,
+        "train_seconds": result.train_seconds, "cost": spent, "numerics": used, "seconds": seconds,
+        "workers": workers, "device_type": search.setup.get("device"), "search_id": result.search_id,
+        "generation_stats": stats, "seed": cfg.seed, "torch_version": torch.__version__,
+        "towerlab_version": towerlab.__version__})
+    if not top:
+        raise UserError(all_failed(result, out))
+    return top
+
+
+def export_best(search: Search, model: Model, best: dict, data: Any, device: torch.device, out: Path,
+                reporter: Reporter, stop: Any = None) -> None:
+    """model.pt of the winner: retrained exactly as it was evaluated (same seed, same budget, the
+    weights of its best epoch), so the file is the network whose accuracies are reported."""
+    cfg = search.cfg
+    reporter.line("Exporting the best network (retraining it) ...")
+    fields, result = train_candidate(cfg, model, best["genome"], best["seed"], data, device, test=True,
+                                     stop=stop, max_epochs=best["max_epochs"])
+    if result is None or fields["status"] != "ok":
+        raise UserError(f"retraining the best network failed ({fields.get('reason')}): model.pt not written")
+    save_model(out / "model.pt", result.model,
+               candidate_config(cfg, model, best["genome"], best["seed"], best["max_epochs"]), data)
+    test = f", test {result.test_accuracy:.4f}" if result.test_accuracy is not None else ", no test split"
+    reporter.line(f"Wrote {out / 'model.pt'} (validation {result.val_accuracy:.4f}{test})")

@@ -1,0 +1,220 @@
+"""A search's workers: processes that claim its tasks from the store and train them on one device each
+(`towerlab.search.queue`). `towerlab search run` starts them on this machine (`distributed.crew.Crew`,
+its own search only, with the data and model it loaded); `towerlab search worker STORE` starts them on
+any machine to join the searches of a store, each with its own data and model read as the search
+records them (`Search.setup`); under torchrun each rank is one.
+
+A joining worker trains a search only where its results are the search's own: the same device kind,
+the same CPU threads per candidate, the same data and model (the search's training-config hash, made
+again here, must be the one the search records). Otherwise it says why, once, and leaves that search
+to others.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+import torch
+
+from towerlab.config import ARRAYS_DATASET, CUSTOM_MODEL, RunConfig
+from towerlab.distributed.signals import Interrupted, StopFlag
+from towerlab.errors import UserError
+from towerlab.fields import replace
+from towerlab.jobs.candidate import Model, estimated_cost, outcome, train_candidate, train_config_hash
+from towerlab.jobs.common import load_data, quiet
+from towerlab.search import Candidate, Outcome, Search
+from towerlab.search.queue import Worker, lease_seconds, release_the_dead
+from towerlab.search.store import Store, Task
+
+# What a search records of its model in its setup when the model is a function given from Python, which
+# no other process can load.
+FROM_PYTHON = "a function given from Python"
+
+
+def worker_name(device: str, pid: int) -> str:
+    """A worker's name, unique in a store: its host, its process, its device."""
+    return f"{socket.gethostname()}:{pid}:{device}"
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """What a worker process needs besides its device: the store (its file or URL, with any password),
+    the run's settings (device kind, data folder, downloads), the workers per device, the CPU threads per
+    candidate (None: each search's own), the searches to work on (None: every search it can join), and
+    whether it waits for new work when there is none."""
+
+    store: str
+    run: RunConfig
+    per_device: int = 1
+    threads: Optional[int] = None
+    search_ids: Optional[tuple[int, ...]] = None
+    wait: bool = False
+    speaks: bool = False
+
+
+def work(slot: int, _slots: int, _reports: str, spec: WorkerSpec, data: Any = None, fallback: Optional[bool] = None,
+         function: Any = None) -> None:
+    """A Crew's worker process: slot `slot` on its device."""
+    kind = spec.run.device
+    device = torch.device("cuda", slot // spec.per_device) if kind == "cuda" else torch.device("cpu")
+    run_worker(spec, device, data, fallback, function, speaks=spec.speaks and slot == 0)
+
+
+def run_worker(spec: WorkerSpec, device: torch.device, data: Any = None, fallback: Optional[bool] = None,
+               function: Any = None, speaks: bool = False) -> int:
+    """Work on the store's searches on `device` until none is left (or Ctrl-C / SIGTERM: the task in
+    flight goes back on the queue). `data`, `fallback`, `function`: what the search's own job hands its
+    workers (the data it loaded, or whether it fell back offline; its model function)."""
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    name = worker_name(str(device), os.getpid())
+    with StopFlag() as stop, Store(spec.store, create=False) as store:
+        def check_stop() -> None:
+            if stop.signum:
+                raise Interrupted(stop.signum)
+
+        trainers = Trainers(spec, device, name, stop, data, fallback, function)
+        worker = Worker(store, name, device.type, trainers.trainer, search_ids=spec.search_ids,
+                        joinable=trainers.joinable, priority=trainers.priority, wait=spec.wait, speaks=speaks,
+                        check_stop=check_stop)
+        return worker.run()
+
+
+@dataclass
+class _Setup:
+    """How this worker trains one search: its data, its model, its CPU threads per candidate."""
+
+    data: Any
+    model: Model
+    threads: Optional[int]
+
+
+class Trainers:
+    """What trains a task of each search in this worker, made once per search (see the module's docstring)."""
+
+    def __init__(self, spec: WorkerSpec, device: torch.device, name: str, stop: StopFlag, data: Any = None,
+                 fallback: Optional[bool] = None, function: Any = None) -> None:
+        self.spec, self.device, self.name, self.stop = spec, device, name, stop
+        self.given, self.fallback, self.function = data, fallback, function
+        self._setups: dict[int, _Setup] = {}
+
+    def joinable(self, search: Search) -> Optional[str]:
+        """Why this worker cannot train `search`, or None."""
+        try:
+            self.setup(search)
+        except UserError as exc:
+            return str(exc)
+        return None
+
+    def setup(self, search: Search) -> _Setup:
+        assert search.id is not None
+        if search.id in self._setups:
+            return self._setups[search.id]
+        recorded = search.setup
+        if not recorded:
+            raise UserError("it was made by an older towerlab, which did not record how its workers train: continue it "
+                            "with `towerlab search run --resume`")
+        if recorded.get("device") != self.device.type:
+            raise UserError(f"it trains on {recorded.get('device')}, this worker on {self.device.type} (start the worker "
+                            f"with --device {recorded.get('device')})")
+        threads = self.spec.threads if self.spec.threads is not None else recorded.get("threads")
+        model = self._model(search)
+        data = self._data(search)
+        if train_config_hash(search.cfg, self.device.type, threads, data.source, model) != search.train_config_hash:
+            raise UserError("its training settings differ from this worker's (the data's content, CPU threads per "
+                            "candidate, the model function's source, or the towerlab version): results here would "
+                            "not be the search's")
+        self._setups[search.id] = setup = _Setup(data.to(self.device), model, threads)
+        return setup
+
+    def _model(self, search: Search) -> Model:
+        if search.space.model != CUSTOM_MODEL:
+            return search.space.model
+        if self.function is not None:
+            return self.function
+        spec = search.setup.get("model")
+        if not spec or spec == FROM_PYTHON:
+            raise UserError("its networks come from a function given from Python, which only its own process has")
+        from towerlab.models.custom import load_function
+
+        return load_function(spec)
+
+    def _data(self, search: Search) -> Any:
+        if self.given is not None:
+            return self.given
+        cfg, recorded = search.cfg, search.setup.get("data", {})
+        if cfg.dataset == ARRAYS_DATASET:
+            raise UserError("its data are arrays given from Python, which only its own process has")
+        fallback = self.fallback if self.fallback is not None else bool(recorded.get("fallback"))
+        return load_data(cfg.dataset, cfg.val_size, self.spec.run, download=self.fallback is None,
+                         allow_fallback=False, fallback_only=fallback, log=quiet)
+
+    def trainer(self, search: Search) -> Callable[[Task], tuple[Outcome, Optional[float]]]:
+        setup = self.setup(search)
+
+        def train(task: Task) -> tuple[Outcome, Optional[float]]:
+            if setup.threads is not None and torch.get_num_threads() != setup.threads:
+                torch.set_num_threads(setup.threads)
+            c = task.candidate
+            fields, _ = train_candidate(search.cfg, setup.model, c.genome, c.seed, setup.data, self.device,
+                                        test=task.kind == "test", stop=self.stop, max_epochs=c.max_epochs)
+            return outcome({**fields, "worker": self.name}), fields.get("test_accuracy")
+
+        return train
+
+    def priority(self, search: Search) -> Callable[[Candidate], float]:
+        """Largest first: a generation then ends on small candidates, not on a big one that started last
+        while the other workers sat idle."""
+        setup = self.setup(search)
+        shape, classes = setup.data.input_shape, setup.data.num_classes
+        return lambda c: estimated_cost(search.cfg, setup.model, c.genome, shape, classes, c.max_epochs)
+
+
+def start_workers(target: str, run: RunConfig, *, per_device: int = 1, search_id: Optional[int] = None,
+                  wait: bool = False, start_method: Optional[str] = None) -> int:
+    """`towerlab search worker`: this machine's workers (one per device, or per core on a CPU, times
+    `per_device`) join the searches of the store at `target` (or search `search_id` alone) until
+    nothing is left to do (with `wait`, until Ctrl-C); the exit status."""
+    from towerlab.distributed.crew import Crew, CrewFailed
+    from towerlab.distributed.env import check_capacity, device_type, search_threads, search_workers
+    from towerlab.distributed.launch import start_method_for
+    from towerlab.search.database import is_url, redacted
+
+    kind = device_type(run.device)
+    devices = search_workers(run.devices, run.device)
+    slots = devices * per_device
+    check_capacity(slots, search_threads(run.threads, kind, slots), f"--devices {devices} x --workers-per-device "
+                                                                      f"{per_device}")
+    lease_seconds()  # a bad TOWERLAB_LEASE_SECONDS is refused before anything starts
+    where = redacted(target) if is_url(target) else target
+    with Store(target, create=False) as store:
+        release_the_dead(store)
+        if search_id is not None and store.search(search_id) is None:
+            raise UserError(f"store {where} holds no search {search_id}: `towerlab search show {where}` lists them")
+        unfinished = [row.id for row in store.unfinished_searches()]
+        which = (f"search {search_id}" if search_id is not None
+                 else f"its {len(unfinished)} unfinished search(es)" + (" and those to come" if wait else ""))
+        print(f"towerlab search worker: {slots} worker(s) on {kind} joining {which} of {where}", file=sys.stderr,
+              flush=True)
+        spec = WorkerSpec(store=target, run=replace(run, device=kind), per_device=per_device, threads=run.threads,
+                          search_ids=None if search_id is None else (search_id,), wait=wait)
+
+        def lost(slot: int, pid: int, how: str) -> None:
+            store.release(worker_name(f"cuda:{slot // per_device}" if kind == "cuda" else "cpu", pid), how)
+
+        method = start_method or start_method_for(kind)
+        try:
+            with StopFlag() as stop, Crew(work, slots, (spec,), start_method=method, on_lost=lost) as crew:
+                while crew.running():
+                    if stop.signum:
+                        crew.stop(stop.signum)
+                        raise Interrupted(stop.signum)
+                    crew.watch(1.0)
+        except CrewFailed as exc:
+            raise UserError(str(exc)) from None
+    print("towerlab search worker: nothing left to do", file=sys.stderr, flush=True)
+    return 0

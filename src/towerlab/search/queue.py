@@ -1,0 +1,357 @@
+"""The store is the queue: every worker, on any machine, plays the search against its store and trains
+the tasks it claims there. No process coordinates the others, and nothing a worker holds only in memory
+is needed by anyone else.
+
+A worker is one process with two kinds of thread:
+
+- its main thread claims a task (`Store.claim`: one transaction, a lease on the database's clock),
+  trains it while a helper thread renews the lease, and writes the result and closes the task in one
+  transaction (`Store.complete`), only while it still holds the lease;
+- one driver thread per search it works on plays the search (`towerlab.search.engine.play`) through a
+  `QueueTrainer`: the candidates that the store cannot serve go on the queue (each once, whoever puts
+  them there first), and the trainer returns when the store holds a result for each, whoever trained
+  it. A pruned rung's sure promotions go on the queue as results come in. When the search's top is
+  crowned, the retrainings that give it its test accuracy go on the queue too, and the first driver to
+  see them done writes the summary: the search is finished.
+
+Every driver of a search plays the same game: the sampler proposes from the seed and the stored
+history in a fixed order, the first driver to record a generation's members records them (the others
+check that theirs are the same), the cache serves a generation only rows older than it (its
+watermark), so the history is the same whoever proposed, trained or died, and however many workers
+joined. A worker that starts late claims open tasks at once while its driver catches up.
+
+Faults: a worker that dies holding a task stops renewing its lease; after `lease` seconds any worker
+claims the task again (a local launcher that sees its worker die puts the task back at once). A worker
+that comes back after its lease lapsed cannot write a result. A task whose workers were lost
+MAX_ATTEMPTS times (an out-of-memory kill that recurs) is recorded as failed, with that reason, and
+the search goes on. No torch here: what trains a task is given by the job (`trainer_for`).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import socket
+import sys
+import threading
+import time
+from typing import Callable, Optional, Sequence
+
+from towerlab.errors import UserError
+from towerlab.search.candidates import Candidate, Outcome
+from towerlab.search.engine import finish_search, play
+from towerlab.search.history import TopGenome
+from towerlab.search.search import Search
+from towerlab.search.store import Evaluation, Store, Task
+
+LEASE_ENV = "TOWERLAB_LEASE_SECONDS"
+DEFAULT_LEASE = 30.0  # seconds a claim holds without renewal; renewed every third of it
+MIN_LEASE = 3.0
+# Claims of one task by workers that were lost before it is recorded as failed: a killed worker's
+# candidate is retried, one that kills every worker that trains it (out of memory) is not, forever.
+MAX_ATTEMPTS = 3
+POLL = (0.05, 1.0)  # seconds between looks at the store for new results or tasks: first, at most
+SEARCHES_EVERY = 2.0  # seconds between looks for new searches to join
+
+
+def lease_seconds() -> float:
+    """Seconds a claimed task stays a worker's without renewal: $TOWERLAB_LEASE_SECONDS, else 30."""
+    text = os.environ.get(LEASE_ENV, "").strip()
+    if not text:
+        return DEFAULT_LEASE
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value < MIN_LEASE:
+        raise UserError(f"{LEASE_ENV}={text!r}: give a number of seconds, at least {MIN_LEASE:g} "
+                        "(a worker renews its lease every third of it)")
+    return value
+
+
+def worker_name(device: str) -> str:
+    """A worker's name, unique in a store: its host, its process, its device."""
+    return f"{socket.gethostname()}:{os.getpid()}:{device}"
+
+
+def release_the_dead(store: Store) -> int:
+    """Put back at once the tasks held by workers of this machine whose process is gone (killed with
+    their launcher, say), rather than wait for their leases; how many."""
+    host, freed = socket.gethostname(), 0
+    for w in store.workers():
+        if w["host"] == host and w["left_at"] is None and not _alive(int(w["pid"])):
+            freed += store.release(w["id"], "ended without a word (its process is gone)")
+    return freed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process
+    return True
+
+
+class Stopping(Exception):
+    """Raised in a driver thread when its worker stops: the search is left as the store holds it."""
+
+
+TaskTrainer = Callable[[Task], "tuple[Outcome, Optional[float]]"]
+
+
+class QueueTrainer:
+    """A `Trainer` whose candidates are trained by whichever worker claims them from the store: it puts
+    on the queue those that no result serves yet and returns once each has one."""
+
+    def __init__(self, store: Store, search: Search, priority: Callable[[Candidate], float],
+                 wake: threading.Event, stopping: threading.Event) -> None:
+        self.store, self.search, self.priority, self.wake, self.stopping = store, search, priority, wake, stopping
+
+    def __call__(self, candidates: list[Candidate], record: object) -> None:
+        served: Callable[[Candidate, Evaluation], None] = getattr(record, "served")
+        more: Callable[[], list[Candidate]] = getattr(record, "more", lambda: [])
+        hash_of: Callable[[Candidate], str] = getattr(record, "train_config_hash")
+        search_id = self.search.id
+        assert search_id is not None
+        since = self.store.newest_evaluation()
+        pending: dict[tuple[str, str, int], Candidate] = {}
+
+        def add(new: Sequence[Candidate]) -> list[tuple[Candidate, Evaluation]]:
+            keys = {(c.genome_hash, hash_of(c), c.replicate): c for c in new}
+            found = self.store.own_rows(search_id, list(keys))
+            self.store.enqueue(search_id, "train", [(c, key[1], self.priority(c)) for key, c in keys.items()
+                                                    if key not in found])
+            pending.update((key, c) for key, c in keys.items() if key not in found)
+            return [(keys[key], row) for key, row in found.items()]
+
+        ready = add(candidates)
+        wait = POLL[0]
+        while True:
+            while ready:
+                candidate, row = ready.pop(0)
+                served(candidate, row)
+                ready.extend(add(more()))
+            if not pending:
+                return
+            if self.stopping.is_set():
+                raise Stopping
+            self.wake.wait(wait)
+            self.wake.clear()
+            rows = self.store.evaluations(search_id, after=since)
+            for row in rows:
+                since = max(since, row.id)
+                candidate = pending.pop((row.genome_hash, row.train_config_hash, row.replicate), None)
+                if candidate is not None:
+                    ready.append((candidate, row))
+            wait = POLL[0] if rows else min(2 * wait, POLL[1])
+
+
+class Driver(threading.Thread):
+    """Plays one search in a worker (see the module's docstring) until it is finished: `done`; or
+    records what stopped it: `error`."""
+
+    def __init__(self, store: Store, search_id: int, priority: Callable[[Search], Callable[[Candidate], float]],
+                 worker_wake: threading.Event, log: Optional[Callable[[str], None]] = None) -> None:
+        super().__init__(name=f"towerlab-search-{search_id}", daemon=True)
+        self.store, self.search_id, self.priority, self.worker_wake, self.log = (store, search_id, priority,
+                                                                                 worker_wake, log)
+        self.wake, self.stopping = threading.Event(), threading.Event()
+        self.done = False
+        self.error: Optional[BaseException] = None
+
+    def run(self) -> None:
+        try:
+            while not self._finished():
+                search = Search.open(self.store, self.search_id)
+                trainer = QueueTrainer(self.store, search, self.priority(search), self.wake, self.stopping)
+                history, top = play(search, self.store, trainer, on_progress=self.log)
+                self._test(search, top, trainer)
+                # Written only under the settings it was played with: a resume that changed them
+                # (more generations) has the search played again.
+                finish_search(self.store, search, history, top)
+            self.done = True
+        except Stopping:
+            pass
+        except BaseException as exc:  # noqa: BLE001 - handed to the worker's main thread
+            self.error = exc
+        finally:
+            self.worker_wake.set()
+
+    def _finished(self) -> bool:
+        row = self.store.search(self.search_id)
+        return row is None or row.finished is not None
+
+    def _test(self, search: Search, top: list[TopGenome], trainer: QueueTrainer) -> None:
+        """Queue the retraining of each top network whose test accuracy is unknown, with the seed of its
+        evaluation (the same network, scored on the test split), and wait until each is done."""
+        if not search.setup.get("test", True):
+            return
+        assert search.id is not None
+        wanted = []
+        for t in top:
+            row = self.store.lookup(t.genome_hash, t.train_config_hash, search.id)
+            if row is not None and row.test_accuracy is None:
+                wanted.append((Candidate(t.generation, row.index, t.genome, t.genome_hash, t.seed, row.max_epochs),
+                               t.train_config_hash))
+        if not wanted:
+            return
+        self.store.enqueue(search.id, "test", [(c, tch, trainer.priority(c)) for c, tch in wanted])
+        keys = {(c.genome_hash, tch) for c, tch in wanted}
+        wait = POLL[0]
+        while True:
+            open_ = [t for t in self.store.tasks(search.id, "test")
+                     if (t.candidate.genome_hash, t.train_config_hash) in keys and t.state != "done"]
+            if not open_:
+                return
+            if self.stopping.is_set():
+                raise Stopping
+            self.wake.wait(wait)
+            self.wake.clear()
+            wait = min(2 * wait, POLL[1])
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.wake.set()
+
+
+class Worker:
+    """One worker process's loop (see the module's docstring). `trainer_for(search)` trains a task of
+    that search in this process, returning its outcome and, for a test task, the test accuracy; a
+    candidate's failure is a failed outcome, an exception escaping it stops the worker. `search_ids`:
+    the searches to work on (None: every unfinished search of the store that `joinable(search)`
+    admits; it returns why not, or None). The worker leaves when none is left to work on, unless
+    `wait`, and between tasks whenever `check_stop` raises."""
+
+    def __init__(self, store: Store, name: str, device: str, trainer_for: Callable[[Search], TaskTrainer], *,
+                 search_ids: Optional[Sequence[int]] = None,
+                 joinable: Callable[[Search], Optional[str]] = lambda search: None,
+                 priority: Callable[[Search], Callable[[Candidate], float]] = lambda search: lambda c: 0.0,
+                 lease: Optional[float] = None, wait: bool = False, speaks: bool = False,
+                 check_stop: Callable[[], None] = lambda: None,
+                 log: Optional[Callable[[str], None]] = None) -> None:
+        self.store, self.name, self.device, self.trainer_for = store, name, device, trainer_for
+        self.search_ids = None if search_ids is None else list(search_ids)
+        self.joinable, self.priority = joinable, priority
+        self.lease = lease_seconds() if lease is None else lease
+        self.wait, self.speaks, self.check_stop = wait, speaks, check_stop
+        self.log = log or (lambda line: print(line, file=sys.stderr, flush=True))
+        self.drivers: dict[int, Driver] = {}
+        self.searches: dict[int, Search] = {}
+        self.refused: dict[int, str] = {}
+        self.trained = 0
+        self._wake = threading.Event()
+        self._looked = -math.inf
+
+    def run(self) -> int:
+        """Work until nothing is left; returns how many tasks this worker trained."""
+        self.store.join(self.name, socket.gethostname(), os.getpid(), self.device)
+        try:
+            wait = POLL[0]
+            while True:
+                self.check_stop()
+                self._follow()
+                task = self.store.claim(self.name, list(self.drivers), self.lease, MAX_ATTEMPTS)
+                if task is not None:
+                    self._work(task)
+                    wait = POLL[0]
+                    continue
+                if not self.drivers and not self.wait and self._nothing_to_join():
+                    return self.trained
+                self._wake.wait(wait)
+                self._wake.clear()
+                wait = min(2 * wait, POLL[1])
+        finally:
+            for driver in self.drivers.values():
+                driver.stop()
+            for driver in self.drivers.values():
+                driver.join(timeout=5)  # one inside a long proposal holds nothing the store lacks
+            self.store.leave(self.name)
+
+    def _nothing_to_join(self) -> bool:
+        """Whether every search this worker would join is finished (or refused it)."""
+        if self.search_ids is not None:
+            return all(self._finished(i) or i in self.refused for i in self.search_ids)
+        return all(row.id in self.refused for row in self.store.unfinished_searches())
+
+    def _finished(self, search_id: int) -> bool:
+        row = self.store.search(search_id)
+        return row is None or row.finished is not None
+
+    def _follow(self) -> None:
+        """Start a driver for each search to join, drop those whose search is finished; a driver's
+        error stops the worker."""
+        for search_id, driver in list(self.drivers.items()):
+            if driver.error is not None:
+                raise driver.error
+            if driver.done:
+                del self.drivers[search_id]
+        now = time.monotonic()
+        if now - self._looked < SEARCHES_EVERY and (self.drivers or self.search_ids is None):
+            return
+        self._looked = now
+        if self.search_ids is not None:
+            candidates = [i for i in self.search_ids if not self._finished(i)]
+        else:
+            candidates = [row.id for row in self.store.unfinished_searches()]
+        for search_id in candidates:
+            if search_id in self.drivers or search_id in self.refused:
+                continue
+            search = Search.open(self.store, search_id)
+            why = self.joinable(search)
+            if why is not None:
+                self.refused[search_id] = why
+                self.log(f"towerlab: worker {self.name}: not joining search {search_id} of {self.store.path}: {why}")
+                continue
+            self.searches[search_id] = search
+            driver = Driver(self.store, search_id, self.priority, self._wake, self.log if self.speaks else None)
+            self.drivers[search_id] = driver
+            driver.start()
+
+    def _work(self, task: Task) -> None:
+        search = self.searches[task.search_id]
+        if task.lost:
+            self.log(f"towerlab: worker {self.name}: training a task of search {task.search_id} again, "
+                     f"attempt {task.attempts} ({task.lost})")
+        renewing = _Renewal(self.store, task, self.name, self.lease)
+        try:
+            outcome, test_accuracy = self.trainer_for(search)(task)
+        except BaseException:
+            renewing.stop()
+            self.store.put_back(task, self.name)
+            raise
+        renewing.stop()
+        done, _ = self.store.complete(task, self.name, outcome, test_accuracy)
+        if done:
+            self.trained += 1
+        else:
+            self.log(f"towerlab: warning: worker {self.name} lost its lease on a task of search {task.search_id} "
+                     f"(generation {task.candidate.generation + 1}, member {task.candidate.index}) while training "
+                     "it: another worker took it over, and this result is dropped")
+        driver = self.drivers.get(task.search_id)
+        if driver is not None:
+            driver.wake.set()
+
+
+class _Renewal(threading.Thread):
+    """Renews a worker's lease on its task every third of the lease, until stopped."""
+
+    def __init__(self, store: Store, task: Task, worker: str, lease: float) -> None:
+        super().__init__(name="towerlab-lease", daemon=True)
+        self.store, self.task, self.worker, self.lease = store, task, worker, lease
+        self._stopped = threading.Event()
+        self.start()
+
+    def run(self) -> None:
+        while not self._stopped.wait(self.lease / 3):
+            try:
+                if not self.store.renew(self.task, self.worker, self.lease):
+                    return  # lost: `complete` will say so
+            except Exception:  # noqa: BLE001 - the store is out of reach: the lease may lapse, a result is never doubled
+                continue
+
+    def stop(self) -> None:
+        self._stopped.set()
+        if self is not threading.current_thread():
+            self.join(timeout=60)

@@ -1,0 +1,206 @@
+"""A search, resolved once: its settings with every default and sampler setting decided (re-measuring
+included), its space, pruner and plan, and once it is in a store, its id, the hash of its training
+settings and how its workers train (`setup`). The job, every worker and `towerlab search show` take
+this one object, as Optuna's processes take one Study:
+
+- `Search.resolve(cfg, space)` makes every refusal that needs no store, before anything is written;
+- `search.create(store, ...)` records a new search, `search.resume(store, id)` checks that a stored one
+  is the same and continues it;
+- `Search.open(store, id)` rebuilds it from the store alone, as a worker on another machine does.
+
+`search.run(store, train)` plays it (`towerlab.search.engine`): against a store, through a `Trainer`.
+No torch here.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import uuid
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Callable, Optional
+
+from towerlab.config import SearchConfig
+from towerlab.errors import UserError
+from towerlab.fields import to_dict
+from towerlab.search.pruners import Pruner, make_pruner
+from towerlab.search.samplers import Sampler, make_sampler, resolved_settings
+from towerlab.search.space import Space, load_space, space_of
+
+if TYPE_CHECKING:
+    from towerlab.search.candidates import Trainer
+    from towerlab.search.history import GenerationStats, SearchResult
+    from towerlab.search.store import SearchRow, Store
+
+# What every search must keep to resume: it changes what is trained or how it is ranked (the
+# space and the training-config hash are checked as well, and each sampler adds what it `reads`).
+# Other settings (generations, max_evaluations, top, workers...) may change on resume.
+IDENTITY = ("seed", "remeasure", "min_epochs", "prune_factor", "prune_places")
+
+DEFAULT_REMEASURE = 2
+# Of a search's trainings, the most that default re-measuring may add: a quarter, because the
+# networks it re-measures are the largest ones as often as not, and races re-measure more (a quick
+# search of 8 one-epoch MNIST trainings with 2 seeds for its top 2 spent 98 s re-measuring against 92 s
+# searching: bench/results/quick-search-mnist-2026-11-25.json).
+REMEASURE_SHARE = 0.25
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What the plan needs of a search's sampler: its generations' size, the elite it re-measures
+    after each, and whether it proposes everything at once."""
+
+    population: int
+    elite: int
+    one_generation: bool
+
+    @classmethod
+    def of(cls, sampler: Sampler) -> Shape:
+        return cls(sampler.population, sampler.elite, sampler.one_generation)
+
+
+def planned_trainings(cfg: SearchConfig, shape: Shape) -> dict:
+    """The most trainings the search's budget holds, by purpose, and their epochs: `search`, members
+    trained for the first time (population x generations, or --max-evaluations); `rungs`, a pruned
+    search's promotions to its higher rungs (as many as its pruner's `most_promoted`);
+    `remeasure`, --remeasure K for the final top and for each later generation's elite; `test`, the
+    top once each. A store that serves some of them, early stopping and failures make fewer."""
+    generations = 1 if shape.one_generation else cfg.generations
+    search = shape.population * generations
+    if cfg.max_evaluations is not None:
+        search = min(search, cfg.max_evaluations)
+        # the generations the budget reaches, each with its promotions and elites (not --generations')
+        generations = min(generations, math.ceil(search / shape.population))
+    pruner = make_pruner(cfg)
+    ladder = pruner.rungs
+    promoted = [n * generations for n in pruner.most_promoted(shape.population)]
+    top = min(cfg.top, search)
+    remeasure = (cfg.remeasure or 0) * (top + min(shape.elite, shape.population) * (generations - 1))
+    return {"search": search, "rungs": sum(promoted), "remeasure": remeasure, "test": top,
+            "epochs": (search * ladder[0] + sum(n * e for n, e in zip(promoted, ladder[1:]))
+                       + (remeasure + top) * cfg.max_epochs)}
+
+
+def resolved_remeasure(cfg: SearchConfig, shape: Shape) -> SearchConfig:
+    """`cfg` with --remeasure decided: as given, else DEFAULT_REMEASURE fresh seeds, fewer (down to
+    none) where those would be more than REMEASURE_SHARE of the search's own trainings: a small
+    search should not spend longer re-measuring its winners than finding them."""
+    if cfg.remeasure is not None:
+        return cfg
+    per_seed = planned_trainings(replace(cfg, remeasure=1), shape)
+    most = int(per_seed["search"] * REMEASURE_SHARE // max(1, per_seed["remeasure"]))
+    return replace(cfg, remeasure=min(DEFAULT_REMEASURE, most))
+
+
+@dataclass(frozen=True)
+class Search:
+    """One search (see the module's docstring). `cfg` is resolved; `id`, `train_config_hash` and
+    `setup` are set once the search is in a store."""
+
+    cfg: SearchConfig
+    space: Space
+    shape: Shape
+    id: Optional[int] = None
+    train_config_hash: Optional[str] = None
+    setup: dict = field(default_factory=dict)
+    where: str = ""  # the store it is in, as messages name it
+
+    @classmethod
+    def resolve(cls, cfg: SearchConfig, space: Optional[Space] = None) -> Search:
+        """The search `cfg` describes, once every setting it would refuse has been (an unknown sampler,
+        a setting it refuses, a budget its generations cannot hold): a UserError, before anything is
+        written. Re-measuring and the sampler's own settings are decided here, as the search records them."""
+        space = space if space is not None else load_space(cfg.space)
+        shape = Shape.of(make_sampler(cfg, space))
+        return cls(resolved_settings(resolved_remeasure(cfg, shape)), space, shape)
+
+    @classmethod
+    def open(cls, store: Store, search_id: int) -> Search:
+        """A stored search, from the store alone (its settings were resolved when it was created)."""
+        row = store.search(search_id)
+        if row is None:
+            raise UserError(f"store {store.path} holds no search {search_id}")
+        return cls.of_row(row, str(store.path))
+
+    @classmethod
+    def of_row(cls, row: SearchRow, where: str) -> Search:
+        cfg = SearchConfig(**row.config)
+        space = space_of({"model": row.space["model"], "genes": row.space["genes"]}, row.space["name"],
+                         f"search {row.id} of store {where}")
+        return cls(cfg, space, Shape.of(make_sampler(cfg, space)), row.id, row.train_config_hash, row.setup or {},
+                   where)
+
+    # -- what the settings decide --------------------------------------------------------------------
+
+    @functools.cached_property
+    def pruner(self) -> Pruner:
+        return make_pruner(self.cfg)
+
+    @functools.cached_property
+    def plan(self) -> dict:
+        """`planned_trainings` of this search."""
+        return planned_trainings(self.cfg, self.shape)
+
+    @property
+    def generations(self) -> int:
+        """The generations it may run (1 for a sampler that proposes everything at once)."""
+        return 1 if self.shape.one_generation else self.cfg.generations
+
+    def new_sampler(self) -> Sampler:
+        """A sampler in its initial state, for one play of the search (samplers keep what they were told)."""
+        return make_sampler(self.cfg, self.space)
+
+    # -- in a store ------------------------------------------------------------------------------------
+
+    def create(self, store: Store, train_config_hash: str, setup: Optional[dict] = None,
+               token: Optional[str] = None) -> Search:
+        """This search recorded as a new search of `store`."""
+        setup = setup or {}
+        search_id = store.begin_search(self.cfg.sampler, to_dict(self.cfg), self.space, train_config_hash, setup,
+                                       token or uuid.uuid4().hex)
+        return replace(self, id=search_id, train_config_hash=train_config_hash, setup=setup, where=str(store.path))
+
+    def resume(self, store: Store, resume: int | bool, train_config_hash: str) -> Search:
+        """The stored search to continue (resume=True: the store's latest search with this sampler;
+        resume=ID: that one), after checking that it is this one; its budget may grow."""
+        cfg = self.cfg
+        row = store.latest_search(cfg.sampler) if resume is True else store.search(int(resume))
+        if row is None:
+            which = f"search {resume}" if resume is not True else f"{cfg.sampler} search"
+            raise UserError(f"store {store.path} holds no {which} to resume: start a new search without --resume")
+        if row.sampler != cfg.sampler:
+            raise UserError(f"search {row.id} in store {store.path} is a {row.sampler} search, not {cfg.sampler}")
+        if row.space_fingerprint != self.space.fingerprint:
+            raise UserError(f"store {store.path} was made for space {row.space['name']} "
+                            f"({row.space_fingerprint[:12]}), not {self.space.name} ({self.space.fingerprint[:12]}): "
+                            f"resume with the space it was made with, or start a new search elsewhere")
+        if row.train_config_hash != train_config_hash:
+            raise UserError(f"store {store.path} was made with other training settings (dataset, val-size, epochs, "
+                            f"patience, batch size, device kind, CPU threads per candidate, the model function's "
+                            f"source, or an older towerlab's): resume with the same ones")
+        config = to_dict(cfg)
+        for name in (*IDENTITY, *make_sampler(cfg, self.space).reads()):
+            if row.config.get(name) != config[name]:
+                raise UserError(f"store {store.path} holds a search with --{name.replace('_', '-')} "
+                                f"{row.config.get(name)}, not {config[name]}: resume with the same setting")
+        done = store.generations(row.id)
+        complete = sum(g.complete for g in done)
+        if cfg.generations < complete:
+            raise UserError(f"store {store.path} already holds {complete} complete generations: "
+                            f"resume with --generations {complete} or more")
+        trained = sum(g.stats["evaluated"] for g in done if g.complete)
+        if cfg.max_evaluations is not None and cfg.max_evaluations < trained:
+            raise UserError(f"store {store.path} already holds {trained} evaluations of this search: "
+                            f"resume with --max-evaluations {trained} or more")
+        if row.config != config or row.finished is None:
+            store.resume_search(row.id, config)
+        return replace(self, id=row.id, train_config_hash=row.train_config_hash, setup=row.setup or {},
+                       where=str(store.path))
+
+    def run(self, store: Store, train: Trainer, on_generation: Optional[Callable[[GenerationStats], None]] = None,
+            on_progress: Optional[Callable[[str], None]] = None) -> SearchResult:
+        """Play the search and record its summary (`towerlab.search.engine.play`)."""
+        from towerlab.search.engine import finish_search, play
+
+        history, top = play(self, store, train, on_generation, on_progress)
+        return finish_search(store, self, history, top)

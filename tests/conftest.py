@@ -1,0 +1,25 @@
+"""Fixtures shared by the tests (plain helpers live in util.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def postgres_server():
+    """A private PostgreSQL server for this test process (see postgres.py); the tests that take it skip
+    with the reason where none can be started."""
+    from postgres import Server
+
+    try:
+        server = Server()
+    except (RuntimeError, OSError) as exc:
+        pytest.skip(f"no PostgreSQL server for the tests: {exc}")
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def postgres_url(postgres_server) -> str:
+    """The URL of a new, empty database on the tests' server."""
+    return postgres_server.database()

@@ -10,6 +10,7 @@ import argparse
 import contextlib
 import difflib
 import os
+import shlex
 import sys
 from pathlib import Path
 from typing import Any, Iterator, Sequence
@@ -322,6 +323,9 @@ def _own_module_flag() -> Iterator[None]:
     try:
         yield
     except ModuleNeeded as exc:
+        if exc.function:  # model.pt names the function that built it: the very flag to give
+            raise UserError(f"{exc.path} holds a network built by a model function of yours: give the file that "
+                            f"defines it, --module {shlex.quote(exc.function)}") from None
         name = exc.module_class.rpartition(".")[2] if "." in exc.module_class else "NAME"
         raise UserError(f"{exc.path} holds a network of your own ({exc.module_class}): give the file that defines "
                         f"it, --module FILE.py:{name}") from None

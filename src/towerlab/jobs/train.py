@@ -37,6 +37,7 @@ from towerlab.distributed.launch import start_method_for
 from towerlab.distributed.signals import StopFlag
 from towerlab.errors import UserError
 from towerlab.models import keyword_options, not_taken
+from towerlab.models.custom import network_name
 from towerlab.jobs.common import (Job, OutputFolder, handed_over, load_data, read_config, require_out_under_torchrun,
                                   resolved_run, restarted_by_torchrun, save_model, start_job, stderr_line, worker_data,
                                   write_config)
@@ -157,7 +158,7 @@ def _process(rank: int, world_size: int, store_path: str | None, cfg: TrainConfi
     with StopFlag() as stop, session(rank=rank, world_size=world_size, store_path=store_path,
                                      timeout=run.timeout, device=run.device) as ctx:
         data = worker_data(ctx, functools.partial(train_data, cfg, run), data, fallback)
-        module = network_source(module, function, data, cfg.model_options)
+        module_given, module = module, network_source(module, function, data, cfg.model_options)
         network = check_setup(cfg, ctx.world_size, data, module)
         digests = content_sha256(data.source) if ctx.is_main else {}  # read once: start, resume check, summary
         resume_state = _start_state(cfg, run, ctx, out, digests, checkpoint.size_limit(network))
@@ -174,7 +175,8 @@ def _process(rank: int, world_size: int, store_path: str | None, cfg: TrainConfi
         try:
             if ctx.is_main:
                 resuming = "" if resume_state is None else f"{_resumes_from(resume_state['step'], cfg, data, ctx)}: "
-                reporter.line(f"towerlab: {resuming}{cfg.model} on {cfg.dataset} ({data.n_train} train / "
+                model = network_name(module_given, function) if cfg.model == CUSTOM_MODEL else cfg.model
+                reporter.line(f"towerlab: {resuming}{model} on {cfg.dataset} ({data.n_train} train / "
                               f"{data.n_val} val / {data.n_test} test), {ctx.world_size} x {ctx.device.type} replica(s), "
                               f"strategy {run.strategy}, input {run.input}, global batch "
                               f"{cfg.batch_size * ctx.world_size} -> {out}")
@@ -183,7 +185,7 @@ def _process(rank: int, world_size: int, store_path: str | None, cfg: TrainConfi
                            resume_state=resume_state, step_mode=run.step, stop=stop, source=module)
             if ctx.is_main:
                 summary = _summary(cfg, run, ctx, data, digests, result, out, time.time() - started)
-                save_model(out / "model.pt", result.model, cfg, data)
+                save_model(out / "model.pt", result.model, cfg, data, function=function)
                 atomic.write_json(out / "summary.json", summary)
                 reporter.record("test", step=result.steps, test_loss=result.test_loss,
                                 test_accuracy=result.test_accuracy)

@@ -10,11 +10,19 @@ import contextlib
 import json
 import os
 import sys
+import threading
+import time
 from pathlib import Path
-from typing import Any, Callable, TextIO
+from typing import Any, Callable, Iterator, TextIO
 
 from towerlab import atomic
 from towerlab.errors import UserError
+
+# The longest a run without a progress bar (no terminal: a log, a batch job) goes without a line.
+SILENCE_SECONDS = 30.0
+# A phase that prints nothing of its own (a compilation, an evaluation) is named once it has lasted
+# this long, and again every SILENCE_SECONDS: shorter ones stay silent, as before.
+PHASE_NOTICE_SECONDS = 5.0
 
 
 def require_tensorboard() -> Any:
@@ -38,19 +46,51 @@ def _interactive(stream: TextIO) -> bool:
     return hasattr(stream, "isatty") and stream.isatty()
 
 
+@contextlib.contextmanager
+def phase(what: str, say: Callable[[str], None], clock: Callable[[], float] = time.monotonic) -> Iterator[None]:
+    """Say `what` is under way (`say(f"{what} (N s so far)")`) once the block has lasted
+    PHASE_NOTICE_SECONDS, and again every SILENCE_SECONDS while it lasts, from a watcher thread: the
+    block itself is not touched, so a compilation or an evaluation runs as it would. Nothing is said
+    of a block that ends sooner."""
+    done = threading.Event()
+    started = clock()
+
+    def watch() -> None:
+        wait = PHASE_NOTICE_SECONDS
+        while not done.wait(wait):
+            say(f"{what} ({clock() - started:.0f} s so far)")
+            wait = SILENCE_SECONDS
+
+    watcher = threading.Thread(target=watch, name="towerlab-phase", daemon=True)
+    watcher.start()
+    try:
+        yield
+    finally:
+        done.set()
+        watcher.join()
+
+
 class Reporter:
     """`on_closed()` is called once if the console's reader goes away (`towerlab train | head -1`);
-    the lines after that are dropped, the files are still written."""
+    the lines after that are dropped, the files are still written.
+
+    Without a progress bar, a run is never silent for long: `advance` prints a progress line when
+    SILENCE_SECONDS have passed since the last line (read from `clock`, a host clock: no device
+    sync), and `phase` names a long phase that prints nothing of its own."""
 
     def __init__(self, out_dir: Path | None, *, enabled: bool = True, progress: bool = True,
                  tensorboard: bool = False, stream: TextIO | None = None,
-                 on_closed: Callable[[], None] | None = None):
+                 on_closed: Callable[[], None] | None = None, clock: Callable[[], float] = time.monotonic):
         self.enabled = enabled
         self.out_dir = out_dir
         self.stream = stream or sys.stdout
         self.on_closed = on_closed
         self.bar = None
         self.progress = enabled and progress and _interactive(sys.stderr)
+        self.clock = clock
+        self.said = clock()  # when the last line was printed
+        self.lock = threading.Lock()  # a phase's watcher prints from its own thread
+        self.count: tuple[int, int, float, int] | None = None  # (done, total, started at, done then), with no bar
         self.tb = None
         self.metrics = None
         if enabled and out_dir is not None:
@@ -61,22 +101,36 @@ class Reporter:
     def line(self, text: str) -> None:
         if not self.enabled or self.stream is None:
             return
-        try:
-            if self.bar is not None:
-                self.bar.write(text, file=self.stream)
-            else:
-                print(text, file=self.stream, flush=True)
-        except BrokenPipeError:
-            closed_by_reader(self.stream)
-            self.stream = None
-            if self.on_closed is not None:
-                self.on_closed()
+        with self.lock:
+            self.said = self.clock()
+            try:
+                if self.bar is not None:
+                    self.bar.write(text, file=self.stream)
+                else:
+                    print(text, file=self.stream, flush=True)
+            except BrokenPipeError:
+                closed_by_reader(self.stream)
+                self.stream = None
+                if self.on_closed is not None:
+                    self.on_closed()
 
-    def start_progress(self, total: int, done: int, unit: str = "step") -> None:
+    def phase(self, what: str) -> contextlib.AbstractContextManager:
+        """`phase(what, self.line)`: a long phase named on the console; nothing where this reporter
+        prints nothing (other ranks, a search's candidates)."""
+        if not self.enabled or self.stream is None:
+            return contextlib.nullcontext()
+        return phase(what, self.line, self.clock)
+
+    def start_progress(self, total: int, done: int, unit: str = "step", *, lines: bool = False) -> None:
+        """A progress bar where the terminal is interactive; elsewhere, with `lines`, a progress line
+        whenever the run has been silent for SILENCE_SECONDS (`advance` counts)."""
         if self.progress and self.bar is None:
             from tqdm import tqdm
 
             self.bar = tqdm(total=total, initial=done, unit=unit, file=sys.stderr, dynamic_ncols=True, leave=False)
+        if lines and self.enabled and self.bar is None:
+            self.count = (done, total, self.clock(), done)
+            self.said = self.clock()
 
     def grow(self, n: int) -> None:
         """More work joined the running bar."""
@@ -87,6 +141,12 @@ class Reporter:
     def advance(self, n: int = 1) -> None:
         if self.bar is not None:
             self.bar.update(n)
+        elif self.count is not None:
+            done, total, started, first = self.count
+            self.count = (done + n, total, started, first)
+            now = self.clock()  # a host clock, read at every step: cheap, and never waits for the device
+            if now - self.said >= SILENCE_SECONDS:
+                self.line(format_progress(done + n, total, (done + n - first) / max(now - started, 1e-9)))
 
     def record(self, kind: str, **fields: Any) -> None:
         """One line of metrics.jsonl (flushed at once, so a crash loses nothing written) and the
@@ -102,6 +162,7 @@ class Reporter:
                     self.tb.add_scalar(f"{kind}/{key}", value, fields["step"])
 
     def end_progress(self) -> None:
+        self.count = None
         if self.bar is not None:
             self.bar.close()
             self.bar = None
@@ -135,6 +196,13 @@ def truncate_metrics(path: Path, last_step: int) -> None:
 def format_step(step: int, loss: float, accuracy: float, examples_per_sec: float) -> str:
     return (f"Step {step}: Minibatch Loss= {loss:.4f}, Training Accuracy= {accuracy:.3f}, "
             f"{examples_per_sec:.0f} Examples/sec")
+
+
+def format_progress(done: int, total: int, per_second: float, unit: str = "step") -> str:
+    """The line a run without a progress bar prints after SILENCE_SECONDS without one."""
+    pace = f"{per_second:.1f} {unit}s/s" if per_second >= 1 else f"{1 / max(per_second, 1e-9):.1f} s/{unit}"
+    left = f", about {duration((total - done) / per_second)} left" if per_second > 0 and total > done else ""
+    return f"Progress: {unit} {done}/{total} ({100 * done / max(total, 1):.0f}%), {pace}{left}"
 
 
 def format_epoch(where: str, val_loss: float | None, val_accuracy: float | None, seconds: float) -> str:

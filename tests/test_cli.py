@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from towerlab.cli import main
-from util import ONE_CPU, REPO, TINY, metrics, run_cli
+from util import ONE_CPU, REPO, TINY, TINY_DATA, metrics, run_cli
 
 
 @pytest.mark.parametrize("args, fragment", [
@@ -159,7 +159,37 @@ def test_tensorboard_scalars(tmp_path, capsys):
     events = EventAccumulator(str(out / "tb")).Reload()
     scalars = events.Tags()["scalars"]
     assert "step/loss" in scalars and "epoch/val_accuracy" in scalars
-    assert [(e.step, round(e.value, 9)) for e in events.Scalars("step/lr")] == [(2, 0.001), (4, 0.001)]
+    # Every step of a 4-step run is a point of the curve; the display steps' are those of metrics.jsonl.
+    assert [(e.step, round(e.value, 9)) for e in events.Scalars("step/lr")] == [(s, 0.001) for s in (1, 2, 3, 4)]
+    shown = {m["step"]: m["loss"] for m in metrics(out) if m["kind"] == "step"}
+    assert sorted(shown) == [2, 4] and all(e.value == pytest.approx(shown[e.step], rel=1e-6)
+                                           for e in events.Scalars("step/loss") if e.step in shown)
+
+
+def test_a_run_shorter_than_its_display_step_has_a_tensorboard_curve(tmp_path, capsys):
+    """A 53-step run under the default --display-step 100 had no training curve at all. Two replicas:
+    each point is a collective, so every rank must agree on which steps are points."""
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    out = tmp_path / "run"
+    assert main(["train", *TINY_DATA, "--device", "cpu", "--devices", "2", "--steps", "9", "--batch-size", "50",
+                 "--display-step", "100", "--tensorboard", "--out", str(out)]) == 0
+    events = EventAccumulator(str(out / "tb")).Reload()
+    assert [e.step for e in events.Scalars("step/loss")] == list(range(1, 10))
+    assert all(0 <= e.value <= 1 for e in events.Scalars("step/accuracy"))
+    assert not [m for m in metrics(out) if m["kind"] == "step"]  # metrics.jsonl keeps the display steps only
+    assert "Minibatch Loss" not in capsys.readouterr().out  # and the console too
+
+
+def test_the_training_curve_costs_at_most_a_bounded_number_of_points_beyond_the_display_steps():
+    from towerlab.report import CURVE_POINTS, Reporter
+
+    every = Reporter(None, enabled=False, tensorboard=True).curve_every
+    assert [every(53, 100), every(300, 100), every(5000, 100), every(10_000, 100), every(10**6, 100)] == [1, 3, 50, 0, 0]
+    assert every(5000, 10) == 0  # display steps every 10 give more points already
+    assert Reporter(None, enabled=False).curve_every(53, 100) == 0  # without --tensorboard: no extra sync at all
+    assert all(total // every(total, 10**9) <= CURVE_POINTS for total in (1, 99, 101, 12345, 10**7))
 
 
 def test_the_learning_rate_is_recorded_at_display_steps(tmp_path):

@@ -23,6 +23,10 @@ SILENCE_SECONDS = 30.0
 # A phase that prints nothing of its own (a compilation, an evaluation) is named once it has lasted
 # this long, and again every SILENCE_SECONDS: shorter ones stay silent, as before.
 PHASE_NOTICE_SECONDS = 5.0
+# With --tensorboard, about this many points of the training curve per run, so that a run shorter
+# than --display-step has a curve too; each costs what a display step costs (a host sync and a
+# tiny all-reduce), so a run pays for at most this many beyond its display steps.
+CURVE_POINTS = 100
 
 
 def require_tensorboard() -> Any:
@@ -76,7 +80,8 @@ class Reporter:
 
     Without a progress bar, a run is never silent for long: `advance` prints a progress line when
     SILENCE_SECONDS have passed since the last line (read from `clock`, a host clock: no device
-    sync), and `phase` names a long phase that prints nothing of its own."""
+    sync), and `phase` names a long phase that prints nothing of its own. `tensorboard` is the same
+    on every rank (only rank 0 writes), so every rank agrees on `curve_every`."""
 
     def __init__(self, out_dir: Path | None, *, enabled: bool = True, progress: bool = True,
                  tensorboard: bool = False, stream: TextIO | None = None,
@@ -87,6 +92,7 @@ class Reporter:
         self.on_closed = on_closed
         self.bar = None
         self.progress = enabled and progress and _interactive(sys.stderr)
+        self.tensorboard = tensorboard
         self.clock = clock
         self.said = clock()  # when the last line was printed
         self.lock = threading.Lock()  # a phase's watcher prints from its own thread
@@ -147,6 +153,20 @@ class Reporter:
             now = self.clock()  # a host clock, read at every step: cheap, and never waits for the device
             if now - self.said >= SILENCE_SECONDS:
                 self.line(format_progress(done + n, total, (done + n - first) / max(now - started, 1e-9)))
+
+    def curve_every(self, total: int, display_step: int) -> int:
+        """The steps between the training curve's points beyond the display steps' (0: none): about
+        CURVE_POINTS a run with --tensorboard, none where the display steps give as many."""
+        if not self.tensorboard:
+            return 0
+        every = max(1, -(-total // CURVE_POINTS))
+        return every if every < display_step else 0
+
+    def scalars(self, kind: str, step: int, **values: float) -> None:
+        """TensorBoard scalars `kind/NAME` at `step`, without a metrics.jsonl line."""
+        if self.enabled and self.tb is not None:
+            for key, value in values.items():
+                self.tb.add_scalar(f"{kind}/{key}", value, step)
 
     def record(self, kind: str, **fields: Any) -> None:
         """One line of metrics.jsonl (flushed at once, so a crash loses nothing written) and the

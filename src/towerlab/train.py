@@ -243,6 +243,7 @@ def train(cfg: TrainConfig, ctx: Context, data: Any, *, input_mode: str = "resid
         progress.setup_seconds += seconds
         reporter.line(f"Setup: {seconds:.1f} s before training ({ran} warm-up steps, undone)")
     reporter.start_progress(total_steps, progress.step, lines=True)
+    curve_every = reporter.curve_every(total_steps, display_step)  # the same on every rank
     last_display = (progress.step, time.perf_counter())
     divergence = _Divergence(cfg, ctx, progress.step, worst)
     while progress.step < total_steps and progress.stopped is None:
@@ -257,6 +258,9 @@ def train(cfg: TrainConfig, ctx: Context, data: Any, *, input_mode: str = "resid
             if step % display_step == 0:
                 last_display = _display(reporter, ctx, step, loss, logits, y, last_display, global_batch,
                                         steps.lr(), divergence)
+            elif curve_every and step % curve_every == 0:  # --tensorboard: the curve between display steps
+                loss_value, accuracy = _reduced(ctx, step, loss, logits, y, divergence)
+                reporter.scalars("step", step, loss=loss_value, accuracy=accuracy, lr=steps.lr())
             if stop is not None and (ctx.world_size == 1 or step % STOP_CHECK_EVERY == 0):
                 signum = int(max_over_ranks(ctx, stop.signum))
                 if signum:
@@ -361,13 +365,21 @@ def _make_batches(cfg: TrainConfig, ctx: Context, data: Any, input_mode: str, so
                    augment_images=cfg.augment, translate=cfg.translate)
 
 
-def _display(reporter: Reporter, ctx: Context, step: int, loss: torch.Tensor, logits: torch.Tensor,
-             y: torch.Tensor, last: tuple[int, float], global_batch: int, lr: float,
-             divergence: _Divergence) -> tuple[int, float]:
+def _reduced(ctx: Context, step: int, loss: torch.Tensor, logits: torch.Tensor, y: torch.Tensor,
+             divergence: _Divergence) -> tuple[float, float]:
+    """The step's loss and accuracy, averaged over the ranks (a host sync and one tiny all-reduce,
+    which also checks the divergence flag)."""
     stats = torch.stack([loss.float(), (logits.argmax(1) == y).float().mean()]).to(torch.float64)
     stats = torch.cat([stats, divergence.flag().reshape(1)])  # one reduction for both
     loss_value, accuracy, flagged = (sum_over_ranks(ctx, stats) / ctx.world_size).tolist()
     divergence.check(step, flagged)
+    return loss_value, accuracy
+
+
+def _display(reporter: Reporter, ctx: Context, step: int, loss: torch.Tensor, logits: torch.Tensor,
+             y: torch.Tensor, last: tuple[int, float], global_batch: int, lr: float,
+             divergence: _Divergence) -> tuple[int, float]:
+    loss_value, accuracy = _reduced(ctx, step, loss, logits, y, divergence)
     now = time.perf_counter()
     rate = (step - last[0]) * global_batch / max(now - last[1], 1e-9)
     reporter.line(format_step(step, loss_value, accuracy, rate))

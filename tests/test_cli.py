@@ -258,6 +258,24 @@ def test_an_unknown_flag_names_the_nearest_flag_that_takes_its_value(args, hint,
     assert hint in err and err.count("\n") == 1 and err.startswith("towerlab: error: ")
 
 
+@pytest.mark.parametrize("args, message", [
+    (["train", "--dataset", "mnsit"], "unknown dataset 'mnsit' (did you mean 'mnist'?): choose one of mnist, "),
+    (["train", "--model", "lenet"], "unknown model 'lenet' (did you mean 'lenet5'?): choose one of lenet5, "),
+    (["train", "--optimizer", "adm"], "unknown optimizer 'adm' (did you mean 'adam'?): choose one of adam, "),
+    (["train", "--schedule", "onecylce"], "unknown schedule 'onecylce' (did you mean 'onecycle'?): "),
+    (["train", "--preset", "mnist-fats"], "unknown preset 'mnist-fats' (did you mean 'mnist-fast'?): "),
+    (["train", "--model", "mlp", "--model-opt", "activation=rleu", "--dataset", "synthetic", "--device", "cpu"],
+     "unknown activation 'rleu' (did you mean 'relu'?): choose one of relu, "),
+    (["data", "fetch", "cifar"], "nothing to download for dataset 'cifar' (did you mean 'cifar10'?): "),
+    (["train", "--strategy", "zzz"], "unknown strategy 'zzz': choose one of ddp, ps"),  # near none: no guess
+])
+def test_an_unknown_name_suggests_the_nearest_one(args, message, capsys, tmp_path):
+    assert main([*args, "--out", str(tmp_path / "run")] if args[0] == "train" else args) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("towerlab: error: ") and message in err and err.count("\n") == 1, err
+    assert not (tmp_path / "run").exists()
+
+
 def test_an_unknown_flag_near_none_gets_no_guess(capsys):
     assert main(["train", "--zzzz", "1"]) == 2
     assert capsys.readouterr().err == ("towerlab: error: unrecognized arguments: --zzzz 1 "

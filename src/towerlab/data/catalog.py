@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from towerlab.errors import UserError
+from towerlab.errors import UserError, did_you_mean
 
 # What towerlab can read: a Keras-layout .npz, the four IDX files of the MNIST family (raw or .gz),
 # CIFAR-10's python batches (a folder, or the official .tar.gz read in memory).
@@ -130,4 +130,5 @@ def entry(name: str) -> Entry:
     try:
         return CATALOG[name]
     except KeyError:
-        raise UserError(f"unknown dataset {name!r}: choose one of {', '.join(CATALOG)}") from None
+        raise UserError(f"unknown dataset {name!r}{did_you_mean(name, CATALOG)}: choose one of "
+                        f"{', '.join(CATALOG)}") from None

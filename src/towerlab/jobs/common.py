@@ -311,15 +311,20 @@ def restarted_by_torchrun(out: Path, same_job: Callable[[dict], bool]) -> bool:
         return False
 
 
-def save_model(path: Path, model: torch.nn.Module, cfg: Any, data: Any) -> None:
+def save_model(path: Path, model: torch.nn.Module, cfg: Any, data: Any, *, function: Any = None) -> None:
     """model.pt: the network and what rebuilds it and feeds it (input shape, classes, the training
-    split's mean and std), with the TrainConfig that trained it; written atomically."""
+    split's mean and std), with the TrainConfig that trained it; written atomically. A network of
+    your own records its class, and the model function that built it (FILE.py:FUNCTION), where a
+    file defines it: evaluate and predict name it when they need it again."""
     from towerlab.config import CUSTOM_MODEL
     from towerlab.fields import to_dict
+    from towerlab.models.custom import function_file
 
     buffer = io.BytesIO()
     custom = cfg.model == CUSTOM_MODEL
     extra = {"module_class": f"{type(model).__module__}.{type(model).__qualname__}"} if custom else {}
+    if custom and function_file(function):
+        extra["model_function"] = function_file(function)
     torch.save(model_record(model, cfg.model, data.input_shape, data.num_classes, cfg.model_options,
                             config=to_dict(cfg), mean=list(data.mean), std=list(data.std), **extra), buffer)
     atomic.write_bytes(path, buffer.getvalue())

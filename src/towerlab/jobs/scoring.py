@@ -123,10 +123,12 @@ def read_images(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray | None,
 def predict_file(path: str | os.PathLike, images_path: str | os.PathLike, out: str | os.PathLike | None = None,
                  *, module: Any = None) -> dict:
     """Label the images of `images_path` with the model of run `path`; writes `out` (default
-    <images stem>-predictions.npz in the current folder) holding `predictions` (N,) and
-    `probabilities` (N, classes). Returns {"out", "n", "accuracy" (None without labels), ...}."""
+    <images stem>-predictions.npz beside the images; a given `out` is taken as given) holding
+    `predictions` (N,) and `probabilities` (N, classes). Returns {"out", "n", "accuracy" (None
+    without labels), ...}."""
     file = model_file(path)
-    out = Path(out) if out is not None else Path(f"{Path(images_path).stem}-predictions.npz")
+    images = Path(images_path)
+    out = Path(out) if out is not None else images.with_name(f"{images.stem}-predictions.npz")
     atomic.refuse_overwriting(out, (file, images_path), (file.parent,))
     model, _record = load_model(file, module=module)
     images, labels, image_key, label_key = read_images(images_path)

@@ -13,6 +13,7 @@ torchrun.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import signal
 import sys
@@ -30,17 +31,18 @@ from towerlab.batches import steps_per_epoch
 from towerlab.config import CUSTOM_MODEL, RunConfig, TrainConfig, dataset_label
 from towerlab.fields import from_dict, replace, to_dict
 from towerlab.data.load import content_sha256
-from towerlab.distributed.env import (check_capacity, default_threads, local_processes, torchrun_restart,
-                                     torchrun_world_size, under_torchrun)
+from towerlab.distributed.env import (check_capacity, default_threads, local_processes, sharing_cores,
+                                     torchrun_restart, torchrun_world_size, under_torchrun)
 from towerlab.distributed.group import Context, barrier, broadcast_object, session
 from towerlab.distributed.launch import start_method_for
 from towerlab.distributed.signals import StopFlag
 from towerlab.errors import UserError
 from towerlab.models import keyword_options, not_taken
+from towerlab.models.custom import network_name
 from towerlab.jobs.common import (Job, OutputFolder, handed_over, load_data, read_config, require_out_under_torchrun,
                                   resolved_run, restarted_by_torchrun, save_model, start_job, stderr_line, worker_data,
                                   write_config)
-from towerlab.report import Reporter, format_final, require_tensorboard, truncate_metrics
+from towerlab.report import Reporter, format_final, phase, require_tensorboard, truncate_metrics
 from towerlab.step import resolve_step
 from towerlab.train import TrainResult, check_setup, train
 
@@ -78,6 +80,9 @@ def start(cfg: TrainConfig, run: RunConfig, *, data: Any = None, module: Any = N
         # Recorded as resolved: a resume (maybe on another machine) computes with as many threads.
         run = replace(run, threads=run.threads or default_threads(run.devices))
         check_capacity(run.devices, run.threads, f"--devices {run.devices}")
+        warning = sharing_cores(run.devices, run.device, f"--devices {run.devices}")
+        if warning:
+            stderr_line(warning)
         resolve_step(run.step, run.device, run.devices, run.strategy, run.input)  # an impossible --step: refused now
     out = Path(run.resume or run.out or default_out(cfg))
     # Under torchrun, rank 0 decides in _decide_start whether the folder is its own restart.
@@ -104,7 +109,10 @@ class TrainJob(Job):
     def preflight(self) -> tuple:
         """Every mistake (and the download, or the offline fallback) once, here, before any worker
         starts; the workers read the very data loaded here (see `handed_over`)."""
-        data = self.data if self.data is not None else train_data(self.cfg, self.run)
+        data = self.data
+        if data is None:
+            with phase(f"Setup: reading {self.cfg.dataset}", stdout_line):
+                data = train_data(self.cfg, self.run)
         check_setup(self.cfg, self.run.devices, data, network_source(self.module, self.function, data, self.cfg.model_options))
         return (self.cfg, self.run, str(self.out), *handed_over(data, self.start_method), self.module, self.function,
                 self.started)
@@ -122,6 +130,11 @@ class TrainJob(Job):
 
     def name(self, rank: int) -> str:
         return f"replica rank {rank}" + (", the parameter server," if self.run.strategy == "ps" and rank == 0 else "")
+
+
+def stdout_line(text: str) -> None:
+    """A line where the run's own lines go, before its Reporter exists."""
+    print(text, flush=True)
 
 
 def require_module(cfg: TrainConfig, module: Any, function: Any) -> None:
@@ -156,8 +169,10 @@ def _process(rank: int, world_size: int, store_path: str | None, cfg: TrainConfi
     out = Path(out_dir)
     with StopFlag() as stop, session(rank=rank, world_size=world_size, store_path=store_path,
                                      timeout=run.timeout, device=run.device) as ctx:
-        data = worker_data(ctx, functools.partial(train_data, cfg, run), data, fallback)
-        module = network_source(module, function, data, cfg.model_options)
+        with phase(f"Setup: reading {cfg.dataset}", stdout_line) if ctx.is_main and data is None \
+                else contextlib.nullcontext():
+            data = worker_data(ctx, functools.partial(train_data, cfg, run), data, fallback)
+        module_given, module = module, network_source(module, function, data, cfg.model_options)
         network = check_setup(cfg, ctx.world_size, data, module)
         digests = content_sha256(data.source) if ctx.is_main else {}  # read once: start, resume check, summary
         resume_state = _start_state(cfg, run, ctx, out, digests, checkpoint.size_limit(network))
@@ -174,7 +189,8 @@ def _process(rank: int, world_size: int, store_path: str | None, cfg: TrainConfi
         try:
             if ctx.is_main:
                 resuming = "" if resume_state is None else f"{_resumes_from(resume_state['step'], cfg, data, ctx)}: "
-                reporter.line(f"towerlab: {resuming}{cfg.model} on {cfg.dataset} ({data.n_train} train / "
+                model = network_name(module_given, function) if cfg.model == CUSTOM_MODEL else cfg.model
+                reporter.line(f"towerlab: {resuming}{model} on {cfg.dataset} ({data.n_train} train / "
                               f"{data.n_val} val / {data.n_test} test), {ctx.world_size} x {ctx.device.type} replica(s), "
                               f"strategy {run.strategy}, input {run.input}, global batch "
                               f"{cfg.batch_size * ctx.world_size} -> {out}")
@@ -183,7 +199,7 @@ def _process(rank: int, world_size: int, store_path: str | None, cfg: TrainConfi
                            resume_state=resume_state, step_mode=run.step, stop=stop, source=module)
             if ctx.is_main:
                 summary = _summary(cfg, run, ctx, data, digests, result, out, time.time() - started)
-                save_model(out / "model.pt", result.model, cfg, data)
+                save_model(out / "model.pt", result.model, cfg, data, function=function)
                 atomic.write_json(out / "summary.json", summary)
                 reporter.record("test", step=result.steps, test_loss=result.test_loss,
                                 test_accuracy=result.test_accuracy)

@@ -22,7 +22,7 @@ import inspect
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Optional
 
-from towerlab.errors import UserError
+from towerlab.errors import UserError, did_you_mean
 from towerlab.models.options import FRACTION, POSITIVE_INT, GeneRule
 
 
@@ -108,7 +108,7 @@ def not_taken(function: Callable[..., Any], names: Any) -> list[str]:
 
 def entry(name: str) -> Model:
     if name not in CATALOG:
-        raise UserError(f"unknown model {name!r}: choose one of {', '.join(CATALOG)}")
+        raise UserError(f"unknown model {name!r}{did_you_mean(name, CATALOG)}: choose one of {', '.join(CATALOG)}")
     return CATALOG[name]
 
 

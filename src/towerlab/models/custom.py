@@ -55,6 +55,32 @@ def load_function(spec: str, flag: str = "--model", what: str = "FUNCTION") -> A
     return found
 
 
+def function_file(function: Any) -> str | None:
+    """FILE.py:FUNCTION (FILE an absolute path) for a function a module file defines at its top level
+    (not __main__'s: a script or a notebook cell cannot be imported by name); None otherwise."""
+    name = getattr(function, "__name__", "")
+    if getattr(function, "__module__", "__main__") == "__main__" or getattr(function, "__qualname__", "") != name \
+            or not name.isidentifier():
+        return None
+    try:
+        path = inspect.getsourcefile(function)
+    except TypeError:
+        return None
+    return f"{path}:{name}" if path and path.endswith(".py") and Path(path).is_file() else None
+
+
+def network_name(module: Any = None, function: Any = None) -> str:
+    """How a run names a network of your own: `mynet.py:make` for a model function of a file,
+    `mynet.Net` for a module class (or an instance of one), the function's name otherwise."""
+    if function is not None:
+        spec = function_file(function)
+        return f"{Path(spec).name}" if spec else getattr(function, "__name__", "custom")
+    cls = module if isinstance(module, type) else type(module) if isinstance(module, nn.Module) else None
+    if cls is not None:
+        return f"{cls.__module__}.{cls.__qualname__}" if cls.__module__ != "__main__" else cls.__qualname__
+    return getattr(module, "__name__", "custom")
+
+
 def for_shape(source: Any, input_shape: tuple, num_classes: int, options: dict) -> Any:
     """`source` as a factory: a model function (`--model FILE.py:FUNCTION`, two positional
     parameters without defaults: `source(input_shape, num_classes, **options)`) gets the recorded

@@ -26,12 +26,18 @@ def model_record(model: nn.Module, name: str, input_shape: tuple[int, ...], num_
 
 class ModuleNeeded(UserError):
     """A model file holds a network of your own, and no module was given to rebuild it in. The
-    command line says how to give one there (--module)."""
+    command line says how to give one there (--module). `function`: the model function that built
+    it (FILE.py:FUNCTION), where the file records one."""
 
-    def __init__(self, path: str | Path, module_class: str):
-        self.path, self.module_class = path, module_class
-        super().__init__(f"{path} holds a module of your own ({module_class}): rebuild it with "
-                         "load_model(path, module=YourModule())")
+    def __init__(self, path: str | Path, module_class: str, function: str | None = None):
+        self.path, self.module_class, self.function = path, module_class, function
+        if function:
+            name = function.rpartition(":")[2]
+            super().__init__(f"{path} holds a network built by a model function of yours ({function}): rebuild it "
+                             f"with load_model(path, module={name})")
+        else:
+            super().__init__(f"{path} holds a module of your own ({module_class}): rebuild it with "
+                             "load_model(path, module=YourModule())")
 
 
 def load_model(path: str | Path, map_location: str | torch.device = "cpu", *,
@@ -67,7 +73,9 @@ def load_model(path: str | Path, map_location: str | torch.device = "cpu", *,
                         "num_classes, options and state_dict are required): re-export it with towerlab train")
     if name == CUSTOM_MODEL:
         if module is None:
-            raise ModuleNeeded(path, str(record.get("module_class", "a custom class")))
+            function = record.get("model_function")
+            raise ModuleNeeded(path, str(record.get("module_class", "a custom class")),
+                               function if isinstance(function, str) and ":" in function else None)
         network = instantiate(for_shape(module, shape, classes, options))
         _load_state(network, state, path)
     else:

@@ -8,7 +8,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from towerlab.errors import UserError
+from towerlab.errors import UserError, did_you_mean
 from towerlab.models.options import MAX_LAYERS, require_fraction, require_positive_int
 
 ACTIVATIONS: dict[str, Callable[[], nn.Module]] = {
@@ -23,7 +23,8 @@ class MLP(nn.Module):
                  neurons: int = 512, activation: str = "relu", dropout: float = 0.2):
         super().__init__()
         if activation not in ACTIVATIONS:
-            raise UserError(f"unknown activation {activation!r}: choose one of {', '.join(ACTIVATIONS)}")
+            raise UserError(f"unknown activation {activation!r}{did_you_mean(activation, ACTIVATIONS)}: choose one "
+                            f"of {', '.join(ACTIVATIONS)}")
         require_positive_int("layers", layers, MAX_LAYERS)
         require_positive_int("neurons", neurons)
         require_fraction("dropout", dropout)

@@ -15,7 +15,6 @@ import hashlib
 import inspect
 import math
 import time
-from pathlib import Path
 from typing import Any, Callable, Optional, Union
 
 import torch
@@ -27,6 +26,7 @@ from towerlab.distributed.env import device_name
 from towerlab.distributed.group import Context
 from towerlab.distributed.signals import Interrupted, StopFlag
 from towerlab.models import entry
+from towerlab.models.custom import function_file
 from towerlab.presets import apply_preset
 from towerlab.search import Candidate, Outcome, genome_hash
 from towerlab.optim import DEFAULT_LR
@@ -201,10 +201,6 @@ def outcome(fields: dict) -> Outcome:
     return Outcome(**{k: v for k, v in fields.items() if k != "test_accuracy"})
 
 
-def candidate_task(candidate: Candidate, kind: str = "fitness") -> dict:
-    return {"kind": kind, "genome": candidate.genome, "seed": candidate.seed, "max_epochs": candidate.max_epochs}
-
-
 def retrain_command(cfg: SearchConfig, model: Model, genome: dict, seed: int, max_epochs: int | None = None,
                     cpu_threads: int | None = None) -> str:
     """The `towerlab train` command that trains this candidate again as it was evaluated: on one device,
@@ -224,17 +220,3 @@ def retrain_command(cfg: SearchConfig, model: Model, genome: dict, seed: int, ma
     if spec is None:
         return f"none: {name} was given from Python, not from a file; where FILE.py defines it: {command}"
     return command
-
-
-def function_file(function: Callable) -> str | None:
-    """FILE.py:FUNCTION for a function a module file defines at its top level (not __main__'s: a script
-    or a notebook cell cannot be imported by name); None otherwise."""
-    name = getattr(function, "__name__", "")
-    if getattr(function, "__module__", "__main__") == "__main__" or getattr(function, "__qualname__", "") != name \
-            or not name.isidentifier():
-        return None
-    try:
-        path = inspect.getsourcefile(function)
-    except TypeError:
-        return None
-    return f"{path}:{name}" if path and path.endswith(".py") and Path(path).is_file() else None

@@ -32,13 +32,14 @@ from towerlab.distributed.launch import start_method_for
 from towerlab.distributed.signals import EXIT_SIGINT, Interrupted, StopFlag
 from towerlab.errors import UserError
 from towerlab.fields import replace, to_dict
-from towerlab.jobs.candidate import TRAINING_GENES, Model, function_file, model_function, train_config_hash
+from towerlab.jobs.candidate import TRAINING_GENES, Model, model_function, train_config_hash
 from towerlab.jobs.common import (Job, check_writable_file, handed_over, load_data, load_everywhere,
                                   require_out_under_torchrun, resolved_run, restarted_by_torchrun, start_job,
                                   write_config)
 from towerlab.jobs.search_record import Watch, export_best, write_record
 from towerlab.jobs.search_workers import FROM_PYTHON, WorkerSpec, run_worker, work, worker_name
 from towerlab.models import not_taken
+from towerlab.models.custom import function_file
 from towerlab.report import Reporter, format_plan
 from towerlab.search import Search, Space, load_space, refuse_unused_settings
 from towerlab.search.database import STORE_ENV, is_url, redacted, with_password

@@ -1,0 +1,185 @@
+"""The store as the queue (towerlab.search.queue), with a fake fitness and no torch: any number of
+workers, joining late or dying at random, play a search to the very rows one process makes; leases
+lapse and hand a task on; a late result is dropped; a task that loses its workers too often is
+recorded as failed; on SQLite and on a real PostgreSQL server."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import random
+import signal
+import threading
+import time
+
+import pytest
+
+from towerlab.config import SearchConfig
+from towerlab.search import Candidate, Outcome, Search, load_space, run_search, serial
+from towerlab.search.queue import MAX_ATTEMPTS, Worker
+from towerlab.search.store import Store
+
+SPACE = load_space("mlp")
+SEARCHES = {
+    "ga-pruned": SearchConfig(sampler="ga", population=6, generations=4, max_epochs=9, min_epochs=1, remeasure=1,
+                              top=2, seed=3, elite=2),
+    "tpe": SearchConfig(sampler="tpe", population=4, generations=5, max_epochs=3, remeasure=1, top=2, seed=4),
+    "random": SearchConfig(sampler="random", population=5, generations=3, max_epochs=3, remeasure=0, top=3, seed=5),
+    "grid": SearchConfig(sampler="grid", limit=12, max_epochs=3, remeasure=2, top=2, seed=6),
+}
+
+
+def fitness(c: Candidate) -> Outcome:
+    """Deterministic in the candidate (genome, seed, epochs): the same whoever computes it."""
+    r = random.Random(f"{c.genome_hash}/{c.seed}/{c.max_epochs}")
+    if r.random() < 0.05:
+        return Outcome.failed("diverged", seconds=0.001)
+    return Outcome.ok(round(r.random(), 6), val_loss=round(r.random(), 6), epochs=c.max_epochs or 1, seconds=0.001)
+
+
+def trainer_for(delay: float = 0.0):
+    def trainer(search):
+        def train(task):
+            time.sleep(delay)
+            return fitness(task.candidate), (0.5 if task.kind == "test" else None)
+        return train
+    return trainer
+
+
+def rows(store: Store) -> list[tuple]:
+    """What decides a history: (generation, index, replicate, genome, seed, status, fitness) of every row."""
+    return sorted((e.generation, e.index, e.replicate, e.genome_hash, e.seed, e.status, e.fitness)
+                  for e in store.evaluations())
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def target(request, tmp_path):
+    if request.param == "sqlite":
+        return str(tmp_path / "search.db")
+    return request.getfixturevalue("postgres_url")
+
+
+def reference(cfg: SearchConfig, tmp_path) -> tuple[list[tuple], dict]:
+    with Store(tmp_path / "reference.db") as store:
+        run_search(cfg, SPACE, serial(fitness), store, "tch")
+        return rows(store), store.searches()[0].summary
+
+
+def new_search(target: str, cfg: SearchConfig) -> int:
+    with Store(target) as store:
+        return Search.resolve(cfg, SPACE).create(store, "tch", {"test": True}).id
+
+
+def work(target: str, name: str, search_id: int, delay: float = 0.0, lease: float = 30.0) -> int:
+    with Store(target) as store:
+        return Worker(store, name, "cpu", trainer_for(delay), search_ids=[search_id], lease=lease).run()
+
+
+@pytest.mark.parametrize("name", SEARCHES)
+@pytest.mark.parametrize("workers", [1, 3])
+def test_any_number_of_workers_plays_the_same_search(name, workers, target, tmp_path):
+    cfg = SEARCHES[name]
+    expected, summary = reference(cfg, tmp_path)
+    search_id = new_search(target, cfg)
+    threads = [threading.Thread(target=work, args=(target, f"w{i}", search_id)) for i in range(workers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    with Store(target) as store:
+        assert rows(store) == expected
+        finished = store.search(search_id)
+        assert finished.finished is not None and finished.summary["top"] == summary["top"]
+        tests = store.tasks(search_id, "test")
+        assert len(tests) == len(summary["top"]) and {t.state for t in tests} == {"done"}
+        assert all(store.lookup(t["genome_hash"], t["train_config_hash"], search_id).test_accuracy == 0.5
+                   for t in summary["top"])
+
+
+def _die_at_random(target: str, name: str, search_id: int, seed: int) -> None:
+    """A worker process that trains slowly enough to be killed mid-task."""
+    work(target, name, search_id, delay=0.05 + random.Random(seed).random() * 0.05, lease=3.0)
+
+
+def test_workers_joining_and_dying_at_random_play_the_same_search(target, tmp_path):
+    """Worker processes start at random moments and are killed (SIGKILL) at random moments, some of
+    them put back at once (as a local launcher does), the others left to their lease; the rows are
+    those of one uninterrupted process."""
+    cfg = SEARCHES["ga-pruned"]
+    expected, _ = reference(cfg, tmp_path)
+    search_id = new_search(target, cfg)
+    rng = random.Random(7)
+    context = multiprocessing.get_context("fork")
+    running: list[tuple[multiprocessing.Process, str]] = []
+    deadline = time.monotonic() + 240
+    started = killed = 0
+    with Store(target) as store:
+        while store.search(search_id).finished is None:
+            assert time.monotonic() < deadline, "the search did not finish"
+            if len(running) < 3 and (not running or rng.random() < 0.5):
+                name = f"w{started}"
+                p = context.Process(target=_die_at_random, args=(target, name, search_id, started))
+                p.start()
+                running.append((p, name))
+                started += 1
+            if killed < 6 and rng.random() < 0.3:
+                p, name = running.pop(rng.randrange(len(running)))
+                os.kill(p.pid, signal.SIGKILL)
+                p.join()
+                killed += 1
+                if killed % 2:
+                    store.release(name, "was killed")
+            time.sleep(rng.random() * 0.4)
+            running = [(p, n) for p, n in running if p.is_alive() or p.join() or False]
+        for p, _ in running:
+            p.join(timeout=60)
+        assert rows(store) == expected
+    assert killed == 6 and started > 6
+
+
+def test_a_lapsed_lease_hands_the_task_on_and_a_late_result_is_dropped(target):
+    search_id = new_search(target, SEARCHES["random"])
+    genome = {"neurons": 64}
+    candidate = Candidate(0, 0, genome, "h", 11, 3)
+    with Store(target) as store:
+        store.enqueue(search_id, "train", [(candidate, "tch", 0.0)])
+        first = store.claim("w1", [search_id], lease=0.5, max_attempts=MAX_ATTEMPTS)
+        assert store.claim("w2", [search_id], lease=30, max_attempts=MAX_ATTEMPTS) is None  # held
+        assert store.renew(first, "w1", 0.5)
+        time.sleep(0.8)
+        second = store.claim("w2", [search_id], lease=30, max_attempts=MAX_ATTEMPTS)
+        assert second.id == first.id and second.attempts == 2 and "the lease of worker w1 lapsed" in second.lost
+        assert not store.renew(first, "w1", 30)  # w1 learns it lost the task
+        assert store.complete(first, "w1", Outcome.ok(0.1, worker="w1")) == (False, None)
+        done, row = store.complete(second, "w2", Outcome.ok(0.9, worker="w2"))
+        assert done and (row.fitness, row.worker) == (0.9, "w2")
+        assert [e.fitness for e in store.evaluations(search_id)] == [0.9]  # written once
+        assert store.queue_counts(search_id) == {"open": 0, "claimed": 0, "done": 1}
+
+
+def test_a_task_whose_workers_are_lost_again_and_again_is_recorded_failed(target):
+    """An out-of-memory kill recurs whoever trains the candidate: after MAX_ATTEMPTS losses the next
+    claim records it as failed and hands out the next task instead."""
+    search_id = new_search(target, SEARCHES["random"])
+    doomed, fine = Candidate(0, 0, {"neurons": 1}, "a", 1, 3), Candidate(0, 1, {"neurons": 2}, "b", 2, 3)
+    with Store(target) as store:
+        store.enqueue(search_id, "train", [(doomed, "tch", 2.0), (fine, "tch", 1.0)])  # the doomed one first
+        for attempt in range(1, MAX_ATTEMPTS + 1):
+            task = store.claim(f"w{attempt}", [search_id], lease=30, max_attempts=MAX_ATTEMPTS)
+            assert (task.candidate.genome_hash, task.attempts) == ("a", attempt)
+            assert store.release(f"w{attempt}", "was killed by SIGKILL") == 1
+        task = store.claim("w9", [search_id], lease=30, max_attempts=MAX_ATTEMPTS)
+        assert task.candidate.genome_hash == "b"
+        failed = store.lookup("a", "tch", search_id)
+        assert failed.status == "failed" and f"lost {MAX_ATTEMPTS} times" in failed.reason
+        assert "was killed by SIGKILL" in failed.reason
+
+
+def test_a_task_put_back_on_interrupt_is_not_a_loss(target):
+    search_id = new_search(target, SEARCHES["random"])
+    with Store(target) as store:
+        store.enqueue(search_id, "train", [(Candidate(0, 0, {"neurons": 1}, "a", 1, 3), "tch", 0.0)])
+        for _ in range(MAX_ATTEMPTS + 2):
+            task = store.claim("w", [search_id], lease=30, max_attempts=MAX_ATTEMPTS)
+            assert task is not None and task.attempts == 1
+            store.put_back(task, "w")

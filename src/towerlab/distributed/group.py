@@ -98,11 +98,6 @@ def world_group(ctx: Context) -> Any:
     return dist.group.WORLD if ctx.distributed else None
 
 
-def kv_store() -> Any:
-    """The key-value store of the default process group (the search's coordination channel)."""
-    return dist.distributed_c10d._get_default_store()  # noqa: SLF001 - the public API has no getter
-
-
 def max_over_ranks(ctx: Context, value: float, group: Any = None) -> float:
     """The largest `value` of all ranks, on every rank. A collective: all ranks must call it."""
     if not ctx.distributed:

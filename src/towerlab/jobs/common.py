@@ -281,7 +281,16 @@ def provenance() -> dict:
     """What config.json records besides the configuration: versions, code, host, command."""
     return {"torch_version": torch.__version__, "towerlab_version": towerlab.__version__,
             "python_version": platform.python_version(), "code": code_version(), "host": socket.gethostname(),
-            "torchelastic_run_id": torchrun_restart()[0], "command": [Path(sys.argv[0]).name, *sys.argv[1:]]}
+            "torchelastic_run_id": torchrun_restart()[0], "command": [Path(sys.argv[0]).name, *map(_without_password, sys.argv[1:])]}
+
+
+def _without_password(arg: str) -> str:
+    """A command-line word as config.json records it: a database URL (`--store URL`, `--store=URL`)
+    without its password."""
+    from towerlab.search.database import is_url, redacted
+
+    flag, equals, value = arg.partition("=") if arg.startswith("--") else ("", "", arg)
+    return flag + equals + redacted(value) if is_url(value) else arg
 
 
 def write_config(out: Path, record: dict) -> None:

@@ -119,9 +119,9 @@ class SearchJob(Job):
     def run_here(self) -> int:
         if under_torchrun():
             return self._rank()
-        data = self.data if self.data is not None else _load(self.search.cfg, self.run)
         reporter = Reporter(None, progress=self.run.progress)
-        with _open(self.target) as store:
+        with _open(self.target) as store:  # a store out of reach is refused before the data is read
+            data = self.data if self.data is not None else _load(self.search.cfg, self.run)
             search = self._in_store(store, data, reporter)
             started = time.perf_counter()
             self._work(store, search, data, reporter)

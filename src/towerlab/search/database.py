@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import sys
 import threading
 import time
 from contextlib import suppress
@@ -173,13 +174,19 @@ class Database:
             wait = 0.5
             while True:
                 try:
-                    return attempt(self._connection())
+                    result = attempt(self._connection())
+                    if deadline is not None:
+                        _say(f"towerlab: reached the search store's database {self.where} again")
+                    return result
                 except Exception as error:  # noqa: BLE001 - sorted below: retried, a UserError, or raised
                     if not self._lost(error):
                         raise self._failed(error, writing) from None
                     self._drop()
                     now = time.monotonic()
-                    deadline = deadline if deadline is not None else now + retry_seconds()
+                    if deadline is None:
+                        deadline = now + retry_seconds()
+                        _say(f"towerlab: warning: lost the search store's database {self.where} "
+                             f"({_one_line(error)}): trying again for up to {retry_seconds():g} s")
                     if now >= deadline:
                         raise UserError(f"lost the search store's database {self.where} and could not reach it "
                                         f"again for {retry_seconds():g} s ({_one_line(error)}): every result "
@@ -225,6 +232,11 @@ def _forget_all() -> None:
 
 
 os.register_at_fork(after_in_child=_forget_all)
+
+
+def _say(line: str) -> None:
+    with suppress(OSError, ValueError):
+        print(line, file=sys.stderr, flush=True)
 
 
 def _one_line(error: BaseException) -> str:

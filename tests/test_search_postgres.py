@@ -1,0 +1,194 @@
+"""A search in a real PostgreSQL database (a private server: tests/postgres.py), through the command
+line: workers that join late take work at once; a worker killed mid-candidate, or every worker, costs
+only the tasks in flight; the server restarted mid-search loses nothing; a server out of reach at the
+start is one line; a password never reaches a record; two searches share one store. Every search
+ends with the rows of the same search run alone on SQLite (1 thread per candidate, so the numbers
+are the same whoever trains them)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from towerlab.search.store import Store
+from util import ONE_CPU, reaped, replica_pids, run_cli, start_towerlab
+
+pytestmark = pytest.mark.slow
+
+SEARCH = ["search", "run", "--sampler", "tpe", "--dataset", "synthetic", "--val-size", "1000", "--max-epochs", "3",
+          "--threads", "1", "--no-progress", "--population", "4", "--generations", "6", "--seed", "3",
+          "--remeasure", "1", "--top", "2", *ONE_CPU]
+# 72 networks: TPE proposes new ones for long enough that a worker joining late finds work.
+SPACE = """
+model = "mlp"
+[genes]
+neurons = [16, 32, 64, 128]
+layers = [1, 2, 3]
+activation = ["relu", "tanh", "sigmoid"]
+optimizer = ["adam", "sgd"]
+"""
+
+
+def decisive(target) -> list[tuple]:
+    """What decides a history: (generation, index, replicate, genome, seed, status, fitness) of every row."""
+    with Store(target, create=False) as store:
+        return sorted((e.generation, e.index, e.replicate, e.genome_hash, e.seed, e.status, e.fitness)
+                      for e in store.evaluations())
+
+
+def history(out: Path) -> dict:
+    summary = json.loads((out / "summary.json").read_text())
+    return {"stats": [{k: v for k, v in s.items() if "seconds" not in k} for s in summary["generation_stats"]],
+            "top": [(t["genome"], t["val_accuracy"], t["test_accuracy"]) for t in summary["top"]]}
+
+
+def wait_for(condition, timeout: float = 180.0, what: str = "") -> None:
+    deadline = time.time() + timeout
+    while not condition():
+        assert time.time() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)
+
+
+def trained(url: str, generation: int = 0) -> int:
+    """Evaluations the store holds of generations from `generation` on (0 while it has no tables)."""
+    try:
+        with Store(url, create=False) as store:
+            return sum(e.generation >= generation for e in store.evaluations())
+    except Exception:  # noqa: BLE001 - not created yet
+        return 0
+
+
+@pytest.fixture(scope="module")
+def space(tmp_path_factory) -> str:
+    path = tmp_path_factory.mktemp("space") / "space.toml"
+    path.write_text(SPACE)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, space) -> Path:
+    out = tmp_path_factory.mktemp("reference") / "search"
+    done = run_cli(*SEARCH, "--space", space, "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    return out
+
+
+def test_a_worker_that_joins_late_takes_work_and_the_search_ends_as_alone(tmp_path, space, reference, postgres_url):
+    out = tmp_path / "search"
+    with reaped(start_towerlab(*SEARCH, "--space", space, "--store", postgres_url, "--out", str(out),
+                               log=tmp_path / "log")) as job:
+        wait_for(lambda: trained(postgres_url, 1) > 0, what="generation 2")
+        worker = start_towerlab("search", "worker", postgres_url, *ONE_CPU, log=tmp_path / "worker.log")
+        with reaped(worker):
+            assert job.wait(timeout=300) == 0, (tmp_path / "log").read_text()
+            assert worker.wait(timeout=60) == 0, (tmp_path / "worker.log").read_text()
+    assert decisive(postgres_url) == decisive(reference / "search.db")
+    assert history(out) == history(reference)
+    with Store(postgres_url) as store:
+        by = {e.worker.split(":")[1] for e in store.evaluations()}
+    assert len(by) == 2, by  # the job's worker and the joined one both trained
+    text = (tmp_path / "worker.log").read_text()
+    assert "joining its 1 unfinished search(es)" in text and "nothing left to do" in text, text
+
+
+def test_a_killed_worker_costs_only_its_task_and_every_worker_killed_costs_nothing(
+        tmp_path, space, reference, postgres_url, monkeypatch):
+    """A joined worker is killed mid-candidate (its lease lapses: the job's worker trains it); then the
+    job itself and its worker are killed, one worker started alone finishes the search, and `--resume`
+    writes the record without training anything."""
+    monkeypatch.setenv("TOWERLAB_LEASE_SECONDS", "3")
+    out = tmp_path / "search"
+    job = start_towerlab(*SEARCH, "--space", space, "--store", postgres_url, "--out", str(out), log=tmp_path / "log")
+    wait_for(lambda: trained(postgres_url) > 0, what="the first evaluation")
+    with reaped(job), reaped(start_towerlab("search", "worker", postgres_url, *ONE_CPU,
+                                            log=tmp_path / "w1.log")) as joined:
+        wait_for(lambda: len(replica_pids(joined.pid)) == 1, what="the joined worker")
+        victim = replica_pids(joined.pid)[0]
+        wait_for(lambda: holds_a_task(postgres_url, victim), what="the joined worker training")
+        os.kill(victim, signal.SIGKILL)
+        wait_for(lambda: trained(postgres_url, 2) > 0, what="generation 3")
+        os.killpg(job.pid, signal.SIGKILL)
+        job.wait(timeout=60)
+    assert not (out / "summary.json").exists()
+    with reaped(start_towerlab("search", "worker", postgres_url, *ONE_CPU, log=tmp_path / "w2.log")) as last:
+        assert last.wait(timeout=300) == 0, (tmp_path / "w2.log").read_text()
+    before = decisive(postgres_url)
+    done = run_cli("search", "run", "--resume", str(out), "--store", postgres_url)
+    assert done.returncode == 0, done.stderr
+    assert decisive(postgres_url) == before == decisive(reference / "search.db")
+    assert history(out) == history(reference)
+
+
+def holds_a_task(url: str, pid: int) -> bool:
+    with Store(url, create=False) as store:
+        return any(t.state == "claimed" and (t.worker or "").split(":")[1] == str(pid)
+                   for s in store.searches() for t in store.tasks(s.id))
+
+
+def test_the_database_restarted_mid_search_loses_nothing(tmp_path, space, reference, postgres_server, postgres_url):
+    out = tmp_path / "search"
+    with reaped(start_towerlab(*SEARCH, "--space", space, "--store", postgres_url, "--out", str(out),
+                               log=tmp_path / "log")) as job:
+        wait_for(lambda: trained(postgres_url, 1) > 0, what="generation 2")
+        postgres_server.stop()
+        time.sleep(3)
+        postgres_server.start()
+        assert job.wait(timeout=300) == 0, (tmp_path / "log").read_text()
+    text = (tmp_path / "log").read_text()
+    assert "lost the search store's database" in text and "reached the search store's database" in text, text
+    assert "Traceback" not in text
+    assert decisive(postgres_url) == decisive(reference / "search.db")
+    assert history(out) == history(reference)
+
+
+def test_a_database_out_of_reach_at_the_start_is_one_line(tmp_path, space, postgres_server):
+    away = f"postgresql://postgres@127.0.0.1:{postgres_server.port}/no_such_database"
+    done = run_cli(*SEARCH, "--space", space, "--store", away, "--out", str(tmp_path / "search"))
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert "cannot reach the search store's database" in done.stderr and "no_such_database" in done.stderr
+    assert not (tmp_path / "search").exists()
+    done = run_cli("search", "worker", away, *ONE_CPU)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+
+
+def test_a_password_is_never_printed_or_recorded(tmp_path, space, postgres_url):
+    secret = postgres_url.replace("postgres@", "postgres:s3cret-pw@")  # the test server trusts any password
+    out = tmp_path / "search"
+    done = run_cli(*SEARCH, "--space", space, "--generations", "1", "--store", secret, "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    assert "s3cret-pw" not in done.stdout + done.stderr
+    for path in out.iterdir():
+        if path.suffix in (".json", ".jsonl"):
+            assert "s3cret-pw" not in path.read_text(), path
+    config = json.loads((out / "config.json").read_text())
+    assert config["store"] == config["search"]["store"] == postgres_url.replace("postgres@", "postgres:***@")
+    with Store(postgres_url) as store:
+        assert "s3cret-pw" not in json.dumps([row.config for row in store.searches()])
+    # A resume finds the password where the URL came from: $TOWERLAB_STORE.
+    done = run_cli("search", "run", "--resume", str(out), "--generations", "2", env={"TOWERLAB_STORE": secret})
+    assert done.returncode == 0 and "s3cret-pw" not in done.stdout + done.stderr, done.stderr
+
+
+def test_two_searches_share_one_store_at_once(tmp_path, space, postgres_url):
+    """Two searches of the same space run at once: each finishes with its own history; a genome one of
+    them trained before the other's generation began is served to the other from the cache."""
+    jobs = [start_towerlab(*SEARCH, "--space", space, "--seed", str(seed), "--store", postgres_url,
+                           "--out", str(tmp_path / f"s{seed}"), log=tmp_path / f"log{seed}") for seed in (1, 2)]
+    for seed, job in zip((1, 2), jobs):
+        with reaped(job):
+            assert job.wait(timeout=300) == 0, (tmp_path / f"log{seed}").read_text()
+    with Store(postgres_url) as store:
+        searches = store.searches()
+        assert [s.finished is not None for s in searches] == [True, True]
+        for search in searches:
+            for gen in store.generations(search.id):
+                for member in gen.results:
+                    row = store.lookup(member["genome_hash"], search.train_config_hash, search.id)
+                    assert row.search_id == search.id or row.id <= gen.watermark
+    done = run_cli("search", "show", postgres_url)
+    assert done.returncode == 0 and done.stdout.count("finished") == 2, done.stdout

@@ -22,6 +22,7 @@ import json
 import os
 import platform
 import socket
+import stat
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -100,13 +101,27 @@ class OutputFolder:
         """An open descriptor of `lock`, exclusively locked. The file is removed when the job ends, so
         the lock counts only if it is still the file at that path (else a job that opened the old one
         just before its removal would own a file nobody else sees)."""
+        with contextlib.suppress(FileNotFoundError):  # a device is not even opened
+            if not stat.S_ISREG(os.lstat(lock).st_mode):
+                self._forget()
+                raise self._foreign_lock(lock, "a symbolic link" if lock.is_symlink() else "not a regular file")
         while True:
             try:
-                fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+                # O_NOFOLLOW, O_NONBLOCK: a planted link is never followed (its target would be truncated
+                # below), and a planted pipe never blocks the open; neither is taken for the lock.
+                fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
             except OSError as exc:
                 self._forget()
+                if exc.errno == errno.ELOOP:
+                    raise self._foreign_lock(lock, "a symbolic link") from None
                 raise UserError(f"cannot write into output folder {self.path}: {_reason(exc)}: "
                                 "choose another --out") from None
+            status = os.fstat(fd)
+            if not stat.S_ISREG(status.st_mode) or status.st_nlink > 1:  # 0: removed meanwhile, see below
+                os.close(fd)
+                self._forget()
+                raise self._foreign_lock(lock, "not a regular file" if not stat.S_ISREG(status.st_mode)
+                                         else "a second name of another file (a hard link)")
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError as exc:
@@ -123,9 +138,14 @@ class OutputFolder:
                 pass
             os.close(fd)
 
+    def _foreign_lock(self, lock: Path, what: str) -> UserError:
+        return UserError(f"output folder {self.path} holds {lock.name}, which is {what}, not a lock towerlab "
+                         f"made: remove it if it is yours, or choose another --out")
+
     def holds_results(self) -> bool:
-        """Whether anything besides the lock is in the folder."""
-        return self.path.is_dir() and any(p.name != LOCK_NAME for p in self.path.iterdir())
+        """Whether anything besides the lock (a plain file of that name) is in the folder."""
+        return self.path.is_dir() and any(p.name != LOCK_NAME or p.is_symlink() or not p.is_file()
+                                          for p in self.path.iterdir())
 
     def require_new(self) -> None:
         if not self.holds_results():

@@ -25,7 +25,7 @@ from typing import Any, Mapping
 from towerlab.config import RunConfig, SearchConfig, TrainConfig, upgrade_search_config
 from towerlab.fields import checked_values, from_dict, replace, to_dict, unknown_keys
 from towerlab.errors import UserError
-from towerlab.data.readers import require_regular_file
+from towerlab.atomic import require_regular_file
 
 try:
     import tomllib

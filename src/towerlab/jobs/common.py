@@ -91,6 +91,7 @@ class OutputFolder:
                 pass  # another job made it a moment ago: the lock decides who owns it
             except OSError as exc:
                 raise UserError(f"cannot create output folder {path}: {_reason(exc)}: choose another --out") from None
+        self._refuse_special_files()
         self._fd = self._lock(path / LOCK_NAME)
         _held_locks.add(self._fd)
         with contextlib.suppress(OSError):  # the pid only makes the refusal of another job more helpful
@@ -137,6 +138,18 @@ class OutputFolder:
             except FileNotFoundError:
                 pass
             os.close(fd)
+
+    def _refuse_special_files(self) -> None:
+        """A pipe, socket or device in the folder (a resumed job writes its files there), named or
+        reached through a link, is refused before anything is written: never appended to, never
+        replaced by a regular file."""
+        for entry in self.path.iterdir():
+            if entry.name != LOCK_NAME:  # the lock has checks of its own (_lock)
+                try:
+                    atomic.require_regular_file(entry, "the output")
+                except UserError:
+                    raise UserError(f"output folder {self.path} holds {entry.name}, which is not a regular file "
+                                    "(a named pipe, socket or device): remove it, or choose another --out") from None
 
     def _foreign_lock(self, lock: Path, what: str) -> UserError:
         return UserError(f"output folder {self.path} holds {lock.name}, which is {what}, not a lock towerlab "
@@ -190,7 +203,8 @@ def _read_owner(fd: int) -> str:
 def check_writable_file(path: str | os.PathLike, flag: str) -> None:
     """A file the job will create at `path`, or in `path` when it is a folder (its missing folders
     made on the way): refused in one line, before anything starts, when a file stands where a folder
-    must be, or the nearest existing folder cannot be written."""
+    must be, the nearest existing folder cannot be written, or `path` is a pipe, socket or device."""
+    atomic.require_regular_file(path, flag)
     folder = Path(path) if Path(path).is_dir() else Path(path).parent
     existing = next(p for p in (folder, *folder.parents) if p.exists() or p == Path(p.anchor or "."))
     if not existing.is_dir():

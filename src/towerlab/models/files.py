@@ -13,7 +13,7 @@ from towerlab.errors import UserError
 from towerlab.models import build_model, uses_channels_last
 from towerlab.models.classifier import Classifier
 from towerlab.models.custom import for_shape, instantiate
-from towerlab.data.readers import require_regular_file
+from towerlab.atomic import require_regular_file
 
 
 def model_record(model: nn.Module, name: str, input_shape: tuple[int, ...], num_classes: int,

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator, Mapping, Union
 
+from towerlab.atomic import require_regular_file
 from towerlab.config import CUSTOM_MODEL, OPTIMIZERS
 from towerlab.errors import UserError
 from towerlab.models import CATALOG
@@ -420,8 +421,6 @@ def load_space(name_or_path: str | Path) -> Space:
     if not path.exists():
         raise UserError(f"unknown search space {text!r}: use {', '.join(BUILTIN_SPACES)} "
                         f"or the path of a TOML file")
-    from towerlab.data.readers import require_regular_file
-
     require_regular_file(path)
     try:
         with open(path, "rb") as f:

@@ -120,6 +120,24 @@ def test_a_grid_too_large_to_hold_is_refused_before_any_folder(tmp_path, capsys)
     assert err.count("\n") == 1 and not (tmp_path / "grid").exists()
 
 
+def test_a_limited_grid_of_ranges_too_large_to_list_trains_at_once(tmp_path, capsys):
+    """issue 50: 10**24 genomes (two float ranges of 10**12 points) and an int range to 10**18."""
+    space = tmp_path / "huge.toml"
+    space.write_text('model = "mlp"\n[genes]\nneurons = [16]\nlayers = {low = 1, high = 1000000000000000000}\n'
+                     'lr = {low = 1e-4, high = 0.1, log = true, points = 1000000000000}\n'
+                     'label_smoothing = {low = 0.0, high = 0.2, points = 1000000000000}\n')
+    out = tmp_path / "grid"
+    # the genome drawn asks for more than 1000 mlp layers: a failed candidate, recorded, so the search ends with 2
+    assert main(["grid", *BASE, "--space", str(space), "--limit", "1", "--remeasure", "0", "--out", str(out)]) == 2
+    summary = json.loads((out / "summary.json").read_text())
+    assert (summary["evaluations"], summary["failures"]) == (1, 1)
+    assert "all 1 candidates failed (the first: UserError: model option layers must be at most 1000" in \
+        capsys.readouterr().err
+    assert main(["grid", *BASE, "--space", str(space), "--out", str(tmp_path / "all")]) == 2
+    err = capsys.readouterr().err
+    assert "genomes: grid a random subset with --limit N" in err.splitlines()[-1] and not (tmp_path / "all").exists()
+
+
 def test_a_cpu_search_runs_a_worker_per_core_each_training_on_one_thread(monkeypatch):
     from towerlab.distributed import env
     from towerlab.distributed.env import search_threads, search_workers

@@ -93,25 +93,35 @@ class Range:
         """How many values it holds: an int, or math.inf for an unstepped float range."""
         if self.kind == "float" and self.step is None:
             return math.inf
-        return round((self.high - self.low) / (self.step or 1)) + 1
+        if self.kind == "int":  # exact, however wide (a float quotient loses the last values past 2**53)
+            return (int(self.high) - int(self.low)) // int(self.step or 1) + 1
+        return round((self.high - self.low) / self.step) + 1
 
     def value_at(self, index: int) -> float:
         """The value at `index` of a stepped (or int) range, in increasing order."""
         value = self.low + index * (self.step or 1)
         return value if self.kind == "int" else min(float(value), self.high)
 
-    def grid_values(self) -> tuple | None:
-        """The values a grid tries (None: an unstepped float range without `points`)."""
+    @property
+    def grid_count(self) -> int | None:
+        """How many values a grid tries (None: an unstepped float range without `points`)."""
         if self.count != math.inf:
-            return tuple(self.value_at(i) for i in range(int(self.count)))
-        if self.points is None:
-            return None
+            return int(self.count)
+        return self.points
+
+    def grid_value_at(self, index: int) -> Any:
+        """The value at `index` of those a grid tries, in increasing order, without listing the others:
+        every value of an int or stepped range; `points` values of a float range, evenly spaced from
+        low to high (on the log scale with `log`)."""
+        if self.count != math.inf:
+            return self.value_at(index)
+        last = self.points - 1
+        if index in (0, last):
+            return float(self.low if index == 0 else self.high)
         if self.log:
             a, b = math.log(self.low), math.log(self.high)
-            inner = [math.exp(a + (b - a) * i / (self.points - 1)) for i in range(1, self.points - 1)]
-        else:
-            inner = [self.low + (self.high - self.low) * i / (self.points - 1) for i in range(1, self.points - 1)]
-        return (float(self.low), *inner, float(self.high))
+            return math.exp(a + (b - a) * index / last)
+        return self.low + (self.high - self.low) * index / last
 
     def draw(self, rng: np.random.Generator) -> Any:
         """A value drawn from the range's distribution (uniform, or log-uniform with `log`)."""
@@ -120,7 +130,7 @@ class Range:
             x = math.exp(rng.uniform(math.log(self.low - pad), math.log(self.high + pad)))
             return self.clip(round(x)) if self.kind == "int" else self.clip(x)
         if self.count != math.inf:
-            return self.value_at(int(rng.integers(int(self.count))))
+            return self.value_at(uniform_below(rng, int(self.count)))
         return self.clip(float(rng.uniform(self.low, self.high)))
 
     def moved(self, rng: np.random.Generator, value: Any) -> Any:
@@ -161,6 +171,21 @@ class Range:
 
 
 Gene = Union[tuple, Range]
+
+
+def uniform_below(rng: np.random.Generator, n: int) -> int:
+    """An int drawn uniformly from 0 .. n - 1, n of any size: numpy's own draw below 2**63 (so a
+    seed draws what it always drew), 63 random bits at a time above it, rejecting what falls past n."""
+    if n <= 2**63:
+        return int(rng.integers(n))
+    bits = (n - 1).bit_length()
+    while True:
+        x = 0
+        for _ in range(-(-bits // 63)):
+            x = (x << 63) | int(rng.integers(2**63))
+        x >>= -bits % 63
+        if x < n:
+            return x
 
 
 def canonical(genome: Mapping[str, Any]) -> str:
@@ -249,18 +274,26 @@ class Space:
                    else any(type(v) is type(genome[k]) and v == genome[k] for v in values)
                    for k, values in self.genes.items())
 
-    def gridded(self) -> Space:
-        """The space a grid walks: each range replaced by its `grid_values` (UserError for an
-        unstepped float range without `points`)."""
-        genes = {}
+    def grid_counts(self) -> list[int]:
+        """How many values a grid tries of each gene: a list's, and a range's `grid_count` (UserError
+        for an unstepped float range without `points`). A range is never listed out."""
+        counts = []
         for name, values in self.genes.items():
-            if isinstance(values, Range):
-                values = values.grid_values()
-                if values is None:
-                    raise UserError(f"space {self.name}: a grid cannot list float gene {name!r} (a range without "
-                                    f"step): add points = N (N values from low to high) or step = S to it")
-            genes[name] = values
-        return Space(self.name, self.model, genes)
+            count = values.grid_count if isinstance(values, Range) else len(values)
+            if count is None:
+                raise UserError(f"space {self.name}: a grid cannot list float gene {name!r} (a range without "
+                                f"step): add points = N (N values from low to high) or step = S to it")
+            counts.append(count)
+        return counts
+
+    def grid_genome_at(self, index: int, counts: list[int] | None = None) -> dict:
+        """The genome at position `index` of the grid, the last gene varying fastest, as `genome_at`
+        numbers a space's genomes (`counts`: `grid_counts()`, where the caller has them)."""
+        genome = {}
+        for (name, values), count in zip(reversed(list(self.genes.items())), reversed(counts or self.grid_counts())):
+            index, digit = divmod(index, count)
+            genome[name] = values.grid_value_at(digit) if isinstance(values, Range) else values[digit]
+        return {name: genome[name] for name in self.genes}
 
     def to_dict(self) -> dict:
         return {"name": self.name, "model": self.model, "genes": {k: _gene_json(v) for k, v in self.genes.items()}}

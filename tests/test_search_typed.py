@@ -200,6 +200,34 @@ def test_a_limited_grid_draws_what_it_drew_when_it_listed_its_ranges():
     assert grid_genomes(space, None, 0) == listed
 
 
+@pytest.mark.parametrize("gene, fragment", [
+    ({"low": -1e308, "high": 1e308}, "is wider than the largest float (high - low overflows)"),
+    ({"low": -10**308, "high": 10**308}, "is wider than the largest float"),
+    ({"low": 0.0, "high": 1e308, "step": 1e-300}, "cuts the range into more values than a float counts"),
+    ({"low": 1, "high": 2**1100}, "got 1 and an int of 332 digits"),
+])
+def test_a_range_no_sampler_could_draw_from_is_refused_in_one_line(gene, fragment):
+    """issue 50: these passed validation, then crashed a sampler (OverflowError) or validation itself."""
+    with pytest.raises(UserError) as err:
+        load_space(json.dumps({"model": "custom", "genes": {"x": gene}}))
+    assert fragment in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("sampler", ["random", "ga", "tpe", "grid"])
+@pytest.mark.parametrize("gene", [{"low": 0, "high": 2**70}, {"low": -2**63, "high": 2**63},
+                                  {"low": -8e307, "high": 8e307, "points": 3}])
+def test_every_sampler_draws_from_ranges_past_64_bits_and_near_the_largest_float(sampler, gene, tmp_path):
+    if sampler == "tpe":
+        pytest.importorskip("optuna")
+    space = load_space(json.dumps({"model": "custom", "genes": {"x": gene, "y": [1, 2]}}))
+    settings = {"limit": 6} if sampler == "grid" else {}
+    cfg = SearchConfig(sampler=sampler, population=None if sampler == "grid" else 4, generations=3, remeasure=0,
+                       settings=settings)
+    result = search(tmp_path / "s.db", cfg, space, lambda c: Outcome.ok(0.5, epochs=1, seconds=0.01))
+    genomes = [m.genome for g in result.history for m in g.members]
+    assert len(genomes) >= 4 and all(space.contains(g) for g in genomes)
+
+
 def test_tpe_gets_optunas_int_and_float_distributions(typed):
     optuna = pytest.importorskip("optuna")
     sampler = make_sampler(SearchConfig(sampler="tpe"), load_space(typed))

@@ -385,7 +385,20 @@ def check_genes(model: str, genes: Mapping[str, Any], where: str) -> dict[str, G
 
 
 def _is_number(x: Any) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+    """A finite int or float (not a bool); an int past the floats' range (2**1024) is none."""
+    if not isinstance(x, (int, float)) or isinstance(x, bool):
+        return False
+    try:
+        return math.isfinite(x)
+    except OverflowError:
+        return False
+
+
+def _short(x: Any) -> str:
+    """A value for a message: an int of more than 20 digits by its size (10**300 has 301 digits)."""
+    if isinstance(x, int) and not isinstance(x, bool) and len(str(abs(x))) > 20:
+        return f"{'-' if x < 0 else ''}an int of {len(str(abs(x)))} digits"
+    return repr(x)
 
 
 def parse_range(gene: str, spec: Mapping[str, Any], rule: GeneRule, where: str) -> Range:
@@ -399,7 +412,7 @@ def parse_range(gene: str, spec: Mapping[str, Any], rule: GeneRule, where: str) 
         raise UserError(f"{where}: a range needs low and high, e.g. {{low = 1, high = 8}}")
     low, high = spec["low"], spec["high"]
     if not (_is_number(low) and _is_number(high)):
-        raise UserError(f"{where}: low and high must be finite numbers, got {low!r} and {high!r}")
+        raise UserError(f"{where}: low and high must be finite numbers, got {_short(low)} and {_short(high)}")
     if rule.kind == "choice":
         raise UserError(f"{where} takes a list of values ({rule.describe()}), not a range")
     kind = "int" if isinstance(low, int) and isinstance(high, int) and rule.kind in ("int", "any") else "float"
@@ -412,6 +425,9 @@ def parse_range(gene: str, spec: Mapping[str, Any], rule: GeneRule, where: str) 
         low, high = float(low), float(high)
     if not low < high:
         raise UserError(f"{where}: low ({low!r}) must be below high ({high!r}); a fixed value is a list of one")
+    if not math.isfinite(float(high) - float(low)):  # every sampler draws and moves within high - low
+        raise UserError(f"{where}: the range from {_short(low)} to {_short(high)} is wider than the largest float "
+                        "(high - low overflows): narrow it")
     log, step, points = spec.get("log", False), spec.get("step"), spec.get("points")
     if not isinstance(log, bool):
         raise UserError(f"{where}: log must be true or false, got {log!r}")
@@ -423,6 +439,9 @@ def parse_range(gene: str, spec: Mapping[str, Any], rule: GeneRule, where: str) 
         if not _is_number(step) or step <= 0 or (kind == "int" and not isinstance(step, int)):
             raise UserError(f"{where}: step must be a positive {'int' if kind == 'int' else 'number'}, got {step!r}")
         steps = (high - low) / step
+        if not math.isfinite(steps):
+            raise UserError(f"{where}: step {step!r} cuts the range into more values than a float counts: "
+                            "take a larger step")
         if abs(steps - round(steps)) > 1e-9 * max(1.0, steps):
             raise UserError(f"{where}: high - low ({high - low!r}) must be a multiple of step ({step!r})")
         step = step if kind == "int" else float(step)

@@ -17,6 +17,20 @@ from typing import Any
 from towerlab.errors import UserError
 
 
+def json_loads(text: str, where: str) -> Any:
+    """JSON text as Python values, a key given twice in one object refused (json.loads keeps the last
+    of them without a word), as TOML refuses it: `where` names the text in the message."""
+    def unique(pairs: list[tuple[str, Any]]) -> dict:
+        found: dict = {}
+        for key, value in pairs:
+            if key in found:
+                raise UserError(f"{where} gives the key {key!r} twice in one object: keep one")
+            found[key] = value
+        return found
+
+    return json.loads(text, object_pairs_hook=unique)
+
+
 def to_dict(cfg: Any) -> dict:
     """The config's fields as a dict; a field marked `flat` (SearchConfig.settings) gives its items
     among the others."""

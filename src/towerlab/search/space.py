@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Iterator, Mapping, Union
 from towerlab.atomic import require_regular_file
 from towerlab.config import CUSTOM_MODEL, OPTIMIZERS
 from towerlab.errors import UserError
+from towerlab.fields import json_loads
 from towerlab.models import CATALOG
 from towerlab.models.options import FRACTION, POSITIVE_INT, GeneRule
 
@@ -376,9 +377,9 @@ def check_genes(model: str, genes: Mapping[str, Any], where: str) -> dict[str, G
             if ok is None:
                 raise UserError(f"{where}: gene {gene!r} has value {value!r}, "
                                 f"expected {rule.describe()}")
-            if ok in seen:
+            if (type(ok), ok) in seen:  # with its type: 1 == True, yet [1, true] are two values, as in a genome
                 raise UserError(f"{where}: gene {gene!r} lists {value!r} twice: list each value once")
-            seen.add(ok)
+            seen.add((type(ok), ok))
             normalized.append(ok)
         checked[gene] = tuple(normalized)
     return checked
@@ -462,7 +463,7 @@ def load_space(name_or_path: str | Path) -> Space:
         return BUILTIN_SPACES[text]
     if text.lstrip().startswith("{"):
         try:
-            data = json.loads(text)
+            data = json_loads(text, "the search space given as JSON")
         except ValueError as e:
             raise UserError(f"the search space given as JSON is not valid JSON: {e}") from None
         if not isinstance(data, dict):
@@ -475,8 +476,8 @@ def load_space(name_or_path: str | Path) -> Space:
                         f"or the path of a TOML file")
     require_regular_file(path)
     try:
-        with open(path, "rb") as f:
-            data = tomllib.load(f)
+        # utf-8-sig: a byte-order mark, as some Windows editors write, is no TOML (tomllib refuses it)
+        data = tomllib.loads(path.read_bytes().decode("utf-8-sig"))
     except OSError as e:
         raise UserError(f"cannot read {where}: {e.strerror or e}") from None
     except tomllib.TOMLDecodeError as e:

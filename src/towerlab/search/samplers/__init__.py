@@ -171,6 +171,16 @@ def make_sampler(cfg: SearchConfig, space: Space) -> Sampler:
     return sampler
 
 
+def budget_left(cfg: SearchConfig, history: Sequence[Generation]) -> int | None:
+    """How many new trainings --max-evaluations leaves the generation about to be proposed (None:
+    no limit), counted as the engine counts them (each generation's `evaluated`). A sampler whose
+    proposals cost time need make no more than it takes to find that many genomes new to the
+    history: the engine cuts the generation where the budget is reached."""
+    if cfg.max_evaluations is None:
+        return None
+    return max(0, cfg.max_evaluations - sum(g.stats.evaluated for g in history))
+
+
 def random_genome(rng: np.random.Generator, space: Space) -> dict:
     """Each gene drawn from its distribution: uniformly among a list's values, from a range as
     `Range.draw` says."""

@@ -137,8 +137,12 @@ def require_module(cfg: TrainConfig, module: Any, function: Any) -> None:
     unknown = [] if function is None else sorted(not_taken(function, cfg.model_options))
     if unknown:
         name = getattr(function, "__name__", "your function")
+        keywords = keyword_options(function)
+        if keywords is None:  # **kwargs: the option is named like a positional parameter
+            raise UserError(f"--model-opt {unknown[0]}: {name} gets {unknown[0]} as a positional parameter (the "
+                            "data's), so an option of that name would give it twice: rename the option")
         raise UserError(f"--model-opt {unknown[0]}: {name}(input_shape, num_classes, ...) takes no keyword argument "
-                        f"{unknown[0]!r} (it takes: {', '.join(keyword_options(function)) or 'none'})")
+                        f"{unknown[0]!r} (it takes: {', '.join(keywords) or 'none'})")
 
 
 def network_source(module: Any, function: Any, data: Any, options: dict) -> Any:

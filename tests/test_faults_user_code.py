@@ -16,10 +16,68 @@ import pytest
 from towerlab.cli import main
 from util import SEARCH_BASE, TINY, run_cli
 
+MODEL = '''
+import sys
+from torch import nn
+
+
+class Net(nn.Sequential):
+    def forward(self, x):
+        if self.training and EXIT_IN_FORWARD:
+            sys.exit(3)
+        if not self.training and RAISE_IN_EVAL:
+            raise RuntimeError("no predictions today")
+        return super().forward(x)
+
+
+def make(input_shape, num_classes, width=8):
+    if width == 13:
+        sys.exit()
+    if width == 14:
+        raise ValueError("width 14 is unlucky")
+    c, h, w = input_shape
+    return Net(nn.Flatten(), nn.Linear(c * h * w, width), nn.ReLU(), nn.Linear(width, num_classes))
+
+
+EXIT_IN_FORWARD = RAISE_IN_EVAL = False
+'''
+
+
 def one_line(err: str, fragment: str) -> None:
     lines = err.splitlines()
     assert len(lines) == 1 and lines[0].startswith("towerlab: error: ") and fragment in lines[0], err
 
+
+
+@pytest.fixture
+def model_file(tmp_path) -> Path:
+    path = tmp_path / "mynet.py"
+    path.write_text(MODEL)
+    return path
+
+
+def test_an_optuna_py_beside_the_model_file_is_not_towerlabs_optuna(model_file, tmp_path):
+    """The model file's folder went first on sys.path, so towerlab's own `import optuna` took the file."""
+    (model_file.parent / "optuna.py").write_text("import pathlib\npathlib.Path(__file__).with_name('HIJACKED')"
+                                                 ".write_text('')\nraise SystemExit('not optuna')\n")
+    space = tmp_path / "space.toml"
+    space.write_text('model = "custom"\n[genes]\nwidth = [8, 9]\n')
+    elsewhere = tmp_path / "cwd"
+    elsewhere.mkdir()
+    result = run_cli("search", "run", "--sampler", "tpe", *SEARCH_BASE, "--space", str(space), "--population", "2",
+                     "--generations", "1", "--remeasure", "0", "--model", f"{model_file}:make",
+                     "--out", str(tmp_path / "s"), cwd=elsewhere, timeout=240)
+    assert result.returncode == 0, result.stderr
+    assert not (tmp_path / "HIJACKED").exists()
+
+
+def test_a_model_file_still_imports_its_neighbours(tmp_path, capsys):
+    (tmp_path / "blocks_of_mine.py").write_text("WIDTH = 5\n")
+    (tmp_path / "net.py").write_text(MODEL.replace("def make(input_shape, num_classes, width=8):",
+                                                   "from blocks_of_mine import WIDTH\n\n\n"
+                                                   "def make(input_shape, num_classes, width=WIDTH):"))
+    assert main(["train", *TINY, "--steps", "1", "--model", f"{tmp_path / 'net.py'}:make",
+                 "--out", str(tmp_path / "run")]) == 0
 
 
 KWARGS_MODEL = '''

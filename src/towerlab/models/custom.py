@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import importlib
@@ -17,13 +18,16 @@ from torch import nn
 from towerlab.errors import UserError
 
 _LOADED: dict[str, str] = {}  # module name -> the file load_function imported it from
+_FOLDERS: list[str] = []  # the folders load_function put on sys.path, the latest first
 
 
 def load_function(spec: str, flag: str = "--model", what: str = "FUNCTION") -> Any:
     """What `FILE.py:NAME` names (a function, a network class, a network), imported from its file as a
-    module of its folder, as `python FILE.py` would find its neighbours (and so that spawned workers,
-    which get this process's sys.path, import it by name as well). `flag` and `what` word the errors:
-    `--model FILE.py:FUNCTION` for a search's model function, `--module FILE.py:NAME` for a run's."""
+    module of its folder, so that it finds its neighbours (`import blocks` beside it) and spawned
+    workers, which get this process's sys.path, import it by name as well. Its folder goes at the
+    end of sys.path, never first: a file beside it named like a module towerlab imports (an
+    optuna.py) must not replace that module. `flag` and `what` word the errors: `--model
+    FILE.py:FUNCTION` for a search's model function, `--module FILE.py:NAME` for a run's."""
     path_text, _, name = spec.rpartition(":")
     path = Path(path_text)
     if not path_text or not name.isidentifier() or (path.suffix != ".py" and not path.is_file()):
@@ -33,10 +37,7 @@ def load_function(spec: str, flag: str = "--model", what: str = "FUNCTION") -> A
         raise UserError(f"{flag} {spec}: no file {path_text}")
     if path.suffix != ".py":
         raise UserError(f"{flag} {spec}: {path_text} is not a Python file (FILE.py)")
-    folder = str(path.resolve().parent)
-    if folder in sys.path:
-        sys.path.remove(folder)
-    sys.path.insert(0, folder)  # first, over a folder an earlier call put there
+    _on_path(str(path.resolve().parent))
     if _LOADED.get(path.stem, os.path.realpath(path)) != os.path.realpath(path):
         sys.modules.pop(path.stem, None)  # a file of the same name that this function loaded before
         importlib.invalidate_caches()
@@ -53,6 +54,21 @@ def load_function(spec: str, flag: str = "--model", what: str = "FUNCTION") -> A
     if not callable(found):
         raise UserError(f"{flag} {spec}: {path_text} defines no {name}")
     return found
+
+
+def _on_path(folder: str) -> None:
+    """`folder` on sys.path after everything that was there before load_function (the standard
+    library, the installed packages), ahead of the folders of files it loaded earlier (so that a
+    file of the same name in another folder is found for this call)."""
+    if folder in _FOLDERS:
+        _FOLDERS.remove(folder)
+        with contextlib.suppress(ValueError):
+            sys.path.remove(folder)
+    elif folder in sys.path:
+        return  # on the path already, where whoever put it there wants it
+    ours = [i for i, entry in enumerate(sys.path) if entry in _FOLDERS]
+    sys.path.insert(ours[0] if ours else len(sys.path), folder)
+    _FOLDERS.insert(0, folder)
 
 
 def for_shape(source: Any, input_shape: tuple, num_classes: int, options: dict) -> Any:

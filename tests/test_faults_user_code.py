@@ -48,12 +48,70 @@ def one_line(err: str, fragment: str) -> None:
     assert len(lines) == 1 and lines[0].startswith("towerlab: error: ") and fragment in lines[0], err
 
 
-
 @pytest.fixture
 def model_file(tmp_path) -> Path:
     path = tmp_path / "mynet.py"
     path.write_text(MODEL)
     return path
+
+
+@pytest.mark.parametrize("width, fragment", [
+    (13, "your make failed building the network at mynet.py:17: it called sys.exit()"),
+    (14, "your make failed building the network at mynet.py:19: ValueError: width 14 is unlucky"),
+])
+@pytest.mark.parametrize("devices", ["1", "2"])
+def test_a_model_function_that_exits_or_raises_ends_train_with_one_line(width, fragment, devices, model_file,
+                                                                         tmp_path):
+    """sys.exit() ended `train` with exit status 0 and no word; a ValueError was a traceback."""
+    out = tmp_path / "run"
+    result = run_cli("train", *TINY, "--devices", devices, "--steps", "2", "--model", f"{model_file}:make",
+                     "--model-opt", f"width={width}", "--out", str(out), cwd=tmp_path, timeout=180)
+    assert result.returncode == 2, result.stderr
+    one_line(result.stderr, fragment)
+    assert not out.exists()
+
+
+def test_sys_exit_in_a_forward_during_training_is_a_failure(model_file, tmp_path):
+    model_file.write_text(MODEL.replace("EXIT_IN_FORWARD = RAISE", "EXIT_IN_FORWARD = True\nRAISE"))
+    result = run_cli("train", *TINY, "--steps", "2", "--model", f"{model_file}:make", "--out", str(tmp_path / "run"),
+                     cwd=tmp_path, timeout=180)
+    assert result.returncode == 2
+    assert result.stderr.splitlines()[-1] == ("towerlab: error: the training stopped: code of yours that it ran (the "
+                                              "network's forward, or what it calls) called sys.exit(3)")
+    assert not (tmp_path / "run" / "summary.json").exists()
+
+
+def test_a_search_records_a_model_function_that_exits_as_a_failed_candidate(model_file, tmp_path):
+    space = tmp_path / "space.toml"
+    space.write_text('model = "custom"\n[genes]\nwidth = [8, 13, 14]\n')
+    out = tmp_path / "grid"
+    result = run_cli("grid", *SEARCH_BASE, "--space", str(space), "--remeasure", "0", "--model", f"{model_file}:make",
+                     "--out", str(out), cwd=tmp_path, timeout=240)
+    assert result.returncode == 0, result.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert (summary["evaluations"], summary["failures"]) == (3, 2)
+    from towerlab.search import evaluation_records
+
+    reasons = {r["genome"]["width"]: r["reason"] for r in evaluation_records(out / "search.db")}
+    assert reasons[8] is None
+    assert reasons[13] == "UserError: your make failed building the network at mynet.py:17: it called sys.exit()"
+    assert reasons[14].endswith("at mynet.py:19: ValueError: width 14 is unlucky")
+
+
+def test_evaluate_and_predict_say_in_one_line_what_a_network_of_yours_raised(model_file, tmp_path, capsys):
+    run = tmp_path / "run"
+    assert main(["train", *TINY, "--steps", "2", "--model", f"{model_file}:make", "--out", str(run)]) == 0
+    broken = tmp_path / "broken.py"
+    broken.write_text(MODEL.replace("width == 14", "width == 8"))
+    assert main(["evaluate", str(run), "--module", f"{broken}:make"]) == 2
+    one_line(capsys.readouterr().err, "your make failed building the network at broken.py:19: ValueError")
+    moody = tmp_path / "moody.py"  # builds the same network, whose forward fails outside training
+    moody.write_text(MODEL.replace("EXIT_IN_FORWARD = RAISE_IN_EVAL = False", "EXIT_IN_FORWARD, RAISE_IN_EVAL = False, True"))
+    images = tmp_path / "x.npz"
+    np.savez(images, x=np.zeros((2, 28, 28), np.uint8))
+    assert main(["predict", str(run), str(images), "--module", f"{moody}:make", "--out", str(tmp_path / "p.npz")]) == 2
+    one_line(capsys.readouterr().err, "your Net failed on the images at moody.py:11: RuntimeError: no predictions today")
+    assert not (tmp_path / "p.npz").exists()
 
 
 def test_an_optuna_py_beside_the_model_file_is_not_towerlabs_optuna(model_file, tmp_path):

@@ -11,6 +11,7 @@ rest from it: its optimizer settings, learning rate, batch size, schedule, augme
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import inspect
 import math
@@ -149,7 +150,7 @@ def estimated_cost(cfg: SearchConfig, model: Model, genome: dict, input_shape: t
     try:
         with torch.device("meta"), FlopCounterMode(display=False) as counter:
             network(model, genome, input_shape, num_classes)(torch.zeros(1, *input_shape))
-    except Exception:  # noqa: BLE001 - the candidate will fail in training and be recorded so
+    except (Exception, SystemExit):  # noqa: BLE001 - the candidate will fail in training and be recorded so
         return 0.0
     return float(counter.get_total_flops()) * tc.epochs
 
@@ -168,7 +169,9 @@ def train_candidate(cfg: SearchConfig, model: Model, genome: dict, seed: int, da
     tc = candidate_config(cfg, model, genome, seed, max_epochs)
     how = numerics(tc, device)
     try:
-        source = (lambda: network(model, genome, data.input_shape, data.num_classes)) if callable(model) else None
+        # the function itself with its arguments (not a lambda), so that its failure names it
+        source = functools.partial(model, data.input_shape, data.num_classes, **model_genes(genome)) \
+            if callable(model) else None
         result = train(tc, Context(device=device), data, test=test, stop=stop, setup_apart=False, source=source)
     except Interrupted:
         raise
@@ -177,6 +180,8 @@ def train_candidate(cfg: SearchConfig, model: Model, genome: dict, seed: int, da
         reason = "out of memory"
     except Diverged as exc:
         reason = str(exc)
+    except SystemExit as exc:  # sys.exit() in a model function or its forward: that code failed, not the search
+        reason = f"SystemExit: code the candidate ran called sys.exit({'' if exc.code is None else repr(exc.code)})"
     except Exception as exc:  # noqa: BLE001 - a candidate's failure is data: the search goes on
         reason = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
     else:

@@ -13,17 +13,18 @@ from __future__ import annotations
 import io
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
 from towerlab import atomic
-from towerlab.config import RunConfig, TrainConfig
+from towerlab.config import CUSTOM_MODEL, RunConfig, TrainConfig
 from towerlab.fields import from_dict, replace
 from towerlab.errors import UserError
 from towerlab.jobs.common import quiet, read_config
+from towerlab.models.custom import user_code_failed
 from towerlab.models.files import load_model
 from towerlab.data.readers import labels_as_int64, npz_arrays
 
@@ -71,7 +72,7 @@ def score_run(path: str | os.PathLike, data: Any = None, *, split: str = "test",
         name, source = cfg.dataset, dataset.source
     if len(x) == 0:
         raise UserError(f"{name} has no {split} images to evaluate on")
-    logits = model.logits(x)
+    logits = _of_yours(record, model, lambda: model.logits(x))
     labels = torch.as_tensor(np.asarray(y)).long()
     result = {"dataset": name, "split": split, "n": len(labels),
               "accuracy": float((logits.argmax(1) == labels).double().mean()),
@@ -80,6 +81,19 @@ def score_run(path: str | os.PathLike, data: Any = None, *, split: str = "test",
     if recorded is not None:
         result["recorded"] = recorded
     return result
+
+
+def _of_yours(record: dict, model: Any, compute: Callable[[], Any]) -> Any:
+    """`compute()`, the network's forward over the images; an error raised there by a network of
+    your own (model.pt's model "custom") is one line naming where, not a traceback."""
+    try:
+        return compute()
+    except UserError:
+        raise
+    except (Exception, SystemExit) as exc:  # noqa: BLE001 - whatever your forward raises
+        if record.get("name") != CUSTOM_MODEL:
+            raise  # a built-in network's failure is our bug: its traceback
+        raise user_code_failed(exc, type(model.network), "on the images") from None
 
 
 def _trained_on(record: dict, file: Path) -> TrainConfig:
@@ -128,9 +142,9 @@ def predict_file(path: str | os.PathLike, images_path: str | os.PathLike, out: s
     file = model_file(path)
     out = Path(out) if out is not None else Path(f"{Path(images_path).stem}-predictions.npz")
     atomic.refuse_overwriting(out, (file, images_path), (file.parent,))
-    model, _record = load_model(file, module=module)
+    model, record = load_model(file, module=module)
     images, labels, image_key, label_key = read_images(images_path)
-    probabilities = model.predict_proba(images)
+    probabilities = _of_yours(record, model, lambda: model.predict_proba(images))
     predictions = probabilities.argmax(1)
     accuracy = None
     if labels is not None:

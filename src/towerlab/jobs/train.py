@@ -13,6 +13,7 @@ torchrun.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import signal
 import sys
@@ -20,7 +21,7 @@ import time
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 
@@ -158,7 +159,7 @@ def _process(rank: int, world_size: int, store_path: str | None, cfg: TrainConfi
              function: Any = None) -> int:
     torch.set_num_threads(run.threads or default_threads(local_processes(run)))
     out = Path(out_dir)
-    with StopFlag() as stop, session(rank=rank, world_size=world_size, store_path=store_path,
+    with _exit_is_failure(), StopFlag() as stop, session(rank=rank, world_size=world_size, store_path=store_path,
                                      timeout=run.timeout, device=run.device) as ctx:
         data = worker_data(ctx, functools.partial(train_data, cfg, run), data, fallback)
         module = network_source(module, function, data, cfg.model_options)
@@ -196,6 +197,18 @@ def _process(rank: int, world_size: int, store_path: str | None, cfg: TrainConfi
         finally:
             reporter.close()
     return 0
+
+
+@contextlib.contextmanager
+def _exit_is_failure() -> Iterator[None]:
+    """A SystemExit inside a training comes from code of yours (no towerlab code below here calls
+    sys.exit: a model function and a module's forward are checked before): a failure of that code
+    (exit status 2, one line, like any error of a model of yours), never a clean end with status 0."""
+    try:
+        yield
+    except SystemExit as exc:
+        raise UserError(f"the training stopped: code of yours that it ran (the network's forward, or what it "
+                        f"calls) called sys.exit({'' if exc.code is None else repr(exc.code)})") from None
 
 
 def _resumes_from(step: int, cfg: TrainConfig, data: Any, ctx: Context) -> str:

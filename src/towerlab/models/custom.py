@@ -10,6 +10,7 @@ import importlib
 import inspect
 import os
 import sys
+import traceback
 from pathlib import Path
 from typing import Any, Callable
 
@@ -43,6 +44,9 @@ def load_function(spec: str, flag: str = "--model", what: str = "FUNCTION") -> A
         importlib.invalidate_caches()
     try:
         module = importlib.import_module(path.stem)
+    except SystemExit as exc:  # a script's top level that parses its own argv, or calls sys.exit()
+        raise UserError(f"{flag} {spec}: importing {path_text} called sys.exit({'' if exc.code is None else exc.code!r})"
+                        ": keep a script's own code under if __name__ == \"__main__\":") from None
     except Exception as exc:  # noqa: BLE001 - whatever the user's file raises, say so in one line
         raise UserError(f"{flag} {spec}: importing {path_text} failed: {type(exc).__name__}: "
                         f"{str(exc).splitlines()[0] if str(exc) else ''}") from None
@@ -69,6 +73,26 @@ def _on_path(folder: str) -> None:
     ours = [i for i, entry in enumerate(sys.path) if entry in _FOLDERS]
     sys.path.insert(ours[0] if ours else len(sys.path), folder)
     _FOLDERS.insert(0, folder)
+
+
+def user_code_failed(exc: BaseException, source: Any, what: str) -> UserError:
+    """One line for an exception raised by code of yours (`source`: the function, class or factory
+    that ran; `what`: what it was doing), naming where in your file it was raised. A SystemExit from
+    it is its failure too, never a clean end of towerlab: `sys.exit()` in a model function ended
+    `train` and `search run` with exit status 0 and no word."""
+    function = getattr(source, "func", source)  # a functools.partial: the function it calls
+    name = getattr(function, "__qualname__", None) or type(function).__name__
+    where = ""
+    with contextlib.suppress(TypeError, OSError):
+        file = inspect.getsourcefile(function)
+        lines = [frame.lineno for frame in traceback.extract_tb(exc.__traceback__) if frame.filename == file]
+        if file and lines:
+            where = f" at {Path(file).name}:{lines[-1]}"
+    if isinstance(exc, SystemExit):
+        why = f"it called sys.exit({'' if exc.code is None else repr(exc.code)})"
+    else:
+        why = f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}".rstrip(": ")
+    return UserError(f"your {name} failed {what}{where}: {why}")
 
 
 def for_shape(source: Any, input_shape: tuple, num_classes: int, options: dict) -> Any:
@@ -98,7 +122,12 @@ def instantiate(source: nn.Module | Callable[[], nn.Module]) -> nn.Module:
                             "(model=YourModule, or model=lambda: YourModule(...))") from None
     if not callable(source):
         raise UserError(f"model must be a name, an nn.Module or a function returning one, got {type(source).__name__}")
-    module = source()
+    try:
+        module = source()
+    except UserError:
+        raise  # a check of towerlab's that your code called (models.options): its line says it all
+    except (Exception, SystemExit) as exc:  # noqa: BLE001 - whatever your code raises, one line
+        raise user_code_failed(exc, source, "building the network") from None
     if not isinstance(module, nn.Module):
         raise UserError(f"your model factory returned {type(module).__name__}, not an nn.Module")
     return module

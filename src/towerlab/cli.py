@@ -290,11 +290,11 @@ def _print_config(**sections: object) -> int:
 
 def _cmd_search_show(args: argparse.Namespace) -> int:
     from towerlab.search import Store, evaluation_records, format_search
-    from towerlab.search.show import records_csv, records_json, store_path
+    from towerlab.search.show import records_csv, records_json, records_of, store_path
 
     if args.plot:
         atomic.refuse_overwriting(args.plot, (store_path(args.path),), (args.path,), option="--plot")
-    with Store(store_path(args.path), create=False) as store:
+    with Store(store_path(args.path), create=False) as store, records_of(store):
         if args.csv or args.json or args.plot:
             records = evaluation_records(store)
             if args.plot:
@@ -329,14 +329,14 @@ def _own_module_flag() -> Iterator[None]:
 
 def _cmd_search_export(args: argparse.Namespace) -> int:
     from towerlab.search import Store
-    from towerlab.search.export import export_optuna
+    from towerlab.search.export import export_optuna, printable
     from towerlab.search.show import store_path
 
     path = store_path(args.path)
     with Store(path, create=False) as store:
         name = args.study_name or (Path(args.path).resolve().name if Path(args.path).is_dir() else path.stem)
         for study, trials in export_optuna(store, args.optuna, name):
-            print(f"study {study}: {trials} trials -> {args.optuna}")
+            print(f"study {study}: {trials} trials -> {printable(args.optuna)}")
     return 0
 
 

@@ -241,6 +241,12 @@ def _start_state(cfg: TrainConfig, run: RunConfig, ctx: Context, out: Path, dige
 def _decide_start(cfg: TrainConfig, run: RunConfig, ctx: Context, out: Path,
                   max_bytes: int | None = None) -> dict | None:
     if run.resume:
+        if not checkpoint.exists(out / CHECKPOINT) and not any((out / f).exists() for f in ("model.pt", "summary.json")):
+            # Stopped (killed, out of disk) before its first checkpoint: config.json holds all it needs to
+            # begin again, and no other command would take the folder.
+            stderr_line(f"towerlab: {out} holds no checkpoint yet (the run stopped before its first): starting it "
+                        "over from step 0 with its recorded settings")
+            return None
         return _resume_state(cfg, ctx, out, max_bytes)
     restarts = torchrun_restart()[1]
     if restarts_here(out, cfg):

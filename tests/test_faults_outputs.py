@@ -130,3 +130,16 @@ def test_the_atomic_writer_never_replaces_a_pipe(tmp_path):
     with pytest.raises(UserError, match="is not a regular file"):
         atomic.write_json(tmp_path / "f", {})
     assert (tmp_path / "f").is_fifo() and os.listdir(tmp_path) == ["f"]
+
+
+def test_predict_out_a_folder_writes_into_that_folder(run, tmp_path, capsys):
+    """issue 50: `--out dir/` wrote a file named dir."""
+    np.savez(tmp_path / "x.npz", x=np.zeros((3, 28, 28), np.uint8))
+    (tmp_path / "results").mkdir()
+    for out in (f"{tmp_path / 'results'}/", str(tmp_path / "results")):
+        assert main(["predict", str(run), str(tmp_path / "x.npz"), "--out", out]) == 0
+        assert f"-> {tmp_path / 'results' / 'x-predictions.npz'}" in capsys.readouterr().out
+        assert os.listdir(tmp_path / "results") == ["x-predictions.npz"]
+    assert main(["predict", str(run), str(tmp_path / "x.npz"), "--out", f"{tmp_path / 'missing'}/"]) == 2
+    one_line(capsys.readouterr().err, "names a folder that does not exist")
+    assert not (tmp_path / "missing").exists()

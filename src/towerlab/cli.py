@@ -138,7 +138,7 @@ def _model_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("run", metavar="RUN_DIR", help="a run's output folder, or a model.pt")
     p.add_argument("images", help="an .npz holding the images")
     p.add_argument("--out", default=None, help="where to write the predictions (.npz; default: "
-                                               "<images name>-predictions.npz here)")
+                                               "<images name>-predictions.npz here, or in --out when it is a folder)")
     p.add_argument("--module", metavar="FILE.py:NAME", default=None, help=MODULE_HELP)
     p.set_defaults(handler=_cmd_predict)
 

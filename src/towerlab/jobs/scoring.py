@@ -134,13 +134,24 @@ def read_images(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray | None,
     return arrays[image_key], arrays[label_key] if label_key else None, image_key, label_key
 
 
+def _predictions_path(out: str | os.PathLike | None, images_path: str | os.PathLike) -> Path:
+    """Where predict writes: `out`, or <images stem>-predictions.npz in the current folder or, where
+    `out` is a folder (it exists as one, or its name ends in a slash), in that folder."""
+    name = f"{Path(images_path).stem}-predictions.npz"
+    if out is None:
+        return Path(name)
+    if str(out).endswith(("/", os.sep)) and not Path(out).is_dir():
+        raise UserError(f"--out {out} names a folder that does not exist: make it first, or give a file name")
+    return Path(out) / name if Path(out).is_dir() else Path(out)
+
+
 def predict_file(path: str | os.PathLike, images_path: str | os.PathLike, out: str | os.PathLike | None = None,
                  *, module: Any = None) -> dict:
     """Label the images of `images_path` with the model of run `path`; writes `out` (default
-    <images stem>-predictions.npz in the current folder) holding `predictions` (N,) and
+    <images stem>-predictions.npz in the current folder, or in `out` when it is a folder) holding `predictions` (N,) and
     `probabilities` (N, classes). Returns {"out", "n", "accuracy" (None without labels), ...}."""
     file = model_file(path)
-    out = Path(out) if out is not None else Path(f"{Path(images_path).stem}-predictions.npz")
+    out = _predictions_path(out, images_path)
     atomic.refuse_overwriting(out, (file, images_path), (file.parent,))
     model, record = load_model(file, module=module)
     images, labels, image_key, label_key = read_images(images_path)

@@ -4,6 +4,7 @@ the search commands refuse, with real (tiny, synthetic) training."""
 import csv
 import io
 import json
+import re
 
 import pytest
 
@@ -136,6 +137,26 @@ def test_a_limited_grid_of_ranges_too_large_to_list_trains_at_once(tmp_path, cap
     assert main(["grid", *BASE, "--space", str(space), "--out", str(tmp_path / "all")]) == 2
     err = capsys.readouterr().err
     assert "genomes: grid a random subset with --limit N" in err.splitlines()[-1] and not (tmp_path / "all").exists()
+
+
+@pytest.mark.parametrize("command, hidden, shown", [
+    (["grid"], ["--population", "--elite", "GeneticSettings"], ["--limit", "--generations"]),
+    (["evolve"], ["--limit", "GridSettings"], ["--population", "--elite"]),
+    (["search", "run"], [], ["--population", "--limit", "--elite"]),
+])
+def test_a_search_commands_help_lists_only_the_flags_its_sampler_reads(command, hidden, shown, capsys):
+    """issue 50: `grid --help` listed --population, which grid refuses."""
+    with pytest.raises(SystemExit) as done:
+        main([*command, "--help"])
+    assert done.value.code == 0
+    text = capsys.readouterr().out
+    def listed(flag):  # as a flag of its own, in the usage or the list (not named in another's help)
+        return re.search(rf"(^\s+|\[){re.escape(flag)}\b", text, re.M) is not None or f"\n{flag}:" in text
+
+    assert [flag for flag in hidden if listed(flag)] == [] and all(listed(flag) for flag in shown)
+    if hidden:  # still understood, and refused in the line that says which sampler reads it
+        assert main([*command, hidden[0], "5", *BASE, "--out", "never"]) == 2
+        assert "does nothing in a" in capsys.readouterr().err
 
 
 def test_a_cpu_search_runs_a_worker_per_core_each_training_on_one_thread(monkeypatch):

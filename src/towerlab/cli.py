@@ -181,6 +181,18 @@ def _search_flags(parser: argparse.ArgumentParser, kind: str) -> None:
     for settings in settings_classes():
         add_arguments(parser, settings)
     add_arguments(parser, RunConfig, skip=SEARCH_RUN_SKIP, helps=_search_run_helps(kind))
+    if kind != "search":
+        # Not in the help of a command whose sampler never reads them (grid's --population, evolve's --limit);
+        # still parsed, so that one is refused in the line saying which sampler reads it.
+        from towerlab.search import settings_of_others
+        from towerlab.settings import SEARCH_COMMANDS
+
+        unread = settings_of_others(SEARCH_COMMANDS[kind])
+        for action in parser._actions:
+            if action.dest in unread:
+                action.help = argparse.SUPPRESS
+        parser._action_groups = [g for g in parser._action_groups  # a heading over no flag at all goes too
+                                 if not g._group_actions or any(a.help != argparse.SUPPRESS for a in g._group_actions)]
 
 
 def _search_parsers(sub: argparse._SubParsersAction) -> None:

@@ -300,3 +300,23 @@ def test_best_json_names_a_model_function_by_its_file_and_its_genes_as_options(t
     assert retrain_command(cfg, local, {"lr": 0.01}, 3).startswith(
         "none: local was given from Python, not from a file; where FILE.py defines it: towerlab train --model "
         "FILE.py:local --dataset synthetic")
+
+
+def test_best_json_command_is_quoted_for_a_shell_and_keeps_every_gene_type(tmp_path):
+    """issue 50: best.json's command was joined with spaces (a gene act=$(id) ran id in a shell), and a
+    string gene "3" came back from --model-opt as the int 3."""
+    import shlex
+
+    from towerlab.jobs.candidate import retrain_command
+    from towerlab.models.custom import load_function
+
+    (tmp_path / "my net.py").write_text(MODEL_FILE.replace("width=8)", "width=8, **strings)"))
+    make = load_function(f"{tmp_path / 'my net.py'}:make")
+    genes = {"act": "$(id)", "tag": "3", "flag": "true", "quoted": '"x"', "spaced": " a", "width": 12, "on": True,
+             "lr": 0.01}
+    command = retrain_command(SearchConfig(dataset="synthetic", max_epochs=1), make, genes, 3)
+    assert "'--model-opt' " not in command and "'act=$(id)'" in command and f"'{tmp_path / 'my net.py'}:make'" in command
+    args = build_parser().parse_args(shlex.split(command)[1:])
+    assert args.model == f"{tmp_path / 'my net.py'}:make"
+    assert args.model_options == {k: v for k, v in genes.items() if k != "lr"}
+    assert [type(v) for v in args.model_options.values()] == [str, str, str, str, str, int, bool]

@@ -15,6 +15,7 @@ import functools
 import hashlib
 import inspect
 import math
+import shlex
 import time
 from pathlib import Path
 from typing import Any, Callable, Optional, Union
@@ -221,11 +222,11 @@ def retrain_command(cfg: SearchConfig, model: Model, genome: dict, seed: int, ma
     if cpu_threads is not None:
         flags += ["--device", "cpu", "--threads", str(cpu_threads)]
     if not callable(model):
-        return " ".join(["towerlab", "train", *flags])
+        return shlex.join(["towerlab", "train", *flags])  # quoted for a shell: a gene may read act=$(id)
     name = getattr(model, "__name__", "FUNCTION")
     spec = _function_file(model)
     flags[flags.index("--model") + 1] = spec or f"FILE.py:{name}"
-    command = " ".join(["towerlab", "train", *flags])
+    command = shlex.join(["towerlab", "train", *flags])
     if spec is None:
         return f"none: {name} was given from Python, not from a file; where FILE.py defines it: {command}"
     return command

@@ -16,7 +16,8 @@ from towerlab.errors import UserError
 from towerlab.search.candidates import GRID_STREAM, make_rng
 from towerlab.search.history import Generation
 from towerlab.search.samplers import Sampler
-from towerlab.search.space import Space, uniform_below
+from towerlab.search.ranges import uniform_below
+from towerlab.search.space import Space
 
 # numpy's choice() draws positions below 2**63 (int64); a larger grid is drawn by Floyd's algorithm.
 _NUMPY_CHOICE = 2**63

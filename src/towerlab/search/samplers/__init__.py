@@ -8,7 +8,7 @@ proposes the same generations again: that is how a search resumes.
 Adding a sampler: a module here with a `Sampler` subclass, and its line in `SAMPLERS`. A sampler
 with settings of its own declares them in that module, as a `SamplerSettings` dataclass of
 `setting` fields (towerlab.config) that its `Settings` names: they become flags and config keys of
-every search command, are checked when the sampler is made, recorded with the search's other
+every search command (listed in the help of those whose sampler reads them), are checked when the sampler is made, recorded with the search's other
 settings (config.json, the store) and refused in a search by another sampler. A setting's name is
 its sampler's alone: neither another sampler nor SearchConfig declares it. The command line imports
 every sampler's module to build its flags, and `towerlab --help` answers without numpy: a sampler

@@ -76,6 +76,36 @@ def test_a_model_file_asking_for_a_huge_network_is_one_line(command, run, tmp_pa
     one_line(result.stderr, "layers must be at most 1000, got 100000000")
 
 
+@pytest.mark.parametrize("command", ["predict", "evaluate"])
+@pytest.mark.parametrize("case, fragment", [
+    ("expanded", "tensor net.1.weight claims 15,680,000,000 elements over 4 bytes (an expanded view, not weights)"),
+    ("sparse", "holds a sparse_coo tensor (net.1.weight)"),
+])
+def test_a_model_file_whose_tensors_are_not_dense_weights_is_one_line(command, case, fragment, run, tmp_path):
+    """issue 50: 3 KB of stride-0 views claiming neurons=20000000 passed the shape check, then the network
+    was built for real (63 GB); a sparse tensor was a traceback from load_state_dict."""
+    from towerlab.models import build_model
+
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy)
+    record = torch.load(copy / "model.pt", weights_only=True)
+    if case == "expanded":
+        record["options"] = {**record["options"], "neurons": 20_000_000}
+        with torch.device("meta"):
+            skeleton = build_model("mlp", tuple(record["input_shape"]), record["num_classes"], **record["options"])
+        record["state_dict"] = {k: torch.zeros(1).expand(*v.shape) for k, v in skeleton.state_dict().items()}
+    else:
+        record["state_dict"] = {k: v.to_sparse() if v.dim() == 2 else v for k, v in record["state_dict"].items()}
+    torch.save(record, copy / "model.pt")
+    np.savez(tmp_path / "x.npz", x=np.zeros((3, 28, 28), np.uint8))
+    args = [str(copy), str(tmp_path / "x.npz")] if command == "predict" else [str(copy)]
+    result = subprocess.run([sys.executable, "-m", "towerlab", command, *args], capture_output=True, text=True,
+                            cwd=tmp_path, timeout=120, preexec_fn=limited_memory())
+    assert result.returncode == 2
+    one_line(result.stderr, fragment)
+    assert not list(tmp_path.glob("*predictions*"))
+
+
 @pytest.mark.parametrize("case, fragment", [
     ("truncated", "not a readable .npz"),
     ("huge header", "header claims (10000000, 10000000, 1000000)"),

@@ -79,6 +79,37 @@ def test_a_resume_with_every_free_option_changed_equals_the_uninterrupted_run(wh
     assert main(["train", "--resume", str(tmp_path / "run2")]) == 2  # (and a resume still needs its folder)
 
 
+def test_a_run_stopped_before_its_first_checkpoint_resumes_from_step_0(whole, tmp_path, capsys):
+    """issue 50: a training killed (or out of disk) before its first checkpoint left config.json and
+    metrics.jsonl, and no command took the folder: --resume said "nothing to resume", a new run "use
+    --resume". Now --resume starts the recorded run over, to the uninterrupted run's numbers."""
+    out = tmp_path / "run"
+    assert main(["train", *ARGS, "--out", str(out)]) == 0
+    for name in ("checkpoint.pt", "checkpoint.pt.prev", "model.pt", "summary.json"):
+        (out / name).unlink(missing_ok=True)
+    (out / "metrics.jsonl").write_text((out / "metrics.jsonl").read_text().splitlines()[0] + "\n")
+    capsys.readouterr()
+    assert main(["train", *ARGS, "--out", str(out)]) == 2  # a new run in its folder: resume it
+    assert f"continue that run with --resume {out}" in capsys.readouterr().err
+    assert main(["train", "--resume", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert f"towerlab: {out} holds no checkpoint yet (the run stopped before its first): starting it over from " \
+           "step 0 with its recorded settings" in err
+    assert max_difference(weights(out), whole) == 0.0
+    assert summary(out)["steps"] == 45
+
+
+def test_a_finished_run_without_its_checkpoint_is_not_started_over(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["train", *TINY, "--steps", "2", "--out", str(out)]) == 0
+    for name in ("checkpoint.pt", "checkpoint.pt.prev"):
+        (out / name).unlink(missing_ok=True)
+    kept = (out / "model.pt").read_bytes()
+    capsys.readouterr()
+    assert main(["train", "--resume", str(out)]) == 2
+    assert "nothing to resume" in capsys.readouterr().err and (out / "model.pt").read_bytes() == kept
+
+
 # -------------------------------------------------------------------------------- changed data
 
 def test_a_custom_file_replaced_under_a_resume_is_refused_or_recorded(tmp_path, monkeypatch, capsys):

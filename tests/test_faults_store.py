@@ -170,3 +170,32 @@ def test_a_damaged_store_is_one_line_naming_the_file(tmp_path, finished_search, 
         assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr, done.stderr
         assert f"search store {out / 'search.db'} is damaged" in done.stderr
         assert "restore it from a copy" in done.stderr and ".recover" in done.stderr
+
+
+@pytest.mark.parametrize("edit, fragment", [
+    ("UPDATE searches SET config = '[]'", "search 1's settings are a list"),
+    ("UPDATE searches SET config = json_remove(config, '$.max_epochs')", "search 1: it lacks max_epochs"),
+    ("UPDATE searches SET space = '\"x\"'", "search 1: str, not an object"),
+    ("UPDATE searches SET summary = '{\"top\": [3]}'", "search 1's summary: item 0: int, not an object"),
+    ("UPDATE generations SET stats = '[]'", "generation 1 of search 1: list, not an object"),
+    ("UPDATE evaluations SET genome = '[1]'", "evaluation 1: its genome or numerics are not an object"),
+])
+def test_valid_json_of_the_wrong_form_in_a_store_is_one_line(edit, fragment, tmp_path, finished_search, capsys):
+    """issue 50: a store holding valid JSON of another form than towerlab writes (an edited store) made
+    `search show` and `search export` end in a TypeError, KeyError or AttributeError traceback."""
+    optuna = pytest.importorskip("optuna")
+    store = tmp_path / "search.db"
+    store.write_bytes((finished_search / "search.db").read_bytes())
+    with sqlite3.connect(store) as db:
+        db.execute(edit)
+    commands = [["search", "show", str(store)], ["search", "show", str(store), "--csv"],
+                ["search", "export", str(store), "--optuna", f"sqlite:///{tmp_path / 'study.db'}"]]
+    statuses = []
+    for args in commands:
+        statuses.append(main(args))
+        err = capsys.readouterr().err
+        if statuses[-1] != 0:  # (a command that never reads the edited record succeeds)
+            assert statuses[-1] == 2 and err.count("\n") == 1, err
+            assert f"search store {store} holds a record of the wrong form ({fragment}" in err
+    assert 2 in statuses and (tmp_path / "study.db").exists() == (statuses[-1] == 0)
+    assert optuna is not None

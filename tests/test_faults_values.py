@@ -265,6 +265,20 @@ def test_a_model_larger_than_the_machine_is_refused(tmp_path, capsys):
         assert err.count("\n") == 1 and fragment in err, err
 
 
+@pytest.mark.parametrize("model, option", [
+    ("convnet", "dropout=2"), ("convnet", "dropout=-1"), ("convnet", "dropout=abc"), ("convnet", "dropout=nan"),
+    ("convnet", "dropout=true"), ("cnn", "kernel_size=true"), ("mlp", f"neurons={10**30}"),
+])
+def test_built_in_model_options_are_checked_before_anything_is_written(model, option, tmp_path, capsys):
+    """issue 50: the ConvNet's dropout went unchecked (2, -1, abc: a traceback; nan: a run begun and a
+    half-written folder), a bool passed for the cnn's kernel size, a width past 64 bits was a TypeError."""
+    out = tmp_path / "run"
+    assert main(["train", *TINY, "--model", model, "--model-opt", option, "--steps", "2", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("towerlab: error: ") and f"{option.split('=')[0]} must be" in err
+    assert not out.exists()
+
+
 # ---------------------------------------------------------------------------------- the records
 
 def strict(text: str):

@@ -122,6 +122,44 @@ def test_a_grid_too_large_to_hold_is_refused_before_any_folder(tmp_path, capsys)
     assert err.count("\n") == 1 and not (tmp_path / "grid").exists()
 
 
+def test_a_limited_grid_of_ranges_too_large_to_list_trains_at_once(tmp_path, capsys):
+    """issue 50: 10**24 genomes (two float ranges of 10**12 points) and an int range to 10**18."""
+    space = tmp_path / "huge.toml"
+    space.write_text('model = "mlp"\n[genes]\nneurons = [16]\nlayers = {low = 1, high = 1000000000000000000}\n'
+                     'lr = {low = 1e-4, high = 0.1, log = true, points = 1000000000000}\n'
+                     'label_smoothing = {low = 0.0, high = 0.2, points = 1000000000000}\n')
+    out = tmp_path / "grid"
+    # the genome drawn asks for more than 1000 mlp layers: a failed candidate, recorded, so the search ends with 2
+    assert main(["grid", *BASE, "--space", str(space), "--limit", "1", "--remeasure", "0", "--out", str(out)]) == 2
+    summary = json.loads((out / "summary.json").read_text())
+    assert (summary["evaluations"], summary["failures"]) == (1, 1)
+    assert "all 1 candidates failed (the first: UserError: model option layers must be at most 1000" in \
+        capsys.readouterr().err
+    assert main(["grid", *BASE, "--space", str(space), "--out", str(tmp_path / "all")]) == 2
+    err = capsys.readouterr().err
+    assert "genomes: grid a random subset with --limit N" in err.splitlines()[-1] and not (tmp_path / "all").exists()
+
+
+@pytest.mark.parametrize("command, hidden, shown", [
+    (["grid"], ["--population", "--elite", "GeneticSettings"], ["--limit", "--generations"]),
+    (["evolve"], ["--limit", "GridSettings"], ["--population", "--elite"]),
+    (["search", "run"], [], ["--population", "--limit", "--elite"]),
+])
+def test_a_search_commands_help_lists_only_the_flags_its_sampler_reads(command, hidden, shown, capsys):
+    """issue 50: `grid --help` listed --population, which grid refuses."""
+    with pytest.raises(SystemExit) as done:
+        main([*command, "--help"])
+    assert done.value.code == 0
+    text = capsys.readouterr().out
+    def listed(flag):  # as a flag of its own, in the usage or the list (not named in another's help)
+        return re.search(rf"(^\s+|\[){re.escape(flag)}\b", text, re.M) is not None or f"\n{flag}:" in text
+
+    assert [flag for flag in hidden if listed(flag)] == [] and all(listed(flag) for flag in shown)
+    if hidden:  # still understood, and refused in the line that says which sampler reads it
+        assert main([*command, hidden[0], "5", *BASE, "--out", "never"]) == 2
+        assert "does nothing in a" in capsys.readouterr().err
+
+
 def test_a_cpu_search_runs_a_worker_per_core_each_training_on_one_thread(monkeypatch):
     from towerlab.distributed import env
     from towerlab.distributed.env import search_threads, search_workers
@@ -262,3 +300,23 @@ def test_best_json_names_a_model_function_by_its_file_and_its_genes_as_options(t
     assert retrain_command(cfg, local, {"lr": 0.01}, 3).startswith(
         "none: local was given from Python, not from a file; where FILE.py defines it: towerlab train --model "
         "FILE.py:local --dataset synthetic")
+
+
+def test_best_json_command_is_quoted_for_a_shell_and_keeps_every_gene_type(tmp_path):
+    """issue 50: best.json's command was joined with spaces (a gene act=$(id) ran id in a shell), and a
+    string gene "3" came back from --model-opt as the int 3."""
+    import shlex
+
+    from towerlab.jobs.candidate import retrain_command
+    from towerlab.models.custom import load_function
+
+    (tmp_path / "my net.py").write_text(MODEL_FILE.replace("width=8)", "width=8, **strings)"))
+    make = load_function(f"{tmp_path / 'my net.py'}:make")
+    genes = {"act": "$(id)", "tag": "3", "flag": "true", "quoted": '"x"', "spaced": " a", "width": 12, "on": True,
+             "lr": 0.01}
+    command = retrain_command(SearchConfig(dataset="synthetic", max_epochs=1), make, genes, 3)
+    assert "'--model-opt' " not in command and "'act=$(id)'" in command and f"'{tmp_path / 'my net.py'}:make'" in command
+    args = build_parser().parse_args(shlex.split(command)[1:])
+    assert args.model == f"{tmp_path / 'my net.py'}:make"
+    assert args.model_options == {k: v for k, v in genes.items() if k != "lr"}
+    assert [type(v) for v in args.model_options.values()] == [str, str, str, str, str, int, bool]

@@ -4,6 +4,7 @@ an Optuna study, loaded back with Optuna and compared trial by trial with its st
 import math
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -106,3 +107,88 @@ def test_export_refuses_a_taken_study_name_and_a_bad_storage_in_one_line(tmp_pat
 def test_the_export_never_imports_torch():
     code = "import towerlab.search.export, sys; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.parametrize("url", ["sqlite://", "sqlite:///", "sqlite:///:memory:", "sqlite:///file:x?mode=memory&uri=true"])
+def test_an_export_into_memory_is_refused_as_it_saves_nothing(url, searched, capsys):
+    """issue 50: these reported success, and the study was gone with the process."""
+    folder, _ = searched
+    assert main(["search", "export", str(folder), "--optuna", url]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"--optuna {url}: an SQLite database in memory is gone when the export ends" in err
+
+
+def test_an_export_into_its_own_store_or_a_pipe_is_refused_before_anything_is_written(tmp_path, searched, capsys):
+    """issue 50: `--optuna sqlite:///S/search.db` wrote Optuna's tables into the store it was reading."""
+    import os
+
+    store, _ = searched  # (the store's file itself)
+    kept = store.read_bytes()
+    os.symlink(store, tmp_path / "alias.db")
+    for url in (f"sqlite:///{store}", f"sqlite:///{tmp_path / 'alias.db'}"):
+        assert main(["search", "export", str(store), "--optuna", url]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "is the search store this command reads" in err
+    assert store.read_bytes() == kept
+    folder = store
+    os.mkfifo(tmp_path / "pipe.db")
+    assert main(["search", "export", str(folder), "--optuna", f"sqlite:///{tmp_path / 'pipe.db'}"]) == 2
+    assert "is not a regular file" in capsys.readouterr().err and (tmp_path / "pipe.db").is_fifo()
+
+
+def test_an_export_that_fails_midway_leaves_nothing_and_a_retry_succeeds(tmp_path, searched, capsys, monkeypatch):
+    """issue 50: on a full disk the export was a traceback, and the empty study it had begun made a retry
+    say the storage "already holds a study"."""
+    import sqlite3
+
+    folder, _ = searched
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    shared = f"sqlite:///{tmp_path / 'shared.db'}"
+    optuna.create_study(storage=shared, study_name="someone-elses")
+    real = optuna.study.Study.add_trials
+
+    def full(self, trials):
+        try:
+            raise sqlite3.OperationalError("database or disk is full")
+        except sqlite3.OperationalError as exc:
+            raise optuna.exceptions.StorageInternalError("An exception is raised during the commit.") from exc
+
+    monkeypatch.setattr(optuna.study.Study, "add_trials", full)
+    for target in (url, shared):
+        assert main(["search", "export", str(folder), "--optuna", target]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "could not write the studies to the Optuna storage" in err
+        assert "OperationalError: database or disk is full; nothing was written" in err
+    assert not (tmp_path / "study.db").exists()  # the file it made is gone
+    assert [s.study_name for s in optuna.get_all_study_summaries(shared)] == ["someone-elses"]
+    monkeypatch.setattr(optuna.study.Study, "add_trials", real)
+    for target in (url, shared):
+        assert main(["search", "export", str(folder), "--optuna", target]) == 0
+        assert capsys.readouterr().out.startswith("study my-search: ")
+
+
+def test_a_real_full_disk_under_an_export_leaves_no_file(tmp_path, searched):
+    folder, _ = searched
+    empty = tmp_path / "empty.db"
+    optuna.storages.get_storage(f"sqlite:///{empty}")  # the tables alone: a little less than the export needs
+    limit = empty.stat().st_size + 1024
+    code = ("import resource, signal, sys\nsignal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
+            f"resource.setrlimit(resource.RLIMIT_FSIZE, ({limit}, {limit}))\n"
+            "from towerlab.cli import main\nsys.exit(main(sys.argv[1:]))\n")
+    done = subprocess.run([sys.executable, "-c", code, "search", "export", str(folder), "--optuna",
+                           f"sqlite:///{tmp_path / 'study.db'}"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and "Traceback" not in done.stderr, done.stderr
+    assert not list(tmp_path.glob("study.db*"))
+
+
+def test_an_export_from_a_folder_whose_name_is_not_utf8(tmp_path, capsys):
+    """issue 50: the default study name (the folder's) held bytes that are no UTF-8: a traceback."""
+    import os
+
+    folder = Path(os.fsdecode(bytes(tmp_path) + b"/s\xff"))
+    with Store(folder) as store:
+        run_search(CFG, load_space(SPACE), serial(fitness), store, TCH)
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    assert main(["search", "export", str(folder), "--optuna", url]) == 0
+    assert capsys.readouterr().out.startswith("study s\ufffd: ")
+    assert [s.study_name for s in optuna.get_all_study_summaries(url)] == ["s\ufffd"]

@@ -159,6 +159,43 @@ def test_tpe_resumes_mid_generation_to_the_uninterrupted_history(tmp_path):
     assert search(tmp_path / "s.db", tpe_config(), fitness=smooth, resume=True) == reference
 
 
+def test_tpe_asks_no_more_trials_than_the_budget_can_train(tmp_path, monkeypatch):
+    """issue 50: --population 1,000,000 with --max-evaluations 2 was still asking Optuna for trials after
+    13.5 minutes (each ask costs time in proportion to the trials before it)."""
+    pytest.importorskip("optuna")
+    sampler = make_sampler(tpe_config(population=300, generations=1, max_evaluations=2), load_space("mlp"))
+    asked = []
+    ask = sampler._study.ask
+    monkeypatch.setattr(sampler._study, "ask", lambda *a: asked.append(1) or ask(*a))
+    assert len(sampler.propose([])) == len(asked) <= 3
+    result = search(tmp_path / "s.db", tpe_config(population=1_000_000, generations=1, max_evaluations=2),
+                    fitness=smooth)
+    assert (result.evaluations, len(result.history[0].members)) == (2, 2)
+
+
+def test_tpe_proposing_within_the_budget_keeps_every_generation_it_made_before(tmp_path, monkeypatch):
+    """The trials asked first do not depend on how many follow: a budget-cut generation has the members
+    (repeats and all) it had when the whole population was asked."""
+    pytest.importorskip("optuna")
+    from towerlab.search.samplers.tpe import TPESampler
+
+    def asking_everything(self, history):  # the sampler before issue 50
+        self._asked = [self._study.ask(self._distributions) for _ in range(self.population)]
+        return [{name: t.params[name] for name in self.space.genes} for t in self._asked]
+
+    space = Space("tiny", "mlp", {"neurons": (16, 32), "layers": (1, 2), "activation": ("relu", "tanh")})
+    cfg = tpe_config(population=12, generations=4, max_evaluations=7)
+    now = search(tmp_path / "now.db", cfg, space=space, fitness=smooth_small)
+    monkeypatch.setattr(TPESampler, "propose", asking_everything)
+    before = search(tmp_path / "before.db", cfg, space=space, fitness=smooth_small)
+    assert now == before and now.evaluations == 7 and now.cache_hits > 0
+
+
+def smooth_small(candidate):
+    g = candidate.genome
+    return Outcome.ok(0.5 + g["neurons"] / 4096 + g["layers"] / 20 + (g["activation"] == "relu") / 10)
+
+
 def test_tpe_without_optuna_is_one_clear_line(monkeypatch):
     real_import = builtins.__import__
 

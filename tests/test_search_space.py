@@ -143,6 +143,22 @@ def test_bad_space_files_name_the_file_and_the_problem(tmp_path, text, message):
     assert "\n" not in str(err.value)
 
 
+def test_a_list_holds_true_beside_1_and_false_beside_0(tmp_path):
+    """issue 50: [8, 1, true] "listed True twice" (1 == True in Python); in a genome they are two values."""
+    space = load_space(str(write(tmp_path, 'model = "custom"\n[genes]\nflag = [8, 1, true, 0, false]\n')))
+    assert space.genes["flag"] == (8, 1, True, 0, False) and space.size == 5
+    with pytest.raises(UserError, match="lists True twice"):
+        load_space(str(write(tmp_path, 'model = "custom"\n[genes]\nflag = [true, 1, true]\n')))
+
+
+def test_a_space_file_with_a_byte_order_mark_loads_and_a_json_space_names_a_key_given_twice(tmp_path):
+    path = tmp_path / "bom.toml"
+    path.write_bytes(b"\xef\xbb\xbf" + b'model = "mlp"\n[genes]\nlayers = [1, 2]\n')
+    assert load_space(str(path)).genes == {"layers": (1, 2)}
+    with pytest.raises(UserError, match="gives the key 'layers' twice in one object"):
+        load_space('{"model": "mlp", "genes": {"layers": [1], "layers": [2]}}')
+
+
 def test_missing_or_unreadable_space_file(tmp_path):
     with pytest.raises(UserError, match="unknown search space 'nope.toml': use mlp, cnn, whitenet or the path"):
         load_space("nope.toml")

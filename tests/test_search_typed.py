@@ -3,6 +3,7 @@ and a dict; every sampler draws, mutates or lists them; the store keeps their va
 Fake fitness, no torch."""
 
 import importlib.util
+import itertools
 import json
 import math
 import struct
@@ -165,6 +166,66 @@ def test_grid_lists_ranges_and_refuses_a_float_range_without_points(tmp_path, ty
     assert all(space.contains(g) for g in genomes)
     subset = grid_genomes(space, 5, 3)
     assert len(subset) == 5 and all(g in genomes for g in subset)
+
+
+def test_a_grid_never_lists_a_range_out(tmp_path):
+    """issue 50: --limit 1 of a 30-million-value int range took 7 minutes and 6.3 GB, a range to 10**18 or
+    points = 10**12 was a MemoryError: a limited grid now draws positions and builds only those genomes."""
+    space = Space("huge", "cnn", {"dense": Range("int", 1, 10**18),
+                                  "dropout": Range("float", 0.0, 0.5, points=10**12), "blocks": (1, 2)})
+    picked = grid_genomes(space, 3, 0)
+    assert len(picked) == 3 and all(space.contains(g) for g in picked)
+    assert picked == grid_genomes(space, 3, 0) != grid_genomes(space, 3, 1)
+    positions = [(g["dense"] - 1) * 2 * 10**12 for g in picked]  # the grid keeps its order
+    assert positions == sorted(positions)
+    wide = Space("wide", "cnn", {"dense": Range("int", 1, 30_000_000)})
+    assert [g["dense"] for g in grid_genomes(wide, 4, 7)] == sorted(g["dense"] for g in grid_genomes(wide, 4, 7))
+    assert make_sampler(SearchConfig(sampler="grid", settings={"limit": 2}), space).population == 2
+    with pytest.raises(UserError, match=r"has 2000000000000000000000000000000 genomes: grid a random subset"):
+        make_sampler(SearchConfig(sampler="grid"), space)
+    exact = Space("exact", "cnn", {"dense": Range("int", 0, 2**60 + 1)})  # counted without a float's rounding
+    assert exact.size == 2**60 + 2 and exact.genome_at(2**60 + 1) == {"dense": 2**60 + 1}
+
+
+def test_a_limited_grid_draws_what_it_drew_when_it_listed_its_ranges():
+    """The positions of a grid small enough to be listed before are still numpy's choice() of them."""
+    space = Space("s", "cnn", {"filters": (8, 16), "dense": Range("int", 1, 40),
+                               "lr": Range("float", 1e-4, 0.1, log=True, points=5)})
+    listed = [dict(zip(("filters", "dense", "lr"), v)) for v in itertools.product(
+        (8, 16), range(1, 41), [1e-4, *(math.exp(math.log(1e-4) + (math.log(0.1) - math.log(1e-4)) * i / 4)
+                                    for i in range(1, 4)), 0.1])]
+    picks = np.random.Generator(np.random.PCG64(np.random.SeedSequence(3, spawn_key=(1,)))).choice(
+        len(listed), size=7, replace=False)
+    assert grid_genomes(space, 7, 3) == [listed[int(i)] for i in sorted(picks)]
+    assert grid_genomes(space, None, 0) == listed
+
+
+@pytest.mark.parametrize("gene, fragment", [
+    ({"low": -1e308, "high": 1e308}, "is wider than the largest float (high - low overflows)"),
+    ({"low": -10**308, "high": 10**308}, "is wider than the largest float"),
+    ({"low": 0.0, "high": 1e308, "step": 1e-300}, "cuts the range into more values than a float counts"),
+    ({"low": 1, "high": 2**1100}, "got 1 and an int of 332 digits"),
+])
+def test_a_range_no_sampler_could_draw_from_is_refused_in_one_line(gene, fragment):
+    """issue 50: these passed validation, then crashed a sampler (OverflowError) or validation itself."""
+    with pytest.raises(UserError) as err:
+        load_space(json.dumps({"model": "custom", "genes": {"x": gene}}))
+    assert fragment in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("sampler", ["random", "ga", "tpe", "grid"])
+@pytest.mark.parametrize("gene", [{"low": 0, "high": 2**70}, {"low": -2**63, "high": 2**63},
+                                  {"low": -8e307, "high": 8e307, "points": 3}])
+def test_every_sampler_draws_from_ranges_past_64_bits_and_near_the_largest_float(sampler, gene, tmp_path):
+    if sampler == "tpe":
+        pytest.importorskip("optuna")
+    space = load_space(json.dumps({"model": "custom", "genes": {"x": gene, "y": [1, 2]}}))
+    settings = {"limit": 6} if sampler == "grid" else {}
+    cfg = SearchConfig(sampler=sampler, population=None if sampler == "grid" else 4, generations=3, remeasure=0,
+                       settings=settings)
+    result = search(tmp_path / "s.db", cfg, space, lambda c: Outcome.ok(0.5, epochs=1, seconds=0.01))
+    genomes = [m.genome for g in result.history for m in g.members]
+    assert len(genomes) >= 4 and all(space.contains(g) for g in genomes)
 
 
 def test_tpe_gets_optunas_int_and_float_distributions(typed):

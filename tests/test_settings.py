@@ -57,6 +57,8 @@ DEEP = 100_000
     ("run.toml", "[train]\nmodel_options = {layers = 1}\nmodel-opt = {layers = 2}\n",
      "run.toml [train] keys model_options and model-opt both set model_options"),
     ("run.toml", "lr = 0.1\n[train]\nlr = 0.2\n", "run.toml sets lr at the top level and under [train]"),
+    ("run.json", '{"lr": 0.1, "steps": 2, "lr": 0.2}', "config file run.json gives the key 'lr' twice in one object"),
+    ("run.json", '{"train": {"steps": 2, "steps": 3}}', "gives the key 'steps' twice"),
 ])
 def test_a_config_file_too_deep_or_setting_a_key_twice_is_one_line(name, text, fragment, tmp_path, capsys,
                                                                    monkeypatch):
@@ -66,6 +68,15 @@ def test_a_config_file_too_deep_or_setting_a_key_twice_is_one_line(name, text, f
     err = capsys.readouterr().err
     assert fragment in err and err.count("\n") == 1
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("name, text", [("run.toml", 'model = "mlp"\nlr = 0.5\n'),
+                                        ("run.json", '{"model": "mlp", "lr": 0.5}')])
+def test_a_config_file_that_begins_with_a_byte_order_mark_is_read(name, text, tmp_path):
+    """issue 50: a UTF-8 BOM (Notepad writes one) made a TOML file "invalid"."""
+    (tmp_path / name).write_bytes(b"\xef\xbb\xbf" + text.encode())
+    cfg, _ = resolve_train(parse("train", "--config", str(tmp_path / name)))
+    assert (cfg.model, cfg.lr) == ("mlp", 0.5)
 
 
 @pytest.mark.parametrize("text", ['resume = "{first}"\n', '[run]\nresume = "{first}"\n'])

@@ -11,6 +11,7 @@ import contextlib
 import json
 import math
 import os
+import stat
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -26,11 +27,32 @@ def _fsync_dir(folder: Path) -> None:
             os.close(fd)
 
 
+def require_regular_file(path: str | os.PathLike, option: str | None = None) -> None:
+    """Refuse a path that exists and is a named pipe, socket or device (through a link, too), for
+    every file a command reads or writes: read, one blocks until a writer comes, or never ends;
+    written, the rename of a new file would replace the device itself (as root: /dev/full became a
+    PNG). `option`: the flag that named an output (None: an input, or a file a job writes into its
+    folder). A missing path or a folder is left to the reader's or writer's own message."""
+    try:
+        mode = os.stat(path).st_mode
+    except (OSError, ValueError):  # missing, a dangling link, a name the file system refuses
+        return
+    if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
+        return
+    if option is None:
+        raise UserError(f"{path} is not a regular file (a named pipe, socket or device): give a file")
+    raise UserError(f"{option} {path} is not a regular file (a named pipe, socket or device), and towerlab "
+                    "writes only in place of a regular file: write to another path")
+
+
 def write_bytes(path: str | Path, data: bytes, *, replaces: str | Path | None = None) -> None:
     """`data` to `path`, atomically. `replaces`: the file this one is on its way to replacing, when
     that is not `path` itself (a checkpoint is written aside, then rotated in): a failure says
-    whether a previous version of it is intact."""
+    whether a previous version of it is intact. A path that is a pipe, socket or device is refused
+    (`require_regular_file`), never replaced."""
     path = Path(path)
+    for target in {path, Path(replaces or path)}:
+        require_regular_file(target, "the output")
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         with open(tmp, "wb") as f:
@@ -54,10 +76,12 @@ def is_job_folder(folder: Path) -> bool:
 
 def refuse_overwriting(out: str | Path, inputs: Iterable[str | Path], folders: Iterable[str | Path] = (),
                        option: str = "--out") -> None:
-    """Refuse, before anything is read or written, an output path that would replace one of the
-    command's inputs (the same file, by any name) or an existing file of a run or search folder
-    among `folders`: a command that only reads must not destroy what it read."""
+    """Refuse, before anything is read or written, an output path that is a pipe, socket or device
+    (`require_regular_file`) or that would replace one of the command's inputs (the same file, by
+    any name) or an existing file of a run or search folder among `folders`: a command that only
+    reads must not destroy what it read."""
     out = Path(out)
+    require_regular_file(out, option)
     if not out.exists():
         return
     for path in inputs:

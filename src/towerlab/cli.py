@@ -139,7 +139,8 @@ def _model_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("run", metavar="RUN_DIR", help="a run's output folder, or a model.pt")
     p.add_argument("images", help="an .npz holding the images")
     p.add_argument("--out", default=None, help="where to write the predictions (.npz; default: "
-                                               "<images name>-predictions.npz beside the images)")
+                                               "<images name>-predictions.npz beside the images, or in --out when "
+                                               "it is a folder)")
     p.add_argument("--module", metavar="FILE.py:NAME", default=None, help=MODULE_HELP)
     p.set_defaults(handler=_cmd_predict)
 
@@ -182,6 +183,18 @@ def _search_flags(parser: argparse.ArgumentParser, kind: str) -> None:
     for settings in settings_classes():
         add_arguments(parser, settings)
     add_arguments(parser, RunConfig, skip=SEARCH_RUN_SKIP, helps=_search_run_helps(kind))
+    if kind != "search":
+        # Not in the help of a command whose sampler never reads them (grid's --population, evolve's --limit);
+        # still parsed, so that one is refused in the line saying which sampler reads it.
+        from towerlab.search import settings_of_others
+        from towerlab.settings import SEARCH_COMMANDS
+
+        unread = settings_of_others(SEARCH_COMMANDS[kind])
+        for action in parser._actions:
+            if action.dest in unread:
+                action.help = argparse.SUPPRESS
+        parser._action_groups = [g for g in parser._action_groups  # a heading over no flag at all goes too
+                                 if not g._group_actions or any(a.help != argparse.SUPPRESS for a in g._group_actions)]
 
 
 def _search_parsers(sub: argparse._SubParsersAction) -> None:
@@ -320,11 +333,11 @@ def _cmd_search_worker(args: argparse.Namespace) -> int:
 
 def _cmd_search_show(args: argparse.Namespace) -> int:
     from towerlab.search import Store, evaluation_records, format_search
-    from towerlab.search.show import records_csv, records_json, store_path
+    from towerlab.search.show import records_csv, records_json, records_of, store_path
 
     if args.plot:
         atomic.refuse_overwriting(args.plot, (store_path(args.path),), (args.path,), option="--plot")
-    with Store(store_path(args.path), create=False) as store:
+    with Store(store_path(args.path), create=False) as store, records_of(store):
         if args.csv or args.json or args.plot:
             records = evaluation_records(store)
             if args.plot:
@@ -362,14 +375,14 @@ def _own_module_flag() -> Iterator[None]:
 
 def _cmd_search_export(args: argparse.Namespace) -> int:
     from towerlab.search import Store
-    from towerlab.search.export import export_optuna
+    from towerlab.search.export import export_optuna, printable
     from towerlab.search.show import store_path
 
     path = store_path(args.path)
     with Store(path, create=False) as store:
         name = args.study_name or (Path(args.path).resolve().name if Path(args.path).is_dir() else path.stem)
         for study, trials in export_optuna(store, args.optuna, name):
-            print(f"study {study}: {trials} trials -> {args.optuna}")
+            print(f"study {study}: {trials} trials -> {printable(args.optuna)}")
     return 0
 
 

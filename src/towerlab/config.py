@@ -140,7 +140,8 @@ class TrainConfig:
         metadata={
             "help": "model hyperparameter KEY=VALUE, repeatable "
             "(mlp: layers, neurons, activation; cnn: blocks, filters, kernel_size, dense, dropout; "
-            "whitenet: width1, width2, width3, depth; --model FILE.py:FUNCTION: FUNCTION's keyword arguments)",
+            "whitenet: width1, width2, width3, depth; --model FILE.py:FUNCTION: FUNCTION's keyword arguments); "
+            "VALUE is read as a number or true/false where it is one, else a string (\"3\" in double quotes: a string)",
             "flag": "model-opt",
         },
     )

@@ -5,6 +5,7 @@ particular (towerlab.config holds them)."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import difflib
 import json
@@ -15,6 +16,20 @@ import typing
 from typing import Any
 
 from towerlab.errors import UserError
+
+
+def json_loads(text: str, where: str) -> Any:
+    """JSON text as Python values, a key given twice in one object refused (json.loads keeps the last
+    of them without a word), as TOML refuses it: `where` names the text in the message."""
+    def unique(pairs: list[tuple[str, Any]]) -> dict:
+        found: dict = {}
+        for key, value in pairs:
+            if key in found:
+                raise UserError(f"{where} gives the key {key!r} twice in one object: keep one")
+            found[key] = value
+        return found
+
+    return json.loads(text, object_pairs_hook=unique)
 
 
 def to_dict(cfg: Any) -> dict:
@@ -99,7 +114,13 @@ def base_type(annotation: Any) -> tuple[type, bool]:
 
 
 def parse_option_value(text: str) -> Any:
-    """'3' -> 3, '0.5' -> 0.5, 'true' -> True, anything else stays a string."""
+    """'3' -> 3, '0.5' -> 0.5, 'true' -> True, anything else stays a string; a string in double quotes
+    is that string ('"3"' -> '3': how `to_flags` writes a string that would read as something else)."""
+    if len(text) >= 2 and text[0] == text[-1] == '"':
+        with contextlib.suppress(ValueError):
+            value = json.loads(text)
+            if isinstance(value, str):
+                return value
     lowered = text.lower()
     if lowered in ("true", "false"):
         return lowered == "true"
@@ -170,10 +191,19 @@ def to_flags(cfg: Any) -> list[str]:
             flags.append(flag if value else "--no-" + flag[2:])
         elif isinstance(value, dict):
             for key, item in value.items():
-                flags += [flag, f"{key}={item}"]
+                flags += [flag, f"{key}={option_text(item)}"]
         else:
             flags += [flag, str(value)]
     return flags
+
+
+def option_text(value: Any) -> str:
+    """A KEY=VALUE option's value as text that `parse_option_value` reads back as `value`, type and all:
+    a string that would read as a number, a bool or a quoted string ("3", "true") goes in double quotes."""
+    text = str(value).lower() if isinstance(value, bool) else str(value)
+    if isinstance(value, str) and (parse_option_value(text) != value or text != text.strip()):
+        return json.dumps(value)
+    return text
 
 
 def given(namespace: argparse.Namespace, cls: type) -> dict:

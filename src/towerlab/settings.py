@@ -23,9 +23,9 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from towerlab.config import RunConfig, SearchConfig, TrainConfig, upgrade_search_config
-from towerlab.fields import checked_values, from_dict, replace, to_dict, unknown_keys
+from towerlab.fields import checked_values, from_dict, json_loads, replace, to_dict, unknown_keys
 from towerlab.errors import UserError
-from towerlab.data.readers import require_regular_file
+from towerlab.atomic import require_regular_file
 
 try:
     import tomllib
@@ -138,8 +138,8 @@ def _parse(path: Path) -> dict:
     except OSError as exc:
         raise UserError(f"cannot read config file {path}: {exc.strerror or exc}") from None
     try:
-        text = raw.decode("utf-8")
-        data = json.loads(text) if path.suffix.lower() == ".json" else tomllib.loads(text)
+        text = raw.decode("utf-8-sig")  # a byte-order mark, as some Windows editors write, is no setting
+        data = json_loads(text, f"config file {path}") if path.suffix.lower() == ".json" else tomllib.loads(text)
     except UnicodeDecodeError:
         raise UserError(f"config file {path} is not UTF-8 text") from None
     except RecursionError:  # both parsers recurse once per level of nesting

@@ -343,6 +343,9 @@ def check_module(module: nn.Module, input_shape: tuple[int, int, int], num_class
     try:
         with torch.no_grad():
             out = module.eval()(torch.zeros(2, *input_shape, device=device))
+    except SystemExit as exc:  # sys.exit() in its forward: a failure of that code, not an end of towerlab
+        raise UserError(f"your module fails on a batch of images of shape {tuple(input_shape)} (C, H, W): its "
+                        f"forward called sys.exit({'' if exc.code is None else repr(exc.code)})") from None
     except Exception as exc:  # noqa: BLE001 - whatever the module raises, it cannot train on this data
         raise UserError(f"your module fails on a batch of images of shape {tuple(input_shape)} (C, H, W): "
                         f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}") from None

@@ -16,7 +16,6 @@ import math
 import os
 import pickle
 import pickletools
-import stat
 import struct
 import tarfile
 import zipfile
@@ -25,6 +24,7 @@ from pathlib import Path, PurePosixPath
 
 import numpy as np
 
+from towerlab.atomic import require_regular_file
 from towerlab.errors import UserError
 
 NUM_CLASSES = 10
@@ -48,17 +48,6 @@ except ImportError:  # pragma: no cover - numpy 1.x
 def _one_line(err: BaseException) -> str:
     """An error's text on one line (tarfile and zipfile list their attempts on several)."""
     return " ".join(str(err).split())
-
-
-def require_regular_file(path: str | os.PathLike) -> None:
-    """Refuse a named pipe, socket or device before opening it: reading one blocks until a writer
-    comes, or never ends. (A missing file or a folder is left to the opener's own message.)"""
-    try:
-        mode = os.stat(path).st_mode
-    except OSError:
-        return
-    if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
-        raise UserError(f"{path} is not a regular file (a named pipe, socket or device): give a file")
 
 
 # ----------------------------------------------------------------------------------------------- IDX

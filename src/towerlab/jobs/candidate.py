@@ -11,9 +11,11 @@ rest from it: its optimizer settings, learning rate, batch size, schedule, augme
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import inspect
 import math
+import shlex
 import time
 from typing import Any, Callable, Optional, Union
 
@@ -149,7 +151,7 @@ def estimated_cost(cfg: SearchConfig, model: Model, genome: dict, input_shape: t
     try:
         with torch.device("meta"), FlopCounterMode(display=False) as counter:
             network(model, genome, input_shape, num_classes)(torch.zeros(1, *input_shape))
-    except Exception:  # noqa: BLE001 - the candidate will fail in training and be recorded so
+    except (Exception, SystemExit):  # noqa: BLE001 - the candidate will fail in training and be recorded so
         return 0.0
     return float(counter.get_total_flops()) * tc.epochs
 
@@ -168,7 +170,9 @@ def train_candidate(cfg: SearchConfig, model: Model, genome: dict, seed: int, da
     tc = candidate_config(cfg, model, genome, seed, max_epochs)
     how = numerics(tc, device)
     try:
-        source = (lambda: network(model, genome, data.input_shape, data.num_classes)) if callable(model) else None
+        # the function itself with its arguments (not a lambda), so that its failure names it
+        source = functools.partial(model, data.input_shape, data.num_classes, **model_genes(genome)) \
+            if callable(model) else None
         result = train(tc, Context(device=device), data, test=test, stop=stop, setup_apart=False, source=source)
     except Interrupted:
         raise
@@ -177,6 +181,8 @@ def train_candidate(cfg: SearchConfig, model: Model, genome: dict, seed: int, da
         reason = "out of memory"
     except Diverged as exc:
         reason = str(exc)
+    except SystemExit as exc:  # sys.exit() in a model function or its forward: that code failed, not the search
+        reason = f"SystemExit: code the candidate ran called sys.exit({'' if exc.code is None else repr(exc.code)})"
     except Exception as exc:  # noqa: BLE001 - a candidate's failure is data: the search goes on
         reason = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
     else:
@@ -212,11 +218,11 @@ def retrain_command(cfg: SearchConfig, model: Model, genome: dict, seed: int, ma
     if cpu_threads is not None:
         flags += ["--device", "cpu", "--threads", str(cpu_threads)]
     if not callable(model):
-        return " ".join(["towerlab", "train", *flags])
+        return shlex.join(["towerlab", "train", *flags])  # quoted for a shell: a gene may read act=$(id)
     name = getattr(model, "__name__", "FUNCTION")
     spec = function_file(model)
     flags[flags.index("--model") + 1] = spec or f"FILE.py:{name}"
-    command = " ".join(["towerlab", "train", *flags])
+    command = shlex.join(["towerlab", "train", *flags])
     if spec is None:
         return f"none: {name} was given from Python, not from a file; where FILE.py defines it: {command}"
     return command

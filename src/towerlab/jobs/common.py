@@ -22,6 +22,7 @@ import json
 import os
 import platform
 import socket
+import stat
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -90,6 +91,7 @@ class OutputFolder:
                 pass  # another job made it a moment ago: the lock decides who owns it
             except OSError as exc:
                 raise UserError(f"cannot create output folder {path}: {_reason(exc)}: choose another --out") from None
+        self._refuse_special_files()
         self._fd = self._lock(path / LOCK_NAME)
         _held_locks.add(self._fd)
         with contextlib.suppress(OSError):  # the pid only makes the refusal of another job more helpful
@@ -100,13 +102,27 @@ class OutputFolder:
         """An open descriptor of `lock`, exclusively locked. The file is removed when the job ends, so
         the lock counts only if it is still the file at that path (else a job that opened the old one
         just before its removal would own a file nobody else sees)."""
+        with contextlib.suppress(FileNotFoundError):  # a device is not even opened
+            if not stat.S_ISREG(os.lstat(lock).st_mode):
+                self._forget()
+                raise self._foreign_lock(lock, "a symbolic link" if lock.is_symlink() else "not a regular file")
         while True:
             try:
-                fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+                # O_NOFOLLOW, O_NONBLOCK: a planted link is never followed (its target would be truncated
+                # below), and a planted pipe never blocks the open; neither is taken for the lock.
+                fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
             except OSError as exc:
                 self._forget()
+                if exc.errno == errno.ELOOP:
+                    raise self._foreign_lock(lock, "a symbolic link") from None
                 raise UserError(f"cannot write into output folder {self.path}: {_reason(exc)}: "
                                 "choose another --out") from None
+            status = os.fstat(fd)
+            if not stat.S_ISREG(status.st_mode) or status.st_nlink > 1:  # 0: removed meanwhile, see below
+                os.close(fd)
+                self._forget()
+                raise self._foreign_lock(lock, "not a regular file" if not stat.S_ISREG(status.st_mode)
+                                         else "a second name of another file (a hard link)")
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError as exc:
@@ -123,9 +139,26 @@ class OutputFolder:
                 pass
             os.close(fd)
 
+    def _refuse_special_files(self) -> None:
+        """A pipe, socket or device in the folder (a resumed job writes its files there), named or
+        reached through a link, is refused before anything is written: never appended to, never
+        replaced by a regular file."""
+        for entry in self.path.iterdir():
+            if entry.name != LOCK_NAME:  # the lock has checks of its own (_lock)
+                try:
+                    atomic.require_regular_file(entry, "the output")
+                except UserError:
+                    raise UserError(f"output folder {self.path} holds {entry.name}, which is not a regular file "
+                                    "(a named pipe, socket or device): remove it, or choose another --out") from None
+
+    def _foreign_lock(self, lock: Path, what: str) -> UserError:
+        return UserError(f"output folder {self.path} holds {lock.name}, which is {what}, not a lock towerlab "
+                         f"made: remove it if it is yours, or choose another --out")
+
     def holds_results(self) -> bool:
-        """Whether anything besides the lock is in the folder."""
-        return self.path.is_dir() and any(p.name != LOCK_NAME for p in self.path.iterdir())
+        """Whether anything besides the lock (a plain file of that name) is in the folder."""
+        return self.path.is_dir() and any(p.name != LOCK_NAME or p.is_symlink() or not p.is_file()
+                                          for p in self.path.iterdir())
 
     def require_new(self) -> None:
         if not self.holds_results():
@@ -170,7 +203,8 @@ def _read_owner(fd: int) -> str:
 def check_writable_file(path: str | os.PathLike, flag: str) -> None:
     """A file the job will create at `path`, or in `path` when it is a folder (its missing folders
     made on the way): refused in one line, before anything starts, when a file stands where a folder
-    must be, or the nearest existing folder cannot be written."""
+    must be, the nearest existing folder cannot be written, or `path` is a pipe, socket or device."""
+    atomic.require_regular_file(path, flag)
     folder = Path(path) if Path(path).is_dir() else Path(path).parent
     existing = next(p for p in (folder, *folder.parents) if p.exists() or p == Path(p.anchor or "."))
     if not existing.is_dir():

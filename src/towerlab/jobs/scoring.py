@@ -13,17 +13,18 @@ from __future__ import annotations
 import io
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
 from towerlab import atomic
-from towerlab.config import RunConfig, TrainConfig
+from towerlab.config import CUSTOM_MODEL, RunConfig, TrainConfig
 from towerlab.fields import from_dict, replace
 from towerlab.errors import UserError
 from towerlab.jobs.common import quiet, read_config
+from towerlab.models.custom import user_code_failed
 from towerlab.models.files import load_model
 from towerlab.data.readers import labels_as_int64, npz_arrays
 
@@ -71,7 +72,7 @@ def score_run(path: str | os.PathLike, data: Any = None, *, split: str = "test",
         name, source = cfg.dataset, dataset.source
     if len(x) == 0:
         raise UserError(f"{name} has no {split} images to evaluate on")
-    logits = model.logits(x)
+    logits = _of_yours(record, model, lambda: model.logits(x))
     labels = torch.as_tensor(np.asarray(y)).long()
     result = {"dataset": name, "split": split, "n": len(labels),
               "accuracy": float((logits.argmax(1) == labels).double().mean()),
@@ -80,6 +81,19 @@ def score_run(path: str | os.PathLike, data: Any = None, *, split: str = "test",
     if recorded is not None:
         result["recorded"] = recorded
     return result
+
+
+def _of_yours(record: dict, model: Any, compute: Callable[[], Any]) -> Any:
+    """`compute()`, the network's forward over the images; an error raised there by a network of
+    your own (model.pt's model "custom") is one line naming where, not a traceback."""
+    try:
+        return compute()
+    except UserError:
+        raise
+    except (Exception, SystemExit) as exc:  # noqa: BLE001 - whatever your forward raises
+        if record.get("name") != CUSTOM_MODEL:
+            raise  # a built-in network's failure is our bug: its traceback
+        raise user_code_failed(exc, type(model.network), "on the images") from None
 
 
 def _trained_on(record: dict, file: Path) -> TrainConfig:
@@ -120,19 +134,28 @@ def read_images(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray | None,
     return arrays[image_key], arrays[label_key] if label_key else None, image_key, label_key
 
 
+def _predictions_path(out: str | os.PathLike | None, images_path: str | os.PathLike) -> Path:
+    """Where predict writes: `out`, or <images stem>-predictions.npz beside the images or, where `out`
+    is a folder (it exists as one, or its name ends in a slash), in that folder."""
+    name = f"{Path(images_path).stem}-predictions.npz"
+    if out is None:
+        return Path(images_path).with_name(name)
+    if str(out).endswith(("/", os.sep)) and not Path(out).is_dir():
+        raise UserError(f"--out {out} names a folder that does not exist: make it first, or give a file name")
+    return Path(out) / name if Path(out).is_dir() else Path(out)
+
+
 def predict_file(path: str | os.PathLike, images_path: str | os.PathLike, out: str | os.PathLike | None = None,
                  *, module: Any = None) -> dict:
     """Label the images of `images_path` with the model of run `path`; writes `out` (default
-    <images stem>-predictions.npz beside the images; a given `out` is taken as given) holding
-    `predictions` (N,) and `probabilities` (N, classes). Returns {"out", "n", "accuracy" (None
-    without labels), ...}."""
+    <images stem>-predictions.npz beside the images, or in `out` when it is a folder) holding `predictions`
+    (N,) and `probabilities` (N, classes). Returns {"out", "n", "accuracy" (None without labels), ...}."""
     file = model_file(path)
-    images = Path(images_path)
-    out = Path(out) if out is not None else images.with_name(f"{images.stem}-predictions.npz")
+    out = _predictions_path(out, images_path)
     atomic.refuse_overwriting(out, (file, images_path), (file.parent,))
-    model, _record = load_model(file, module=module)
+    model, record = load_model(file, module=module)
     images, labels, image_key, label_key = read_images(images_path)
-    probabilities = model.predict_proba(images)
+    probabilities = _of_yours(record, model, lambda: model.predict_proba(images))
     predictions = probabilities.argmax(1)
     accuracy = None
     if labels is not None:

@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 
@@ -150,8 +150,12 @@ def require_module(cfg: TrainConfig, module: Any, function: Any) -> None:
     unknown = [] if function is None else sorted(not_taken(function, cfg.model_options))
     if unknown:
         name = getattr(function, "__name__", "your function")
+        keywords = keyword_options(function)
+        if keywords is None:  # **kwargs: the option is named like a positional parameter
+            raise UserError(f"--model-opt {unknown[0]}: {name} gets {unknown[0]} as a positional parameter (the "
+                            "data's), so an option of that name would give it twice: rename the option")
         raise UserError(f"--model-opt {unknown[0]}: {name}(input_shape, num_classes, ...) takes no keyword argument "
-                        f"{unknown[0]!r} (it takes: {', '.join(keyword_options(function)) or 'none'})")
+                        f"{unknown[0]!r} (it takes: {', '.join(keywords) or 'none'})")
 
 
 def network_source(module: Any, function: Any, data: Any, options: dict) -> Any:
@@ -167,7 +171,7 @@ def _process(rank: int, world_size: int, store_path: str | None, cfg: TrainConfi
              function: Any = None) -> int:
     torch.set_num_threads(run.threads or default_threads(local_processes(run)))
     out = Path(out_dir)
-    with StopFlag() as stop, session(rank=rank, world_size=world_size, store_path=store_path,
+    with _exit_is_failure(), StopFlag() as stop, session(rank=rank, world_size=world_size, store_path=store_path,
                                      timeout=run.timeout, device=run.device) as ctx:
         with phase(f"Setup: reading {cfg.dataset}", stdout_line) if ctx.is_main and data is None \
                 else contextlib.nullcontext():
@@ -210,6 +214,18 @@ def _process(rank: int, world_size: int, store_path: str | None, cfg: TrainConfi
     return 0
 
 
+@contextlib.contextmanager
+def _exit_is_failure() -> Iterator[None]:
+    """A SystemExit inside a training comes from code of yours (no towerlab code below here calls
+    sys.exit: a model function and a module's forward are checked before): a failure of that code
+    (exit status 2, one line, like any error of a model of yours), never a clean end with status 0."""
+    try:
+        yield
+    except SystemExit as exc:
+        raise UserError(f"the training stopped: code of yours that it ran (the network's forward, or what it "
+                        f"calls) called sys.exit({'' if exc.code is None else repr(exc.code)})") from None
+
+
 def _resumes_from(step: int, cfg: TrainConfig, data: Any, ctx: Context) -> str:
     """Where a resumed run picks up, in the steps and epochs its progress lines count."""
     per_epoch = steps_per_epoch(data.n_train, ctx.world_size, cfg.batch_size)
@@ -240,6 +256,12 @@ def _start_state(cfg: TrainConfig, run: RunConfig, ctx: Context, out: Path, dige
 def _decide_start(cfg: TrainConfig, run: RunConfig, ctx: Context, out: Path,
                   max_bytes: int | None = None) -> dict | None:
     if run.resume:
+        if not checkpoint.exists(out / CHECKPOINT) and not any((out / f).exists() for f in ("model.pt", "summary.json")):
+            # Stopped (killed, out of disk) before its first checkpoint: config.json holds all it needs to
+            # begin again, and no other command would take the folder.
+            stderr_line(f"towerlab: {out} holds no checkpoint yet (the run stopped before its first): starting it "
+                        "over from step 0 with its recorded settings")
+            return None
         return _resume_state(cfg, ctx, out, max_bytes)
     restarts = torchrun_restart()[1]
     if restarts_here(out, cfg):

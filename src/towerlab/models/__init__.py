@@ -100,10 +100,23 @@ def keyword_options(function: Callable[..., Any]) -> tuple[str, ...] | None:
 
 
 def not_taken(function: Callable[..., Any], names: Any) -> list[str]:
-    """Those of `names` (in their order) that model function `function` takes no keyword for: none
-    when it takes any (**kwargs, or no signature to read)."""
+    """Those of `names` (in their order) that model function `function` takes no keyword for: with
+    **kwargs (or no signature to read), only the names of its two positional parameters, the data's
+    shape and classes, which a keyword of that name would give twice (`input_shape`, `num_classes`)."""
     keywords = keyword_options(function)
-    return [] if keywords is None else [name for name in names if name not in keywords]
+    if keywords is None:
+        return [name for name in names if name in _positional_names(function)]
+    return [name for name in names if name not in keywords]
+
+
+def _positional_names(function: Callable[..., Any]) -> tuple[str, ...]:
+    """The names of the first two parameters of `function` that a keyword argument would also fill
+    (a positional-only one leaves its name to **kwargs)."""
+    try:
+        parameters = list(inspect.signature(function).parameters.values())[:2]
+    except (TypeError, ValueError):
+        return ()
+    return tuple(p.name for p in parameters if p.kind is p.POSITIONAL_OR_KEYWORD)
 
 
 def entry(name: str) -> Model:

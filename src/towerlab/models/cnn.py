@@ -21,7 +21,7 @@ class CNN(nn.Module):
         require_positive_int("filters", filters)
         require_positive_int("dense", dense)
         require_fraction("dropout", dropout)
-        if not isinstance(kernel_size, int) or kernel_size < 1 or kernel_size % 2 == 0:
+        if isinstance(kernel_size, bool) or not isinstance(kernel_size, int) or kernel_size < 1 or kernel_size % 2 == 0:
             raise UserError(f"cnn kernel_size must be an odd positive integer, got {kernel_size!r}")
         if min(input_shape[1:]) >> blocks < 1:
             raise UserError(f"cnn with {blocks} blocks pools a {input_shape[1]}x{input_shape[2]} image "

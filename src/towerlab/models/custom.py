@@ -3,12 +3,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import importlib
 import inspect
 import os
 import sys
+import traceback
 from pathlib import Path
 from typing import Any, Callable
 
@@ -17,13 +19,16 @@ from torch import nn
 from towerlab.errors import UserError
 
 _LOADED: dict[str, str] = {}  # module name -> the file load_function imported it from
+_FOLDERS: list[str] = []  # the folders load_function put on sys.path, the latest first
 
 
 def load_function(spec: str, flag: str = "--model", what: str = "FUNCTION") -> Any:
     """What `FILE.py:NAME` names (a function, a network class, a network), imported from its file as a
-    module of its folder, as `python FILE.py` would find its neighbours (and so that spawned workers,
-    which get this process's sys.path, import it by name as well). `flag` and `what` word the errors:
-    `--model FILE.py:FUNCTION` for a search's model function, `--module FILE.py:NAME` for a run's."""
+    module of its folder, so that it finds its neighbours (`import blocks` beside it) and spawned
+    workers, which get this process's sys.path, import it by name as well. Its folder goes at the
+    end of sys.path, never first: a file beside it named like a module towerlab imports (an
+    optuna.py) must not replace that module. `flag` and `what` word the errors: `--model
+    FILE.py:FUNCTION` for a search's model function, `--module FILE.py:NAME` for a run's."""
     path_text, _, name = spec.rpartition(":")
     path = Path(path_text)
     if not path_text or not name.isidentifier() or (path.suffix != ".py" and not path.is_file()):
@@ -33,15 +38,15 @@ def load_function(spec: str, flag: str = "--model", what: str = "FUNCTION") -> A
         raise UserError(f"{flag} {spec}: no file {path_text}")
     if path.suffix != ".py":
         raise UserError(f"{flag} {spec}: {path_text} is not a Python file (FILE.py)")
-    folder = str(path.resolve().parent)
-    if folder in sys.path:
-        sys.path.remove(folder)
-    sys.path.insert(0, folder)  # first, over a folder an earlier call put there
+    _on_path(str(path.resolve().parent))
     if _LOADED.get(path.stem, os.path.realpath(path)) != os.path.realpath(path):
         sys.modules.pop(path.stem, None)  # a file of the same name that this function loaded before
         importlib.invalidate_caches()
     try:
         module = importlib.import_module(path.stem)
+    except SystemExit as exc:  # a script's top level that parses its own argv, or calls sys.exit()
+        raise UserError(f"{flag} {spec}: importing {path_text} called sys.exit({'' if exc.code is None else exc.code!r})"
+                        ": keep a script's own code under if __name__ == \"__main__\":") from None
     except Exception as exc:  # noqa: BLE001 - whatever the user's file raises, say so in one line
         raise UserError(f"{flag} {spec}: importing {path_text} failed: {type(exc).__name__}: "
                         f"{str(exc).splitlines()[0] if str(exc) else ''}") from None
@@ -81,6 +86,41 @@ def network_name(module: Any = None, function: Any = None) -> str:
     return getattr(module, "__name__", "custom")
 
 
+def _on_path(folder: str) -> None:
+    """`folder` on sys.path after everything that was there before load_function (the standard
+    library, the installed packages), ahead of the folders of files it loaded earlier (so that a
+    file of the same name in another folder is found for this call)."""
+    if folder in _FOLDERS:
+        _FOLDERS.remove(folder)
+        with contextlib.suppress(ValueError):
+            sys.path.remove(folder)
+    elif folder in sys.path:
+        return  # on the path already, where whoever put it there wants it
+    ours = [i for i, entry in enumerate(sys.path) if entry in _FOLDERS]
+    sys.path.insert(ours[0] if ours else len(sys.path), folder)
+    _FOLDERS.insert(0, folder)
+
+
+def user_code_failed(exc: BaseException, source: Any, what: str) -> UserError:
+    """One line for an exception raised by code of yours (`source`: the function, class or factory
+    that ran; `what`: what it was doing), naming where in your file it was raised. A SystemExit from
+    it is its failure too, never a clean end of towerlab: `sys.exit()` in a model function ended
+    `train` and `search run` with exit status 0 and no word."""
+    function = getattr(source, "func", source)  # a functools.partial: the function it calls
+    name = getattr(function, "__qualname__", None) or type(function).__name__
+    where = ""
+    with contextlib.suppress(TypeError, OSError):
+        file = inspect.getsourcefile(function)
+        lines = [frame.lineno for frame in traceback.extract_tb(exc.__traceback__) if frame.filename == file]
+        if file and lines:
+            where = f" at {Path(file).name}:{lines[-1]}"
+    if isinstance(exc, SystemExit):
+        why = f"it called sys.exit({'' if exc.code is None else repr(exc.code)})"
+    else:
+        why = f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}".rstrip(": ")
+    return UserError(f"your {name} failed {what}{where}: {why}")
+
+
 def for_shape(source: Any, input_shape: tuple, num_classes: int, options: dict) -> Any:
     """`source` as a factory: a model function (`--model FILE.py:FUNCTION`, two positional
     parameters without defaults: `source(input_shape, num_classes, **options)`) gets the recorded
@@ -108,7 +148,12 @@ def instantiate(source: nn.Module | Callable[[], nn.Module]) -> nn.Module:
                             "(model=YourModule, or model=lambda: YourModule(...))") from None
     if not callable(source):
         raise UserError(f"model must be a name, an nn.Module or a function returning one, got {type(source).__name__}")
-    module = source()
+    try:
+        module = source()
+    except UserError:
+        raise  # a check of towerlab's that your code called (models.options): its line says it all
+    except (Exception, SystemExit) as exc:  # noqa: BLE001 - whatever your code raises, one line
+        raise user_code_failed(exc, source, "building the network") from None
     if not isinstance(module, nn.Module):
         raise UserError(f"your model factory returned {type(module).__name__}, not an nn.Module")
     return module

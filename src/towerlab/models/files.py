@@ -9,11 +9,12 @@ import torch
 from torch import nn
 
 from towerlab.config import CUSTOM_MODEL, PRECISIONS, TTA
+from towerlab.distributed.env import machine_memory
 from towerlab.errors import UserError
 from towerlab.models import build_model, uses_channels_last
 from towerlab.models.classifier import Classifier
 from towerlab.models.custom import for_shape, instantiate
-from towerlab.data.readers import require_regular_file
+from towerlab.atomic import require_regular_file
 
 
 def model_record(model: nn.Module, name: str, input_shape: tuple[int, ...], num_classes: int,
@@ -71,12 +72,15 @@ def load_model(path: str | Path, map_location: str | torch.device = "cpu", *,
             and all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in state.items())):
         raise UserError(f"{path} is an incomplete or damaged towerlab model file (name, input_shape, "
                         "num_classes, options and state_dict are required): re-export it with towerlab train")
+    _check_tensors(path, state)
     if name == CUSTOM_MODEL:
         if module is None:
             function = record.get("model_function")
             raise ModuleNeeded(path, str(record.get("module_class", "a custom class")),
                                function if isinstance(function, str) and ":" in function else None)
-        network = instantiate(for_shape(module, shape, classes, options))
+        source = for_shape(module, shape, classes, options)
+        _check_skeleton(path, _meta_network(source), state, "the module you gave")
+        network = instantiate(source)
         _load_state(network, state, path)
     else:
         network = _rebuild(path, name, tuple(shape), classes, options, state)
@@ -101,13 +105,49 @@ def _rebuild(path: str | Path, name: str, shape: tuple, classes: int, options: d
     except (TypeError, ValueError, RuntimeError) as exc:
         raise UserError(f"{path} describes an impossible {name} ({type(exc).__name__}: "
                         f"{' '.join(str(exc).split())[:200]})") from None
-    expected = {k: tuple(v.shape) for k, v in skeleton.state_dict().items()}
-    if expected != {k: tuple(v.shape) for k, v in state.items()}:
-        raise UserError(f"{path} does not match model {name}: its tensors are not those of {name} "
-                        f"with options {options} and input {shape}")
+    _check_skeleton(path, skeleton, state, f"model {name} with options {options} and input {shape}")
     model = build_model(name, shape, classes, **options)
     model.load_state_dict(state)
     return model
+
+
+def _check_tensors(path: str | Path, state: dict) -> None:
+    """Every tensor of the file dense, as a trained network's are: a sparse one cannot be loaded into
+    a network, and an expanded view (stride 0) claims more elements than the file holds (3 KB that
+    claimed 63 GB of weights), which the shape checks below would take at their word."""
+    for key, tensor in state.items():
+        if tensor.layout != torch.strided:
+            raise UserError(f"{path} holds a {str(tensor.layout).removeprefix('torch.')} tensor ({key}); a "
+                            "network's weights are dense: re-export it with towerlab train")
+        if tensor.numel() * tensor.element_size() > tensor.untyped_storage().nbytes():
+            raise UserError(f"{path}: tensor {key} claims {tensor.numel():,} elements over "
+                            f"{tensor.untyped_storage().nbytes():,} bytes (an expanded view, not weights): "
+                            "re-export it with towerlab train")
+
+
+def _meta_network(source: Any) -> nn.Module | None:
+    """Your network built on the meta device (nothing allocated), to check against the file before it
+    is built for real; None where your code cannot be built there (then only the real one is)."""
+    try:
+        with torch.device("meta"):
+            network = instantiate(source)
+    except (Exception, SystemExit):  # noqa: BLE001 - the real build says what is wrong, if anything
+        return None
+    return network if all(t.is_meta for t in network.state_dict().values()) else None
+
+
+def _check_skeleton(path: str | Path, skeleton: nn.Module | None, state: dict, what: str) -> None:
+    """The network the file describes (`skeleton`, on the meta device) has the file's tensors, and this
+    machine can hold it: bounded before it is built, as a training bounds its model (check_setup)."""
+    if skeleton is None:
+        return
+    expected = {k: tuple(v.shape) for k, v in skeleton.state_dict().items()}
+    if expected != {k: tuple(v.shape) for k, v in state.items()}:
+        raise UserError(f"{path} does not match {what}: their tensors differ (names or shapes)")
+    need = sum(t.numel() * t.element_size() for t in skeleton.state_dict().values())
+    if need > machine_memory():
+        raise UserError(f"{path} describes a network of {need / 2**30:,.0f} GiB, more than this machine's "
+                        f"{machine_memory() / 2**30:.0f} GiB of memory")
 
 
 def _load_state(network: nn.Module, state: dict, path: str | Path) -> None:

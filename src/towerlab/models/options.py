@@ -16,13 +16,17 @@ from towerlab.errors import UserError
 # enough that building one, even on the meta device (a model.pt's skeleton, a search's cost
 # estimate), takes seconds: 50,000 mlp layers took minutes and 1.65 GB there, then crashed torch.
 MAX_LAYERS = 1000
+# The most any other int option may be (a width, a number of units): torch takes sizes as 64-bit ints
+# and refuses a larger one with a TypeError traceback (a smaller one too wide for any memory is the
+# memory checks' to refuse: check_setup, load_model).
+MAX_SIZE = 2**63 - 1
 
 
 def require_positive_int(name: str, value: Any, maximum: int | None = None) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise UserError(f"model option {name} must be a positive integer, got {value!r}")
-    if maximum is not None and value > maximum:
-        raise UserError(f"model option {name} must be at most {maximum}, got {value}")
+    if value > (maximum or MAX_SIZE):
+        raise UserError(f"model option {name} must be at most {maximum or MAX_SIZE}, got {value}")
 
 
 def require_fraction(name: str, value: Any) -> None:

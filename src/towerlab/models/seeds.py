@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from towerlab.models.layers import flat_size, trunc_normal_
+from towerlab.models.options import require_fraction
 
 
 class LeNet5(nn.Module):
@@ -146,6 +147,7 @@ class ConvNet(nn.Module):
 
     def __init__(self, input_shape: tuple[int, int, int], num_classes: int = 10, dropout: float = 0.25):
         super().__init__()
+        require_fraction("dropout", dropout)  # nn.Dropout refuses 2 with a traceback, and takes nan
         self.features = nn.Sequential(
             nn.Conv2d(input_shape[0], 64, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
             nn.Conv2d(64, 256, 3, padding=1), nn.ReLU(),

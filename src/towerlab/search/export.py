@@ -13,13 +13,18 @@ tested it, and why it failed. Only complete generations are exported.
 
 from __future__ import annotations
 
+import contextlib
 import math
+import os
 from datetime import datetime, timedelta
+from pathlib import Path
 from typing import Any, Optional
 
+from towerlab.atomic import require_regular_file
 from towerlab.errors import UserError
 from towerlab.search.pruners import rung_epochs
 from towerlab.search.rounds import rung_hash
+from towerlab.search.show import records_of
 from towerlab.search.samplers.tpe import distribution, optuna_module
 from towerlab.search.space import space_of
 from towerlab.search.store import Evaluation, SearchRow, Store
@@ -28,32 +33,107 @@ from towerlab.search.store import Evaluation, SearchRow, Store
 def export_optuna(store: Store, storage_url: str, study_name: str) -> list[tuple[str, int]]:
     """Write every search of `store` as a study of the Optuna storage `storage_url`, named
     `study_name` (`study_name`-ID when the store holds several searches); returns (study name,
-    trials) per search. A study of that name already there is a UserError, before anything is written."""
+    trials) per search. Refused before anything is written: a study of that name already there, an
+    SQLite storage that keeps nothing (in memory) or that is the store itself. A failure while
+    writing (a full disk) removes the studies begun and the file the export made: nothing is left
+    that would block the same export once there is room."""
     optuna = optuna_module("--optuna", "")
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     searches = store.searches()
     if not searches:
         raise UserError(f"store {store.path} holds no search to export")
+    study_name = printable(study_name)
     names = {s.id: study_name if len(searches) == 1 else f"{study_name}-{s.id}" for s in searches}
+    target = sqlite_file(storage_url, store.path)
+    with records_of(store):  # every trial read before anything is opened for writing
+        studies = [(search, search_trials(optuna, store, search)) for search in searches]
+    made = target is not None and not target.exists()
     try:
         storage = optuna.storages.get_storage(storage_url)
         existing = {s.study_name for s in optuna.get_all_study_summaries(storage)}
-    except Exception as exc:  # noqa: BLE001 - a bad URL or an unreachable database: say which
-        raise UserError(f"cannot open the Optuna storage {storage_url!r}: {type(exc).__name__}: "
-                        f"{str(exc).splitlines()[0] if str(exc) else ''}") from None
+    except Exception as exc:  # noqa: BLE001 - a bad URL, an unreachable database or a full disk: say which
+        _remove(target if made else None)
+        raise UserError(f"cannot open the Optuna storage {printable(storage_url)!r}: {_reason(exc)}") from None
     taken = sorted(set(names.values()) & existing)
     if taken:
-        raise UserError(f"the Optuna storage {storage_url} already holds a study {taken[0]!r}: "
+        raise UserError(f"the Optuna storage {printable(storage_url)} already holds a study {taken[0]!r}: "
                         "pass another --study-name (or delete that study)")
-    written = []
-    for search in searches:
-        trials = search_trials(optuna, store, search)
-        study = optuna.create_study(storage=storage, study_name=names[search.id], direction="maximize")
-        study.set_user_attr("towerlab_search", {"id": search.id, "store": str(store.path), "sampler": search.sampler,
-                                                "space": search.space, "config": search.config})
-        study.add_trials(trials)
-        written.append((names[search.id], len(trials)))
+    written: list[tuple[str, int]] = []
+    try:
+        for search, trials in studies:
+            study = optuna.create_study(storage=storage, study_name=names[search.id], direction="maximize")
+            written.append((names[search.id], 0))
+            study.set_user_attr("towerlab_search", {"id": search.id, "store": printable(str(store.path)),
+                                                    "sampler": search.sampler, "space": search.space,
+                                                    "config": search.config})
+            study.add_trials(trials)
+            written[-1] = (names[search.id], len(trials))
+    except Exception as exc:  # noqa: BLE001 - a full disk, a lost connection: undo what this export began
+        for name, _ in written:
+            with contextlib.suppress(Exception):
+                optuna.delete_study(study_name=name, storage=storage)
+        _close(storage)
+        _remove(target if made else None)
+        raise UserError(f"could not write the studies to the Optuna storage {printable(storage_url)}: {_reason(exc)}; "
+                        "nothing was written") from None
     return written
+
+
+def printable(text: str) -> str:
+    """`text` with what is not UTF-8 (a folder name's stray bytes, kept by Python as surrogates)
+    replaced: a database takes UTF-8 text only."""
+    return text.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+
+
+def sqlite_file(storage_url: str, store_path: str | os.PathLike) -> Optional[Path]:
+    """The file of an SQLite storage URL (None for another database), refusing one that saves
+    nothing (`sqlite://`, `sqlite:///`, `sqlite:///:memory:`: a study in memory ends with this
+    command), one that is not a regular file, and the store itself (its own input would take
+    Optuna's tables)."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        url = make_url(storage_url)
+    except (ArgumentError, ValueError):
+        return None  # the storage's own open says what is wrong with it
+    if url.get_backend_name() != "sqlite":
+        return None
+    database = url.database or ""
+    if database in ("", ":memory:") or database.startswith("file::memory:") or url.query.get("mode") == "memory":
+        raise UserError(f"--optuna {storage_url}: an SQLite database in memory is gone when the export ends, so "
+                        "nothing would be saved: give a file, e.g. sqlite:///study.db")
+    path = Path(database.removeprefix("file:") if url.query.get("uri") else database)
+    require_regular_file(path, "--optuna")
+    with contextlib.suppress(OSError):
+        if os.path.samefile(path, store_path):
+            raise UserError(f"--optuna {printable(storage_url)} is the search store this command reads: Optuna's "
+                            "tables would be written into it; give another file, e.g. sqlite:///study.db")
+    return path
+
+
+def _reason(exc: BaseException) -> str:
+    """What went wrong, from the innermost cause (Optuna wraps a full disk in a StorageInternalError
+    that blames "invalid data")."""
+    while exc.__cause__ is not None or (exc.__context__ is not None and not exc.__suppress_context__):
+        exc = exc.__cause__ or exc.__context__
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text[:300]}" if text else type(exc).__name__
+
+
+def _close(storage: Any) -> None:
+    """Let go of an SQLite storage's file (its engine's connections), so that it can be removed."""
+    with contextlib.suppress(Exception):
+        storage.engine.dispose()
+
+
+def _remove(path: Optional[Path]) -> None:
+    """Remove a database file this export made (with SQLite's side files), when the export failed."""
+    if path is None:
+        return
+    for name in (path, Path(f"{path}-journal"), Path(f"{path}-wal"), Path(f"{path}-shm")):
+        with contextlib.suppress(OSError):
+            name.unlink()
 
 
 def search_trials(optuna: Any, store: Store, search: SearchRow) -> list[Any]:

@@ -1,8 +1,9 @@
 """Search spaces: which genes a genome has and which values each may take.
 
 A gene is categorical (a list of values) or a numeric `Range` (`{low = A, high = B}`: ints when
-both bounds are ints, floats otherwise, with `log = true` and `step = N` as wished); a range is
-never listed out, so a search draws from a space of any size without materialising it.
+both bounds are ints, floats otherwise, with `log = true` and `step = N` as wished: see
+towerlab.search.ranges); a range is never listed out, so a search draws from a space of any size
+without materialising it.
 
 A genome is a plain dict gene name -> value (ints, floats and strings only), in the space's gene
 order. Its identity is `canonical(genome)` (compact JSON, sorted keys) and `genome_hash` (sha256 of
@@ -24,23 +25,20 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator, Mapping, Union
+from typing import Any, Iterator, Mapping, Union
 
+from towerlab.atomic import require_regular_file
 from towerlab.config import CUSTOM_MODEL, OPTIMIZERS
 from towerlab.errors import UserError
+from towerlab.fields import json_loads
 from towerlab.models import CATALOG
 from towerlab.models.options import FRACTION, POSITIVE_INT, GeneRule
+from towerlab.search.ranges import Range, parse_range
 
 try:
     import tomllib
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib  # type: ignore[no-redef]
-
-# numpy (and towerlab.data.readers, which imports it) is imported where it is used: the samplers
-# import this module, and the command line imports them to build its flags from their settings,
-# where `towerlab --help` answers without numpy.
-if TYPE_CHECKING:
-    import numpy as np
 
 _TRAINING_GENES = {
     "optimizer": GeneRule("choice", choices=OPTIMIZERS),
@@ -68,95 +66,6 @@ def gene_rules(model: str, where: str) -> tuple[dict[str, GeneRule], bool]:
 
 def _model_names() -> tuple[str, ...]:
     return (*CATALOG, CUSTOM_MODEL)
-
-
-RANGE_KEYS = ("low", "high", "log", "step", "points")
-
-
-@dataclass(frozen=True)
-class Range:
-    """A numeric gene given by its bounds (both included) instead of a list: ints when `kind` is
-    "int", floats otherwise; `log`: drawn on a log scale; `step`: only low + k * step; `points`: how
-    many values a grid takes from an unstepped float range (evenly spaced, on the log scale if `log`).
-    Build one with `parse_gene`, which checks it."""
-
-    kind: str  # "int" or "float"
-    low: float
-    high: float
-    log: bool = False
-    step: float | None = None
-    points: int | None = None
-
-    @property
-    def count(self) -> float:
-        """How many values it holds: an int, or math.inf for an unstepped float range."""
-        if self.kind == "float" and self.step is None:
-            return math.inf
-        return round((self.high - self.low) / (self.step or 1)) + 1
-
-    def value_at(self, index: int) -> float:
-        """The value at `index` of a stepped (or int) range, in increasing order."""
-        value = self.low + index * (self.step or 1)
-        return value if self.kind == "int" else min(float(value), self.high)
-
-    def grid_values(self) -> tuple | None:
-        """The values a grid tries (None: an unstepped float range without `points`)."""
-        if self.count != math.inf:
-            return tuple(self.value_at(i) for i in range(int(self.count)))
-        if self.points is None:
-            return None
-        if self.log:
-            a, b = math.log(self.low), math.log(self.high)
-            inner = [math.exp(a + (b - a) * i / (self.points - 1)) for i in range(1, self.points - 1)]
-        else:
-            inner = [self.low + (self.high - self.low) * i / (self.points - 1) for i in range(1, self.points - 1)]
-        return (float(self.low), *inner, float(self.high))
-
-    def draw(self, rng: np.random.Generator) -> Any:
-        """A value drawn from the range's distribution (uniform, or log-uniform with `log`)."""
-        if self.log:  # an int range spans low - 0.5 .. high + 0.5 before rounding, as Optuna's does
-            pad = 0.5 if self.kind == "int" else 0.0
-            x = math.exp(rng.uniform(math.log(self.low - pad), math.log(self.high + pad)))
-            return self.clip(round(x)) if self.kind == "int" else self.clip(x)
-        if self.count != math.inf:
-            return self.value_at(int(rng.integers(int(self.count))))
-        return self.clip(float(rng.uniform(self.low, self.high)))
-
-    def moved(self, rng: np.random.Generator, value: Any) -> Any:
-        """The genetic algorithm's mutation of a value: a uniform random step of at most a fifth of
-        the range, on the log scale for a log range, reflected at the bounds and rounded to the
-        step; an int or stepped range moves by at least one step."""
-        scale = math.log if self.log else float
-        low, high = scale(self.low), scale(self.high)
-        x = scale(value) + rng.uniform(-(high - low) / 5, (high - low) / 5)
-        x = 2 * high - x if x > high else 2 * low - x if x < low else x
-        x = math.exp(x) if self.log else x
-        if self.count == math.inf:
-            return self.clip(x)
-        step, last = self.step or 1, int(self.count) - 1
-        here = round((value - self.low) / step)
-        k = min(max(round((x - self.low) / step), 0), last)
-        if k == here:  # the step was too small to leave the value: one step, away from a bound
-            k = here + 1 if here == 0 or (here < last and rng.random() < 0.5) else here - 1
-        return self.value_at(k)
-
-    def clip(self, x: float) -> Any:
-        x = min(max(x, self.low), self.high)
-        return int(x) if self.kind == "int" else float(x)
-
-    def holds(self, value: Any) -> bool:
-        if type(value) is not (int if self.kind == "int" else float) or not self.low <= value <= self.high:
-            return False
-        if self.step is None:
-            return True
-        k = (value - self.low) / self.step
-        return abs(k - round(k)) < 1e-9
-
-    def to_dict(self) -> dict:
-        """The TOML table it was written as (the defaults left out)."""
-        data = {"low": self.low, "high": self.high}
-        data.update({k: getattr(self, k) for k in ("log", "step", "points") if getattr(self, k)})
-        return data
 
 
 Gene = Union[tuple, Range]
@@ -248,18 +157,26 @@ class Space:
                    else any(type(v) is type(genome[k]) and v == genome[k] for v in values)
                    for k, values in self.genes.items())
 
-    def gridded(self) -> Space:
-        """The space a grid walks: each range replaced by its `grid_values` (UserError for an
-        unstepped float range without `points`)."""
-        genes = {}
+    def grid_counts(self) -> list[int]:
+        """How many values a grid tries of each gene: a list's, and a range's `grid_count` (UserError
+        for an unstepped float range without `points`). A range is never listed out."""
+        counts = []
         for name, values in self.genes.items():
-            if isinstance(values, Range):
-                values = values.grid_values()
-                if values is None:
-                    raise UserError(f"space {self.name}: a grid cannot list float gene {name!r} (a range without "
-                                    f"step): add points = N (N values from low to high) or step = S to it")
-            genes[name] = values
-        return Space(self.name, self.model, genes)
+            count = values.grid_count if isinstance(values, Range) else len(values)
+            if count is None:
+                raise UserError(f"space {self.name}: a grid cannot list float gene {name!r} (a range without "
+                                f"step): add points = N (N values from low to high) or step = S to it")
+            counts.append(count)
+        return counts
+
+    def grid_genome_at(self, index: int, counts: list[int] | None = None) -> dict:
+        """The genome at position `index` of the grid, the last gene varying fastest, as `genome_at`
+        numbers a space's genomes (`counts`: `grid_counts()`, where the caller has them)."""
+        genome = {}
+        for (name, values), count in zip(reversed(list(self.genes.items())), reversed(counts or self.grid_counts())):
+            index, digit = divmod(index, count)
+            genome[name] = values.grid_value_at(digit) if isinstance(values, Range) else values[digit]
+        return {name: genome[name] for name in self.genes}
 
     def to_dict(self) -> dict:
         return {"name": self.name, "model": self.model, "genes": {k: _gene_json(v) for k, v in self.genes.items()}}
@@ -342,63 +259,12 @@ def check_genes(model: str, genes: Mapping[str, Any], where: str) -> dict[str, G
             if ok is None:
                 raise UserError(f"{where}: gene {gene!r} has value {value!r}, "
                                 f"expected {rule.describe()}")
-            if ok in seen:
+            if (type(ok), ok) in seen:  # with its type: 1 == True, yet [1, true] are two values, as in a genome
                 raise UserError(f"{where}: gene {gene!r} lists {value!r} twice: list each value once")
-            seen.add(ok)
+            seen.add((type(ok), ok))
             normalized.append(ok)
         checked[gene] = tuple(normalized)
     return checked
-
-
-def _is_number(x: Any) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
-
-
-def parse_range(gene: str, spec: Mapping[str, Any], rule: GeneRule, where: str) -> Range:
-    """A range table (`{low = A, high = B, log = true, step = S, points = N}`) checked against the
-    gene's rule: ints when both bounds are ints and the gene takes ints, floats otherwise."""
-    unknown = sorted(set(spec) - set(RANGE_KEYS))
-    if unknown:
-        raise UserError(f"{where}: unknown key(s) {', '.join(map(str, unknown))} in its range: "
-                        f"a range takes {', '.join(RANGE_KEYS)}")
-    if "low" not in spec or "high" not in spec:
-        raise UserError(f"{where}: a range needs low and high, e.g. {{low = 1, high = 8}}")
-    low, high = spec["low"], spec["high"]
-    if not (_is_number(low) and _is_number(high)):
-        raise UserError(f"{where}: low and high must be finite numbers, got {low!r} and {high!r}")
-    if rule.kind == "choice":
-        raise UserError(f"{where} takes a list of values ({rule.describe()}), not a range")
-    kind = "int" if isinstance(low, int) and isinstance(high, int) and rule.kind in ("int", "any") else "float"
-    if rule.kind == "int" and kind == "float":
-        raise UserError(f"{where} takes ints: give its range int bounds, got {low!r} and {high!r}")
-    for bound in (low, high):
-        if rule.normalize(bound) is None:
-            raise UserError(f"{where}: bound {bound!r} is not {rule.describe()}")
-    if kind == "float":
-        low, high = float(low), float(high)
-    if not low < high:
-        raise UserError(f"{where}: low ({low!r}) must be below high ({high!r}); a fixed value is a list of one")
-    log, step, points = spec.get("log", False), spec.get("step"), spec.get("points")
-    if not isinstance(log, bool):
-        raise UserError(f"{where}: log must be true or false, got {log!r}")
-    if log and low <= 0:
-        raise UserError(f"{where}: a log range needs low > 0, got {low!r}")
-    if step is not None:
-        if log:
-            raise UserError(f"{where}: log and step do not go together: choose one")
-        if not _is_number(step) or step <= 0 or (kind == "int" and not isinstance(step, int)):
-            raise UserError(f"{where}: step must be a positive {'int' if kind == 'int' else 'number'}, got {step!r}")
-        steps = (high - low) / step
-        if abs(steps - round(steps)) > 1e-9 * max(1.0, steps):
-            raise UserError(f"{where}: high - low ({high - low!r}) must be a multiple of step ({step!r})")
-        step = step if kind == "int" else float(step)
-    if points is not None and (kind == "int" or step is not None):
-        raise UserError(f"{where}: points is for a float range without step (a grid takes every value of the others)")
-    if points is not None and (not isinstance(points, int) or isinstance(points, bool) or points < 2):
-        raise UserError(f"{where}: points must be an int >= 2, got {points!r}")
-    if rule.odd and not (low % 2 == 1 and step is not None and step % 2 == 0):
-        raise UserError(f"{where} takes odd ints: give its range an odd low and an even step (step = 2)")
-    return Range(kind, low, high, log, step, points)
 
 
 def load_space(name_or_path: str | Path) -> Space:
@@ -409,7 +275,7 @@ def load_space(name_or_path: str | Path) -> Space:
         return BUILTIN_SPACES[text]
     if text.lstrip().startswith("{"):
         try:
-            data = json.loads(text)
+            data = json_loads(text, "the search space given as JSON")
         except ValueError as e:
             raise UserError(f"the search space given as JSON is not valid JSON: {e}") from None
         if not isinstance(data, dict):
@@ -420,12 +286,10 @@ def load_space(name_or_path: str | Path) -> Space:
     if not path.exists():
         raise UserError(f"unknown search space {text!r}: use {', '.join(BUILTIN_SPACES)} "
                         f"or the path of a TOML file")
-    from towerlab.data.readers import require_regular_file
-
     require_regular_file(path)
     try:
-        with open(path, "rb") as f:
-            data = tomllib.load(f)
+        # utf-8-sig: a byte-order mark, as some Windows editors write, is no TOML (tomllib refuses it)
+        data = tomllib.loads(path.read_bytes().decode("utf-8-sig"))
     except OSError as e:
         raise UserError(f"cannot read {where}: {e.strerror or e}") from None
     except tomllib.TOMLDecodeError as e:

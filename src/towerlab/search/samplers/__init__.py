@@ -8,7 +8,7 @@ proposes the same generations again: that is how a search resumes.
 Adding a sampler: a module here with a `Sampler` subclass, and its line in `SAMPLERS`. A sampler
 with settings of its own declares them in that module, as a `SamplerSettings` dataclass of
 `setting` fields (towerlab.config) that its `Settings` names: they become flags and config keys of
-every search command, are checked when the sampler is made, recorded with the search's other
+every search command (listed in the help of those whose sampler reads them), are checked when the sampler is made, recorded with the search's other
 settings (config.json, the store) and refused in a search by another sampler. A setting's name is
 its sampler's alone: neither another sampler nor SearchConfig declares it. The command line imports
 every sampler's module to build its flags, and `towerlab --help` answers without numpy: a sampler
@@ -169,6 +169,16 @@ def make_sampler(cfg: SearchConfig, space: Space) -> Sampler:
                         f"{sampler.population} can train: pass --generations "
                         f"{-(-cfg.max_evaluations // sampler.population)} (or more) with it")
     return sampler
+
+
+def budget_left(cfg: SearchConfig, history: Sequence[Generation]) -> int | None:
+    """How many new trainings --max-evaluations leaves the generation about to be proposed (None:
+    no limit), counted as the engine counts them (each generation's `evaluated`). A sampler whose
+    proposals cost time need make no more than it takes to find that many genomes new to the
+    history: the engine cuts the generation where the budget is reached."""
+    if cfg.max_evaluations is None:
+        return None
+    return max(0, cfg.max_evaluations - sum(g.stats.evaluated for g in history))
 
 
 def random_genome(rng: np.random.Generator, space: Space) -> dict:

@@ -1,10 +1,13 @@
 """The brute-force baseline (`--sampler grid`, `towerlab grid`): every genome of a space (or a
 seeded random subset) as one generation, through the same store, cache and resume as any search.
 A range gene contributes every value it holds (an int or stepped range) or its `points` values (a
-float range); a float range without either is refused."""
+float range); a float range without either is refused. Nothing is listed out: a genome is built
+from its position in the grid (`Space.grid_genome_at`), so `--limit 1` of a range of 10**18 values
+costs what it costs of a list of two."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
@@ -13,24 +16,42 @@ from towerlab.errors import UserError
 from towerlab.search.candidates import GRID_STREAM, make_rng
 from towerlab.search.history import Generation
 from towerlab.search.samplers import Sampler
+from towerlab.search.ranges import uniform_below
 from towerlab.search.space import Space
 
+# numpy's choice() draws positions below 2**63 (int64); a larger grid is drawn by Floyd's algorithm.
+_NUMPY_CHOICE = 2**63
 
-def _check(space: Space, limit: Optional[int]) -> None:
-    if (limit is None or limit >= space.size) and space.size > MAX_MEMBERS:
-        raise UserError(f"space {space.name} has {space.size} genomes: grid a random subset "
+
+def _check(space: Space, size: int, limit: Optional[int]) -> None:
+    if (limit is None or limit >= size) and size > MAX_MEMBERS:
+        raise UserError(f"space {space.name} has {size} genomes: grid a random subset "
                         f"with --limit N (N up to {MAX_MEMBERS})")
 
 
 def grid_genomes(space: Space, limit: Optional[int], seed: int) -> list[dict]:
-    """All genomes in `space.gridded().all_genomes()` order or, with a `limit` below the space size,
+    """All genomes of the grid in `Space.grid_genome_at` order or, with a `limit` below its size,
     that many drawn without replacement by the search RNG, kept in the same order."""
-    space = space.gridded()
-    _check(space, limit)
-    if limit is None or limit >= space.size:
-        return list(space.all_genomes())
-    picks = make_rng(seed, GRID_STREAM).choice(space.size, size=limit, replace=False)
-    return [space.genome_at(int(i)) for i in sorted(picks)]
+    counts = space.grid_counts()
+    size = math.prod(counts)
+    _check(space, size, limit)
+    if limit is None or limit >= size:
+        return [space.grid_genome_at(i, counts) for i in range(size)]
+    return [space.grid_genome_at(i, counts) for i in sorted(_positions(size, limit, seed))]
+
+
+def _positions(size: int, limit: int, seed: int) -> list[int]:
+    """`limit` distinct positions below `size`, drawn by the grid's stream: numpy's choice() where it
+    can (the positions a seed has always drawn), else Floyd's algorithm, in time and memory linear
+    in `limit` however large `size` is."""
+    rng = make_rng(seed, GRID_STREAM)
+    if size < _NUMPY_CHOICE:
+        return [int(i) for i in rng.choice(size, size=limit, replace=False)]
+    picked: set[int] = set()
+    for top in range(size - limit, size):
+        pick = uniform_below(rng, top + 1)
+        picked.add(top if pick in picked else pick)
+    return list(picked)
 
 
 @dataclass(frozen=True)
@@ -52,10 +73,11 @@ class GridSampler(Sampler):
 
     def __init__(self, cfg: SearchConfig, space: Space) -> None:
         super().__init__(cfg, space)
-        grid = space.gridded()  # a float range without points is refused here, before any folder or worker
+        # a float range without points is refused here, before any folder or worker
+        size = math.prod(space.grid_counts())
         limit = self.settings.limit
-        _check(grid, limit)
-        self.population = min(limit or grid.size, grid.size)  # its one generation
+        _check(space, size, limit)
+        self.population = min(limit or size, size)  # its one generation
 
     def propose(self, history: Sequence[Generation]) -> list[dict]:
         return [] if history else grid_genomes(self.space, self.settings.limit, self.cfg.seed)

@@ -50,6 +50,7 @@ class Server:
         if self.user is not None:
             entry = pwd.getpwnam(self.user)
             os.chown(self.folder, entry.pw_uid, entry.pw_gid)
+        self.version = self._run("postgres", "--version").stdout.strip()
         self._run("initdb", "-D", str(self.data), "-A", "trust", "-U", "postgres", "--no-sync", "-E", "UTF8")
         self.start()
 

@@ -261,7 +261,7 @@ def format_generation(stats: Any, generations: int) -> str:
 
 
 def format_plan(plan: dict) -> str:
-    """What a search's budget holds (`towerlab.search.engine.planned_trainings`), said before it starts."""
+    """What a search's budget holds (`towerlab.search.search.planned_trainings`), said before it starts."""
     promotions = f", {plan['rungs']} promotions to longer rungs" if plan["rungs"] else ""
     return (f"Budget: at most {plan['search']} trainings for the search{promotions}, then about "
             f"{plan['remeasure']} to re-measure the networks about to be crowned (more when that reorders them) and "

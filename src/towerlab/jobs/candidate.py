@@ -30,7 +30,7 @@ from towerlab.distributed.signals import Interrupted, StopFlag
 from towerlab.models import entry
 from towerlab.models.custom import function_file
 from towerlab.presets import apply_preset
-from towerlab.search import Candidate, Outcome, genome_hash
+from towerlab.search import Outcome, genome_hash
 from towerlab.optim import DEFAULT_LR
 from towerlab.train import Diverged, train
 

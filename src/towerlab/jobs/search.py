@@ -44,7 +44,7 @@ from towerlab.report import Reporter, format_plan
 from towerlab.search import Search, Space, load_space, refuse_unused_settings
 from towerlab.search.database import STORE_ENV, is_url, redacted, with_password
 from towerlab.search.queue import lease_seconds, release_the_dead
-from towerlab.search.store import Store
+from towerlab.search.store import STORE_NAME, Store
 
 # The command of each kind of search job (`towerlab <command>`).
 COMMANDS = {"evolve": "evolve", "grid": "grid", "search": "search run"}
@@ -66,7 +66,7 @@ def store_target(cfg: SearchConfig, out: Path) -> str:
     else the search folder's search.db. A recorded URL has no password (see `recorded_store`): where
     $TOWERLAB_STORE is that same URL with one, it is taken from there."""
     given = cfg.store or os.environ.get(STORE_ENV, "").strip() or None
-    return str(out / "search.db") if given is None else with_password(given)
+    return str(out / STORE_NAME) if given is None else with_password(given)
 
 
 def recorded_store(target: str) -> str:
@@ -86,7 +86,7 @@ def start_search(kind: str, cfg: SearchConfig, run: RunConfig, *, data: Any = No
     require_out_under_torchrun(run)
     out = search_out(kind, search.cfg, run, search.space)
     target = store_target(search.cfg, out)
-    if not is_url(target):
+    if not is_url(target) and target != str(out / STORE_NAME):  # the folder's own is checked with the folder
         check_writable_file(target, "--store")
     if not under_torchrun():
         run = replace(run, devices=search_workers(run.devices, run.device))
@@ -120,8 +120,11 @@ class SearchJob(Job):
         if under_torchrun():
             return self._rank()
         reporter = Reporter(None, progress=self.run.progress)
-        with _open(self.target) as store:  # a store out of reach is refused before the data is read
-            data = self.data if self.data is not None else _load(self.search.cfg, self.run)
+        # A database out of reach is refused before the data is read; a file is made once the data is
+        # found (bad data leaves no store behind).
+        first = _open(self.target) if is_url(self.target) else None
+        data = self.data if self.data is not None else _load(self.search.cfg, self.run)
+        with first or _open(self.target) as store:
             search = self._in_store(store, data, reporter)
             started = time.perf_counter()
             self._work(store, search, data, reporter)

@@ -47,6 +47,7 @@ class Watch:
         self.since = store.newest_evaluation()  # this start's evaluations come after
         self.first: Optional[float] = None
         self.trained = 0
+        self.testing = False
         self.last_line = time.monotonic()
         self.started = time.monotonic()
         self.replayed = {g.generation for g in store.generations(search.id) if g.complete}
@@ -71,6 +72,12 @@ class Watch:
             with open(self.log, "a", encoding="utf-8") as f:
                 f.write(atomic.json_text(stats.to_json(), sort_keys=True) + "\n")
             self.shown += 1
+        if not self.testing:
+            tests = self.store.tasks(self.search.id, "test")
+            if tests:
+                self.testing = True
+                self._line(f"Testing the top {len(tests)} networks (retraining {sum(t.state != 'done' for t in tests)} "
+                           "with their seeds)")
         if not self.reporter.progress and time.monotonic() - self.last_line > STATUS_EVERY:
             self._line(self.status())
         return bool(new)

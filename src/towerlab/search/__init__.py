@@ -13,10 +13,9 @@ workers, by replaying it against its store.
 
 from towerlab.search.candidates import (Candidate, Outcome, Record, Trainer, candidate_seed, make_rng,
                                         remeasure_seed, serial)
-from towerlab.search.engine import play, run_search
 from towerlab.search.history import Generation, GenerationStats, Member, SearchResult, TopGenome, rank_key
 from towerlab.search.pruners import Pruner, SuccessiveHalving, make_pruner, rung_epochs
-from towerlab.search.search import Search, Shape, planned_trainings, resolved_remeasure
+from towerlab.search.search import Search, Shape, planned_trainings, resolved_remeasure, run_search
 from towerlab.search.rounds import rung_hash
 from towerlab.search.samplers import (SAMPLERS, Sampler, make_sampler, own_settings, random_genome,
                                       refuse_unused_settings, resolved_settings, sampler_class, settings_classes,
@@ -32,7 +31,7 @@ __all__ = [
     "Outcome", "Pruner", "Record", "Sampler", "Search", "SearchResult", "Shape", "Space", "Store", "SuccessiveHalving", "TopGenome",
     "Trainer", "breed", "candidate_seed", "canonical", "evaluation_records", "format_search", "genome_hash",
     "grid_genomes", "initial_population", "load_space", "make_pruner", "make_rng", "make_sampler", "mutate",
-    "next_generation", "own_settings", "play", "planned_trainings", "random_genome", "rank_key",
+    "next_generation", "own_settings", "planned_trainings", "random_genome", "rank_key",
     "refuse_unused_settings", "remeasure_seed", "resolved_remeasure", "resolved_settings", "rung_epochs", "rung_hash",
     "run_search", "sampler_class", "serial", "settings_classes", "settings_of_others",
 ]

@@ -7,7 +7,7 @@ A worker is one process with two kinds of thread:
 - its main thread claims a task (`Store.claim`: one transaction, a lease on the database's clock),
   trains it while a helper thread renews the lease, and writes the result and closes the task in one
   transaction (`Store.complete`), only while it still holds the lease;
-- one driver thread per search it works on plays the search (`towerlab.search.engine.play`) through a
+- one driver thread per search it works on plays the search (`Search.play`) through a
   `QueueTrainer`: the candidates that the store cannot serve go on the queue (each once, whoever puts
   them there first), and the trainer returns when the store holds a result for each, whoever trained
   it. A pruned rung's sure promotions go on the queue as results come in. When the search's top is
@@ -39,7 +39,6 @@ from typing import Callable, Optional, Sequence
 
 from towerlab.errors import UserError
 from towerlab.search.candidates import Candidate, Outcome
-from towerlab.search.engine import finish_search, play
 from towerlab.search.history import TopGenome
 from towerlab.search.search import Search
 from towerlab.search.store import Evaluation, Store, Task
@@ -166,11 +165,11 @@ class Driver(threading.Thread):
             while not self._finished():
                 search = Search.open(self.store, self.search_id)
                 trainer = QueueTrainer(self.store, search, self.priority(search), self.wake, self.stopping)
-                history, top = play(search, self.store, trainer, on_progress=self.log)
+                history, top = search.play(self.store, trainer, on_progress=self.log)
                 self._test(search, top, trainer)
                 # Written only under the settings it was played with: a resume that changed them
                 # (more generations) has the search played again.
-                finish_search(self.store, search, history, top)
+                search.finish(self.store, history, top)
             self.done = True
         except Stopping:
             pass

@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from typing import TYPE_CHECKING
+from typing import Callable, Optional
 
 from towerlab.config import upgrade_search_config
-
-if TYPE_CHECKING:
-    from towerlab.search.database import Transaction
+from towerlab.errors import UserError
+from towerlab.search.database import PostgreSQL, SQLite, Transaction, damaged, is_damage
 
 SCHEMA_VERSION = 4
 
@@ -189,9 +188,122 @@ def upgrade_from_2(tx: Transaction) -> None:
 
 
 def _top_of_v1(db: sqlite3.Connection, genome_hash: str, train_config_hash: str) -> dict:
-    """A version-1 summary's top entry in the form `towerlab.search.engine` writes (its one row)."""
+    """A version-1 summary's top entry in the form `Search.finish` writes (its one row)."""
     row = db.execute("SELECT * FROM evaluations WHERE genome_hash = ? AND train_config_hash = ? AND status = 'ok'",
                      (genome_hash, train_config_hash)).fetchone()
     return {"genome_hash": genome_hash, "genome": json.loads(row["genome"]), "fitness": row["fitness"],
             "fitnesses": [row["fitness"]], "seeds": [row["seed"]], "rung": 0,
             "train_config_hash": train_config_hash}
+
+
+# -- opening a store: its schema checked, created or migrated ----------------------------------------------
+
+
+def open_sqlite(db: SQLite, where: object, create: bool) -> None:
+    """Check an SQLite store before anything is written: damage (quick_check), a newer schema or a foreign
+    file are UserErrors; an empty file gets today's tables, an older store is migrated."""
+    try:
+        problems = [r[0] for r in db.raw.execute("PRAGMA quick_check").fetchall()]
+        if problems != ["ok"]:
+            raise damaged(where, "; ".join(problems[:2]))
+        _check_sqlite(db, where, create)
+        db.configure()
+    except sqlite3.DatabaseError as e:
+        if is_damage(e):
+            raise damaged(where, e) from None
+        raise UserError(f"{where} is not a towerlab search store ({e}): give the search.db of a search, or a "
+                        "new path") from None
+
+
+def _sqlite_schema(db: SQLite) -> tuple[int, set[str]]:
+    version = db.raw.execute("PRAGMA user_version").fetchone()[0]
+    tables = {r[0] for r in db.raw.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    return version, tables
+
+
+def _check_sqlite(db: SQLite, where: object, create: bool) -> None:
+    version, tables = _sqlite_schema(db)
+    refuse_newer(version, where)
+    if version == SCHEMA_VERSION and TABLES <= tables:
+        return
+    if version in (1, 2, 3) and OLD_TABLES <= tables:
+        if version == 1:
+            _migrate_from_1(db, where)
+        if version <= 2:
+            _migrate(db, 2, upgrade_from_2)
+        _migrate(db, 3, upgrade_from_3)
+        return
+    if version != 0 or tables or not create:
+        raise UserError(f"{where} is an SQLite file but not a towerlab search store: give the search.db of a "
+                        "search, or a new path")
+
+    def make(tx: Transaction) -> bool:
+        if _sqlite_schema(db) != (0, set()):
+            return False  # another process wrote it meanwhile
+        create_tables(tx)
+        tx.run(f"PRAGMA user_version = {SCHEMA_VERSION}")
+        return True
+
+    if not db.write(make):
+        _check_sqlite(db, where, create=False)
+
+
+def refuse_newer(version: int, where: object) -> None:
+    if version > SCHEMA_VERSION:
+        raise UserError(f"search store {where} has schema version {version}, newer than this towerlab reads "
+                        f"({SCHEMA_VERSION}): upgrade towerlab to open it")
+
+
+def _migrate_from_1(db: SQLite, where: object) -> None:
+    db.raw.execute("PRAGMA foreign_keys = OFF")  # the searches table is rebuilt under its rows
+    try:
+        def upgrade(tx: Transaction) -> None:
+            if db.raw.execute("PRAGMA user_version").fetchone()[0] != 1:
+                return  # another process migrated it meanwhile
+            if not upgrade_from_1(db.raw):
+                raise damaged(where, "rows that name no search")
+        db.write(upgrade)
+    finally:
+        db.raw.execute("PRAGMA foreign_keys = ON")
+
+
+def _migrate(db: SQLite, version: int, upgrade: Callable[[Transaction], None]) -> None:
+    def run(tx: Transaction) -> None:
+        if db.raw.execute("PRAGMA user_version").fetchone()[0] != version:
+            return  # another process migrated it meanwhile
+        upgrade(tx)
+        tx.run(f"PRAGMA user_version = {version + 1}")
+    db.write(run)
+
+
+# The advisory lock key under which a PostgreSQL store's tables are made.
+_SCHEMA_LOCK = -1
+
+
+def open_postgresql(db: PostgreSQL, where: object, create: bool) -> None:
+    """Check a PostgreSQL store's schema, or create its tables in an empty database (one transaction,
+    under an advisory lock, so that two workers starting at once make them once)."""
+    def version(tx: Transaction) -> Optional[int]:
+        if tx.one("SELECT to_regclass('towerlab_schema') AS t")["t"] is None:
+            return None
+        row = tx.one("SELECT version FROM towerlab_schema")
+        return None if row is None else int(row["version"])
+
+    def make(tx: Transaction) -> Optional[int]:
+        found = version(tx)
+        if found is not None:
+            return found
+        if tx.one("SELECT to_regclass('searches') AS t")["t"] is not None:
+            raise UserError(f"the database {where} holds a table named searches but no towerlab store: give "
+                            "towerlab a database of its own")
+        if not create:
+            raise UserError(f"the database {where} holds no search store")
+        create_tables(tx)
+        tx.run("CREATE TABLE towerlab_schema (version INTEGER NOT NULL)")
+        tx.run("INSERT INTO towerlab_schema (version) VALUES (?)", (SCHEMA_VERSION,))
+        return SCHEMA_VERSION
+
+    found = db.write(version)
+    if found is None:
+        found = db.write(make, lock=_SCHEMA_LOCK)
+    refuse_newer(found, where)

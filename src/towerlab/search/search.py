@@ -8,8 +8,14 @@ this one object, as Optuna's processes take one Study:
   is the same and continues it;
 - `Search.open(store, id)` rebuilds it from the store alone, as a worker on another machine does.
 
-`search.run(store, train)` plays it (`towerlab.search.engine`): against a store, through a `Trainer`.
-No torch here.
+`search.play(store, train)` is the one loop every search runs: the sampler proposes a generation,
+`Rounds` serves it from the store or trains it through the `Trainer` (pruning as asked), the networks
+about to be crowned are re-measured, the sampler is told the outcomes; at the end the top is crowned.
+`search.finish` writes the summary, `search.run` does both. Playing is a pure function of the search
+and what its store holds: replaying a search against its store proposes the same generations and
+serves the same rows, which is how a search resumes and how every worker of a search
+(`towerlab.search.queue`) plays it alike, whoever trained what. No torch here: the training protocol
+is in `towerlab.search.candidates`, the counts in `towerlab.search.history`.
 """
 
 from __future__ import annotations
@@ -23,19 +29,24 @@ from typing import TYPE_CHECKING, Callable, Optional
 from towerlab.config import SearchConfig
 from towerlab.errors import UserError
 from towerlab.fields import to_dict
+from towerlab.search.history import Generation, GenerationStats, SearchResult, TopGenome
+from towerlab.search.rounds import Rounds
 from towerlab.search.pruners import Pruner, make_pruner
 from towerlab.search.samplers import Sampler, make_sampler, resolved_settings
 from towerlab.search.space import Space, load_space, space_of
 
 if TYPE_CHECKING:
     from towerlab.search.candidates import Trainer
-    from towerlab.search.history import GenerationStats, SearchResult
     from towerlab.search.store import SearchRow, Store
 
 # What every search must keep to resume: it changes what is trained or how it is ranked (the
 # space and the training-config hash are checked as well, and each sampler adds what it `reads`).
 # Other settings (generations, max_evaluations, top, workers...) may change on resume.
 IDENTITY = ("seed", "remeasure", "min_epochs", "prune_factor", "prune_places")
+
+# From this many members on, proposing and looking up a generation takes seconds to minutes:
+# the search says what it is doing before it starts.
+LARGE_GENERATION = 10_000
 
 DEFAULT_REMEASURE = 2
 # Of a search's trainings, the most that default re-measuring may add: a quarter, because the
@@ -197,10 +208,79 @@ class Search:
         return replace(self, id=row.id, train_config_hash=row.train_config_hash, setup=row.setup or {},
                        where=str(store.path))
 
+    def play(self, store: Store, train: Trainer, on_generation: Optional[Callable[[GenerationStats], None]] = None,
+             on_progress: Optional[Callable[[str], None]] = None) -> tuple[list[Generation], list[TopGenome]]:
+        """Play the search (in `store`) for at most its generations and --max-evaluations distinct
+        trainings, or until the sampler has nothing left; the history and the crowned top.
+
+        `train(candidates, record)` trains what the store cannot serve. `on_generation(stats)` is called
+        after each generation, replayed ones included (`stats.replayed`); `on_progress(line)` hears what
+        a large generation is doing before it is trained. Finished generations are replayed and
+        checked, finished evaluations are kept, and the result equals an uninterrupted run's."""
+        assert self.id is not None and self.train_config_hash is not None, "play a search that is in a store"
+        cfg = self.cfg
+        sampler = self.new_sampler()
+        rounds = Rounds(store, self.id, cfg, self.train_config_hash, train)
+        history: list[Generation] = []
+        while len(history) < cfg.generations:
+            budget = (None if cfg.max_evaluations is None
+                      else cfg.max_evaluations - sum(g.stats.evaluated for g in history))
+            if budget == 0:
+                break
+            if history and sampler.elite:
+                history[-1] = rounds.crowned(history[-1], sampler.elite)
+            if on_progress is not None and sampler.population >= LARGE_GENERATION:
+                on_progress(f"Generation {len(history) + 1}: proposing {sampler.population} candidates and looking "
+                            "them up in the store ...")
+            genomes = sampler.propose(history)
+            if not genomes:
+                break
+            generation = rounds.play(len(history), genomes, budget)
+            sampler.tell(generation)
+            history.append(generation)
+            if on_generation is not None:
+                on_generation(generation.stats)
+        return history, rounds.top(history, cfg.top)
+
+    def finish(self, store: Store, history: list[Generation], top: list[TopGenome]) -> SearchResult:
+        """The result, also written to the store as the search's summary (by the first process to finish
+        it, and only under the settings it was played with: a resume that changed them has it played again)."""
+        assert self.id is not None
+        trainings = store.evaluations(self.id)
+        result = SearchResult(
+            sampler=self.cfg.sampler,
+            history=tuple(history),
+            top=tuple(top),
+            evaluations=sum(g.stats.evaluated for g in history),
+            cache_hits=sum(g.stats.cached for g in history),
+            failures=sum(g.stats.failed for g in history),
+            generations=len(history),
+            trainings=len(trainings),
+            train_seconds=math.fsum(e.seconds for e in trainings),
+            seconds=math.fsum(g.stats.seconds for g in history),
+            search_id=self.id,
+        )
+        store.finish_search(self.id, {
+            "evaluations": result.evaluations, "cache_hits": result.cache_hits, "failures": result.failures,
+            "generations": result.generations, "trainings": result.trainings, "train_seconds": result.train_seconds,
+            "seconds": result.seconds, "top": [t.to_json() for t in top],
+        }, to_dict(self.cfg))
+        return result
+
     def run(self, store: Store, train: Trainer, on_generation: Optional[Callable[[GenerationStats], None]] = None,
             on_progress: Optional[Callable[[str], None]] = None) -> SearchResult:
-        """Play the search and record its summary (`towerlab.search.engine.play`)."""
-        from towerlab.search.engine import finish_search, play
+        """`play`, then `finish`."""
+        history, top = self.play(store, train, on_generation, on_progress)
+        return self.finish(store, history, top)
 
-        history, top = play(self, store, train, on_generation, on_progress)
-        return finish_search(store, self, history, top)
+def run_search(cfg: SearchConfig, space: Space, train: Trainer, store: Store, train_config_hash: str,
+               on_generation: Optional[Callable[[GenerationStats], None]] = None,
+               *, resume: int | bool | None = None, on_progress: Optional[Callable[[str], None]] = None,
+               ) -> SearchResult:
+    """Search `space` with the sampler `cfg.sampler` in this process: the search resolved, recorded in
+    `store` (or, with `resume`, the store's latest search with this sampler (True) or search `resume`,
+    checked to be the same), then played with `train` and its summary written (see `Search.play`)."""
+    search = Search.resolve(cfg, space)
+    search = (search.create(store, train_config_hash) if resume is None or resume is False
+              else search.resume(store, resume, train_config_hash))
+    return search.run(store, train, on_generation, on_progress)

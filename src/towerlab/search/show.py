@@ -187,7 +187,29 @@ def _format(store: Store, search_id: Optional[int]) -> str:
     searches = store.searches() if search_id is None else [s for s in store.searches() if s.id == search_id]
     if not searches:
         return f"{store.path}: no searches yet"
-    return "\n\n".join(_format_one(store, search) for search in searches)
+    return "\n\n".join([*(_format_one(store, search) for search in searches), *_format_workers(store)])
+
+
+# Seconds without a claim or a lease renewal after which `search show` calls a worker silent: more than
+# a lease (the default's 30 s), renewed every third of it.
+SILENT = 60.0
+
+
+def _format_workers(store: Store) -> list[str]:
+    """The workers that joined the store: those at work (what each holds), those silent for long
+    (gone without a word: their leases lapse), how many left."""
+    workers = store.workers()
+    if not workers:
+        return []
+    here = [w for w in workers if w["left_at"] is None]
+    lines = [f"workers: {len(here)} joined and not left, {len(workers) - len(here)} left"]
+    for w in here:
+        doing = ("idle" if w["task"] is None else
+                 f"{'testing' if w['kind'] == 'test' else 'training'} search {w['search_id']}, "
+                 f"generation {w['generation'] + 1}" + (f", member {w['idx']}" if w["idx"] >= 0 else ", a re-measure"))
+        silent = f", silent for {w['age']:.0f} s" if w["age"] > SILENT else ""
+        lines.append(f"  {w['id']}: {doing}{silent}")
+    return ["\n".join(lines)]
 
 
 def _acc(x: Optional[float]) -> str:
@@ -237,6 +259,12 @@ def _format_one(store: Store, search: SearchRow) -> str:
                      f"{s['seconds']:>9.1f}")
     lines.append(f"  {totals['evaluated']} evaluations, {totals['cached']} cache hits, "
                  f"{totals['failed']} failures, {totals['seconds']:.1f} s")
+    if not search.finished:
+        queue = store.tasks(search.id)
+        held = sorted({t.worker for t in queue if t.state == "claimed" and t.worker})
+        lines.append(f"  queue: {sum(t.state == 'done' for t in queue)} done, "
+                     f"{sum(t.state == 'open' for t in queue)} waiting, {sum(t.state == 'claimed' for t in queue)} "
+                     f"in progress" + (f" ({', '.join(held)})" if held else ""))
     top = _top(store, search)
     if top:
         lines.append(f"  top {len(top)}:" if search.finished else f"  top {len(top)} so far (measured once):")

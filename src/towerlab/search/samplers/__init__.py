@@ -1,4 +1,4 @@
-"""Samplers: what proposes a search's candidates. The engine (`towerlab.search.engine`) runs every
+"""Samplers: what proposes a search's candidates. The search (`Search.play`) runs every
 search in one loop: it asks the sampler for a generation (`propose`, from the space, the history
 and the sampler's own random streams), serves or trains it through the store, re-measures what the
 sampler is about to crown, and tells the sampler the outcomes (`tell`). A sampler never trains,

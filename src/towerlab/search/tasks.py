@@ -1,0 +1,185 @@
+"""The queue of a search store: the tasks that workers claim, hold under a lease, and close with their
+result, and the workers themselves (the `tasks` and `workers` tables of `towerlab.search.store`, whose
+`Store` takes these methods). Every method is one transaction; see `towerlab.search.queue` for the
+workers that use them."""
+
+from __future__ import annotations
+
+import json
+from typing import Optional, Sequence
+
+from towerlab.search.candidates import Candidate, Outcome
+from towerlab.search.database import Transaction, placeholders
+from towerlab.search.rows import Evaluation, Records, Task
+
+
+class TaskQueue(Records):
+    # -- the queue --------------------------------------------------------------------------------
+
+    def enqueue(self, search_id: int, kind: str, candidates: Sequence[tuple[Candidate, str, float]]) -> None:
+        """Put (candidate, train_config_hash, priority) on the queue unless the search has them there
+        already (another worker put them first), in one transaction."""
+        if not candidates:
+            return
+
+        def insert(tx: Transaction) -> None:
+            for c, tch, priority in candidates:
+                tx.run("INSERT INTO tasks (search_id, kind, genome_hash, train_config_hash, replicate, generation,"
+                       " idx, genome, seed, max_epochs, priority, state, created)"
+                       " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'open', {now})"
+                       " ON CONFLICT (search_id, kind, genome_hash, train_config_hash, replicate) DO NOTHING",
+                       (search_id, kind, c.genome_hash, tch, c.replicate, c.generation, c.index,
+                        json.dumps(c.genome), c.seed, c.max_epochs, float(priority)))
+
+        self.db.write(insert)
+
+    def claim(self, worker: str, search_ids: Sequence[int], lease: float, max_attempts: int) -> Optional[Task]:
+        """The next task for `worker` among `search_ids` (open, or claimed under a lease that lapsed),
+        claimed until the database's clock reads `lease` seconds later; None when there is none. A task
+        whose claimants were lost `max_attempts` times is recorded as failed on the way (a test task
+        with a failed result), and the next one is taken."""
+        if not search_ids:
+            return None
+        ids = tuple(search_ids)
+
+        def take(tx: Transaction) -> Optional[dict]:
+            while True:
+                row = tx.one(f"SELECT * FROM tasks WHERE search_id IN ({placeholders(len(ids))}) AND"
+                             " (state = 'open' OR (state = 'claimed' AND lease_until < {now}))"
+                             " ORDER BY search_id, priority DESC, id LIMIT 1{skip_locked}", ids)
+                if row is None:
+                    return None
+                if row["state"] == "claimed":  # its claimant stopped renewing: lost
+                    row["lost"] = f"the lease of worker {row['worker']} lapsed"
+                if row["attempts"] < max_attempts:
+                    tx.run("UPDATE tasks SET state = 'claimed', worker = ?, lease_until = {now} + ?,"
+                           " attempts = attempts + 1, claimed = {now}, lost = ? WHERE id = ?",
+                           (worker, lease, row["lost"], row["id"]))
+                    tx.run("UPDATE workers SET seen = {now}, task = ? WHERE id = ?", (row["id"], worker))
+                    return tx.one("SELECT * FROM tasks WHERE id = ?", (row["id"],))
+                self._give_up(tx, self._task(row), worker, max_attempts)
+
+        row = self.db.write(take)
+        return None if row is None else self._task(row)
+
+    def _give_up(self, tx: Transaction, task: Task, worker: str, attempts: int) -> None:
+        reason = (f"its worker was lost {attempts} times while training it (last: {task.lost or 'unknown'}); "
+                  "killed by the out-of-memory killer?")
+        self._close(tx, task, Outcome.failed(reason, worker=worker), None)
+
+    def _close(self, tx: Transaction, task: Task, outcome: Outcome, test_accuracy: Optional[float]) -> Optional[dict]:
+        """Write the task's result and mark it done (the caller checked it may)."""
+        result = {"status": outcome.status, "fitness": outcome.fitness, "reason": outcome.reason,
+                  "seconds": outcome.seconds, "worker": outcome.worker, "test_accuracy": test_accuracy}
+        tx.run("UPDATE tasks SET state = 'done', finished = {now}, result = ?, lease_until = NULL WHERE id = ?",
+               (json.dumps(result), task.id))
+        if task.kind == "train":
+            return self._insert_evaluation(tx, task.candidate, outcome, task.train_config_hash, task.search_id)
+        if outcome.status == "ok" and test_accuracy is not None:
+            served = tx.one("SELECT id FROM evaluations WHERE genome_hash = ? AND train_config_hash = ? AND"
+                            " replicate = 0 AND (search_id = ? OR status = 'ok')"
+                            " ORDER BY CASE WHEN search_id = ? THEN 0 ELSE 1 END, id LIMIT 1",
+                            (task.candidate.genome_hash, task.train_config_hash, task.search_id, task.search_id))
+            if served is not None:
+                tx.run("UPDATE evaluations SET test_accuracy = ? WHERE id = ? AND status = 'ok'",
+                       (float(test_accuracy), served["id"]))
+        return None
+
+    def renew(self, task: Task, worker: str, lease: float) -> bool:
+        """Extend `worker`'s lease on `task`; False when it no longer holds it (the lease lapsed and
+        another worker took the task)."""
+        def extend(tx: Transaction) -> bool:
+            held = tx.run("UPDATE tasks SET lease_until = {now} + ? WHERE id = ? AND worker = ? AND state = 'claimed'",
+                          (lease, task.id, worker))
+            tx.run("UPDATE workers SET seen = {now} WHERE id = ?", (worker,))
+            return held == 1
+        return self.db.write(extend)
+
+    def complete(self, task: Task, worker: str, outcome: Outcome,
+                 test_accuracy: Optional[float] = None) -> tuple[bool, Optional[Evaluation]]:
+        """Write the result of `task` and close it, in one transaction, if `worker` still holds it:
+        (True, its evaluation row for a training task). (False, None) when the lease was lost: the result
+        is dropped, since the task is another worker's now (or done already)."""
+        def close(tx: Transaction) -> tuple[bool, Optional[dict]]:
+            held = tx.one("SELECT id FROM tasks WHERE id = ? AND worker = ? AND state = 'claimed'", (task.id, worker))
+            if held is None:
+                return False, None
+            tx.run("UPDATE workers SET seen = {now}, task = NULL WHERE id = ?", (worker,))
+            return True, self._close(tx, task, outcome, test_accuracy)
+
+        done, row = self.db.write(close)
+        return done, None if row is None else self._evaluation(row)
+
+    def put_back(self, task: Task, worker: str) -> None:
+        """Hand a task back unfinished (its worker was interrupted): open again at once, and the claim
+        not counted as a loss."""
+        self.db.write(lambda tx: tx.run(
+            "UPDATE tasks SET state = 'open', worker = NULL, lease_until = NULL, attempts = attempts - 1"
+            " WHERE id = ? AND worker = ? AND state = 'claimed'", (task.id, worker)))
+
+    def release(self, worker: str, reason: str) -> int:
+        """A worker is gone (its process ended, `reason` says how): the tasks it held are open again at
+        once, the loss counted; returns how many."""
+        def free(tx: Transaction) -> int:
+            n = tx.run("UPDATE tasks SET state = 'open', lease_until = NULL, lost = ?"
+                       " WHERE worker = ? AND state = 'claimed'", (f"worker {worker} {reason}", worker))
+            tx.run("UPDATE workers SET left_at = {now}, task = NULL WHERE id = ? AND left_at IS NULL", (worker,))
+            return n
+        return self.db.write(free)
+
+    def reopen_failed_tests(self, search_id: int) -> int:
+        """Put the search's failed test retrainings back on the queue (and the search back to unfinished,
+        so that its workers take them); how many."""
+        failed = [t.id for t in self.tasks(search_id, "test") if t.state == "done" and (t.result or {}).get("status") != "ok"]
+
+        def reopen(tx: Transaction) -> None:
+            for task_id in failed:
+                tx.run("UPDATE tasks SET state = 'open', attempts = 0, result = NULL, worker = NULL, lost = NULL"
+                       " WHERE id = ?", (task_id,))
+            tx.run("UPDATE searches SET finished = NULL, summary = NULL WHERE id = ?", (search_id,))
+
+        if failed:
+            self.db.write(reopen)
+        return len(failed)
+
+    def tasks(self, search_id: int, kind: Optional[str] = None) -> list[Task]:
+        if kind is None:
+            rows = self._read("SELECT * FROM tasks WHERE search_id = ? ORDER BY id", (search_id,))
+        else:
+            rows = self._read("SELECT * FROM tasks WHERE search_id = ? AND kind = ? ORDER BY id", (search_id, kind))
+        return [self._task(r) for r in rows]
+
+    def waiting(self, search_ids: Sequence[int]) -> int:
+        """How many tasks of these searches are open or claimed."""
+        if not search_ids:
+            return 0
+        return int(self._read(f"SELECT COUNT(*) AS n FROM tasks WHERE search_id IN ({placeholders(len(search_ids))})"
+                              " AND state <> 'done'", tuple(search_ids))[0]["n"])
+
+    def queue_counts(self, search_id: int) -> dict[str, int]:
+        """The search's tasks by state: open, claimed (lease held or lapsed), done."""
+        counts = {"open": 0, "claimed": 0, "done": 0}
+        for row in self._read("SELECT state, COUNT(*) AS n FROM tasks WHERE search_id = ? GROUP BY state",
+                              (search_id,)):
+            counts[row["state"]] = int(row["n"])
+        return counts
+
+    # -- workers ----------------------------------------------------------------------------------
+
+    def join(self, worker: str, host: str, pid: int, device: str) -> None:
+        self.db.write(lambda tx: tx.run(
+            "INSERT INTO workers (id, host, pid, device, started, seen) VALUES (?, ?, ?, ?, {now}, {now})"
+            " ON CONFLICT (id) DO UPDATE SET seen = excluded.seen, left_at = NULL", (worker, host, pid, device)))
+
+    def leave(self, worker: str) -> None:
+        self.db.write(lambda tx: tx.run("UPDATE workers SET left_at = {now}, task = NULL WHERE id = ?", (worker,)))
+
+    def workers(self) -> list[dict]:
+        """Every worker that joined, with `age` (seconds since it was last seen, on the database's clock)."""
+        return self._read("SELECT w.*, {now} - w.seen AS age, t.search_id AS search_id, t.generation AS generation,"
+                          " t.idx AS idx, t.kind AS kind FROM workers w LEFT JOIN tasks t ON t.id = w.task"
+                          " ORDER BY w.started")
+
+    def clock(self) -> float:
+        """The database's clock (seconds since the epoch)."""
+        return float(self._read("SELECT {now} AS now")[0]["now"])

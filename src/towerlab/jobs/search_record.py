@@ -44,7 +44,7 @@ class Watch:
         if resumed:
             self.log.unlink(missing_ok=True)  # rewritten from the store as the generations are shown again
         self.shown = 0  # generations shown
-        self.since = store.newest_evaluation()  # this start's evaluations come after
+        self.before = store.newest_evaluation()  # this start's evaluations come after
         self.first: Optional[float] = None
         self.trained = 0
         self.testing = False
@@ -56,12 +56,15 @@ class Watch:
 
     def step(self) -> bool:
         assert self.search.id is not None
-        new = self.store.evaluations(self.search.id, after=self.since)
-        for row in new:
-            self.since = row.id
-            self.trained += 1
-            self.reporter.advance()
-            if self.first is None and row.status == "ok" and row.replicate == 0:
+        trained = self.store.count_evaluations(self.search.id, after=self.before)
+        new = trained - self.trained
+        if new:
+            self.trained = trained
+            self.reporter.advance(new)
+        if self.first is None and new:
+            row = next((e for e in self.store.evaluations(self.search.id, after=self.before)
+                        if e.status == "ok" and e.replicate == 0), None)
+            if row is not None:
                 self.first = row.seconds
                 self._line(format_estimate(row.seconds, row.epochs, self.search.plan, self.workers))
         for gen in self.store.generations(self.search.id)[self.shown:]:
@@ -80,7 +83,7 @@ class Watch:
                            "with their seeds)")
         if not self.reporter.progress and time.monotonic() - self.last_line > STATUS_EVERY:
             self._line(self.status())
-        return bool(new)
+        return new > 0
 
     def status(self) -> str:
         """Where the search stands: its generation, its queue, its workers."""

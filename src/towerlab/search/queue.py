@@ -114,7 +114,6 @@ class QueueTrainer:
         hash_of: Callable[[Candidate], str] = getattr(record, "train_config_hash")
         search_id = self.search.id
         assert search_id is not None
-        since = self.store.newest_evaluation()
         pending: dict[tuple[str, str, int], Candidate] = {}
 
         def add(new: Sequence[Candidate]) -> list[tuple[Candidate, Evaluation]]:
@@ -138,13 +137,11 @@ class QueueTrainer:
                 raise Stopping
             self.wake.wait(wait)
             self.wake.clear()
-            rows = self.store.evaluations(search_id, after=since)
-            for row in rows:
-                since = max(since, row.id)
-                candidate = pending.pop((row.genome_hash, row.train_config_hash, row.replicate), None)
-                if candidate is not None:
-                    ready.append((candidate, row))
-            wait = POLL[0] if rows else min(2 * wait, POLL[1])
+            # By key, not "rows newer than the last seen": PostgreSQL numbers rows as they are written,
+            # and transactions may commit out of that order.
+            found = self.store.own_rows(search_id, list(pending))
+            ready.extend((pending.pop(key), row) for key, row in found.items())
+            wait = POLL[0] if found else min(2 * wait, POLL[1])
 
 
 class Driver(threading.Thread):

@@ -241,6 +241,11 @@ class Store(TaskQueue):
                               (search_id, after))
         return [self._evaluation(r) for r in rows]
 
+    def count_evaluations(self, search_id: int, after: int = 0) -> int:
+        """How many evaluations the search holds with an id above `after`."""
+        return int(self._read("SELECT COUNT(*) AS n FROM evaluations WHERE search_id = ? AND id > ?",
+                              (search_id, after))[0]["n"])
+
     def newest_evaluation(self) -> int:
         """The id of the newest evaluation (0 in an empty store)."""
         return int(self._read("SELECT COALESCE(MAX(id), 0) AS n FROM evaluations")[0]["n"])
@@ -266,11 +271,18 @@ class Store(TaskQueue):
         evaluation id now (what other searches may serve it from), unless the search has it already
         (another worker began it); return the row."""
         members = [{"genome_hash": h, "genome": g} for h, g in zip(hashes, genomes, strict=True)]
-        self.db.write(lambda tx: tx.run(
-            "INSERT INTO generations (search_id, generation, members, started, watermark)"
-            " SELECT ?, ?, ?, ?, COALESCE(MAX(id), 0) FROM evaluations WHERE true"
-            " ON CONFLICT (search_id, generation) DO NOTHING",
-            (search_id, generation, json.dumps(members), now())), lock=search_id)
+
+        def begin(tx: Transaction) -> None:
+            if self.db.dialect == "postgresql":
+                # Rows are numbered as they are written, and may commit out of that order: once the
+                # writes under way have committed, every row up to the newest id is there for good.
+                tx.run("LOCK TABLE evaluations IN SHARE MODE")
+            tx.run("INSERT INTO generations (search_id, generation, members, started, watermark)"
+                   " SELECT ?, ?, ?, ?, COALESCE(MAX(id), 0) FROM evaluations WHERE true"
+                   " ON CONFLICT (search_id, generation) DO NOTHING",
+                   (search_id, generation, json.dumps(members), now()))
+
+        self.db.write(begin, lock=search_id)
         stored = self.generation(search_id, generation)
         assert stored is not None
         return stored

@@ -5,10 +5,13 @@ recorded as failed; on SQLite and on a real PostgreSQL server."""
 
 from __future__ import annotations
 
+import contextlib
+import json
 import multiprocessing
 import os
 import random
 import signal
+import sqlite3
 import threading
 import time
 
@@ -183,3 +186,62 @@ def test_a_task_put_back_on_interrupt_is_not_a_loss(target):
             task = store.claim("w", [search_id], lease=30, max_attempts=MAX_ATTEMPTS)
             assert task is not None and task.attempts == 1
             store.put_back(task, "w")
+
+
+def test_a_worker_that_finishes_early_takes_the_next_generation(target):
+    """The random sampler and TPE propose a generation while the one before still trains: a worker done
+    with its share of generation 1 trains generation 2's candidates instead of waiting for a slow one."""
+    cfg = SearchConfig(sampler="random", population=4, generations=3, max_epochs=3, remeasure=0, top=1, seed=8)
+    search_id = new_search(target, cfg)
+
+    def slow_first(search):
+        def train(task):
+            c = task.candidate
+            time.sleep(2.0 if (c.generation, c.index) == (0, 0) else 0.05)
+            return fitness(c), (0.5 if task.kind == "test" else None)
+        return train
+
+    def work_slowly(name):
+        with Store(target) as store:
+            Worker(store, name, "cpu", slow_first, search_ids=[search_id]).run()
+
+    threads = [threading.Thread(target=work_slowly, args=(f"w{i}",)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    with Store(target) as store:
+        tasks = store.tasks(search_id, "train")
+        slow = next(t for t in tasks if (t.candidate.generation, t.candidate.index) == (0, 0))
+        second = [t for t in tasks if t.candidate.generation == 1]
+        # Every candidate of generation 2 was trained by the other worker while the slow one trained.
+        assert slow.seconds >= 2.0 and {t.worker for t in second} == {w for w in ("w0", "w1") if w != slow.worker}
+        assert store.search(search_id).finished is not None
+
+
+def test_tpe_overlaps_by_default_and_a_search_recorded_before_resumes_without(tmp_path):
+    """TPE's history depends on whether it asks a generation before the one before is told: the setting
+    is recorded, and a search recorded before it existed (no `overlap` in its settings) replays without."""
+    cfg = SEARCHES["tpe"]
+    with Store(tmp_path / "a.db") as store:
+        overlapped = run_search(cfg, SPACE, serial(fitness), store, "tch")
+        assert store.searches()[0].config["overlap"] is True
+    with Store(tmp_path / "b.db") as store:
+        told_first = run_search(SearchConfig(**{**cfg.__dict__, **cfg.settings, "overlap": False}), SPACE,
+                                serial(fitness), store, "tch")
+    assert [m.genome for g in overlapped.history for m in g.members] != \
+        [m.genome for g in told_first.history for m in g.members]
+    # An older record: two generations of a no-overlap search, its settings without the key.
+    path = tmp_path / "old.db"
+    short = SearchConfig(**{**cfg.__dict__, **cfg.settings, "overlap": False, "generations": 2})
+    with Store(path) as store:
+        run_search(short, SPACE, serial(fitness), store, "tch")
+    with contextlib.closing(sqlite3.connect(path)) as db, db:
+        config = json.loads(db.execute("SELECT config FROM searches").fetchone()[0])
+        del config["overlap"]
+        db.execute("UPDATE searches SET config = ?, finished = NULL", (json.dumps(config),))
+    with Store(path) as store:
+        resumed = run_search(SearchConfig(**{**cfg.__dict__, **cfg.settings, "overlap": False}), SPACE,
+                             serial(fitness), store, "tch", resume=1)
+    # The same generations and top (its first start crowned the top of two generations: more re-measures)
+    assert (resumed.history, resumed.top) == (told_first.history, told_first.top)

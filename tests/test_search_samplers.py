@@ -179,9 +179,10 @@ def test_tpe_proposing_within_the_budget_keeps_every_generation_it_made_before(t
     pytest.importorskip("optuna")
     from towerlab.search.samplers.tpe import TPESampler
 
-    def asking_everything(self, history):  # the sampler before issue 50
-        self._asked = [self._study.ask(self._distributions) for _ in range(self.population)]
-        return [{name: t.params[name] for name in self.space.genes} for t in self._asked]
+    def asking_everything(self, history, in_flight=None):  # the sampler before issue 50: the whole population
+        asked = [self._study.ask(self._distributions) for _ in range(self.population)]
+        self._asked.append(asked)
+        return [{name: t.params[name] for name in self.space.genes} for t in asked]
 
     space = Space("tiny", "mlp", {"neurons": (16, 32), "layers": (1, 2), "activation": ("relu", "tanh")})
     cfg = tpe_config(population=12, generations=4, max_evaluations=7)

@@ -424,6 +424,8 @@ _BEFORE_SAMPLERS = {"remeasure": 0, "max_evaluations": None, "min_epochs": None,
 
 # Settings added since, with the value every search recorded before them ran with.
 _ADDED_SINCE = {"prune_places": "all"}
+# A sampler's own settings added since, with the value its searches recorded before them ran with.
+_SAMPLER_ADDED_SINCE = {"tpe": {"overlap": False}}
 
 
 def upgrade_search_config(data: dict, kind: str) -> dict:
@@ -432,4 +434,4 @@ def upgrade_search_config(data: dict, kind: str) -> dict:
     settings it ran with where it lacks them, so that it resumes and replays as it ran."""
     if "sampler" not in data:
         data = {**_BEFORE_SAMPLERS, **data, "sampler": "ga" if kind == "evolve" else kind}
-    return {**_ADDED_SINCE, **data}
+    return {**_ADDED_SINCE, **_SAMPLER_ADDED_SINCE.get(str(data.get("sampler")), {}), **data}

@@ -79,8 +79,11 @@ class Watch:
             tests = self.store.tasks(self.search.id, "test")
             if tests:
                 self.testing = True
-                self._line(f"Testing the top {len(tests)} networks (retraining {sum(t.state != 'done' for t in tests)} "
-                           "with their seeds)")
+                todo = sum(t.state != "done" for t in tests)
+                where = (f"; {todo} of {self.workers} workers train them, the others have nothing left"
+                         if 0 < todo < self.workers else "")
+                self._line(f"Testing the top {len(tests)} networks (retraining {todo} with their seeds, each on one "
+                           f"worker as it was evaluated{where})")
         if not self.reporter.progress and time.monotonic() - self.last_line > STATUS_EVERY:
             self._line(self.status())
         return new > 0

@@ -144,6 +144,16 @@ class QueueTrainer:
             wait = POLL[0] if found else min(2 * wait, POLL[1])
 
 
+    def prefetch(self, candidates: list[Candidate], train_config_hash: str) -> None:
+        """Put candidates on the queue now, before anyone waits for them (the next generation's first
+        rung, while this one trains)."""
+        assert self.search.id is not None
+        keys = {(c.genome_hash, train_config_hash, c.replicate): c for c in candidates}
+        found = self.store.own_rows(self.search.id, list(keys))
+        self.store.enqueue(self.search.id, "train", [(c, key[1], self.priority(c)) for key, c in keys.items()
+                                                     if key not in found])
+
+
 class Driver(threading.Thread):
     """Plays one search in a worker (see the module's docstring) until it is finished: `done`; or
     records what stopped it: `error`."""

@@ -38,7 +38,7 @@ from towerlab.search.candidates import Candidate, Outcome, Trainer, candidate_se
 from towerlab.search.history import Generation, GenerationStats, Member, TopGenome, rank_key, statistics_of
 from towerlab.search.pruners import make_pruner
 from towerlab.search.space import genome_hash
-from towerlab.search.store import Evaluation, Store
+from towerlab.search.store import Evaluation, GenerationRow, Store
 
 _Key = tuple[str, int, int]  # genome hash, max_epochs, replicate
 
@@ -145,7 +145,8 @@ class _Climb:
         if (h, rung) in self.rows or (h, rung) in self.handed:
             return
         rounds = self.rounds
-        row = rounds.store.lookup(h, rounds.hashes[rounds.ladder[rung]], rounds.search_id, watermark=rounds.watermark)
+        row = rounds.store.lookup(h, rounds.hashes[rounds.ladder[rung]], rounds.search_id,
+                                  watermark=rounds.watermarks.get(self.generation))
         if row is not None:
             self.rows[h, rung] = row
         else:
@@ -226,10 +227,11 @@ class Rounds:
         self.ladder = self.pruner.rungs
         self.hashes = {epochs: rung_hash(train_config_hash, epochs, cfg.max_epochs) for epochs in self.ladder}
         self.remeasure = cfg.remeasure
-        # What other searches' rows may serve this one: those up to the current generation's watermark
-        # (None: any, as in generations recorded before watermarks), so that every worker replaying the
-        # search, whenever it looks, serves it the same rows.
-        self.watermark: Optional[int] = None
+        # What other searches' rows may serve each generation (and the re-measures after it): those up
+        # to its watermark (None: any, as in generations recorded before watermarks), so that every
+        # worker replaying the search, whenever it looks, serves it the same rows.
+        self.watermarks: dict[int, Optional[int]] = {}
+        self._begun: dict[int, tuple[GenerationRow, list[dict], list[str], float]] = {}
         self._measured: dict[tuple[str, int], _Measurement] = {}
 
     # -- serving ----------------------------------------------------------------------------------
@@ -240,7 +242,7 @@ class Rounds:
         pending = []
         for c in candidates:
             row = self.store.lookup(c.genome_hash, self.hashes[c.max_epochs], self.search_id, c.replicate,
-                                    self.watermark)
+                                    self.watermarks.get(c.generation))
             if row is None:
                 pending.append(c)
             else:
@@ -276,13 +278,16 @@ class Rounds:
     # -- a generation -----------------------------------------------------------------------------
 
     def play(self, generation: int, genomes: Sequence[dict], budget: Optional[int] = None) -> Generation:
-        """Evaluate one generation through the store, or replay it when the store already holds it.
+        """`begin` the generation, then `finish` it."""
+        self.begin(generation, genomes, budget)
+        return self.finish(generation)
 
-        A generation the store holds must begin with the same members (else the replay diverged:
-        UserError); it keeps the members it was recorded with (a budget may have cut it). A complete
-        one is returned as recorded; in an incomplete one, evaluations already recorded by this
-        search are served from the store and only the rest are trained. Without a stored one, the
-        members are cut where `budget` new trainings are reached."""
+    def begin(self, generation: int, genomes: Sequence[dict], budget: Optional[int] = None) -> int:
+        """Record a generation's members, or check them against those the store recorded: a
+        generation the store holds must begin with the same members (else the replay diverged:
+        UserError) and keeps the members it was recorded with (a budget may have cut it). Without a
+        stored one, the members are cut where `budget` new trainings are reached. Returns the new
+        trainings its first rung makes (the budget they take)."""
         started = time.perf_counter()
         hashes = [genome_hash(g) for g in genomes]
         stored = self.store.generation(self.search_id, generation)
@@ -290,13 +295,43 @@ class Rounds:
             n = self._within(budget, hashes)
             stored = self.store.begin_generation(self.search_id, generation, [dict(g) for g in genomes[:n]],
                                                  hashes[:n])
-        self.watermark = stored.watermark
+        self.watermarks[generation] = stored.watermark
         n = len(stored.members)
         if [m["genome_hash"] for m in stored.members] != hashes[:n]:
             raise UserError(f"store {self.store.path}: replaying search {self.search_id} from its seed gives other "
                             f"members for generation {generation} than it recorded (the search code or "
                             f"space changed since): start a new search instead of resuming")
-        genomes, hashes = genomes[:n], hashes[:n]
+        self._begun[generation] = (stored, [dict(g) for g in genomes[:n]], hashes[:n], started)
+        if stored.complete:
+            return int(stored.stats["evaluated"])
+        return sum(row is None or (row.search_id, row.generation) == (self.search_id, generation)
+                   for _, row in self._first_rung(generation))
+
+    def _first_rung(self, generation: int) -> list[tuple[Candidate, Optional[Evaluation]]]:
+        """Each genome's first candidate of the generation's first rung, and the row the store serves it
+        (None: to train)."""
+        _, genomes, hashes, _ = self._begun[generation]
+        first: dict[str, int] = {}
+        for index, h in enumerate(hashes):
+            first.setdefault(h, index)
+        climb = _Climb(self, generation, genomes, first)
+        return [(climb.candidate(h, 0), self.store.lookup(h, self.hashes[self.ladder[0]], self.search_id,
+                                                          watermark=self.watermarks.get(generation)))
+                for h in first]
+
+    def prefetch(self, generation: int) -> None:
+        """Hand the generation's first rung to a trainer that can start work before it is asked to wait
+        for it (`prefetch(candidates, train_config_hash)`), while the generation before still trains."""
+        prefetch = getattr(self.train, "prefetch", None)
+        stored = self._begun[generation][0]
+        if prefetch is not None and not stored.complete:
+            prefetch([c for c, row in self._first_rung(generation) if row is None], self.hashes[self.ladder[0]])
+
+    def finish(self, generation: int) -> Generation:
+        """Play a begun generation through the store: a complete one is returned as recorded; in an
+        incomplete one, evaluations already recorded by this search are served from the store and
+        only the rest are trained."""
+        stored, genomes, hashes, started = self._begun.pop(generation)
         if stored.complete:
             members = [self._scored(Member(**m)) for m in stored.results]
             return Generation(generation, tuple(members), GenerationStats(**stored.stats, replayed=True))
@@ -333,7 +368,7 @@ class Rounds:
         being pruned below it). This search's own row of this very generation does not count: it
         exists only when an interrupted start of the generation already trained the promotion, and
         counting it would change whom a resumed `--prune-places new` rung counts its places over."""
-        row = self.store.lookup(genome_hash, rung_config_hash, self.search_id, watermark=self.watermark)
+        row = self.store.lookup(genome_hash, rung_config_hash, self.search_id, watermark=self.watermarks.get(generation))
         return (row is not None and row.status == "ok"
                 and (row.search_id, row.generation) != (self.search_id, generation))
 

@@ -32,7 +32,7 @@ from towerlab.fields import to_dict
 from towerlab.search.history import Generation, GenerationStats, SearchResult, TopGenome
 from towerlab.search.rounds import Rounds
 from towerlab.search.pruners import Pruner, make_pruner
-from towerlab.search.samplers import Sampler, make_sampler, resolved_settings
+from towerlab.search.samplers import InFlight, Sampler, make_sampler, resolved_settings
 from towerlab.search.space import Space, load_space, space_of
 
 if TYPE_CHECKING:
@@ -222,20 +222,34 @@ class Search:
         sampler = self.new_sampler()
         rounds = Rounds(store, self.id, cfg, self.train_config_hash, train)
         history: list[Generation] = []
+        ahead: Optional[InFlight] = None  # the next generation, begun while the one before trained
         while len(history) < cfg.generations:
+            g = len(history)
             budget = (None if cfg.max_evaluations is None
-                      else cfg.max_evaluations - sum(g.stats.evaluated for g in history))
+                      else cfg.max_evaluations - sum(x.stats.evaluated for x in history))
             if budget == 0:
                 break
             if history and sampler.elite:
                 history[-1] = rounds.crowned(history[-1], sampler.elite)
-            if on_progress is not None and sampler.population >= LARGE_GENERATION:
-                on_progress(f"Generation {len(history) + 1}: proposing {sampler.population} candidates and looking "
-                            "them up in the store ...")
-            genomes = sampler.propose(history)
-            if not genomes:
-                break
-            generation = rounds.play(len(history), genomes, budget)
+            if ahead is not None:
+                current, ahead = ahead, None
+            else:
+                if on_progress is not None and sampler.population >= LARGE_GENERATION:
+                    on_progress(f"Generation {g + 1}: proposing {sampler.population} candidates and looking "
+                                "them up in the store ...")
+                genomes = sampler.propose(history)
+                if not genomes:
+                    break
+                current = InFlight(tuple(genomes), rounds.begin(g, genomes, budget))
+            if sampler.overlaps and not sampler.elite and g + 1 < cfg.generations and (budget is None or budget > current.new):
+                # The next generation is proposed now, with this one in flight, and its first rung goes on
+                # the queue: a worker that finishes before this generation's last training takes it.
+                following = sampler.propose(history, current)
+                if following:
+                    nxt = None if budget is None else budget - current.new
+                    ahead = InFlight(tuple(following), rounds.begin(g + 1, following, nxt))
+                    rounds.prefetch(g + 1)
+            generation = rounds.finish(g)
             sampler.tell(generation)
             history.append(generation)
             if on_generation is not None:

@@ -38,7 +38,7 @@ failure may have been the machine's: out of memory, a lost worker). Two searches
 both train a genome neither found; each keeps its own row and its own history, as if it had run alone.
 
 The queue: `claim` hands a worker the first open task (or one whose lease lapsed) of the searches it
-works on, largest first, in one transaction; `renew` extends the lease while it trains; `complete`
+works on, the oldest generation's first and the largest of those first, in one transaction; `renew` extends the lease while it trains; `complete`
 writes the result and closes the task in one transaction, only while the worker still holds it, so a
 worker that comes back after its lease lapsed cannot write a second result. A task whose workers were
 lost `attempts` times is recorded as failed by the next claim instead of being handed out again.

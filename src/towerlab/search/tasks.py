@@ -46,7 +46,7 @@ class TaskQueue(Records):
             while True:
                 row = tx.one(f"SELECT * FROM tasks WHERE search_id IN ({placeholders(len(ids))}) AND"
                              " (state = 'open' OR (state = 'claimed' AND lease_until < {now}))"
-                             " ORDER BY search_id, priority DESC, id LIMIT 1{skip_locked}", ids)
+                             " ORDER BY search_id, generation, priority DESC, id LIMIT 1{skip_locked}", ids)
                 if row is None:
                     return None
                 if row["state"] == "claimed":  # its claimant stopped renewing: lost
@@ -70,7 +70,8 @@ class TaskQueue(Records):
     def _close(self, tx: Transaction, task: Task, outcome: Outcome, test_accuracy: Optional[float]) -> Optional[dict]:
         """Write the task's result and mark it done (the caller checked it may)."""
         result = {"status": outcome.status, "fitness": outcome.fitness, "reason": outcome.reason,
-                  "seconds": outcome.seconds, "worker": outcome.worker, "test_accuracy": test_accuracy}
+                  "seconds": outcome.seconds, "worker": outcome.worker, "test_accuracy": test_accuracy,
+                  "numerics": outcome.numerics}
         tx.run("UPDATE tasks SET state = 'done', finished = {now}, result = ?, lease_until = NULL WHERE id = ?",
                (json.dumps(result), task.id))
         if task.kind == "train":

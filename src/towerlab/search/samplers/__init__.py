@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-from typing import TYPE_CHECKING, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Optional, Sequence
 
 from towerlab.config import SamplerSettings, SearchConfig
 from towerlab.fields import to_dict, unknown_keys
 from towerlab.errors import UserError
-from towerlab.search.space import Range, Space
+from towerlab.search.space import Range, Space, genome_hash
 
 if TYPE_CHECKING:  # numpy is not imported to build the command line's flags from the samplers' settings
     import numpy as np
@@ -43,18 +44,32 @@ SAMPLERS = {
 INDEXABLE = 2**62
 
 
+@dataclass(frozen=True)
+class InFlight:
+    """A generation proposed and being trained, whose outcomes the sampler has not been told: its
+    genomes, and the new trainings its first rung makes (what it takes of --max-evaluations)."""
+
+    genomes: tuple[dict, ...]
+    new: int
+
+
 class Sampler:
     """Proposes generations of genomes. `identity` names the SearchConfig fields (besides the seed
     and what every search keeps) that change what it proposes; with its own `Settings` they are what
     it `reads`, and a resumed search must keep them. `settings`: its own settings, checked.
     `elite`: how many of the latest generation's best it keeps unchanged, which the engine
     re-measures before `propose` sees their scores. `one_generation`: it proposes everything at
-    once (the grid), so --generations bounds nothing and is not checked against its budget."""
+    once (the grid), so --generations bounds nothing and is not checked against its budget.
+    `overlaps`: it proposes a generation while the one before still trains (`propose(history,
+    in_flight)`), so that no worker waits at a generation's end; the search then always asks it so,
+    which is part of what its history is (a sampler whose proposals do not read the outcomes gives
+    the same history either way)."""
 
     default_population = 20
     identity: tuple[str, ...] = ("population",)
     Settings: type[SamplerSettings] = SamplerSettings
     one_generation = False
+    overlaps = False
 
     def __init__(self, cfg: SearchConfig, space: Space) -> None:
         self.cfg, self.space = cfg, space
@@ -67,8 +82,9 @@ class Sampler:
         """The settings whose values change what it proposes: its `identity` and its own settings."""
         return (*cls.identity, *(f.name for f in dataclasses.fields(cls.Settings)))
 
-    def propose(self, history: Sequence[Generation]) -> list[dict]:
-        """The next generation's genomes (genomes of `self.space`), or [] when there are no more."""
+    def propose(self, history: Sequence[Generation], in_flight: Optional[InFlight] = None) -> list[dict]:
+        """The next generation's genomes (genomes of `self.space`), or [] when there are no more. A
+        sampler that `overlaps` is also asked with the generation before still `in_flight`."""
         raise NotImplementedError
 
     def tell(self, generation: Generation) -> None:
@@ -171,14 +187,20 @@ def make_sampler(cfg: SearchConfig, space: Space) -> Sampler:
     return sampler
 
 
-def budget_left(cfg: SearchConfig, history: Sequence[Generation]) -> int | None:
+def budget_left(cfg: SearchConfig, history: Sequence[Generation], in_flight: Optional[InFlight] = None) -> int | None:
     """How many new trainings --max-evaluations leaves the generation about to be proposed (None:
-    no limit), counted as the engine counts them (each generation's `evaluated`). A sampler whose
-    proposals cost time need make no more than it takes to find that many genomes new to the
-    history: the engine cuts the generation where the budget is reached."""
+    no limit), counted as the engine counts them (each generation's `evaluated`, and what the one in
+    flight takes). A sampler whose proposals cost time need make no more than it takes to find that
+    many genomes new to the history: the engine cuts the generation where the budget is reached."""
     if cfg.max_evaluations is None:
         return None
-    return max(0, cfg.max_evaluations - sum(g.stats.evaluated for g in history))
+    return max(0, cfg.max_evaluations - sum(g.stats.evaluated for g in history) - (in_flight.new if in_flight else 0))
+
+
+def proposed_hashes(history: Sequence[Generation], in_flight: Optional[InFlight] = None) -> set[str]:
+    """The genomes proposed so far: every member of the history, and those of the generation in flight."""
+    seen = {m.genome_hash for gen in history for m in gen.members}
+    return seen | ({genome_hash(g) for g in in_flight.genomes} if in_flight else set())
 
 
 def random_genome(rng: np.random.Generator, space: Space) -> dict:

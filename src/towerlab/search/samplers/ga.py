@@ -17,7 +17,7 @@ from towerlab.fields import to_dict
 from towerlab.errors import UserError
 from towerlab.search.candidates import GENERATION_STREAM, make_rng
 from towerlab.search.history import Generation, rank_key
-from towerlab.search.samplers import INDEXABLE, Sampler, random_genome
+from towerlab.search.samplers import INDEXABLE, InFlight, Sampler, random_genome
 from towerlab.search.space import Range, Space, genome_hash
 
 if TYPE_CHECKING:  # numpy is not imported to build the command line's flags from the samplers' settings
@@ -150,7 +150,7 @@ class GeneticSampler(Sampler):
                             f"got {self.settings.elite}")
         self.elite = self.settings.elite
 
-    def propose(self, history: Sequence[Generation]) -> list[dict]:
+    def propose(self, history: Sequence[Generation], in_flight: Optional[InFlight] = None) -> list[dict]:
         rng = make_rng(self.cfg.seed, GENERATION_STREAM, len(history))
         if not history:
             return initial_population(rng, self.space, self.population)

@@ -15,7 +15,7 @@ from towerlab.config import MAX_MEMBERS, SamplerSettings, SearchConfig, check_me
 from towerlab.errors import UserError
 from towerlab.search.candidates import GRID_STREAM, make_rng
 from towerlab.search.history import Generation
-from towerlab.search.samplers import Sampler
+from towerlab.search.samplers import InFlight, Sampler
 from towerlab.search.ranges import uniform_below
 from towerlab.search.space import Space
 
@@ -79,5 +79,5 @@ class GridSampler(Sampler):
         _check(space, size, limit)
         self.population = min(limit or size, size)  # its one generation
 
-    def propose(self, history: Sequence[Generation]) -> list[dict]:
+    def propose(self, history: Sequence[Generation], in_flight: Optional[InFlight] = None) -> list[dict]:
         return [] if history else grid_genomes(self.space, self.settings.limit, self.cfg.seed)

@@ -145,7 +145,7 @@ def test_a_lapsed_lease_hands_the_task_on_and_a_late_result_is_dropped(target):
     genome = {"neurons": 64}
     candidate = Candidate(0, 0, genome, "h", 11, 3)
     with Store(target) as store:
-        store.enqueue(search_id, "train", [(candidate, "tch", 0.0)])
+        store.enqueue(search_id, "train", [(candidate, "tch")])
         first = store.claim("w1", [search_id], lease=0.5, max_attempts=MAX_ATTEMPTS)
         assert store.claim("w2", [search_id], lease=30, max_attempts=MAX_ATTEMPTS) is None  # held
         assert store.renew(first, "w1", 0.5)
@@ -166,7 +166,7 @@ def test_a_task_whose_workers_are_lost_again_and_again_is_recorded_failed(target
     search_id = new_search(target, SEARCHES["random"])
     doomed, fine = Candidate(0, 0, {"neurons": 1}, "a", 1, 3), Candidate(0, 1, {"neurons": 2}, "b", 2, 3)
     with Store(target) as store:
-        store.enqueue(search_id, "train", [(doomed, "tch", 2.0), (fine, "tch", 1.0)])  # the doomed one first
+        store.enqueue(search_id, "train", [(doomed, "tch"), (fine, "tch")])  # the doomed one first
         for attempt in range(1, MAX_ATTEMPTS + 1):
             task = store.claim(f"w{attempt}", [search_id], lease=30, max_attempts=MAX_ATTEMPTS)
             assert (task.candidate.genome_hash, task.attempts) == ("a", attempt)
@@ -181,7 +181,7 @@ def test_a_task_whose_workers_are_lost_again_and_again_is_recorded_failed(target
 def test_a_task_put_back_on_interrupt_is_not_a_loss(target):
     search_id = new_search(target, SEARCHES["random"])
     with Store(target) as store:
-        store.enqueue(search_id, "train", [(Candidate(0, 0, {"neurons": 1}, "a", 1, 3), "tch", 0.0)])
+        store.enqueue(search_id, "train", [(Candidate(0, 0, {"neurons": 1}, "a", 1, 3), "tch")])
         for _ in range(MAX_ATTEMPTS + 2):
             task = store.claim("w", [search_id], lease=30, max_attempts=MAX_ATTEMPTS)
             assert task is not None and task.attempts == 1
@@ -245,3 +245,17 @@ def test_tpe_overlaps_by_default_and_a_search_recorded_before_resumes_without(tm
                              serial(fitness), store, "tch", resume=1)
     # The same generations and top (its first start crowned the top of two generations: more re-measures)
     assert (resumed.history, resumed.top) == (told_first.history, told_first.top)
+
+
+def test_tasks_are_handed_out_oldest_generation_first_then_costliest_first(target):
+    search_id = new_search(target, SEARCHES["random"])
+    small, big, later = (Candidate(0, 0, {"n": 1}, "s", 1, 3), Candidate(0, 1, {"n": 2}, "b", 2, 3),
+                         Candidate(1, 0, {"n": 3}, "l", 3, 3))
+    with Store(target) as store:
+        ids = store.enqueue(search_id, "train", [(later, "tch"), (small, "tch"), (big, "tch")])
+        assert sorted(c.genome_hash for c in ids.values()) == ["b", "l", "s"]
+        assert store.enqueue(search_id, "train", [(small, "tch")]) == {}  # there already: not this call's
+        store.prioritize({task_id: {"s": 1.0, "b": 9.0, "l": 99.0}[c.genome_hash] for task_id, c in ids.items()})
+        order = [store.claim("w", [search_id], lease=30, max_attempts=MAX_ATTEMPTS).candidate.genome_hash
+                 for _ in range(3)]
+    assert order == ["b", "s", "l"]

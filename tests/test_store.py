@@ -94,7 +94,7 @@ def test_a_version_3_store_gains_the_queue_and_keeps_its_rows_and_searches(tmp_p
     with Store(path) as s:
         assert s.search(sid).setup is None and s.generation(sid, 0).watermark is None
         assert s.lookup(genome_hash({"a": 1}), TCH).fitness == 0.9
-        s.enqueue(sid, "train", [(candidate({"b": 1}), TCH, 1.0)])
+        s.enqueue(sid, "train", [(candidate({"b": 1}), TCH)])
         assert s.claim("w", [sid], lease=30, max_attempts=3).candidate.genome == {"b": 1}
     with contextlib.closing(sqlite3.connect(path)) as db:
         assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4

@@ -37,7 +37,7 @@ from towerlab.jobs.common import (Job, check_writable_file, handed_over, load_da
                                   require_out_under_torchrun, resolved_run, restarted_by_torchrun, start_job,
                                   write_config)
 from towerlab.jobs.search_record import Watch, export_best, write_record
-from towerlab.jobs.search_workers import FROM_PYTHON, WorkerSpec, run_worker, work, worker_name
+from towerlab.jobs.search_workers import FROM_PYTHON, WorkerSpec, run_worker, warm_up, work, worker_name
 from towerlab.models import not_taken
 from towerlab.models.custom import function_file
 from towerlab.report import Reporter, format_plan
@@ -120,6 +120,7 @@ class SearchJob(Job):
         if under_torchrun():
             return self._rank()
         reporter = Reporter(None, progress=self.run.progress)
+        warming = warm_up() if self.start_method == "fork" else None  # joined before the workers fork
         # A database out of reach is refused before the data is read; a file is made once the data is
         # found (bad data leaves no store behind).
         first = _open(self.target) if is_url(self.target) else None
@@ -127,6 +128,8 @@ class SearchJob(Job):
         with first or _open(self.target) as store:
             search = self._in_store(store, data, reporter)
             started = time.perf_counter()
+            if warming is not None:
+                warming.join()
             self._work(store, search, data, reporter)
             self._finish(store, search, data, reporter, time.perf_counter() - started,
                          torch.device("cuda", 0) if self.run.device == "cuda" else torch.device("cpu"))

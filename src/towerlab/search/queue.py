@@ -105,8 +105,18 @@ class QueueTrainer:
     on the queue those that no result serves yet and returns once each has one."""
 
     def __init__(self, store: Store, search: Search, priority: Callable[[Candidate], float],
-                 wake: threading.Event, stopping: threading.Event) -> None:
+                 wake: threading.Event, stopping: threading.Event, worker_wake: threading.Event) -> None:
         self.store, self.search, self.priority, self.wake, self.stopping = store, search, priority, wake, stopping
+        self.worker_wake = worker_wake
+
+    def put(self, kind: str, candidates: list[tuple[Candidate, str]]) -> None:
+        """Candidates on the queue, at once, then ranked (a cost estimate's first use in a process takes
+        seconds: the workers start on the tasks meanwhile); only the worker that put a task there ranks it."""
+        assert self.search.id is not None
+        new = self.store.enqueue(self.search.id, kind, candidates)
+        if new:
+            self.worker_wake.set()
+            self.store.prioritize({task_id: self.priority(c) for task_id, c in new.items()})
 
     def __call__(self, candidates: list[Candidate], record: object) -> None:
         served: Callable[[Candidate, Evaluation], None] = getattr(record, "served")
@@ -119,8 +129,7 @@ class QueueTrainer:
         def add(new: Sequence[Candidate]) -> list[tuple[Candidate, Evaluation]]:
             keys = {(c.genome_hash, hash_of(c), c.replicate): c for c in new}
             found = self.store.own_rows(search_id, list(keys))
-            self.store.enqueue(search_id, "train", [(c, key[1], self.priority(c)) for key, c in keys.items()
-                                                    if key not in found])
+            self.put("train", [(c, key[1]) for key, c in keys.items() if key not in found])
             pending.update((key, c) for key, c in keys.items() if key not in found)
             return [(keys[key], row) for key, row in found.items()]
 
@@ -150,8 +159,7 @@ class QueueTrainer:
         assert self.search.id is not None
         keys = {(c.genome_hash, train_config_hash, c.replicate): c for c in candidates}
         found = self.store.own_rows(self.search.id, list(keys))
-        self.store.enqueue(self.search.id, "train", [(c, key[1], self.priority(c)) for key, c in keys.items()
-                                                     if key not in found])
+        self.put("train", [(c, key[1]) for key, c in keys.items() if key not in found])
 
 
 class Driver(threading.Thread):
@@ -171,7 +179,8 @@ class Driver(threading.Thread):
         try:
             while not self._finished():
                 search = Search.open(self.store, self.search_id)
-                trainer = QueueTrainer(self.store, search, self.priority(search), self.wake, self.stopping)
+                trainer = QueueTrainer(self.store, search, self.priority(search), self.wake, self.stopping,
+                                       self.worker_wake)
                 history, top = search.play(self.store, trainer, on_progress=self.log)
                 self._test(search, top, trainer)
                 # Written only under the settings it was played with: a resume that changed them
@@ -203,7 +212,7 @@ class Driver(threading.Thread):
                                t.train_config_hash))
         if not wanted:
             return
-        self.store.enqueue(search.id, "test", [(c, tch, trainer.priority(c)) for c, tch in wanted])
+        trainer.put("test", wanted)
         keys = {(c.genome_hash, tch) for c, tch in wanted}
         wait = POLL[0]
         while True:

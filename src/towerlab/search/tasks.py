@@ -16,22 +16,34 @@ from towerlab.search.rows import Evaluation, Records, Task
 class TaskQueue(Records):
     # -- the queue --------------------------------------------------------------------------------
 
-    def enqueue(self, search_id: int, kind: str, candidates: Sequence[tuple[Candidate, str, float]]) -> None:
-        """Put (candidate, train_config_hash, priority) on the queue unless the search has them there
-        already (another worker put them first), in one transaction."""
+    def enqueue(self, search_id: int, kind: str, candidates: Sequence[tuple[Candidate, str]]) -> dict[int, Candidate]:
+        """Put (candidate, train_config_hash) on the queue unless the search has them there already
+        (another worker put them first), in one transaction; the tasks this call put there, by id.
+        They are handed out in the order they came until `prioritize` ranks them."""
         if not candidates:
-            return
+            return {}
 
-        def insert(tx: Transaction) -> None:
-            for c, tch, priority in candidates:
-                tx.run("INSERT INTO tasks (search_id, kind, genome_hash, train_config_hash, replicate, generation,"
-                       " idx, genome, seed, max_epochs, priority, state, created)"
-                       " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'open', {now})"
-                       " ON CONFLICT (search_id, kind, genome_hash, train_config_hash, replicate) DO NOTHING",
-                       (search_id, kind, c.genome_hash, tch, c.replicate, c.generation, c.index,
-                        json.dumps(c.genome), c.seed, c.max_epochs, float(priority)))
+        def insert(tx: Transaction) -> dict[int, Candidate]:
+            new = {}
+            for c, training_hash in candidates:
+                row = tx.one("INSERT INTO tasks (search_id, kind, genome_hash, train_config_hash, replicate, generation,"
+                             " idx, genome, seed, max_epochs, priority, state, created)"
+                             " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 0, 'open', {now})"
+                             " ON CONFLICT (search_id, kind, genome_hash, train_config_hash, replicate) DO NOTHING"
+                             " RETURNING id",
+                             (search_id, kind, c.genome_hash, training_hash, c.replicate, c.generation, c.index,
+                              json.dumps(c.genome), c.seed, c.max_epochs))
+                if row is not None:
+                    new[int(row["id"])] = c
+            return new
 
-        self.db.write(insert)
+        return self.db.write(insert)
+
+    def prioritize(self, priorities: dict[int, float]) -> None:
+        """Rank waiting tasks (the costliest first, within a generation), in one transaction."""
+        if priorities:
+            self.db.write(lambda tx: [tx.run("UPDATE tasks SET priority = ? WHERE id = ? AND state = 'open'",
+                                             (float(p), task_id)) for task_id, p in priorities.items()])
 
     def claim(self, worker: str, search_ids: Sequence[int], lease: float, max_attempts: int) -> Optional[Task]:
         """The next task for `worker` among `search_ids` (open, or claimed under a lease that lapsed),

@@ -21,7 +21,7 @@ os.environ.setdefault("MPLBACKEND", "Agg")
 from towerlab import __version__, atomic  # noqa: E402
 from towerlab.config import RunConfig, SearchConfig, TrainConfig  # noqa: E402
 from towerlab.fields import add_arguments, given  # noqa: E402
-from towerlab.data import catalog  # noqa: E402
+from towerlab.catalog import datasets  # noqa: E402
 from towerlab.distributed.signals import EXIT_PEER_LOST, EXIT_SIGPIPE, EXIT_USER_ERROR, Interrupted  # noqa: E402
 from towerlab.errors import UserError  # noqa: E402
 
@@ -150,7 +150,7 @@ def _data_parser(sub: argparse._SubParsersAction) -> None:
                        description="Download datasets or show which are found where; see docs/data.md.")
     data_sub = p.add_subparsers(dest="data_command", required=True, parser_class=_Parser)
     fetch = data_sub.add_parser("fetch", help="download a dataset's official files (checksums verified)")
-    fetch.add_argument("name", help=f"one of {', '.join(catalog.downloadable())}")
+    fetch.add_argument("name", help=f"one of {', '.join(datasets.downloadable())}")
     fetch.add_argument("--data-dir", default=None, help="target folder (default: $TOWERLAB_DATA, else the user cache)")
     fetch.set_defaults(handler=_cmd_data_fetch)
     info = data_sub.add_parser("info", help="which datasets are found where")

@@ -14,12 +14,12 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from towerlab.data import catalog
+from towerlab.catalog import datasets
 from towerlab.errors import UserError, did_you_mean
 from towerlab.fields import base_type
-from towerlab.models import CATALOG as MODEL_CATALOG
+from towerlab.catalog.models import CATALOG as MODEL_CATALOG
 
-# The model catalog (towerlab.models, no torch) is read live: a model added to it is a --model choice.
+# The model catalog (towerlab.catalog.models, no torch) is read live: a model added to it is a --model choice.
 MODELS = MODEL_CATALOG.keys()
 OPTIMIZERS = ("adam", "sgd", "rmsprop", "adagrad", "adadelta", "adamax", "nadam")
 SCHEDULES = ("constant", "onecycle", "linear")
@@ -105,9 +105,9 @@ def check_dataset(name: str) -> str:
     if is_custom_dataset(name):
         _check_path("--dataset", name)
         return os.path.abspath(os.path.expanduser(name))
-    if name not in catalog.CATALOG and name != ARRAYS_DATASET:
-        raise UserError(f"unknown dataset {name!r}{did_you_mean(name, catalog.names())}: choose one of "
-                        f"{', '.join(catalog.names())}, "
+    if name not in datasets.CATALOG and name != ARRAYS_DATASET:
+        raise UserError(f"unknown dataset {name!r}{did_you_mean(name, datasets.names())}: choose one of "
+                        f"{', '.join(datasets.names())}, "
                         "or give the path of your own .npz (x_train, y_train, x_test, y_test)")
     return name
 
@@ -145,7 +145,7 @@ class TrainConfig:
             "flag": "model-opt",
         },
     )
-    dataset: str = _opt("mnist", "dataset: one of the names, or the path of your own .npz", choices=catalog.names())
+    dataset: str = _opt("mnist", "dataset: one of the names, or the path of your own .npz", choices=datasets.names())
     val_size: int = _opt(5000, "validation images held out from the end of the training set")
     synthetic_shape: str = _opt("1x28x28", "synthetic dataset only: image shape CxHxW")
     synthetic_train: int = _opt(6000, "synthetic dataset only: training images (test: a sixth of it)")
@@ -338,7 +338,7 @@ class SearchConfig:
     space: str = _opt("mlp", "search space: mlp, cnn, whitenet, a TOML file giving each gene's values "
                      "(a list, or a range {low, high, log, step}), or the same as JSON text")
     dataset: str = _opt("mnist", "dataset the candidates train on: one of the names, or the path of your own "
-                        ".npz", choices=catalog.names())
+                        ".npz", choices=datasets.names())
     val_size: int = _opt(5000, "validation images (the fitness is validation accuracy)")
     population: Optional[int] = _opt(None, "candidates per generation (None: the sampler's own: ga and random 20; "
                                      "tpe 4, the candidates it proposes before any of their outcomes is told)")

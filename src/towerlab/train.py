@@ -18,7 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from towerlab import checkpoint, models
+from towerlab import checkpoint
+from towerlab.catalog import models as model_catalog
 from towerlab.batches import Batches, Normalizer, eval_batches, tta_logits
 from towerlab.config import TrainConfig
 from towerlab.fields import to_dict
@@ -167,7 +168,7 @@ def build(cfg: TrainConfig, input_shape: tuple[int, int, int], num_classes: int,
     module = module.to(ctx.device)
     if uses_channels_last(cfg):
         module = module.to(memory_format=torch.channels_last)
-    models.hooks(cfg.model).share_batch_statistics(module, world_group(ctx))
+    model_catalog.hooks(cfg.model).share_batch_statistics(module, world_group(ctx))
     return module
 
 
@@ -175,13 +176,13 @@ def fit_to_data(cfg: TrainConfig, module: nn.Module, x_train: torch.Tensor, norm
     """A model whose first layer is computed from the training images (whitenet's patch whitening)
     gets them here, before the first step: the same leading images, so every rank computes the same
     layer."""
-    hooks = models.hooks(cfg.model)
+    hooks = model_catalog.hooks(cfg.model)
     if hooks.fit is not None:
         hooks.fit(module, normalize(x_train[:hooks.fit_images].to(normalize.scale.device)))
 
 
 def uses_channels_last(cfg: TrainConfig) -> bool:
-    return models.uses_channels_last(cfg.model)
+    return model_catalog.uses_channels_last(cfg.model)
 
 
 def train(cfg: TrainConfig, ctx: Context, data: Any, *, input_mode: str = "resident", strategy: str = "ddp",

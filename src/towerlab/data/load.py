@@ -1,6 +1,6 @@
 """Datasets as uint8 tensors: loading, the validation split, normalisation statistics, fingerprints.
 
-Names: those of the catalog (towerlab.data.catalog: mnist, fashion-mnist, cifar10, found in the data
+Names: those of the catalog (towerlab.catalog.datasets: mnist, fashion-mnist, cifar10, found in the data
 folder and downloaded when missing; synthetic, generated), or the path of your own `.npz` in the
 Keras layout (any image size, 2 to MAX_CUSTOM_CLASSES classes). When a dataset whose entry allows it
 (MNIST) can be neither found nor downloaded, a loud offline fallback uses the 5,000 real MNIST digits
@@ -25,7 +25,8 @@ import numpy as np
 import torch
 
 from towerlab.config import ARRAYS_DATASET, check_dataset, is_custom_dataset
-from towerlab.data import catalog, fetch, locate, readers
+from towerlab.catalog import datasets
+from towerlab.data import fetch, locate, readers
 from towerlab.data.synthetic import make_synthetic
 from towerlab.errors import UserError
 
@@ -158,7 +159,7 @@ def load_dataset(name: str, data_dir: str | os.PathLike | None = None, val_size:
                         "(x_train, y_train, x_test, y_test) and name that file")
     if is_custom_dataset(name):
         return _load_custom(name, val_size)
-    entry = catalog.entry(name)
+    entry = datasets.entry(name)
     if entry.generated:
         arrays = make_synthetic(synthetic_shape, synthetic_train, synthetic_test, seed)
         note = f"generated: shape {tuple(synthetic_shape)}, seed {seed}"

@@ -27,7 +27,7 @@ from towerlab.data.load import fingerprint
 from towerlab.distributed.env import device_name
 from towerlab.distributed.group import Context
 from towerlab.distributed.signals import Interrupted, StopFlag
-from towerlab.models import entry
+from towerlab.catalog.models import entry
 from towerlab.models.custom import function_file
 from towerlab.presets import apply_preset
 from towerlab.search import Candidate, Outcome, genome_hash

@@ -38,7 +38,7 @@ from towerlab.jobs.common import (Job, check_writable_file, handed_over, load_da
                                   write_config)
 from towerlab.jobs.search_record import Watch, export_best, write_record
 from towerlab.jobs.search_workers import FROM_PYTHON, WorkerSpec, run_worker, work, worker_name
-from towerlab.models import not_taken
+from towerlab.catalog.models import not_taken
 from towerlab.models.custom import function_file
 from towerlab.report import Reporter, format_plan
 from towerlab.search import Search, Space, load_space, refuse_unused_settings

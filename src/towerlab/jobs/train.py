@@ -37,7 +37,7 @@ from towerlab.distributed.group import Context, barrier, broadcast_object, sessi
 from towerlab.distributed.launch import start_method_for
 from towerlab.distributed.signals import StopFlag
 from towerlab.errors import UserError
-from towerlab.models import keyword_options, not_taken
+from towerlab.catalog.models import keyword_options, not_taken
 from towerlab.models.custom import network_name
 from towerlab.jobs.common import (Job, OutputFolder, handed_over, load_data, read_config, require_out_under_torchrun,
                                   resolved_run, restarted_by_torchrun, save_model, start_job, stderr_line, worker_data,

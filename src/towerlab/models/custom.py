@@ -151,7 +151,7 @@ def instantiate(source: nn.Module | Callable[[], nn.Module]) -> nn.Module:
     try:
         module = source()
     except UserError:
-        raise  # a check of towerlab's that your code called (models.options): its line says it all
+        raise  # a check of towerlab's that your code called (catalog.model_options): its line says it all
     except (Exception, SystemExit) as exc:  # noqa: BLE001 - whatever your code raises, one line
         raise user_code_failed(exc, source, "building the network") from None
     if not isinstance(module, nn.Module):

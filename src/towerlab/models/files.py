@@ -11,7 +11,8 @@ from torch import nn
 from towerlab.config import CUSTOM_MODEL, PRECISIONS, TTA
 from towerlab.distributed.env import machine_memory
 from towerlab.errors import UserError
-from towerlab.models import build_model, uses_channels_last
+from towerlab.catalog.models import uses_channels_last
+from towerlab.models import build_model
 from towerlab.models.classifier import Classifier
 from towerlab.models.custom import for_shape, instantiate
 from towerlab.atomic import require_regular_file

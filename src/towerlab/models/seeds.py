@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from towerlab.models.layers import flat_size, trunc_normal_
-from towerlab.models.options import require_fraction
+from towerlab.catalog.model_options import require_fraction
 
 
 class LeNet5(nn.Module):

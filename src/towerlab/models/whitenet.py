@@ -30,8 +30,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from towerlab.errors import UserError
-from towerlab.models import Hooks
-from towerlab.models.options import MAX_LAYERS, require_positive_int
+from towerlab.catalog.models import Hooks
+from towerlab.catalog.model_options import MAX_LAYERS, require_positive_int
 
 WHITEN_KERNEL = 2
 WHITEN_EPS = 5e-4     # added to the patch covariance's eigenvalues [airbench]

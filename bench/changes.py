@@ -19,9 +19,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from towerlab.batches import _gather_pixels, crop_flip, epoch_salt, mix_seed
+from towerlab.training.batches import _gather_pixels, crop_flip, epoch_salt, mix_seed
 from towerlab.models import build_model
-from towerlab.step import seed_dropout
+from towerlab.training.step import seed_dropout
 
 
 def augment_indexing(x: torch.Tensor, generator: torch.Generator, pad: int = 4) -> torch.Tensor:

@@ -45,8 +45,8 @@ def _timed(ctx, fn, n: int) -> float:
 
 def _worker(rank: int, world_size: int, store: str, data_dir: str, scale: float, rounds: int, out: str) -> None:
     from towerlab.data.load import load_dataset
-    from towerlab.step import make_steps
-    from towerlab.train import _make_batches, build
+    from towerlab.training.step import make_steps
+    from towerlab.training.loop import _make_batches, build
 
     torch.set_num_threads(1)
     results = []

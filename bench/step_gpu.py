@@ -24,13 +24,14 @@ from dataclasses import replace
 
 import torch
 
-from towerlab import step
-from towerlab.batches import Batches, Normalizer
+from towerlab.training import step
+from towerlab.models.preprocessing import Normalizer
+from towerlab.training.batches import Batches
 from towerlab.config import TrainConfig
 from towerlab.data.load import load_dataset
 from towerlab.distributed.group import Context
 from towerlab.presets import apply_preset
-from towerlab.train import build, fit_to_data, uses_channels_last
+from towerlab.training.loop import build, fit_to_data, uses_channels_last
 
 # (name, preset, batch, input shape): the steps of issue 38's targets.
 CASES = [("lenet5-b512-mnist-fast", "mnist-fast", 512, (1, 28, 28)),

@@ -21,7 +21,7 @@ from towerlab.distributed.group import session
 from towerlab.distributed.launch import launch
 from towerlab.jobs.train import train_data
 from towerlab.search import evaluation_records
-from towerlab.train import train
+from towerlab.training.loop import train
 from util import (ONE_GPU, RESUMABLE, TINY_DATA, interrupt, max_difference, metrics, search_rows, small_space_file,
                   summary, weights)
 
@@ -155,7 +155,7 @@ def test_the_recorded_program_equals_the_program_run_op_by_op(tmp_path):
     from towerlab.config import TrainConfig
     from towerlab.data.load import load_dataset
     from towerlab.distributed.group import Context
-    from towerlab.train import train
+    from towerlab.training.loop import train
 
     data = load_dataset("synthetic", val_size=500, synthetic_train=2000, log=lambda _: None)
     cfg = TrainConfig(model="lenet5", dataset="synthetic", synthetic_train=2000, val_size=500, steps=30, batch_size=64,
@@ -171,12 +171,13 @@ def test_the_recorded_program_equals_the_program_run_op_by_op(tmp_path):
 
 
 def test_steady_graph_and_program_steps_never_wait_for_the_host(tmp_path):
-    from towerlab.batches import Batches, Normalizer
+    from towerlab.models.preprocessing import Normalizer
+    from towerlab.training.batches import Batches
     from towerlab.config import TrainConfig
     from towerlab.data.load import load_dataset
     from towerlab.distributed.group import Context
-    from towerlab.step import StepProgram
-    from towerlab.train import build
+    from towerlab.training.step import StepProgram
+    from towerlab.training.loop import build
 
     cfg = TrainConfig(model="mlp", dataset="synthetic", batch_size=64, steps=40, augment=True, schedule="onecycle",
                       lookahead=3, precision="bf16")

@@ -22,17 +22,18 @@ import torch.nn.functional as F  # noqa: F401 - the dispatch test names ops of i
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-import towerlab.step
-from towerlab.batches import Batches, Normalizer
+import towerlab.training.step
+from towerlab.models.preprocessing import Normalizer
+from towerlab.training.batches import Batches
 from towerlab.cli import build_parser, main, resolve_train
 from towerlab.config import RunConfig, TrainConfig
 from towerlab.distributed.group import Context, session
 from towerlab.distributed.launch import launch
 from towerlab.errors import UserError
-from towerlab.optim import DEFAULT_LR, Update, make_optimizer, make_scheduler, schedule_tables, uses_momentum
+from towerlab.training.optim import DEFAULT_LR, Update, make_optimizer, make_scheduler, schedule_tables, uses_momentum
 from towerlab.jobs.train import train_data
-from towerlab.step import StepProgram
-from towerlab.train import build, train
+from towerlab.training.step import StepProgram
+from towerlab.training.loop import build, train
 from util import ONE_CPU, RESUMABLE, TINY, interrupt, max_difference, summary, weights
 
 SCHEDULES = {"adam": ("constant", "onecycle", "linear"), "sgd": ("constant", "onecycle", "linear"),
@@ -44,7 +45,7 @@ SCHEDULES = {"adam": ("constant", "onecycle", "linear"), "sgd": ("constant", "on
 @pytest.fixture
 def aot_eager(monkeypatch):
     """--step compiled through aot_eager: the whole graph, traced as inductor would take it."""
-    monkeypatch.setitem(towerlab.step.COMPILE_OPTIONS, "cpu", {"backend": "aot_eager"})
+    monkeypatch.setitem(towerlab.training.step.COMPILE_OPTIONS, "cpu", {"backend": "aot_eager"})
 
 
 @pytest.mark.parametrize("optimizer,schedule", [(o, s) for o, ss in SCHEDULES.items() for s in ss])
@@ -232,7 +233,7 @@ def test_state_keeps_its_memory_through_steps_epochs_the_warm_up_and_a_resume():
 
 
 def test_a_checkpoint_of_the_other_step_is_refused_in_one_line():
-    from towerlab.train import _Progress, _state  # noqa: PLC0415 - the checkpoint's own writer
+    from towerlab.training.loop import _Progress, _state  # noqa: PLC0415 - the checkpoint's own writer
 
     cfg = config(CASES["mlp-space"], steps=4)
     state = _state(cfg, Context(), _Progress(step=2), program_for(cfg), 2)
@@ -243,7 +244,7 @@ def test_a_checkpoint_of_the_other_step_is_refused_in_one_line():
 def _rank(rank: int, world_size: int, store_path: str, args: list[str], mode: str, out: str) -> None:
     torch.set_num_threads(1)
     if mode == "compiled":
-        towerlab.step.COMPILE_OPTIONS["cpu"] = {"backend": "aot_eager"}
+        towerlab.training.step.COMPILE_OPTIONS["cpu"] = {"backend": "aot_eager"}
     cfg, run_cfg = resolve_train(build_parser().parse_args(["train", *args]))
     with session(rank=rank, world_size=world_size, store_path=store_path, backend="gloo") as ctx:
         result = train(cfg, ctx, train_data(cfg, run_cfg, download=False), step_mode=mode, test=False)

@@ -7,13 +7,14 @@ import os
 import pytest
 import torch
 
-from towerlab import checkpoint, config, optim
+from towerlab import config
+from towerlab.training import checkpoint, optim
 from towerlab.config import TrainConfig
 from towerlab.data.load import load_dataset
 from towerlab.distributed.group import Context
-from towerlab.step import STEP_KINDS
-from towerlab.strategies import STRATEGIES, Strategy
-from towerlab.train import train
+from towerlab.training.step import STEP_KINDS
+from towerlab.training.strategies import STRATEGIES, Strategy
+from towerlab.training.loop import train
 
 
 def test_each_registry_names_exactly_its_config_list():

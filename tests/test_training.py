@@ -158,5 +158,5 @@ def test_a_killed_replica_ends_the_job_quickly_naming_the_rank(tmp_path):
     log = (tmp_path / "log").read_text()
     assert status == 1 and "replica rank 1" in log and "SIGKILL" in log, log
     assert "Traceback" not in log
-    state = __import__("towerlab.checkpoint", fromlist=["load"]).load(out / "checkpoint.pt")
+    state = __import__("towerlab.training.checkpoint", fromlist=["load"]).load(out / "checkpoint.pt")
     assert state["step"] > 0

@@ -5,8 +5,6 @@
     run.test_accuracy, run.out, run.history
     run.model.predict(images)        # raw uint8 images in, class indices out
 
-(`towerlab.train` is the training loop's module, hence `towerlab.api`.)
-
 The same jobs as the command line, through the same calls: keyword arguments are the flags
 (`batch_size=64` for `--batch-size 64`), `config=` a config file, then the job runs and its record
 comes back as an object. Local workers are forked where that is safe (CPU workers, CUDA untouched

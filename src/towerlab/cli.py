@@ -261,7 +261,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def resolve_train(args: argparse.Namespace) -> tuple[TrainConfig, RunConfig]:
-    """The run's configs from the flags, as `towerlab.train` resolves its keyword arguments."""
+    """The run's configs from the flags, as `towerlab.api.train` resolves its keyword arguments."""
     from towerlab.settings import resolve_train as resolve
 
     return resolve({**given(args, TrainConfig), **given(args, RunConfig)}, getattr(args, "config", None))

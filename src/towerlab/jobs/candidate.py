@@ -31,8 +31,8 @@ from towerlab.catalog.models import entry
 from towerlab.models.custom import function_file
 from towerlab.presets import apply_preset
 from towerlab.search import Candidate, Outcome, genome_hash
-from towerlab.optim import DEFAULT_LR
-from towerlab.train import Diverged, train
+from towerlab.training.optim import DEFAULT_LR
+from towerlab.training.loop import Diverged, train
 
 TRAINING_GENES = ("optimizer", "lr", "batch_size", "epochs", "label_smoothing")
 # A candidate's model: a family's name, or a function of yours, `function(input_shape, num_classes,

@@ -26,8 +26,9 @@ from typing import Any, Iterator
 import torch
 
 import towerlab
-from towerlab import atomic, checkpoint
-from towerlab.batches import steps_per_epoch
+from towerlab import atomic
+from towerlab.training import checkpoint
+from towerlab.training.batches import steps_per_epoch
 from towerlab.config import CUSTOM_MODEL, RunConfig, TrainConfig, dataset_label
 from towerlab.fields import from_dict, replace, to_dict
 from towerlab.data.load import content_sha256
@@ -43,8 +44,8 @@ from towerlab.jobs.common import (Job, OutputFolder, handed_over, load_data, rea
                                   resolved_run, restarted_by_torchrun, save_model, start_job, stderr_line, worker_data,
                                   write_config)
 from towerlab.report import Reporter, format_final, phase, require_tensorboard, truncate_metrics
-from towerlab.step import resolve_step
-from towerlab.train import TrainResult, check_setup, train
+from towerlab.training.step import resolve_step
+from towerlab.training.loop import TrainResult, check_setup, train
 
 CHECKPOINT = "checkpoint.pt"
 # What train() restores from a checkpoint (train._state writes them).

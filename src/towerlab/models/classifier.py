@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from towerlab.batches import Normalizer, tta_logits
+from towerlab.models.preprocessing import Normalizer, tta_logits
 from towerlab.errors import UserError
 from towerlab.data.readers import images_as_nchw
 

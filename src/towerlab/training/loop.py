@@ -18,9 +18,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from towerlab import checkpoint
+from towerlab.training import checkpoint
 from towerlab.catalog import models as model_catalog
-from towerlab.batches import Batches, Normalizer, eval_batches, tta_logits
+from towerlab.models.preprocessing import Normalizer, tta_logits
+from towerlab.training.batches import Batches, eval_batches
 from towerlab.config import TrainConfig
 from towerlab.fields import to_dict
 from towerlab.distributed.env import machine_memory
@@ -30,7 +31,7 @@ from towerlab.errors import UserError
 from towerlab.models import build_model
 from towerlab.models.custom import instantiate
 from towerlab.report import Reporter, format_epoch, format_step
-from towerlab.step import Steps, make_steps, resolve_step, warms_up
+from towerlab.training.step import Steps, make_steps, resolve_step, warms_up
 
 EVAL_BATCH = 1024
 # What a step mode's warm-up does before the clock starts (named when it lasts: towerlab.report.phase).
@@ -50,7 +51,7 @@ class _Divergence:
 
     def __init__(self, cfg: TrainConfig, ctx: Context, step: int, worst: torch.Tensor):
         self.cfg, self.ctx = cfg, ctx
-        self.worst = worst  # folded into by every step (towerlab.step)
+        self.worst = worst  # folded into by every step (towerlab.training.step)
         self.checked = step  # the loss was finite up to this step
 
     def flag(self) -> torch.Tensor:
@@ -93,10 +94,10 @@ class TrainResult:
     test_accuracy: float | None
     best_epoch: int | None
     stopped: str | None                # None, "patience" or "target_accuracy"
-    # Recording, compiling and warming up the step before the clock starts (towerlab.step), over
+    # Recording, compiling and warming up the step before the clock starts (towerlab.training.step), over
     # every attempt of a resumed run; 0.0 where nothing is warmed up (an eager run on a CPU).
     setup_seconds: float = 0.0
-    step_mode: str = "eager"           # how the steps ran: eager, graph, compiled, or program (towerlab.step)
+    step_mode: str = "eager"           # how the steps ran: eager, graph, compiled, or program (towerlab.training.step)
     history: list[dict] = field(default_factory=list)
     model: nn.Module | None = None
 
@@ -190,7 +191,7 @@ def train(cfg: TrainConfig, ctx: Context, data: Any, *, input_mode: str = "resid
           resume_state: dict | None = None, test: bool = True, step_mode: str = "auto",
           stop: StopFlag | None = None, source: Any = None, setup_apart: bool = True) -> TrainResult:
     """Train `cfg.model` (or `source`, a module of your own or its factory) on `data` (a
-    towerlab.data.Dataset) over the replicas of `ctx`. `step_mode`: --step (towerlab.step).
+    towerlab.data.Dataset) over the replicas of `ctx`. `step_mode`: --step (towerlab.training.step).
     `setup_apart`: warm the step up before the clock where that pays, to report setup apart from
     training; a search candidate reports no setup, so it spends warm-up steps only where its step is
     recorded or compiled, which needs them."""

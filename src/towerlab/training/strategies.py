@@ -17,13 +17,13 @@ import torch.distributed as dist
 from torch import nn
 
 from towerlab.distributed.group import Context, cpu_group
-from towerlab.optim import OptimizerFactory, ScheduledOptimizer, trained_parameters
+from towerlab.training.optim import OptimizerFactory, ScheduledOptimizer, trained_parameters
 
 
 class Strategy:
     """The wrapping of the module (`model`, what the forward runs through), the gradient exchange
     and the optimizer step, with their state. The step around it (forward, loss, Lookahead) is the
-    caller's (towerlab.step); nothing here waits for the host. A strategy is one subclass plus its
+    caller's (towerlab.training.step); nothing here waits for the host. A strategy is one subclass plus its
     line in `STRATEGIES` (and its name in config.STRATEGIES, which a test holds them to)."""
 
     name = ""

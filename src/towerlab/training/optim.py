@@ -5,7 +5,7 @@
 - `Update`: the same arithmetic as tensor operations on state allocated up front, with the
   learning rate and the momentum (Adam's beta1) read from schedule tables by a step counter on the
   device. It takes no changing Python value and never reads a value back, so a CUDA graph can
-  replay it and torch.compile can take it whole: the step program's update (towerlab.step). Its
+  replay it and torch.compile can take it whole: the step program's update (towerlab.training.step). Its
   tables are recorded from torch's own schedulers (`schedule_tables`), so they hold the values
   torch.optim would use; tests hold `Update` to torch.optim, optimizer by optimizer.
 """

@@ -39,14 +39,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from towerlab.batches import Batches, mix_seed
+from towerlab.training.batches import Batches, mix_seed
 from towerlab.config import TrainConfig
 from towerlab.distributed.group import Context, max_over_ranks, world_group
 from towerlab.errors import UserError
-from towerlab.lookahead import Lookahead, lookahead_for
-from towerlab.optim import (Update, optimizer_factory, parameter_groups, schedule_tables, tables_on,
+from towerlab.training.lookahead import Lookahead, lookahead_for
+from towerlab.training.optim import (Update, optimizer_factory, parameter_groups, schedule_tables, tables_on,
                             trained_parameters, uses_momentum)
-from towerlab.strategies import Strategy, make_strategy
+from towerlab.training.strategies import Strategy, make_strategy
 
 # torch.compile's settings for --step compiled, by device kind: inductor's default mode (no CUDA
 # graphs of its own: on one GPU the program records its graph around the compiled step). Tests swap in

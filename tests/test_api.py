@@ -334,7 +334,7 @@ def test_a_run_on_arrays_resumes_with_the_same_arrays(tmp_path):
 def load_like_a_torchrun_rank(rank, world_size, store_path, out_dir, rank0_finds):
     """A rank of a job without a local launcher (torchrun's case): rank 0 decides, the others follow."""
     from towerlab.distributed.group import session
-    from towerlab.jobs.common import load_everywhere
+    from towerlab.jobs.handover import load_everywhere
 
     calls = []
 

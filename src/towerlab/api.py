@@ -96,7 +96,7 @@ def train(model: str | Any | Callable[[], Any] | None = None, data: str | os.Pat
     replica failed. It may be called from a thread other than the main one; signals (Ctrl-C,
     SIGTERM) are then left to the main thread's handlers.
     """
-    from towerlab.jobs.common import resolved_run
+    from towerlab.jobs.job import resolved_run
     from towerlab.jobs.train import default_out, start
     from towerlab.settings import resolve_train
 
@@ -171,7 +171,7 @@ def search(space: str | os.PathLike | dict | None = None, data: str | os.PathLik
 
 def _search(kind: str, space: Any, data: Any, validation: Any, test: Any, model: Any, config: Any,
             options: dict) -> SearchRun:
-    from towerlab.jobs.common import resolved_run
+    from towerlab.jobs.job import resolved_run
     from towerlab.jobs.search import search_out, start_search
     from towerlab.settings import resolve_search
 

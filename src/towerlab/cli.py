@@ -341,7 +341,7 @@ def _cmd_search_show(args: argparse.Namespace) -> int:
         if args.csv or args.json or args.plot:
             records = evaluation_records(store)
             if args.plot:
-                from towerlab.report import plot_accuracy_time
+                from towerlab.plots import plot_accuracy_time
 
                 plot_accuracy_time(records, Path(args.plot), f"searches of {store.path}")
         text = records_csv(records) if args.csv else records_json(records) if args.json else format_search(store)

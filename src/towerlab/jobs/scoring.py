@@ -23,7 +23,8 @@ from towerlab import atomic
 from towerlab.config import CUSTOM_MODEL, RunConfig, TrainConfig
 from towerlab.fields import from_dict, replace
 from towerlab.errors import UserError
-from towerlab.jobs.common import quiet, read_config
+from towerlab.jobs.provenance import read_config
+from towerlab.report import discard_line
 from towerlab.models.custom import user_code_failed
 from towerlab.models.files import load_model
 from towerlab.data.readers import labels_as_int64, npz_arrays
@@ -67,7 +68,7 @@ def score_run(path: str | os.PathLike, data: Any = None, *, split: str = "test",
             cfg = replace(cfg, dataset=str(data))
         stored = read_config(file.parent) or {}
         run = RunConfig(data_dir=data_dir if data_dir is not None else stored.get("run", {}).get("data_dir"))
-        dataset = train_data(cfg, run, log=log or quiet)
+        dataset = train_data(cfg, run, log=log or discard_line)
         x, y = (dataset.x_test, dataset.y_test) if split == "test" else (dataset.x_val, dataset.y_val)
         name, source = cfg.dataset, dataset.source
     if len(x) == 0:

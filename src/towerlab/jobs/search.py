@@ -33,9 +33,10 @@ from towerlab.distributed.signals import EXIT_SIGINT, Interrupted, StopFlag
 from towerlab.errors import UserError
 from towerlab.fields import replace, to_dict
 from towerlab.jobs.candidate import TRAINING_GENES, Model, model_function, train_config_hash
-from towerlab.jobs.common import (Job, check_writable_file, handed_over, load_data, load_everywhere,
-                                  require_out_under_torchrun, resolved_run, restarted_by_torchrun, start_job,
-                                  write_config)
+from towerlab.jobs.folder import check_writable_file
+from towerlab.jobs.handover import handover, load_data, load_everywhere
+from towerlab.jobs.job import Job, require_out_under_torchrun, resolved_run, restarted_by_torchrun, start_job
+from towerlab.jobs.provenance import write_config
 from towerlab.jobs.search_record import Watch, export_best, write_record
 from towerlab.jobs.search_workers import FROM_PYTHON, WorkerSpec, run_worker, work, worker_name
 from towerlab.catalog.models import not_taken
@@ -195,7 +196,7 @@ class SearchJob(Job):
                 reporter.line(f"towerlab: warning: worker {name} {how} while training; its task is back on the "
                               "queue")
 
-        crew = Crew(work, self.workers, (spec, *handed_over(data, self.start_method), self.function),
+        crew = Crew(work, self.workers, (spec, *handover(data, self.start_method), self.function),
                     start_method=self.start_method, on_lost=lost, log=reporter.line)
         try:
             with StopFlag() as stop, crew:

@@ -22,9 +22,9 @@ from towerlab import atomic
 from towerlab.config import dataset_label
 from towerlab.errors import UserError
 from towerlab.jobs.candidate import Model, candidate_config, retrain_command, train_candidate
-from towerlab.jobs.common import save_model
-from towerlab.report import (Reporter, format_cost, format_estimate, format_generation, format_top, plot_accuracy_time,
-                             plot_fitness)
+from towerlab.models.files import save_model
+from towerlab.plots import plot_accuracy_time, plot_fitness
+from towerlab.report import Reporter, format_cost, format_estimate, format_generation, format_top
 from towerlab.search import Search, SearchResult, evaluation_records
 from towerlab.search.history import GenerationStats
 from towerlab.search.store import Store

@@ -25,7 +25,8 @@ from towerlab.distributed.signals import Interrupted, StopFlag
 from towerlab.errors import UserError
 from towerlab.fields import replace
 from towerlab.jobs.candidate import Model, estimated_cost, outcome, train_candidate, train_config_hash
-from towerlab.jobs.common import load_data, quiet
+from towerlab.jobs.handover import load_data
+from towerlab.report import discard_line
 from towerlab.search import Candidate, Outcome, Search
 from towerlab.search.queue import Worker, lease_seconds, release_the_dead
 from towerlab.search.store import Store, Task
@@ -151,7 +152,7 @@ class Trainers:
             raise UserError("its data are arrays given from Python, which only its own process has")
         fallback = self.fallback if self.fallback is not None else bool(recorded.get("fallback"))
         return load_data(cfg.dataset, cfg.val_size, self.spec.run, download=self.fallback is None,
-                         allow_fallback=False, fallback_only=fallback, log=quiet)
+                         allow_fallback=False, fallback_only=fallback, log=discard_line)
 
     def trainer(self, search: Search) -> Callable[[Task], tuple[Outcome, Optional[float]]]:
         setup = self.setup(search)

@@ -40,9 +40,12 @@ from towerlab.distributed.signals import StopFlag
 from towerlab.errors import UserError
 from towerlab.catalog.models import keyword_options, not_taken
 from towerlab.models.custom import network_name
-from towerlab.jobs.common import (Job, OutputFolder, handed_over, load_data, read_config, require_out_under_torchrun,
-                                  resolved_run, restarted_by_torchrun, save_model, start_job, stderr_line, worker_data,
-                                  write_config)
+from towerlab.jobs.folder import OutputFolder
+from towerlab.jobs.handover import handover, load_data, worker_data
+from towerlab.jobs.job import Job, require_out_under_torchrun, resolved_run, restarted_by_torchrun, start_job
+from towerlab.jobs.provenance import read_config, write_config
+from towerlab.models.files import save_model
+from towerlab.report import stderr_line
 from towerlab.report import Reporter, format_final, phase, require_tensorboard, truncate_metrics
 from towerlab.training.step import resolve_step
 from towerlab.training.loop import TrainResult, check_setup, train
@@ -109,13 +112,13 @@ class TrainJob(Job):
 
     def preflight(self) -> tuple:
         """Every mistake (and the download, or the offline fallback) once, here, before any worker
-        starts; the workers read the very data loaded here (see `handed_over`)."""
+        starts; the workers read the very data loaded here (see `handover`)."""
         data = self.data
         if data is None:
             with phase(f"Setup: reading {self.cfg.dataset}", stdout_line):
                 data = train_data(self.cfg, self.run)
         check_setup(self.cfg, self.run.devices, data, network_source(self.module, self.function, data, self.cfg.model_options))
-        return (self.cfg, self.run, str(self.out), *handed_over(data, self.start_method), self.module, self.function,
+        return (self.cfg, self.run, str(self.out), *handover(data, self.start_method), self.module, self.function,
                 self.started)
 
     @staticmethod

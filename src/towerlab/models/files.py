@@ -1,21 +1,28 @@
-"""`model.pt`: what it records (`model_record`) and `load_model`, which rebuilds the network from it."""
+"""`model.pt`: what it records (`model_record`), writing it (`save_model`) and `load_model`, which
+rebuilds the network from it."""
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 from torch import nn
 
-from towerlab.config import CUSTOM_MODEL, PRECISIONS, TTA
+from towerlab import atomic
+from towerlab.config import CUSTOM_MODEL, PRECISIONS, TTA, TrainConfig
+from towerlab.fields import to_dict
 from towerlab.distributed.env import machine_memory
 from towerlab.errors import UserError
 from towerlab.catalog.models import uses_channels_last
 from towerlab.models import build_model
 from towerlab.models.classifier import Classifier
-from towerlab.models.custom import for_shape, instantiate
+from towerlab.models.custom import for_shape, function_file, instantiate
 from towerlab.atomic import require_regular_file
+
+if TYPE_CHECKING:
+    from towerlab.data.load import Dataset
 
 
 def model_record(model: nn.Module, name: str, input_shape: tuple[int, ...], num_classes: int,
@@ -24,6 +31,24 @@ def model_record(model: nn.Module, name: str, input_shape: tuple[int, ...], num_
     return {"format": "towerlab-model", "version": 1, "name": name, "input_shape": list(input_shape),
             "num_classes": num_classes, "options": dict(options),
             "state_dict": {k: v.detach().cpu() for k, v in model.state_dict().items()}, **extra}
+
+
+def save_model(path: Path, model: nn.Module, cfg: TrainConfig, data: Dataset, *,
+               function: Callable[..., nn.Module] | None = None) -> None:
+    """model.pt: the network and what rebuilds it and feeds it (input shape, classes, the training
+    split's mean and std), with the TrainConfig that trained it; written atomically. A network of
+    your own records its class, and the model function that built it (FILE.py:FUNCTION), where a
+    file defines it: evaluate and predict name it when they need it again."""
+    buffer = io.BytesIO()
+    custom = cfg.model == CUSTOM_MODEL
+    extra = {"module_class": f"{type(model).__module__}.{type(model).__qualname__}"} if custom else {}
+    if custom and function_file(function):
+        extra["model_function"] = function_file(function)
+    torch.save(model_record(model, cfg.model, data.input_shape, data.num_classes, cfg.model_options,
+                            config=to_dict(cfg), mean=list(data.mean), std=list(data.std), **extra), buffer)
+    atomic.write_bytes(path, buffer.getvalue())
+
+
 
 
 class ModuleNeeded(UserError):

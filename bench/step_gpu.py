@@ -5,7 +5,7 @@ the profiler.
 
 Each case is a preset's model and recipe at its batch size, on synthetic data of the data set's
 shape (a step's time does not depend on the pixel values): towerlab's own steps, built as `train`
-builds them (`step.EagerSteps`, `step.StepProgram` prepared as a graph or compiled), driven through
+builds them (`eager.EagerSteps`, `program.StepProgram` prepared as a graph or compiled), driven through
 epochs as the training loop drives them. After the warm-up, `--steps` steps between two CUDA events,
 the median of `--rounds` such windows. Kernels per step: a profiler trace of 5 eager steps (of the
 reference step and of the program run op by op), counted and divided by 5; a graph replays the
@@ -24,7 +24,7 @@ from dataclasses import replace
 
 import torch
 
-from towerlab.training import step
+from towerlab.training import step_kinds
 from towerlab.models.preprocessing import Normalizer
 from towerlab.training.batches import Batches
 from towerlab.config import TrainConfig
@@ -54,9 +54,8 @@ def make_steps(mode: str, cfg: TrainConfig, data, device: torch.device):  # noqa
     module = build(cfg, data.input_shape, data.num_classes, ctx)
     fit_to_data(cfg, module, batches.x, normalize)
     module.train()
-    worst = torch.zeros((), device=device)
     started = time.perf_counter()
-    steps = step.make_steps(mode, "ddp", module, cfg, ctx, batches, cfg.steps, worst)
+    steps = step_kinds.make_steps(mode, "ddp", module, cfg, ctx, batches, cfg.steps)
     steps.prepare(mode, 0, print)
     if device.type == "cuda":
         torch.cuda.synchronize()

@@ -176,7 +176,7 @@ def test_steady_graph_and_program_steps_never_wait_for_the_host(tmp_path):
     from towerlab.config import TrainConfig
     from towerlab.data.load import load_dataset
     from towerlab.distributed.group import Context
-    from towerlab.training.step import StepProgram
+    from towerlab.training.program import StepProgram
     from towerlab.training.loop import build
 
     cfg = TrainConfig(model="mlp", dataset="synthetic", batch_size=64, steps=40, augment=True, schedule="onecycle",

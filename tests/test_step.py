@@ -22,7 +22,7 @@ import torch.nn.functional as F  # noqa: F401 - the dispatch test names ops of i
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-import towerlab.training.step
+import towerlab.training.program
 from towerlab.models.preprocessing import Normalizer
 from towerlab.training.batches import Batches
 from towerlab.cli import build_parser, main, resolve_train
@@ -32,7 +32,7 @@ from towerlab.distributed.launch import launch
 from towerlab.errors import UserError
 from towerlab.training.optim import DEFAULT_LR, Update, make_optimizer, make_scheduler, schedule_tables, uses_momentum
 from towerlab.jobs.train import train_data
-from towerlab.training.step import StepProgram
+from towerlab.training.program import StepProgram
 from towerlab.training.loop import build, train
 from util import ONE_CPU, RESUMABLE, TINY, interrupt, max_difference, summary, weights
 
@@ -45,7 +45,7 @@ SCHEDULES = {"adam": ("constant", "onecycle", "linear"), "sgd": ("constant", "on
 @pytest.fixture
 def aot_eager(monkeypatch):
     """--step compiled through aot_eager: the whole graph, traced as inductor would take it."""
-    monkeypatch.setitem(towerlab.training.step.COMPILE_OPTIONS, "cpu", {"backend": "aot_eager"})
+    monkeypatch.setitem(towerlab.training.program.COMPILE_OPTIONS, "cpu", {"backend": "aot_eager"})
 
 
 @pytest.mark.parametrize("optimizer,schedule", [(o, s) for o, ss in SCHEDULES.items() for s in ss])
@@ -244,7 +244,7 @@ def test_a_checkpoint_of_the_other_step_is_refused_in_one_line():
 def _rank(rank: int, world_size: int, store_path: str, args: list[str], mode: str, out: str) -> None:
     torch.set_num_threads(1)
     if mode == "compiled":
-        towerlab.training.step.COMPILE_OPTIONS["cpu"] = {"backend": "aot_eager"}
+        towerlab.training.program.COMPILE_OPTIONS["cpu"] = {"backend": "aot_eager"}
     cfg, run_cfg = resolve_train(build_parser().parse_args(["train", *args]))
     with session(rank=rank, world_size=world_size, store_path=store_path, backend="gloo") as ctx:
         result = train(cfg, ctx, train_data(cfg, run_cfg, download=False), step_mode=mode, test=False)

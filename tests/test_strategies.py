@@ -12,7 +12,7 @@ from towerlab.training import checkpoint, optim
 from towerlab.config import TrainConfig
 from towerlab.data.load import load_dataset
 from towerlab.distributed.group import Context
-from towerlab.training.step import STEP_KINDS
+from towerlab.training.step_kinds import STEP_KINDS
 from towerlab.training.strategies import STRATEGIES, Strategy
 from towerlab.training.loop import train
 

@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import queue
 import threading
-from typing import Callable, Iterator
+from typing import Iterator
 
 import torch
 
 from towerlab.distributed.group import Context
+from towerlab.models.preprocessing import Normalizer
 
 PREFETCH = 4  # batches the queue mode keeps ready
 

@@ -31,7 +31,8 @@ from towerlab.errors import UserError
 from towerlab.models import build_model
 from towerlab.models.custom import instantiate
 from towerlab.report import Reporter, format_epoch, format_step
-from towerlab.training.step import Steps, make_steps, resolve_step, warms_up
+from towerlab.training.step import Steps, resolve_step, warms_up
+from towerlab.training.step_kinds import make_steps
 
 EVAL_BATCH = 1024
 # What a step mode's warm-up does before the clock starts (named when it lasts: towerlab.report.phase).
@@ -214,10 +215,9 @@ def train(cfg: TrainConfig, ctx: Context, data: Any, *, input_mode: str = "resid
             fit_to_data(cfg, module, batches.x, batches.normalize)  # resident: already on the device
         progress.train_seconds += clock.stop()
     mode = resolve_step(step_mode, ctx.device.type, ctx.world_size, strategy, input_mode)
-    worst = torch.zeros((), device=ctx.device)
     with reporter.phase(f"Setup: building the {_step_name(mode)} (the optimizer, and the replicas' gradient "
                         "exchange)"):
-        steps = make_steps(mode, strategy, module, cfg, ctx, batches, total_steps, worst)
+        steps = make_steps(mode, strategy, module, cfg, ctx, batches, total_steps)
     if resume_state is not None:
         progress = _restore(resume_state, steps)
     resident = input_mode == "resident"
@@ -247,7 +247,7 @@ def train(cfg: TrainConfig, ctx: Context, data: Any, *, input_mode: str = "resid
     reporter.start_progress(total_steps, progress.step, lines=True)
     curve_every = reporter.curve_every(total_steps, display_step)  # the same on every rank
     last_display = (progress.step, time.perf_counter())
-    divergence = _Divergence(cfg, ctx, progress.step, worst)
+    divergence = _Divergence(cfg, ctx, progress.step, steps.worst)
     while progress.step < total_steps and progress.stopped is None:
         epoch, start = divmod(progress.step, steps_per_epoch)
         clock.start()

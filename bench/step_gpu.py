@@ -31,7 +31,7 @@ from towerlab.config import TrainConfig
 from towerlab.data.load import load_dataset
 from towerlab.distributed.group import Context
 from towerlab.presets import apply_preset
-from towerlab.training.loop import build, fit_to_data, uses_channels_last
+from towerlab.training.network import build, fit_to_data, uses_channels_last
 
 # (name, preset, batch, input shape): the steps of issue 38's targets.
 CASES = [("lenet5-b512-mnist-fast", "mnist-fast", 512, (1, 28, 28)),

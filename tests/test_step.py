@@ -33,7 +33,8 @@ from towerlab.errors import UserError
 from towerlab.training.optim import DEFAULT_LR, Update, make_optimizer, make_scheduler, schedule_tables, uses_momentum
 from towerlab.jobs.train import train_data
 from towerlab.training.program import StepProgram
-from towerlab.training.loop import build, train
+from towerlab.training.loop import LoopOptions, train
+from towerlab.training.network import build
 from util import ONE_CPU, RESUMABLE, TINY, interrupt, max_difference, summary, weights
 
 SCHEDULES = {"adam": ("constant", "onecycle", "linear"), "sgd": ("constant", "onecycle", "linear"),
@@ -109,7 +110,7 @@ def data_for(cfg: TrainConfig):  # noqa: ANN201
 
 
 def run(cfg: TrainConfig, mode: str) -> dict:
-    result = train(cfg, Context(), data_for(cfg), step_mode=mode, test=False)
+    result = train(cfg, Context(), data_for(cfg), LoopOptions(step_mode=mode, test=False))
     assert result.step_mode == mode
     return {k: v.detach().clone() for k, v in result.model.state_dict().items()}
 
@@ -233,12 +234,12 @@ def test_state_keeps_its_memory_through_steps_epochs_the_warm_up_and_a_resume():
 
 
 def test_a_checkpoint_of_the_other_step_is_refused_in_one_line():
-    from towerlab.training.loop import _Progress, _state  # noqa: PLC0415 - the checkpoint's own writer
+    from towerlab.training.progress import Progress, checkpoint_state
 
     cfg = config(CASES["mlp-space"], steps=4)
-    state = _state(cfg, Context(), _Progress(step=2), program_for(cfg), 2)
+    state = checkpoint_state(cfg, Context(), Progress(step=2), program_for(cfg), 2)
     with pytest.raises(UserError, match="written by the step program.*resume with --input resident"):
-        train(cfg, Context(), data_for(cfg), step_mode="eager", resume_state=state, test=False)
+        train(cfg, Context(), data_for(cfg), LoopOptions(step_mode="eager", test=False), resume_state=state)
 
 
 def _rank(rank: int, world_size: int, store_path: str, args: list[str], mode: str, out: str) -> None:
@@ -247,7 +248,7 @@ def _rank(rank: int, world_size: int, store_path: str, args: list[str], mode: st
         towerlab.training.program.COMPILE_OPTIONS["cpu"] = {"backend": "aot_eager"}
     cfg, run_cfg = resolve_train(build_parser().parse_args(["train", *args]))
     with session(rank=rank, world_size=world_size, store_path=store_path, backend="gloo") as ctx:
-        result = train(cfg, ctx, train_data(cfg, run_cfg, download=False), step_mode=mode, test=False)
+        result = train(cfg, ctx, train_data(cfg, run_cfg, download=False), LoopOptions(step_mode=mode, test=False))
         assert result.step_mode == mode
         if ctx.is_main:
             torch.save({k: v.clone() for k, v in result.model.state_dict().items()}, out)

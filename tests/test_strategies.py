@@ -14,7 +14,7 @@ from towerlab.data.load import load_dataset
 from towerlab.distributed.group import Context
 from towerlab.training.step_kinds import STEP_KINDS
 from towerlab.training.strategies import STRATEGIES, Strategy
-from towerlab.training.loop import train
+from towerlab.training.loop import LoopOptions, train
 
 
 def test_each_registry_names_exactly_its_config_list():
@@ -75,9 +75,9 @@ def same_weights(a: torch.nn.Module, b: torch.nn.Module) -> bool:
 
 
 def test_a_strategy_is_one_class_plus_one_registry_line(data, monkeypatch):
-    reference = train(CFG, Context(), data, strategy="ddp", step_mode="eager", test=False)
+    reference = train(CFG, Context(), data, LoopOptions(strategy="ddp", step_mode="eager", test=False))
     monkeypatch.setitem(STRATEGIES, AveragedAfterBackward.name, AveragedAfterBackward)
-    added = train(CFG, Context(), data, strategy=AveragedAfterBackward.name, test=False)
+    added = train(CFG, Context(), data, LoopOptions(strategy=AveragedAfterBackward.name, test=False))
     assert added.step_mode == "eager" and added.steps == 20
     # One process: the same arithmetic as DDP's, to the last bit.
     assert same_weights(added.model, reference.model) and added.val_loss == reference.val_loss
@@ -88,12 +88,14 @@ def test_an_eager_checkpoint_keeps_its_layout_and_resumes(strategy, data, tmp_pa
     """{"model", "optimizer", "scheduler", "lookahead"}: what every eager checkpoint so far holds, so
     old checkpoints load; resumed from it, a run ends where the uninterrupted one did."""
     path = tmp_path / "checkpoint.pt"
-    whole = train(CFG, Context(), data, strategy=strategy, step_mode="eager", test=False, checkpoint_path=path)
+    whole = train(CFG, Context(), data, LoopOptions(strategy=strategy, step_mode="eager", test=False,
+                                                  checkpoint_path=path))
     os.replace(checkpoint.previous(path), tmp_path / "epoch1.pt")  # step 10's, replaced by step 20's
     state = checkpoint.load(tmp_path / "epoch1.pt", log=lambda _: None)
     saved = state["strategy"]
     assert (state["step"], sorted(saved)) == (10, ["lookahead", "model", "optimizer", "scheduler"])
     assert sorted(saved["optimizer"]) == ["param_groups", "state"] and len(saved["optimizer"]["param_groups"]) == 2
     assert saved["scheduler"]["last_epoch"] == 10 and saved["lookahead"]["steps"] == 10
-    resumed = train(CFG, Context(), data, strategy=strategy, step_mode="eager", test=False, resume_state=state)
+    resumed = train(CFG, Context(), data, LoopOptions(strategy=strategy, step_mode="eager", test=False),
+                    resume_state=state)
     assert resumed.steps == 20 and same_weights(resumed.model, whole.model)

@@ -46,10 +46,10 @@ class Job(abc.ABC):
 
     `run_here()` runs the job in this process (a single process, or a torchrun rank); with
     `processes` > 1, `preflight()` finds every mistake once and returns what every worker needs
-    (the loaded data among it, so that all of them read the very same), then
+    (the job itself without what must not be copied to each worker, and what it hands over of the
+    loaded data, so that all of them read the very same), then
     `worker(rank, world_size, store_path, *preflight())` runs in each of `processes` fresh processes
-    (a static method: spawned workers get it pickled, and the job's own fields must not travel with
-    it). `essential`, `start_method`, `timeout`, `hint()` and `name(rank)` are as in
+    (a static method: spawned workers get it pickled, with what `preflight` chose to send). `essential`, `start_method`, `timeout`, `hint()` and `name(rank)` are as in
     `distributed.launch`; `hint()` also says how to continue after Ctrl-C, SIGTERM or a closed stdout.
     `new` asks for an empty folder (a new job, neither resumed nor restarted)."""
 

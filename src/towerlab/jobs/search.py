@@ -32,7 +32,7 @@ from towerlab.distributed.launch import start_method_for
 from towerlab.distributed.signals import EXIT_SIGINT, Interrupted, StopFlag
 from towerlab.errors import UserError
 from towerlab.fields import replace, to_dict
-from towerlab.jobs.candidate import TRAINING_GENES, Model, model_function, train_config_hash
+from towerlab.jobs.candidate import TRAINING_GENES, CandidateModel, model_function, train_config_hash
 from towerlab.jobs.folder import check_writable_file
 from towerlab.jobs.handover import handover, load_data, load_everywhere
 from towerlab.jobs.job import Job, require_out_under_torchrun, resolved_run, restarted_by_torchrun, start_job
@@ -148,7 +148,7 @@ class SearchJob(Job):
     # -- the search in its store ------------------------------------------------------------------------
 
     @property
-    def model(self) -> Model:
+    def model(self) -> CandidateModel:
         return self.function or self.search.space.model
 
     def _threads(self) -> Optional[int]:
@@ -307,7 +307,7 @@ def _nothing_to_train(candidates: list, record: Any) -> None:
                        f"e.g. {candidates[0]}")
 
 
-def _model_spec(model: Model) -> str:
+def _model_spec(model: CandidateModel) -> str:
     """What a search records of its model for the workers that join it: a family's name, a model
     function's FILE.py:FUNCTION, or that it was given from Python (no other process can load it)."""
     if isinstance(model, str):

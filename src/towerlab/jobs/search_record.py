@@ -21,7 +21,7 @@ import towerlab
 from towerlab import atomic
 from towerlab.config import dataset_label
 from towerlab.errors import UserError
-from towerlab.jobs.candidate import Model, candidate_config, retrain_command, train_candidate
+from towerlab.jobs.candidate import CandidateModel, candidate_config, retrain_command, train_candidate
 from towerlab.models.files import save_model
 from towerlab.plots import plot_accuracy_time, plot_fitness
 from towerlab.report import Reporter, format_cost, format_estimate, format_generation, format_top
@@ -161,7 +161,7 @@ def all_failed(result: SearchResult, out: Path) -> str:
             f"`towerlab search show {out}` lists each failure")
 
 
-def write_record(kind: str, search: Search, model: Model, out: Path, store: Store, result: SearchResult,
+def write_record(kind: str, search: Search, model: CandidateModel, out: Path, store: Store, result: SearchResult,
                  reporter: Reporter, *, seconds: float, data_source: dict, has_test: bool,
                  cpu_threads: Optional[int], workers: int) -> list[dict]:
     """Print the top and the cost, and write best.json, the plots and summary.json; the top's rows.
@@ -210,7 +210,7 @@ def write_record(kind: str, search: Search, model: Model, out: Path, store: Stor
     return top
 
 
-def export_best(search: Search, model: Model, best: dict, data: Any, device: torch.device, out: Path,
+def export_best(search: Search, model: CandidateModel, best: dict, data: Any, device: torch.device, out: Path,
                 reporter: Reporter, stop: Any = None) -> None:
     """model.pt of the winner: retrained exactly as it was evaluated (same seed, same budget, the
     weights of its best epoch), so the file is the network whose accuracies are reported."""

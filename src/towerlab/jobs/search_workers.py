@@ -24,7 +24,7 @@ from towerlab.config import ARRAYS_DATASET, CUSTOM_MODEL, RunConfig
 from towerlab.distributed.signals import Interrupted, StopFlag
 from towerlab.errors import UserError
 from towerlab.fields import replace
-from towerlab.jobs.candidate import Model, estimated_cost, outcome, train_candidate, train_config_hash
+from towerlab.jobs.candidate import CandidateModel, estimated_cost, outcome, train_candidate, train_config_hash
 from towerlab.jobs.handover import load_data
 from towerlab.report import discard_line
 from towerlab.search import Candidate, Outcome, Search
@@ -90,7 +90,7 @@ class _Setup:
     """How this worker trains one search: its data, its model, its CPU threads per candidate."""
 
     data: Any
-    model: Model
+    model: CandidateModel
     threads: Optional[int]
 
 
@@ -132,7 +132,7 @@ class Trainers:
         self._setups[search.id] = setup = _Setup(data.to(self.device), model, threads)
         return setup
 
-    def _model(self, search: Search) -> Model:
+    def _model(self, search: Search) -> CandidateModel:
         if search.space.model != CUSTOM_MODEL:
             return search.space.model
         if self.function is not None:

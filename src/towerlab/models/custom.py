@@ -12,7 +12,7 @@ import os
 import sys
 import traceback
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Union
 
 from torch import nn
 
@@ -21,6 +21,12 @@ from towerlab.errors import UserError
 _LOADED: dict[str, str] = {}  # module name -> the file load_function imported it from
 _FOLDERS: list[str] = []  # the folders load_function put on sys.path, the latest first
 
+
+# A network of your own as the training takes it: a module (copied, its weights the initial ones) or a
+# factory returning a new one (called after the run's seed is set).
+NetworkSource = Union[nn.Module, Callable[[], nn.Module]]
+# A model function: `function(input_shape, num_classes, **options) -> nn.Module` (a network class is one).
+ModelFunction = Callable[..., nn.Module]
 
 def load_function(spec: str, flag: str = "--model", what: str = "FUNCTION") -> Any:
     """What `FILE.py:NAME` names (a function, a network class, a network), imported from its file as a
@@ -136,7 +142,7 @@ def for_shape(source: Any, input_shape: tuple, num_classes: int, options: dict) 
     return functools.partial(source, tuple(input_shape), num_classes, **options) if takes_shape else source
 
 
-def instantiate(source: nn.Module | Callable[[], nn.Module]) -> nn.Module:
+def instantiate(source: NetworkSource) -> nn.Module:
     """A fresh network from a module of your own: a copy of an nn.Module (its current weights are the
     initial ones), or what a factory returns (called after the run's seed is set)."""
     if isinstance(source, nn.Module):

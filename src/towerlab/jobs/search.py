@@ -157,9 +157,9 @@ class SearchJob(Job):
     def _in_store(self, store: Store, data: Any, reporter: Optional[Reporter]) -> Search:
         """The search in `store`: created (and config.json written), or the one this folder continues."""
         device = self.run.device
-        tch = train_config_hash(self.search.cfg, device, self.run.threads, data.source, self.model)
+        training_hash = train_config_hash(self.search.cfg, device, self.run.threads, data.source, self.model)
         if self.run.resume:
-            search = self.search.resume(store, _stored_search_id(self.out), tch)
+            search = self.search.resume(store, _stored_search_id(self.out), training_hash)
             store.reopen_failed_tests(search.id)  # a resume retries them: the machine's fault, as often as not
             release_the_dead(store)  # the tasks of this machine's workers that died with an earlier start
             done = store.generations(search.id)
@@ -170,7 +170,7 @@ class SearchJob(Job):
                      "data": {"format": data.source.get("format"), "fallback": bool(data.source.get("fallback"))},
                      "test": data.n_test > 0, "towerlab": towerlab.__version__}
             cfg = replace(self.search.cfg, store=recorded_store(self.target) if self.search.cfg.store else None)
-            search = dataclasses.replace(self.search, cfg=cfg).create(store, tch, setup)
+            search = dataclasses.replace(self.search, cfg=cfg).create(store, training_hash, setup)
             write_config(self.out, {"kind": self.kind, "search": to_dict(cfg), "run": to_dict(self.run),
                                     "search_id": search.id, "store": recorded_store(self.target),
                                     "workers": self.workers, "device_type": device})
@@ -190,10 +190,10 @@ class SearchJob(Job):
         watch = Watch(store, search, self.out, reporter, self.workers, resumed=self.run.resume is not None)
         device = "cuda" if self.run.device == "cuda" else "cpu"
 
-        def lost(slot: int, pid: int, how: str) -> None:
+        def lost(slot: int, pid: int, ended: str) -> None:
             name = worker_name(f"cuda:{slot // spec.per_device}" if device == "cuda" else "cpu", pid)
-            if store.release(name, how):
-                reporter.line(f"towerlab: warning: worker {name} {how} while training; its task is back on the "
+            if store.release(name, ended):
+                reporter.line(f"towerlab: warning: worker {name} {ended} while training; its task is back on the "
                               "queue")
 
         crew = Crew(work, self.workers, (spec, *handover(data, self.start_method), self.function),
@@ -244,8 +244,8 @@ class SearchJob(Job):
         process group serves for that alone); every rank then works on it; rank 0 writes the record."""
         rank = torchrun_ranks()[0]
         with session(timeout=self.run.timeout, backend="gloo", device=self.run.device) as ctx:
-            data = load_everywhere(ctx, lambda **how: load_data(self.search.cfg.dataset, self.search.cfg.val_size,
-                                                                self.run, **how))
+            data = load_everywhere(ctx, lambda **loading: load_data(self.search.cfg.dataset, self.search.cfg.val_size,
+                                                                    self.run, **loading))
             told: dict = {}
             if ctx.is_main:
                 try:

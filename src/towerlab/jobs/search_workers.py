@@ -204,8 +204,8 @@ def start_workers(target: str, run: RunConfig, *, per_device: int = 1, search_id
         spec = WorkerSpec(store=target, run=replace(run, device=kind), per_device=per_device, threads=run.threads,
                           search_ids=None if search_id is None else (search_id,), wait=wait)
 
-        def lost(slot: int, pid: int, how: str) -> None:
-            store.release(worker_name(f"cuda:{slot // per_device}" if kind == "cuda" else "cpu", pid), how)
+        def lost(slot: int, pid: int, ended: str) -> None:
+            store.release(worker_name(f"cuda:{slot // per_device}" if kind == "cuda" else "cpu", pid), ended)
 
         method = start_method or start_method_for(kind)
         try:

@@ -197,8 +197,8 @@ class Driver(threading.Thread):
                                t.train_config_hash))
         if not wanted:
             return
-        self.store.enqueue(search.id, "test", [(c, tch, trainer.priority(c)) for c, tch in wanted])
-        keys = {(c.genome_hash, tch) for c, tch in wanted}
+        self.store.enqueue(search.id, "test", [(c, training_hash, trainer.priority(c)) for c, training_hash in wanted])
+        keys = {(c.genome_hash, training_hash) for c, training_hash in wanted}
         wait = POLL[0]
         while True:
             open_ = [t for t in self.store.tasks(search.id, "test")

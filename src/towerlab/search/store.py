@@ -536,12 +536,12 @@ class Store:
             return
 
         def insert(tx: Transaction) -> None:
-            for c, tch, priority in candidates:
+            for c, training_hash, priority in candidates:
                 tx.run("INSERT INTO tasks (search_id, kind, genome_hash, train_config_hash, replicate, generation,"
                        " idx, genome, seed, max_epochs, priority, state, created)"
                        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'open', {now})"
                        " ON CONFLICT (search_id, kind, genome_hash, train_config_hash, replicate) DO NOTHING",
-                       (search_id, kind, c.genome_hash, tch, c.replicate, c.generation, c.index,
+                       (search_id, kind, c.genome_hash, training_hash, c.replicate, c.generation, c.index,
                         json.dumps(c.genome), c.seed, c.max_epochs, float(priority)))
 
         self.db.write(insert)

@@ -295,7 +295,8 @@ def test_a_script_without_a_main_guard_or_stdin_trains_its_own_module_on_two_pro
 
 
 def test_the_command_line_and_the_api_resolve_the_same_settings(tmp_path):
-    from towerlab.cli import build_parser, resolve_train
+    from towerlab.cli import build_parser
+    from towerlab.commands import resolve_train
     from towerlab.settings import resolve_train as resolve
 
     flags = ["train", *TINY, "--steps", "3", "--preset", "mnist-fast", "--lr", "0.02"]

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from towerlab.training import checkpoint
-from towerlab.jobs import train as train_job
+from towerlab.jobs import train_resume
 from towerlab.settings import read_run_config
 from towerlab.cli import main
 from towerlab.fields import replace
@@ -159,7 +159,7 @@ def test_a_torchrun_restart_resumes_only_its_own_folder(tmp_path, monkeypatch):
         monkeypatch.setenv(name, value)
 
     def decide(config=cfg):
-        return train_job._decide_start(config, run, Context(), out)
+        return train_resume.decide_start(config, run, Context(), out)
 
     def stored_run_id(run_id):
         config = json.loads((out / "config.json").read_text())

@@ -16,7 +16,8 @@ import json
 import pytest
 import torch
 
-from towerlab.cli import build_parser, main, resolve_train
+from towerlab.cli import build_parser, main
+from towerlab.commands import resolve_train
 from towerlab.distributed.group import session
 from towerlab.distributed.launch import launch
 from towerlab.jobs.train import train_data

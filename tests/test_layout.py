@@ -24,8 +24,12 @@ LAYERS = (
     (2, r"towerlab\.(report|plots|models(\..+)?|data(\..+)?|distributed(\..+)?)"),
     (3, r"towerlab\.(settings|training(\..+)?|search(\..+)?)"),
     (4, r"towerlab\.jobs(\..+)?"),
-    (5, r"towerlab\.(cli|api|__main__)"),
+    (5, r"towerlab\.(cli|commands|api|__main__)"),
 )
+# Modules over 350 lines that are the search side's to split (reworked on another branch): exempt
+# from saying why, not from the 500-line limit.
+LONG_ELSEWHERE = {"towerlab.search.store", "towerlab.search.rounds", "towerlab.search.database",
+                  "towerlab.search.queue", "towerlab.jobs.search"}
 
 
 def _modules() -> dict[str, Path]:
@@ -141,6 +145,16 @@ def test_the_layout_check_sees_an_upward_import_and_a_circle():
 @pytest.mark.parametrize("module", sorted(MODULES))
 def test_no_source_module_is_over_500_lines(module):
     assert len(MODULES[module].read_text().splitlines()) <= 500
+
+
+@pytest.mark.parametrize("module", sorted(set(MODULES) - LONG_ELSEWHERE))
+def test_a_module_over_350_lines_says_why(module):
+    """Modules stay around 300 lines, split by role; one that is longer says in its docstring why
+    it is one module ("over 350 lines" and the reason)."""
+    text = MODULES[module].read_text()
+    lines = len(text.splitlines())
+    said = "over 350 lines" in " ".join((ast.get_docstring(ast.parse(text)) or "").split())
+    assert lines <= 350 or said, f"{module}: {lines} lines, and its docstring does not say why"
 
 
 def test_the_search_core_imports_no_torch():

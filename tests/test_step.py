@@ -25,12 +25,14 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import towerlab.training.program
 from towerlab.models.preprocessing import Normalizer
 from towerlab.training.batches import Batches
-from towerlab.cli import build_parser, main, resolve_train
+from towerlab.cli import build_parser, main
+from towerlab.commands import resolve_train
 from towerlab.config import RunConfig, TrainConfig
 from towerlab.distributed.group import Context, session
 from towerlab.distributed.launch import launch
 from towerlab.errors import UserError
-from towerlab.training.optim import DEFAULT_LR, Update, make_optimizer, make_scheduler, schedule_tables, uses_momentum
+from towerlab.training.optim import DEFAULT_LR, make_optimizer, make_scheduler
+from towerlab.training.update import Update, schedule_tables, uses_momentum
 from towerlab.jobs.train import train_data
 from towerlab.training.program import StepProgram
 from towerlab.training.loop import LoopOptions, train

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from towerlab import config
-from towerlab.training import checkpoint, optim
+from towerlab.training import checkpoint, optim, update
 from towerlab.config import TrainConfig
 from towerlab.data.load import load_dataset
 from towerlab.distributed.group import Context
@@ -22,8 +22,8 @@ def test_each_registry_names_exactly_its_config_list():
     assert all(cls.name == name for name, cls in STRATEGIES.items())
     assert set(optim.OPTIMIZERS) == set(config.OPTIMIZERS)
     # The step program's form of each optimizer, and its default learning rate for a search.
-    assert set(optim.STATE) == set(optim.DEFAULT_LR) == set(config.OPTIMIZERS)
-    assert [name for name in config.OPTIMIZERS if not hasattr(optim.Update, "_" + name)] == []
+    assert set(update.STATE) == set(optim.DEFAULT_LR) == set(config.OPTIMIZERS)
+    assert [name for name in config.OPTIMIZERS if not hasattr(update.Update, "_" + name)] == []
     assert set(optim.SCHEDULES) == set(config.SCHEDULES)
     # --step's choices but auto (which resolve_step settles), and the tests' uncaptured program.
     assert set(STEP_KINDS) == set(config.STEPS) - {"auto"} | {"program"}

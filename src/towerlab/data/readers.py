@@ -6,6 +6,10 @@ uint8 (N, C, H, W), labels as int64 (N,) with values 0..9 (or below the class co
 Every input is treated as untrusted: a size claimed by a header is checked against what the file can
 hold before anything is allocated, CIFAR pickles may only rebuild plain numeric arrays, and every
 malformed file becomes a one-line `UserError` naming the file.
+
+It is over 350 lines because the three formats share those bounds (MAX_ARRAY_BYTES, the label and
+image-layout checks) and are fuzzed as one surface (tests/test_fuzz_readers.py); the restricted
+unpickler is CIFAR's alone and sits with its reader.
 """
 
 from __future__ import annotations

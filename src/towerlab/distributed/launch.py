@@ -1,7 +1,11 @@
 """Local workers: `launch` starts `--devices N` processes (fork or spawn) that rendezvous through a
 FileStore in a private temp folder, so no code names a port; it watches their exits and heartbeats,
 stops the others when one fails and names the cause. `leave` is how every worker exits, towerlab's
-own and torchrun's."""
+own and torchrun's.
+
+It is over 350 lines because both ends of one protocol live here: what a worker does (heartbeats,
+reporting a user error through the rendezvous folder, leaving) and what the launcher reads of it
+(`_monitor`); distributed/crew.py reuses the same pieces for a search's workers."""
 
 from __future__ import annotations
 

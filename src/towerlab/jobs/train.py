@@ -8,7 +8,7 @@ Under torchrun with --max-restarts, a restarted worker group (TORCHELASTIC_RESTA
 continues from the folder's last checkpoint on its own, when the folder is that same torchrun
 job's (config.json records its TORCHELASTIC_RUN_ID) and holds the same training config; without a
 checkpoint yet, it starts over in the folder. Any other existing folder is refused, as without
-torchrun.
+torchrun (train_resume.py decides where a run starts).
 """
 
 from __future__ import annotations
@@ -31,28 +31,23 @@ from towerlab.catalog.models import keyword_options, not_taken
 from towerlab.config import CUSTOM_MODEL, RunConfig, TrainConfig, dataset_label
 from towerlab.data.load import Dataset, content_sha256
 from towerlab.distributed.env import (check_capacity, default_threads, local_processes, sharing_cores,
-                                     torchrun_restart, torchrun_world_size, under_torchrun)
+                                     torchrun_world_size, under_torchrun)
 from towerlab.distributed.group import Context, barrier, broadcast_object, session
 from towerlab.distributed.launch import start_method_for
 from towerlab.distributed.signals import StopFlag
 from towerlab.errors import UserError
-from towerlab.fields import from_dict, replace, to_dict
-from towerlab.jobs.folder import OutputFolder
+from towerlab.fields import replace, to_dict
 from towerlab.jobs.handover import handover, load_data, worker_data
-from towerlab.jobs.job import Job, require_out_under_torchrun, resolved_run, restarted_by_torchrun, start_job
+from towerlab.jobs.job import Job, require_out_under_torchrun, resolved_run, start_job
 from towerlab.jobs.provenance import read_config, write_config
+from towerlab.jobs.train_resume import CHECKPOINT, check_same_data, decide_start, resumes_from
 from towerlab.models.custom import ModelFunction, NetworkSource, network_name
 from towerlab.models.files import save_model
 from towerlab.report import Reporter, format_final, phase, require_tensorboard, stderr_line, truncate_metrics
 from towerlab.training import checkpoint
-from towerlab.training.batches import steps_per_epoch
 from towerlab.training.loop import LoopOptions, TrainResult, train
 from towerlab.training.network import check_setup
-from towerlab.training.progress import RESUME_KEYS
 from towerlab.training.step import resolve_step
-
-CHECKPOINT = "checkpoint.pt"
-
 
 def train_data(cfg: TrainConfig, run: RunConfig, **loading: Any) -> Dataset:
     """The data `cfg` trains on (`loading`: as `handover.load_data` takes it)."""
@@ -88,7 +83,7 @@ def start(cfg: TrainConfig, run: RunConfig, *, data: Optional[Dataset] = None, m
             stderr_line(warning)
         resolve_step(run.step, run.device, run.devices, run.strategy, run.input)  # an impossible --step: refused now
     out = Path(run.resume or run.out or default_out(cfg))
-    # Under torchrun, rank 0 decides in _decide_start whether the folder is its own restart.
+    # Under torchrun, rank 0 decides in train_resume.decide_start whether the folder is its own restart.
     return start_job(TrainJob(out=out, resume=run.resume is not None, new=not under_torchrun(), processes=run.devices,
                               start_method=start_method, timeout=run.timeout, cfg=cfg, run=run, data=data,
                               module=module, function=function, started=started))
@@ -186,7 +181,7 @@ class TrainJob(Job):
 
     def _first_line(self, ctx: Context, data: Dataset, resume_state: dict | None) -> str:
         cfg, run = self.cfg, self.run
-        resuming = "" if resume_state is None else f"{_resumes_from(resume_state['step'], cfg, data, ctx)}: "
+        resuming = "" if resume_state is None else f"{resumes_from(resume_state['step'], cfg, data, ctx)}: "
         model = network_name(self.module, self.function) if cfg.model == CUSTOM_MODEL else cfg.model
         return (f"towerlab: {resuming}{model} on {cfg.dataset} ({data.n_train} train / {data.n_val} val / "
                 f"{data.n_test} test), {ctx.world_size} x {ctx.device.type} replica(s), strategy {run.strategy}, "
@@ -209,9 +204,9 @@ class TrainJob(Job):
         decision: dict = {}
         if ctx.is_main:
             try:
-                decision["state"] = _decide_start(self.cfg, self.run, ctx, self.out, self.checkpoint_bytes)
+                decision["state"] = decide_start(self.cfg, self.run, ctx, self.out, self.checkpoint_bytes)
                 if decision["state"] is not None:
-                    _check_same_data(self.out, digests, self.run.allow_changed_data)
+                    check_same_data(self.out, digests, self.run.allow_changed_data)
             except UserError as exc:
                 decision["error"] = str(exc)
         decision = broadcast_object(ctx, decision)
@@ -294,68 +289,3 @@ def _exit_is_failure() -> Iterator[None]:
     except SystemExit as exc:
         raise UserError(f"the training stopped: code of yours that it ran (the network's forward, or what it "
                         f"calls) called sys.exit({'' if exc.code is None else repr(exc.code)})") from None
-
-
-def _resumes_from(step: int, cfg: TrainConfig, data: Dataset, ctx: Context) -> str:
-    """Where a resumed run picks up, in the steps and epochs its progress lines count."""
-    per_epoch = steps_per_epoch(data.n_train, ctx.world_size, cfg.batch_size)
-    epoch, into = divmod(step, per_epoch)
-    where = f"the end of epoch {epoch}" if into == 0 else f"{into} of {per_epoch} steps into epoch {epoch + 1}"
-    return f"resuming from step {step} of {cfg.steps or cfg.epochs * per_epoch} ({where})"
-
-
-def _decide_start(cfg: TrainConfig, run: RunConfig, ctx: Context, out: Path,
-                  max_bytes: int | None = None) -> dict | None:
-    if run.resume:
-        if not checkpoint.exists(out / CHECKPOINT) and not any((out / f).exists() for f in ("model.pt", "summary.json")):
-            # Stopped (killed, out of disk) before its first checkpoint: config.json holds all it needs to
-            # begin again, and no other command would take the folder.
-            stderr_line(f"towerlab: {out} holds no checkpoint yet (the run stopped before its first): starting it "
-                        "over from step 0 with its recorded settings")
-            return None
-        return _resume_state(cfg, ctx, out, max_bytes)
-    restarts = torchrun_restart()[1]
-    if restarts_here(out, cfg):
-        if not checkpoint.exists(out / CHECKPOINT):
-            stderr_line(f"towerlab: torchrun restart {restarts}: no checkpoint in {out} yet, starting over")
-            return None
-        state = _resume_state(cfg, ctx, out, max_bytes)
-        stderr_line(f"towerlab: torchrun restart {restarts}: continuing from the checkpoint of step "
-                    f"{state['step']} in {out}")
-        return state
-    if under_torchrun():
-        OutputFolder(out).require_new()
-    return None
-
-
-def restarts_here(out: Path, cfg: TrainConfig) -> bool:
-    """Whether this torchrun attempt restarts the very job that made `out`, with this training config."""
-    return restarted_by_torchrun(out, lambda stored: from_dict(TrainConfig, stored["train"]) == cfg)
-
-
-def _resume_state(cfg: TrainConfig, ctx: Context, out: Path, max_bytes: int | None = None) -> dict:
-    state = checkpoint.load(out / CHECKPOINT, log=stderr_line, max_bytes=max_bytes)
-    checkpoint.check_compatible(state, {"model": cfg.model, "dataset": cfg.dataset,
-                                        "world_size": ctx.world_size, "config": to_dict(cfg)}, out)
-    missing = [k for k in RESUME_KEYS if k not in state]
-    if missing:
-        raise UserError(f"checkpoint in {out} lacks {', '.join(missing)}: it was not written by this towerlab "
-                        "train; start a new run")
-    return state
-
-
-def _check_same_data(out: Path, now: dict, allowed: bool) -> None:
-    """Refuse to continue a run on data other than it started on (`now`: the SHA-256 of the files
-    read; by content, so a moved data folder is fine), unless --allow-changed-data; then warn
-    (summary.json records both)."""
-    started_on = (read_config(out) or {}).get("data_sha256")
-    if started_on is None or sorted(started_on.values()) == sorted(now.values()):
-        return  # the same files (or a run recorded before towerlab hashed its data)
-    changed = next((path for path, digest in now.items() if digest not in started_on.values()), None)
-    what = f"{changed} has SHA-256 {now[changed][:16]}..." if changed else f"the files are now {', '.join(now)}"
-    if not allowed:
-        raise UserError(f"the data changed since this run started ({what}, not one it started on): resume with "
-                        "the files it started on, or pass --allow-changed-data to continue on these (the result "
-                        "will not equal an uninterrupted run)")
-    stderr_line(f"towerlab: warning: the data changed since this run started ({what}); continuing on it as "
-                "--allow-changed-data asks: summary.json records both SHA-256 sets")

@@ -15,8 +15,8 @@ from towerlab.config import TrainConfig
 from towerlab.distributed.group import Context, max_over_ranks, world_group
 from towerlab.training.batches import Batches
 from towerlab.training.lookahead import lookahead_for
-from towerlab.training.optim import (Update, parameter_groups, schedule_tables, tables_on, trained_parameters,
-                                     uses_momentum)
+from towerlab.training.optim import parameter_groups, trained_parameters
+from towerlab.training.update import Update, schedule_tables, tables_on, uses_momentum
 from towerlab.training.step import (WARMUP_STEPS, Steps, Yield, forward_loss, lookahead_state, mixed_precision,
                                     seed_step, uses_dropout)
 

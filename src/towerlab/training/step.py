@@ -6,8 +6,8 @@ takes 0.68 ms (bench/results/step-gpu-2026-11-25.json). A graph replays fixed ke
 memory, so the step must be a program that takes no changing Python value and reads nothing back:
 
 - state lives in tensors allocated up front and only changed in place: the model's parameters and
-  buffers, the optimizer's state (`optim.Update`), the step counters (`t` over the run, `k` within the
-  epoch), the learning-rate and momentum tables (`optim.schedule_tables`, recorded from torch's own
+  buffers, the optimizer's state (`update.Update`), the step counters (`t` over the run, `k` within the
+  epoch), the learning-rate and momentum tables (`update.schedule_tables`, recorded from torch's own
   schedulers), this rank's permutation of the epoch and the augmentation's salts (both refilled in
   place at each epoch's start), the resident uint8 data;
 - a step gathers its batch, augments it (counter-based draws: `batches.Augmentation`), runs forward,

@@ -46,7 +46,7 @@ def config(preset: str, batch: int) -> TrainConfig:
     return replace(TrainConfig(), **{k: v for k, v in fields.items() if k in TrainConfig.__dataclass_fields__})
 
 
-def make_steps(mode: str, cfg: TrainConfig, data, device: torch.device):  # noqa: ANN001
+def make_steps(mode: str, cfg: TrainConfig, data, device: torch.device):
     ctx = Context(device=device)
     normalize = Normalizer(data.mean, data.std, device, uses_channels_last(cfg))
     batches = Batches(data.x_train, data.y_train, ctx, cfg.batch_size, cfg.seed, "resident", normalize,
@@ -62,13 +62,13 @@ def make_steps(mode: str, cfg: TrainConfig, data, device: torch.device):  # noqa
     return steps, time.perf_counter() - started
 
 
-def forever(steps):  # noqa: ANN001
+def forever(steps):
     """The training loop's walk through the steps, epoch after epoch."""
     for epoch in itertools.count():
         yield from steps.epoch(epoch, 0)
 
 
-def events_ms(walk, steps: int, rounds: int) -> list[float]:  # noqa: ANN001
+def events_ms(walk, steps: int, rounds: int) -> list[float]:
     out = []
     for _ in range(rounds):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -81,7 +81,7 @@ def events_ms(walk, steps: int, rounds: int) -> list[float]:  # noqa: ANN001
     return out
 
 
-def kernels_per_step(walk, steps: int = 5) -> float:  # noqa: ANN001
+def kernels_per_step(walk, steps: int = 5) -> float:
     from torch.profiler import ProfilerActivity, profile
 
     torch.cuda.synchronize()
@@ -92,7 +92,7 @@ def kernels_per_step(walk, steps: int = 5) -> float:  # noqa: ANN001
     return sum(e.device_type == torch.autograd.DeviceType.CUDA for e in prof.events()) / steps
 
 
-def measure_case(name: str, preset: str, batch: int, shape, args) -> dict:  # noqa: ANN001
+def measure_case(name: str, preset: str, batch: int, shape, args) -> dict:
     device = torch.device("cuda", 0)
     cfg = config(preset, batch)
     data = load_dataset("synthetic", val_size=0, synthetic_shape=shape, synthetic_train=batch * 60,

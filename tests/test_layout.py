@@ -1,7 +1,8 @@
 """The house's large-scale structure (docs/development.md, "Layout"): imports run downward through
 the layers (cli/api > jobs > {training, search} > {models, data, distributed} > config), a package
 sits in one layer whole, no two modules import each other (directly or around a circle), a module
-over 350 lines says why in its docstring (none grows past 500), and the search core runs without torch."""
+over 350 lines says why in its docstring (none grows past 500), every `noqa` and `type: ignore`
+says why, and the search core runs without torch."""
 from __future__ import annotations
 
 import ast
@@ -155,6 +156,21 @@ def test_a_module_over_350_lines_says_why(module):
     lines = len(text.splitlines())
     said = "over 350 lines" in " ".join((ast.get_docstring(ast.parse(text)) or "").split())
     assert lines <= 350 or said, f"{module}: {lines} lines, and its docstring does not say why"
+
+
+SUPPRESSION = re.compile(r"#\s*(noqa|type:\s*ignore)\b(?P<rest>[^#\n]*)")
+
+
+def test_every_noqa_and_type_ignore_says_why():
+    """A silenced linter or type checker says why, after " - ", on the same line."""
+    root = SRC.parent
+    silent = []
+    for path in sorted([*SRC.rglob("*.py"), *(root / "tests").rglob("*.py"), *(root / "bench").rglob("*.py")]):
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            found = SUPPRESSION.search(line)
+            if found and " - " not in found["rest"]:
+                silent.append(f"{path.relative_to(root)}:{number}")
+    assert silent == []
 
 
 def test_the_search_core_imports_no_torch():

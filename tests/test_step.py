@@ -107,7 +107,7 @@ def config(case: dict, steps: int = 20, **over) -> TrainConfig:
                           "steps": steps, **case, **over})
 
 
-def data_for(cfg: TrainConfig):  # noqa: ANN201
+def data_for(cfg: TrainConfig):
     return train_data(cfg, RunConfig(), download=False, log=lambda _: None)
 
 
@@ -146,7 +146,7 @@ def test_the_whole_step_compiles_once_as_one_graph(case, aot_eager, monkeypatch)
     torch._dynamo.reset()  # no compilation of an earlier test's program counts
     prepare = StepProgram.prepare
     with contextlib.ExitStack() as after_warm_up:
-        def prepare_then_forbid(self, *args):  # noqa: ANN001, ANN202
+        def prepare_then_forbid(self, *args):
             ran = prepare(self, *args)
             after_warm_up.enter_context(torch.compiler.set_stance("fail_on_recompile"))
             return ran
@@ -168,7 +168,7 @@ class _HostReads(TorchDispatchMode):
         super().__init__()
         self.seen: list[str] = []
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if func._schema.name in self.READS:
             self.seen.append(func._schema.name)
         return func(*args, **(kwargs or {}))
@@ -183,7 +183,7 @@ class _HostCalls(TorchFunctionMode):
         super().__init__()
         self.seen: list[str] = []
 
-    def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+    def __torch_function__(self, func, types, args=(), kwargs=None):
         name = getattr(func, "__name__", "")
         if name in self.CALLS:
             self.seen.append(name)

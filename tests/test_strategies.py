@@ -34,11 +34,11 @@ class AveragedAfterBackward(Strategy):
 
     name = "after-backward"
 
-    def __init__(self, module, ctx, new_optimizer):  # noqa: ANN001
+    def __init__(self, module, ctx, new_optimizer):
         super().__init__(module, ctx)
         self.optimizer = new_optimizer(self.params, ctx.device)
 
-    def update(self, loss):  # noqa: ANN001
+    def update(self, loss):
         self.optimizer.zero_grad()
         loss.backward()
         if self.ctx.distributed:
@@ -50,7 +50,7 @@ class AveragedAfterBackward(Strategy):
     def state_dict(self):
         return self.optimizer.state_dict()
 
-    def load_state_dict(self, state):  # noqa: ANN001
+    def load_state_dict(self, state):
         self.optimizer.load_state_dict(state)
 
     def lr(self):

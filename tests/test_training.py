@@ -26,7 +26,7 @@ def test_the_setup_is_checked_once_per_run(devices, tmp_path, monkeypatch):
     calls = tmp_path / "calls"
     check_setup = towerlab.jobs.train.check_setup
 
-    def counted(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202 - check_setup's own arguments, passed on
+    def counted(*args, **kwargs):
         with open(calls, "a") as f:
             f.write(f"{os.getpid()}\n")
         return check_setup(*args, **kwargs)

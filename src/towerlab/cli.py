@@ -12,21 +12,21 @@ import argparse
 import difflib
 import os
 import sys
-from typing import Sequence
+from typing import Any, Sequence
 
 # The Agg backend before anything imports pyplot: plots are files, never windows.
 os.environ.setdefault("MPLBACKEND", "Agg")
 
-from towerlab import __version__, commands  # noqa: E402
-from towerlab.catalog import datasets  # noqa: E402
-from towerlab.config import RunConfig, SearchConfig, TrainConfig  # noqa: E402
-from towerlab.fields import add_arguments  # noqa: E402
-from towerlab.distributed.signals import EXIT_PEER_LOST, EXIT_SIGPIPE, EXIT_USER_ERROR, Interrupted  # noqa: E402
-from towerlab.errors import UserError  # noqa: E402
+from towerlab import __version__, commands
+from towerlab.catalog import datasets
+from towerlab.config import RunConfig, SearchConfig, TrainConfig
+from towerlab.fields import add_arguments
+from towerlab.distributed.signals import EXIT_PEER_LOST, EXIT_SIGPIPE, EXIT_USER_ERROR, Interrupted
+from towerlab.errors import UserError
 
 
 class _Parser(argparse.ArgumentParser):
-    def __init__(self, *args, **kwargs):  # noqa: ANN002, ANN003
+    def __init__(self, *args: Any, **kwargs: Any):
         # No abbreviations: `--device cpu` must never be read as an abbreviation of `--devices`.
         kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
@@ -34,7 +34,7 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # argparse's own errors: one line, exit 2, like ours
         raise UserError(f"{message} (see {self.prog} --help)")
 
-    def parse_known_args(self, args=None, namespace=None):  # noqa: ANN001, ANN201 - argparse's signature
+    def parse_known_args(self, args=None, namespace=None) -> tuple[argparse.Namespace, list[str]]:  # noqa: ANN001 - argparse's overloads
         namespace, extras = super().parse_known_args(args, namespace)
         # A command's own parser refuses what it does not know here, where its flags are at hand for a
         # did-you-mean (the top-level parser, which would refuse them otherwise, knows none of them).

@@ -105,7 +105,7 @@ def dumps(**configs: Any) -> str:
 
 def base_type(annotation: Any) -> tuple[type, bool]:
     """(the scalar type, whether None is allowed) of a field annotation."""
-    hint = annotation if not isinstance(annotation, str) else eval(annotation, vars(typing), {})  # noqa: S307
+    hint = annotation if not isinstance(annotation, str) else eval(annotation, vars(typing), {})  # noqa: S307 - a config field's own annotation
     origin = typing.get_origin(hint)
     if origin is typing.Union or origin is types.UnionType:
         args = [a for a in typing.get_args(hint) if a is not type(None)]
@@ -133,7 +133,8 @@ def parse_option_value(text: str) -> Any:
 
 
 class _KeyValueAction(argparse.Action):
-    def __call__(self, parser, namespace, values, option_string=None):  # noqa: ANN001
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
         key, sep, value = values.partition("=")
         if not sep or not key:
             raise UserError(f"{option_string} expects KEY=VALUE, got {values!r}")

@@ -25,7 +25,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from pathlib import Path
-from typing import Callable
+from typing import BinaryIO, Callable
 
 from towerlab.catalog import datasets
 from towerlab.catalog.datasets import RemoteFile, Source
@@ -146,7 +146,7 @@ def _download_verified(url: str, path: Path, remote: RemoteFile,
         tmp.unlink(missing_ok=True)  # a no-op after the replace; otherwise no partial file stays behind
 
 
-def _stream(url: str, out, tmp: Path, filename: str, progress: Progress | None) -> tuple[str | None, str | None]:
+def _stream(url: str, out: BinaryIO, tmp: Path, filename: str, progress: Progress | None) -> tuple[str | None, str | None]:
     md5 = hashlib.md5(usedforsecurity=False)
     done = 0
     try:

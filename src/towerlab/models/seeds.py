@@ -8,6 +8,8 @@ layers can reduce.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -71,7 +73,7 @@ class _LRNFunction(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, size: int, alpha: float, beta: float, k: float) -> torch.Tensor:  # noqa: ANN001
+    def forward(ctx: Any, x: torch.Tensor, size: int, alpha: float, beta: float, k: float) -> torch.Tensor:
         band = _channel_band(x.shape[1], size // 2, x)
         d = F.conv2d(x * x, band).to(x.dtype).mul_(alpha / size).add_(k)
         p = _inverse_power(d, beta)
@@ -80,7 +82,7 @@ class _LRNFunction(torch.autograd.Function):
         return x * p
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor):  # noqa: ANN001, ANN205
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None, None, None]:
         x, d, p = ctx.saved_tensors
         inner = (grad * x).mul_(p).div_(d).mul_(ctx.scale)
         window = F.conv2d(inner, _channel_band(x.shape[1], ctx.radius, inner))

@@ -43,14 +43,14 @@ class _SumOverRanks(torch.autograd.Function):
     """All-reduce (sum) whose gradient is the all-reduced gradient: d(sum_r x_r)/dx_r = 1 on every rank."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, group: Any) -> torch.Tensor:  # noqa: ANN001
+    def forward(ctx: Any, x: torch.Tensor, group: Any) -> torch.Tensor:
         ctx.group = group
         x = x.clone()
         dist.all_reduce(x, group=group)
         return x
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor):  # noqa: ANN001, ANN205
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
         grad = grad.clone()
         dist.all_reduce(grad, group=ctx.group)
         return grad, None

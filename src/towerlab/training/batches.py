@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import queue
 import threading
-from typing import Iterator
+from typing import Iterator, Sequence, Union
 
 import torch
 
@@ -25,6 +25,8 @@ from towerlab.distributed.group import Context
 from towerlab.models.preprocessing import Normalizer
 
 PREFETCH = 4  # batches the queue mode keeps ready
+# An epoch's augmentation salts (`Augmentation.salts`): ints for the eager step, a device tensor in the program.
+Salts = Union[Sequence[int], torch.Tensor]
 
 
 def mix_seed(*parts: int) -> int:
@@ -87,7 +89,7 @@ def _reflect(position: torch.Tensor, size: int) -> torch.Tensor:
     return torch.where(position > size - 1, 2 * (size - 1) - position, position)
 
 
-def flip_translate(x: torch.Tensor, index: torch.Tensor, salts, shift: int) -> torch.Tensor:  # noqa: ANN001
+def flip_translate(x: torch.Tensor, index: torch.Tensor, salts: Salts, shift: int) -> torch.Tensor:
     """airbench94's augmentation (K. Jordan, arXiv 2404.00498), on the device, uint8 in and out:
     each image is mirrored in alternate epochs (whether it starts mirrored is drawn once per example),
     then shifted by dy, dx in -shift..shift with reflected borders (drawn per example and epoch):
@@ -123,7 +125,7 @@ class Augmentation:
     def salts(self, epoch: int) -> list[int]:
         return [epoch_salt(self.seed, None), epoch_salt(self.seed, epoch), epoch & 1]
 
-    def __call__(self, x: torch.Tensor, index: torch.Tensor, salts) -> torch.Tensor:  # noqa: ANN001
+    def __call__(self, x: torch.Tensor, index: torch.Tensor, salts: Salts) -> torch.Tensor:
         if self.translate:
             return flip_translate(x, index, salts, self.translate)
         return crop_flip(x, index, salts[1])

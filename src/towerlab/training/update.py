@@ -15,6 +15,8 @@ import torch
 from towerlab.config import TrainConfig
 from towerlab.training.optim import group_scales, make_optimizer, make_scheduler
 
+Tensors = list[torch.Tensor]  # one tensor per parameter of a group, as torch._foreach_* takes them
+
 
 def _momentum(group: dict) -> float | None:
     """The momentum a group steps with (Adam's family: beta1), which OneCycleLR cycles; None for
@@ -107,7 +109,8 @@ class Update:
             getattr(self, "_" + self.name)(params, group_grads, state, lr[g], None if momentum is None else momentum[g],
                                           decay)
 
-    def _sgd(self, params, grads, state, lr, momentum, decay) -> None:  # noqa: ANN001
+    def _sgd(self, params: Tensors, grads: Tensors, state: dict[str, Tensors], lr: torch.Tensor,
+             momentum: torch.Tensor | None, decay: float) -> None:
         if self.uses_momentum:
             buffers = state["momentum_buffer"]
             torch._foreach_mul_(buffers, momentum)
@@ -118,7 +121,8 @@ class Update:
                 grads = buffers
         torch._foreach_sub_(params, torch._foreach_mul(grads, lr))
 
-    def _adam(self, params, grads, state, lr, beta1, decay) -> None:  # noqa: ANN001
+    def _adam(self, params: Tensors, grads: Tensors, state: dict[str, Tensors], lr: torch.Tensor,
+              beta1: torch.Tensor | None, decay: float) -> None:
         if self.decoupled:
             torch._foreach_mul_(params, 1.0 - lr * decay)
         exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
@@ -133,7 +137,8 @@ class Update:
         torch._foreach_mul_(steps, lr / bias1)
         torch._foreach_sub_(params, steps)
 
-    def _nadam(self, params, grads, state, lr, beta1, decay) -> None:  # noqa: ANN001
+    def _nadam(self, params: Tensors, grads: Tensors, state: dict[str, Tensors], lr: torch.Tensor,
+               beta1: torch.Tensor | None, decay: float) -> None:
         exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
         _moments(exp_avg, exp_avg_sq, grads, beta1)
         step = self.step_count
@@ -150,7 +155,8 @@ class Update:
         torch._foreach_sub_(params, from_grad)
         torch._foreach_sub_(params, from_avg)
 
-    def _adamax(self, params, grads, state, lr, beta1, decay) -> None:  # noqa: ANN001
+    def _adamax(self, params: Tensors, grads: Tensors, state: dict[str, Tensors], lr: torch.Tensor,
+                beta1: torch.Tensor | None, decay: float) -> None:
         exp_avg, exp_inf = state["exp_avg"], state["exp_inf"]
         torch._foreach_mul_(exp_avg, beta1)
         torch._foreach_add_(exp_avg, torch._foreach_mul(grads, 1.0 - beta1))
@@ -162,7 +168,8 @@ class Update:
         torch._foreach_mul_(steps, lr / (1.0 - torch.pow(beta1, self.step_count)))
         torch._foreach_sub_(params, steps)
 
-    def _rmsprop(self, params, grads, state, lr, momentum, decay) -> None:  # noqa: ANN001
+    def _rmsprop(self, params: Tensors, grads: Tensors, state: dict[str, Tensors], lr: torch.Tensor,
+                 momentum: torch.Tensor | None, decay: float) -> None:
         square_avg = state["square_avg"]
         torch._foreach_mul_(square_avg, RMSPROP_ALPHA)
         torch._foreach_addcmul_(square_avg, grads, grads, value=1.0 - RMSPROP_ALPHA)
@@ -176,7 +183,8 @@ class Update:
             scaled = buffers
         torch._foreach_sub_(params, torch._foreach_mul(scaled, lr))
 
-    def _adagrad(self, params, grads, state, lr, momentum, decay) -> None:  # noqa: ANN001
+    def _adagrad(self, params: Tensors, grads: Tensors, state: dict[str, Tensors], lr: torch.Tensor,
+                 momentum: torch.Tensor | None, decay: float) -> None:
         sums = state["sum"]
         torch._foreach_addcmul_(sums, grads, grads)
         std = torch._foreach_sqrt(sums)
@@ -184,7 +192,8 @@ class Update:
         steps = torch._foreach_div(grads, std)
         torch._foreach_sub_(params, torch._foreach_mul(steps, lr))
 
-    def _adadelta(self, params, grads, state, lr, momentum, decay) -> None:  # noqa: ANN001
+    def _adadelta(self, params: Tensors, grads: Tensors, state: dict[str, Tensors], lr: torch.Tensor,
+                  momentum: torch.Tensor | None, decay: float) -> None:
         square_avg, acc_delta = state["square_avg"], state["acc_delta"]
         torch._foreach_mul_(square_avg, ADADELTA_RHO)
         torch._foreach_addcmul_(square_avg, grads, grads, value=1.0 - ADADELTA_RHO)

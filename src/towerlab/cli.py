@@ -12,7 +12,7 @@ import argparse
 import difflib
 import os
 import sys
-from typing import Any, Sequence
+from typing import Any, NoReturn, Sequence
 
 # The Agg backend before anything imports pyplot: plots are files, never windows.
 os.environ.setdefault("MPLBACKEND", "Agg")
@@ -31,10 +31,10 @@ class _Parser(argparse.ArgumentParser):
         kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
 
-    def error(self, message: str) -> None:  # argparse's own errors: one line, exit 2, like ours
+    def error(self, message: str) -> NoReturn:  # argparse's own errors: one line, exit 2, like ours
         raise UserError(f"{message} (see {self.prog} --help)")
 
-    def parse_known_args(self, args=None, namespace=None) -> tuple[argparse.Namespace, list[str]]:  # noqa: ANN001 - argparse's overloads
+    def parse_known_args(self, args=None, namespace=None) -> tuple[argparse.Namespace, list[str]]:  # type: ignore[override]  # noqa: ANN001 - argparse's overloads, in one
         namespace, extras = super().parse_known_args(args, namespace)
         # A command's own parser refuses what it does not know here, where its flags are at hand for a
         # did-you-mean (the top-level parser, which would refuse them otherwise, knows none of them).
@@ -69,7 +69,7 @@ def _accepts(action: argparse.Action, value: str) -> bool:
     if choices:
         return value in choices
     try:
-        (action.type or str)(value)
+        (action.type if callable(action.type) else str)(value)
     except (TypeError, ValueError, argparse.ArgumentTypeError):
         return False
     return True

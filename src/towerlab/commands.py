@@ -33,7 +33,8 @@ def resolve_search(args: argparse.Namespace) -> tuple[SearchConfig, RunConfig]:
     from towerlab.search.samplers import settings_classes
     from towerlab.settings import resolve_search as resolve
 
-    options = {k: v for cls in (SearchConfig, *settings_classes(), RunConfig) for k, v in given(args, cls).items()}
+    classes: list[type] = [SearchConfig, *settings_classes(), RunConfig]
+    options = {k: v for cls in classes for k, v in given(args, cls).items()}
     return resolve(args.kind, options, getattr(args, "config", None))
 
 
@@ -142,7 +143,7 @@ def search_export(args: argparse.Namespace) -> int:
 
     path = store_path(args.path)
     with Store(path, create=False) as store:
-        name = args.study_name or (Path(args.path).resolve().name if Path(args.path).is_dir() else path.stem)
+        name = args.study_name or (Path(args.path).resolve().name if Path(args.path).is_dir() else Path(path).stem)
         for study, trials in export_optuna(store, args.optuna, name):
             print(f"study {study}: {trials} trials -> {printable(args.optuna)}")
     return 0

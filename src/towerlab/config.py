@@ -16,11 +16,11 @@ import dataclasses
 import math
 import os
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Collection, Optional
 
 from towerlab.catalog import datasets
 from towerlab.errors import UserError, did_you_mean
-from towerlab.fields import base_type
+from towerlab.fields import Dataclass, base_type, field_default
 from towerlab.catalog.models import CATALOG as MODEL_CATALOG
 
 # The model catalog (towerlab.catalog.models, no torch) is read live: a model added to it is a --model choice.
@@ -49,7 +49,7 @@ def _opt(default: Any, help: str, **meta: Any) -> Any:
     return field(default=default, metadata={"help": help, **meta})
 
 
-def _check_finite(cfg: Any) -> None:
+def _check_finite(cfg: Dataclass) -> None:
     """Every number of a float field is finite: nan and inf pass every `<` and `<=` check unnoticed
     (nan) or mean nothing (an infinite learning rate, timeout or decay)."""
     for f in dataclasses.fields(cfg):
@@ -77,7 +77,7 @@ def _check_path(flag: str, path: str) -> None:
         raise UserError(f"{flag} is too long a path (at most 255 bytes a name, 4095 in all)")
 
 
-def _check_paths(cfg: Any, *names: str) -> None:
+def _check_paths(cfg: Dataclass, *names: str) -> None:
     for name in names:
         if getattr(cfg, name) is not None:
             _check_path("--" + name.replace("_", "-"), getattr(cfg, name))
@@ -88,7 +88,7 @@ def _check_seed(value: int) -> None:
         raise UserError(f"--seed must be between 0 and {MAX_SEED} (2**63 - 1), got {value}")
 
 
-def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
+def _check_choice(name: str, value: str, choices: Collection[str]) -> None:
     if value not in choices:
         raise UserError(f"unknown {name} {value!r}{did_you_mean(value, choices)}: choose one of {', '.join(choices)}")
 
@@ -131,7 +131,7 @@ def parse_shape(text: str) -> tuple[int, int, int]:
         shape = ()
     if len(shape) != 3 or min(shape) < 1 or shape[0] > 4:
         raise UserError(f"--synthetic-shape must look like 1x28x28 or 3x32x32 (CxHxW), got {text!r}")
-    return shape  # type: ignore[return-value] - three ints: checked above
+    return shape
 
 
 @dataclass(frozen=True)
@@ -379,7 +379,7 @@ class SearchConfig:
         fields = dataclasses.fields(self)
         names = {f.name for f in fields}
         for f in fields:
-            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+            default = field_default(f)
             object.__setattr__(self, f.name, values.get(f.name, default))
         object.__setattr__(self, "settings", {**self.settings, **{k: v for k, v in values.items() if k not in names}})
         self.__post_init__()

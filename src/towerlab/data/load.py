@@ -19,7 +19,7 @@ import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Union
 
 import numpy as np
 import torch
@@ -36,6 +36,11 @@ FALLBACK_VAL_MAX = 500
 _STATS_CHUNK_BYTES = 8 * 2**20
 
 _stderr_print = functools.partial(print, file=sys.stderr)
+
+
+# Data as a user gives it to evaluate or train on: a dataset name, an .npz path, or arrays
+# (images, labels); None: the job's own.
+DataGiven = Union[str, os.PathLike, tuple, None]
 
 
 @dataclass(frozen=True, eq=False)  # eq on tensors would be elementwise and ambiguous
@@ -66,7 +71,8 @@ class Dataset:
 
     @property
     def input_shape(self) -> tuple[int, int, int]:
-        return tuple(int(d) for d in self.x_train.shape[1:])
+        channels, height, width = (int(d) for d in self.x_train.shape[1:])
+        return channels, height, width
 
     @property
     def n_train(self) -> int:

@@ -84,8 +84,9 @@ def _find_npz(_entry: Entry, root: Path, path: str) -> Found | None:
 def _find_idx(entry: Entry, root: Path, path: str) -> Found | None:
     folder = root / path
     files = [next((p for p in (folder / f, folder / f"{f}.gz") if p.is_file()), None) for f in readers.IDX_FILES]
-    if all(files) and (path or not _official_set_of_another(entry, files[1])):
-        return Found("idx", folder, tuple(files))
+    present = [p for p in files if p is not None]
+    if len(present) == len(files) and (path or not _official_set_of_another(entry, present[1])):
+        return Found("idx", folder, tuple(present))
     return None
 
 
@@ -138,7 +139,7 @@ def read_found(entry: Entry, found: Found) -> dict[str, np.ndarray]:
         if len(x) != len(y):
             raise UserError(f"{found.where}: {len(x)} {split} images but {len(y)} labels: "
                             "the files do not belong together")
-        if x.shape[1:] != entry.shape:
+        if entry.shape is not None and x.shape[1:] != entry.shape:
             raise UserError(f"{found.where}: {split} images are {x.shape[2]}x{x.shape[3]}, "
                             f"expected {entry.shape[1]}x{entry.shape[2]} for {entry.name}")
     return {"x_train": x_train, "y_train": y_train, "x_test": x_test, "y_test": y_test}

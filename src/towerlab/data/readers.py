@@ -25,7 +25,7 @@ import tarfile
 import zipfile
 import zlib
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 
@@ -47,7 +47,7 @@ _GZIP_ERRORS = (EOFError, gzip.BadGzipFile, zlib.error)
 try:  # numpy >= 2 moved the pickling helpers; files written by numpy 1 name the old module
     from numpy._core.multiarray import _reconstruct as _np_reconstruct
 except ImportError:  # pragma: no cover - numpy 1.x
-    from numpy.core.multiarray import _reconstruct as _np_reconstruct
+    from numpy.core.multiarray import _reconstruct as _np_reconstruct  # type: ignore[no-redef]  # numpy 1's place
 
 
 def _one_line(err: BaseException) -> str:
@@ -179,7 +179,7 @@ class _ArrayOnlyUnpickler(pickle.Unpickler):
         raise UserError(f"{self._name}: refusing to unpickle {module}.{name}; a CIFAR batch holds only "
                         "arrays and lists, so this file is not one (or was tampered with)")
 
-    def _reconstruct(self, subtype: object, shape: object, dtype: np.dtype) -> np.ndarray:
+    def _reconstruct(self, subtype: object, shape: object, dtype: np.dtype) -> object:
         # numpy pickles always start from an empty array and fill it with __setstate__, whose data
         # length numpy checks against the shape, so memory stays bounded by the pickle's size.
         if subtype is not self._ndarray_marker or not isinstance(shape, tuple) or math.prod(shape) > 1:
@@ -298,7 +298,7 @@ def _cifar_blobs_from_tar(archive: Path, wanted: tuple[str, ...]) -> dict[str, b
                 if member.size > MAX_CIFAR_MEMBER_BYTES:
                     raise UserError(f"{archive}: member {member.name} is {member.size} bytes, far larger than "
                                     "a CIFAR-10 batch: use the official archive")
-                blobs[base] = tar.extractfile(member).read()
+                blobs[base] = tar.extractfile(member).read()  # type: ignore[union-attr]  # a file (isfile): never None
     except (tarfile.TarError, *_GZIP_ERRORS) as err:
         raise UserError(f"{archive} is not a readable tar archive ({_one_line(err)}): "
                         "delete it and download it again") from None
@@ -340,7 +340,7 @@ def npz_summary(path: str | os.PathLike, keys: tuple[str, ...] = NPZ_KEYS,
     return summary
 
 
-def _npy_header(member: io.BufferedIOBase, member_size: int, where: str) -> tuple[tuple[int, ...], np.dtype]:
+def _npy_header(member: IO[bytes], member_size: int, where: str) -> tuple[tuple[int, ...], np.dtype]:
     try:
         version = np.lib.format.read_magic(member)
         if version == (1, 0):

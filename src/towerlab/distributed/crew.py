@@ -40,7 +40,7 @@ class Crew:
         self.deaths = 0  # in a row, since the last progress
         self.finished: set[int] = set()  # slots whose process left by itself (status 0) or on request
         self.stopped: int | None = None  # the exit status of a process that stopped on request (130, 143)
-        self._ctx = mp.get_context(start_method)
+        self._ctx: Any = mp.get_context(start_method)  # a fork or spawn context: Process, Array
         self._beats = self._ctx.Array("d", slots, lock=False)
         self._procs: dict[int, Any] = {}
         self._forker: ForkingThread | None = None

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import os
 import platform
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from towerlab.errors import UserError
 
 if TYPE_CHECKING:
     import torch
+
+    from towerlab.config import RunConfig
 
 
 def _env_int(name: str, default: int, low: int = 0) -> int:
@@ -181,7 +183,7 @@ def sharing_cores(processes: int, device: str, what: str) -> str | None:
             "the same global batch")
 
 
-def local_processes(run: Any) -> int:
+def local_processes(run: RunConfig) -> int:
     """Processes of this job on this machine: torchrun says so, otherwise --devices."""
     if under_torchrun():
         return _env_int("LOCAL_WORLD_SIZE", 1, low=1)

@@ -39,8 +39,8 @@ from towerlab.training.network import check_setup
 TRAINING_GENES = ("optimizer", "lr", "batch_size", "epochs", "label_smoothing")
 # What a search's networks are built from: a family's name, or a model function of yours,
 # `function(input_shape, num_classes, **model_genes) -> nn.Module`, which gets every gene that is not a
-# training gene (None where a function only says which settings hash, as `training_settings` takes it).
-CandidateModel = Optional[Union[str, ModelFunction]]
+# training gene.
+CandidateModel = Union[str, ModelFunction]
 DEFAULT_BATCH = {"cifar10": 64}  # the original's; 128 for the MNIST-like sets
 # Bumped whenever candidate training changes what it computes (a recipe below included: a test pins
 # their content), so a store's cache never serves fitnesses that today's code would not reproduce.
@@ -63,7 +63,7 @@ def recipe(model: str, optimizer: str | None = None) -> dict:
 
 
 def training_settings(cfg: SearchConfig, device_type: str, threads: int, source: dict | None = None,
-                      model: CandidateModel = None) -> dict:
+                      model: Optional[CandidateModel] = None) -> dict:
     """Everything besides the genome and the seed that decides a candidate's fitness: the search's
     settings, and the numerics of its workers that the search chooses (the device kind, and on a CPU
     the threads per candidate, whose count changes a float sum's order and so the result)."""
@@ -73,7 +73,7 @@ def training_settings(cfg: SearchConfig, device_type: str, threads: int, source:
     if is_custom_dataset(cfg.dataset):
         settings["dataset_content"] = fingerprint(cfg.dataset)  # a replaced file invalidates the cache
     elif cfg.dataset == ARRAYS_DATASET:
-        settings["dataset_content"] = source["sha256"]  # other arrays: another cache
+        settings["dataset_content"] = source["sha256"]  # type: ignore[index]  # arrays come with their source
     if callable(model):
         settings["model_function"] = function_identity(model)
     return settings
@@ -99,7 +99,7 @@ def function_identity(function: Callable) -> str:
 
 
 def train_config_hash(cfg: SearchConfig, device_type: str, threads: int, source: dict | None = None,
-                      model: CandidateModel = None) -> str:
+                      model: Optional[CandidateModel] = None) -> str:
     """`device_type`, `threads`: the workers' device kind and CPU threads per candidate; `source`: the
     data's (`Dataset.source`), needed for arrays given from Python; `model`: a model function of
     yours (see `Model`)."""
@@ -172,6 +172,7 @@ def train_candidate(cfg: SearchConfig, model: CandidateModel, genome: dict, seed
     started = time.perf_counter()
     train_cfg = candidate_config(cfg, model, genome, seed, max_epochs)
     numbers = numerics(train_cfg, device)
+    reason: Optional[str]
     try:
         # the function itself with its arguments (not a lambda), so that its failure names it
         source = functools.partial(model, data.input_shape, data.num_classes, **model_genes(genome)) \

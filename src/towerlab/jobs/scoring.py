@@ -13,7 +13,7 @@ from __future__ import annotations
 import io
 import os
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar
 
 import numpy as np
 import torch
@@ -25,9 +25,13 @@ from towerlab.fields import from_dict, replace
 from towerlab.errors import UserError
 from towerlab.jobs.provenance import read_config
 from towerlab.report import discard_line
-from towerlab.models.custom import user_code_failed
+from towerlab.data.load import DataGiven
+from towerlab.models.classifier import Classifier
+from towerlab.models.custom import NetworkSource, user_code_failed
 from towerlab.models.files import load_model
 from towerlab.data.readers import labels_as_int64, npz_arrays
+
+T = TypeVar("T")
 
 SPLITS = ("test", "val")
 IMAGE_KEYS = ("x", "images", "x_test")
@@ -46,8 +50,8 @@ def model_file(path: str | os.PathLike) -> Path:
     return path
 
 
-def score_run(path: str | os.PathLike, data: Any = None, *, split: str = "test", data_dir: str | None = None,
-             module: Any = None, log: Any = None) -> dict:
+def score_run(path: str | os.PathLike, data: DataGiven = None, *, split: str = "test", data_dir: str | None = None,
+             module: NetworkSource | None = None, log: Callable[[str], None] | None = None) -> dict:
     """Score the model of run `path` on `split` of `data`: by default the dataset it was trained on,
     found as the run found it; a dataset name or .npz path; or (images, labels) arrays (`split` then
     does not apply). Returns {"dataset", "split", "n", "accuracy", "loss"} (and "recorded", the
@@ -84,7 +88,7 @@ def score_run(path: str | os.PathLike, data: Any = None, *, split: str = "test",
     return result
 
 
-def _of_yours(record: dict, model: Any, compute: Callable[[], Any]) -> Any:
+def _of_yours(record: dict, model: Classifier, compute: Callable[[], T]) -> T:
     """`compute()`, the network's forward over the images; an error raised there by a network of
     your own (model.pt's model "custom") is one line naming where, not a traceback."""
     try:
@@ -117,7 +121,8 @@ def _recorded(folder: Path, source: dict | None, split: str) -> float | None:
 def _pair(data: Any) -> tuple[Any, Any]:
     if not isinstance(data, (tuple, list)) or len(data) != 2:
         raise UserError("data to evaluate on must be a dataset name, an .npz path, or a pair (images, labels)")
-    return data
+    images, labels = data
+    return images, labels
 
 
 def read_images(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray | None, str, str | None]:
@@ -147,7 +152,7 @@ def _predictions_path(out: str | os.PathLike | None, images_path: str | os.PathL
 
 
 def predict_file(path: str | os.PathLike, images_path: str | os.PathLike, out: str | os.PathLike | None = None,
-                 *, module: Any = None) -> dict:
+                 *, module: NetworkSource | None = None) -> dict:
     """Label the images of `images_path` with the model of run `path`; writes `out` (default
     <images stem>-predictions.npz beside the images, or in `out` when it is a folder) holding `predictions`
     (N,) and `probabilities` (N, classes). Returns {"out", "n", "accuracy" (None without labels), ...}."""

@@ -40,7 +40,8 @@ from towerlab.jobs.provenance import write_config
 from towerlab.jobs.search_record import Watch, export_best, write_record
 from towerlab.jobs.search_workers import FROM_PYTHON, WorkerSpec, run_worker, work, worker_name
 from towerlab.catalog.models import not_taken
-from towerlab.models.custom import function_file
+from towerlab.data.load import Dataset
+from towerlab.models.custom import ModelFunction, function_file
 from towerlab.report import Reporter, format_plan
 from towerlab.search import Search, Space, load_space, refuse_unused_settings
 from towerlab.search.database import STORE_ENV, is_url, redacted, with_password
@@ -75,7 +76,8 @@ def recorded_store(target: str) -> str:
     return redacted(target) if is_url(target) else target
 
 
-def start_search(kind: str, cfg: SearchConfig, run: RunConfig, *, data: Any = None, function: Any = None,
+def start_search(kind: str, cfg: SearchConfig, run: RunConfig, *, data: Optional[Dataset] = None,
+                 function: Optional[ModelFunction] = None,
                  start_method: str | None = None) -> int:
     """Run the search job; returns its exit status. `data` (a towerlab.data.Dataset, arrays from
     Python) replaces loading `cfg.dataset`; `function` builds the networks of a space of model
@@ -113,8 +115,8 @@ class SearchJob(Job):
     search: Search
     run: RunConfig
     target: str
-    data: Any = None
-    function: Any = None
+    data: Optional[Dataset] = None
+    function: Optional[ModelFunction] = None
     workers: int = 1
 
     def run_here(self) -> int:
@@ -154,7 +156,7 @@ class SearchJob(Job):
     def _threads(self) -> Optional[int]:
         return self.run.threads if self.run.device == "cpu" else None
 
-    def _in_store(self, store: Store, data: Any, reporter: Optional[Reporter]) -> Search:
+    def _in_store(self, store: Store, data: Dataset, reporter: Optional[Reporter]) -> Search:
         """The search in `store`: created (and config.json written), or the one this folder continues."""
         device = self.run.device
         training_hash = train_config_hash(self.search.cfg, device, self.run.threads, data.source, self.model)
@@ -183,7 +185,7 @@ class SearchJob(Job):
             reporter.line(format_plan(search.plan))
         return search
 
-    def _work(self, store: Store, search: Search, data: Any, reporter: Reporter) -> None:
+    def _work(self, store: Store, search: Search, data: Dataset, reporter: Reporter) -> None:
         """This machine's workers on the search until it is finished (whoever else works on it)."""
         spec = WorkerSpec(store=self.target, run=self.run, per_device=search.cfg.workers_per_device,
                           threads=self._threads(), search_ids=(search.id,), speaks=True)
@@ -226,7 +228,7 @@ class SearchJob(Job):
         finally:
             watch.close()
 
-    def _finish(self, store: Store, search: Search, data: Any, reporter: Reporter, seconds: float,
+    def _finish(self, store: Store, search: Search, data: Dataset, reporter: Reporter, seconds: float,
                 device: torch.device) -> None:
         """The record, from the store: the search played once more here (every result is there)."""
         result = search.run(store, _nothing_to_train)
@@ -321,7 +323,7 @@ def _load(cfg: SearchConfig, run: RunConfig) -> Any:
     return load_data(cfg.dataset, cfg.val_size, run)
 
 
-def check_function(space: Space, function: Any) -> None:
+def check_function(space: Space, function: object) -> None:
     """A space of model "custom" goes with a model function given from Python, and only it; each
     gene of a space must be a training gene or a keyword its model function takes (a family's
     builder, or yours): refused before anything trains, in one line naming the gene."""

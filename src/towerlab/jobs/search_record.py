@@ -13,13 +13,15 @@ import json
 import math
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
 import torch
 
 import towerlab
 from towerlab import atomic
 from towerlab.config import dataset_label
+from towerlab.data.load import Dataset
+from towerlab.distributed.signals import StopFlag
 from towerlab.errors import UserError
 from towerlab.jobs.candidate import CandidateModel, candidate_config, retrain_command, train_candidate
 from towerlab.models.files import save_model
@@ -210,8 +212,8 @@ def write_record(kind: str, search: Search, model: CandidateModel, out: Path, st
     return top
 
 
-def export_best(search: Search, model: CandidateModel, best: dict, data: Any, device: torch.device, out: Path,
-                reporter: Reporter, stop: Any = None) -> None:
+def export_best(search: Search, model: CandidateModel, best: dict, data: Dataset, device: torch.device,
+                out: Path, reporter: Reporter, stop: Optional[StopFlag] = None) -> None:
     """model.pt of the winner: retrained exactly as it was evaluated (same seed, same budget, the
     weights of its best epoch), so the file is the network whose accuracies are reported."""
     cfg = search.cfg

@@ -21,11 +21,13 @@ from typing import Any, Callable, Optional
 import torch
 
 from towerlab.config import ARRAYS_DATASET, CUSTOM_MODEL, RunConfig
+from towerlab.data.load import Dataset
 from towerlab.distributed.signals import Interrupted, StopFlag
 from towerlab.errors import UserError
 from towerlab.fields import replace
 from towerlab.jobs.candidate import CandidateModel, estimated_cost, outcome, train_candidate, train_config_hash
 from towerlab.jobs.handover import load_data
+from towerlab.models.custom import ModelFunction
 from towerlab.report import discard_line
 from towerlab.search import Candidate, Outcome, Search
 from towerlab.search.queue import Worker, lease_seconds, release_the_dead
@@ -57,16 +59,16 @@ class WorkerSpec:
     speaks: bool = False
 
 
-def work(slot: int, _slots: int, _reports: str, spec: WorkerSpec, data: Any = None, fallback: Optional[bool] = None,
-         function: Any = None) -> None:
+def work(slot: int, _slots: int, _reports: str, spec: WorkerSpec, data: Optional[Dataset] = None,
+         fallback: Optional[bool] = None, function: Optional[ModelFunction] = None) -> None:
     """A Crew's worker process: slot `slot` on its device."""
     kind = spec.run.device
     device = torch.device("cuda", slot // spec.per_device) if kind == "cuda" else torch.device("cpu")
     run_worker(spec, device, data, fallback, function, speaks=spec.speaks and slot == 0)
 
 
-def run_worker(spec: WorkerSpec, device: torch.device, data: Any = None, fallback: Optional[bool] = None,
-               function: Any = None, speaks: bool = False) -> int:
+def run_worker(spec: WorkerSpec, device: torch.device, data: Optional[Dataset] = None,
+               fallback: Optional[bool] = None, function: Optional[ModelFunction] = None, speaks: bool = False) -> int:
     """Work on the store's searches on `device` until none is left (or Ctrl-C / SIGTERM: the task in
     flight goes back on the queue). `data`, `fallback`, `function`: what the search's own job hands its
     workers (the data it loaded, or whether it fell back offline; its model function)."""
@@ -89,7 +91,7 @@ def run_worker(spec: WorkerSpec, device: torch.device, data: Any = None, fallbac
 class _Setup:
     """How this worker trains one search: its data, its model, its CPU threads per candidate."""
 
-    data: Any
+    data: Dataset
     model: CandidateModel
     threads: Optional[int]
 
@@ -97,8 +99,9 @@ class _Setup:
 class Trainers:
     """What trains a task of each search in this worker, made once per search (see the module's docstring)."""
 
-    def __init__(self, spec: WorkerSpec, device: torch.device, name: str, stop: StopFlag, data: Any = None,
-                 fallback: Optional[bool] = None, function: Any = None) -> None:
+    def __init__(self, spec: WorkerSpec, device: torch.device, name: str, stop: StopFlag,
+                 data: Optional[Dataset] = None, fallback: Optional[bool] = None,
+                 function: Optional[ModelFunction] = None) -> None:
         self.spec, self.device, self.name, self.stop = spec, device, name, stop
         self.given, self.fallback, self.function = data, fallback, function
         self._setups: dict[int, _Setup] = {}

@@ -74,17 +74,19 @@ def start(cfg: TrainConfig, run: RunConfig, *, data: Optional[Dataset] = None, m
     require_module(cfg, module, function)
     run = resolved_run(run)
     start_method = start_method or start_method_for(run.device)
+    devices = run.devices or 1  # resolved above; under torchrun each rank is one process
     if not under_torchrun():
         # Recorded as resolved: a resume (maybe on another machine) computes with as many threads.
-        run = replace(run, threads=run.threads or default_threads(run.devices))
-        check_capacity(run.devices, run.threads, f"--devices {run.devices}")
-        warning = sharing_cores(run.devices, run.device, f"--devices {run.devices}")
+        threads = run.threads or default_threads(devices)
+        run = replace(run, threads=threads)
+        check_capacity(devices, threads, f"--devices {devices}")
+        warning = sharing_cores(devices, run.device, f"--devices {devices}")
         if warning:
             stderr_line(warning)
-        resolve_step(run.step, run.device, run.devices, run.strategy, run.input)  # an impossible --step: refused now
+        resolve_step(run.step, run.device, devices, run.strategy, run.input)  # an impossible --step: refused now
     out = Path(run.resume or run.out or default_out(cfg))
     # Under torchrun, rank 0 decides in train_resume.decide_start whether the folder is its own restart.
-    return start_job(TrainJob(out=out, resume=run.resume is not None, new=not under_torchrun(), processes=run.devices,
+    return start_job(TrainJob(out=out, resume=run.resume is not None, new=not under_torchrun(), processes=devices,
                               start_method=start_method, timeout=run.timeout, cfg=cfg, run=run, data=data,
                               module=module, function=function, started=started))
 
@@ -260,7 +262,7 @@ def require_module(cfg: TrainConfig, module: Optional[NetworkSource], function: 
         raise UserError("--model-opt sets options of the built-in models and the keyword arguments of a model "
                         "function (--model FILE.py:FUNCTION), not of a module of your own")
     unknown = [] if function is None else sorted(not_taken(function, cfg.model_options))
-    if unknown:
+    if function is not None and unknown:
         name = getattr(function, "__name__", "your function")
         keywords = keyword_options(function)
         if keywords is None:  # **kwargs: the option is named like a positional parameter

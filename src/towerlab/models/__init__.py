@@ -16,6 +16,6 @@ def build_model(name: str, input_shape: tuple[int, int, int], num_classes: int =
     model = entry(name)
     unknown = sorted(not_taken(model.builder, options))
     if unknown:
-        allowed = ", ".join(model.options) or "none"
+        allowed = ", ".join(model.options or ()) or "none"
         raise UserError(f"model {name} has no option {', '.join(unknown)} (its options: {allowed})")
     return model.builder(tuple(input_shape), num_classes, **options)

@@ -12,7 +12,7 @@ import os
 import sys
 import traceback
 from pathlib import Path
-from typing import Any, Callable, Union
+from typing import Any, Callable, Sequence, Union
 
 from torch import nn
 
@@ -80,7 +80,7 @@ def function_file(function: Any) -> str | None:
     return f"{path}:{name}" if path and path.endswith(".py") and Path(path).is_file() else None
 
 
-def network_name(module: Any = None, function: Any = None) -> str:
+def network_name(module: NetworkSource | None = None, function: ModelFunction | None = None) -> str:
     """How a run names a network of your own: `mynet.py:make` for a model function of a file,
     `mynet.Net` for a module class (or an instance of one), the function's name otherwise."""
     if function is not None:
@@ -127,7 +127,8 @@ def user_code_failed(exc: BaseException, source: Any, what: str) -> UserError:
     return UserError(f"your {name} failed {what}{where}: {why}")
 
 
-def for_shape(source: Any, input_shape: tuple, num_classes: int, options: dict) -> Any:
+def for_shape(source: nn.Module | ModelFunction, input_shape: Sequence[int], num_classes: int,
+              options: dict) -> NetworkSource:
     """`source` as a factory: a model function (`--model FILE.py:FUNCTION`, two positional
     parameters without defaults: `source(input_shape, num_classes, **options)`) gets the recorded
     shape, classes and options; a module or a factory of none is `source` itself."""

@@ -18,7 +18,7 @@ from towerlab.errors import UserError
 from towerlab.catalog.models import uses_channels_last
 from towerlab.models import build_model
 from towerlab.models.classifier import Classifier
-from towerlab.models.custom import for_shape, function_file, instantiate
+from towerlab.models.custom import NetworkSource, for_shape, function_file, instantiate
 from towerlab.atomic import require_regular_file
 
 if TYPE_CHECKING:
@@ -42,8 +42,9 @@ def save_model(path: Path, model: nn.Module, cfg: TrainConfig, data: Dataset, *,
     buffer = io.BytesIO()
     custom = cfg.model == CUSTOM_MODEL
     extra = {"module_class": f"{type(model).__module__}.{type(model).__qualname__}"} if custom else {}
-    if custom and function_file(function):
-        extra["model_function"] = function_file(function)
+    spec = function_file(function) if custom else None
+    if spec:
+        extra["model_function"] = spec
     torch.save(model_record(model, cfg.model, data.input_shape, data.num_classes, cfg.model_options,
                             config=to_dict(cfg), mean=list(data.mean), std=list(data.std), **extra), buffer)
     atomic.write_bytes(path, buffer.getvalue())
@@ -68,7 +69,7 @@ class ModuleNeeded(UserError):
 
 
 def load_model(path: str | Path, map_location: str | torch.device = "cpu", *,
-               module: nn.Module | Callable[[], nn.Module] | None = None) -> tuple[Any, dict]:
+               module: NetworkSource | None = None) -> tuple[Classifier, dict]:
     """Rebuild a saved network (`path`: a model.pt, or the run folder holding one): returns
     (a `towerlab.models.classifier.Classifier`, the file's record).
 
@@ -113,9 +114,10 @@ def load_model(path: str | Path, map_location: str | torch.device = "cpu", *,
     mean, std = record.get("mean"), record.get("std")
     stats_ok = all(isinstance(v, (list, tuple)) and len(v) == shape[0]
                    and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v) for v in (mean, std))
-    config = record.get("config") if isinstance(record.get("config"), dict) else {}
-    precision = config.get("precision") if config.get("precision") in PRECISIONS else "fp32"
-    tta = config.get("tta") if config.get("tta") in TTA else "none"
+    stored = record.get("config")
+    config: dict = stored if isinstance(stored, dict) else {}
+    precision = str(config.get("precision")) if config.get("precision") in PRECISIONS else "fp32"
+    tta = str(config.get("tta")) if config.get("tta") in TTA else "none"
     return Classifier(network, tuple(shape), classes, mean if stats_ok else None, std if stats_ok else None,
                       precision=precision, tta=tta, channels_last=uses_channels_last(name)), record
 
@@ -151,7 +153,7 @@ def _check_tensors(path: str | Path, state: dict) -> None:
                             "re-export it with towerlab train")
 
 
-def _meta_network(source: Any) -> nn.Module | None:
+def _meta_network(source: NetworkSource) -> nn.Module | None:
     """Your network built on the meta device (nothing allocated), to check against the file before it
     is built for real; None where your code cannot be built there (then only the real one is)."""
     try:

@@ -42,7 +42,7 @@ class LeNet5(nn.Module):
         for module in self.modules():
             if isinstance(module, (nn.Conv2d, nn.Linear)):
                 trunc_normal_(module.weight, 0.1)
-                nn.init.zeros_(module.bias)
+                nn.init.zeros_(module.bias)  # type: ignore[arg-type]  # built with a bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if any(self.pad):
@@ -136,8 +136,8 @@ class CifarNet(nn.Module):
         local3, local4, logits = self.classifier[0], self.classifier[2], self.classifier[4]
         for layer, std, bias in ((conv1, 5e-2, 0.0), (conv2, 5e-2, 0.1), (local3, 0.04, 0.1),
                                  (local4, 0.04, 0.1), (logits, 1 / 192.0, 0.0)):
-            trunc_normal_(layer.weight, std)
-            nn.init.constant_(layer.bias, bias)
+            trunc_normal_(layer.weight, std)  # type: ignore[arg-type]  # a Conv2d or Linear, as indexed above
+            nn.init.constant_(layer.bias, bias)  # type: ignore[arg-type]  # the same layer's bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.classifier(self.features(x))

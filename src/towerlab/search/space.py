@@ -38,7 +38,7 @@ from towerlab.search.ranges import Range, parse_range
 try:
     import tomllib
 except ModuleNotFoundError:  # Python 3.10
-    import tomli as tomllib  # type: ignore[no-redef] - tomllib's backport, the same API
+    import tomli as tomllib  # type: ignore[no-redef]  # tomllib's backport, the same API
 
 _TRAINING_GENES = {
     "optimizer": GeneRule("choice", choices=OPTIMIZERS),

@@ -175,7 +175,7 @@ class Batches:
             xb = xb.to(self.ctx.device, non_blocking=self.pin)
             yb = yb.to(self.ctx.device, non_blocking=self.pin)
             if self.augmentation is not None:
-                xb = self.augmentation(xb, i.to(self.ctx.device, non_blocking=self.pin), salts)
+                xb = self.augmentation(xb, i.to(self.ctx.device, non_blocking=self.pin), salts)  # type: ignore[arg-type]  # set with it
             yield self.normalize(xb), yb
 
 

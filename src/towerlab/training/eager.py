@@ -5,7 +5,7 @@ Every strategy and every input mode runs it.
 
 from __future__ import annotations
 
-from typing import Callable, Iterator
+from typing import Callable, Generator
 
 import torch
 
@@ -42,7 +42,7 @@ class EagerSteps(Steps):
             self.strat.weights_changed()
         return loss.detach(), logits.detach()
 
-    def epoch(self, epoch: int, start: int) -> Iterator[Yield]:
+    def epoch(self, epoch: int, start: int) -> Generator[Yield, None, None]:
         step = epoch * self.batches.steps_per_epoch + start
         for x, y in self.batches.epoch(epoch, start):
             if self.dropout:

@@ -14,7 +14,7 @@ import copy
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import torch
 import torch.nn.functional as F
@@ -65,10 +65,10 @@ class LoopOptions:
     setup_apart: bool = True
 
     @classmethod
-    def of(cls, run: RunConfig, **rest: object) -> LoopOptions:
-        """The options a `towerlab train` run's settings give, with `rest` besides."""
-        return cls(input_mode=run.input, strategy=run.strategy, step_mode=run.step,  # type: ignore[arg-type] - rest: the other fields by name
-                   display_step=run.display_step, **rest)
+    def of(cls, run: RunConfig, **rest: Any) -> LoopOptions:
+        """The options a `towerlab train` run's settings give, with `rest` (the other fields) besides."""
+        return cls(input_mode=run.input, strategy=run.strategy, step_mode=run.step, display_step=run.display_step,
+                   **rest)
 
 
 @dataclass

@@ -32,7 +32,7 @@ def build(cfg: TrainConfig, input_shape: tuple[int, int, int], num_classes: int,
         else instantiate(source)
     module = module.to(ctx.device)
     if uses_channels_last(cfg):
-        module = module.to(memory_format=torch.channels_last)
+        module = module.to(memory_format=torch.channels_last)  # type: ignore[call-overload]  # torch's stubs lack it
     model_catalog.hooks(cfg.model).share_batch_statistics(module, world_group(ctx))
     return module
 

@@ -60,7 +60,7 @@ def _adagrad(cfg: TrainConfig, param_groups: list[dict], device: torch.device) -
     return torch.optim.Adagrad(param_groups, lr=cfg.lr, **fast)
 
 
-def _foreach(cls: type[torch.optim.Optimizer]) -> Callable[[TrainConfig, list[dict], torch.device],
+def _foreach(cls: Callable[..., torch.optim.Optimizer]) -> Callable[[TrainConfig, list[dict], torch.device],
                                                             torch.optim.Optimizer]:
     def build(cfg: TrainConfig, param_groups: list[dict], device: torch.device) -> torch.optim.Optimizer:
         return cls(param_groups, lr=cfg.lr, foreach=True)

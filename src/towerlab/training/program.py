@@ -6,7 +6,7 @@ changed in place, so a recorded graph stays valid through checkpoints, resumes a
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Generator
 
 import torch
 from torch import nn
@@ -88,13 +88,13 @@ class StepProgram(Steps):
         from torch.distributed import _functional_collectives as funcol
 
         flat = torch.cat([g.reshape(-1) for g in grads])
-        flat = funcol.all_reduce(flat, "sum", self.group) / self.ctx.world_size
+        flat = funcol.all_reduce(flat, "sum", self.group) / self.ctx.world_size  # type: ignore[arg-type]  # run with a group
         return [chunk.view_as(p) for chunk, p in zip(flat.split(self.sizes), self.params)]
 
     def _broadcast_buffers(self) -> None:
         from torch.distributed import _functional_collectives as funcol
 
-        flat = funcol.broadcast(torch.cat([b.reshape(-1) for b in self.buffers]), 0, self.group)
+        flat = funcol.broadcast(torch.cat([b.reshape(-1) for b in self.buffers]), 0, self.group)  # type: ignore[arg-type]  # with a group
         with torch.no_grad():
             for b, chunk in zip(self.buffers, flat.split([b.numel() for b in self.buffers])):
                 b.copy_(chunk.view_as(b))
@@ -116,7 +116,7 @@ class StepProgram(Steps):
                 self.salts.copy_(torch.tensor(self.batches.augmentation.salts(epoch)))
             self.epoch_loaded = epoch
 
-    def epoch(self, epoch: int, start: int) -> Iterator[Yield]:
+    def epoch(self, epoch: int, start: int) -> Generator[Yield, None, None]:
         self.start(epoch * self.steps_per_epoch + start)
         for step in range(epoch * self.steps_per_epoch + start, (epoch + 1) * self.steps_per_epoch):
             yield self.step(step)

@@ -37,7 +37,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import itertools
-from typing import Callable, Iterator
+from typing import Callable, Generator
 
 import torch
 import torch.nn.functional as F
@@ -128,8 +128,17 @@ class Steps:
     worst: torch.Tensor  # the divergence watch's running maximum of the loss, on the device
     steps_per_epoch: int
 
-    def epoch(self, epoch: int, start: int) -> Iterator[Yield]:
-        raise NotImplementedError  # and state_dict, load_state_dict, lr: each kind has its own
+    def epoch(self, epoch: int, start: int) -> Generator[Yield, None, None]:
+        raise NotImplementedError  # as state_dict, load_state_dict and lr below: each kind has its own
+
+    def state_dict(self) -> dict:
+        raise NotImplementedError
+
+    def load_state_dict(self, state: dict) -> None:
+        raise NotImplementedError
+
+    def lr(self) -> float:
+        raise NotImplementedError
 
     def prepare(self, mode: str, step: int, log: Callable[[str], None]) -> int:
         """Warm up on the steps from `step` before the clock, as `mode` (resolve_step's answer) runs

@@ -9,13 +9,14 @@ use; tests hold `Update` to torch.optim, optimizer by optimizer.
 from __future__ import annotations
 
 import warnings
+from typing import Union, cast
 
 import torch
 
 from towerlab.config import TrainConfig
 from towerlab.training.optim import group_scales, make_optimizer, make_scheduler
 
-Tensors = list[torch.Tensor]  # one tensor per parameter of a group, as torch._foreach_* takes them
+Tensors = Union[list[torch.Tensor], tuple[torch.Tensor, ...]]  # a group's, as torch._foreach_* takes them
 
 
 def _momentum(group: dict) -> float | None:
@@ -45,7 +46,7 @@ def schedule_tables(cfg: TrainConfig, groups: list[list[int]], total_steps: int
             if scheduler is not None and s + 1 < total_steps:
                 scheduler.step()
     has_momentum = momenta and momenta[0][0] is not None
-    return lrs, (momenta if has_momentum else None)
+    return lrs, (cast(list[list[float]], momenta) if has_momentum else None)  # no None where one is a number
 
 
 # torch.optim's defaults for what towerlab leaves at its default (make_optimizer passes lr, weight
@@ -80,8 +81,7 @@ class Update:
         self.uses_momentum = uses_momentum
         # One count serves every parameter, in their precision (torch.optim's capturable count is a
         # float32 tensor; its bias corrections are Python doubles, which float64 parameters match).
-        like = {"dtype": params[0].dtype, "device": params[0].device}
-        self.step_count = torch.zeros((), **like)
+        self.step_count = torch.zeros((), dtype=params[0].dtype, device=params[0].device)
         # NAdam's product of momenta: torch.optim keeps it in float32 whatever the parameters' precision.
         self.mu_product = torch.ones((), dtype=torch.float32, device=params[0].device)
         keys = STATE[self.name]
@@ -97,11 +97,11 @@ class Update:
     def __call__(self, grads: list[torch.Tensor], lr: torch.Tensor, momentum: torch.Tensor | None) -> None:
         self.step_count.add_(1)
         if self.name == "nadam":  # torch keeps one product per parameter; every group has the same beta1
-            mu = momentum[0] * (1.0 - 0.5 * torch.pow(0.96, self.step_count * NADAM_MOMENTUM_DECAY))
+            mu = momentum[0] * (1.0 - 0.5 * torch.pow(0.96, self.step_count * NADAM_MOMENTUM_DECAY))  # type: ignore[index]  # NAdam has a beta1 table
             self.mu_product.mul_(mu.float())  # a float32 product, as torch.optim's
         for g, group in enumerate(self.groups):
             params = [self.params[i] for i in group]
-            group_grads = [grads[i] for i in group]
+            group_grads: Tensors = [grads[i] for i in group]
             state = {key: [tensors[i] for i in group] for key, tensors in self.state.items()}
             decay = self.weight_decay[g]
             if decay and not self.decoupled:
@@ -110,7 +110,7 @@ class Update:
                                           decay)
 
     def _sgd(self, params: Tensors, grads: Tensors, state: dict[str, Tensors], lr: torch.Tensor,
-             momentum: torch.Tensor | None, decay: float) -> None:
+             momentum: torch.Tensor, decay: float) -> None:
         if self.uses_momentum:
             buffers = state["momentum_buffer"]
             torch._foreach_mul_(buffers, momentum)
@@ -122,7 +122,7 @@ class Update:
         torch._foreach_sub_(params, torch._foreach_mul(grads, lr))
 
     def _adam(self, params: Tensors, grads: Tensors, state: dict[str, Tensors], lr: torch.Tensor,
-              beta1: torch.Tensor | None, decay: float) -> None:
+              beta1: torch.Tensor, decay: float) -> None:
         if self.decoupled:
             torch._foreach_mul_(params, 1.0 - lr * decay)
         exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
@@ -138,7 +138,7 @@ class Update:
         torch._foreach_sub_(params, steps)
 
     def _nadam(self, params: Tensors, grads: Tensors, state: dict[str, Tensors], lr: torch.Tensor,
-               beta1: torch.Tensor | None, decay: float) -> None:
+               beta1: torch.Tensor, decay: float) -> None:
         exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
         _moments(exp_avg, exp_avg_sq, grads, beta1)
         step = self.step_count
@@ -156,7 +156,7 @@ class Update:
         torch._foreach_sub_(params, from_avg)
 
     def _adamax(self, params: Tensors, grads: Tensors, state: dict[str, Tensors], lr: torch.Tensor,
-                beta1: torch.Tensor | None, decay: float) -> None:
+                beta1: torch.Tensor, decay: float) -> None:
         exp_avg, exp_inf = state["exp_avg"], state["exp_inf"]
         torch._foreach_mul_(exp_avg, beta1)
         torch._foreach_add_(exp_avg, torch._foreach_mul(grads, 1.0 - beta1))
@@ -169,13 +169,13 @@ class Update:
         torch._foreach_sub_(params, steps)
 
     def _rmsprop(self, params: Tensors, grads: Tensors, state: dict[str, Tensors], lr: torch.Tensor,
-                 momentum: torch.Tensor | None, decay: float) -> None:
+                 momentum: torch.Tensor, decay: float) -> None:
         square_avg = state["square_avg"]
         torch._foreach_mul_(square_avg, RMSPROP_ALPHA)
         torch._foreach_addcmul_(square_avg, grads, grads, value=1.0 - RMSPROP_ALPHA)
         avg = torch._foreach_sqrt(square_avg)
         torch._foreach_add_(avg, RMSPROP_EPS)
-        scaled = torch._foreach_div(grads, avg)
+        scaled: Tensors = torch._foreach_div(grads, avg)
         if self.uses_momentum:
             buffers = state["momentum_buffer"]
             torch._foreach_mul_(buffers, momentum)
@@ -208,7 +208,7 @@ class Update:
         torch._foreach_sub_(params, torch._foreach_mul(delta, lr))
 
 
-def _moments(exp_avg: list[torch.Tensor], exp_avg_sq: list[torch.Tensor], grads: list[torch.Tensor],
+def _moments(exp_avg: Tensors, exp_avg_sq: Tensors, grads: Tensors,
              beta1: torch.Tensor) -> None:
     """Adam's first and second moments, in place: m = beta1 m + (1 - beta1) g, v = beta2 v + (1 - beta2) g^2."""
     torch._foreach_mul_(exp_avg, beta1)

@@ -19,9 +19,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from towerlab.batches import _gather_pixels, crop_flip, epoch_salt, mix_seed
+from towerlab.training.batches import _gather_pixels, crop_flip, epoch_salt, mix_seed
 from towerlab.models import build_model
-from towerlab.step import seed_dropout
+from towerlab.training.step import seed_dropout
 
 
 def augment_indexing(x: torch.Tensor, generator: torch.Generator, pad: int = 4) -> torch.Tensor:
@@ -70,7 +70,7 @@ def cifarnet_torch_lrn() -> nn.Module:
     """CifarNet with torch's LocalResponseNorm (avg_pool3d over the padded squares), ReLU before pool1."""
     model = build_model("cifarnet", (3, 32, 32))
     f = model.features
-    lrn = lambda: nn.LocalResponseNorm(9, alpha=0.001, beta=0.75, k=1.0)  # noqa: E731
+    lrn = lambda: nn.LocalResponseNorm(9, alpha=0.001, beta=0.75, k=1.0)  # noqa: E731 - a factory, named for the table
     model.features = nn.Sequential(f[0], f[2], f[1], lrn(), f[4], f[5], lrn(), f[7], f[8])
     return model
 
@@ -172,8 +172,8 @@ def ab(before: Callable[[], Callable[[], None]], after: Callable[[], Callable[[]
 
 def changes(quick: bool) -> list[dict]:
     """(name, what, before, after, calls) for every change; cheap enough for the CPU suite."""
-    lenet = lambda: build_model("lenet5", (1, 28, 28))  # noqa: E731
-    cifar = lambda: build_model("cifarnet", (3, 32, 32))  # noqa: E731
+    lenet = lambda: build_model("lenet5", (1, 28, 28))  # noqa: E731 - a factory, named for the table
+    cifar = lambda: build_model("cifarnet", (3, 32, 32))  # noqa: E731 - a factory, named for the table
     steps_lenet, steps_cifar = (5, 1) if quick else (30, 4)
     return [
         ("channels_last_lenet5", "LeNet-5 train step, batch 256, bf16: NCHW -> channels_last",

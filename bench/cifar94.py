@@ -24,9 +24,9 @@ from typing import Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import machine  # noqa: E402
-import measure  # noqa: E402
-from presets_bridge import preset_flags  # noqa: E402
+import machine
+import measure
+from presets_bridge import preset_flags
 
 PRESET = "cifar-94"
 TARGET_ACCURACY = 0.94

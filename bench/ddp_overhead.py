@@ -45,8 +45,9 @@ def _timed(ctx, fn, n: int) -> float:
 
 def _worker(rank: int, world_size: int, store: str, data_dir: str, scale: float, rounds: int, out: str) -> None:
     from towerlab.data.load import load_dataset
-    from towerlab.step import make_steps
-    from towerlab.train import _make_batches, build
+    from towerlab.training.step_kinds import make_steps
+    from towerlab.training.loop import make_batches
+    from towerlab.training.network import build
 
     torch.set_num_threads(1)
     results = []
@@ -54,9 +55,9 @@ def _worker(rank: int, world_size: int, store: str, data_dir: str, scale: float,
         for model, dataset, batch in CASES:
             data = load_dataset(dataset, data_dir, 5000)
             cfg = TrainConfig(model=model, dataset=dataset, batch_size=batch, precision="bf16")
-            batches = _make_batches(cfg, ctx, data, "resident")
+            batches = make_batches(cfg, ctx, data, "resident")
             steps = make_steps("eager", "ddp", build(cfg, data.input_shape, data.num_classes, ctx), cfg, ctx, batches,
-                               10**6, torch.zeros((), device=ctx.device))
+                               10**6)
             strat = steps.strat
             source = _cycle(batches)
             grads = torch.zeros(sum(p.numel() for p in strat.module.parameters()))

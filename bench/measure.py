@@ -41,7 +41,8 @@ class BenchError(RuntimeError):
 
 def _dry_towerlab(cmd: list[str]) -> dict:
     """Check a `towerlab train` command with towerlab's own parser and configs; a stand-in sample."""
-    from towerlab.cli import build_parser, resolve_train
+    from towerlab.cli import build_parser
+    from towerlab.commands import resolve_train
 
     resolve_train(build_parser().parse_args(cmd[3:]))
     DRY_COMMANDS.append(["towerlab", *cmd[3:-1], "DIR"])
@@ -138,7 +139,8 @@ def towerlab_search(args: list[str], data_dir: str, timeout: float = 1800) -> di
     cmd = [sys.executable, "-m", "towerlab", "evolve", *args, "--data-dir", data_dir, "--no-progress",
            "--out", str(out)]
     if DRY_RUN:
-        from towerlab.cli import build_parser, resolve_search
+        from towerlab.cli import build_parser
+        from towerlab.commands import resolve_search
 
         resolve_search(build_parser().parse_args(cmd[3:]))
         shutil.rmtree(out.parent, ignore_errors=True)

@@ -24,8 +24,8 @@ from pathlib import Path
 os.environ.setdefault("MPLBACKEND", "Agg")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import machine  # noqa: E402
-import measure  # noqa: E402
+import machine
+import measure
 
 RESULTS = measure.BENCH / "results"
 

@@ -126,7 +126,7 @@ def _retrain_one(task: tuple[dict, dict, int, str]) -> dict:
 
     from towerlab.config import RunConfig, SearchConfig
     from towerlab.jobs.candidate import train_candidate
-    from towerlab.jobs.common import load_data
+    from towerlab.jobs.handover import load_data
 
     pick, settings, seed, data_dir = task
     cfg = SearchConfig(sampler="ga", **settings)

@@ -5,7 +5,7 @@ the profiler.
 
 Each case is a preset's model and recipe at its batch size, on synthetic data of the data set's
 shape (a step's time does not depend on the pixel values): towerlab's own steps, built as `train`
-builds them (`step.EagerSteps`, `step.StepProgram` prepared as a graph or compiled), driven through
+builds them (`eager.EagerSteps`, `program.StepProgram` prepared as a graph or compiled), driven through
 epochs as the training loop drives them. After the warm-up, `--steps` steps between two CUDA events,
 the median of `--rounds` such windows. Kernels per step: a profiler trace of 5 eager steps (of the
 reference step and of the program run op by op), counted and divided by 5; a graph replays the
@@ -24,13 +24,14 @@ from dataclasses import replace
 
 import torch
 
-from towerlab import step
-from towerlab.batches import Batches, Normalizer
+from towerlab.training import step_kinds
+from towerlab.models.preprocessing import Normalizer
+from towerlab.training.batches import Batches
 from towerlab.config import TrainConfig
 from towerlab.data.load import load_dataset
 from towerlab.distributed.group import Context
 from towerlab.presets import apply_preset
-from towerlab.train import build, fit_to_data, uses_channels_last
+from towerlab.training.network import build, fit_to_data, uses_channels_last
 
 # (name, preset, batch, input shape): the steps of issue 38's targets.
 CASES = [("lenet5-b512-mnist-fast", "mnist-fast", 512, (1, 28, 28)),
@@ -45,7 +46,7 @@ def config(preset: str, batch: int) -> TrainConfig:
     return replace(TrainConfig(), **{k: v for k, v in fields.items() if k in TrainConfig.__dataclass_fields__})
 
 
-def make_steps(mode: str, cfg: TrainConfig, data, device: torch.device):  # noqa: ANN001
+def make_steps(mode: str, cfg: TrainConfig, data, device: torch.device):
     ctx = Context(device=device)
     normalize = Normalizer(data.mean, data.std, device, uses_channels_last(cfg))
     batches = Batches(data.x_train, data.y_train, ctx, cfg.batch_size, cfg.seed, "resident", normalize,
@@ -53,22 +54,21 @@ def make_steps(mode: str, cfg: TrainConfig, data, device: torch.device):  # noqa
     module = build(cfg, data.input_shape, data.num_classes, ctx)
     fit_to_data(cfg, module, batches.x, normalize)
     module.train()
-    worst = torch.zeros((), device=device)
     started = time.perf_counter()
-    steps = step.make_steps(mode, "ddp", module, cfg, ctx, batches, cfg.steps, worst)
+    steps = step_kinds.make_steps(mode, "ddp", module, cfg, ctx, batches, cfg.steps)
     steps.prepare(mode, 0, print)
     if device.type == "cuda":
         torch.cuda.synchronize()
     return steps, time.perf_counter() - started
 
 
-def forever(steps):  # noqa: ANN001
+def forever(steps):
     """The training loop's walk through the steps, epoch after epoch."""
     for epoch in itertools.count():
         yield from steps.epoch(epoch, 0)
 
 
-def events_ms(walk, steps: int, rounds: int) -> list[float]:  # noqa: ANN001
+def events_ms(walk, steps: int, rounds: int) -> list[float]:
     out = []
     for _ in range(rounds):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -81,7 +81,7 @@ def events_ms(walk, steps: int, rounds: int) -> list[float]:  # noqa: ANN001
     return out
 
 
-def kernels_per_step(walk, steps: int = 5) -> float:  # noqa: ANN001
+def kernels_per_step(walk, steps: int = 5) -> float:
     from torch.profiler import ProfilerActivity, profile
 
     torch.cuda.synchronize()
@@ -92,7 +92,7 @@ def kernels_per_step(walk, steps: int = 5) -> float:  # noqa: ANN001
     return sum(e.device_type == torch.autograd.DeviceType.CUDA for e in prof.events()) / steps
 
 
-def measure_case(name: str, preset: str, batch: int, shape, args) -> dict:  # noqa: ANN001
+def measure_case(name: str, preset: str, batch: int, shape, args) -> dict:
     device = torch.device("cuda", 0)
     cfg = config(preset, batch)
     data = load_dataset("synthetic", val_size=0, synthetic_shape=shape, synthetic_train=batch * 60,

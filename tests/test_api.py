@@ -295,7 +295,8 @@ def test_a_script_without_a_main_guard_or_stdin_trains_its_own_module_on_two_pro
 
 
 def test_the_command_line_and_the_api_resolve_the_same_settings(tmp_path):
-    from towerlab.cli import build_parser, resolve_train
+    from towerlab.cli import build_parser
+    from towerlab.commands import resolve_train
     from towerlab.settings import resolve_train as resolve
 
     flags = ["train", *TINY, "--steps", "3", "--preset", "mnist-fast", "--lr", "0.02"]
@@ -334,7 +335,7 @@ def test_a_run_on_arrays_resumes_with_the_same_arrays(tmp_path):
 def load_like_a_torchrun_rank(rank, world_size, store_path, out_dir, rank0_finds):
     """A rank of a job without a local launcher (torchrun's case): rank 0 decides, the others follow."""
     from towerlab.distributed.group import session
-    from towerlab.jobs.common import load_everywhere
+    from towerlab.jobs.handover import load_everywhere
 
     calls = []
 

@@ -19,7 +19,8 @@ import numpy as np
 import pytest
 import torch
 
-from towerlab.data import catalog, fetch, load, locate, readers, synthetic
+from towerlab.catalog import datasets
+from towerlab.data import fetch, load, locate, readers, synthetic
 from towerlab.errors import UserError
 from util import real_data_dir
 
@@ -104,7 +105,7 @@ def idx_set_starting_with(labels, seed=1):
 
 
 def test_idx_files_in_the_data_folder_are_the_dataset_asked_for_unless_they_are_the_others(tmp_path):
-    mnist_first, fashion_first = catalog.entry("mnist").first_labels, catalog.entry("fashion-mnist").first_labels
+    mnist_first, fashion_first = datasets.entry("mnist").first_labels, datasets.entry("fashion-mnist").first_labels
     write_idx_set(tmp_path, idx_set_starting_with(mnist_first))  # MNIST's official files (as `fetch mnist` leaves)
     with pytest.raises(UserError, match="fashion-mnist not found"):
         load.load_dataset("fashion-mnist", tmp_path, 2, download=False, log=quiet)
@@ -192,15 +193,15 @@ class _QuietHandler(http.server.SimpleHTTPRequestHandler):
 def test_download_then_load_through_a_local_server(tmp_path, monkeypatch):
     served = tmp_path / "served"
     write_idx_set(served, mnist_like(seed=9))
-    remotes = tuple(catalog.RemoteFile(p.name, hashlib.md5(p.read_bytes()).hexdigest())
+    remotes = tuple(datasets.RemoteFile(p.name, hashlib.md5(p.read_bytes()).hexdigest())
                     for p in sorted(served.iterdir()))
     handler = functools.partial(_QuietHandler, directory=str(served))
     httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True).start()
     try:
         monkeypatch.setenv("no_proxy", "*")
-        monkeypatch.setitem(catalog.CATALOG, "fashion-mnist", dataclasses.replace(catalog.entry("fashion-mnist"),
-            source=catalog.Source("fashion-mnist", (f"http://127.0.0.1:{httpd.server_address[1]}/",), remotes)))
+        monkeypatch.setitem(datasets.CATALOG, "fashion-mnist", dataclasses.replace(datasets.entry("fashion-mnist"),
+            source=datasets.Source("fashion-mnist", (f"http://127.0.0.1:{httpd.server_address[1]}/",), remotes)))
         ds = load.load_dataset("fashion-mnist", tmp_path / "d", val_size=3, log=quiet)
     finally:
         httpd.shutdown()

@@ -12,7 +12,8 @@ import torch
 
 from towerlab.cli import main
 from towerlab.config import SearchConfig, TrainConfig
-from towerlab.data import catalog, locate, readers
+from towerlab.catalog import datasets
+from towerlab.data import locate, readers
 from towerlab.data.load import load_dataset
 from towerlab.errors import UserError
 from towerlab.models.files import load_model
@@ -34,8 +35,8 @@ def stripes_dataset(tmp_path, monkeypatch):
     """The documented way: the dataset's file in the data folder, and one `register` call."""
     (x_train, y_train), (x_test, y_test) = stripes(600, 1), stripes(200, 2)
     np.savez(tmp_path / "stripes.npz", x_train=x_train, y_train=y_train, x_test=x_test, y_test=y_test)
-    monkeypatch.setattr(catalog, "CATALOG", dict(catalog.CATALOG))  # the registration ends with the test
-    catalog.register(catalog.Entry("stripes", (3, 12, 12), 3, (catalog.Files("npz", "stripes.npz"),)))
+    monkeypatch.setattr(datasets, "CATALOG", dict(datasets.CATALOG))  # the registration ends with the test
+    datasets.register(datasets.Entry("stripes", (3, 12, 12), 3, (datasets.Files("npz", "stripes.npz"),)))
     return tmp_path
 
 
@@ -68,8 +69,8 @@ def test_a_registered_dataset_is_a_name_like_the_built_in_ones(stripes_dataset, 
 
 
 def test_an_entry_s_class_count_and_shape_bound_what_its_files_may_hold(tmp_path, monkeypatch):
-    monkeypatch.setattr(catalog, "CATALOG", dict(catalog.CATALOG))
-    catalog.register(catalog.Entry("digits16", (1, 16, 16), 4, (catalog.Files("idx", "digits16"),)))
+    monkeypatch.setattr(datasets, "CATALOG", dict(datasets.CATALOG))
+    datasets.register(datasets.Entry("digits16", (1, 16, 16), 4, (datasets.Files("idx", "digits16"),)))
     rng = np.random.default_rng(0)
     arrays = {"x_train": rng.integers(0, 256, (20, 16, 16), dtype=np.uint8), "y_train": np.arange(20) % 4,
               "x_test": rng.integers(0, 256, (8, 16, 16), dtype=np.uint8), "y_test": np.arange(8) % 4}
@@ -92,26 +93,26 @@ def test_an_entry_s_class_count_and_shape_bound_what_its_files_may_hold(tmp_path
 
 
 @pytest.mark.parametrize("entry, message", [
-    (lambda: catalog.Entry("mnist", (1, 28, 28), 10), "already in the catalog"),
-    (lambda: catalog.Entry("mine.npz", (1, 28, 28), 10), "taken by paths of your own .npz"),
-    (lambda: catalog.Entry("gif", (1, 28, 28), 10, (catalog.Files("gif", "x.gif"),)), "unknown file format 'gif'"),
-    (lambda: catalog.Entry("one", (1, 28, 28), 1), "at least 2 classes"),
+    (lambda: datasets.Entry("mnist", (1, 28, 28), 10), "already in the catalog"),
+    (lambda: datasets.Entry("mine.npz", (1, 28, 28), 10), "taken by paths of your own .npz"),
+    (lambda: datasets.Entry("gif", (1, 28, 28), 10, (datasets.Files("gif", "x.gif"),)), "unknown file format 'gif'"),
+    (lambda: datasets.Entry("one", (1, 28, 28), 1), "at least 2 classes"),
 ])
 def test_a_bad_entry_is_refused_with_one_clear_line(entry, message, monkeypatch):
-    monkeypatch.setattr(catalog, "CATALOG", dict(catalog.CATALOG))
+    monkeypatch.setattr(datasets, "CATALOG", dict(datasets.CATALOG))
     with pytest.raises(UserError, match=message):
-        catalog.register(entry())
-    assert list(catalog.CATALOG) == ["mnist", "fashion-mnist", "cifar10", "synthetic"]
+        datasets.register(entry())
+    assert list(datasets.CATALOG) == ["mnist", "fashion-mnist", "cifar10", "synthetic"]
 
 
 def test_the_built_in_entries():
-    assert catalog.names() == ("mnist", "fashion-mnist", "cifar10", "synthetic")
-    assert catalog.downloadable() == ("mnist", "fashion-mnist", "cifar10")
-    assert {name: (e.shape, e.classes) for name, e in catalog.CATALOG.items()} == {
+    assert datasets.names() == ("mnist", "fashion-mnist", "cifar10", "synthetic")
+    assert datasets.downloadable() == ("mnist", "fashion-mnist", "cifar10")
+    assert {name: (e.shape, e.classes) for name, e in datasets.CATALOG.items()} == {
         "mnist": ((1, 28, 28), 10), "fashion-mnist": ((1, 28, 28), 10), "cifar10": ((3, 32, 32), 10),
         "synthetic": (None, 10)}
     # What fetch downloads is what the lookup then finds: the IDX sets' folder is one the entry lists.
     for name in ("mnist", "fashion-mnist"):
-        entry = catalog.entry(name)
-        assert catalog.Files("idx", entry.source.subdir) in entry.files
-    assert [name for name, e in catalog.CATALOG.items() if e.fallback] == ["mnist"]
+        entry = datasets.entry(name)
+        assert datasets.Files("idx", entry.source.subdir) in entry.files
+    assert [name for name, e in datasets.CATALOG.items() if e.fallback] == ["mnist"]

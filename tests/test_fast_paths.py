@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from towerlab.batches import crop_flip, hashed_words
+from towerlab.training.batches import crop_flip, hashed_words
 from towerlab.models import build_model
 from towerlab.models.seeds import tf_local_response_norm
 

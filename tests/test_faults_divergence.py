@@ -103,7 +103,7 @@ class NotFinite(torch.nn.Module):
 
 def test_a_model_whose_output_is_nan_from_the_first_step_is_not_blamed_on_the_learning_rate(tmp_path):
     from towerlab import api
-    from towerlab.train import Diverged
+    from towerlab.training.divergence import Diverged
 
     out = tmp_path / "run"
     with pytest.raises(Diverged) as caught:

@@ -23,7 +23,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from towerlab import atomic, checkpoint
+from towerlab import atomic
+from towerlab.training import checkpoint
 from towerlab.config import SearchConfig
 from towerlab.errors import UserError
 from towerlab.search import Candidate, Outcome, Search, load_space
@@ -53,7 +54,7 @@ def save(path: Path, step: int, size: int = 1000) -> None:
 # .prev; 3: between the two renames, when only .prev and the new file exist).
 KILL_AT_REPLACE = """
 import os, torch
-from towerlab import checkpoint
+from towerlab.training import checkpoint
 path, step, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 real, calls = os.replace, []
 def replace(src, dst):
@@ -175,7 +176,7 @@ def test_a_full_disk_while_saving_a_checkpoint_keeps_both_old_ones(tmp_path):
     # A real refusal by the kernel: the new file may not grow past 1 KB (the old ones are ~5 KB).
     done = child("""
         import torch
-        from towerlab import checkpoint
+        from towerlab.training import checkpoint
         from towerlab.errors import UserError
         try:
             checkpoint.save(sys.argv[1], {"step": 3, "weights": torch.full((1000,), 3.0)})

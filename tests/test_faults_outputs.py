@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from towerlab.cli import main
-from towerlab.jobs.common import LOCK_NAME
+from towerlab.jobs.folder import LOCK_NAME
 from towerlab.search import Store
 from util import TINY
 

@@ -20,14 +20,14 @@ from pathlib import Path
 
 import pytest
 
-from towerlab import checkpoint
-from towerlab.jobs import train as train_job
+from towerlab.training import checkpoint
+from towerlab.jobs import train_resume
 from towerlab.settings import read_run_config
 from towerlab.cli import main
 from towerlab.fields import replace
 from towerlab.distributed.group import Context
 from towerlab.errors import UserError
-from towerlab.train import STOP_CHECK_EVERY
+from towerlab.training.loop import STOP_CHECK_EVERY
 from util import TINY, max_difference, metrics, reaped, replica_pids, run_cli, start_towerlab, summary, weights
 
 
@@ -159,7 +159,7 @@ def test_a_torchrun_restart_resumes_only_its_own_folder(tmp_path, monkeypatch):
         monkeypatch.setenv(name, value)
 
     def decide(config=cfg):
-        return train_job._decide_start(config, run, Context(), out)
+        return train_resume.decide_start(config, run, Context(), out)
 
     def stored_run_id(run_id):
         config = json.loads((out / "config.json").read_text())

@@ -5,9 +5,6 @@ a model function's positional parameters."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np

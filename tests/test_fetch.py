@@ -12,7 +12,8 @@ import threading
 
 import pytest
 
-from towerlab.data import catalog, fetch
+from towerlab.catalog import datasets
+from towerlab.data import fetch
 from towerlab.errors import UserError
 
 
@@ -46,17 +47,17 @@ def closed_url():
     return f"http://127.0.0.1:{port}/"
 
 
-def serve(served, files: dict[str, bytes]) -> tuple[catalog.RemoteFile, ...]:
+def serve(served, files: dict[str, bytes]) -> tuple[datasets.RemoteFile, ...]:
     remotes = []
     for name, data in files.items():
         (served / name).write_bytes(data)
-        remotes.append(catalog.RemoteFile(name, hashlib.md5(data).hexdigest()))
+        remotes.append(datasets.RemoteFile(name, hashlib.md5(data).hexdigest()))
     return tuple(remotes)
 
 
 def use_source(monkeypatch, mirrors, remotes, name="mnist", subdir=""):
-    monkeypatch.setitem(catalog.CATALOG, name, dataclasses.replace(
-        catalog.entry(name), source=catalog.Source(subdir, tuple(mirrors), tuple(remotes))))
+    monkeypatch.setitem(datasets.CATALOG, name, dataclasses.replace(
+        datasets.entry(name), source=datasets.Source(subdir, tuple(mirrors), tuple(remotes))))
 
 
 FILES = {"a.gz": b"first file" * 1000, "b.gz": b"second"}
@@ -106,7 +107,7 @@ def test_fetch_tries_the_next_mirror(tmp_path, server, closed_url, monkeypatch):
 def test_fetch_checksum_mismatch_leaves_nothing(tmp_path, server, monkeypatch):
     url, served = server
     (served / "a.gz").write_bytes(b"<html>captive portal</html>")
-    use_source(monkeypatch, [url], [catalog.RemoteFile("a.gz", "0" * 32)])
+    use_source(monkeypatch, [url], [datasets.RemoteFile("a.gz", "0" * 32)])
     dest = tmp_path / "data"
     with pytest.raises(UserError, match=r"a.gz for mnist has the wrong checksum \(127\.0\.0\.1:\d+ gave md5 "
                                         r"[0-9a-f]{32}, expected 0{32}") as err:
@@ -117,7 +118,7 @@ def test_fetch_checksum_mismatch_leaves_nothing(tmp_path, server, monkeypatch):
 
 def test_fetch_unreachable_gives_one_clean_error(tmp_path, server, closed_url, monkeypatch):
     url, _ = server
-    use_source(monkeypatch, [closed_url, url], [catalog.RemoteFile("nowhere.gz", "0" * 32)])
+    use_source(monkeypatch, [closed_url, url], [datasets.RemoteFile("nowhere.gz", "0" * 32)])
     dest = tmp_path / "data"
     with pytest.raises(UserError) as err:
         fetch.fetch("mnist", dest)
@@ -130,7 +131,7 @@ def test_fetch_unreachable_gives_one_clean_error(tmp_path, server, closed_url, m
 
 
 def test_a_failed_fetch_removes_the_folders_it_made_and_nothing_else(tmp_path, closed_url, monkeypatch):
-    use_source(monkeypatch, [closed_url], [catalog.RemoteFile("a.gz", "0" * 32)], name="fashion-mnist",
+    use_source(monkeypatch, [closed_url], [datasets.RemoteFile("a.gz", "0" * 32)], name="fashion-mnist",
                subdir="fashion-mnist")
     data_dir = tmp_path / "data"
     (data_dir / "mine").mkdir(parents=True)
@@ -175,14 +176,14 @@ def test_target_dirs_match_the_lookup(tmp_path):
 
 
 def test_official_table():
-    mnist = catalog.entry("mnist").source
+    mnist = datasets.entry("mnist").source
     assert [f.filename for f in mnist.files] == ["train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz",
                                                  "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"]
     assert mnist.files[0].md5 == "f68b3c2dcbeaaa9fbdd348bbdeb94873"
     assert fetch.mirror_hosts("mnist") == ["ossci-datasets.s3.amazonaws.com", "storage.googleapis.com"]
-    assert catalog.entry("fashion-mnist").source.files[3].md5 == "bb300cfdad3c16e7a12a480ee83cd310"
-    assert catalog.entry("cifar10").source.files == (catalog.RemoteFile("cifar-10-python.tar.gz",
+    assert datasets.entry("fashion-mnist").source.files[3].md5 == "bb300cfdad3c16e7a12a480ee83cd310"
+    assert datasets.entry("cifar10").source.files == (datasets.RemoteFile("cifar-10-python.tar.gz",
                                                                         "c58f30108f718f92721af3b95e74349a"),)
-    for source in (catalog.entry(name).source for name in catalog.downloadable()):
+    for source in (datasets.entry(name).source for name in datasets.downloadable()):
         assert all(m.endswith("/") for m in source.mirrors)
         assert all(re.fullmatch(r"[0-9a-f]{32}", f.md5) for f in source.files)

@@ -27,7 +27,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from towerlab import checkpoint
+from towerlab.training import checkpoint
 from towerlab.data import readers
 from towerlab.cli import main
 from towerlab.errors import UserError

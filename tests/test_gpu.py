@@ -16,12 +16,13 @@ import json
 import pytest
 import torch
 
-from towerlab.cli import build_parser, main, resolve_train
+from towerlab.cli import build_parser, main
+from towerlab.commands import resolve_train
 from towerlab.distributed.group import session
 from towerlab.distributed.launch import launch
 from towerlab.jobs.train import train_data
 from towerlab.search import evaluation_records
-from towerlab.train import train
+from towerlab.training.loop import LoopOptions, train
 from util import (ONE_GPU, RESUMABLE, TINY_DATA, interrupt, max_difference, metrics, search_rows, small_space_file,
                   summary, weights)
 
@@ -71,7 +72,7 @@ def _rank(rank: int, world_size: int, store_path: str, args: list[str], strategy
     with session(rank=rank, world_size=world_size, store_path=store_path, backend="gloo", per_device=world_size,
                  device="cuda") as ctx:
         assert ctx.device == torch.device("cuda", 0)
-        result = train(cfg, ctx, train_data(cfg, run, download=False), strategy=strategy, test=False)
+        result = train(cfg, ctx, train_data(cfg, run, download=False), LoopOptions(strategy=strategy, test=False))
         if ctx.is_main:
             torch.save({k: v.cpu() for k, v in result.model.state_dict().items()}, out)
 
@@ -155,7 +156,7 @@ def test_the_recorded_program_equals_the_program_run_op_by_op(tmp_path):
     from towerlab.config import TrainConfig
     from towerlab.data.load import load_dataset
     from towerlab.distributed.group import Context
-    from towerlab.train import train
+    from towerlab.training.loop import LoopOptions, train
 
     data = load_dataset("synthetic", val_size=500, synthetic_train=2000, log=lambda _: None)
     cfg = TrainConfig(model="lenet5", dataset="synthetic", synthetic_train=2000, val_size=500, steps=30, batch_size=64,
@@ -163,7 +164,7 @@ def test_the_recorded_program_equals_the_program_run_op_by_op(tmp_path):
     ctx = Context(device=torch.device("cuda", 0))
     torch.backends.cudnn.deterministic = True  # the same kernels in both runs
     try:
-        runs = {mode: train(cfg, ctx, data, step_mode=mode, test=False) for mode in ("program", "graph")}
+        runs = {mode: train(cfg, ctx, data, LoopOptions(step_mode=mode, test=False)) for mode in ("program", "graph")}
     finally:
         torch.backends.cudnn.deterministic = False
     assert runs["graph"].step_mode == "graph" and runs["program"].step_mode == "program"
@@ -171,12 +172,13 @@ def test_the_recorded_program_equals_the_program_run_op_by_op(tmp_path):
 
 
 def test_steady_graph_and_program_steps_never_wait_for_the_host(tmp_path):
-    from towerlab.batches import Batches, Normalizer
+    from towerlab.models.preprocessing import Normalizer
+    from towerlab.training.batches import Batches
     from towerlab.config import TrainConfig
     from towerlab.data.load import load_dataset
     from towerlab.distributed.group import Context
-    from towerlab.step import StepProgram
-    from towerlab.train import build
+    from towerlab.training.program import StepProgram
+    from towerlab.training.network import build
 
     cfg = TrainConfig(model="mlp", dataset="synthetic", batch_size=64, steps=40, augment=True, schedule="onecycle",
                       lookahead=3, precision="bf16")

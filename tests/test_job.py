@@ -13,10 +13,11 @@ from pathlib import Path
 import pytest
 
 from towerlab.cli import main
-from towerlab.jobs.common import LOCK_NAME, OutputFolder, code_version
+from towerlab.jobs.folder import LOCK_NAME, OutputFolder
+from towerlab.jobs.provenance import code_version
 from util import TINY, replica_pids, start_towerlab
 
-HOLD = "import sys, time; from towerlab.jobs.common import OutputFolder; f = OutputFolder(sys.argv[1]); f.claim(); " \
+HOLD = "import sys, time; from towerlab.jobs.folder import OutputFolder; f = OutputFolder(sys.argv[1]); f.claim(); " \
        "print('held', flush=True); time.sleep(60)"
 
 

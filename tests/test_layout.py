@@ -1,6 +1,8 @@
-"""The house's large-scale structure (docs/development.md, "Where things live"): imports run downward
-through the layers, no two modules import each other (directly or around a circle), no source module
-grows past 500 lines, and the search core runs without torch."""
+"""The house's large-scale structure (docs/development.md, "Layout"): imports run downward through
+the layers (cli/api > jobs > {training, search} > {models, data, distributed} > config), a package
+sits in one layer whole, no two modules import each other (directly or around a circle), a module
+over 350 lines says why in its docstring (none grows past 500), every `noqa` and `type: ignore`
+says why, and the search core runs without torch."""
 from __future__ import annotations
 
 import ast
@@ -14,16 +16,21 @@ import pytest
 SRC = Path(__file__).resolve().parents[1] / "src"
 
 # The layers, bottom first (the first pattern that matches places a module): a module may import its
-# own layer and the layers below it, never above. The dataset and model catalogs (stdlib only) sit
-# beside config, which takes its --dataset and --model choices from them.
+# own layer and the layers below it, never above. A package sits in one layer whole (no module of it
+# below its siblings: config once imported the dataset and model catalogs from data/ and models/,
+# two arrows up that a per-module exception hid). The catalogs (stdlib only) sit beside config, which
+# takes its --dataset and --model choices from them.
 LAYERS = (
-    (1, r"towerlab(\.(config|fields|presets|errors|atomic|data\.catalog|models|models\.options))?"),
-    (2, r"towerlab\.(step|strategies|optim|lookahead|batches|checkpoint|report|"
-        r"models(\..+)?|data(\..+)?|distributed(\..+)?)"),
-    (3, r"towerlab\.(train|settings|search(\..+)?)"),
+    (1, r"towerlab(\.(config|fields|presets|errors|atomic|catalog(\..+)?))?"),
+    (2, r"towerlab\.(report|plots|models(\..+)?|data(\..+)?|distributed(\..+)?)"),
+    (3, r"towerlab\.(settings|training(\..+)?|search(\..+)?)"),
     (4, r"towerlab\.jobs(\..+)?"),
-    (5, r"towerlab\.(cli|api|__main__)"),
+    (5, r"towerlab\.(cli|commands|api|__main__)"),
 )
+# Modules over 350 lines that are the search side's to split (reworked on another branch): exempt
+# from saying why, not from the 500-line limit.
+LONG_ELSEWHERE = {"towerlab.search.store", "towerlab.search.rounds", "towerlab.search.database",
+                  "towerlab.search.queue", "towerlab.jobs.search"}
 
 
 def _modules() -> dict[str, Path]:
@@ -76,9 +83,27 @@ def test_every_module_has_a_layer():
     assert [m for m in MODULES if _layer(m) is None] == []
 
 
+def _arrows_up(graph: dict[str, set[str]]) -> list[str]:
+    """Every import of `graph` that climbs to a higher layer, as "importer -> imported"."""
+    return sorted(f"{a} -> {b}" for a, targets in graph.items() for b in targets if _layer(b) > _layer(a))
+
+
 def test_imports_run_downward_only():
-    upward = sorted(f"{a} -> {b}" for a, targets in GRAPH.items() for b in targets if _layer(b) > _layer(a))
-    assert upward == []
+    assert _arrows_up(GRAPH) == []
+
+
+def test_the_arrows_up_of_before_are_counted():
+    # config.py once imported the catalogs from their packages, data/ and models/ (issue 51).
+    before = {"towerlab.config": {"towerlab.data.catalog", "towerlab.models", "towerlab.errors"}}
+    assert _arrows_up(before) == ["towerlab.config -> towerlab.data.catalog", "towerlab.config -> towerlab.models"]
+    assert _arrows_up({"towerlab.config": {"towerlab.catalog.datasets", "towerlab.catalog.models"}}) == []
+
+
+def test_a_package_is_one_layer():
+    packages = [m for m, path in MODULES.items() if path.name == "__init__.py" and m != "towerlab"]
+    split = sorted(f"{m} ({_layer(m)}) in {package} ({_layer(package)})" for package in packages
+                   for m in MODULES if m.startswith(package + ".") and _layer(m) != _layer(package))
+    assert split == []
 
 
 def test_no_import_circles():
@@ -114,12 +139,39 @@ def test_the_layout_check_sees_an_upward_import_and_a_circle():
     assert "towerlab.config" in GRAPH["towerlab.cli"]
     assert _layer("towerlab.config") < _layer("towerlab.cli")
     assert _layer("towerlab.jobs.anything") == 4 and _layer("towerlab.search.samplers.ga") == 3
-    assert _layer("towerlab.data.catalog") == 1 and _layer("towerlab.data.load") == 2
+    assert _layer("towerlab.catalog.datasets") == 1 and _layer("towerlab.data.load") == 2
+    assert _layer("towerlab.models.preprocessing") == 2 and _layer("towerlab.training.batches") == 3
 
 
 @pytest.mark.parametrize("module", sorted(MODULES))
 def test_no_source_module_is_over_500_lines(module):
     assert len(MODULES[module].read_text().splitlines()) <= 500
+
+
+@pytest.mark.parametrize("module", sorted(set(MODULES) - LONG_ELSEWHERE))
+def test_a_module_over_350_lines_says_why(module):
+    """Modules stay around 300 lines, split by role; one that is longer says in its docstring why
+    it is one module ("over 350 lines" and the reason)."""
+    text = MODULES[module].read_text()
+    lines = len(text.splitlines())
+    said = "over 350 lines" in " ".join((ast.get_docstring(ast.parse(text)) or "").split())
+    assert lines <= 350 or said, f"{module}: {lines} lines, and its docstring does not say why"
+
+
+SUPPRESSION = re.compile(r"#\s*(noqa|type:\s*ignore)\b(?P<rest>.*)")
+
+
+def test_every_noqa_and_type_ignore_says_why():
+    """A silenced linter or type checker says why on the same line: `# noqa: CODE - why`,
+    `# type: ignore[code]  # why`."""
+    root = SRC.parent
+    silent = []
+    for path in sorted([*SRC.rglob("*.py"), *(root / "tests").rglob("*.py"), *(root / "bench").rglob("*.py")]):
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            found = SUPPRESSION.search(line)
+            if found and " - " not in found["rest"] and not re.search(r"#\s*\w", found["rest"]):
+                silent.append(f"{path.relative_to(root)}:{number}")
+    assert silent == []
 
 
 def test_the_search_core_imports_no_torch():

@@ -6,7 +6,8 @@ import pytest
 from towerlab import api, config
 from towerlab.data.synthetic import make_synthetic
 from towerlab.errors import UserError
-from towerlab.models import CATALOG, Model, build_model
+from towerlab.catalog.models import CATALOG, ModelEntry
+from towerlab.models import build_model
 from towerlab.models.mlp import ACTIVATIONS
 
 QUIET = {"display_step": 1000, "progress": False, "device": "cpu"}
@@ -33,7 +34,7 @@ def tiny_family(tmp_path, monkeypatch):
     """Model "tiny" added the documented way: its file and its catalog line."""
     (tmp_path / "tinyfamily.py").write_text(TINY_FAMILY)
     monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setitem(CATALOG, "tiny", Model("tinyfamily:TinyNet", channels_last=False))
+    monkeypatch.setitem(CATALOG, "tiny", ModelEntry("tinyfamily:TinyNet", channels_last=False))
     return "tiny"
 
 

@@ -29,7 +29,8 @@ def test_unknown_preset_is_a_user_error_naming_the_known_ones():
 
 
 def test_preset_flag_applies_the_recipe_under_typed_flags():
-    from towerlab.cli import build_parser, resolve_train
+    from towerlab.cli import build_parser
+    from towerlab.commands import resolve_train
 
     cfg, run = resolve_train(build_parser().parse_args(["train", "--preset", "mnist-fast", "--seed", "3"]))
     assert (cfg.model, cfg.batch_size, cfg.schedule, cfg.steps, cfg.seed) == ("lenet5", 256, "onecycle", 537, 3)

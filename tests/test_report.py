@@ -3,7 +3,7 @@
 import matplotlib.pyplot as plt
 import pytest
 
-from towerlab.report import accuracy_time_figure, fitness_figure
+from towerlab.plots import accuracy_time_figure, fitness_figure
 
 
 @pytest.mark.parametrize("generations", [2, 3, 7])

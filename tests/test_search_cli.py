@@ -8,7 +8,8 @@ import re
 
 import pytest
 
-from towerlab.cli import build_parser, main, resolve_search
+from towerlab.cli import build_parser, main
+from towerlab.commands import resolve_search
 from towerlab.config import SearchConfig
 from towerlab.search import Outcome, Space, Store, run_search, serial
 from util import SEARCH_BASE, small_space_file

@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from towerlab.cli import build_parser, main, resolve_search
+from towerlab.cli import build_parser, main
+from towerlab.commands import resolve_search
 from towerlab.config import SearchConfig
 from towerlab.fields import to_dict
 from towerlab.errors import UserError

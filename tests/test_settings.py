@@ -4,7 +4,8 @@ import json
 
 import pytest
 
-from towerlab.cli import build_parser, main, resolve_search, resolve_train
+from towerlab.cli import build_parser, main
+from towerlab.commands import resolve_search, resolve_train
 from towerlab.errors import UserError
 from towerlab.settings import config_toml, read_config_file, tomllib
 from util import ONE_CPU, TINY, max_difference, weights

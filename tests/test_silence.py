@@ -12,7 +12,7 @@ import threading
 import pytest
 
 from towerlab import report
-from towerlab import train as training
+from towerlab.training import loop as training
 from towerlab.cli import main
 from towerlab.report import Reporter, phase
 from util import TINY, TINY_DATA
@@ -130,7 +130,7 @@ def test_training_names_its_reading_and_evaluations_while_they_last(phase_named,
 
 def test_training_names_the_compilation_of_its_step_while_it_lasts(phase_named, monkeypatch, capsys, tmp_path):
     """--step compiled, its compilation replaced by a wait for its name (then the program runs op by op)."""
-    from towerlab.step import StepProgram
+    from towerlab.training.program import StepProgram
 
     def compile_slowly(self, mode, step):
         self.run = self.program

@@ -22,17 +22,21 @@ import torch.nn.functional as F  # noqa: F401 - the dispatch test names ops of i
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-import towerlab.step
-from towerlab.batches import Batches, Normalizer
-from towerlab.cli import build_parser, main, resolve_train
+import towerlab.training.program
+from towerlab.models.preprocessing import Normalizer
+from towerlab.training.batches import Batches
+from towerlab.cli import build_parser, main
+from towerlab.commands import resolve_train
 from towerlab.config import RunConfig, TrainConfig
 from towerlab.distributed.group import Context, session
 from towerlab.distributed.launch import launch
 from towerlab.errors import UserError
-from towerlab.optim import DEFAULT_LR, Update, make_optimizer, make_scheduler, schedule_tables, uses_momentum
+from towerlab.training.optim import DEFAULT_LR, make_optimizer, make_scheduler
+from towerlab.training.update import Update, schedule_tables, uses_momentum
 from towerlab.jobs.train import train_data
-from towerlab.step import StepProgram
-from towerlab.train import build, train
+from towerlab.training.program import StepProgram
+from towerlab.training.loop import LoopOptions, train
+from towerlab.training.network import build
 from util import ONE_CPU, RESUMABLE, TINY, interrupt, max_difference, summary, weights
 
 SCHEDULES = {"adam": ("constant", "onecycle", "linear"), "sgd": ("constant", "onecycle", "linear"),
@@ -44,7 +48,7 @@ SCHEDULES = {"adam": ("constant", "onecycle", "linear"), "sgd": ("constant", "on
 @pytest.fixture
 def aot_eager(monkeypatch):
     """--step compiled through aot_eager: the whole graph, traced as inductor would take it."""
-    monkeypatch.setitem(towerlab.step.COMPILE_OPTIONS, "cpu", {"backend": "aot_eager"})
+    monkeypatch.setitem(towerlab.training.program.COMPILE_OPTIONS, "cpu", {"backend": "aot_eager"})
 
 
 @pytest.mark.parametrize("optimizer,schedule", [(o, s) for o, ss in SCHEDULES.items() for s in ss])
@@ -103,12 +107,12 @@ def config(case: dict, steps: int = 20, **over) -> TrainConfig:
                           "steps": steps, **case, **over})
 
 
-def data_for(cfg: TrainConfig):  # noqa: ANN201
+def data_for(cfg: TrainConfig):
     return train_data(cfg, RunConfig(), download=False, log=lambda _: None)
 
 
 def run(cfg: TrainConfig, mode: str) -> dict:
-    result = train(cfg, Context(), data_for(cfg), step_mode=mode, test=False)
+    result = train(cfg, Context(), data_for(cfg), LoopOptions(step_mode=mode, test=False))
     assert result.step_mode == mode
     return {k: v.detach().clone() for k, v in result.model.state_dict().items()}
 
@@ -142,7 +146,7 @@ def test_the_whole_step_compiles_once_as_one_graph(case, aot_eager, monkeypatch)
     torch._dynamo.reset()  # no compilation of an earlier test's program counts
     prepare = StepProgram.prepare
     with contextlib.ExitStack() as after_warm_up:
-        def prepare_then_forbid(self, *args):  # noqa: ANN001, ANN202
+        def prepare_then_forbid(self, *args):
             ran = prepare(self, *args)
             after_warm_up.enter_context(torch.compiler.set_stance("fail_on_recompile"))
             return ran
@@ -164,7 +168,7 @@ class _HostReads(TorchDispatchMode):
         super().__init__()
         self.seen: list[str] = []
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if func._schema.name in self.READS:
             self.seen.append(func._schema.name)
         return func(*args, **(kwargs or {}))
@@ -179,7 +183,7 @@ class _HostCalls(TorchFunctionMode):
         super().__init__()
         self.seen: list[str] = []
 
-    def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+    def __torch_function__(self, func, types, args=(), kwargs=None):
         name = getattr(func, "__name__", "")
         if name in self.CALLS:
             self.seen.append(name)
@@ -232,21 +236,21 @@ def test_state_keeps_its_memory_through_steps_epochs_the_warm_up_and_a_resume():
 
 
 def test_a_checkpoint_of_the_other_step_is_refused_in_one_line():
-    from towerlab.train import _Progress, _state  # noqa: PLC0415 - the checkpoint's own writer
+    from towerlab.training.progress import Progress, checkpoint_state
 
     cfg = config(CASES["mlp-space"], steps=4)
-    state = _state(cfg, Context(), _Progress(step=2), program_for(cfg), 2)
+    state = checkpoint_state(cfg, Context(), Progress(step=2), program_for(cfg), 2)
     with pytest.raises(UserError, match="written by the step program.*resume with --input resident"):
-        train(cfg, Context(), data_for(cfg), step_mode="eager", resume_state=state, test=False)
+        train(cfg, Context(), data_for(cfg), LoopOptions(step_mode="eager", test=False), resume_state=state)
 
 
 def _rank(rank: int, world_size: int, store_path: str, args: list[str], mode: str, out: str) -> None:
     torch.set_num_threads(1)
     if mode == "compiled":
-        towerlab.step.COMPILE_OPTIONS["cpu"] = {"backend": "aot_eager"}
+        towerlab.training.program.COMPILE_OPTIONS["cpu"] = {"backend": "aot_eager"}
     cfg, run_cfg = resolve_train(build_parser().parse_args(["train", *args]))
     with session(rank=rank, world_size=world_size, store_path=store_path, backend="gloo") as ctx:
-        result = train(cfg, ctx, train_data(cfg, run_cfg, download=False), step_mode=mode, test=False)
+        result = train(cfg, ctx, train_data(cfg, run_cfg, download=False), LoopOptions(step_mode=mode, test=False))
         assert result.step_mode == mode
         if ctx.is_main:
             torch.save({k: v.clone() for k, v in result.model.state_dict().items()}, out)

@@ -7,13 +7,14 @@ import os
 import pytest
 import torch
 
-from towerlab import checkpoint, config, optim
+from towerlab import config
+from towerlab.training import checkpoint, optim, update
 from towerlab.config import TrainConfig
 from towerlab.data.load import load_dataset
 from towerlab.distributed.group import Context
-from towerlab.step import STEP_KINDS
-from towerlab.strategies import STRATEGIES, Strategy
-from towerlab.train import train
+from towerlab.training.step_kinds import STEP_KINDS
+from towerlab.training.strategies import STRATEGIES, Strategy
+from towerlab.training.loop import LoopOptions, train
 
 
 def test_each_registry_names_exactly_its_config_list():
@@ -21,8 +22,8 @@ def test_each_registry_names_exactly_its_config_list():
     assert all(cls.name == name for name, cls in STRATEGIES.items())
     assert set(optim.OPTIMIZERS) == set(config.OPTIMIZERS)
     # The step program's form of each optimizer, and its default learning rate for a search.
-    assert set(optim.STATE) == set(optim.DEFAULT_LR) == set(config.OPTIMIZERS)
-    assert [name for name in config.OPTIMIZERS if not hasattr(optim.Update, "_" + name)] == []
+    assert set(update.STATE) == set(optim.DEFAULT_LR) == set(config.OPTIMIZERS)
+    assert [name for name in config.OPTIMIZERS if not hasattr(update.Update, "_" + name)] == []
     assert set(optim.SCHEDULES) == set(config.SCHEDULES)
     # --step's choices but auto (which resolve_step settles), and the tests' uncaptured program.
     assert set(STEP_KINDS) == set(config.STEPS) - {"auto"} | {"program"}
@@ -33,11 +34,11 @@ class AveragedAfterBackward(Strategy):
 
     name = "after-backward"
 
-    def __init__(self, module, ctx, new_optimizer):  # noqa: ANN001
+    def __init__(self, module, ctx, new_optimizer):
         super().__init__(module, ctx)
         self.optimizer = new_optimizer(self.params, ctx.device)
 
-    def update(self, loss):  # noqa: ANN001
+    def update(self, loss):
         self.optimizer.zero_grad()
         loss.backward()
         if self.ctx.distributed:
@@ -49,7 +50,7 @@ class AveragedAfterBackward(Strategy):
     def state_dict(self):
         return self.optimizer.state_dict()
 
-    def load_state_dict(self, state):  # noqa: ANN001
+    def load_state_dict(self, state):
         self.optimizer.load_state_dict(state)
 
     def lr(self):
@@ -74,9 +75,9 @@ def same_weights(a: torch.nn.Module, b: torch.nn.Module) -> bool:
 
 
 def test_a_strategy_is_one_class_plus_one_registry_line(data, monkeypatch):
-    reference = train(CFG, Context(), data, strategy="ddp", step_mode="eager", test=False)
+    reference = train(CFG, Context(), data, LoopOptions(strategy="ddp", step_mode="eager", test=False))
     monkeypatch.setitem(STRATEGIES, AveragedAfterBackward.name, AveragedAfterBackward)
-    added = train(CFG, Context(), data, strategy=AveragedAfterBackward.name, test=False)
+    added = train(CFG, Context(), data, LoopOptions(strategy=AveragedAfterBackward.name, test=False))
     assert added.step_mode == "eager" and added.steps == 20
     # One process: the same arithmetic as DDP's, to the last bit.
     assert same_weights(added.model, reference.model) and added.val_loss == reference.val_loss
@@ -87,12 +88,14 @@ def test_an_eager_checkpoint_keeps_its_layout_and_resumes(strategy, data, tmp_pa
     """{"model", "optimizer", "scheduler", "lookahead"}: what every eager checkpoint so far holds, so
     old checkpoints load; resumed from it, a run ends where the uninterrupted one did."""
     path = tmp_path / "checkpoint.pt"
-    whole = train(CFG, Context(), data, strategy=strategy, step_mode="eager", test=False, checkpoint_path=path)
+    whole = train(CFG, Context(), data, LoopOptions(strategy=strategy, step_mode="eager", test=False,
+                                                  checkpoint_path=path))
     os.replace(checkpoint.previous(path), tmp_path / "epoch1.pt")  # step 10's, replaced by step 20's
     state = checkpoint.load(tmp_path / "epoch1.pt", log=lambda _: None)
     saved = state["strategy"]
     assert (state["step"], sorted(saved)) == (10, ["lookahead", "model", "optimizer", "scheduler"])
     assert sorted(saved["optimizer"]) == ["param_groups", "state"] and len(saved["optimizer"]["param_groups"]) == 2
     assert saved["scheduler"]["last_epoch"] == 10 and saved["lookahead"]["steps"] == 10
-    resumed = train(CFG, Context(), data, strategy=strategy, step_mode="eager", test=False, resume_state=state)
+    resumed = train(CFG, Context(), data, LoopOptions(strategy=strategy, step_mode="eager", test=False),
+                    resume_state=state)
     assert resumed.steps == 20 and same_weights(resumed.model, whole.model)

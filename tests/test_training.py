@@ -10,10 +10,31 @@ import pytest
 
 from towerlab.cli import main
 from towerlab.models.files import load_model
-from util import (ONE_CPU, RESUMABLE, TINY, interrupt, max_difference, metrics, replica_pids, run_cli, start_towerlab,
+from util import (ONE_CPU, RESUMABLE, TINY, TINY_DATA, interrupt, max_difference, metrics, replica_pids, run_cli, start_towerlab,
                   summary, weights)
 
 STEPS = ["--model", "lenet5", "--steps", "6"]  # no dropout: the replicas' arithmetic is comparable
+
+
+@pytest.mark.parametrize("devices", ["1", "2"])
+def test_the_setup_is_checked_once_per_run(devices, tmp_path, monkeypatch):
+    """check_setup (the model built on the meta device, a module of yours tried on two images, the
+    batch size) runs once per run: in the launcher before its workers start, else in the one process
+    that trains; neither the workers (forked here: they would count) nor the loop check again."""
+    import towerlab.jobs.train
+
+    calls = tmp_path / "calls"
+    check_setup = towerlab.jobs.train.check_setup
+
+    def counted(*args, **kwargs):
+        with open(calls, "a") as f:
+            f.write(f"{os.getpid()}\n")
+        return check_setup(*args, **kwargs)
+
+    monkeypatch.setattr(towerlab.jobs.train, "check_setup", counted)
+    args = [*TINY_DATA, "--device", "cpu", "--devices", devices, "--threads", "1", "--model", "mlp", "--steps", "2"]
+    assert main(["train", *args, "--out", str(tmp_path / "run")]) == 0
+    assert len(calls.read_text().split()) == 1
 
 
 @pytest.fixture(scope="module")
@@ -158,5 +179,5 @@ def test_a_killed_replica_ends_the_job_quickly_naming_the_rank(tmp_path):
     log = (tmp_path / "log").read_text()
     assert status == 1 and "replica rank 1" in log and "SIGKILL" in log, log
     assert "Traceback" not in log
-    state = __import__("towerlab.checkpoint", fromlist=["load"]).load(out / "checkpoint.pt")
+    state = __import__("towerlab.training.checkpoint", fromlist=["load"]).load(out / "checkpoint.pt")
     assert state["step"] > 0

@@ -6,9 +6,9 @@ import re
 
 import pytest
 
-import towerlab.step
-import towerlab.train
-from towerlab.checkpoint import load as load_checkpoint
+import towerlab.training.program
+import towerlab.training.loop
+from towerlab.training.checkpoint import load as load_checkpoint
 from towerlab.cli import main
 from util import ONE_CPU, RESUMABLE, TINY, interrupt, max_difference, run_cli, summary, weights
 
@@ -26,7 +26,7 @@ WHITENET = ["--model", "whitenet", "--synthetic-shape", "3x16x16", "--model-opt"
 def always_warm_up(monkeypatch):
     """Warm up as a compiled or CUDA run does, here with the plain CPU step, whose arithmetic is the
     same with or without the warm-up: what is left differing is what the warm-up failed to undo."""
-    monkeypatch.setattr(towerlab.train, "warms_up", lambda device, mode: True)
+    monkeypatch.setattr(towerlab.training.loop, "warms_up", lambda device, mode: True)
 
 
 @pytest.fixture(scope="module")
@@ -89,7 +89,7 @@ def test_a_resumed_run_warms_up_again_and_equals_the_uninterrupted_run(tmp_path,
 @pytest.mark.slow
 def test_a_compiled_run_equals_the_eager_run_with_its_compilation_apart(eager_lenet, tmp_path, capsys, monkeypatch):
     out = tmp_path / "compiled"
-    monkeypatch.setitem(towerlab.step.COMPILE_OPTIONS, "cpu", {"backend": "aot_eager"})  # inductor: a minute
+    monkeypatch.setitem(towerlab.training.program.COMPILE_OPTIONS, "cpu", {"backend": "aot_eager"})  # inductor: a minute
     assert main(["train", *TINY, *LENET, "--step", "compiled", "--out", str(out)]) == 0
     # The step program's update against torch.optim's fused Adam: float32 rounding apart.
     assert max_difference(weights(out), weights(eager_lenet)) < 1e-5
@@ -126,7 +126,7 @@ def test_a_search_candidate_spends_no_warm_up_steps(monkeypatch):
     from towerlab.config import SearchConfig
     from towerlab.data.load import load_dataset
     from towerlab.jobs.candidate import train_candidate
-    from towerlab.step import EagerSteps
+    from towerlab.training.eager import EagerSteps
 
     always_warm_up(monkeypatch)
     calls = []

@@ -9,16 +9,17 @@ import torch
 import torch.nn.functional as F
 
 import towerlab.jobs.train
-from towerlab.batches import Augmentation, Batches, Normalizer, epoch_salt, flip_translate, hashed_words, tta_logits
+from towerlab.models.preprocessing import Normalizer, tta_logits
+from towerlab.training.batches import Augmentation, Batches, epoch_salt, flip_translate, hashed_words
 from towerlab.cli import main
 from towerlab.config import RunConfig, SearchConfig, TrainConfig
 from towerlab.distributed.group import Context
 from towerlab.errors import UserError
 from towerlab.jobs.candidate import candidate_config
-from towerlab.lookahead import Lookahead
+from towerlab.training.lookahead import Lookahead
 from towerlab.models import build_model
 from towerlab.models.files import load_model
-from towerlab.optim import make_optimizer, make_scheduler, parameter_groups
+from towerlab.training.optim import make_optimizer, make_scheduler, parameter_groups
 from towerlab.models.whitenet import GlobalBatchNorm, patch_whitening
 from util import ONE_CPU, StopAtRead, max_difference, summary, weights
 

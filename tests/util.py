@@ -153,7 +153,7 @@ RESUMABLE = [*TINY_DATA, "--model", "mlp", "--model-opt", "layers=2", "--model-o
              "--schedule", "onecycle", "--lr", "0.005", "--epochs", "3", "--batch-size", "100"]
 
 
-def interrupt(args: list[str], out: Path, monkeypatch) -> None:  # noqa: ANN001 - pytest's fixture
+def interrupt(args: list[str], out: Path, monkeypatch) -> None:
     """`towerlab train *args` into `out`, stopped by a Ctrl-C mid-way through the second epoch of
     RESUMABLE (at step 23): it exits 130 with a checkpoint and no summary."""
     import towerlab.jobs.train

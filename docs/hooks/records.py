@@ -14,7 +14,7 @@ SHIPPED = {".json", ".png", ".log"}
 UNSHIPPED_FOLDERS = {"quick", "search-runs", "sampler-runs", "pruning-runs"}  # runs' folders, git-ignored
 
 
-def on_files(files, config):  # noqa: ANN001, ANN201 - MkDocs' hook signature
+def on_files(files, config):
     for path in sorted(RESULTS.rglob("*")):
         relative = path.relative_to(RESULTS)
         if path.suffix in SHIPPED and not UNSHIPPED_FOLDERS & set(relative.parts):
@@ -22,5 +22,5 @@ def on_files(files, config):  # noqa: ANN001, ANN201 - MkDocs' hook signature
     return files
 
 
-def on_page_markdown(markdown, page, config, files):  # noqa: ANN001, ANN201
+def on_page_markdown(markdown, page, config, files):
     return markdown.replace("](../bench/results/", "](records/")

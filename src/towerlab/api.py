@@ -5,8 +5,6 @@
     run.test_accuracy, run.out, run.history
     run.model.predict(images)        # raw uint8 images in, class indices out
 
-(`towerlab.train` is the training loop's module, hence `towerlab.api`.)
-
 The same jobs as the command line, through the same calls: keyword arguments are the flags
 (`batch_size=64` for `--batch-size 64`), `config=` a config file, then the job runs and its record
 comes back as an object. Local workers are forked where that is safe (CPU workers, CUDA untouched
@@ -20,13 +18,19 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Optional, Union
 
 from towerlab.config import ARRAYS_DATASET, CUSTOM_MODEL
 from towerlab.fields import replace
 from towerlab.distributed.signals import EXIT_SIGINT, EXIT_SIGTERM, Interrupted
+from towerlab.data.load import DataGiven, Dataset
+from towerlab.models.classifier import Classifier
+from towerlab.models.custom import NetworkSource
 from towerlab.models.files import load_model
 from towerlab.errors import UserError
+
+# A config file (TOML, or a run's config.json) or its settings as a dict; None: none.
+ConfigGiven = Union[str, os.PathLike, dict, None]
 
 
 class _Record:
@@ -56,7 +60,7 @@ class TrainRun(_Record):
     history: list[dict]
     metrics: list[dict]
     config: dict
-    model: Any = field(repr=False)
+    model: Classifier = field(repr=False)
 
 
 @dataclass
@@ -74,7 +78,7 @@ class SearchRun(_Record):
     generations: list[dict]
     best: dict | None
     config: dict
-    model: Any = field(default=None, repr=False)
+    model: Optional[Classifier] = field(default=None, repr=False)
 
 
 def train(model: str | Any | Callable[[], Any] | None = None, data: str | os.PathLike | tuple | None = None, *,
@@ -98,7 +102,7 @@ def train(model: str | Any | Callable[[], Any] | None = None, data: str | os.Pat
     replica failed. It may be called from a thread other than the main one; signals (Ctrl-C,
     SIGTERM) are then left to the main thread's handlers.
     """
-    from towerlab.jobs.common import resolved_run
+    from towerlab.jobs.job import resolved_run
     from towerlab.jobs.train import default_out, start
     from towerlab.settings import resolve_train
 
@@ -108,20 +112,22 @@ def train(model: str | Any | Callable[[], Any] | None = None, data: str | os.Pat
         module, model = model, CUSTOM_MODEL
     if model is not None:
         options["model"] = model
-    arrays = data is not None and not isinstance(data, (str, os.PathLike))
-    if data is not None:
-        options["dataset"] = ARRAYS_DATASET if arrays else os.fspath(data)
-    if (validation is not None or test is not None) and not arrays:
+    pair = None if data is None or isinstance(data, (str, os.PathLike)) else data  # arrays given from Python
+    if isinstance(data, (str, os.PathLike)):
+        options["dataset"] = os.fspath(data)
+    elif pair is not None:
+        options["dataset"] = ARRAYS_DATASET
+    if (validation is not None or test is not None) and pair is None:
         raise UserError("validation= and test= go with data given as arrays, (images, labels)")
     cfg, run = resolve_train(options, config)
     dataset = None
-    if arrays:
-        dataset = _array_dataset(data, validation, test, cfg.val_size, "train", options, config, run.resume)
+    if pair is not None:
+        dataset = _array_dataset(pair, validation, test, cfg.val_size, "train", options, config, run.resume)
         cfg = replace(cfg, val_size=dataset.n_val)
     run = resolved_run(run)
+    out = Path(run.resume or run.out or default_out(cfg))
     if run.resume is None and run.out is None:
-        run = replace(run, out=str(default_out(cfg)))
-    out = Path(run.resume or run.out)
+        run = replace(run, out=str(out))
     _run(lambda: start(cfg, run, data=dataset, module=module), "training")
 
     metrics = _jsonl(out / "metrics.jsonl")
@@ -131,7 +137,7 @@ def train(model: str | Any | Callable[[], Any] | None = None, data: str | os.Pat
 
 
 def _array_dataset(data: tuple, validation: tuple | None, test: tuple | None, val_size: int, kind: str,
-                   options: dict, config: Any, resume: str | None) -> Any:
+                   options: dict, config: ConfigGiven, resume: str | None) -> Dataset:
     """The in-memory dataset of a job given arrays: without `validation`, a tenth of the training
     images (at most `val_size`) are held out, unless `val_size` was chosen (or the job resumes)."""
     from towerlab.data.load import from_arrays
@@ -171,9 +177,9 @@ def search(space: str | os.PathLike | dict | None = None, data: str | os.PathLik
     return _search("search", space, data, validation, test, model, config, options)
 
 
-def _search(kind: str, space: Any, data: Any, validation: Any, test: Any, model: Any, config: Any,
-            options: dict) -> SearchRun:
-    from towerlab.jobs.common import resolved_run
+def _search(kind: str, space: str | os.PathLike | dict | None, data: DataGiven, validation: tuple | None,
+            test: tuple | None, model: str | Callable | None, config: ConfigGiven, options: dict) -> SearchRun:
+    from towerlab.jobs.job import resolved_run
     from towerlab.jobs.search import search_out, start_search
     from towerlab.settings import resolve_search
 
@@ -195,20 +201,22 @@ def _search(kind: str, space: Any, data: Any, validation: Any, test: Any, model:
             raise UserError(f"the space dict must hold only strings, finite numbers, lists and dicts ({exc})") from None
     elif space is not None:
         options["space"] = os.fspath(space)
-    arrays = data is not None and not isinstance(data, (str, os.PathLike))
-    if data is not None:
-        options["dataset"] = ARRAYS_DATASET if arrays else os.fspath(data)
-    if (validation is not None or test is not None) and not arrays:
+    pair = None if data is None or isinstance(data, (str, os.PathLike)) else data  # arrays given from Python
+    if isinstance(data, (str, os.PathLike)):
+        options["dataset"] = os.fspath(data)
+    elif pair is not None:
+        options["dataset"] = ARRAYS_DATASET
+    if (validation is not None or test is not None) and pair is None:
         raise UserError("validation= and test= go with data given as arrays, (images, labels)")
     cfg, run = resolve_search(kind, options, config)
     dataset = None
-    if arrays:
-        dataset = _array_dataset(data, validation, test, cfg.val_size, kind, options, config, run.resume)
+    if pair is not None:
+        dataset = _array_dataset(pair, validation, test, cfg.val_size, kind, options, config, run.resume)
         cfg = replace(cfg, val_size=dataset.n_val)
     run = resolved_run(run)
+    out = search_out(kind, cfg, run)
     if run.resume is None and run.out is None:
-        run = replace(run, out=str(search_out(kind, cfg, run)))
-    out = Path(run.resume or run.out)
+        run = replace(run, out=str(out))
     _run(lambda: start_search(kind, cfg, run, data=dataset, function=function), kind)
     best = out / "best.json"
     return SearchRun(out=out, summary=_json(out / "summary.json"), config=_json(out / "config.json"),
@@ -216,7 +224,7 @@ def _search(kind: str, space: Any, data: Any, validation: Any, test: Any, model:
                      model=_exported(out, function) if cfg.export_best and (out / "model.pt").exists() else None)
 
 
-def _exported(out: Path, function: Callable | None) -> Any:
+def _exported(out: Path, function: Callable | None) -> Classifier:
     """A search's model.pt as a Classifier; a model function's network is rebuilt by the function, from
     the shape and classes the file records and the winner's genes."""
     if function is None:
@@ -259,8 +267,8 @@ def _jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
-def evaluate(run: str | os.PathLike, data: Any = None, *, split: str = "test", data_dir: str | None = None,
-             module: Any = None) -> dict:
+def evaluate(run: str | os.PathLike, data: DataGiven = None, *, split: str = "test", data_dir: str | None = None,
+             module: NetworkSource | None = None) -> dict:
     """Score a run's model (its folder or its model.pt) on `split` ("test" or "val") of the data it
     was trained on, or of `data` (a dataset name, an .npz path, or (images, labels) arrays).
     Returns {"dataset", "split", "n", "accuracy", "loss", "recorded" (the run's own figure)}."""

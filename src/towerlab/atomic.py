@@ -74,7 +74,7 @@ def is_job_folder(folder: Path) -> bool:
     return (folder / "config.json").is_file()
 
 
-def refuse_overwriting(out: str | Path, inputs: Iterable[str | Path], folders: Iterable[str | Path] = (),
+def refuse_overwriting(out: str | os.PathLike, inputs: Iterable[str | os.PathLike], folders: Iterable[str | os.PathLike] = (),
                        option: str = "--out") -> None:
     """Refuse, before anything is read or written, an output path that is a pipe, socket or device
     (`require_regular_file`) or that would replace one of the command's inputs (the same file, by

@@ -1,4 +1,6 @@
-"""The command line: the only module that reads argv and chooses the exit status.
+"""The command line: the only module that reads argv and chooses the exit status. Here, its parser
+(every command and its flags, generated from the configs) and `main`; what each command then does
+is in commands.py.
 
 User mistakes (`UserError`) become one line on stderr and exit status 2; Ctrl-C and SIGTERM exit
 130 and 143 after the run saved what it had; anything else is our bug and keeps its traceback.
@@ -7,35 +9,32 @@ User mistakes (`UserError`) become one line on stderr and exit status 2; Ctrl-C 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import difflib
 import os
-import shlex
 import sys
-from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, NoReturn, Sequence
 
 # The Agg backend before anything imports pyplot: plots are files, never windows.
 os.environ.setdefault("MPLBACKEND", "Agg")
 
-from towerlab import __version__, atomic  # noqa: E402
-from towerlab.config import RunConfig, SearchConfig, TrainConfig  # noqa: E402
-from towerlab.fields import add_arguments, given  # noqa: E402
-from towerlab.data import catalog  # noqa: E402
-from towerlab.distributed.signals import EXIT_PEER_LOST, EXIT_SIGPIPE, EXIT_USER_ERROR, Interrupted  # noqa: E402
-from towerlab.errors import UserError  # noqa: E402
+from towerlab import __version__, commands
+from towerlab.catalog import datasets
+from towerlab.config import RunConfig, SearchConfig, TrainConfig
+from towerlab.fields import add_arguments
+from towerlab.distributed.signals import EXIT_PEER_LOST, EXIT_SIGPIPE, EXIT_USER_ERROR, Interrupted
+from towerlab.errors import UserError
 
 
 class _Parser(argparse.ArgumentParser):
-    def __init__(self, *args, **kwargs):  # noqa: ANN002, ANN003
+    def __init__(self, *args: Any, **kwargs: Any):
         # No abbreviations: `--device cpu` must never be read as an abbreviation of `--devices`.
         kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
 
-    def error(self, message: str) -> None:  # argparse's own errors: one line, exit 2, like ours
+    def error(self, message: str) -> NoReturn:  # argparse's own errors: one line, exit 2, like ours
         raise UserError(f"{message} (see {self.prog} --help)")
 
-    def parse_known_args(self, args=None, namespace=None):  # noqa: ANN001, ANN201 - argparse's signature
+    def parse_known_args(self, args=None, namespace=None) -> tuple[argparse.Namespace, list[str]]:  # type: ignore[override]  # noqa: ANN001 - argparse's overloads, in one
         namespace, extras = super().parse_known_args(args, namespace)
         # A command's own parser refuses what it does not know here, where its flags are at hand for a
         # did-you-mean (the top-level parser, which would refuse them otherwise, knows none of them).
@@ -70,7 +69,7 @@ def _accepts(action: argparse.Action, value: str) -> bool:
     if choices:
         return value in choices
     try:
-        (action.type or str)(value)
+        (action.type if callable(action.type) else str)(value)
     except (TypeError, ValueError, argparse.ArgumentTypeError):
         return False
     return True
@@ -116,7 +115,7 @@ def _train_parser(sub: argparse._SubParsersAction) -> None:
     _config_flags(p)
     add_arguments(p, TrainConfig, helps={"model": TRAIN_MODEL_HELP})
     add_arguments(p, RunConfig)
-    p.set_defaults(handler=_cmd_train)
+    p.set_defaults(handler=commands.train)
 
 
 def _model_parsers(sub: argparse._SubParsersAction) -> None:
@@ -130,7 +129,7 @@ def _model_parsers(sub: argparse._SubParsersAction) -> None:
                                                     "else the user cache)")
     p.add_argument("--split", default="test", choices=("test", "val"), help="which split (default: test)")
     p.add_argument("--module", metavar="FILE.py:NAME", default=None, help=MODULE_HELP)
-    p.set_defaults(handler=_cmd_evaluate)
+    p.set_defaults(handler=commands.evaluate)
     p = sub.add_parser("predict", help="label images with a trained model",
                        description="Label the images of an .npz (array x, or images or x_test: uint8, (N, H, W) "
                                    "or (N, H, W, C)) with the model of a run; writes predictions and "
@@ -142,7 +141,7 @@ def _model_parsers(sub: argparse._SubParsersAction) -> None:
                                                "<images name>-predictions.npz beside the images, or in --out when "
                                                "it is a folder)")
     p.add_argument("--module", metavar="FILE.py:NAME", default=None, help=MODULE_HELP)
-    p.set_defaults(handler=_cmd_predict)
+    p.set_defaults(handler=commands.predict)
 
 
 def _data_parser(sub: argparse._SubParsersAction) -> None:
@@ -150,15 +149,12 @@ def _data_parser(sub: argparse._SubParsersAction) -> None:
                        description="Download datasets or show which are found where; see docs/data.md.")
     data_sub = p.add_subparsers(dest="data_command", required=True, parser_class=_Parser)
     fetch = data_sub.add_parser("fetch", help="download a dataset's official files (checksums verified)")
-    fetch.add_argument("name", help=f"one of {', '.join(catalog.downloadable())}")
+    fetch.add_argument("name", help=f"one of {', '.join(datasets.downloadable())}")
     fetch.add_argument("--data-dir", default=None, help="target folder (default: $TOWERLAB_DATA, else the user cache)")
-    fetch.set_defaults(handler=_cmd_data_fetch)
+    fetch.set_defaults(handler=commands.data_fetch)
     info = data_sub.add_parser("info", help="which datasets are found where")
     info.add_argument("--data-dir", default=None, help="folder to look in (default: $TOWERLAB_DATA, else the user cache)")
-    info.set_defaults(handler=_cmd_data_info)
-
-
-SEARCH_RUN_SKIP = ("preset", "strategy", "input", "display_step", "compile", "tensorboard", "allow_changed_data")
+    info.set_defaults(handler=commands.data_info)
 
 
 def _search_run_helps(kind: str) -> dict[str, str]:
@@ -182,7 +178,7 @@ def _search_flags(parser: argparse.ArgumentParser, kind: str) -> None:
     add_arguments(parser, SearchConfig, skip=("sampler",) if kind != "search" else ())
     for settings in settings_classes():
         add_arguments(parser, settings)
-    add_arguments(parser, RunConfig, skip=SEARCH_RUN_SKIP, helps=_search_run_helps(kind))
+    add_arguments(parser, RunConfig, skip=commands.SEARCH_RUN_SKIP, helps=_search_run_helps(kind))
     if kind != "search":
         # Not in the help of a command whose sampler never reads them (grid's --population, evolve's --limit);
         # still parsed, so that one is refused in the line saying which sampler reads it.
@@ -204,7 +200,7 @@ def _search_parsers(sub: argparse._SubParsersAction) -> None:
         _config_flags(p)
         _search_flags(p, kind)
         p.add_argument("--model", dest="model_function", metavar="FILE.py:FUNCTION", help=MODEL_FUNCTION_HELP)
-        p.set_defaults(handler=_cmd_search, kind=kind)
+        p.set_defaults(handler=commands.search, kind=kind)
     search = sub.add_parser("search", help="search with any sampler; inspect stored searches",
                             description="Search with any sampler (tpe, ga, grid, random); inspect stored "
                                         "searches; see docs/search.md.")
@@ -215,7 +211,7 @@ def _search_parsers(sub: argparse._SubParsersAction) -> None:
     _config_flags(p)
     _search_flags(p, "search")
     p.add_argument("--model", dest="model_function", metavar="FILE.py:FUNCTION", help=MODEL_FUNCTION_HELP)
-    p.set_defaults(handler=_cmd_search, kind="search")
+    p.set_defaults(handler=commands.search, kind="search")
     text = "join the searches of a store with this machine's devices, until nothing is left to do"
     p = search_sub.add_parser("worker", help=text, description=text + "; see docs/distributed-search.md.")
     p.add_argument("store", nargs="?", default=None,
@@ -229,7 +225,7 @@ def _search_parsers(sub: argparse._SubParsersAction) -> None:
                   helps={"devices": "local devices, one worker each (None: every GPU, or one per core without one)",
                          "threads": "CPU threads per candidate (None: each search's own; another count is "
                                     "refused, since it changes the results)"})
-    p.set_defaults(handler=_cmd_search_worker)
+    p.set_defaults(handler=commands.search_worker)
     p = search_sub.add_parser("show", help="the generations and top genomes of a stored search, or every "
                                            "evaluation as CSV or JSON")
     p.add_argument("path", help="a search's output folder, its search.db, or a postgresql:// URL")
@@ -238,7 +234,7 @@ def _search_parsers(sub: argparse._SubParsersAction) -> None:
     form.add_argument("--json", action="store_true", help="print every evaluation as JSON")
     p.add_argument("--plot", metavar="PNG", help="also draw validation accuracy against training time, "
                                                  "one colour per search, into this file")
-    p.set_defaults(handler=_cmd_search_show)
+    p.set_defaults(handler=commands.search_show)
     p = search_sub.add_parser("export", help="write a store's searches as Optuna studies (optuna-dashboard, "
                                              "optuna.visualization)")
     p.add_argument("path", help="a search's output folder, or its search.db")
@@ -246,7 +242,7 @@ def _search_parsers(sub: argparse._SubParsersAction) -> None:
                    help="the Optuna storage to write to, e.g. sqlite:///study.db")
     p.add_argument("--study-name", default=None,
                    help="the study's name (default: the folder's name; NAME-ID for each search of a shared store)")
-    p.set_defaults(handler=_cmd_search_export)
+    p.set_defaults(handler=commands.search_export)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -258,185 +254,6 @@ def build_parser() -> argparse.ArgumentParser:
     _search_parsers(sub)
     _data_parser(sub)
     return parser
-
-
-def resolve_train(args: argparse.Namespace) -> tuple[TrainConfig, RunConfig]:
-    """The run's configs from the flags, as `towerlab.train` resolves its keyword arguments."""
-    from towerlab.settings import resolve_train as resolve
-
-    return resolve({**given(args, TrainConfig), **given(args, RunConfig)}, getattr(args, "config", None))
-
-
-def resolve_search(args: argparse.Namespace) -> tuple[SearchConfig, RunConfig]:
-    from towerlab.search.samplers import settings_classes
-    from towerlab.settings import resolve_search as resolve
-
-    options = {k: v for cls in (SearchConfig, *settings_classes(), RunConfig) for k, v in given(args, cls).items()}
-    return resolve(args.kind, options, getattr(args, "config", None))
-
-
-def _cmd_train(args: argparse.Namespace) -> int:
-    function = None
-    if ":" in getattr(args, "model", ""):  # FILE.py:FUNCTION: a model function of yours (no model name has a colon)
-        from towerlab.config import CUSTOM_MODEL
-        from towerlab.models.custom import load_function
-
-        function, args.model = load_function(args.model), CUSTOM_MODEL
-    cfg, run = resolve_train(args)
-    if args.print_config:
-        return _print_config(train=cfg, run=run)
-    from towerlab.jobs.train import start
-
-    return start(cfg, run, function=function)
-
-
-def _cmd_search(args: argparse.Namespace) -> int:
-    cfg, run = resolve_search(args)
-    if args.print_config:  # the settings this search reads: not other samplers' nor training-only run options
-        from towerlab.fields import to_dict
-        from towerlab.search import settings_of_others
-        from towerlab.jobs.search import check_settings
-
-        check_settings(cfg, run)  # a file the search would refuse is not printed
-
-        foreign = settings_of_others(cfg.sampler)
-        return _print_config(search={k: v for k, v in to_dict(cfg).items() if k not in foreign},
-                             run={k: v for k, v in to_dict(run).items() if k not in SEARCH_RUN_SKIP})
-    from towerlab.models.custom import load_function
-    from towerlab.jobs.search import start_search
-
-    function = load_function(args.model_function) if args.model_function else None
-    return start_search(args.kind, cfg, run, function=function)
-
-
-def _print_config(**sections: object) -> int:
-    from towerlab.settings import config_toml
-
-    print(config_toml(**sections), end="")
-    return 0
-
-
-def _cmd_search_worker(args: argparse.Namespace) -> int:
-    from towerlab.jobs.search_workers import start_workers
-    from towerlab.search.database import STORE_ENV
-    from towerlab.search.show import store_path
-
-    target = args.store or os.environ.get(STORE_ENV, "").strip()
-    if not target:
-        raise UserError(f"give the store to join (a postgresql:// URL or a search.db), or set ${STORE_ENV}")
-    if args.workers_per_device < 1:
-        raise UserError(f"--workers-per-device must be at least 1, got {args.workers_per_device}")
-    run = RunConfig(**{k: v for k, v in given(args, RunConfig).items()})
-    return start_workers(str(store_path(target)), run, per_device=args.workers_per_device, search_id=args.search,
-                         wait=args.wait)
-
-
-def _cmd_search_show(args: argparse.Namespace) -> int:
-    from towerlab.search import Store, evaluation_records, format_search
-    from towerlab.search.show import records_csv, records_json, records_of, store_path
-
-    if args.plot:
-        atomic.refuse_overwriting(args.plot, (store_path(args.path),), (args.path,), option="--plot")
-    with Store(store_path(args.path), create=False) as store, records_of(store):
-        if args.csv or args.json or args.plot:
-            records = evaluation_records(store)
-            if args.plot:
-                from towerlab.report import plot_accuracy_time
-
-                plot_accuracy_time(records, Path(args.plot), f"searches of {store.path}")
-        text = records_csv(records) if args.csv else records_json(records) if args.json else format_search(store)
-    sys.stdout.write(text if text.endswith("\n") else text + "\n")
-    return 0
-
-
-def _user_module(spec: str | None) -> Any:
-    """--module FILE.py:NAME -> what FILE.py defines as NAME (a network class, a function returning a
-    network, or a network)."""
-    from towerlab.models.custom import load_function
-
-    return None if spec is None else load_function(spec, "--module", "NAME")
-
-
-@contextlib.contextmanager
-def _own_module_flag() -> Iterator[None]:
-    """A run trained with a network of your own needs it again: say so in terms of the flag."""
-    from towerlab.models.files import ModuleNeeded
-
-    try:
-        yield
-    except ModuleNeeded as exc:
-        if exc.function:  # model.pt names the function that built it: the very flag to give
-            raise UserError(f"{exc.path} holds a network built by a model function of yours: give the file that "
-                            f"defines it, --module {shlex.quote(exc.function)}") from None
-        name = exc.module_class.rpartition(".")[2] if "." in exc.module_class else "NAME"
-        raise UserError(f"{exc.path} holds a network of your own ({exc.module_class}): give the file that defines "
-                        f"it, --module FILE.py:{name}") from None
-
-
-def _cmd_search_export(args: argparse.Namespace) -> int:
-    from towerlab.search import Store
-    from towerlab.search.export import export_optuna, printable
-    from towerlab.search.show import store_path
-
-    path = store_path(args.path)
-    with Store(path, create=False) as store:
-        name = args.study_name or (Path(args.path).resolve().name if Path(args.path).is_dir() else path.stem)
-        for study, trials in export_optuna(store, args.optuna, name):
-            print(f"study {study}: {trials} trials -> {printable(args.optuna)}")
-    return 0
-
-
-def _cmd_evaluate(args: argparse.Namespace) -> int:
-    from towerlab.jobs.scoring import score_run
-
-    with _own_module_flag():
-        result = score_run(args.run, args.dataset, split=args.split, data_dir=args.data_dir,
-                           module=_user_module(args.module), log=lambda line: print(line, file=sys.stderr, flush=True))
-    recorded = f" (the run recorded {result['recorded']:.4f})" if "recorded" in result else ""
-    print(f"{args.run}: {result['split']} accuracy {result['accuracy']:.4f}, loss {result['loss']:.4f} on "
-          f"{result['n']} images of {result['dataset']}{recorded}")
-    return 0
-
-
-def _cmd_predict(args: argparse.Namespace) -> int:
-    from towerlab.jobs.scoring import predict_file
-
-    with _own_module_flag():
-        result = predict_file(args.run, args.images, args.out, module=_user_module(args.module))
-    accuracy = (f"; accuracy {result['accuracy']:.4f} against its labels ({result['labels']})"
-                if result["accuracy"] is not None else "")
-    print(f"Predicted {result['n']} images of {args.images} ({result['images']}) -> {result['out']}{accuracy}")
-    return 0
-
-
-def _cmd_data_fetch(args: argparse.Namespace) -> int:
-    from towerlab.data.fetch import fetch
-    from towerlab.data.locate import resolve_data_dir
-
-    def downloaded(filename: str, done: int, total: int | None) -> None:
-        if done == total:  # a line per file, once its bytes are in (the MD5 is checked next)
-            print(f"{filename}: {done:,} bytes downloaded", flush=True)
-
-    folder = resolve_data_dir(args.data_dir)
-    paths = fetch(args.name, folder, progress=downloaded)
-    for path in paths:
-        print(path)
-    return 0
-
-
-def _cmd_data_info(args: argparse.Namespace) -> int:
-    from towerlab.data.locate import dataset_info, resolve_data_dir
-
-    folder = resolve_data_dir(args.data_dir)
-    print(f"data folder: {folder}")
-    for row in dataset_info(args.data_dir):  # as given: whether a folder was named decides the fallback
-        where = row.get("path") or row.get("where") or ""
-        status = "found" if row.get("found") else "missing"
-        note = f"unusable: {row['problem']}" if row.get("problem") else \
-            row.get("fallback") if not row.get("found") and row.get("fallback") else ""
-        print(f"  {row['name']:<14} {status:<8} {row.get('format') or '':<13} {where}{'  ' if where and note else ''}"
-              f"{note}".rstrip())
-    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:

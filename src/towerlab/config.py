@@ -4,6 +4,10 @@ One dataclass per concern: `TrainConfig` holds what changes the numbers (the sea
 hyperparameters), `RunConfig` holds where and how the run happens (devices, paths, logging).
 Every field carries its help text; the CLI flags are generated from the fields, so a flag and
 a config key cannot drift apart.
+
+It is over 350 lines because each config's help texts are its documentation of every flag, and the
+checks of finite numbers, paths, seeds and choices are shared by all three; split by config, the
+search's would import the training's private checks, and the flags would no longer be read in one place.
 """
 
 from __future__ import annotations
@@ -12,14 +16,14 @@ import dataclasses
 import math
 import os
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Collection, Optional
 
-from towerlab.data import catalog
+from towerlab.catalog import datasets
 from towerlab.errors import UserError, did_you_mean
-from towerlab.fields import base_type
-from towerlab.models import CATALOG as MODEL_CATALOG
+from towerlab.fields import Dataclass, base_type, field_default
+from towerlab.catalog.models import CATALOG as MODEL_CATALOG
 
-# The model catalog (towerlab.models, no torch) is read live: a model added to it is a --model choice.
+# The model catalog (towerlab.catalog.models, no torch) is read live: a model added to it is a --model choice.
 MODELS = MODEL_CATALOG.keys()
 OPTIMIZERS = ("adam", "sgd", "rmsprop", "adagrad", "adadelta", "adamax", "nadam")
 SCHEDULES = ("constant", "onecycle", "linear")
@@ -45,7 +49,7 @@ def _opt(default: Any, help: str, **meta: Any) -> Any:
     return field(default=default, metadata={"help": help, **meta})
 
 
-def _check_finite(cfg: Any) -> None:
+def _check_finite(cfg: Dataclass) -> None:
     """Every number of a float field is finite: nan and inf pass every `<` and `<=` check unnoticed
     (nan) or mean nothing (an infinite learning rate, timeout or decay)."""
     for f in dataclasses.fields(cfg):
@@ -73,7 +77,7 @@ def _check_path(flag: str, path: str) -> None:
         raise UserError(f"{flag} is too long a path (at most 255 bytes a name, 4095 in all)")
 
 
-def _check_paths(cfg: Any, *names: str) -> None:
+def _check_paths(cfg: Dataclass, *names: str) -> None:
     for name in names:
         if getattr(cfg, name) is not None:
             _check_path("--" + name.replace("_", "-"), getattr(cfg, name))
@@ -84,7 +88,7 @@ def _check_seed(value: int) -> None:
         raise UserError(f"--seed must be between 0 and {MAX_SEED} (2**63 - 1), got {value}")
 
 
-def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
+def _check_choice(name: str, value: str, choices: Collection[str]) -> None:
     if value not in choices:
         raise UserError(f"unknown {name} {value!r}{did_you_mean(value, choices)}: choose one of {', '.join(choices)}")
 
@@ -105,9 +109,9 @@ def check_dataset(name: str) -> str:
     if is_custom_dataset(name):
         _check_path("--dataset", name)
         return os.path.abspath(os.path.expanduser(name))
-    if name not in catalog.CATALOG and name != ARRAYS_DATASET:
-        raise UserError(f"unknown dataset {name!r}{did_you_mean(name, catalog.names())}: choose one of "
-                        f"{', '.join(catalog.names())}, "
+    if name not in datasets.CATALOG and name != ARRAYS_DATASET:
+        raise UserError(f"unknown dataset {name!r}{did_you_mean(name, datasets.names())}: choose one of "
+                        f"{', '.join(datasets.names())}, "
                         "or give the path of your own .npz (x_train, y_train, x_test, y_test)")
     return name
 
@@ -127,7 +131,7 @@ def parse_shape(text: str) -> tuple[int, int, int]:
         shape = ()
     if len(shape) != 3 or min(shape) < 1 or shape[0] > 4:
         raise UserError(f"--synthetic-shape must look like 1x28x28 or 3x32x32 (CxHxW), got {text!r}")
-    return shape  # type: ignore[return-value]
+    return shape
 
 
 @dataclass(frozen=True)
@@ -145,7 +149,7 @@ class TrainConfig:
             "flag": "model-opt",
         },
     )
-    dataset: str = _opt("mnist", "dataset: one of the names, or the path of your own .npz", choices=catalog.names())
+    dataset: str = _opt("mnist", "dataset: one of the names, or the path of your own .npz", choices=datasets.names())
     val_size: int = _opt(5000, "validation images held out from the end of the training set")
     synthetic_shape: str = _opt("1x28x28", "synthetic dataset only: image shape CxHxW")
     synthetic_train: int = _opt(6000, "synthetic dataset only: training images (test: a sixth of it)")
@@ -338,7 +342,7 @@ class SearchConfig:
     space: str = _opt("mlp", "search space: mlp, cnn, whitenet, a TOML file giving each gene's values "
                      "(a list, or a range {low, high, log, step}), or the same as JSON text")
     dataset: str = _opt("mnist", "dataset the candidates train on: one of the names, or the path of your own "
-                        ".npz", choices=catalog.names())
+                        ".npz", choices=datasets.names())
     val_size: int = _opt(5000, "validation images (the fitness is validation accuracy)")
     population: Optional[int] = _opt(None, "candidates per generation (None: the sampler's own: ga and random 20; "
                                      "tpe 4, the candidates it proposes before any of their outcomes is told)")
@@ -375,7 +379,7 @@ class SearchConfig:
         fields = dataclasses.fields(self)
         names = {f.name for f in fields}
         for f in fields:
-            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+            default = field_default(f)
             object.__setattr__(self, f.name, values.get(f.name, default))
         object.__setattr__(self, "settings", {**self.settings, **{k: v for k, v in values.items() if k not in names}})
         self.__post_init__()

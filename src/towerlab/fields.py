@@ -13,10 +13,18 @@ import math
 import os
 import types
 import typing
-from typing import Any
+from typing import Any, ClassVar, Protocol, TypeVar
 
 from towerlab.errors import UserError
 
+
+class Dataclass(Protocol):
+    """Any dataclass instance: a config (TrainConfig, RunConfig, SearchConfig, a sampler's settings)."""
+
+    __dataclass_fields__: ClassVar[dict[str, Any]]
+
+
+Config = TypeVar("Config", bound=Dataclass)
 
 def json_loads(text: str, where: str) -> Any:
     """JSON text as Python values, a key given twice in one object refused (json.loads keeps the last
@@ -73,7 +81,7 @@ def checked_values(cls: type, data: dict, *, what: str = "config key", extra: ty
     unknown = sorted(set(data) - set(fields))
     if unknown:
         raise unknown_keys(unknown, fields, what)
-    checked = {}
+    checked: dict[str, Any] = {}
     for key, value in data.items():
         kind, optional = base_type(fields[key].type)
         if value is None and optional:
@@ -93,7 +101,8 @@ def checked_values(cls: type, data: dict, *, what: str = "config key", extra: ty
     return checked
 
 
-def replace(cfg: Any, **changes: Any) -> Any:
+def replace(cfg: Config, **changes: Any) -> Config:
+    """`cfg` (a config dataclass) with `changes`, checked again as a new one is."""
     return dataclasses.replace(cfg, **changes)
 
 
@@ -103,9 +112,14 @@ def dumps(**configs: Any) -> str:
                       indent=2, sort_keys=True)
 
 
+def field_default(f: dataclasses.Field) -> Any:
+    """A dataclass field's default: its factory's product for a mutable one."""
+    return f.default_factory() if callable(f.default_factory) else f.default
+
+
 def base_type(annotation: Any) -> tuple[type, bool]:
     """(the scalar type, whether None is allowed) of a field annotation."""
-    hint = annotation if not isinstance(annotation, str) else eval(annotation, vars(typing), {})  # noqa: S307
+    hint = annotation if not isinstance(annotation, str) else eval(annotation, vars(typing), {})  # noqa: S307 - a config field's own annotation
     origin = typing.get_origin(hint)
     if origin is typing.Union or origin is types.UnionType:
         args = [a for a in typing.get_args(hint) if a is not type(None)]
@@ -133,7 +147,8 @@ def parse_option_value(text: str) -> Any:
 
 
 class _KeyValueAction(argparse.Action):
-    def __call__(self, parser, namespace, values, option_string=None):  # noqa: ANN001
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
         key, sep, value = values.partition("=")
         if not sep or not key:
             raise UserError(f"{option_string} expects KEY=VALUE, got {values!r}")
@@ -153,7 +168,7 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type, *, skip: tuple[str
         if f.name in skip or f.metadata.get("flat"):  # a flat field's items have flags of their own
             continue
         flag = "--" + f.metadata.get("flag", f.name.replace("_", "-"))
-        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        default = field_default(f)
         choices = f.metadata.get("choices")
         # Choices are checked by the dataclass, whose message names them all in one line.
         one_of = f"; one of {', '.join(choices)}" if choices else ""
@@ -170,17 +185,17 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type, *, skip: tuple[str
                                         metavar="NAME" if choices else kind.__name__.upper())
             # Not argparse's own choices (the dataclass checks them); read by the CLI's did-you-mean,
             # so that `--dev 2` suggests --devices, not --device.
-            action.field_choices = choices
+            setattr(action, "field_choices", choices)  # an attribute of ours on argparse's Action
 
 
-def to_flags(cfg: Any) -> list[str]:
+def to_flags(cfg: Dataclass) -> list[str]:
     """The command-line flags that reproduce `cfg` (the fields that differ from their defaults; a
     flat field's items, each its own flag)."""
     flags = []
     items = []
     for f in dataclasses.fields(cfg):
         value = getattr(cfg, f.name)
-        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        default = field_default(f)
         if f.metadata.get("flat"):
             items += [(name.replace("_", "-"), item) for name, item in value.items()]
         elif value != default:

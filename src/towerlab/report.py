@@ -29,6 +29,15 @@ PHASE_NOTICE_SECONDS = 5.0
 CURVE_POINTS = 100
 
 
+def stderr_line(text: str) -> None:
+    """A line on stderr, at once (warnings, and what a job says before its Reporter exists)."""
+    print(text, file=sys.stderr, flush=True)
+
+
+def discard_line(_line: str) -> None:
+    """A log that says nothing (for the processes that must not repeat what rank 0 says)."""
+
+
 def require_tensorboard() -> Any:
     try:
         from torch.utils.tensorboard import SummaryWriter
@@ -303,91 +312,3 @@ def format_top(rows: list[dict]) -> str:
         genome = ", ".join(f"{k}={v}" for k, v in row["genome"].items())
         lines.append(f"  {i:>2}  {row['val_accuracy']:.4f}  {spread:>6}  {len(row['seeds']):>5}  {test:>8}  {genome}")
     return "\n".join(lines)
-
-
-def _save_figure(fig: Any, path: Path) -> None:
-    import io
-
-    import matplotlib.pyplot as plt
-
-    buffer = io.BytesIO()
-    fig.tight_layout()
-    fig.savefig(buffer, format="png")
-    plt.close(fig)
-    atomic.write_bytes(path, buffer.getvalue())
-
-
-def _pyplot() -> Any:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def plot_accuracy_time(records: list[dict], path: Path, title: str) -> None:
-    """accuracy_time.png: `accuracy_time_figure` of `records` (written atomically)."""
-    _save_figure(accuracy_time_figure(records, title), path)
-
-
-def accuracy_time_figure(records: list[dict], title: str) -> Any:
-    """Validation accuracy against training time, one colour per search of `records` (as
-    `towerlab.search.evaluation_records` gives them): each training is a point at the training
-    seconds its search had spent when it finished (every rung and re-measure counted); the line is
-    the best accuracy so far of the evaluations at the search's longest training, held to the
-    training seconds the search spent in all (a matplotlib Figure; the caller closes it)."""
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(6, 4), dpi=120)
-    for search in sorted({r["search"] for r in records}):
-        rows = [r for r in records if r["search"] == search]
-        longest = max(r["max_epochs"] or 0 for r in rows)
-        spent, points, best, curve = 0.0, [], None, []
-        for r in rows:
-            spent += r["seconds"]
-            if r["status"] != "ok":
-                continue
-            points.append((spent, r["val_accuracy"]))
-            if (r["max_epochs"] or 0) == longest and r["replicate"] == 0:
-                best = r["val_accuracy"] if best is None else max(best, r["val_accuracy"])
-                curve.append((spent, best))
-        if curve and curve[-1][0] < spent:  # the best held while the rest trained: lower rungs, re-measures
-            curve.append((spent, best))
-        label = f"search {search}: {rows[0]['sampler']}"
-        line = ax.step(*zip(*curve), where="post", label=label)[0] if curve else None
-        if points:
-            ax.plot(*zip(*points), ".", alpha=0.4, color=line.get_color() if line else None,
-                    label=None if line else label)
-    _label_axes(ax, "training seconds spent", title)
-    return fig
-
-
-def plot_fitness(stats: list[dict], path: Path, title: str) -> None:
-    """fitness.png: best, mean and worst validation accuracy per generation (written atomically)."""
-    _save_figure(fitness_figure(stats, title), path)
-
-
-def fitness_figure(stats: list[dict], title: str) -> Any:
-    """The figure of fitness.png (a matplotlib Figure; the caller closes it)."""
-    plt = _pyplot()
-    from matplotlib.ticker import MaxNLocator
-
-    generations = [s["generation"] + 1 for s in stats]
-    fig, ax = plt.subplots(figsize=(6, 4), dpi=120)
-    for key, style in (("best", "-o"), ("mean", "--s"), ("worst", ":^")):
-        points = [(g, s[key]) for g, s in zip(generations, stats) if s[key] is not None]
-        if points:
-            ax.plot(*zip(*points), style, label=key)
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # generations are whole: no tick at 1.5
-    _label_axes(ax, "generation", title)
-    return fig
-
-
-def _label_axes(ax: Any, xlabel: str, title: str) -> None:
-    """A search plot's axes: validation accuracy over `xlabel`, a grid, and a legend where a line has a label."""
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel("validation accuracy")
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    if ax.get_legend_handles_labels()[0]:  # not when every candidate failed
-        ax.legend()

@@ -30,7 +30,7 @@ from towerlab.atomic import require_regular_file
 try:
     import tomllib
 except ModuleNotFoundError:  # Python 3.10
-    import tomli as tomllib  # type: ignore[no-redef]
+    import tomli as tomllib  # type: ignore[no-redef]  # tomllib's backport, the same API
 
 # Keys a job's config.json records beside its settings: facts about the job, not settings.
 RECORD_MARKERS = ("towerlab_version", "torch_version", "command")

@@ -5,7 +5,7 @@ file in its destination folder, verified, then moved into place with `os.replace
 corrupt download never leaves a file under the official name. Mirrors are tried in order.
 
 What is downloaded, from where and to where is each dataset's `source` in the catalog
-(towerlab.data.catalog): mnist and cifar10 go directly into the data directory, fashion-mnist into
+(towerlab.catalog.datasets): mnist and cifar10 go directly into the data directory, fashion-mnist into
 `<data_dir>/fashion-mnist/` because its IDX names clash with MNIST's. A download that fails removes
 the folders it created.
 
@@ -25,10 +25,10 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from pathlib import Path
-from typing import Callable
+from typing import BinaryIO, Callable
 
-from towerlab.data import catalog
-from towerlab.data.catalog import RemoteFile, Source
+from towerlab.catalog import datasets
+from towerlab.catalog.datasets import RemoteFile, Source
 from towerlab.errors import UserError, did_you_mean
 
 # Long enough for a slow mirror to start answering, short enough that an offline machine gives up soon.
@@ -44,10 +44,10 @@ MIRROR_ENV = "TOWERLAB_MIRROR"
 
 def source_for(name: str) -> Source:
     """Where `name`'s files come from: its catalog entry's official hosts, or $TOWERLAB_MIRROR/<name>/."""
-    source = catalog.CATALOG[name].source if name in catalog.CATALOG else None
+    source = datasets.CATALOG[name].source if name in datasets.CATALOG else None
     if source is None:
-        raise UserError(f"nothing to download for dataset '{name}'{did_you_mean(name, catalog.downloadable())}: "
-                        f"downloadable ones are {', '.join(catalog.downloadable())}")
+        raise UserError(f"nothing to download for dataset '{name}'{did_you_mean(name, datasets.downloadable())}: "
+                        f"downloadable ones are {', '.join(datasets.downloadable())}")
     mirror = os.environ.get(MIRROR_ENV, "").strip()
     if not mirror:
         return source
@@ -119,7 +119,7 @@ def _download(name: str, source: Source, remote: RemoteFile, path: Path, data_di
                         f"expected {remote.md5}; a corrupt mirror or a proxy page?): try again later or put the "
                         f"official files in {path.parent} by hand")
     by_hand = f"put the files in {path.parent} by hand"
-    npz = catalog.CATALOG[name].npz_names
+    npz = datasets.CATALOG[name].npz_names
     raise UserError(f"could not download {name} from {', '.join(network_failures)} (offline?): {by_hand}"
                     + (f" or copy a {npz[0]} into {data_dir}" if npz else ""))
 
@@ -146,7 +146,7 @@ def _download_verified(url: str, path: Path, remote: RemoteFile,
         tmp.unlink(missing_ok=True)  # a no-op after the replace; otherwise no partial file stays behind
 
 
-def _stream(url: str, out, tmp: Path, filename: str, progress: Progress | None) -> tuple[str | None, str | None]:
+def _stream(url: str, out: BinaryIO, tmp: Path, filename: str, progress: Progress | None) -> tuple[str | None, str | None]:
     md5 = hashlib.md5(usedforsecurity=False)
     done = 0
     try:

@@ -1,6 +1,6 @@
 """Datasets as uint8 tensors: loading, the validation split, normalisation statistics, fingerprints.
 
-Names: those of the catalog (towerlab.data.catalog: mnist, fashion-mnist, cifar10, found in the data
+Names: those of the catalog (towerlab.catalog.datasets: mnist, fashion-mnist, cifar10, found in the data
 folder and downloaded when missing; synthetic, generated), or the path of your own `.npz` in the
 Keras layout (any image size, 2 to MAX_CUSTOM_CLASSES classes). When a dataset whose entry allows it
 (MNIST) can be neither found nor downloaded, a loud offline fallback uses the 5,000 real MNIST digits
@@ -19,13 +19,14 @@ import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Union
 
 import numpy as np
 import torch
 
 from towerlab.config import ARRAYS_DATASET, check_dataset, is_custom_dataset
-from towerlab.data import catalog, fetch, locate, readers
+from towerlab.catalog import datasets
+from towerlab.data import fetch, locate, readers
 from towerlab.data.synthetic import make_synthetic
 from towerlab.errors import UserError
 
@@ -35,6 +36,11 @@ FALLBACK_VAL_MAX = 500
 _STATS_CHUNK_BYTES = 8 * 2**20
 
 _stderr_print = functools.partial(print, file=sys.stderr)
+
+
+# Data as a user gives it to evaluate or train on: a dataset name, an .npz path, or arrays
+# (images, labels); None: the job's own.
+DataGiven = Union[str, os.PathLike, tuple, None]
 
 
 @dataclass(frozen=True, eq=False)  # eq on tensors would be elementwise and ambiguous
@@ -65,7 +71,8 @@ class Dataset:
 
     @property
     def input_shape(self) -> tuple[int, int, int]:
-        return tuple(int(d) for d in self.x_train.shape[1:])
+        channels, height, width = (int(d) for d in self.x_train.shape[1:])
+        return channels, height, width
 
     @property
     def n_train(self) -> int:
@@ -158,7 +165,7 @@ def load_dataset(name: str, data_dir: str | os.PathLike | None = None, val_size:
                         "(x_train, y_train, x_test, y_test) and name that file")
     if is_custom_dataset(name):
         return _load_custom(name, val_size)
-    entry = catalog.entry(name)
+    entry = datasets.entry(name)
     if entry.generated:
         arrays = make_synthetic(synthetic_shape, synthetic_train, synthetic_test, seed)
         note = f"generated: shape {tuple(synthetic_shape)}, seed {seed}"

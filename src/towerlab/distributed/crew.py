@@ -30,7 +30,7 @@ class Crew:
     deaths in a row, with no `progressed()` between them, after which the crew gives up."""
 
     def __init__(self, fn: Callable[..., None], slots: int, args: tuple = (), *, start_method: str = "spawn",
-                 on_lost: Callable[[int, int, str], None] = lambda slot, pid, how: None,
+                 on_lost: Callable[[int, int, str], None] = lambda slot, pid, ended: None,
                  log: Callable[[str], None] | None = None, name: Callable[[int], str] = lambda slot: f"worker {slot}",
                  patience: int | None = None) -> None:
         self.fn, self.slots, self.args, self.start_method = fn, slots, args, start_method
@@ -40,7 +40,7 @@ class Crew:
         self.deaths = 0  # in a row, since the last progress
         self.finished: set[int] = set()  # slots whose process left by itself (status 0) or on request
         self.stopped: int | None = None  # the exit status of a process that stopped on request (130, 143)
-        self._ctx = mp.get_context(start_method)
+        self._ctx: Any = mp.get_context(start_method)  # a fork or spawn context: Process, Array
         self._beats = self._ctx.Array("d", slots, lock=False)
         self._procs: dict[int, Any] = {}
         self._forker: ForkingThread | None = None
@@ -104,13 +104,13 @@ class Crew:
                 self.finished.add(slot)  # stopped on request (Ctrl-C, SIGTERM): not replaced
                 self.stopped = p.exitcode
                 continue
-            how = describe_exit(p.exitcode)
-            self.on_lost(slot, p.pid, how)
+            ended = describe_exit(p.exitcode)
+            self.on_lost(slot, p.pid, ended)
             self.deaths += 1
             if self.deaths > self.patience:
                 raise CrewFailed(f"{self.deaths} worker processes died in a row without finishing anything (the last, "
-                                 f"{self.name(slot)}, pid {p.pid}, {how}): giving up")
-            self.log(f"towerlab: warning: {self.name(slot)} (pid {p.pid}) {how}; starting another in its place")
+                                 f"{self.name(slot)}, pid {p.pid}, {ended}): giving up")
+            self.log(f"towerlab: warning: {self.name(slot)} (pid {p.pid}) {ended}; starting another in its place")
             self._start(slot)
 
     def stop(self, signum: int = signal.SIGTERM, grace: float = 30.0) -> None:

@@ -1,16 +1,21 @@
 """Where this process runs: the environment torchrun describes, and this machine's devices, threads
 and memory. The ONLY module that reads torchrun's variables (RANK, WORLD_SIZE, LOCAL_RANK,
-LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, TORCHELASTIC_*)."""
+LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, TORCHELASTIC_*). torch is imported where a device is
+asked about, so reading the environment costs no torch import (`python -m towerlab` asks it last).
+"""
 
 from __future__ import annotations
 
 import os
 import platform
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING
 
 from towerlab.errors import UserError
+
+if TYPE_CHECKING:
+    import torch
+
+    from towerlab.config import RunConfig
 
 
 def _env_int(name: str, default: int, low: int = 0) -> int:
@@ -25,6 +30,12 @@ def _env_int(name: str, default: int, low: int = 0) -> int:
         raise UserError(f"environment variable {name}={text!r} is not a whole number >= {low}: torchrun sets it; "
                         "start under torchrun, or unset it")
     return value
+
+
+def torchrun_variables_set() -> bool:
+    """Whether RANK and WORLD_SIZE are both set, without judging their values (`under_torchrun`
+    does): how a process that has run its job already tells whether it is a torchrun worker."""
+    return all(os.environ.get(name, "").strip() for name in ("RANK", "WORLD_SIZE"))
 
 
 def under_torchrun() -> bool:
@@ -76,6 +87,8 @@ def device_type(device: str = "auto") -> str:
     """The device kind a run with `--device` `device` uses: "cuda" or "cpu"."""
     if device == "cpu":
         return "cpu"
+    import torch
+
     if device == "cuda" and not torch.cuda.is_available():
         raise UserError("--device cuda, but CUDA is not available here (no GPU, or a CPU-only build of "
                         "torch): use --device cpu or auto")
@@ -87,6 +100,8 @@ def resolve_devices(devices: int | None, device: str = "auto") -> int:
     (one on a one-core machine) when it is None; more GPUs than present is a user error."""
     kind = device_type(device)
     if kind == "cuda":
+        import torch
+
         present = torch.cuda.device_count()
         if devices is not None and devices > present:
             raise UserError(f"--devices {devices} asks for more GPUs than the {present} present: use "
@@ -122,6 +137,8 @@ def device_name(device: torch.device) -> str:
     """The device's model (the GPU's name; the CPU's, from /proc/cpuinfo where there is one), which
     picks the kernels and so, in the last bits, the results."""
     if device.type == "cuda":
+        import torch
+
         return torch.cuda.get_device_name(device)
     try:
         with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as stream:
@@ -166,7 +183,7 @@ def sharing_cores(processes: int, device: str, what: str) -> str | None:
             "the same global batch")
 
 
-def local_processes(run: Any) -> int:
+def local_processes(run: RunConfig) -> int:
     """Processes of this job on this machine: torchrun says so, otherwise --devices."""
     if under_torchrun():
         return _env_int("LOCAL_WORLD_SIZE", 1, low=1)

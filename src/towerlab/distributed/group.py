@@ -50,11 +50,11 @@ def session(*, rank: int = 0, world_size: int = 1, store_path: str | None = None
         rank, local_rank, world_size = torchrun_ranks()
     else:
         local_rank = rank
-    device = torch.device(kind, local_rank // per_device) if kind == "cuda" else torch.device("cpu")
+    here = torch.device(kind, local_rank // per_device) if kind == "cuda" else torch.device("cpu")
     if kind == "cuda":
-        torch.cuda.set_device(device)
+        torch.cuda.set_device(here)
     if world_size == 1 and not under_torchrun():
-        yield Context(device=device)
+        yield Context(device=here)
         return
     backend = backend or ("nccl" if kind == "cuda" else "gloo")
     options: dict[str, Any] = {"backend": backend, "timeout": timedelta(seconds=timeout),
@@ -62,12 +62,13 @@ def session(*, rank: int = 0, world_size: int = 1, store_path: str | None = None
     if under_torchrun():
         options["store"] = _torchrun_store(timeout)
     else:
+        assert store_path is not None, "local processes rendezvous in their launcher's store"
         options["store"] = dist.FileStore(store_path, world_size)
     if backend == "nccl":
-        options["device_id"] = device
+        options["device_id"] = here
     dist.init_process_group(**options)
     try:
-        yield Context(rank=rank, local_rank=local_rank, world_size=world_size, device=device, backend=backend)
+        yield Context(rank=rank, local_rank=local_rank, world_size=world_size, device=here, backend=backend)
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
@@ -93,12 +94,12 @@ def cpu_group(ctx: Context) -> Any:
     return dist.new_group(backend="gloo")
 
 
-def world_group(ctx: Context) -> Any:
+def world_group(ctx: Context) -> dist.ProcessGroup | None:
     """The group of every rank of the run, or None for a process alone."""
     return dist.group.WORLD if ctx.distributed else None
 
 
-def max_over_ranks(ctx: Context, value: float, group: Any = None) -> float:
+def max_over_ranks(ctx: Context, value: float, group: dist.ProcessGroup | None = None) -> float:
     """The largest `value` of all ranks, on every rank. A collective: all ranks must call it."""
     if not ctx.distributed:
         return value

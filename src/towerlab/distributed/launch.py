@@ -1,7 +1,11 @@
 """Local workers: `launch` starts `--devices N` processes (fork or spawn) that rendezvous through a
 FileStore in a private temp folder, so no code names a port; it watches their exits and heartbeats,
 stops the others when one fails and names the cause. `leave` is how every worker exits, towerlab's
-own and torchrun's."""
+own and torchrun's.
+
+It is over 350 lines because both ends of one protocol live here: what a worker does (heartbeats,
+reporting a user error through the rendezvous folder, leaving) and what the launcher reads of it
+(`_monitor`); distributed/crew.py reuses the same pieces for a search's workers."""
 
 from __future__ import annotations
 
@@ -156,7 +160,7 @@ def launch(fn: Callable[..., None], world_size: int, args: tuple = (), *, grace:
     sweep_rendezvous()
     rdzv = tempfile.mkdtemp(prefix=f"{RDZV_PREFIX}{os.getpid()}-")
     store_path = os.path.join(rdzv, "store")
-    ctx = mp.get_context(start_method)
+    ctx: Any = mp.get_context(start_method)  # a fork or spawn context: Process, Array
     beats = ctx.Array("d", world_size, lock=False)  # each process's last heartbeat (time.monotonic)
     procs = [ctx.Process(target=worker_entry, args=(fn, rank, world_size, store_path, args, os.getpid(), beats),
                          daemon=False)
@@ -314,7 +318,7 @@ def _monitor(procs: list, grace: float, log: Callable[[str], None], received: li
     while any(p.is_alive() for p in procs):
         wait([p.sentinel for p in procs if p.is_alive()], timeout=HEARTBEAT)
         for rank in watch.hung(procs, failures) if watch is not None and not received else []:
-            silent[rank] = watch.silence(rank)
+            silent[rank] = watch.silence(rank)  # type: ignore[union-attr]  # a rank watch.hung named
             procs[rank].kill()  # SIGKILL ends a stopped process too; its peers then fail at once
             failures[rank] = HUNG
             if essential is not None and rank not in essential:
@@ -365,7 +369,7 @@ def _monitor(procs: list, grace: float, log: Callable[[str], None], received: li
     if code == EXIT_USER_ERROR or code in EXIT_STOPPED:
         return code
     advice = hint() if hint is not None else ""
-    what = _describe_hung(silent[rank]) if code == HUNG else describe_exit(code)
+    what = _describe_hung(silent[rank]) if code == HUNG else describe_exit(int(code))
     others = "the others were stopped" if essential is not None else "the other replicas were stopped"
     log(f"towerlab: error: {name(rank)} (pid {procs[rank].pid}) {what}; {others}" + (f". {advice}" if advice else ""))
     return 1

@@ -23,7 +23,7 @@ class Interrupted(Exception):
 
     def __init__(self, signum: int):
         super().__init__(signal.Signals(signum).name)
-        self.exit_status = {signal.SIGINT: EXIT_SIGINT, signal.SIGPIPE: EXIT_SIGPIPE}.get(signum, EXIT_SIGTERM)
+        self.exit_status = {int(signal.SIGINT): EXIT_SIGINT, int(signal.SIGPIPE): EXIT_SIGPIPE}.get(signum, EXIT_SIGTERM)
 
 
 class StopFlag:

@@ -17,27 +17,30 @@ import inspect
 import math
 import shlex
 import time
-from typing import Any, Callable, Optional, Union
+from typing import Callable, Optional, Union
 
 import torch
 
 from towerlab.config import ARRAYS_DATASET, CUSTOM_MODEL, SearchConfig, TrainConfig, is_custom_dataset
 from towerlab.fields import to_flags
-from towerlab.data.load import fingerprint
+from towerlab.data.load import Dataset, fingerprint
 from towerlab.distributed.env import device_name
 from towerlab.distributed.group import Context
 from towerlab.distributed.signals import Interrupted, StopFlag
-from towerlab.models import entry
-from towerlab.models.custom import function_file
+from towerlab.catalog.models import entry
+from towerlab.models.custom import ModelFunction, function_file
 from towerlab.presets import apply_preset
 from towerlab.search import Outcome, genome_hash
-from towerlab.optim import DEFAULT_LR
-from towerlab.train import Diverged, train
+from towerlab.training.optim import DEFAULT_LR
+from towerlab.training.divergence import Diverged
+from towerlab.training.loop import LoopOptions, TrainResult, train
+from towerlab.training.network import check_setup
 
 TRAINING_GENES = ("optimizer", "lr", "batch_size", "epochs", "label_smoothing")
-# A candidate's model: a family's name, or a function of yours, `function(input_shape, num_classes,
-# **model_genes) -> nn.Module`, which gets every gene that is not a training gene.
-Model = Optional[Union[str, Callable[..., torch.nn.Module]]]
+# What a search's networks are built from: a family's name, or a model function of yours,
+# `function(input_shape, num_classes, **model_genes) -> nn.Module`, which gets every gene that is not a
+# training gene.
+CandidateModel = Union[str, ModelFunction]
 DEFAULT_BATCH = {"cifar10": 64}  # the original's; 128 for the MNIST-like sets
 # Bumped whenever candidate training changes what it computes (a recipe below included: a test pins
 # their content), so a store's cache never serves fitnesses that today's code would not reproduce.
@@ -60,7 +63,7 @@ def recipe(model: str, optimizer: str | None = None) -> dict:
 
 
 def training_settings(cfg: SearchConfig, device_type: str, threads: int, source: dict | None = None,
-                      model: Model = None) -> dict:
+                      model: Optional[CandidateModel] = None) -> dict:
     """Everything besides the genome and the seed that decides a candidate's fitness: the search's
     settings, and the numerics of its workers that the search chooses (the device kind, and on a CPU
     the threads per candidate, whose count changes a float sum's order and so the result)."""
@@ -70,17 +73,17 @@ def training_settings(cfg: SearchConfig, device_type: str, threads: int, source:
     if is_custom_dataset(cfg.dataset):
         settings["dataset_content"] = fingerprint(cfg.dataset)  # a replaced file invalidates the cache
     elif cfg.dataset == ARRAYS_DATASET:
-        settings["dataset_content"] = source["sha256"]  # other arrays: another cache
+        settings["dataset_content"] = source["sha256"]  # type: ignore[index]  # arrays come with their source
     if callable(model):
         settings["model_function"] = function_identity(model)
     return settings
 
 
-def numerics(tc: TrainConfig, device: torch.device) -> dict:
+def numerics(train_cfg: TrainConfig, device: torch.device) -> dict:
     """What a training's result depends on besides its settings and seed, as this process runs it:
     recorded with every evaluation, so a store shared by machines, or a search resumed on another,
     says which results came from where."""
-    return {"device": device_name(device), "threads": torch.get_num_threads(), "precision": tc.precision,
+    return {"device": device_name(device), "threads": torch.get_num_threads(), "precision": train_cfg.precision,
             "torch": torch.__version__}
 
 
@@ -96,20 +99,20 @@ def function_identity(function: Callable) -> str:
 
 
 def train_config_hash(cfg: SearchConfig, device_type: str, threads: int, source: dict | None = None,
-                      model: Model = None) -> str:
+                      model: Optional[CandidateModel] = None) -> str:
     """`device_type`, `threads`: the workers' device kind and CPU threads per candidate; `source`: the
     data's (`Dataset.source`), needed for arrays given from Python; `model`: a model function of
     yours (see `Model`)."""
     return genome_hash(training_settings(cfg, device_type, threads, source, model))
 
 
-def model_function(model: Model) -> Callable[..., torch.nn.Module]:
+def model_function(model: CandidateModel) -> Callable[..., torch.nn.Module]:
     """A candidate's model function, `function(input_shape, num_classes, **model_genes) -> nn.Module`:
     a family's is its catalog entry's builder (its network class), a function of yours is itself."""
     return entry(model).builder if isinstance(model, str) else model
 
 
-def candidate_config(cfg: SearchConfig, model: Model, genome: dict, seed: int,
+def candidate_config(cfg: SearchConfig, model: CandidateModel, genome: dict, seed: int,
                      max_epochs: int | None = None) -> TrainConfig:
     """The training of one candidate; `max_epochs` below the search's caps it (a pruned search's
     lower rung), an epochs gene included. A candidate records its model genes as the model's options
@@ -140,40 +143,43 @@ def model_genes(genome: dict) -> dict:
     return {k: v for k, v in genome.items() if k not in TRAINING_GENES}
 
 
-def estimated_cost(cfg: SearchConfig, model: Model, genome: dict, input_shape: tuple[int, int, int],
+def estimated_cost(cfg: SearchConfig, model: CandidateModel, genome: dict, input_shape: tuple[int, int, int],
                    num_classes: int, max_epochs: int | None = None) -> float:
     """Forward FLOPs per example times epochs, counted on the meta device (nothing is allocated).
     Only used to hand the most expensive candidates out first, so that a generation does not end
     waiting for one big network that started last. 0 for a genome that cannot be built."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    tc = candidate_config(cfg, model, genome, 0, max_epochs)
+    train_cfg = candidate_config(cfg, model, genome, 0, max_epochs)
     try:
         with torch.device("meta"), FlopCounterMode(display=False) as counter:
             network(model, genome, input_shape, num_classes)(torch.zeros(1, *input_shape))
     except (Exception, SystemExit):  # noqa: BLE001 - the candidate will fail in training and be recorded so
         return 0.0
-    return float(counter.get_total_flops()) * tc.epochs
+    return float(counter.get_total_flops()) * train_cfg.epochs
 
 
-def network(model: Model, genome: dict, input_shape: tuple[int, int, int], num_classes: int) -> torch.nn.Module:
+def network(model: CandidateModel, genome: dict, input_shape: tuple[int, int, int], num_classes: int) -> torch.nn.Module:
     """A candidate's network: what its model function returns for its genes."""
     return model_function(model)(input_shape, num_classes, **model_genes(genome))
 
 
-def train_candidate(cfg: SearchConfig, model: Model, genome: dict, seed: int, data: Any, device: torch.device,
-                    *, test: bool = False, stop: StopFlag | None = None,
-                    max_epochs: int | None = None) -> tuple[dict, Any]:
+def train_candidate(cfg: SearchConfig, model: CandidateModel, genome: dict, seed: int, data: Dataset,
+                    device: torch.device, *, test: bool = False, stop: StopFlag | None = None,
+                    max_epochs: int | None = None) -> tuple[dict, Optional[TrainResult]]:
     """Train one genome on this process's device. Returns (the outcome's fields, the TrainResult);
     a candidate that diverges or runs out of memory is a failure with its reason, not a crash."""
     started = time.perf_counter()
-    tc = candidate_config(cfg, model, genome, seed, max_epochs)
-    how = numerics(tc, device)
+    train_cfg = candidate_config(cfg, model, genome, seed, max_epochs)
+    numbers = numerics(train_cfg, device)
+    reason: Optional[str]
     try:
         # the function itself with its arguments (not a lambda), so that its failure names it
         source = functools.partial(model, data.input_shape, data.num_classes, **model_genes(genome)) \
             if callable(model) else None
-        result = train(tc, Context(device=device), data, test=test, stop=stop, setup_apart=False, source=source)
+        check_setup(train_cfg, 1, data, source)
+        result = train(train_cfg, Context(device=device), data, LoopOptions(test=test, stop=stop, setup_apart=False),
+                       source=source)
     except Interrupted:
         raise
     except torch.cuda.OutOfMemoryError:
@@ -189,9 +195,9 @@ def train_candidate(cfg: SearchConfig, model: Model, genome: dict, seed: int, da
         reason = None
     seconds = time.perf_counter() - started
     if reason is not None:
-        return {"status": "failed", "reason": reason, "seconds": seconds, "numerics": how}, None
+        return {"status": "failed", "reason": reason, "seconds": seconds, "numerics": numbers}, None
     fields = {"status": "ok", "fitness": result.val_accuracy, "val_loss": result.val_loss,
-              "epochs": math.ceil(result.epochs), "seconds": seconds, "numerics": how}
+              "epochs": math.ceil(result.epochs), "seconds": seconds, "numerics": numbers}
     if test:
         fields["test_accuracy"] = result.test_accuracy
     return fields, result
@@ -207,7 +213,7 @@ def outcome(fields: dict) -> Outcome:
     return Outcome(**{k: v for k, v in fields.items() if k != "test_accuracy"})
 
 
-def retrain_command(cfg: SearchConfig, model: Model, genome: dict, seed: int, max_epochs: int | None = None,
+def retrain_command(cfg: SearchConfig, model: CandidateModel, genome: dict, seed: int, max_epochs: int | None = None,
                     cpu_threads: int | None = None) -> str:
     """The `towerlab train` command that trains this candidate again as it was evaluated: on one device,
     and where the search ran on CPUs (`cpu_threads`), on the CPU with as many threads (another count

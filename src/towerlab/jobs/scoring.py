@@ -13,7 +13,7 @@ from __future__ import annotations
 import io
 import os
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar
 
 import numpy as np
 import torch
@@ -23,10 +23,15 @@ from towerlab import atomic
 from towerlab.config import CUSTOM_MODEL, RunConfig, TrainConfig
 from towerlab.fields import from_dict, replace
 from towerlab.errors import UserError
-from towerlab.jobs.common import quiet, read_config
-from towerlab.models.custom import user_code_failed
+from towerlab.jobs.provenance import read_config
+from towerlab.report import discard_line
+from towerlab.data.load import DataGiven
+from towerlab.models.classifier import Classifier
+from towerlab.models.custom import NetworkSource, user_code_failed
 from towerlab.models.files import load_model
 from towerlab.data.readers import labels_as_int64, npz_arrays
+
+T = TypeVar("T")
 
 SPLITS = ("test", "val")
 IMAGE_KEYS = ("x", "images", "x_test")
@@ -45,8 +50,8 @@ def model_file(path: str | os.PathLike) -> Path:
     return path
 
 
-def score_run(path: str | os.PathLike, data: Any = None, *, split: str = "test", data_dir: str | None = None,
-             module: Any = None, log: Any = None) -> dict:
+def score_run(path: str | os.PathLike, data: DataGiven = None, *, split: str = "test", data_dir: str | None = None,
+             module: NetworkSource | None = None, log: Callable[[str], None] | None = None) -> dict:
     """Score the model of run `path` on `split` of `data`: by default the dataset it was trained on,
     found as the run found it; a dataset name or .npz path; or (images, labels) arrays (`split` then
     does not apply). Returns {"dataset", "split", "n", "accuracy", "loss"} (and "recorded", the
@@ -67,7 +72,7 @@ def score_run(path: str | os.PathLike, data: Any = None, *, split: str = "test",
             cfg = replace(cfg, dataset=str(data))
         stored = read_config(file.parent) or {}
         run = RunConfig(data_dir=data_dir if data_dir is not None else stored.get("run", {}).get("data_dir"))
-        dataset = train_data(cfg, run, log=log or quiet)
+        dataset = train_data(cfg, run, log=log or discard_line)
         x, y = (dataset.x_test, dataset.y_test) if split == "test" else (dataset.x_val, dataset.y_val)
         name, source = cfg.dataset, dataset.source
     if len(x) == 0:
@@ -83,14 +88,14 @@ def score_run(path: str | os.PathLike, data: Any = None, *, split: str = "test",
     return result
 
 
-def _of_yours(record: dict, model: Any, compute: Callable[[], Any]) -> Any:
+def _of_yours(record: dict, model: Classifier, compute: Callable[[], T]) -> T:
     """`compute()`, the network's forward over the images; an error raised there by a network of
     your own (model.pt's model "custom") is one line naming where, not a traceback."""
     try:
         return compute()
     except UserError:
         raise
-    except (Exception, SystemExit) as exc:  # noqa: BLE001 - whatever your forward raises
+    except (Exception, SystemExit) as exc:  # whatever your forward raises: our bug above, yours one line
         if record.get("name") != CUSTOM_MODEL:
             raise  # a built-in network's failure is our bug: its traceback
         raise user_code_failed(exc, type(model.network), "on the images") from None
@@ -116,7 +121,8 @@ def _recorded(folder: Path, source: dict | None, split: str) -> float | None:
 def _pair(data: Any) -> tuple[Any, Any]:
     if not isinstance(data, (tuple, list)) or len(data) != 2:
         raise UserError("data to evaluate on must be a dataset name, an .npz path, or a pair (images, labels)")
-    return data
+    images, labels = data
+    return images, labels
 
 
 def read_images(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray | None, str, str | None]:
@@ -146,7 +152,7 @@ def _predictions_path(out: str | os.PathLike | None, images_path: str | os.PathL
 
 
 def predict_file(path: str | os.PathLike, images_path: str | os.PathLike, out: str | os.PathLike | None = None,
-                 *, module: Any = None) -> dict:
+                 *, module: NetworkSource | None = None) -> dict:
     """Label the images of `images_path` with the model of run `path`; writes `out` (default
     <images stem>-predictions.npz beside the images, or in `out` when it is a folder) holding `predictions`
     (N,) and `probabilities` (N, classes). Returns {"out", "n", "accuracy" (None without labels), ...}."""

@@ -32,14 +32,16 @@ from towerlab.distributed.launch import start_method_for
 from towerlab.distributed.signals import EXIT_SIGINT, Interrupted, StopFlag
 from towerlab.errors import UserError
 from towerlab.fields import replace, to_dict
-from towerlab.jobs.candidate import TRAINING_GENES, Model, model_function, train_config_hash
-from towerlab.jobs.common import (Job, check_writable_file, handed_over, load_data, load_everywhere,
-                                  require_out_under_torchrun, resolved_run, restarted_by_torchrun, start_job,
-                                  write_config)
+from towerlab.jobs.candidate import TRAINING_GENES, CandidateModel, model_function, train_config_hash
+from towerlab.jobs.folder import check_writable_file
+from towerlab.jobs.handover import handover, load_data, load_everywhere
+from towerlab.jobs.job import Job, require_out_under_torchrun, resolved_run, restarted_by_torchrun, start_job
+from towerlab.jobs.provenance import write_config
 from towerlab.jobs.search_record import Watch, export_best, write_record
 from towerlab.jobs.search_workers import FROM_PYTHON, WorkerSpec, run_worker, warm_up, work, worker_name
-from towerlab.models import not_taken
-from towerlab.models.custom import function_file
+from towerlab.catalog.models import not_taken
+from towerlab.data.load import Dataset
+from towerlab.models.custom import ModelFunction, function_file
 from towerlab.report import Reporter, format_plan
 from towerlab.search import Search, Space, load_space, refuse_unused_settings
 from towerlab.search.database import STORE_ENV, is_url, redacted, with_password
@@ -74,7 +76,8 @@ def recorded_store(target: str) -> str:
     return redacted(target) if is_url(target) else target
 
 
-def start_search(kind: str, cfg: SearchConfig, run: RunConfig, *, data: Any = None, function: Any = None,
+def start_search(kind: str, cfg: SearchConfig, run: RunConfig, *, data: Optional[Dataset] = None,
+                 function: Optional[ModelFunction] = None,
                  start_method: str | None = None) -> int:
     """Run the search job; returns its exit status. `data` (a towerlab.data.Dataset, arrays from
     Python) replaces loading `cfg.dataset`; `function` builds the networks of a space of model
@@ -112,8 +115,8 @@ class SearchJob(Job):
     search: Search
     run: RunConfig
     target: str
-    data: Any = None
-    function: Any = None
+    data: Optional[Dataset] = None
+    function: Optional[ModelFunction] = None
     workers: int = 1
 
     def run_here(self) -> int:
@@ -153,18 +156,18 @@ class SearchJob(Job):
     # -- the search in its store ------------------------------------------------------------------------
 
     @property
-    def model(self) -> Model:
+    def model(self) -> CandidateModel:
         return self.function or self.search.space.model
 
     def _threads(self) -> Optional[int]:
         return self.run.threads if self.run.device == "cpu" else None
 
-    def _in_store(self, store: Store, data: Any, reporter: Optional[Reporter]) -> Search:
+    def _in_store(self, store: Store, data: Dataset, reporter: Optional[Reporter]) -> Search:
         """The search in `store`: created (and config.json written), or the one this folder continues."""
         device = self.run.device
-        tch = train_config_hash(self.search.cfg, device, self.run.threads, data.source, self.model)
+        training_hash = train_config_hash(self.search.cfg, device, self.run.threads, data.source, self.model)
         if self.run.resume:
-            search = self.search.resume(store, _stored_search_id(self.out), tch)
+            search = self.search.resume(store, _stored_search_id(self.out), training_hash)
             store.reopen_failed_tests(search.id)  # a resume retries them: the machine's fault, as often as not
             release_the_dead(store)  # the tasks of this machine's workers that died with an earlier start
             done = store.generations(search.id)
@@ -175,7 +178,7 @@ class SearchJob(Job):
                      "data": {"format": data.source.get("format"), "fallback": bool(data.source.get("fallback"))},
                      "test": data.n_test > 0, "towerlab": towerlab.__version__}
             cfg = replace(self.search.cfg, store=recorded_store(self.target) if self.search.cfg.store else None)
-            search = dataclasses.replace(self.search, cfg=cfg).create(store, tch, setup)
+            search = dataclasses.replace(self.search, cfg=cfg).create(store, training_hash, setup)
             write_config(self.out, {"kind": self.kind, "search": to_dict(cfg), "run": to_dict(self.run),
                                     "search_id": search.id, "store": recorded_store(self.target),
                                     "workers": self.workers, "device_type": device})
@@ -188,20 +191,20 @@ class SearchJob(Job):
             reporter.line(format_plan(search.plan))
         return search
 
-    def _work(self, store: Store, search: Search, data: Any, reporter: Reporter) -> None:
+    def _work(self, store: Store, search: Search, data: Dataset, reporter: Reporter) -> None:
         """This machine's workers on the search until it is finished (whoever else works on it)."""
         spec = WorkerSpec(store=self.target, run=self.run, per_device=search.cfg.workers_per_device,
                           threads=self._threads(), search_ids=(search.id,), speaks=True)
         watch = Watch(store, search, self.out, reporter, self.workers, resumed=self.run.resume is not None)
         device = "cuda" if self.run.device == "cuda" else "cpu"
 
-        def lost(slot: int, pid: int, how: str) -> None:
+        def lost(slot: int, pid: int, ended: str) -> None:
             name = worker_name(f"cuda:{slot // spec.per_device}" if device == "cuda" else "cpu", pid)
-            if store.release(name, how):
-                reporter.line(f"towerlab: warning: worker {name} {how} while training; its task is back on the "
+            if store.release(name, ended):
+                reporter.line(f"towerlab: warning: worker {name} {ended} while training; its task is back on the "
                               "queue")
 
-        crew = Crew(work, self.workers, (spec, *handed_over(data, self.start_method), self.function),
+        crew = Crew(work, self.workers, (spec, *handover(data, self.start_method), self.function),
                     start_method=self.start_method, on_lost=lost, log=reporter.line)
         try:
             with StopFlag() as stop, crew:
@@ -231,7 +234,7 @@ class SearchJob(Job):
         finally:
             watch.close()
 
-    def _finish(self, store: Store, search: Search, data: Any, reporter: Reporter, seconds: float,
+    def _finish(self, store: Store, search: Search, data: Dataset, reporter: Reporter, seconds: float,
                 device: torch.device) -> None:
         """The record, from the store: the search played once more here (every result is there)."""
         result = search.run(store, _nothing_to_train)
@@ -249,8 +252,8 @@ class SearchJob(Job):
         process group serves for that alone); every rank then works on it; rank 0 writes the record."""
         rank = torchrun_ranks()[0]
         with session(timeout=self.run.timeout, backend="gloo", device=self.run.device) as ctx:
-            data = load_everywhere(ctx, lambda **how: load_data(self.search.cfg.dataset, self.search.cfg.val_size,
-                                                                self.run, **how))
+            data = load_everywhere(ctx, lambda **loading: load_data(self.search.cfg.dataset, self.search.cfg.val_size,
+                                                                    self.run, **loading))
             told: dict = {}
             if ctx.is_main:
                 try:
@@ -312,7 +315,7 @@ def _nothing_to_train(candidates: list, record: Any) -> None:
                        f"e.g. {candidates[0]}")
 
 
-def _model_spec(model: Model) -> str:
+def _model_spec(model: CandidateModel) -> str:
     """What a search records of its model for the workers that join it: a family's name, a model
     function's FILE.py:FUNCTION, or that it was given from Python (no other process can load it)."""
     if isinstance(model, str):
@@ -326,7 +329,7 @@ def _load(cfg: SearchConfig, run: RunConfig) -> Any:
     return load_data(cfg.dataset, cfg.val_size, run)
 
 
-def check_function(space: Space, function: Any) -> None:
+def check_function(space: Space, function: object) -> None:
     """A space of model "custom" goes with a model function given from Python, and only it; each
     gene of a space must be a training gene or a keyword its model function takes (a family's
     builder, or yours): refused before anything trains, in one line naming the gene."""

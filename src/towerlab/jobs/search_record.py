@@ -13,18 +13,20 @@ import json
 import math
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
 import torch
 
 import towerlab
 from towerlab import atomic
 from towerlab.config import dataset_label
+from towerlab.data.load import Dataset
+from towerlab.distributed.signals import StopFlag
 from towerlab.errors import UserError
-from towerlab.jobs.candidate import Model, candidate_config, retrain_command, train_candidate
-from towerlab.jobs.common import save_model
-from towerlab.report import (Reporter, format_cost, format_estimate, format_generation, format_top, plot_accuracy_time,
-                             plot_fitness)
+from towerlab.jobs.candidate import CandidateModel, candidate_config, retrain_command, train_candidate
+from towerlab.models.files import save_model
+from towerlab.plots import plot_accuracy_time, plot_fitness
+from towerlab.report import Reporter, format_cost, format_estimate, format_generation, format_top
 from towerlab.search import Search, SearchResult, evaluation_records
 from towerlab.search.history import GenerationStats
 from towerlab.search.store import Store
@@ -174,7 +176,7 @@ def all_failed(result: SearchResult, out: Path) -> str:
             f"`towerlab search show {out}` lists each failure")
 
 
-def write_record(kind: str, search: Search, model: Model, out: Path, store: Store, result: SearchResult,
+def write_record(kind: str, search: Search, model: CandidateModel, out: Path, store: Store, result: SearchResult,
                  reporter: Reporter, *, seconds: float, data_source: dict, has_test: bool,
                  cpu_threads: Optional[int], workers: int) -> list[dict]:
     """Print the top and the cost, and write best.json, the plots and summary.json; the top's rows.
@@ -223,8 +225,8 @@ def write_record(kind: str, search: Search, model: Model, out: Path, store: Stor
     return top
 
 
-def export_best(search: Search, model: Model, best: dict, data: Any, device: torch.device, out: Path,
-                reporter: Reporter, stop: Any = None) -> None:
+def export_best(search: Search, model: CandidateModel, best: dict, data: Dataset, device: torch.device,
+                out: Path, reporter: Reporter, stop: Optional[StopFlag] = None) -> None:
     """model.pt of the winner: retrained exactly as it was evaluated (same seed, same budget, the
     weights of its best epoch), so the file is the network whose accuracies are reported."""
     cfg = search.cfg

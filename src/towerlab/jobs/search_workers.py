@@ -22,11 +22,14 @@ from typing import Any, Callable, Optional
 import torch
 
 from towerlab.config import ARRAYS_DATASET, CUSTOM_MODEL, RunConfig
+from towerlab.data.load import Dataset
 from towerlab.distributed.signals import Interrupted, StopFlag
 from towerlab.errors import UserError
 from towerlab.fields import replace
-from towerlab.jobs.candidate import Model, estimated_cost, outcome, train_candidate, train_config_hash
-from towerlab.jobs.common import load_data, quiet
+from towerlab.jobs.candidate import CandidateModel, estimated_cost, outcome, train_candidate, train_config_hash
+from towerlab.jobs.handover import load_data
+from towerlab.models.custom import ModelFunction
+from towerlab.report import discard_line
 from towerlab.search import Candidate, Outcome, Search
 from towerlab.search.queue import Worker, lease_seconds, release_the_dead
 from towerlab.search.store import Store, Task
@@ -71,16 +74,16 @@ class WorkerSpec:
     speaks: bool = False
 
 
-def work(slot: int, _slots: int, _reports: str, spec: WorkerSpec, data: Any = None, fallback: Optional[bool] = None,
-         function: Any = None) -> None:
+def work(slot: int, _slots: int, _reports: str, spec: WorkerSpec, data: Optional[Dataset] = None,
+         fallback: Optional[bool] = None, function: Optional[ModelFunction] = None) -> None:
     """A Crew's worker process: slot `slot` on its device."""
     kind = spec.run.device
     device = torch.device("cuda", slot // spec.per_device) if kind == "cuda" else torch.device("cpu")
     run_worker(spec, device, data, fallback, function, speaks=spec.speaks and slot == 0)
 
 
-def run_worker(spec: WorkerSpec, device: torch.device, data: Any = None, fallback: Optional[bool] = None,
-               function: Any = None, speaks: bool = False) -> int:
+def run_worker(spec: WorkerSpec, device: torch.device, data: Optional[Dataset] = None,
+               fallback: Optional[bool] = None, function: Optional[ModelFunction] = None, speaks: bool = False) -> int:
     """Work on the store's searches on `device` until none is left (or Ctrl-C / SIGTERM: the task in
     flight goes back on the queue). `data`, `fallback`, `function`: what the search's own job hands its
     workers (the data it loaded, or whether it fell back offline; its model function)."""
@@ -103,16 +106,17 @@ def run_worker(spec: WorkerSpec, device: torch.device, data: Any = None, fallbac
 class _Setup:
     """How this worker trains one search: its data, its model, its CPU threads per candidate."""
 
-    data: Any
-    model: Model
+    data: Dataset
+    model: CandidateModel
     threads: Optional[int]
 
 
 class Trainers:
     """What trains a task of each search in this worker, made once per search (see the module's docstring)."""
 
-    def __init__(self, spec: WorkerSpec, device: torch.device, name: str, stop: StopFlag, data: Any = None,
-                 fallback: Optional[bool] = None, function: Any = None) -> None:
+    def __init__(self, spec: WorkerSpec, device: torch.device, name: str, stop: StopFlag,
+                 data: Optional[Dataset] = None, fallback: Optional[bool] = None,
+                 function: Optional[ModelFunction] = None) -> None:
         self.spec, self.device, self.name, self.stop = spec, device, name, stop
         self.given, self.fallback, self.function = data, fallback, function
         self._setups: dict[int, _Setup] = {}
@@ -146,7 +150,7 @@ class Trainers:
         self._setups[search.id] = setup = _Setup(data.to(self.device), model, threads)
         return setup
 
-    def _model(self, search: Search) -> Model:
+    def _model(self, search: Search) -> CandidateModel:
         if search.space.model != CUSTOM_MODEL:
             return search.space.model
         if self.function is not None:
@@ -166,7 +170,7 @@ class Trainers:
             raise UserError("its data are arrays given from Python, which only its own process has")
         fallback = self.fallback if self.fallback is not None else bool(recorded.get("fallback"))
         return load_data(cfg.dataset, cfg.val_size, self.spec.run, download=self.fallback is None,
-                         allow_fallback=False, fallback_only=fallback, log=quiet)
+                         allow_fallback=False, fallback_only=fallback, log=discard_line)
 
     def trainer(self, search: Search) -> Callable[[Task], tuple[Outcome, Optional[float]]]:
         setup = self.setup(search)
@@ -218,8 +222,8 @@ def start_workers(target: str, run: RunConfig, *, per_device: int = 1, search_id
         spec = WorkerSpec(store=target, run=replace(run, device=kind), per_device=per_device, threads=run.threads,
                           search_ids=None if search_id is None else (search_id,), wait=wait)
 
-        def lost(slot: int, pid: int, how: str) -> None:
-            store.release(worker_name(f"cuda:{slot // per_device}" if kind == "cuda" else "cpu", pid), how)
+        def lost(slot: int, pid: int, ended: str) -> None:
+            store.release(worker_name(f"cuda:{slot // per_device}" if kind == "cuda" else "cpu", pid), ended)
 
         method = start_method or start_method_for(kind)
         try:

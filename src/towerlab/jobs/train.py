@@ -8,61 +8,59 @@ Under torchrun with --max-restarts, a restarted worker group (TORCHELASTIC_RESTA
 continues from the folder's last checkpoint on its own, when the folder is that same torchrun
 job's (config.json records its TORCHELASTIC_RUN_ID) and holds the same training config; without a
 checkpoint yet, it starts over in the folder. Any other existing folder is refused, as without
-torchrun.
+torchrun (train_resume.py decides where a run starts).
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import signal
-import sys
 import time
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Optional
 
 import torch
 
 import towerlab
-from towerlab import atomic, checkpoint
-from towerlab.batches import steps_per_epoch
+from towerlab import atomic
+from towerlab.catalog.models import keyword_options, not_taken
 from towerlab.config import CUSTOM_MODEL, RunConfig, TrainConfig, dataset_label
-from towerlab.fields import from_dict, replace, to_dict
-from towerlab.data.load import content_sha256
+from towerlab.data.load import Dataset, content_sha256
 from towerlab.distributed.env import (check_capacity, default_threads, local_processes, sharing_cores,
-                                     torchrun_restart, torchrun_world_size, under_torchrun)
+                                     torchrun_world_size, under_torchrun)
 from towerlab.distributed.group import Context, barrier, broadcast_object, session
 from towerlab.distributed.launch import start_method_for
 from towerlab.distributed.signals import StopFlag
 from towerlab.errors import UserError
-from towerlab.models import keyword_options, not_taken
-from towerlab.models.custom import network_name
-from towerlab.jobs.common import (Job, OutputFolder, handed_over, load_data, read_config, require_out_under_torchrun,
-                                  resolved_run, restarted_by_torchrun, save_model, start_job, stderr_line, worker_data,
-                                  write_config)
-from towerlab.report import Reporter, format_final, phase, require_tensorboard, truncate_metrics
-from towerlab.step import resolve_step
-from towerlab.train import TrainResult, check_setup, train
+from towerlab.fields import replace, to_dict
+from towerlab.jobs.handover import handover, load_data, worker_data
+from towerlab.jobs.job import Job, require_out_under_torchrun, resolved_run, start_job
+from towerlab.jobs.provenance import read_config, write_config
+from towerlab.jobs.train_resume import CHECKPOINT, check_same_data, decide_start, resumes_from
+from towerlab.models.custom import ModelFunction, NetworkSource, network_name
+from towerlab.models.files import save_model
+from towerlab.report import Reporter, format_final, phase, require_tensorboard, stderr_line, truncate_metrics
+from towerlab.training import checkpoint
+from towerlab.training.loop import LoopOptions, TrainResult, train
+from towerlab.training.network import check_setup
+from towerlab.training.step import resolve_step
 
-CHECKPOINT = "checkpoint.pt"
-# What train() restores from a checkpoint (train._state writes them).
-RESUME_KEYS = ("step", "train_seconds", "history", "best_val_loss", "best_epoch", "best_state", "since_best",
-               "stopped", "strategy")
-
-
-def train_data(cfg: TrainConfig, run: RunConfig, **how: Any) -> Any:
-    """The data `cfg` trains on (`how`: as `common.load_data` takes it)."""
+def train_data(cfg: TrainConfig, run: RunConfig, **loading: Any) -> Dataset:
+    """The data `cfg` trains on (`loading`: as `handover.load_data` takes it)."""
     return load_data(cfg.dataset, cfg.val_size, run, synthetic_shape=cfg.synthetic_shape,
-                     synthetic_train=cfg.synthetic_train, **how)
+                     synthetic_train=cfg.synthetic_train, **loading)
 
 
 def default_out(cfg: TrainConfig) -> Path:
     return Path("runs") / f"{datetime.now():%Y%m%d-%H%M%S}-{cfg.model}-{dataset_label(cfg.dataset)}"
 
 
-def start(cfg: TrainConfig, run: RunConfig, *, data: Any = None, module: Any = None, function: Any = None,
+def start(cfg: TrainConfig, run: RunConfig, *, data: Optional[Dataset] = None, module: Optional[NetworkSource] = None,
+          function: Optional[ModelFunction] = None,
           start_method: str | None = None) -> int:
     """Run the job; returns its exit status. `data` (a towerlab.data.Dataset) replaces loading
     `cfg.dataset`; `module` (an nn.Module or a factory of one), or `function` (a model function,
@@ -76,53 +74,58 @@ def start(cfg: TrainConfig, run: RunConfig, *, data: Any = None, module: Any = N
     require_module(cfg, module, function)
     run = resolved_run(run)
     start_method = start_method or start_method_for(run.device)
+    devices = run.devices or 1  # resolved above; under torchrun each rank is one process
     if not under_torchrun():
         # Recorded as resolved: a resume (maybe on another machine) computes with as many threads.
-        run = replace(run, threads=run.threads or default_threads(run.devices))
-        check_capacity(run.devices, run.threads, f"--devices {run.devices}")
-        warning = sharing_cores(run.devices, run.device, f"--devices {run.devices}")
+        threads = run.threads or default_threads(devices)
+        run = replace(run, threads=threads)
+        check_capacity(devices, threads, f"--devices {devices}")
+        warning = sharing_cores(devices, run.device, f"--devices {devices}")
         if warning:
             stderr_line(warning)
-        resolve_step(run.step, run.device, run.devices, run.strategy, run.input)  # an impossible --step: refused now
+        resolve_step(run.step, run.device, devices, run.strategy, run.input)  # an impossible --step: refused now
     out = Path(run.resume or run.out or default_out(cfg))
-    # Under torchrun, rank 0 decides in _decide_start whether the folder is its own restart.
-    return start_job(TrainJob(out=out, resume=run.resume is not None, new=not under_torchrun(), processes=run.devices,
+    # Under torchrun, rank 0 decides in train_resume.decide_start whether the folder is its own restart.
+    return start_job(TrainJob(out=out, resume=run.resume is not None, new=not under_torchrun(), processes=devices,
                               start_method=start_method, timeout=run.timeout, cfg=cfg, run=run, data=data,
                               module=module, function=function, started=started))
 
 
 @dataclass(kw_only=True)
 class TrainJob(Job):
-    """The train job: one replica per process (see `common.Job` for the hooks)."""
+    """The train job: one replica per process (see `job.Job` for the hooks). `data` replaces loading
+    `cfg.dataset`; `module` (a module of yours or its factory) or `function` (a model function) trains
+    in place of `cfg.model`; `started` is when the job started (time.time()). The setup is checked once
+    per run (`checked`): by the launcher before its workers start, else by the process that trains.
+    A worker gets the job itself, without its data, and what the launcher hands over of it."""
 
     cfg: TrainConfig
     run: RunConfig
-    data: Any = None
-    module: Any = None
-    function: Any = None
+    data: Optional[Dataset] = None
+    module: Optional[NetworkSource] = None
+    function: Optional[ModelFunction] = None
     started: float
+    # The largest checkpoint this run's model can have (`checkpoint.size_limit`), set by `checked`.
+    checkpoint_bytes: Optional[int] = None
 
     def run_here(self) -> int:
-        return _process(0, torchrun_world_size(), None, self.cfg, self.run, str(self.out), self.started, self.data,
-                        self.module, function=self.function)
+        self.replica(0, torchrun_world_size(), None, self.data, None)
+        return 0
 
-    def preflight(self) -> tuple:
+    def preflight(self) -> tuple[TrainJob, Optional[Dataset], Optional[bool]]:
         """Every mistake (and the download, or the offline fallback) once, here, before any worker
-        starts; the workers read the very data loaded here (see `handed_over`)."""
+        starts; the workers read the very data loaded here (see `handover`)."""
         data = self.data
         if data is None:
             with phase(f"Setup: reading {self.cfg.dataset}", stdout_line):
                 data = train_data(self.cfg, self.run)
-        check_setup(self.cfg, self.run.devices, data, network_source(self.module, self.function, data, self.cfg.model_options))
-        return (self.cfg, self.run, str(self.out), *handed_over(data, self.start_method), self.module, self.function,
-                self.started)
+        return (dataclasses.replace(self.checked(data, self.processes), data=None),
+                *handover(data, self.start_method))
 
     @staticmethod
-    def worker(rank: int, world_size: int, store_path: str, cfg: TrainConfig, run: RunConfig, out: str,
-               data: Any, fallback: bool | None, module: Any, function: Any, started: float) -> None:
-        status = _process(rank, world_size, store_path, cfg, run, out, started, data, module, fallback, function)
-        if status:
-            sys.exit(status)
+    def worker(rank: int, world_size: int, store_path: str, job: TrainJob, data: Optional[Dataset],
+               fallback: Optional[bool]) -> None:
+        job.replica(rank, world_size, store_path, data, fallback)
 
     def hint(self) -> str:
         return f"Continue from the last checkpoint with: towerlab train --resume {self.out}" \
@@ -131,13 +134,124 @@ class TrainJob(Job):
     def name(self, rank: int) -> str:
         return f"replica rank {rank}" + (", the parameter server," if self.run.strategy == "ps" and rank == 0 else "")
 
+    def network_source(self, data: Dataset) -> Optional[NetworkSource]:
+        return network_source(self.module, self.function, data, self.cfg.model_options)
+
+    def checked(self, data: Dataset, world_size: int) -> TrainJob:
+        """This job with its setup checked for `world_size` replicas on `data` (`check_setup`)."""
+        network = check_setup(self.cfg, world_size, data, self.network_source(data))
+        return dataclasses.replace(self, checkpoint_bytes=checkpoint.size_limit(network))
+
+    def replica(self, rank: int, world_size: int, store_path: Optional[str], data: Optional[Dataset],
+                fallback: Optional[bool]) -> None:
+        """One replica of the run in this process (rank `rank` of `world_size`; `store_path`: the
+        local launcher's rendezvous, None alone or under torchrun): its data as handed over (`data`,
+        or the source the launcher read: `fallback`), or as `load_everywhere` decides."""
+        run = self.run
+        torch.set_num_threads(run.threads or default_threads(local_processes(run)))
+        with _exit_is_failure(), StopFlag() as stop, session(rank=rank, world_size=world_size, store_path=store_path,
+                                                             timeout=run.timeout, device=run.device) as ctx:
+            with phase(f"Setup: reading {self.cfg.dataset}", stdout_line) if ctx.is_main and data is None \
+                    else contextlib.nullcontext():
+                data = worker_data(ctx, functools.partial(train_data, self.cfg, run), data, fallback)
+            job = self if self.checkpoint_bytes is not None else self.checked(data, ctx.world_size)
+            job._train(ctx, data, stop)
+
+    def _train(self, ctx: Context, data: Dataset, stop: StopFlag) -> None:
+        out, run = self.out, self.run
+        digests = content_sha256(data.source) if ctx.is_main else {}  # read once: start, resume check, summary
+        resume_state = self._start_state(ctx, digests)
+        if ctx.is_main:
+            out.mkdir(parents=True, exist_ok=True)
+            if resume_state is None:
+                (out / "metrics.jsonl").unlink(missing_ok=True)  # left by a restarted attempt, if any
+                self._write_config(ctx, digests)
+            else:
+                truncate_metrics(out / "metrics.jsonl", resume_state["step"])
+        barrier(ctx)
+        reporter = Reporter(out if ctx.is_main else None, enabled=ctx.is_main, progress=run.progress,
+                            tensorboard=run.tensorboard, on_closed=lambda: stop.request(signal.SIGPIPE))
+        try:
+            if ctx.is_main:
+                reporter.line(self._first_line(ctx, data, resume_state))
+            options = LoopOptions.of(run, reporter=reporter, checkpoint_path=out / CHECKPOINT, stop=stop)
+            result = train(self.cfg, ctx, data, options, source=self.network_source(data), resume_state=resume_state)
+            if ctx.is_main:
+                self._record(ctx, data, digests, result, reporter)
+        finally:
+            reporter.close()
+
+    def _first_line(self, ctx: Context, data: Dataset, resume_state: dict | None) -> str:
+        cfg, run = self.cfg, self.run
+        resuming = "" if resume_state is None else f"{resumes_from(resume_state['step'], cfg, data, ctx)}: "
+        model = network_name(self.module, self.function) if cfg.model == CUSTOM_MODEL else cfg.model
+        return (f"towerlab: {resuming}{model} on {cfg.dataset} ({data.n_train} train / {data.n_val} val / "
+                f"{data.n_test} test), {ctx.world_size} x {ctx.device.type} replica(s), strategy {run.strategy}, "
+                f"input {run.input}, global batch {cfg.batch_size * ctx.world_size} -> {self.out}")
+
+    def _record(self, ctx: Context, data: Dataset, digests: dict, result: TrainResult, reporter: Reporter) -> None:
+        """model.pt and summary.json (rank 0), and the run's last lines."""
+        out = self.out
+        summary = self._summary(ctx, data, digests, result)
+        assert result.model is not None  # train() returns the model it trained
+        save_model(out / "model.pt", result.model, self.cfg, data, function=self.function)
+        atomic.write_json(out / "summary.json", summary)
+        reporter.record("test", step=result.steps, test_loss=result.test_loss, test_accuracy=result.test_accuracy)
+        reporter.line(format_final(summary))
+        reporter.line(f"Wrote {out / 'summary.json'} and {out / 'model.pt'}")
+
+    def _start_state(self, ctx: Context, digests: dict) -> dict | None:
+        """The checkpoint this run continues from, or None for a new run. Rank 0 decides (only it may
+        see the folder); every rank gets the same answer, or the same UserError."""
+        decision: dict = {}
+        if ctx.is_main:
+            try:
+                decision["state"] = decide_start(self.cfg, self.run, ctx, self.out, self.checkpoint_bytes)
+                if decision["state"] is not None:
+                    check_same_data(self.out, digests, self.run.allow_changed_data)
+            except UserError as exc:
+                decision["error"] = str(exc)
+        decision = broadcast_object(ctx, decision)
+        if "error" in decision:
+            raise UserError(decision["error"])
+        return decision["state"]
+
+    def _write_config(self, ctx: Context, data_sha256: dict) -> None:
+        cfg = self.cfg
+        write_config(self.out, {"train": to_dict(cfg), "run": to_dict(self.run), "world_size": ctx.world_size,
+                                "device_type": ctx.device.type, "global_batch_size": cfg.batch_size * ctx.world_size,
+                                "data_sha256": data_sha256})
+
+    def _summary(self, ctx: Context, data: Dataset, data_sha256: dict, result: TrainResult) -> dict:
+        cfg, run, out = self.cfg, self.run, self.out
+        wall_seconds = time.time() - self.started
+        started_on = (read_config(out) or {}).get("data_sha256", data_sha256)
+        changed = ({"data_sha256_at_start": started_on}
+                   if sorted(started_on.values()) != sorted(data_sha256.values()) else {})
+        return {**changed, "data_sha256": data_sha256,
+            "dataset": cfg.dataset, "data_source": data.source, "data_fallback": bool(data.source.get("fallback")),
+            "n_train": data.n_train, "n_val": data.n_val, "n_test": data.n_test,
+            "model": cfg.model, "model_options": cfg.model_options, "strategy": run.strategy, "input": run.input,
+            "world_size": ctx.world_size, "device_type": ctx.device.type, "step": result.step_mode,
+            "batch_size_per_replica": cfg.batch_size, "global_batch_size": cfg.batch_size * ctx.world_size,
+            "epochs": result.epochs, "steps": result.steps, "steps_per_epoch": result.steps_per_epoch,
+            "train_seconds": result.train_seconds, "setup_seconds": result.setup_seconds, "wall_seconds": wall_seconds,
+            "examples_per_sec": result.examples_per_sec,
+            "val_loss": result.val_loss, "val_accuracy": result.val_accuracy,
+            "test_loss": result.test_loss, "test_accuracy": result.test_accuracy,
+            "best_epoch": result.best_epoch, "stopped": result.stopped,
+            "optimizer": cfg.optimizer, "lr": cfg.lr, "schedule": cfg.schedule, "precision": cfg.precision,
+            "seed": cfg.seed, "threads_per_process": torch.get_num_threads(),
+            "torch_version": torch.__version__, "towerlab_version": towerlab.__version__, "out": str(out),
+        }
+
 
 def stdout_line(text: str) -> None:
     """A line where the run's own lines go, before its Reporter exists."""
     print(text, flush=True)
 
 
-def require_module(cfg: TrainConfig, module: Any, function: Any) -> None:
+def require_module(cfg: TrainConfig, module: Optional[NetworkSource], function: Optional[ModelFunction]) -> None:
     if (cfg.model == CUSTOM_MODEL) != (module is not None or function is not None):
         raise UserError(f"model {CUSTOM_MODEL!r} is a module you give from Python: "
                         "towerlab.api.train(model=YourModule()) or model=a function returning one; on the command "
@@ -148,7 +262,7 @@ def require_module(cfg: TrainConfig, module: Any, function: Any) -> None:
         raise UserError("--model-opt sets options of the built-in models and the keyword arguments of a model "
                         "function (--model FILE.py:FUNCTION), not of a module of your own")
     unknown = [] if function is None else sorted(not_taken(function, cfg.model_options))
-    if unknown:
+    if function is not None and unknown:
         name = getattr(function, "__name__", "your function")
         keywords = keyword_options(function)
         if keywords is None:  # **kwargs: the option is named like a positional parameter
@@ -158,60 +272,13 @@ def require_module(cfg: TrainConfig, module: Any, function: Any) -> None:
                         f"{unknown[0]!r} (it takes: {', '.join(keywords) or 'none'})")
 
 
-def network_source(module: Any, function: Any, data: Any, options: dict) -> Any:
+def network_source(module: Optional[NetworkSource], function: Optional[ModelFunction], data: Dataset,
+                   options: dict) -> Optional[NetworkSource]:
     """What builds a network of your own for `data`: `module` as given, or a factory calling the model
     function `function(input_shape, num_classes, **options)` with the data's (None: a built-in model)."""
     if function is None:
         return module
     return functools.partial(function, data.input_shape, data.num_classes, **options)
-
-
-def _process(rank: int, world_size: int, store_path: str | None, cfg: TrainConfig, run: RunConfig,
-             out_dir: str, started: float, data: Any = None, module: Any = None, fallback: bool | None = None,
-             function: Any = None) -> int:
-    torch.set_num_threads(run.threads or default_threads(local_processes(run)))
-    out = Path(out_dir)
-    with _exit_is_failure(), StopFlag() as stop, session(rank=rank, world_size=world_size, store_path=store_path,
-                                     timeout=run.timeout, device=run.device) as ctx:
-        with phase(f"Setup: reading {cfg.dataset}", stdout_line) if ctx.is_main and data is None \
-                else contextlib.nullcontext():
-            data = worker_data(ctx, functools.partial(train_data, cfg, run), data, fallback)
-        module_given, module = module, network_source(module, function, data, cfg.model_options)
-        network = check_setup(cfg, ctx.world_size, data, module)
-        digests = content_sha256(data.source) if ctx.is_main else {}  # read once: start, resume check, summary
-        resume_state = _start_state(cfg, run, ctx, out, digests, checkpoint.size_limit(network))
-        if ctx.is_main:
-            out.mkdir(parents=True, exist_ok=True)
-            if resume_state is None:
-                (out / "metrics.jsonl").unlink(missing_ok=True)  # left by a restarted attempt, if any
-                _write_config(out, cfg, run, ctx, digests)
-            else:
-                truncate_metrics(out / "metrics.jsonl", resume_state["step"])
-        barrier(ctx)
-        reporter = Reporter(out if ctx.is_main else None, enabled=ctx.is_main, progress=run.progress,
-                            tensorboard=run.tensorboard, on_closed=lambda: stop.request(signal.SIGPIPE))
-        try:
-            if ctx.is_main:
-                resuming = "" if resume_state is None else f"{_resumes_from(resume_state['step'], cfg, data, ctx)}: "
-                model = network_name(module_given, function) if cfg.model == CUSTOM_MODEL else cfg.model
-                reporter.line(f"towerlab: {resuming}{model} on {cfg.dataset} ({data.n_train} train / "
-                              f"{data.n_val} val / {data.n_test} test), {ctx.world_size} x {ctx.device.type} replica(s), "
-                              f"strategy {run.strategy}, input {run.input}, global batch "
-                              f"{cfg.batch_size * ctx.world_size} -> {out}")
-            result = train(cfg, ctx, data, input_mode=run.input, strategy=run.strategy, reporter=reporter,
-                           display_step=run.display_step, checkpoint_path=out / CHECKPOINT,
-                           resume_state=resume_state, step_mode=run.step, stop=stop, source=module)
-            if ctx.is_main:
-                summary = _summary(cfg, run, ctx, data, digests, result, out, time.time() - started)
-                save_model(out / "model.pt", result.model, cfg, data, function=function)
-                atomic.write_json(out / "summary.json", summary)
-                reporter.record("test", step=result.steps, test_loss=result.test_loss,
-                                test_accuracy=result.test_accuracy)
-                reporter.line(format_final(summary))
-                reporter.line(f"Wrote {out / 'summary.json'} and {out / 'model.pt'}")
-        finally:
-            reporter.close()
-    return 0
 
 
 @contextlib.contextmanager
@@ -224,116 +291,3 @@ def _exit_is_failure() -> Iterator[None]:
     except SystemExit as exc:
         raise UserError(f"the training stopped: code of yours that it ran (the network's forward, or what it "
                         f"calls) called sys.exit({'' if exc.code is None else repr(exc.code)})") from None
-
-
-def _resumes_from(step: int, cfg: TrainConfig, data: Any, ctx: Context) -> str:
-    """Where a resumed run picks up, in the steps and epochs its progress lines count."""
-    per_epoch = steps_per_epoch(data.n_train, ctx.world_size, cfg.batch_size)
-    epoch, into = divmod(step, per_epoch)
-    where = f"the end of epoch {epoch}" if into == 0 else f"{into} of {per_epoch} steps into epoch {epoch + 1}"
-    return f"resuming from step {step} of {cfg.steps or cfg.epochs * per_epoch} ({where})"
-
-
-def _start_state(cfg: TrainConfig, run: RunConfig, ctx: Context, out: Path, digests: dict,
-                 max_bytes: int | None = None) -> dict | None:
-    """The checkpoint this run continues from, or None for a new run. Rank 0 decides (only it may
-    see the folder); every rank gets the same answer, or the same UserError. `max_bytes`: the
-    largest checkpoint this run's model can have (`checkpoint.size_limit`)."""
-    decision: dict = {}
-    if ctx.is_main:
-        try:
-            decision["state"] = _decide_start(cfg, run, ctx, out, max_bytes)
-            if decision["state"] is not None:
-                _check_same_data(out, digests, run.allow_changed_data)
-        except UserError as exc:
-            decision["error"] = str(exc)
-    decision = broadcast_object(ctx, decision)
-    if "error" in decision:
-        raise UserError(decision["error"])
-    return decision["state"]
-
-
-def _decide_start(cfg: TrainConfig, run: RunConfig, ctx: Context, out: Path,
-                  max_bytes: int | None = None) -> dict | None:
-    if run.resume:
-        if not checkpoint.exists(out / CHECKPOINT) and not any((out / f).exists() for f in ("model.pt", "summary.json")):
-            # Stopped (killed, out of disk) before its first checkpoint: config.json holds all it needs to
-            # begin again, and no other command would take the folder.
-            stderr_line(f"towerlab: {out} holds no checkpoint yet (the run stopped before its first): starting it "
-                        "over from step 0 with its recorded settings")
-            return None
-        return _resume_state(cfg, ctx, out, max_bytes)
-    restarts = torchrun_restart()[1]
-    if restarts_here(out, cfg):
-        if not checkpoint.exists(out / CHECKPOINT):
-            stderr_line(f"towerlab: torchrun restart {restarts}: no checkpoint in {out} yet, starting over")
-            return None
-        state = _resume_state(cfg, ctx, out, max_bytes)
-        stderr_line(f"towerlab: torchrun restart {restarts}: continuing from the checkpoint of step "
-                    f"{state['step']} in {out}")
-        return state
-    if under_torchrun():
-        OutputFolder(out).require_new()
-    return None
-
-
-def restarts_here(out: Path, cfg: TrainConfig) -> bool:
-    """Whether this torchrun attempt restarts the very job that made `out`, with this training config."""
-    return restarted_by_torchrun(out, lambda stored: from_dict(TrainConfig, stored["train"]) == cfg)
-
-
-def _resume_state(cfg: TrainConfig, ctx: Context, out: Path, max_bytes: int | None = None) -> dict:
-    state = checkpoint.load(out / CHECKPOINT, log=stderr_line, max_bytes=max_bytes)
-    checkpoint.check_compatible(state, {"model": cfg.model, "dataset": cfg.dataset,
-                                        "world_size": ctx.world_size, "config": to_dict(cfg)}, out)
-    missing = [k for k in RESUME_KEYS if k not in state]
-    if missing:
-        raise UserError(f"checkpoint in {out} lacks {', '.join(missing)}: it was not written by this towerlab "
-                        "train; start a new run")
-    return state
-
-
-def _check_same_data(out: Path, now: dict, allowed: bool) -> None:
-    """Refuse to continue a run on data other than it started on (`now`: the SHA-256 of the files
-    read; by content, so a moved data folder is fine), unless --allow-changed-data; then warn
-    (summary.json records both)."""
-    started_on = (read_config(out) or {}).get("data_sha256")
-    if started_on is None or sorted(started_on.values()) == sorted(now.values()):
-        return  # the same files (or a run recorded before towerlab hashed its data)
-    changed = next((path for path, digest in now.items() if digest not in started_on.values()), None)
-    what = f"{changed} has SHA-256 {now[changed][:16]}..." if changed else f"the files are now {', '.join(now)}"
-    if not allowed:
-        raise UserError(f"the data changed since this run started ({what}, not one it started on): resume with "
-                        "the files it started on, or pass --allow-changed-data to continue on these (the result "
-                        "will not equal an uninterrupted run)")
-    stderr_line(f"towerlab: warning: the data changed since this run started ({what}); continuing on it as "
-                "--allow-changed-data asks: summary.json records both SHA-256 sets")
-
-
-def _write_config(out: Path, cfg: TrainConfig, run: RunConfig, ctx: Context, data_sha256: dict) -> None:
-    write_config(out, {"train": to_dict(cfg), "run": to_dict(run), "world_size": ctx.world_size,
-                       "device_type": ctx.device.type, "global_batch_size": cfg.batch_size * ctx.world_size,
-                       "data_sha256": data_sha256})
-
-
-def _summary(cfg: TrainConfig, run: RunConfig, ctx: Context, data: Any, data_sha256: dict, result: TrainResult,
-             out: Path, wall_seconds: float) -> dict:
-    started_on = (read_config(out) or {}).get("data_sha256", data_sha256)
-    changed = ({"data_sha256_at_start": started_on}
-               if sorted(started_on.values()) != sorted(data_sha256.values()) else {})
-    return {**changed, "data_sha256": data_sha256,
-        "dataset": cfg.dataset, "data_source": data.source, "data_fallback": bool(data.source.get("fallback")),
-        "n_train": data.n_train, "n_val": data.n_val, "n_test": data.n_test,
-        "model": cfg.model, "model_options": cfg.model_options, "strategy": run.strategy, "input": run.input,
-        "world_size": ctx.world_size, "device_type": ctx.device.type, "step": result.step_mode,
-        "batch_size_per_replica": cfg.batch_size, "global_batch_size": cfg.batch_size * ctx.world_size,
-        "epochs": result.epochs, "steps": result.steps, "steps_per_epoch": result.steps_per_epoch,
-        "train_seconds": result.train_seconds, "setup_seconds": result.setup_seconds, "wall_seconds": wall_seconds,
-        "examples_per_sec": result.examples_per_sec,
-        "val_loss": result.val_loss, "val_accuracy": result.val_accuracy,
-        "test_loss": result.test_loss, "test_accuracy": result.test_accuracy,
-        "best_epoch": result.best_epoch, "stopped": result.stopped,
-        "optimizer": cfg.optimizer, "lr": cfg.lr, "schedule": cfg.schedule, "precision": cfg.precision,
-        "seed": cfg.seed, "threads_per_process": torch.get_num_threads(),
-        "torch_version": torch.__version__, "towerlab_version": towerlab.__version__, "out": str(out),
-    }

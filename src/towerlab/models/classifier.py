@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from towerlab.batches import Normalizer, tta_logits
+from towerlab.models.preprocessing import Normalizer, tta_logits
 from towerlab.errors import UserError
 from towerlab.data.readers import images_as_nchw
 
@@ -41,7 +41,8 @@ class Classifier(nn.Module):
                  tta: str = "none", channels_last: bool = False):
         super().__init__()
         self.network = network
-        self.input_shape = tuple(input_shape)
+        channels, height, width = input_shape  # a list, as model.pt may hold it, or a tuple
+        self.input_shape = (channels, height, width)
         self.num_classes = num_classes
         self.mean = None if mean is None else tuple(float(m) for m in mean)
         self.std = None if std is None else tuple(float(s) for s in std)
@@ -49,7 +50,7 @@ class Classifier(nn.Module):
         self.tta = tta
         self.channels_last = channels_last
         if channels_last:
-            network.to(memory_format=torch.channels_last)  # as in training: the same kernels, the same numbers
+            network.to(memory_format=torch.channels_last)  # type: ignore[call-overload]  # torch's stubs lack it; as in training: the same kernels, the same numbers
         self.eval()
 
     def __getattr__(self, name: str) -> Any:

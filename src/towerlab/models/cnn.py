@@ -7,7 +7,7 @@ from torch import nn
 
 from towerlab.errors import UserError
 from towerlab.models.layers import flat_size
-from towerlab.models.options import require_fraction, require_positive_int
+from towerlab.catalog.model_options import require_fraction, require_positive_int
 
 
 class CNN(nn.Module):

@@ -12,7 +12,7 @@ import os
 import sys
 import traceback
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence, Union
 
 from torch import nn
 
@@ -21,6 +21,12 @@ from towerlab.errors import UserError
 _LOADED: dict[str, str] = {}  # module name -> the file load_function imported it from
 _FOLDERS: list[str] = []  # the folders load_function put on sys.path, the latest first
 
+
+# A network of your own as the training takes it: a module (copied, its weights the initial ones) or a
+# factory returning a new one (called after the run's seed is set).
+NetworkSource = Union[nn.Module, Callable[[], nn.Module]]
+# A model function: `function(input_shape, num_classes, **options) -> nn.Module` (a network class is one).
+ModelFunction = Callable[..., nn.Module]
 
 def load_function(spec: str, flag: str = "--model", what: str = "FUNCTION") -> Any:
     """What `FILE.py:NAME` names (a function, a network class, a network), imported from its file as a
@@ -74,7 +80,7 @@ def function_file(function: Any) -> str | None:
     return f"{path}:{name}" if path and path.endswith(".py") and Path(path).is_file() else None
 
 
-def network_name(module: Any = None, function: Any = None) -> str:
+def network_name(module: NetworkSource | None = None, function: ModelFunction | None = None) -> str:
     """How a run names a network of your own: `mynet.py:make` for a model function of a file,
     `mynet.Net` for a module class (or an instance of one), the function's name otherwise."""
     if function is not None:
@@ -121,7 +127,8 @@ def user_code_failed(exc: BaseException, source: Any, what: str) -> UserError:
     return UserError(f"your {name} failed {what}{where}: {why}")
 
 
-def for_shape(source: Any, input_shape: tuple, num_classes: int, options: dict) -> Any:
+def for_shape(source: nn.Module | ModelFunction, input_shape: Sequence[int], num_classes: int,
+              options: dict) -> NetworkSource:
     """`source` as a factory: a model function (`--model FILE.py:FUNCTION`, two positional
     parameters without defaults: `source(input_shape, num_classes, **options)`) gets the recorded
     shape, classes and options; a module or a factory of none is `source` itself."""
@@ -136,7 +143,7 @@ def for_shape(source: Any, input_shape: tuple, num_classes: int, options: dict) 
     return functools.partial(source, tuple(input_shape), num_classes, **options) if takes_shape else source
 
 
-def instantiate(source: nn.Module | Callable[[], nn.Module]) -> nn.Module:
+def instantiate(source: NetworkSource) -> nn.Module:
     """A fresh network from a module of your own: a copy of an nn.Module (its current weights are the
     initial ones), or what a factory returns (called after the run's seed is set)."""
     if isinstance(source, nn.Module):
@@ -151,7 +158,7 @@ def instantiate(source: nn.Module | Callable[[], nn.Module]) -> nn.Module:
     try:
         module = source()
     except UserError:
-        raise  # a check of towerlab's that your code called (models.options): its line says it all
+        raise  # a check of towerlab's that your code called (catalog.model_options): its line says it all
     except (Exception, SystemExit) as exc:  # noqa: BLE001 - whatever your code raises, one line
         raise user_code_failed(exc, source, "building the network") from None
     if not isinstance(module, nn.Module):

@@ -1,20 +1,28 @@
-"""`model.pt`: what it records (`model_record`) and `load_model`, which rebuilds the network from it."""
+"""`model.pt`: what it records (`model_record`), writing it (`save_model`) and `load_model`, which
+rebuilds the network from it."""
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 from torch import nn
 
-from towerlab.config import CUSTOM_MODEL, PRECISIONS, TTA
+from towerlab import atomic
+from towerlab.config import CUSTOM_MODEL, PRECISIONS, TTA, TrainConfig
+from towerlab.fields import to_dict
 from towerlab.distributed.env import machine_memory
 from towerlab.errors import UserError
-from towerlab.models import build_model, uses_channels_last
+from towerlab.catalog.models import uses_channels_last
+from towerlab.models import build_model
 from towerlab.models.classifier import Classifier
-from towerlab.models.custom import for_shape, instantiate
+from towerlab.models.custom import NetworkSource, for_shape, function_file, instantiate
 from towerlab.atomic import require_regular_file
+
+if TYPE_CHECKING:
+    from towerlab.data.load import Dataset
 
 
 def model_record(model: nn.Module, name: str, input_shape: tuple[int, ...], num_classes: int,
@@ -23,6 +31,25 @@ def model_record(model: nn.Module, name: str, input_shape: tuple[int, ...], num_
     return {"format": "towerlab-model", "version": 1, "name": name, "input_shape": list(input_shape),
             "num_classes": num_classes, "options": dict(options),
             "state_dict": {k: v.detach().cpu() for k, v in model.state_dict().items()}, **extra}
+
+
+def save_model(path: Path, model: nn.Module, cfg: TrainConfig, data: Dataset, *,
+               function: Callable[..., nn.Module] | None = None) -> None:
+    """model.pt: the network and what rebuilds it and feeds it (input shape, classes, the training
+    split's mean and std), with the TrainConfig that trained it; written atomically. A network of
+    your own records its class, and the model function that built it (FILE.py:FUNCTION), where a
+    file defines it: evaluate and predict name it when they need it again."""
+    buffer = io.BytesIO()
+    custom = cfg.model == CUSTOM_MODEL
+    extra = {"module_class": f"{type(model).__module__}.{type(model).__qualname__}"} if custom else {}
+    spec = function_file(function) if custom else None
+    if spec:
+        extra["model_function"] = spec
+    torch.save(model_record(model, cfg.model, data.input_shape, data.num_classes, cfg.model_options,
+                            config=to_dict(cfg), mean=list(data.mean), std=list(data.std), **extra), buffer)
+    atomic.write_bytes(path, buffer.getvalue())
+
+
 
 
 class ModuleNeeded(UserError):
@@ -42,7 +69,7 @@ class ModuleNeeded(UserError):
 
 
 def load_model(path: str | Path, map_location: str | torch.device = "cpu", *,
-               module: nn.Module | Callable[[], nn.Module] | None = None) -> tuple[Any, dict]:
+               module: NetworkSource | None = None) -> tuple[Classifier, dict]:
     """Rebuild a saved network (`path`: a model.pt, or the run folder holding one): returns
     (a `towerlab.models.classifier.Classifier`, the file's record).
 
@@ -87,9 +114,10 @@ def load_model(path: str | Path, map_location: str | torch.device = "cpu", *,
     mean, std = record.get("mean"), record.get("std")
     stats_ok = all(isinstance(v, (list, tuple)) and len(v) == shape[0]
                    and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v) for v in (mean, std))
-    config = record.get("config") if isinstance(record.get("config"), dict) else {}
-    precision = config.get("precision") if config.get("precision") in PRECISIONS else "fp32"
-    tta = config.get("tta") if config.get("tta") in TTA else "none"
+    stored = record.get("config")
+    config: dict = stored if isinstance(stored, dict) else {}
+    precision = str(config.get("precision")) if config.get("precision") in PRECISIONS else "fp32"
+    tta = str(config.get("tta")) if config.get("tta") in TTA else "none"
     return Classifier(network, tuple(shape), classes, mean if stats_ok else None, std if stats_ok else None,
                       precision=precision, tta=tta, channels_last=uses_channels_last(name)), record
 
@@ -125,7 +153,7 @@ def _check_tensors(path: str | Path, state: dict) -> None:
                             "re-export it with towerlab train")
 
 
-def _meta_network(source: Any) -> nn.Module | None:
+def _meta_network(source: NetworkSource) -> nn.Module | None:
     """Your network built on the meta device (nothing allocated), to check against the file before it
     is built for real; None where your code cannot be built there (then only the real one is)."""
     try:

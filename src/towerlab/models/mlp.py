@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from towerlab.errors import UserError, did_you_mean
-from towerlab.models.options import MAX_LAYERS, require_fraction, require_positive_int
+from towerlab.catalog.model_options import MAX_LAYERS, require_fraction, require_positive_int
 
 ACTIVATIONS: dict[str, Callable[[], nn.Module]] = {
     "relu": nn.ReLU, "elu": nn.ELU, "tanh": nn.Tanh, "sigmoid": nn.Sigmoid,

@@ -8,12 +8,14 @@ layers can reduce.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from towerlab.models.layers import flat_size, trunc_normal_
-from towerlab.models.options import require_fraction
+from towerlab.catalog.model_options import require_fraction
 
 
 class LeNet5(nn.Module):
@@ -40,7 +42,7 @@ class LeNet5(nn.Module):
         for module in self.modules():
             if isinstance(module, (nn.Conv2d, nn.Linear)):
                 trunc_normal_(module.weight, 0.1)
-                nn.init.zeros_(module.bias)
+                nn.init.zeros_(module.bias)  # type: ignore[arg-type]  # built with a bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if any(self.pad):
@@ -71,7 +73,7 @@ class _LRNFunction(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, size: int, alpha: float, beta: float, k: float) -> torch.Tensor:  # noqa: ANN001
+    def forward(ctx: Any, x: torch.Tensor, size: int, alpha: float, beta: float, k: float) -> torch.Tensor:
         band = _channel_band(x.shape[1], size // 2, x)
         d = F.conv2d(x * x, band).to(x.dtype).mul_(alpha / size).add_(k)
         p = _inverse_power(d, beta)
@@ -80,7 +82,7 @@ class _LRNFunction(torch.autograd.Function):
         return x * p
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor):  # noqa: ANN001, ANN205
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None, None, None]:
         x, d, p = ctx.saved_tensors
         inner = (grad * x).mul_(p).div_(d).mul_(ctx.scale)
         window = F.conv2d(inner, _channel_band(x.shape[1], ctx.radius, inner))
@@ -134,8 +136,8 @@ class CifarNet(nn.Module):
         local3, local4, logits = self.classifier[0], self.classifier[2], self.classifier[4]
         for layer, std, bias in ((conv1, 5e-2, 0.0), (conv2, 5e-2, 0.1), (local3, 0.04, 0.1),
                                  (local4, 0.04, 0.1), (logits, 1 / 192.0, 0.0)):
-            trunc_normal_(layer.weight, std)
-            nn.init.constant_(layer.bias, bias)
+            trunc_normal_(layer.weight, std)  # type: ignore[arg-type]  # a Conv2d or Linear, as indexed above
+            nn.init.constant_(layer.bias, bias)  # type: ignore[arg-type]  # the same layer's bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.classifier(self.features(x))

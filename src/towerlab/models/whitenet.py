@@ -30,8 +30,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from towerlab.errors import UserError
-from towerlab.models import Hooks
-from towerlab.models.options import MAX_LAYERS, require_positive_int
+from towerlab.catalog.models import Hooks
+from towerlab.catalog.model_options import MAX_LAYERS, require_positive_int
 
 WHITEN_KERNEL = 2
 WHITEN_EPS = 5e-4     # added to the patch covariance's eigenvalues [airbench]
@@ -43,14 +43,14 @@ class _SumOverRanks(torch.autograd.Function):
     """All-reduce (sum) whose gradient is the all-reduced gradient: d(sum_r x_r)/dx_r = 1 on every rank."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, group: Any) -> torch.Tensor:  # noqa: ANN001
+    def forward(ctx: Any, x: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Tensor:
         ctx.group = group
         x = x.clone()
         dist.all_reduce(x, group=group)
         return x
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor):  # noqa: ANN001, ANN205
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
         grad = grad.clone()
         dist.all_reduce(grad, group=ctx.group)
         return grad, None
@@ -66,10 +66,16 @@ class GlobalBatchNorm(nn.BatchNorm2d):
     only the shift learns.
     """
 
+    # Always kept here (track_running_stats), with a momentum: not the Optionals of nn.BatchNorm2d.
+    running_mean: torch.Tensor
+    running_var: torch.Tensor
+    num_batches_tracked: torch.Tensor
+    momentum: float
+
     def __init__(self, channels: int, momentum: float = 0.4, eps: float = 1e-12):
         super().__init__(channels, eps=eps, momentum=momentum)
         self.weight.requires_grad_(False)
-        self.group: Any = None
+        self.group: dist.ProcessGroup | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.training or self.group is None:
@@ -91,7 +97,7 @@ class GlobalBatchNorm(nn.BatchNorm2d):
         return (y + self.bias.view(shape)).to(x.dtype)
 
 
-def share_batch_statistics(module: nn.Module, group: Any) -> None:
+def share_batch_statistics(module: nn.Module, group: dist.ProcessGroup | None) -> None:
     """Make every GlobalBatchNorm of `module` reduce its statistics over `group` (None: this replica)."""
     for m in module.modules():
         if isinstance(m, GlobalBatchNorm):
@@ -138,6 +144,7 @@ class WhitenedConvNet(nn.Module):
     def __init__(self, input_shape: tuple[int, int, int], num_classes: int = 10, *, width1: int = 64,
                  width2: int = 256, width3: int = 256, depth: int = 2):
         super().__init__()
+        self.whiten_weight: torch.Tensor  # a buffer: set from the training images (fit_whitening)
         for name, value in (("width1", width1), ("width2", width2), ("width3", width3)):
             require_positive_int(name, value)
         require_positive_int("depth", depth, MAX_LAYERS)

@@ -154,7 +154,7 @@ def serial(fitness: Callable[[Candidate], Outcome]) -> Trainer:
                 outcome = fitness(candidate)
             except UserError:
                 raise
-            except Exception as e:  # noqa: BLE001: a candidate's failure is data, not a crash
+            except Exception as e:  # noqa: BLE001 - a candidate's failure is data, not a crash
                 outcome = Outcome.failed(f"{type(e).__name__}: {e}",
                                          seconds=time.perf_counter() - started)
             record(candidate, outcome)

@@ -239,7 +239,7 @@ def _say(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
 
 
-def _one_line(error: BaseException) -> str:
+def _one_line(error: object) -> str:
     return " ".join(str(error).split()) or type(error).__name__
 
 

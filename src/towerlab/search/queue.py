@@ -213,7 +213,7 @@ class Driver(threading.Thread):
         if not wanted:
             return
         trainer.put("test", wanted)
-        keys = {(c.genome_hash, tch) for c, tch in wanted}
+        keys = {(c.genome_hash, training_hash) for c, training_hash in wanted}
         wait = POLL[0]
         while True:
             open_ = [t for t in self.store.tasks(search.id, "test")

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Mapping
 
 from towerlab.errors import UserError
-from towerlab.models.options import GeneRule
+from towerlab.catalog.model_options import GeneRule
 
 # numpy is imported where it is used: the samplers import this module, and the command line imports
 # them to build its flags from their settings, where `towerlab --help` answers without numpy.

@@ -178,7 +178,7 @@ class _Climb:
     def _holding(self) -> set[str]:
         if self._held is None:
             above = self.rounds.hashes[self.rounds.ladder[self.rung + 1]]
-            self._held = {h for h in self.alive if self.rounds._holds(h, above, self.generation)}
+            self._held = {h for h in self.alive if self.rounds.holds(h, above, self.generation)}
         return self._held
 
     def _certain(self) -> list[str]:
@@ -362,7 +362,7 @@ class Rounds:
                                        stats.to_json())
         return Generation(generation, tuple(members), stats)
 
-    def _holds(self, genome_hash: str, rung_config_hash: str, generation: int) -> bool:
+    def holds(self, genome_hash: str, rung_config_hash: str, generation: int) -> bool:
         """Whether the store serves this genome a successful training at that rung from before this
         generation (a GA's elite, or a genome proposed again, keeps the rung it reached instead of
         being pruned below it). This search's own row of this very generation does not count: it

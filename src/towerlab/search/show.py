@@ -97,7 +97,7 @@ def misformed_record(store: Store) -> str | None:
             return f"{where}: {why}"
         for generation in store.generations(search.id):
             where = f"generation {generation.generation + 1} of search {search.id}"
-            why = (rows(generation.members, _MEMBER)
+            why = (rows(generation.members, _MEMBER)  # type: ignore[assignment]  # a str, or False: none
                    or (generation.results is not None and rows(generation.results, _RESULT))
                    or (generation.stats is not None and lacks(generation.stats, _STATS)))
             if why:

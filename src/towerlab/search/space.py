@@ -31,14 +31,14 @@ from towerlab.atomic import require_regular_file
 from towerlab.config import CUSTOM_MODEL, OPTIMIZERS
 from towerlab.errors import UserError
 from towerlab.fields import json_loads
-from towerlab.models import CATALOG
-from towerlab.models.options import FRACTION, POSITIVE_INT, GeneRule
+from towerlab.catalog.models import CATALOG
+from towerlab.catalog.model_options import FRACTION, POSITIVE_INT, GeneRule
 from towerlab.search.ranges import Range, parse_range
 
 try:
     import tomllib
 except ModuleNotFoundError:  # Python 3.10
-    import tomli as tomllib  # type: ignore[no-redef]
+    import tomli as tomllib  # type: ignore[no-redef]  # tomllib's backport, the same API
 
 _TRAINING_GENES = {
     "optimizer": GeneRule("choice", choices=OPTIMIZERS),
@@ -55,7 +55,7 @@ _OPTION_GENE = GeneRule("any")
 
 def gene_rules(model: str, where: str) -> tuple[dict[str, GeneRule], bool]:
     """The rules of a space's genes for `model`, and whether they are all its genes: a catalog
-    family that declares the options a search varies (`towerlab.models.Model.genes`) takes those
+    family that declares the options a search varies (`towerlab.catalog.models.ModelEntry.genes`) takes those
     and the training genes only; any other model (a family without the declaration, or a function
     of yours: model "custom") takes the training genes and any keyword of its function."""
     if model not in _model_names():

@@ -121,8 +121,8 @@ def settings_classes() -> list[type[SamplerSettings]]:
 
 def _defaults() -> dict:
     """Every setting's default: SearchConfig's fields' and every sampler's own."""
-    return {f.name: f.default for cls in (SearchConfig, *settings_classes()) for f in dataclasses.fields(cls)
-            if not f.metadata.get("flat")}
+    classes: list[type] = [SearchConfig, *settings_classes()]
+    return {f.name: f.default for cls in classes for f in dataclasses.fields(cls) if not f.metadata.get("flat")}
 
 
 def own_settings(cfg: SearchConfig) -> SamplerSettings:

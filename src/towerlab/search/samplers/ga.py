@@ -71,7 +71,7 @@ def initial_population(rng: np.random.Generator, space: Space, population: int) 
     if size >= population:
         return [space.genome_at(int(i)) for i in rng.choice(size, size=population, replace=False)]
     every = [space.genome_at(int(i)) for i in rng.permutation(size)]
-    return every + [random_genome(rng, space) for _ in range(population - size)]
+    return every + [random_genome(rng, space) for _ in range(population - size)]  # type: ignore[call-overload]  # size: whole here
 
 
 def next_generation(rng: np.random.Generator, space: Space, scored: Sequence[tuple],
@@ -142,6 +142,7 @@ class GeneticSampler(Sampler):
     `next_generation` of the one before, ranked by score (re-measured elites by their mean)."""
 
     Settings = GeneticSettings
+    settings: GeneticSettings
 
     def __init__(self, cfg: SearchConfig, space: Space) -> None:
         super().__init__(cfg, space)

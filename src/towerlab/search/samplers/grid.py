@@ -69,6 +69,7 @@ class GridSettings(SamplerSettings):
 class GridSampler(Sampler):
     identity = ()
     Settings = GridSettings
+    settings: GridSettings
     one_generation = True
 
     def __init__(self, cfg: SearchConfig, space: Space) -> None:

@@ -27,10 +27,10 @@ class RandomSampler(Sampler):
         rng = sampler_rng(self.cfg.seed, "random", len(history) + (in_flight is not None))
         if size <= MAX_MEMBERS and size - len(seen) <= 4 * n:  # few left: draw among them directly
             rest = [g for g in self.space.all_genomes() if genome_hash(g) not in seen]
-            return [rest[int(i)] for i in rng.choice(len(rest), size=n, replace=False)]
+            return [rest[int(i)] for i in rng.choice(len(rest), size=n, replace=False)]  # type: ignore[call-overload]  # n: whole (a finite space)
         picks: dict[str, dict] = {}
         while len(picks) < n:
-            genome = (self.space.genome_at(int(rng.integers(size))) if size <= INDEXABLE and not self.space.typed
+            genome = (self.space.genome_at(int(rng.integers(size))) if size <= INDEXABLE and not self.space.typed  # type: ignore[call-overload]  # whole here
                       else random_genome(rng, self.space))
             h = genome_hash(genome)
             if h not in seen:

@@ -1,178 +1,22 @@
-"""Optimizers and learning-rate schedules, in two forms.
-
-- torch.optim's optimizers (fused or foreach) stepped with torch's schedulers: the eager step, for
-  every strategy (`ScheduledOptimizer`, built from the `OPTIMIZERS` and `SCHEDULES` registries).
-- `Update`: the same arithmetic as tensor operations on state allocated up front, with the
-  learning rate and the momentum (Adam's beta1) read from schedule tables by a step counter on the
-  device. It takes no changing Python value and never reads a value back, so a CUDA graph can
-  replay it and torch.compile can take it whole: the step program's update (towerlab.step). Its
-  tables are recorded from torch's own schedulers (`schedule_tables`), so they hold the values
-  torch.optim would use; tests hold `Update` to torch.optim, optimizer by optimizer.
+"""The step program's optimizer: `Update`, torch.optim's arithmetic as tensor operations on state
+allocated up front, with the learning rate and the momentum (Adam's beta1) read from schedule tables
+by a step counter on the device. It takes no changing Python value and never reads a value back, so
+a CUDA graph can replay it and torch.compile can take it whole (training/program.py). Its tables are
+recorded from torch's own schedulers (`schedule_tables`), so they hold the values torch.optim would
+use; tests hold `Update` to torch.optim, optimizer by optimizer.
 """
 
 from __future__ import annotations
 
 import warnings
-from typing import Any, Callable
+from typing import Union, cast
 
 import torch
-from torch import nn
 
 from towerlab.config import TrainConfig
+from towerlab.training.optim import group_scales, make_optimizer, make_scheduler
 
-# Each optimizer's default learning rate (Keras' values, which the original search used); a search
-# space without an lr gene trains each optimizer at its own default.
-DEFAULT_LR = {"adam": 1e-3, "sgd": 1e-2, "rmsprop": 1e-3, "adagrad": 1e-2, "adadelta": 1.0,
-              "adamax": 2e-3, "nadam": 2e-3}
-
-# airbench94's linear schedule (K. Jordan, arXiv 2404.00498): the learning rate starts at 0.2 x its
-# peak, reaches the peak after 23% of the steps and ends at 0.07 x the peak.
-LINEAR_START, LINEAR_END, LINEAR_WARMUP = 0.2, 0.07, 0.23
-ONECYCLE_WARMUP = 0.3  # OneCycleLR's own default
-
-
-def parameter_groups(module: nn.Module, params: list[torch.Tensor], norm_lr_scale: float) -> list[list[int]]:
-    """Positions in `params` (the trained parameters, in the model's order) of the parameters trained
-    at the base learning rate, then of those of normalisation layers when `norm_lr_scale` != 1."""
-    norm_types = (nn.modules.batchnorm._NormBase, nn.GroupNorm, nn.LayerNorm)
-    in_norm = {id(p) for m in module.modules() if isinstance(m, norm_types) for p in m.parameters(recurse=False)}
-    plain = [i for i, p in enumerate(params) if norm_lr_scale == 1.0 or id(p) not in in_norm]
-    scaled = [i for i, p in enumerate(params) if norm_lr_scale != 1.0 and id(p) in in_norm]
-    return [plain, scaled] if scaled else [plain]
-
-
-def group_scales(cfg: TrainConfig, groups: list[list[int]]) -> list[float]:
-    """Each group's learning-rate multiplier: 1, then `norm_lr_scale` for normalisation layers."""
-    return [1.0, cfg.norm_lr_scale][:len(groups)]
-
-
-def trained_parameters(module: nn.Module) -> list[torch.Tensor]:
-    """The parameters an optimizer steps, in the model's order (what `parameter_groups` indexes)."""
-    return [p for p in module.parameters() if p.requires_grad]
-
-
-def _adam(cfg: TrainConfig, param_groups: list[dict], device: torch.device) -> torch.optim.Optimizer:
-    cls = torch.optim.AdamW if cfg.weight_decay > 0 else torch.optim.Adam
-    return cls(param_groups, lr=cfg.lr, fused=True)
-
-
-def _sgd(cfg: TrainConfig, param_groups: list[dict], device: torch.device) -> torch.optim.Optimizer:
-    return torch.optim.SGD(param_groups, lr=cfg.lr, momentum=cfg.momentum, nesterov=cfg.nesterov, fused=True)
-
-
-def _adagrad(cfg: TrainConfig, param_groups: list[dict], device: torch.device) -> torch.optim.Optimizer:
-    fast = {"fused": True} if device.type == "cpu" else {"foreach": True}
-    return torch.optim.Adagrad(param_groups, lr=cfg.lr, **fast)
-
-
-def _foreach(cls: type[torch.optim.Optimizer]) -> Callable[[TrainConfig, list[dict], torch.device],
-                                                            torch.optim.Optimizer]:
-    def build(cfg: TrainConfig, param_groups: list[dict], device: torch.device) -> torch.optim.Optimizer:
-        return cls(param_groups, lr=cfg.lr, foreach=True)
-    return build
-
-
-# --optimizer NAME -> its torch.optim optimizer over prepared parameter groups. One fused kernel per
-# step where torch has one: Adam, AdamW and SGD on CPUs and GPUs, Adagrad on CPUs. On a CPU, fused
-# Adam steps LeNet-5's parameters 2.6x and CifarNet's 3.1x faster than foreach, whose CPU path still
-# loops over the tensors (bench/changes.py). An optimizer is also an `Update` method and a `STATE`
-# entry (the step program's form) and a `DEFAULT_LR`; tests hold all four to config.OPTIMIZERS.
-OPTIMIZERS: dict[str, Callable[[TrainConfig, list[dict], torch.device], torch.optim.Optimizer]] = {
-    "adam": _adam, "sgd": _sgd, "rmsprop": _foreach(torch.optim.RMSprop), "adagrad": _adagrad,
-    "adadelta": _foreach(torch.optim.Adadelta), "adamax": _foreach(torch.optim.Adamax),
-    "nadam": _foreach(torch.optim.NAdam)}
-
-
-def make_optimizer(cfg: TrainConfig, params: list[torch.Tensor], groups: list[list[int]],
-                   device: torch.device) -> torch.optim.Optimizer:
-    """`cfg.optimizer` over `params`; the second of `groups`, if any, learns `cfg.norm_lr_scale` times
-    faster with its weight decay divided by as much, so its decay per step stays that of the rest
-    (airbench94's BatchNorm biases: 64x)."""
-    param_groups = [{"params": [params[i] for i in group], "lr": cfg.lr * scale,
-                     "weight_decay": cfg.weight_decay / scale}
-                    for group, scale in zip(groups, group_scales(cfg, groups))]
-    return OPTIMIZERS[cfg.optimizer](cfg, param_groups, device)
-
-
-def linear_factor(step: int, total_steps: int, warmup: float) -> float:
-    """The --schedule linear multiplier of the peak learning rate before step `step` (0-based)."""
-    rise = int(total_steps * warmup)
-    if step < rise:
-        return LINEAR_START + (1.0 - LINEAR_START) * step / rise
-    return 1.0 + (LINEAR_END - 1.0) * (step - rise) / max(1, total_steps - rise)
-
-
-def _constant(cfg: TrainConfig, optimizer: torch.optim.Optimizer, total_steps: int) -> None:
-    return None  # the optimizer's own learning rate throughout: nothing to step
-
-
-def _onecycle(cfg: TrainConfig, optimizer: torch.optim.Optimizer, total_steps: int) -> Any:
-    warmup = ONECYCLE_WARMUP if cfg.warmup is None else cfg.warmup
-    # It cycles the momentum too, where the optimizer has one (Adagrad and Adadelta have none).
-    cycles = any(key in optimizer.defaults for key in ("momentum", "betas"))
-    return torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=[g["lr"] for g in optimizer.param_groups],
-                                               total_steps=max(2, total_steps), pct_start=warmup,
-                                               cycle_momentum=cycles)
-
-
-def _linear(cfg: TrainConfig, optimizer: torch.optim.Optimizer, total_steps: int) -> Any:
-    warmup = LINEAR_WARMUP if cfg.warmup is None else cfg.warmup
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: linear_factor(step, total_steps, warmup))
-
-
-# --schedule NAME -> torch's scheduler for it, or None (the step program reads the same values from
-# `schedule_tables`, recorded from these).
-SCHEDULES: dict[str, Callable[[TrainConfig, torch.optim.Optimizer, int], Any]] = {
-    "constant": _constant, "onecycle": _onecycle, "linear": _linear}
-
-
-def make_scheduler(cfg: TrainConfig, optimizer: torch.optim.Optimizer, total_steps: int) -> Any:
-    return SCHEDULES[cfg.schedule](cfg, optimizer, total_steps)
-
-
-class ScheduledOptimizer:
-    """`cfg`'s optimizer and schedule over `params`, set up once for every strategy: `step()` after
-    the gradients are in, `lr()` of the next step, and the state a checkpoint keeps
-    ({"optimizer", "scheduler"}, the layout of every checkpoint so far)."""
-
-    def __init__(self, cfg: TrainConfig, params: list[torch.Tensor], groups: list[list[int]],
-                 device: torch.device, total_steps: int):
-        self.optimizer = make_optimizer(cfg, params, groups, device)
-        self.scheduler = make_scheduler(cfg, self.optimizer, total_steps)
-
-    def zero_grad(self) -> None:
-        self.optimizer.zero_grad(set_to_none=True)
-
-    def step(self) -> None:
-        self.optimizer.step()
-        if self.scheduler is not None:
-            self.scheduler.step()
-
-    def lr(self) -> float:
-        return float(self.optimizer.param_groups[0]["lr"])
-
-    def state_dict(self) -> dict:
-        return {"optimizer": self.optimizer.state_dict(),
-                "scheduler": self.scheduler.state_dict() if self.scheduler else None}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.optimizer.load_state_dict(state["optimizer"])
-        if self.scheduler is not None and state.get("scheduler"):
-            self.scheduler.load_state_dict(state["scheduler"])
-
-
-# What a strategy is handed: it builds the optimizer over the tensors it steps (the replica's
-# parameters, or the parameter server's master copy on the CPU), in the order of the module's
-# trained parameters, on their device.
-OptimizerFactory = Callable[[list[torch.Tensor], torch.device], ScheduledOptimizer]
-
-
-def optimizer_factory(cfg: TrainConfig, module: nn.Module, total_steps: int) -> OptimizerFactory:
-    groups = parameter_groups(module, trained_parameters(module), cfg.norm_lr_scale)
-
-    def build(params: list[torch.Tensor], device: torch.device) -> ScheduledOptimizer:
-        return ScheduledOptimizer(cfg, params, groups, device, total_steps)
-    return build
+Tensors = Union[list[torch.Tensor], tuple[torch.Tensor, ...]]  # a group's, as torch._foreach_* takes them
 
 
 def _momentum(group: dict) -> float | None:
@@ -202,7 +46,7 @@ def schedule_tables(cfg: TrainConfig, groups: list[list[int]], total_steps: int
             if scheduler is not None and s + 1 < total_steps:
                 scheduler.step()
     has_momentum = momenta and momenta[0][0] is not None
-    return lrs, (momenta if has_momentum else None)
+    return lrs, (cast(list[list[float]], momenta) if has_momentum else None)  # no None where one is a number
 
 
 # torch.optim's defaults for what towerlab leaves at its default (make_optimizer passes lr, weight
@@ -237,8 +81,7 @@ class Update:
         self.uses_momentum = uses_momentum
         # One count serves every parameter, in their precision (torch.optim's capturable count is a
         # float32 tensor; its bias corrections are Python doubles, which float64 parameters match).
-        like = {"dtype": params[0].dtype, "device": params[0].device}
-        self.step_count = torch.zeros((), **like)
+        self.step_count = torch.zeros((), dtype=params[0].dtype, device=params[0].device)
         # NAdam's product of momenta: torch.optim keeps it in float32 whatever the parameters' precision.
         self.mu_product = torch.ones((), dtype=torch.float32, device=params[0].device)
         keys = STATE[self.name]
@@ -254,11 +97,11 @@ class Update:
     def __call__(self, grads: list[torch.Tensor], lr: torch.Tensor, momentum: torch.Tensor | None) -> None:
         self.step_count.add_(1)
         if self.name == "nadam":  # torch keeps one product per parameter; every group has the same beta1
-            mu = momentum[0] * (1.0 - 0.5 * torch.pow(0.96, self.step_count * NADAM_MOMENTUM_DECAY))
+            mu = momentum[0] * (1.0 - 0.5 * torch.pow(0.96, self.step_count * NADAM_MOMENTUM_DECAY))  # type: ignore[index]  # NAdam has a beta1 table
             self.mu_product.mul_(mu.float())  # a float32 product, as torch.optim's
         for g, group in enumerate(self.groups):
             params = [self.params[i] for i in group]
-            group_grads = [grads[i] for i in group]
+            group_grads: Tensors = [grads[i] for i in group]
             state = {key: [tensors[i] for i in group] for key, tensors in self.state.items()}
             decay = self.weight_decay[g]
             if decay and not self.decoupled:
@@ -266,7 +109,8 @@ class Update:
             getattr(self, "_" + self.name)(params, group_grads, state, lr[g], None if momentum is None else momentum[g],
                                           decay)
 
-    def _sgd(self, params, grads, state, lr, momentum, decay) -> None:  # noqa: ANN001
+    def _sgd(self, params: Tensors, grads: Tensors, state: dict[str, Tensors], lr: torch.Tensor,
+             momentum: torch.Tensor, decay: float) -> None:
         if self.uses_momentum:
             buffers = state["momentum_buffer"]
             torch._foreach_mul_(buffers, momentum)
@@ -277,7 +121,8 @@ class Update:
                 grads = buffers
         torch._foreach_sub_(params, torch._foreach_mul(grads, lr))
 
-    def _adam(self, params, grads, state, lr, beta1, decay) -> None:  # noqa: ANN001
+    def _adam(self, params: Tensors, grads: Tensors, state: dict[str, Tensors], lr: torch.Tensor,
+              beta1: torch.Tensor, decay: float) -> None:
         if self.decoupled:
             torch._foreach_mul_(params, 1.0 - lr * decay)
         exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
@@ -292,7 +137,8 @@ class Update:
         torch._foreach_mul_(steps, lr / bias1)
         torch._foreach_sub_(params, steps)
 
-    def _nadam(self, params, grads, state, lr, beta1, decay) -> None:  # noqa: ANN001
+    def _nadam(self, params: Tensors, grads: Tensors, state: dict[str, Tensors], lr: torch.Tensor,
+               beta1: torch.Tensor, decay: float) -> None:
         exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
         _moments(exp_avg, exp_avg_sq, grads, beta1)
         step = self.step_count
@@ -309,7 +155,8 @@ class Update:
         torch._foreach_sub_(params, from_grad)
         torch._foreach_sub_(params, from_avg)
 
-    def _adamax(self, params, grads, state, lr, beta1, decay) -> None:  # noqa: ANN001
+    def _adamax(self, params: Tensors, grads: Tensors, state: dict[str, Tensors], lr: torch.Tensor,
+                beta1: torch.Tensor, decay: float) -> None:
         exp_avg, exp_inf = state["exp_avg"], state["exp_inf"]
         torch._foreach_mul_(exp_avg, beta1)
         torch._foreach_add_(exp_avg, torch._foreach_mul(grads, 1.0 - beta1))
@@ -321,13 +168,14 @@ class Update:
         torch._foreach_mul_(steps, lr / (1.0 - torch.pow(beta1, self.step_count)))
         torch._foreach_sub_(params, steps)
 
-    def _rmsprop(self, params, grads, state, lr, momentum, decay) -> None:  # noqa: ANN001
+    def _rmsprop(self, params: Tensors, grads: Tensors, state: dict[str, Tensors], lr: torch.Tensor,
+                 momentum: torch.Tensor, decay: float) -> None:
         square_avg = state["square_avg"]
         torch._foreach_mul_(square_avg, RMSPROP_ALPHA)
         torch._foreach_addcmul_(square_avg, grads, grads, value=1.0 - RMSPROP_ALPHA)
         avg = torch._foreach_sqrt(square_avg)
         torch._foreach_add_(avg, RMSPROP_EPS)
-        scaled = torch._foreach_div(grads, avg)
+        scaled: Tensors = torch._foreach_div(grads, avg)
         if self.uses_momentum:
             buffers = state["momentum_buffer"]
             torch._foreach_mul_(buffers, momentum)
@@ -335,7 +183,8 @@ class Update:
             scaled = buffers
         torch._foreach_sub_(params, torch._foreach_mul(scaled, lr))
 
-    def _adagrad(self, params, grads, state, lr, momentum, decay) -> None:  # noqa: ANN001
+    def _adagrad(self, params: Tensors, grads: Tensors, state: dict[str, Tensors], lr: torch.Tensor,
+                 momentum: torch.Tensor | None, decay: float) -> None:
         sums = state["sum"]
         torch._foreach_addcmul_(sums, grads, grads)
         std = torch._foreach_sqrt(sums)
@@ -343,7 +192,8 @@ class Update:
         steps = torch._foreach_div(grads, std)
         torch._foreach_sub_(params, torch._foreach_mul(steps, lr))
 
-    def _adadelta(self, params, grads, state, lr, momentum, decay) -> None:  # noqa: ANN001
+    def _adadelta(self, params: Tensors, grads: Tensors, state: dict[str, Tensors], lr: torch.Tensor,
+                  momentum: torch.Tensor | None, decay: float) -> None:
         square_avg, acc_delta = state["square_avg"], state["acc_delta"]
         torch._foreach_mul_(square_avg, ADADELTA_RHO)
         torch._foreach_addcmul_(square_avg, grads, grads, value=1.0 - ADADELTA_RHO)
@@ -358,7 +208,7 @@ class Update:
         torch._foreach_sub_(params, torch._foreach_mul(delta, lr))
 
 
-def _moments(exp_avg: list[torch.Tensor], exp_avg_sq: list[torch.Tensor], grads: list[torch.Tensor],
+def _moments(exp_avg: Tensors, exp_avg_sq: Tensors, grads: Tensors,
              beta1: torch.Tensor) -> None:
     """Adam's first and second moments, in place: m = beta1 m + (1 - beta1) g, v = beta2 v + (1 - beta2) g^2."""
     torch._foreach_mul_(exp_avg, beta1)

@@ -17,13 +17,16 @@ from __future__ import annotations
 
 import queue
 import threading
-from typing import Callable, Iterator
+from typing import Iterator, Sequence, Union
 
 import torch
 
 from towerlab.distributed.group import Context
+from towerlab.models.preprocessing import Normalizer
 
 PREFETCH = 4  # batches the queue mode keeps ready
+# An epoch's augmentation salts (`Augmentation.salts`): ints for the eager step, a device tensor in the program.
+Salts = Union[Sequence[int], torch.Tensor]
 
 
 def mix_seed(*parts: int) -> int:
@@ -33,22 +36,6 @@ def mix_seed(*parts: int) -> int:
         state = (state ^ (part & 0xFFFFFFFFFFFFFFFF)) * 0xBF58476D1CE4E5B9 & 0xFFFFFFFFFFFFFFFF
         state = (state ^ (state >> 31)) * 0x94D049BB133111EB & 0xFFFFFFFFFFFFFFFF
     return state >> 1
-
-
-class Normalizer:
-    """uint8 images -> normalised float, as one multiply-add: (x/255 - mean)/std = x*scale + shift."""
-
-    def __init__(self, mean: tuple[float, ...], std: tuple[float, ...], device: torch.device,
-                 channels_last: bool = False):
-        m = torch.tensor(mean, dtype=torch.float32, device=device).view(1, -1, 1, 1)
-        s = torch.tensor(std, dtype=torch.float32, device=device).view(1, -1, 1, 1)
-        self.scale = 1.0 / (255.0 * s)
-        self.shift = -m / s
-        self.memory_format = torch.channels_last if channels_last else torch.contiguous_format
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        x = torch.addcmul(self.shift, x.float(), self.scale)
-        return x.contiguous(memory_format=self.memory_format)
 
 
 def _gather_pixels(images: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
@@ -102,7 +89,7 @@ def _reflect(position: torch.Tensor, size: int) -> torch.Tensor:
     return torch.where(position > size - 1, 2 * (size - 1) - position, position)
 
 
-def flip_translate(x: torch.Tensor, index: torch.Tensor, salts, shift: int) -> torch.Tensor:  # noqa: ANN001
+def flip_translate(x: torch.Tensor, index: torch.Tensor, salts: Salts, shift: int) -> torch.Tensor:
     """airbench94's augmentation (K. Jordan, arXiv 2404.00498), on the device, uint8 in and out:
     each image is mirrored in alternate epochs (whether it starts mirrored is drawn once per example),
     then shifted by dy, dx in -shift..shift with reflected borders (drawn per example and epoch):
@@ -138,30 +125,10 @@ class Augmentation:
     def salts(self, epoch: int) -> list[int]:
         return [epoch_salt(self.seed, None), epoch_salt(self.seed, epoch), epoch & 1]
 
-    def __call__(self, x: torch.Tensor, index: torch.Tensor, salts) -> torch.Tensor:  # noqa: ANN001
+    def __call__(self, x: torch.Tensor, index: torch.Tensor, salts: Salts) -> torch.Tensor:
         if self.translate:
             return flip_translate(x, index, salts, self.translate)
         return crop_flip(x, index, salts[1])
-
-
-def tta_logits(model: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, mode: str) -> torch.Tensor:
-    """The logits of `model` averaged over test-time views of the normalised batch `x`, as airbench94
-    weighs them: `flip`, the image and its mirror, 1/2 each; `flip-translate`, that pair with weight
-    1/2 and the pairs of the image shifted by one pixel up-left and down-right (reflected borders)
-    with 1/4 each, averaged in float32. `none`: the plain logits."""
-    if mode == "none":
-        return model(x)
-
-    def mirrored(view: torch.Tensor) -> torch.Tensor:
-        return 0.5 * (model(view).float() + model(view.flip(-1)).float())
-
-    logits = mirrored(x)
-    if mode == "flip":
-        return logits
-    h, w = x.shape[-2:]
-    padded = torch.nn.functional.pad(x, (1, 1, 1, 1), mode="reflect")
-    shifted = mirrored(padded[..., :h, :w]) + mirrored(padded[..., 2:, 2:])
-    return 0.5 * logits + 0.25 * shifted
 
 
 def steps_per_epoch(n: int, world_size: int, batch_size: int) -> int:
@@ -208,7 +175,7 @@ class Batches:
             xb = xb.to(self.ctx.device, non_blocking=self.pin)
             yb = yb.to(self.ctx.device, non_blocking=self.pin)
             if self.augmentation is not None:
-                xb = self.augmentation(xb, i.to(self.ctx.device, non_blocking=self.pin), salts)
+                xb = self.augmentation(xb, i.to(self.ctx.device, non_blocking=self.pin), salts)  # type: ignore[arg-type]  # set with it
             yield self.normalize(xb), yb
 
 

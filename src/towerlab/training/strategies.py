@@ -12,18 +12,20 @@ and every replica starts the next step with the same parameters.
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from towerlab.distributed.group import Context, cpu_group
-from towerlab.optim import OptimizerFactory, ScheduledOptimizer, trained_parameters
+from towerlab.training.optim import OptimizerFactory, ScheduledOptimizer, trained_parameters
 
 
 class Strategy:
     """The wrapping of the module (`model`, what the forward runs through), the gradient exchange
     and the optimizer step, with their state. The step around it (forward, loss, Lookahead) is the
-    caller's (towerlab.step); nothing here waits for the host. A strategy is one subclass plus its
+    caller's (towerlab.training.step); nothing here waits for the host. A strategy is one subclass plus its
     line in `STRATEGIES` (and its name in config.STRATEGIES, which a test holds them to)."""
 
     name = ""
@@ -118,7 +120,7 @@ class ParameterServer(Strategy):
             p.grad = None
         loss.backward()
         # Replica gradients -> one CPU buffer -> summed on rank 0.
-        self.grad_flat.copy_(torch.cat([p.grad.reshape(-1) for p in self.params]))
+        self.grad_flat.copy_(torch.cat([p.grad.reshape(-1) for p in self.params]))  # type: ignore[union-attr]  # all set by backward
         if self.ctx.distributed:
             dist.reduce(self.grad_flat, dst=0, op=dist.ReduceOp.SUM, group=self.group)
         if self.optimizer is not None:
@@ -166,7 +168,7 @@ class ParameterServer(Strategy):
 
 
 # --strategy NAME -> its class (a test holds these names to config.STRATEGIES).
-STRATEGIES: dict[str, type[Strategy]] = {"ddp": AllReduce, "ps": ParameterServer}
+STRATEGIES: dict[str, Callable[[nn.Module, Context, OptimizerFactory], Strategy]] = {"ddp": AllReduce, "ps": ParameterServer}
 
 
 def make_strategy(name: str, module: nn.Module, ctx: Context, new_optimizer: OptimizerFactory) -> Strategy:

@@ -321,3 +321,22 @@ def test_best_json_command_is_quoted_for_a_shell_and_keeps_every_gene_type(tmp_p
     assert args.model == f"{tmp_path / 'my net.py'}:make"
     assert args.model_options == {k: v for k, v in genes.items() if k != "lr"}
     assert [type(v) for v in args.model_options.values()] == [str, str, str, str, str, int, bool]
+
+
+def test_a_search_writes_tensorboard_curves_as_it_goes(tmp_path, space_file, capsys):
+    """--tensorboard on a search: each evaluation's validation accuracy and the best so far, each
+    generation's best, mean and worst, in <out>/tb, as the store's records say."""
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    out = tmp_path / "search"
+    assert main(["search", "run", "--sampler", "random", *BASE, "--space", space_file, "--population", "3",
+                 "--generations", "2", "--top", "1", "--remeasure", "0", "--tensorboard", "--out", str(out)]) == 0
+    events = EventAccumulator(str(out / "tb")).Reload()
+    summary = json.loads((out / "summary.json").read_text())
+    accuracies = [e.value for e in events.Scalars("search/val_accuracy")]
+    assert len(accuracies) == summary["trainings"] == 6
+    assert [round(e.value, 6) for e in events.Scalars("search/best_val_accuracy")][-1] == \
+        round(summary["best_val_accuracy"], 6) == round(max(accuracies), 6)
+    assert [(e.step, round(e.value, 6)) for e in events.Scalars("generation/best")] == \
+        [(s["generation"] + 1, round(s["best"], 6)) for s in summary["generation_stats"]]

@@ -192,3 +192,52 @@ def test_an_export_from_a_folder_whose_name_is_not_utf8(tmp_path, capsys):
     assert main(["search", "export", str(folder), "--optuna", url]) == 0
     assert capsys.readouterr().out.startswith("study s\ufffd: ")
     assert [s.study_name for s in optuna.get_all_study_summaries(url)] == ["s\ufffd"]
+
+
+def test_follow_keeps_a_study_in_step_with_a_running_search(tmp_path, monkeypatch):
+    """--follow, as optuna-dashboard reads it: the study gets each generation's genomes as it completes,
+    and ends with the trials an export of the finished search makes (params, values, states), its
+    progress and its crowned top in the study's attributes."""
+    import threading
+    import time
+
+    from towerlab.search import Search
+    from towerlab.search import export as export_module
+    from towerlab.search.export import export_optuna
+    from towerlab.search.queue import Worker
+
+    monkeypatch.setattr(export_module, "FOLLOW_EVERY", 0.05)
+    cfg = SearchConfig(space=SPACE, sampler="random", population=4, generations=4, max_epochs=3, remeasure=0, top=2,
+                       seed=5)
+    path = tmp_path / "search.db"
+    with Store(path) as store:
+        search_id = Search.resolve(cfg, load_space(SPACE)).create(store, TCH, {"test": True}).id
+
+    def slow(search):
+        def train(task):
+            time.sleep(0.05)
+            return fitness(task.candidate), (0.75 if task.kind == "test" else None)
+        return train
+
+    def work():
+        with Store(path) as store:
+            Worker(store, "w", "cpu", slow, search_ids=[search_id]).run()
+
+    looks = []
+    worker = threading.Thread(target=work)
+    with Store(path) as store:
+        worker.start()
+        export_optuna(store, f"sqlite:///{tmp_path / 'followed.db'}", "live", follow=looks.append)
+        worker.join()
+        export_optuna(store, f"sqlite:///{tmp_path / 'after.db'}", "after")
+    assert len(looks) >= 2  # the first export, then at least one look that added trials
+    followed = optuna.load_study(study_name="live", storage=f"sqlite:///{tmp_path / 'followed.db'}")
+    after = optuna.load_study(study_name="after", storage=f"sqlite:///{tmp_path / 'after.db'}")
+
+    def key(trials):
+        return sorted((sorted(t.params.items()), t.value, t.state.name) for t in trials)
+
+    assert len(followed.trials) == 16 and key(followed.trials) == key(after.trials)
+    assert followed.user_attrs["towerlab_progress"]["generations_complete"] == 4
+    assert followed.user_attrs["towerlab_progress"]["finished"] is not None
+    assert [t["test_accuracy"] for t in followed.user_attrs["towerlab_top"]] == [0.75, 0.75]

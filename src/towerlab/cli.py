@@ -237,11 +237,14 @@ def _search_parsers(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=commands.search_show)
     p = search_sub.add_parser("export", help="write a store's searches as Optuna studies (optuna-dashboard, "
                                              "optuna.visualization)")
-    p.add_argument("path", help="a search's output folder, or its search.db")
+    p.add_argument("path", help="a search's output folder, its search.db, or a postgresql:// URL")
     p.add_argument("--optuna", required=True, metavar="STORAGE_URL",
                    help="the Optuna storage to write to, e.g. sqlite:///study.db")
     p.add_argument("--study-name", default=None,
                    help="the study's name (default: the folder's name; NAME-ID for each search of a shared store)")
+    p.add_argument("--follow", action="store_true",
+                   help="keep the studies in step with running searches (a trial per genome as each generation "
+                        "completes) until they are finished, so that optuna-dashboard follows them")
     p.set_defaults(handler=commands.search_export)
 
 

@@ -19,7 +19,7 @@ from towerlab.errors import UserError
 from towerlab.fields import given
 
 # RunConfig's fields that a search does not read (not flags of its commands, not in its --print-config).
-SEARCH_RUN_SKIP = ("preset", "strategy", "input", "display_step", "compile", "tensorboard", "allow_changed_data")
+SEARCH_RUN_SKIP = ("preset", "strategy", "input", "display_step", "compile", "allow_changed_data")
 
 
 def resolve_train(args: argparse.Namespace) -> tuple[TrainConfig, RunConfig]:
@@ -142,10 +142,16 @@ def search_export(args: argparse.Namespace) -> int:
     from towerlab.search.show import store_path
 
     path = store_path(args.path)
+
+    def told(written: list[tuple[str, int]]) -> None:
+        for study, trials in written:
+            print(f"study {study}: {trials} trials -> {printable(args.optuna)}", flush=True)
+
     with Store(path, create=False) as store:
         name = args.study_name or (Path(args.path).resolve().name if Path(args.path).is_dir() else Path(path).stem)
-        for study, trials in export_optuna(store, args.optuna, name):
-            print(f"study {study}: {trials} trials -> {printable(args.optuna)}")
+        written = export_optuna(store, args.optuna, name, follow=told if args.follow else None)
+        if not args.follow:
+            told(written)
     return 0
 
 

@@ -195,7 +195,8 @@ class SearchJob(Job):
         """This machine's workers on the search until it is finished (whoever else works on it)."""
         spec = WorkerSpec(store=self.target, run=self.run, per_device=search.cfg.workers_per_device,
                           threads=self._threads(), search_ids=(search.id,), speaks=True)
-        watch = Watch(store, search, self.out, reporter, self.workers, resumed=self.run.resume is not None)
+        watch = Watch(store, search, self.out, reporter, self.workers, resumed=self.run.resume is not None,
+                      tensorboard=self.run.tensorboard)
         device = "cuda" if self.run.device == "cuda" else "cpu"
 
         def lost(slot: int, pid: int, ended: str) -> None:

@@ -26,7 +26,7 @@ from towerlab.errors import UserError
 from towerlab.jobs.candidate import CandidateModel, candidate_config, retrain_command, train_candidate
 from towerlab.models.files import save_model
 from towerlab.plots import plot_accuracy_time, plot_fitness
-from towerlab.report import Reporter, format_cost, format_estimate, format_generation, format_top
+from towerlab.report import Reporter, format_cost, format_estimate, format_generation, format_top, require_tensorboard
 from towerlab.search import Search, SearchResult, evaluation_records
 from towerlab.search.history import GenerationStats
 from towerlab.search.store import Store
@@ -40,7 +40,7 @@ class Watch:
     docstring). `step()` looks once; it returns whether anything was done since the last look."""
 
     def __init__(self, store: Store, search: Search, out: Path, reporter: Reporter, workers: int,
-                 resumed: bool) -> None:
+                 resumed: bool, tensorboard: bool = False) -> None:
         self.store, self.search, self.out, self.reporter, self.workers = store, search, out, reporter, workers
         self.log = out / "generations.jsonl"
         if resumed:
@@ -55,6 +55,11 @@ class Watch:
         self.replayed = {g.generation for g in store.generations(search.id) if g.complete}
         if reporter.progress:
             reporter.start_progress(search.plan["search"], 0, unit="net")
+        # --tensorboard: every evaluation as it lands (search/...) and every generation (generation/...), in
+        # <out>/tb; a resumed search writes them all again, from its first training.
+        self.tb = require_tensorboard()(log_dir=str(out / "tb")) if tensorboard else None
+        self.plotted: set[int] = set()
+        self.best: Optional[float] = None
 
     def step(self) -> bool:
         assert self.search.id is not None
@@ -69,11 +74,18 @@ class Watch:
             if row is not None:
                 self.first = row.seconds
                 self._line(format_estimate(row.seconds, row.epochs, self.search.plan, self.workers))
+        if self.tb is not None and (new or not self.plotted):
+            self._plot_evaluations()
         for gen in self.store.generations(self.search.id)[self.shown:]:
             if not gen.complete:
                 break
             stats = GenerationStats(**gen.stats, replayed=gen.generation in self.replayed)
             self._line(format_generation(stats, self.search.generations))
+            if self.tb is not None:
+                for key in ("best", "mean", "worst", "evaluated", "cached", "failed", "seconds"):
+                    if getattr(stats, key) is not None:
+                        self.tb.add_scalar(f"generation/{key}", getattr(stats, key), stats.generation + 1)
+                self.tb.flush()
             with open(self.log, "a", encoding="utf-8") as f:
                 f.write(atomic.json_text(stats.to_json(), sort_keys=True) + "\n")
             self.shown += 1
@@ -90,6 +102,26 @@ class Watch:
             self._line(self.status())
         return new > 0
 
+    def _plot_evaluations(self) -> None:
+        """TensorBoard points of the evaluations not plotted yet, in the order they were numbered: each
+        one's validation accuracy and the best so far, against the trainings made. (A database may
+        commit rows a little out of their numbering: the last ones are looked at again.)"""
+        assert self.tb is not None and self.search.id is not None
+        after = max(0, max(self.plotted, default=0) - 256)
+        for row in self.store.evaluations(self.search.id, after=after):
+            if row.id in self.plotted:
+                continue
+            self.plotted.add(row.id)
+            step = len(self.plotted)
+            if row.status == "ok" and row.fitness is not None:
+                kind = "search" if row.replicate == 0 else "remeasure"
+                self.tb.add_scalar(f"{kind}/val_accuracy", row.fitness, step)
+                if row.replicate == 0:
+                    self.best = row.fitness if self.best is None else max(self.best, row.fitness)
+                    self.tb.add_scalar("search/best_val_accuracy", self.best, step)
+            self.tb.add_scalar("search/train_seconds", row.seconds, step)
+        self.tb.flush()
+
     def status(self) -> str:
         """Where the search stands: its generation, its queue, its workers."""
         assert self.search.id is not None
@@ -105,6 +137,8 @@ class Watch:
 
     def close(self) -> None:
         self.reporter.end_progress()
+        if self.tb is not None:
+            self.tb.close()
 
 
 def test_results(result: SearchResult, store: Store, has_test: bool, reporter: Reporter) -> tuple[list[dict], list[float]]:

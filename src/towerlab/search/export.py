@@ -9,6 +9,9 @@ the fitness at each rung it trained as intermediate values (step = the rung's ep
 user attributes its seed, where it came from (trained by this search, or served by the cache), its
 re-measures (`val_accuracies` and `seeds`: the evaluation's first), its test accuracy when the search
 tested it, and why it failed. Only complete generations are exported.
+
+`--follow` keeps the studies in step with a running search, so that optuna-dashboard follows it: each
+generation's new genomes are added as it completes, until the search is finished.
 """
 
 from __future__ import annotations
@@ -16,9 +19,10 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import time
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from towerlab.atomic import require_regular_file
 from towerlab.errors import UserError
@@ -30,7 +34,8 @@ from towerlab.search.space import space_of
 from towerlab.search.store import Evaluation, SearchRow, Store
 
 
-def export_optuna(store: Store, storage_url: str, study_name: str) -> list[tuple[str, int]]:
+def export_optuna(store: Store, storage_url: str, study_name: str,
+                  follow: Optional[Callable[[list[tuple[str, int]]], None]] = None) -> list[tuple[str, int]]:
     """Write every search of `store` as a study of the Optuna storage `storage_url`, named
     `study_name` (`study_name`-ID when the store holds several searches); returns (study name,
     trials) per search. Refused before anything is written: a study of that name already there, an
@@ -68,6 +73,7 @@ def export_optuna(store: Store, storage_url: str, study_name: str) -> list[tuple
                                                     "config": search.config})
             study.add_trials(trials)
             written[-1] = (names[search.id], len(trials))
+            _progress(store, study, search.id)
     except Exception as exc:  # noqa: BLE001 - a full disk, a lost connection: undo what this export began
         for name, _ in written:
             with contextlib.suppress(Exception):
@@ -76,7 +82,62 @@ def export_optuna(store: Store, storage_url: str, study_name: str) -> list[tuple
         _remove(target if made else None)
         raise UserError(f"could not write the studies to the Optuna storage {printable(storage_url)}: {_reason(exc)}; "
                         "nothing was written") from None
+    if follow is not None:
+        follow(written)
+        _follow(optuna, store, storage, {s.id: names[s.id] for s, _ in studies},
+                {s.id: {t.user_attrs["genome_hash"] for t in trials} for s, trials in studies}, follow)
     return written
+
+
+FOLLOW_EVERY = 5.0  # seconds between looks at the store while following
+
+
+def _follow(optuna: Any, store: Store, storage: Any, names: dict[int, str], exported: dict[int, set[str]],
+            told: Callable[[list[tuple[str, int]]], None]) -> None:
+    """Keep the studies in step with their searches until every one is finished: each look adds a trial
+    for every genome that a newly complete generation brought (as the export makes it), and updates
+    the study's `towerlab_progress` attribute; `told` hears (study, trials added) after each look that
+    added any. A genome's trial is the one it got when it first appeared: a later promotion to a higher
+    rung, or the top's test accuracies (the study's `towerlab_top` attribute at the end), do not
+    change it; an export once the search is finished writes them all."""
+    while True:
+        added = []
+        for search_id, name in names.items():
+            search = store.search(search_id)
+            if search is None:
+                continue
+            with records_of(store):
+                fresh = [t for t in search_trials(optuna, store, search) if t.user_attrs["genome_hash"]
+                         not in exported[search_id]]
+            study = optuna.load_study(study_name=name, storage=storage)
+            if fresh:
+                study.add_trials(fresh)
+                exported[search_id] |= {t.user_attrs["genome_hash"] for t in fresh}
+                added.append((name, len(fresh)))
+            _progress(store, study, search_id)
+        if added:
+            told(added)
+        if all((row := store.search(i)) is None or row.finished is not None for i in names):
+            return
+        time.sleep(FOLLOW_EVERY)
+
+
+def _progress(store: Store, study: Any, search_id: int) -> None:
+    """The study's view of where its search stands: generations complete, finished or not, and once
+    finished its crowned top (genome, validation accuracy over its seeds, test accuracy)."""
+    search = store.search(search_id)
+    if search is None:
+        return
+    generations = store.generations(search_id)
+    study.set_user_attr("towerlab_progress", {"generations_complete": sum(g.complete for g in generations),
+                                              "finished": search.finished})
+    if search.summary is not None:
+        top = []
+        for entry in search.summary.get("top", []):
+            row = store.lookup(entry["genome_hash"], entry["train_config_hash"], search_id)
+            top.append({"genome": entry["genome"], "val_accuracy": entry["fitness"],
+                        "test_accuracy": None if row is None else row.test_accuracy})
+        study.set_user_attr("towerlab_top", top)
 
 
 def printable(text: str) -> str:

@@ -36,10 +36,10 @@ sys.path.insert(0, str(BENCH.parent / "tests"))
 from machine import describe, write_record  # noqa: E402 - bench/ is the script's folder
 from postgres import Server  # noqa: E402 - the tests' private server
 
-from towerlab.config import SearchConfig  # noqa: E402
-from towerlab.search import Outcome, Search, load_space  # noqa: E402
-from towerlab.search.queue import Worker  # noqa: E402
-from towerlab.search.store import Store  # noqa: E402
+from towerlab.config import SearchConfig  # noqa: E402 - after the path to tests/ is set
+from towerlab.search import Outcome, Search, load_space  # noqa: E402 - after the path to tests/ is set
+from towerlab.search.queue import Worker  # noqa: E402 - after the path to tests/ is set
+from towerlab.search.store import Store  # noqa: E402 - after the path to tests/ is set
 
 GENES = {"neurons": [16, 32, 64, 128, 256, 512, 768, 1024], "layers": [1, 2, 3, 4],
          "activation": ["relu", "elu", "tanh", "sigmoid"], "optimizer": ["sgd", "adam", "rmsprop", "adagrad",

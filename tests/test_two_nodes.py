@@ -15,6 +15,7 @@ import os
 import re
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -134,6 +135,37 @@ def test_a_search_over_two_nodes_equals_two_local_workers(tmp_path):
                 for name in ("two", "local"))
     assert two == one and len(two) == 4 and sum(row["test_accuracy"] is not None for row in two) == 1  # the top one
     assert len({row["worker"] for row in rows(tmp_path / "two")}) == 2  # host:pid:device, one per node
+
+
+def holds_a_task(out: Path, pids: list[int]) -> bool:
+    """Whether a worker of these processes (host:pid:device) holds a claimed task of the search in `out`."""
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{out / 'search.db'}?mode=ro", uri=True, timeout=5)) as db:
+            held = [w for (w,) in db.execute("SELECT worker FROM tasks WHERE state = 'claimed'")]
+    except sqlite3.OperationalError:  # not created yet
+        return False
+    return any(w.split(":")[1] in {str(p) for p in pids} for w in held)
+
+
+@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGSTOP], ids=["killed", "frozen"])
+def test_a_node_lost_mid_search_costs_only_its_candidate(how, tmp_path, monkeypatch):
+    """A search's ranks need each other only to agree on the search: node 1 lost (killed, or frozen)
+    while it trains a candidate, node 0 trains that candidate once its lease lapses and finishes the
+    search, with the rows of two local workers."""
+    (tmp_path / "space.toml").write_text(SPACE)
+    search = [*SEARCH, "--space", str(tmp_path / "space.toml"), "--generations", "3"]
+    local = run_cli(*search, "--devices", "2", "--out", str(tmp_path / "local"))
+    assert local.returncode == 0, local.stderr
+    out = tmp_path / "two"
+    monkeypatch.setenv("TOWERLAB_LEASE_SECONDS", "3")  # inherited by both agents and their workers
+    with two_nodes([*search, "--out", str(out)], tmp_path) as agents:
+        wait_for(lambda: holds_a_task(out, list(torchrun_workers(agents[1].pid).values())), timeout=240,
+                 what="node 1 training a candidate")
+        kill_node(agents[1], how)
+        assert agents[0].wait(timeout=300) == 0, (tmp_path / "node0.log").read_text()[-3000:]
+    text = (tmp_path / "node0.log").read_text()
+    assert "lapsed" in text and "Traceback" not in text, text
+    assert history(out) == history(tmp_path / "local")
 
 
 @pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGSTOP], ids=["killed", "frozen"])

@@ -52,6 +52,7 @@ def export_optuna(store: Store, storage_url: str, study_name: str,
     target = sqlite_file(storage_url, store.path)
     with records_of(store):  # every trial read before anything is opened for writing
         studies = [(search, search_trials(optuna, store, search)) for search in searches]
+        progress = {search.id: _progress(store, search.id) for search in searches}
     made = target is not None and not target.exists()
     try:
         storage = optuna.storages.get_storage(storage_url)
@@ -73,7 +74,8 @@ def export_optuna(store: Store, storage_url: str, study_name: str,
                                                     "config": search.config})
             study.add_trials(trials)
             written[-1] = (names[search.id], len(trials))
-            _progress(store, study, search.id)
+            for key, value in progress[search.id].items():
+                study.set_user_attr(key, value)
     except Exception as exc:  # noqa: BLE001 - a full disk, a lost connection: undo what this export began
         for name, _ in written:
             with contextlib.suppress(Exception):
@@ -101,6 +103,8 @@ def _follow(optuna: Any, store: Store, storage: Any, names: dict[int, str], expo
     rung, or the top's test accuracies (the study's `towerlab_top` attribute at the end), do not
     change it; an export once the search is finished writes them all."""
     while True:
+        # Looked at first: a search that finishes during this look is followed once more.
+        done = all((row := store.search(i)) is None or row.finished is not None for i in names)
         added = []
         for search_id, name in names.items():
             search = store.search(search_id)
@@ -109,35 +113,39 @@ def _follow(optuna: Any, store: Store, storage: Any, names: dict[int, str], expo
             with records_of(store):
                 fresh = [t for t in search_trials(optuna, store, search) if t.user_attrs["genome_hash"]
                          not in exported[search_id]]
+                progress = _progress(store, search_id)
             study = optuna.load_study(study_name=name, storage=storage)
             if fresh:
                 study.add_trials(fresh)
                 exported[search_id] |= {t.user_attrs["genome_hash"] for t in fresh}
                 added.append((name, len(fresh)))
-            _progress(store, study, search_id)
+            for key, value in progress.items():
+                study.set_user_attr(key, value)
         if added:
             told(added)
-        if all((row := store.search(i)) is None or row.finished is not None for i in names):
+        if done:
             return
         time.sleep(FOLLOW_EVERY)
 
 
-def _progress(store: Store, study: Any, search_id: int) -> None:
-    """The study's view of where its search stands: generations complete, finished or not, and once
-    finished its crowned top (genome, validation accuracy over its seeds, test accuracy)."""
+def _progress(store: Store, search_id: int) -> dict:
+    """A study's attributes that say where its search stands: `towerlab_progress` (generations complete,
+    when it finished) and, once finished, `towerlab_top`, its crowned top (genome, validation accuracy
+    over its seeds, test accuracy)."""
     search = store.search(search_id)
     if search is None:
-        return
+        return {}
     generations = store.generations(search_id)
-    study.set_user_attr("towerlab_progress", {"generations_complete": sum(g.complete for g in generations),
-                                              "finished": search.finished})
+    attrs: dict[str, Any] = {"towerlab_progress": {"generations_complete": sum(g.complete for g in generations),
+                                                   "finished": search.finished}}
     if search.summary is not None:
         top = []
         for entry in search.summary.get("top", []):
             row = store.lookup(entry["genome_hash"], entry["train_config_hash"], search_id)
             top.append({"genome": entry["genome"], "val_accuracy": entry["fitness"],
                         "test_accuracy": None if row is None else row.test_accuracy})
-        study.set_user_attr("towerlab_top", top)
+        attrs["towerlab_top"] = top
+    return attrs
 
 
 def printable(text: str) -> str:

@@ -296,6 +296,19 @@ PRUNING = Table(
     )),
 )
 
+QUEUE = "queue-2026-11-26.json"
+QUEUE_TABLE = Table(
+    ("worker processes", "towerlab, SQLite (tasks/s)", "towerlab, PostgreSQL (tasks/s)",
+     "Optuna 5, PostgreSQL RDBStorage (trials/s)", "towerlab over Optuna, PostgreSQL"),
+    tuple(
+        (str(n), Ref(QUEUE, f"figures/queue_vs_optuna_postgresql/detail/rows/{i}/towerlab_sqlite", "num"),
+         Ref(QUEUE, f"figures/queue_vs_optuna_postgresql/detail/rows/{i}/towerlab_postgresql", "num"),
+         Ref(QUEUE, f"figures/queue_vs_optuna_postgresql/detail/rows/{i}/optuna_postgresql", "num"),
+         Ref(QUEUE, f"figures/queue_vs_optuna_postgresql/detail/rows/{i}/ratio_postgresql", "x"))
+        for i, n in enumerate(r["processes"] for r in lookup(QUEUE, "figures/queue_vs_optuna_postgresql/detail/rows"))
+    ),
+)
+
 TABLES: dict[str, Table] = {
     "headline": HEADLINE,
     "cpu-suite": CPU_SUITE,
@@ -307,12 +320,14 @@ TABLES: dict[str, Table] = {
     "search-headline": HEADLINE_SEARCH,
     "seed-examples": SEED_EXAMPLES,
     "pruning": PRUNING,
+    "queue": QUEUE_TABLE,
 }
 
 PAGES: dict[str, tuple[str, ...]] = {
     "README.md": ("headline",),
     "docs/benchmarks.md": ("cpu-suite", "changes", "gpu", "gpu-step", "samplers-mnist", "samplers-cifar10",
                            "search-headline", "seed-examples", "pruning"),
+    "docs/distributed-search.md": ("queue",),
 }
 
 _BLOCK = re.compile(r"(<!-- table (?P<name>[\w-]+):[^\n]*-->\n)(?P<body>.*?)\n?(<!-- end table (?P=name) -->)", re.S)

@@ -151,7 +151,7 @@ def holds_a_task(out: Path, pids: list[int]) -> bool:
 def test_a_node_lost_mid_search_costs_only_its_candidate(how, tmp_path, monkeypatch):
     """A search's ranks need each other only to agree on the search: node 1 lost (killed, or frozen)
     while it trains a candidate, node 0 trains that candidate once its lease lapses and finishes the
-    search, with the rows of two local workers."""
+    search, with the history of two local workers."""
     (tmp_path / "space.toml").write_text(SPACE)
     search = [*SEARCH, "--space", str(tmp_path / "space.toml"), "--generations", "3"]
     local = run_cli(*search, "--devices", "2", "--out", str(tmp_path / "local"))
@@ -162,7 +162,10 @@ def test_a_node_lost_mid_search_costs_only_its_candidate(how, tmp_path, monkeypa
         wait_for(lambda: holds_a_task(out, list(torchrun_workers(agents[1].pid).values())), timeout=240,
                  what="node 1 training a candidate")
         kill_node(agents[1], how)
-        assert agents[0].wait(timeout=300) == 0, (tmp_path / "node0.log").read_text()[-3000:]
+        # The record, written by rank 0 once the search is finished. (torchrun's agent then waits for
+        # the lost node at its exit barrier, 300 s by default, before it ends: not towerlab's.)
+        wait_for(lambda: (out / "summary.json").exists() or agents[0].poll() is not None, timeout=300,
+                 what="the search's record")
     text = (tmp_path / "node0.log").read_text()
     assert "lapsed" in text and "Traceback" not in text, text
     assert history(out) == history(tmp_path / "local")

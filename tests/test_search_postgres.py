@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from test_faults_search import history, wait_for
 from towerlab.search.store import Store
 from util import ONE_CPU, reaped, replica_pids, run_cli, start_towerlab
 
@@ -39,19 +40,6 @@ def decisive(target) -> list[tuple]:
     with Store(target, create=False) as store:
         return sorted((e.generation, e.index, e.replicate, e.genome_hash, e.seed, e.status, e.fitness)
                       for e in store.evaluations())
-
-
-def history(out: Path) -> dict:
-    summary = json.loads((out / "summary.json").read_text())
-    return {"stats": [{k: v for k, v in s.items() if "seconds" not in k} for s in summary["generation_stats"]],
-            "top": [(t["genome"], t["val_accuracy"], t["test_accuracy"]) for t in summary["top"]]}
-
-
-def wait_for(condition, timeout: float = 180.0, what: str = "") -> None:
-    deadline = time.time() + timeout
-    while not condition():
-        assert time.time() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)
 
 
 def trained(url: str, generation: int = 0) -> int:
@@ -82,7 +70,7 @@ def test_a_worker_that_joins_late_takes_work_and_the_search_ends_as_alone(tmp_pa
     out = tmp_path / "search"
     with reaped(start_towerlab(*SEARCH, "--space", space, "--store", postgres_url, "--out", str(out),
                                log=tmp_path / "log")) as job:
-        wait_for(lambda: trained(postgres_url, 1) > 0, what="generation 2")
+        wait_for(lambda: trained(postgres_url, 1) > 0, timeout=180, what="generation 2")
         worker = start_towerlab("search", "worker", postgres_url, *ONE_CPU, log=tmp_path / "worker.log")
         with reaped(worker):
             assert job.wait(timeout=300) == 0, (tmp_path / "log").read_text()
@@ -104,14 +92,14 @@ def test_a_killed_worker_costs_only_its_task_and_every_worker_killed_costs_nothi
     monkeypatch.setenv("TOWERLAB_LEASE_SECONDS", "3")
     out = tmp_path / "search"
     job = start_towerlab(*SEARCH, "--space", space, "--store", postgres_url, "--out", str(out), log=tmp_path / "log")
-    wait_for(lambda: trained(postgres_url) > 0, what="the first evaluation")
+    wait_for(lambda: trained(postgres_url) > 0, timeout=180, what="the first evaluation")
     with reaped(job), reaped(start_towerlab("search", "worker", postgres_url, *ONE_CPU,
                                             log=tmp_path / "w1.log")) as joined:
-        wait_for(lambda: len(replica_pids(joined.pid)) == 1, what="the joined worker")
+        wait_for(lambda: len(replica_pids(joined.pid)) == 1, timeout=180, what="the joined worker")
         victim = replica_pids(joined.pid)[0]
-        wait_for(lambda: holds_a_task(postgres_url, victim), what="the joined worker training")
+        wait_for(lambda: holds_a_task(postgres_url, victim), timeout=180, what="the joined worker training")
         os.kill(victim, signal.SIGKILL)
-        wait_for(lambda: trained(postgres_url, 2) > 0, what="generation 3")
+        wait_for(lambda: trained(postgres_url, 2) > 0, timeout=180, what="generation 3")
         os.killpg(job.pid, signal.SIGKILL)
         job.wait(timeout=60)
     assert not (out / "summary.json").exists()
@@ -134,7 +122,7 @@ def test_the_database_restarted_mid_search_loses_nothing(tmp_path, space, refere
     out = tmp_path / "search"
     with reaped(start_towerlab(*SEARCH, "--space", space, "--store", postgres_url, "--out", str(out),
                                log=tmp_path / "log")) as job:
-        wait_for(lambda: trained(postgres_url, 1) > 0, what="generation 2")
+        wait_for(lambda: trained(postgres_url, 1) > 0, timeout=180, what="generation 2")
         postgres_server.stop()
         time.sleep(3)
         postgres_server.start()

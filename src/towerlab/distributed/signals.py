@@ -75,3 +75,16 @@ def interrupt_once(_signum: int, _frame: Any) -> None:
     # must not interrupt the handling of the first, or the worker dies with a traceback.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     raise KeyboardInterrupt
+
+
+def alive(pid: int) -> bool:
+    """Whether process `pid` exists on this machine (another user's counts)."""
+    import os
+
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process
+    return True

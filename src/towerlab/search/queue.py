@@ -37,6 +37,7 @@ import threading
 import time
 from typing import Callable, Optional, Sequence
 
+from towerlab.distributed.signals import alive
 from towerlab.errors import UserError
 from towerlab.search.candidates import Candidate, Outcome
 from towerlab.search.history import TopGenome
@@ -78,19 +79,9 @@ def release_the_dead(store: Store) -> int:
     their launcher, say), rather than wait for their leases; how many."""
     host, freed = socket.gethostname(), 0
     for w in store.workers():
-        if w["host"] == host and w["left_at"] is None and not _alive(int(w["pid"])):
+        if w["host"] == host and w["left_at"] is None and not alive(int(w["pid"])):
             freed += store.release(w["id"], "ended without a word (its process is gone)")
     return freed
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # another user's process
-    return True
 
 
 class Stopping(Exception):

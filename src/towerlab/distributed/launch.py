@@ -159,7 +159,7 @@ def launch(fn: Callable[..., None], world_size: int, args: tuple = (), *, grace:
 
     def forward(signum: int, _frame: Any) -> None:
         received.append(signum)
-        signalalive(procs, signum)
+        signal_alive(procs, signum)
 
     previous = handle_stop_signals(forward)
     starter = ForkingThread() if start_method == "fork" else None
@@ -183,7 +183,7 @@ def launch(fn: Callable[..., None], world_size: int, args: tuple = (), *, grace:
         for p in procs:
             if p.pid is None:
                 continue  # never started
-            if p.isalive():
+            if p.is_alive():
                 p.kill()
             p.join()
         if starter is not None:
@@ -292,7 +292,7 @@ class _Heartbeats:
     def hung(self, procs: list, known: dict) -> list[int]:
         """Live ranks, not yet in `known`, silent for longer than the timeout."""
         return [rank for rank, p in enumerate(procs)
-                if rank not in known and p.isalive() and self.silence(rank) > self.timeout]
+                if rank not in known and p.is_alive() and self.silence(rank) > self.timeout]
 
 
 HUNG = "hung"  # a failure that is a process which stopped answering, not an exit status
@@ -305,8 +305,8 @@ def _monitor(procs: list, grace: float, log: Callable[[str], None], received: li
     silent: dict[int, float] = {}  # rank -> seconds without a heartbeat, when it was found hung
     ended_here: set[int] = set()
     deadline = None
-    while any(p.isalive() for p in procs):
-        wait([p.sentinel for p in procs if p.isalive()], timeout=HEARTBEAT)
+    while any(p.is_alive() for p in procs):
+        wait([p.sentinel for p in procs if p.is_alive()], timeout=HEARTBEAT)
         for rank in watch.hung(procs, failures) if watch is not None and not received else []:
             silent[rank] = watch.silence(rank)  # type: ignore[union-attr]  # a rank watch.hung named
             procs[rank].kill()  # SIGKILL ends a stopped process too; its peers then fail at once
@@ -317,7 +317,7 @@ def _monitor(procs: list, grace: float, log: Callable[[str], None], received: li
             elif deadline is None:
                 deadline = time.monotonic() + grace
                 if essential is not None:
-                    signalalive(procs, signal.SIGTERM)
+                    signal_alive(procs, signal.SIGTERM)
         for rank, p in enumerate(procs):
             if p.exitcode in (None, 0) or rank in failures:
                 continue
@@ -331,17 +331,17 @@ def _monitor(procs: list, grace: float, log: Callable[[str], None], received: li
                 if essential is not None and rank in essential and not received:
                     # Without this rank the job cannot go on, and the others would only wait for it:
                     # ask them to stop now (they exit at their next step) rather than after `grace`.
-                    signalalive(procs, signal.SIGTERM)
-        if essential is not None and deadline is None and not any(procs[r].isalive() for r in essential):
+                    signal_alive(procs, signal.SIGTERM)
+        if essential is not None and deadline is None and not any(procs[r].is_alive() for r in essential):
             deadline = time.monotonic() + grace  # the job is over; the rest only have to leave
         if deadline is not None and time.monotonic() > deadline:
             for rank, p in enumerate(procs):
-                if p.isalive():
+                if p.is_alive():
                     ended_here.add(rank)  # its exit is this launcher's doing, not a cause
                     p.terminate()
             for p in procs:
                 p.join(timeout=5.0)
-                if p.isalive():
+                if p.is_alive():
                     p.kill()
     for rank, p in enumerate(procs):
         if p.exitcode not in (None, 0) and rank not in failures:
@@ -369,9 +369,9 @@ def _describe_hung(seconds: float) -> str:
     return f"stopped answering: no heartbeat for {seconds:.0f} s (stopped or hung), more than --timeout"
 
 
-def signalalive(procs: list, signum: int) -> None:
+def signal_alive(procs: list, signum: int) -> None:
     for p in procs:
-        if p.isalive() and p.pid is not None:
+        if p.is_alive() and p.pid is not None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(p.pid, signum)
 

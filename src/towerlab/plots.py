@@ -23,7 +23,8 @@ def _save_figure(fig: Any, path: Path) -> None:
     atomic.write_bytes(path, buffer.getvalue())
 
 
-def _pyplot() -> Any:
+def pyplot() -> Any:
+    """matplotlib's pyplot on the Agg backend (importing it takes a second or more, once a process)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -43,7 +44,7 @@ def accuracy_time_figure(records: list[dict], title: str) -> Any:
     seconds its search had spent when it finished (every rung and re-measure counted); the line is
     the best accuracy so far of the evaluations at the search's longest training, held to the
     training seconds the search spent in all (a matplotlib Figure; the caller closes it)."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 4), dpi=120)
     for search in sorted({r["search"] for r in records}):
         rows = [r for r in records if r["search"] == search]
@@ -75,7 +76,7 @@ def plot_fitness(stats: list[dict], path: Path, title: str) -> None:
 
 def fitness_figure(stats: list[dict], title: str) -> Any:
     """The figure of fitness.png (a matplotlib Figure; the caller closes it)."""
-    plt = _pyplot()
+    plt = pyplot()
     from matplotlib.ticker import MaxNLocator
 
     generations = [s["generation"] + 1 for s in stats]

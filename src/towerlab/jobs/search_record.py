@@ -25,7 +25,7 @@ from towerlab.distributed.signals import StopFlag
 from towerlab.errors import UserError
 from towerlab.jobs.candidate import CandidateModel, candidate_config, retrain_command, train_candidate
 from towerlab.models.files import save_model
-from towerlab.plots import plot_accuracy_time, plot_fitness
+from towerlab.plots import plot_accuracy_time, plot_fitness, pyplot
 from towerlab.report import Reporter, format_cost, format_estimate, format_generation, format_top, require_tensorboard
 from towerlab.search import Search, SearchResult, evaluation_records
 from towerlab.search.history import GenerationStats
@@ -98,6 +98,8 @@ class Watch:
                          if 0 < todo < self.workers else "")
                 self._line(f"Testing the top {len(tests)} networks (retraining {todo} with their seeds, each on one "
                            f"worker as it was evaluated{where})")
+                if where:
+                    pyplot()  # the record's plots need it: imported now, while a core has nothing to train
         if not self.reporter.progress and time.monotonic() - self.last_line > STATUS_EVERY:
             self._line(self.status())
         return new > 0

@@ -309,6 +309,25 @@ QUEUE_TABLE = Table(
     ),
 )
 
+WORKERS, SAME_WORK = "search-workers-2026-11-26.json", "optuna-same-work-2026-11-26.json"
+SEARCH_WORKERS = Table(
+    ("a real search on the 2-core CPU machine (MNIST, one-epoch MLPs)", "measured", "aim"),
+    (
+        ("evaluations a minute, 1 CPU worker (random sampler, 24 evaluations, the top one tested)",
+         Ref(WORKERS, "figures/search_two_workers/detail/one_per_minute", "num"), ""),
+        ("the same on 2 CPU workers", Ref(WORKERS, "figures/search_two_workers/detail/two_per_minute", "num"), ""),
+        ("2 workers over 1", Ref(WORKERS, "figures/search_two_workers/value", "x"), "1.80x"),
+        ("a search on 2 workers: the command's start to its first candidate",
+         Ref(SAME_WORK, "figures/search_first_candidate_seconds/value", "s"), ""),
+        ("`towerlab search worker` joining a running search: its start to its first candidate",
+         Ref(WORKERS, "figures/worker_join_seconds/value", "s"), ""),
+        ("24 given MLPs on 2 processes: a plain PyTorch + Optuna script's wall time over towerlab's",
+         Ref(SAME_WORK, "figures/search_vs_optuna_same_work/value", "x"), "1.30x"),
+        ("towerlab's workers: the share of their time spent training, command start to record",
+         Ref(SAME_WORK, "figures/workers_busy/value", "pct"), "95.00%"),
+    ),
+)
+
 TABLES: dict[str, Table] = {
     "headline": HEADLINE,
     "cpu-suite": CPU_SUITE,
@@ -321,13 +340,14 @@ TABLES: dict[str, Table] = {
     "seed-examples": SEED_EXAMPLES,
     "pruning": PRUNING,
     "queue": QUEUE_TABLE,
+    "search-workers": SEARCH_WORKERS,
 }
 
 PAGES: dict[str, tuple[str, ...]] = {
     "README.md": ("headline",),
     "docs/benchmarks.md": ("cpu-suite", "changes", "gpu", "gpu-step", "samplers-mnist", "samplers-cifar10",
                            "search-headline", "seed-examples", "pruning"),
-    "docs/distributed-search.md": ("queue",),
+    "docs/distributed-search.md": ("queue", "search-workers"),
 }
 
 _BLOCK = re.compile(r"(<!-- table (?P<name>[\w-]+):[^\n]*-->\n)(?P<body>.*?)\n?(<!-- end table (?P=name) -->)", re.S)

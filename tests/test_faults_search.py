@@ -132,8 +132,10 @@ def test_a_search_stopped_mid_generation_resumes_to_the_uninterrupted_history(tm
     assert "Traceback" not in log.read_text()
     kept = rows(out)
     assert kept and not (out / "summary.json").exists()
-    with sqlite3.connect(out / "search.db") as db:  # the interrupted generation is recorded as begun, not done
-        assert db.execute("SELECT COUNT(*) FROM generations WHERE complete = 0").fetchone()[0] == 1
+    with sqlite3.connect(out / "search.db") as db:  # stopped before its end: a generation begun and not done at most
+        # (the signal may land between two generations: the GA begins one once the one before is crowned)
+        begun, done = db.execute("SELECT COUNT(*), SUM(complete) FROM generations").fetchone()
+        assert done < 3 and begun - done <= 1
     resume(out)
     assert_nothing_lost_or_repeated(out, reference, kept)
 

@@ -11,6 +11,8 @@ import pytest
 
 from util import REPO
 
+from towerlab.errors import UserError
+
 
 def _bench(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(REPO / "bench" / "run.py"), *args], capture_output=True, text=True,
@@ -156,8 +158,15 @@ def test_an_interrupted_search_run_is_continued_keeping_what_it_recorded(tmp_pat
     import search_runs
     from towerlab.search import evaluation_records
 
+    def recorded() -> bool:
+        try:
+            return (out / "search.db").exists() and bool(evaluation_records(out / "search.db"))
+        except UserError as e:  # the file made, its tables not yet
+            assert "holds no search yet" in str(e)
+            return False
+
     deadline = time.monotonic() + 120
-    while not (out / "search.db").exists() or not evaluation_records(out / "search.db"):
+    while not recorded():
         assert first.poll() is None and time.monotonic() < deadline
         time.sleep(0.1)
     os.killpg(first.pid, signal.SIGKILL)

@@ -198,7 +198,7 @@ def test_missing_foreign_and_non_sqlite_files_are_refused(tmp_path):
         Store(other)
     empty = tmp_path / "empty.db"
     empty.touch()
-    with pytest.raises(UserError, match="not a towerlab search store"):
+    with pytest.raises(UserError, match="holds no search yet: an empty database"):
         format_search(empty)
     assert empty.read_bytes() == b"" and text.read_text().startswith("these")  # refused files stay untouched
 

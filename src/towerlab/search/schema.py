@@ -233,6 +233,9 @@ def _check_sqlite(db: SQLite, where: object, create: bool) -> None:
             _migrate(db, 2, upgrade_from_2)
         _migrate(db, 3, upgrade_from_3)
         return
+    if version == 0 and not tables and not create:  # made, and its tables not yet (a search just starting)
+        raise UserError(f"{where} holds no search yet: an empty database (a search that is starting writes its "
+                        "tables in a moment)")
     if version != 0 or tables or not create:
         raise UserError(f"{where} is an SQLite file but not a towerlab search store: give the search.db of a "
                         "search, or a new path")

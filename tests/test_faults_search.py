@@ -20,6 +20,8 @@ import pytest
 
 from util import ONE_CPU, reaped, replica_pids, run_cli, start_towerlab
 
+from towerlab.distributed.signals import alive
+
 
 SPACE = """
 model = "mlp"
@@ -156,9 +158,17 @@ def test_a_killed_search_job_leaves_its_search_to_a_joined_worker_and_resume_wri
         wait_for(lambda: in_generation_1(out), what="generation 1")
         os.kill(job.pid, signal.SIGKILL)
         job.wait(timeout=60)
+        time.sleep(0.5)  # its worker dies with it (the parent-death signal)
+        with sqlite3.connect(out / "search.db") as db:  # the tasks its worker held, if any, within the 3 s lease
+            held = db.execute("SELECT w.pid FROM tasks t JOIN workers w ON w.id = t.worker "
+                              "WHERE t.state = 'claimed'").fetchall()
+        lost = [pid for (pid,) in held if not alive(pid)]
         assert worker.wait(timeout=240) == 0, (tmp_path / "worker.log").read_text()
     text = (tmp_path / "worker.log").read_text()
-    assert "lease of worker" in text and "lapsed" in text and "Traceback" not in text, text
+    assert "Traceback" not in text, text
+    # The killed worker may have been between two tasks (these take a fraction of a second), or between two
+    # generations: then nothing lapses. The next test kills a worker while it holds a task.
+    assert not lost or ("lease of worker" in text and "lapsed" in text), text
     assert not (out / "summary.json").exists()
     trained = len(rows(out))
     resume(out)

@@ -1,6 +1,7 @@
 """What train and search jobs share: one live job per output folder, provenance, and no process
 outliving its launcher."""
 
+import contextlib
 import json
 import os
 import signal
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from towerlab.cli import main
+from towerlab.distributed.signals import alive
 from towerlab.jobs.folder import LOCK_NAME, OutputFolder
 from towerlab.jobs.provenance import code_version
 from util import TINY, replica_pids, start_towerlab
@@ -127,3 +129,21 @@ def _state(pid: int) -> str:
         return Path(f"/proc/{pid}/stat").read_text().split(")")[1].split()[0]
     except (OSError, IndexError):
         return "Z"
+
+
+def test_a_process_is_alive_until_it_ends_even_when_nobody_reaps_it():
+    """signals.alive, which frees a dead worker's task at once and sweeps a dead launcher's rendezvous
+    folder: an ended child that no one has waited for yet (a zombie, as under an init that does not
+    reap) is dead; a running process, this one, is alive."""
+    child = os.fork()
+    if child == 0:
+        os._exit(0)
+    try:
+        deadline = time.monotonic() + 10
+        while alive(child) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert not alive(child) and os.waitpid(child, os.WNOHANG)[0] == child  # it was a zombie until now
+    finally:
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(child, 0)
+    assert alive(os.getpid()) and not alive(child)

@@ -78,7 +78,8 @@ def interrupt_once(_signum: int, _frame: Any) -> None:
 
 
 def alive(pid: int) -> bool:
-    """Whether process `pid` exists on this machine (another user's counts)."""
+    """Whether process `pid` runs on this machine (another user's counts; a zombie, dead and not yet
+    reaped by a parent that does not reap, does not)."""
     import os
 
     try:
@@ -86,5 +87,9 @@ def alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True  # another user's process
-    return True
+        pass  # another user's process
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
+            return f.read().rpartition(")")[2].split()[0] != "Z"  # the state follows the name in parentheses
+    except (OSError, IndexError):
+        return True  # no /proc (not Linux): the signal test alone

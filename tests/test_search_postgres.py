@@ -10,12 +10,16 @@ from __future__ import annotations
 import json
 import os
 import signal
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
 from test_faults_search import history, wait_for
+from towerlab.errors import UserError
+from towerlab.search.database import PostgreSQL
+from towerlab.search.schema import SCHEMA_LOCK, SCHEMA_VERSION, create_tables, open_postgresql
 from towerlab.search.store import Store
 from util import ONE_CPU, reaped, replica_pids, run_cli, start_towerlab
 
@@ -180,3 +184,34 @@ def test_two_searches_share_one_store_at_once(tmp_path, space, postgres_url):
                     assert row.search_id == search.id or row.id <= gen.watermark
     done = run_cli("search", "show", postgres_url)
     assert done.returncode == 0 and done.stdout.count("finished") == 2, done.stdout
+
+
+def test_a_session_that_waited_for_the_schema_lock_finds_the_tables_made_meanwhile(postgres_url):
+    """Two processes opening one new database at once: the one that waited for the schema lock finds the
+    tables the other made meanwhile, though its session had looked for them (and found none) before."""
+    first, late = PostgreSQL(postgres_url), PostgreSQL(postgres_url)
+    opened: list = []
+
+    def make(tx):  # what the first process does under the lock, while the late one waits for it
+        waiting = threading.Thread(target=lambda: opened.append(_opened(late, postgres_url)))
+        waiting.start()
+        time.sleep(1.0)  # the late one has looked, found nothing, and waits for the lock
+        create_tables(tx)
+        tx.run("CREATE TABLE towerlab_schema (version INTEGER NOT NULL)")
+        tx.run("INSERT INTO towerlab_schema (version) VALUES (?)", (SCHEMA_VERSION,))
+        return waiting
+
+    try:
+        first.write(make, lock=SCHEMA_LOCK).join(timeout=30)
+        assert opened == ["ok"]  # it said: "holds a table named searches but no towerlab store"
+    finally:
+        first.close()
+        late.close()
+
+
+def _opened(db, url):
+    try:
+        open_postgresql(db, url, create=True)
+    except UserError as e:
+        return str(e)
+    return "ok"

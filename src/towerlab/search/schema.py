@@ -280,14 +280,21 @@ def _migrate(db: SQLite, version: int, upgrade: Callable[[Transaction], None]) -
 
 
 # The advisory lock key under which a PostgreSQL store's tables are made.
-_SCHEMA_LOCK = -1
+SCHEMA_LOCK = -1
 
 
 def open_postgresql(db: PostgreSQL, where: object, create: bool) -> None:
     """Check a PostgreSQL store's schema, or create its tables in an empty database (one transaction,
     under an advisory lock, so that two workers starting at once make them once)."""
+    def exists(tx: Transaction, table: str) -> bool:
+        # pg_class read with the statement's snapshot, not to_regclass: that looks in the session's catalog
+        # cache, which may still miss a table that another session committed while this one waited for the
+        # lock (it did, with two searches starting at once on a new database).
+        return tx.one("SELECT count(*) AS n FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace s ON "
+                      "s.oid = c.relnamespace WHERE c.relname = ? AND s.nspname = current_schema()", (table,))["n"] > 0
+
     def version(tx: Transaction) -> Optional[int]:
-        if tx.one("SELECT to_regclass('towerlab_schema') AS t")["t"] is None:
+        if not exists(tx, "towerlab_schema"):
             return None
         row = tx.one("SELECT version FROM towerlab_schema")
         return None if row is None else int(row["version"])
@@ -296,7 +303,7 @@ def open_postgresql(db: PostgreSQL, where: object, create: bool) -> None:
         found = version(tx)
         if found is not None:
             return found
-        if tx.one("SELECT to_regclass('searches') AS t")["t"] is not None:
+        if exists(tx, "searches"):
             raise UserError(f"the database {where} holds a table named searches but no towerlab store: give "
                             "towerlab a database of its own")
         if not create:
@@ -308,5 +315,5 @@ def open_postgresql(db: PostgreSQL, where: object, create: bool) -> None:
 
     found = db.write(version)
     if found is None:
-        found = db.write(make, lock=_SCHEMA_LOCK)
+        found = db.write(make, lock=SCHEMA_LOCK)
     refuse_newer(found, where)

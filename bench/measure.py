@@ -69,6 +69,25 @@ def _run(cmd: list[str], timeout: float, env: dict | None = None) -> tuple[subpr
     return proc, watch.use.as_dict()
 
 
+def timed(command: list[str]) -> tuple[float, subprocess.CompletedProcess, dict]:
+    """Run a whole command (from the repo, output captured): its wall seconds, the process and the CPU
+    it and the machine used; a failure raises with its stderr's end."""
+    with CpuWatch() as watch:
+        started = time.perf_counter()
+        done = subprocess.run(command, capture_output=True, text=True, env=_env(), cwd=REPO)
+        wall = time.perf_counter() - started
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(command)} failed:\n{done.stderr[-3000:]}")
+    return wall, done, watch.use.as_dict()
+
+
+def shown(command: list[str], **names: str) -> list[str]:
+    """`command` as a record keeps it: each argument that is one of `names`' paths (this machine's) is
+    given as its name in capitals (`data_dir="/x/data"`: "/x/data" becomes "DATA_DIR")."""
+    by_path = {str(path): name.upper() for name, path in names.items()}
+    return [by_path.get(arg, arg) for arg in command]
+
+
 def flags(options: dict) -> list[str]:
     """{'batch_size': 64, 'augment': True} -> ['--batch-size', '64', '--augment']."""
     out: list[str] = []

@@ -25,14 +25,13 @@ import datetime
 import json
 import sqlite3
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from machine import CpuWatch, describe, write_record
-from measure import BENCH, REPO, _env, default_data_dir
+from machine import describe, write_record
+from measure import BENCH, default_data_dir, shown, timed
 
 SPACE = """model = "mlp"
 [genes]
@@ -54,16 +53,6 @@ def genomes_and_seeds(space_file: Path, seed: int) -> list[dict]:
              "seed": candidate_seed(seed, 0, i)} for i, g in enumerate(genomes)]
 
 
-def timed(command: list[str]) -> tuple[float, subprocess.CompletedProcess, dict]:
-    with CpuWatch() as watch:
-        started = time.perf_counter()
-        done = subprocess.run(command, capture_output=True, text=True, env=_env(), cwd=REPO)
-        wall = time.perf_counter() - started
-    if done.returncode != 0:
-        raise RuntimeError(f"{' '.join(command)} failed:\n{done.stderr[-3000:]}")
-    return wall, done, watch.use.as_dict()
-
-
 def towerlab_side(folder: Path, space: Path, args: argparse.Namespace) -> dict:
     out = folder / f"grid-{time.monotonic_ns()}"
     command = [sys.executable, "-m", "towerlab", "grid", "--space", str(space), "--dataset", "mnist", "--data-dir",
@@ -81,7 +70,7 @@ def towerlab_side(folder: Path, space: Path, args: argparse.Namespace) -> dict:
             "first_candidate_seconds": first,
             "best": summary["best_genome"], "val_accuracy": summary["best_val_accuracy"],
             "test_accuracy": summary["best_test_accuracy"], "evaluations": summary["evaluations"], "cpu": cpu,
-            "command": ["towerlab", *command[3:-1], "DIR"]}
+            "command": ["towerlab", *shown(command[3:-1], space=space, data_dir=args.data_dir), "DIR"]}
 
 
 def optuna_side(folder: Path, genomes: Path, args: argparse.Namespace) -> dict:
@@ -90,7 +79,8 @@ def optuna_side(folder: Path, genomes: Path, args: argparse.Namespace) -> dict:
                "--data-dir", args.data_dir, "--processes", str(WORKERS), "--epochs", str(args.epochs)]
     wall, done, cpu = timed(command)
     return {"wall_seconds": wall, **json.loads(done.stdout.strip().splitlines()[-1]), "cpu": cpu,
-            "command": ["python", "bench/plain_optuna.py", *command[2:]]}
+            "command": ["python", "bench/plain_optuna.py",
+                        *shown(command[2:], genomes=genomes, journal=journal, data_dir=args.data_dir)]}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -28,8 +28,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from machine import CpuWatch, describe, write_record
-from measure import BENCH, REPO, _env, default_data_dir
+from machine import describe, write_record
+from measure import BENCH, REPO, _env, default_data_dir, shown, timed
 
 
 def search_command(out: Path, args: argparse.Namespace, devices: int) -> list[str]:
@@ -42,16 +42,11 @@ def search_command(out: Path, args: argparse.Namespace, devices: int) -> list[st
 def one_search(folder: Path, args: argparse.Namespace, devices: int) -> dict:
     out = folder / f"d{devices}-{time.monotonic_ns()}"
     command = search_command(out, args, devices)
-    with CpuWatch() as watch:
-        started = time.perf_counter()
-        done = subprocess.run(command, capture_output=True, text=True, env=_env(), cwd=REPO)
-        wall = time.perf_counter() - started
-    if done.returncode != 0:
-        raise RuntimeError(f"{' '.join(command)} failed:\n{done.stderr[-2000:]}")
+    wall, _, cpu = timed(command)
     summary = json.loads((out / "summary.json").read_text())
     return {"devices": devices, "wall_seconds": wall, "evaluations": summary["evaluations"],
             "per_minute": 60 * summary["evaluations"] / wall, "train_seconds": summary["train_seconds"],
-            "cpu": watch.use.as_dict(), "command": ["towerlab", *command[3:-1], "DIR"]}
+            "cpu": cpu, "command": ["towerlab", *shown(command[3:-1], data_dir=args.data_dir), "DIR"]}
 
 
 def first_claim(store: Path, other_than: set[str]) -> float | None:

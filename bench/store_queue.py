@@ -46,6 +46,16 @@ GENES = {"neurons": [16, 32, 64, 128, 256, 512, 768, 1024], "layers": [1, 2, 3, 
                                                                           "adadelta", "adamax", "nadam"]}
 
 
+def _all_at_once(processes: list) -> float:
+    """Seconds from the first start to the last exit of `processes`."""
+    started = time.perf_counter()
+    for p in processes:
+        p.start()
+    for p in processes:
+        p.join()
+    return time.perf_counter() - started
+
+
 def _instant(search):
     def train(task):
         r = random.Random(task.candidate.genome_hash)
@@ -65,13 +75,7 @@ def towerlab_side(target: str, processes: int, tasks: int, population: int, seed
     with Store(target) as store:
         search = Search.resolve(cfg, load_space("mlp")).create(store, f"bench{seed}", {"test": False})
     context = multiprocessing.get_context("fork")
-    workers = [context.Process(target=_work, args=(target, f"w{i}", search.id)) for i in range(processes)]
-    started = time.perf_counter()
-    for p in workers:
-        p.start()
-    for p in workers:
-        p.join()
-    seconds = time.perf_counter() - started
+    seconds = _all_at_once([context.Process(target=_work, args=(target, f"w{i}", search.id)) for i in range(processes)])
     with Store(target) as store:
         done = len(store.evaluations(search.id))
         assert store.search(search.id).finished is not None and done == tasks, (done, tasks)
@@ -100,13 +104,7 @@ def optuna_side(url: str, processes: int, tasks: int, seed: int) -> float:
     optuna.create_study(study_name=name, storage=url, sampler=optuna.samplers.RandomSampler(seed=seed))
     context = multiprocessing.get_context("fork")
     share = [tasks // processes + (i < tasks % processes) for i in range(processes)]
-    workers = [context.Process(target=_optimize, args=(url, name, n)) for n in share]
-    started = time.perf_counter()
-    for p in workers:
-        p.start()
-    for p in workers:
-        p.join()
-    seconds = time.perf_counter() - started
+    seconds = _all_at_once([context.Process(target=_optimize, args=(url, name, n)) for n in share])
     done = len(optuna.load_study(study_name=name, storage=url).trials)
     assert done == tasks, (done, tasks)
     return done / seconds

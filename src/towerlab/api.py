@@ -81,6 +81,19 @@ class SearchRun(_Record):
     model: Optional[Classifier] = field(default=None, repr=False)
 
 
+
+def _data_option(options: dict, data: DataGiven, validation: tuple | None, test: tuple | None) -> tuple | None:
+    """`data` into `options`: a dataset's name or file as `dataset`; arrays given from Python, (images,
+    labels), as ARRAYS_DATASET, and returned (None otherwise)."""
+    pair = None if data is None or isinstance(data, (str, os.PathLike)) else data
+    if isinstance(data, (str, os.PathLike)):
+        options["dataset"] = os.fspath(data)
+    elif pair is not None:
+        options["dataset"] = ARRAYS_DATASET
+    if (validation is not None or test is not None) and pair is None:
+        raise UserError("validation= and test= go with data given as arrays, (images, labels)")
+    return pair
+
 def train(model: str | Any | Callable[[], Any] | None = None, data: str | os.PathLike | tuple | None = None, *,
           validation: tuple | None = None, test: tuple | None = None,
           config: str | os.PathLike | dict | None = None, **options: Any) -> TrainRun:
@@ -112,13 +125,7 @@ def train(model: str | Any | Callable[[], Any] | None = None, data: str | os.Pat
         module, model = model, CUSTOM_MODEL
     if model is not None:
         options["model"] = model
-    pair = None if data is None or isinstance(data, (str, os.PathLike)) else data  # arrays given from Python
-    if isinstance(data, (str, os.PathLike)):
-        options["dataset"] = os.fspath(data)
-    elif pair is not None:
-        options["dataset"] = ARRAYS_DATASET
-    if (validation is not None or test is not None) and pair is None:
-        raise UserError("validation= and test= go with data given as arrays, (images, labels)")
+    pair = _data_option(options, data, validation, test)
     cfg, run = resolve_train(options, config)
     dataset = None
     if pair is not None:
@@ -201,13 +208,7 @@ def _search(kind: str, space: str | os.PathLike | dict | None, data: DataGiven, 
             raise UserError(f"the space dict must hold only strings, finite numbers, lists and dicts ({exc})") from None
     elif space is not None:
         options["space"] = os.fspath(space)
-    pair = None if data is None or isinstance(data, (str, os.PathLike)) else data  # arrays given from Python
-    if isinstance(data, (str, os.PathLike)):
-        options["dataset"] = os.fspath(data)
-    elif pair is not None:
-        options["dataset"] = ARRAYS_DATASET
-    if (validation is not None or test is not None) and pair is None:
-        raise UserError("validation= and test= go with data given as arrays, (images, labels)")
+    pair = _data_option(options, data, validation, test)
     cfg, run = resolve_search(kind, options, config)
     dataset = None
     if pair is not None:

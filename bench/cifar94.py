@@ -234,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
     fig = figure(args.data_dir, seeds, args.budget, log, shlex.split(args.flags), beside)
     record = {"suite": "cifar94", "budget": args.budget, "date": measure.now(), "machine": info,
               "command": measure.shown(["python", "bench/cifar94.py", *(argv if argv is not None else sys.argv[1:])],
-                                       data_dir=args.data_dir, airbench=args.airbench or ""),
+                                       data_dir=args.data_dir, out_dir=args.out_dir, airbench=args.airbench or ""),
               "figures": [fig]}
     written = machine.write_record(args.out_dir, f"cifar94-{args.budget}-{datetime.date.today():%Y-%m-%d}.json",
                                    record)

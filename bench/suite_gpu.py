@@ -1,13 +1,16 @@
-"""The GPU figures (one H100 in the targets). Written and dry-checked on a CPU machine: nothing here
-has been measured yet, and `unavailable()` makes `--suite gpu` refuse to start without CUDA.
+"""The GPU figures, measured on one H100 (2026-11-25) and one H200 (2026-11-26); their records are in
+bench/results/gpu-*. `unavailable()` makes `--suite gpu` refuse to start without CUDA, and
+`--dry-run` checks every command on a machine without one.
 
-- lenet5 to 99.0% MNIST test accuracy, training seconds        target <= 1.5 s
+- lenet5 (mnist-fast) to 99.0% MNIST test accuracy, training seconds, graph step    target <= 0.25 s
+- the same with the compiled step (mnist-fast's step on one GPU)                    target <= 0.25 s
 - cifarnet to 80% CIFAR-10 test accuracy, training seconds     target <= 10 s
 - --input resident vs feed vs queue, lenet5 batch 512          resident >= 3x feed
 - --strategy ps vs ddp step time, one GPU                      reported
 - --step graph and compiled vs eager, examples/s               reported
 - search evaluations/min over 3 generations, 1, 2 or 4 per GPU  target >= 600
-- whitenet (--preset cifar-94) to 94% CIFAR-10 test, 5 seeds    target mean >= 94% in <= 1.8 s (cifar94.py)
+- whitenet (--preset cifar-94) to 94% CIFAR-10 test, 5 seeds    target mean >= 94% in <= 1.8 s (cifar94.py;
+  with --airbench, in no more than airbench94_muon's seconds on the same card)
 """
 
 from __future__ import annotations

@@ -143,6 +143,46 @@ def test_cifar94_smoke_budget_runs_on_a_cpu_and_records_the_spread_beside_the_re
     assert "tunes on the test set" in done.stdout
 
 
+# A stand-in for airbench94_muon.py: it reads the data cifar94.py writes for it and prints its table's
+# rows as the real one does (a warm-up run, then one `eval` row per run).
+FAKE_AIRBENCH = """
+import torch
+train, test = torch.load("cifar10/train.pt"), torch.load("cifar10/test.pt")
+assert tuple(train["images"].shape) == (40, 32, 32, 3) and train["images"].dtype == torch.uint8
+assert test["labels"].dtype == torch.int64 and len(train["classes"]) == 10
+def row(*cells):
+    print("|" + "|".join(f"  {c}  " for c in cells) + "|")
+row("warmup", "eval", "", "", "0.1000", "9.0000")
+for run in range(200):
+    row(run, 0, "0.5000", "0.6000", "", "1.0000")
+    row("", "eval", "", "", f"{0.93 + run / 100:.4f}", f"{1.5 + run / 10:.4f}")
+"""
+
+
+@pytest.mark.slow
+def test_cifar94_runs_airbench_first_with_its_runs_cut_and_judges_against_its_median(tmp_path):
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "cifar10.npz", x_train=rng.integers(0, 256, (40, 32, 32, 3), dtype=np.uint8),
+             y_train=rng.integers(0, 10, 40, dtype=np.uint8), x_test=rng.integers(0, 256, (20, 32, 32, 3), dtype=np.uint8),
+             y_test=rng.integers(0, 10, 20, dtype=np.uint8))
+    (tmp_path / "airbench94_muon.py").write_text(FAKE_AIRBENCH)
+    done = subprocess.run([sys.executable, str(REPO / "bench" / "cifar94.py"), "--budget", "smoke", "--airbench",
+                           str(tmp_path / "airbench94_muon.py"), "--airbench-runs", "3", "--data-dir", str(tmp_path),
+                           "--out-dir", str(tmp_path / "out")], capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert done.returncode == 0, done.stderr
+    (path,) = (tmp_path / "out").glob("cifar94-smoke-*.json")
+    record = json.loads(path.read_text())
+    detail = record["figures"][0]["detail"]
+    assert [r["accuracy"] for r in detail["airbench94_muon"]["runs"]] == [0.93, 0.94, 0.95]  # warm-up left out
+    assert detail["airbench94_muon_accuracy"] == pytest.approx(0.94)
+    assert detail["airbench94_muon_seconds"] == pytest.approx(1.6)  # the median of 1.5, 1.6, 1.7
+    assert record["figures"][0]["target_value"] == pytest.approx(1.6)
+    assert "AIRBENCH" in record["command"] and str(tmp_path) not in " ".join(record["command"])
+    assert "airbench94_muon      0.9400 mean test accuracy, median 1.600 s, 3 runs" in done.stdout
+
+
 @pytest.mark.slow
 def test_an_interrupted_search_run_is_continued_keeping_what_it_recorded(tmp_path):
     """bench/search_runs.py: a run killed mid-search is continued by --reuse (towerlab --resume), not

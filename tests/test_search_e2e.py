@@ -1,6 +1,7 @@
 """The search with real training: parallel workers, outputs, resume and bad input."""
 
 import json
+import sqlite3
 
 import pytest
 
@@ -130,7 +131,8 @@ def test_grid_writes_its_record_and_exports_the_winner(tmp_path, space_file, cap
     printed = capsys.readouterr().out
     assert "Generation 1/1: evaluated 4, cached 0, failed 0" in printed and "Top 2 networks" in printed
     assert ("Budget: at most 4 trainings for the search, then about 4 to re-measure the networks about to be "
-            "crowned (more when that reorders them) and 2 to test the top: about 10 epochs of training") in printed
+            "crowned (more when that reorders them) and at most 2 to test the top (none where each was tested as "
+            "it trained): about 10 epochs of training") in printed
     assert "The first training took " in printed and "epochs on 1 worker(s) take about " in printed
     summary = json.loads((out / "summary.json").read_text())
     for key in ("best_genome", "best_val_accuracy", "best_test_accuracy", "evaluations", "cache_hits", "failures",
@@ -140,13 +142,18 @@ def test_grid_writes_its_record_and_exports_the_winner(tmp_path, space_file, cap
     assert len(summary["top"]) == 2 and summary["top"][0]["val_accuracy"] >= summary["top"][1]["val_accuracy"]
     assert summary["best_val_accuracy"] > 0.5 and summary["best_test_accuracy"] > 0.5
     # what it cost, by purpose: 4 trainings for the search; 2 fresh seeds for each network about to
-    # be crowned (at least the top 2); the top 2 retrained for their test accuracy
+    # be crowned (at least the top 2); the top networks not tested as they trained retrained for it
+    # (ranked by their means, one may have been outside the top when it trained)
     cost = summary["cost"]
     remeasured = sum(1 for row in search_rows(out) if row[2] > 0)
+    with sqlite3.connect(out / "search.db") as db:
+        retrained = db.execute("SELECT COUNT(*) FROM tasks WHERE kind = 'test'").fetchone()[0]
+    db.close()
     assert (cost["search"]["trainings"], cost["remeasure"]["trainings"], cost["test"]["trainings"]) == (
-        4, remeasured, 2)
+        4, remeasured, retrained)
+    assert retrained <= 2 and all(t["test_accuracy"] is not None for t in summary["top"])
     assert remeasured >= 4 and cost["search"]["trainings"] + remeasured == summary["trainings"]
-    assert all(part["train_seconds"] > 0 for part in cost.values())
+    assert cost["search"]["train_seconds"] > 0 and cost["remeasure"]["train_seconds"] > 0
     assert f"Trainings: 4 for the search ({cost['search']['train_seconds']:.1f} s), {remeasured} for re-measuring" in printed
     best = json.loads((out / "best.json").read_text())
     assert best["genome"] == summary["best_genome"] and best["command"].startswith("towerlab train --model mlp")
@@ -172,6 +179,34 @@ def test_retraining_the_winner_from_best_json_reproduces_its_accuracy(tmp_path, 
     assert best["seed"] == best["seeds"][0] and len(best["seeds"]) == 3
     assert again["val_accuracy"] == best["val_accuracies"][0] and again["test_accuracy"] == best["test_accuracy"]
     assert best["val_accuracy"] == pytest.approx(sum(best["val_accuracies"]) / 3)
+
+
+def test_the_top_is_tested_as_it_trains_and_only_the_rest_is_retrained(tmp_path, space_file):
+    """A network that ends its training among the best so far is scored on the test split then, so the
+    top needs no retraining at the end; a top network that this search did not train (the store's
+    cache served it) is retrained for it, as before."""
+    store = str(tmp_path / "shared.db")
+    args = ["evolve", *BASE, "--space", space_file, "--population", "6", "--generations", "2", "--seed", "5",
+            "--remeasure", "0", "--devices", "2", "--store", store]
+    assert main([*args, "--top", "1", "--out", str(tmp_path / "first")]) == 0
+    first = json.loads((tmp_path / "first" / "summary.json").read_text())
+    assert first["cost"]["test"]["trainings"] == 0 and first["best_test_accuracy"] is not None
+    with sqlite3.connect(store) as db:
+        kinds = db.execute("SELECT kind, COUNT(*) FROM tasks GROUP BY kind").fetchall()
+        # the test accuracy each training took, where it took one: the winner's is the one reported
+        taken = {json.loads(r)["fitness"]: json.loads(r)["test_accuracy"] for (r,) in db.execute(
+            "SELECT result FROM tasks WHERE kind = 'train'") if json.loads(r)["test_accuracy"] is not None}
+    db.close()
+    assert dict(kinds) == {"train": first["evaluations"]}
+    assert taken[first["best_val_accuracy"]] == first["best_test_accuracy"]
+    assert 1 <= len(taken) < first["evaluations"]  # only those entering the top when they ended
+    # a second search of the same genomes: the cache serves all of them, and the top 3's two untested
+    # networks are retrained for their test accuracy
+    assert main([*args, "--top", "3", "--out", str(tmp_path / "second")]) == 0
+    second = json.loads((tmp_path / "second" / "summary.json").read_text())
+    assert (second["evaluations"], second["cost"]["test"]["trainings"]) == (0, 2)
+    assert all(t["test_accuracy"] is not None for t in second["top"])
+    assert second["top"][0]["test_accuracy"] == first["best_test_accuracy"]
 
 
 def test_a_search_sharing_a_store_trains_nothing_twice(tmp_path, space_file, capsys):

@@ -274,7 +274,8 @@ def format_plan(plan: dict) -> str:
     promotions = f", {plan['rungs']} promotions to longer rungs" if plan["rungs"] else ""
     return (f"Budget: at most {plan['search']} trainings for the search{promotions}, then about "
             f"{plan['remeasure']} to re-measure the networks about to be crowned (more when that reorders them) and "
-            f"{plan['test']} to test the top: about {plan['epochs']} epochs of training")
+            f"at most {plan['test']} to test the top (none where each was tested as it trained): about "
+            f"{plan['epochs']} epochs of training")
 
 
 def format_estimate(seconds: float, epochs: int, plan: dict, workers: int) -> str:

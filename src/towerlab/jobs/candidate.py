@@ -166,9 +166,11 @@ def network(model: CandidateModel, genome: dict, input_shape: tuple[int, int, in
 
 def train_candidate(cfg: SearchConfig, model: CandidateModel, genome: dict, seed: int, data: Dataset,
                     device: torch.device, *, test: bool = False, stop: StopFlag | None = None,
-                    max_epochs: int | None = None) -> tuple[dict, Optional[TrainResult]]:
+                    max_epochs: int | None = None,
+                    test_if: Callable[[Optional[float]], bool] | None = None) -> tuple[dict, Optional[TrainResult]]:
     """Train one genome on this process's device. Returns (the outcome's fields, the TrainResult);
-    a candidate that diverges or runs out of memory is a failure with its reason, not a crash."""
+    a candidate that diverges or runs out of memory is a failure with its reason, not a crash. Its
+    test accuracy is among the fields when `test`, or when `test_if` holds for its validation accuracy."""
     started = time.perf_counter()
     train_cfg = candidate_config(cfg, model, genome, seed, max_epochs)
     numbers = numerics(train_cfg, device)
@@ -178,8 +180,8 @@ def train_candidate(cfg: SearchConfig, model: CandidateModel, genome: dict, seed
         source = functools.partial(model, data.input_shape, data.num_classes, **model_genes(genome)) \
             if callable(model) else None
         check_setup(train_cfg, 1, data, source)
-        result = train(train_cfg, Context(device=device), data, LoopOptions(test=test, stop=stop, setup_apart=False),
-                       source=source)
+        result = train(train_cfg, Context(device=device), data,
+                       LoopOptions(test=test, test_if=test_if, stop=stop, setup_apart=False), source=source)
     except Interrupted:
         raise
     except torch.cuda.OutOfMemoryError:
@@ -198,7 +200,7 @@ def train_candidate(cfg: SearchConfig, model: CandidateModel, genome: dict, seed
         return {"status": "failed", "reason": reason, "seconds": seconds, "numerics": numbers}, None
     fields = {"status": "ok", "fitness": result.val_accuracy, "val_loss": result.val_loss,
               "epochs": math.ceil(result.epochs), "seconds": seconds, "numerics": numbers}
-    if test:
+    if result.test_accuracy is not None:
         fields["test_accuracy"] = result.test_accuracy
     return fields, result
 

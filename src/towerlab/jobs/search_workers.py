@@ -95,7 +95,7 @@ def run_worker(spec: WorkerSpec, device: torch.device, data: Optional[Dataset] =
             if stop.signum:
                 raise Interrupted(stop.signum)
 
-        trainers = Trainers(spec, device, name, stop, data, fallback, function)
+        trainers = Trainers(spec, device, name, stop, store, data, fallback, function)
         worker = Worker(store, name, device.type, trainers.trainer, search_ids=spec.search_ids,
                         joinable=trainers.joinable, priority=trainers.priority, wait=spec.wait, speaks=speaks,
                         check_stop=check_stop)
@@ -114,10 +114,10 @@ class _Setup:
 class Trainers:
     """What trains a task of each search in this worker, made once per search (see the module's docstring)."""
 
-    def __init__(self, spec: WorkerSpec, device: torch.device, name: str, stop: StopFlag,
+    def __init__(self, spec: WorkerSpec, device: torch.device, name: str, stop: StopFlag, store: Store,
                  data: Optional[Dataset] = None, fallback: Optional[bool] = None,
                  function: Optional[ModelFunction] = None) -> None:
-        self.spec, self.device, self.name, self.stop = spec, device, name, stop
+        self.spec, self.device, self.name, self.stop, self.store = spec, device, name, stop, store
         self.given, self.fallback, self.function = data, fallback, function
         self._setups: dict[int, _Setup] = {}
 
@@ -180,10 +180,25 @@ class Trainers:
                 torch.set_num_threads(setup.threads)
             c = task.candidate
             fields, _ = train_candidate(search.cfg, setup.model, c.genome, c.seed, setup.data, self.device,
-                                        test=task.kind == "test", stop=self.stop, max_epochs=c.max_epochs)
+                                        test=task.kind == "test", stop=self.stop, max_epochs=c.max_epochs,
+                                        test_if=self._entering_top(search) if task.kind == "train" else None)
             return outcome({**fields, "worker": self.name}), fields.get("test_accuracy")
 
         return train
+
+    def _entering_top(self, search: Search) -> Optional[Callable[[Optional[float]], bool]]:
+        """Whether a network just trained to this validation accuracy is among the search's `top` best so
+        far: it is then scored on the test split at once (its test accuracy kept with its task), so it
+        needs no retraining for it at the end if it stays there (`queue.Driver`). None where the search
+        tests nothing."""
+        if not search.setup.get("test", True):
+            return None
+        assert search.id is not None
+        search_id, training_hash, top = search.id, search.train_config_hash, search.cfg.top
+
+        def entering(val_accuracy: Optional[float]) -> bool:
+            return val_accuracy is not None and self.store.genomes_better(search_id, training_hash, val_accuracy) < top
+        return entering
 
     def priority(self, search: Search) -> Callable[[Candidate], float]:
         """Largest first: a generation then ends on small candidates, not on a big one that started last

@@ -190,15 +190,25 @@ class Driver(threading.Thread):
         return row is None or row.finished is not None
 
     def _test(self, search: Search, top: list[TopGenome], trainer: QueueTrainer) -> None:
-        """Queue the retraining of each top network whose test accuracy is unknown, with the seed of its
-        evaluation (the same network, scored on the test split), and wait until each is done."""
+        """Give each top network whose test accuracy is unknown the one its own training took, where it
+        took one (a network is scored on the test split as it ends its training when it enters the top
+        then: `Trainers`); queue the retraining of the others, with the seed of their evaluation (the
+        same network, scored on the test split), and wait until each is done."""
         if not search.setup.get("test", True):
             return
         assert search.id is not None
+        tested = {(t.candidate.genome_hash, t.train_config_hash, t.candidate.seed, t.candidate.max_epochs):
+                  t.result["test_accuracy"] for t in self.store.tasks(search.id, "train")
+                  if t.result and t.result.get("status") == "ok" and t.result.get("test_accuracy") is not None}
         wanted = []
         for t in top:
             row = self.store.lookup(t.genome_hash, t.train_config_hash, search.id)
-            if row is not None and row.test_accuracy is None:
+            if row is None or row.test_accuracy is not None:
+                continue
+            early = tested.get((t.genome_hash, t.train_config_hash, t.seed, row.max_epochs))
+            if early is not None:
+                self.store.set_test_accuracy(row.id, early)
+            else:
                 wanted.append((Candidate(t.generation, row.index, t.genome, t.genome_hash, t.seed, row.max_epochs),
                                t.train_config_hash))
         if not wanted:

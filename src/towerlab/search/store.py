@@ -232,6 +232,12 @@ class Store(TaskQueue):
                 best.setdefault(row["genome_hash"], self._evaluation(row))
         return sorted(best.values(), key=lambda e: (-e.fitness, e.genome_hash))[:n]
 
+    def genomes_better(self, search_id: int, train_config_hash: str, fitness: float) -> int:
+        """How many genomes this search trained (replicate 0) to a validation accuracy above `fitness`."""
+        return int(self._read(
+            "SELECT COUNT(DISTINCT genome_hash) AS n FROM evaluations WHERE search_id = ? AND train_config_hash = ?"
+            " AND replicate = 0 AND status = 'ok' AND fitness > ?", (search_id, train_config_hash, fitness))[0]["n"])
+
     def evaluations(self, search_id: Optional[int] = None, after: int = 0) -> list[Evaluation]:
         """Evaluations in the order they finished (of one search, or all), those after id `after`."""
         if search_id is None:

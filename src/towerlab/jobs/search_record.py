@@ -50,6 +50,7 @@ class Watch:
         self.first: Optional[float] = None
         self.trained = 0
         self.testing = False
+        self.plots_ready = False  # matplotlib imported (for the record's plots)
         self.last_line = time.monotonic()
         self.started = time.monotonic()
         self.replayed = {g.generation for g in store.generations(search.id) if g.complete}
@@ -98,8 +99,11 @@ class Watch:
                          if 0 < todo < self.workers else "")
                 self._line(f"Testing the top {len(tests)} networks (retraining {todo} with their seeds, each on one "
                            f"worker as it was evaluated{where})")
-                if where:
-                    pyplot()  # the record's plots need it: imported now, while a core has nothing to train
+        if not self.plots_ready:
+            counts = self.store.queue_counts(self.search.id)
+            if counts["done"] and not counts["open"] and counts["claimed"] < self.workers:
+                pyplot()  # the record's plots need it: imported now, while a worker has nothing to train
+                self.plots_ready = True
         if not self.reporter.progress and time.monotonic() - self.last_line > STATUS_EVERY:
             self._line(self.status())
         return new > 0

@@ -197,14 +197,16 @@ class Driver(threading.Thread):
         if not search.setup.get("test", True):
             return
         assert search.id is not None
+        untested = [(t, row) for t in top
+                    for row in [self.store.lookup(t.genome_hash, t.train_config_hash, search.id)]
+                    if row is not None and row.test_accuracy is None]
+        if not untested:
+            return
         tested = {(t.candidate.genome_hash, t.train_config_hash, t.candidate.seed, t.candidate.max_epochs):
                   t.result["test_accuracy"] for t in self.store.tasks(search.id, "train")
                   if t.result and t.result.get("status") == "ok" and t.result.get("test_accuracy") is not None}
         wanted = []
-        for t in top:
-            row = self.store.lookup(t.genome_hash, t.train_config_hash, search.id)
-            if row is None or row.test_accuracy is not None:
-                continue
+        for t, row in untested:
             early = tested.get((t.genome_hash, t.train_config_hash, t.seed, row.max_epochs))
             if early is not None:
                 self.store.set_test_accuracy(row.id, early)

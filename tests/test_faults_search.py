@@ -202,10 +202,13 @@ def test_a_killed_worker_hands_its_candidate_on_and_the_search_finishes(tmp_path
     assert any(handed_on), text
 
 
-def test_a_bad_lease_setting_is_refused_before_any_worker_starts(tmp_path, space):
+@pytest.mark.parametrize("lease", ["soon", "1e300", "nan"])
+def test_a_bad_lease_setting_is_refused_before_any_worker_starts(tmp_path, space, lease):
+    """1e300 was taken: every task then printed an OverflowError from its lease thread, and its row could
+    never be claimed again."""
     done = run_cli("evolve", *BASE, "--space", space, "--devices", "2", "--out", str(tmp_path / "evo"),
-                   env={"TOWERLAB_LEASE_SECONDS": "soon"})
-    assert done.returncode == 2 and "TOWERLAB_LEASE_SECONDS='soon'" in done.stderr, done.stderr
+                   env={"TOWERLAB_LEASE_SECONDS": lease})
+    assert done.returncode == 2 and f"TOWERLAB_LEASE_SECONDS={lease!r}" in done.stderr, done.stderr
     assert done.stderr.count("\n") == 1 and not (tmp_path / "evo").exists()
 
 

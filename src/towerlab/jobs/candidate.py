@@ -172,10 +172,12 @@ def train_candidate(cfg: SearchConfig, model: CandidateModel, genome: dict, seed
     a candidate that diverges or runs out of memory is a failure with its reason, not a crash. Its
     test accuracy is among the fields when `test`, or when `test_if` holds for its validation accuracy."""
     started = time.perf_counter()
-    train_cfg = candidate_config(cfg, model, genome, seed, max_epochs)
-    numbers = numerics(train_cfg, device)
+    numbers: Optional[dict] = None
     reason: Optional[str]
     try:
+        # A genome's values are checked here, as its network is: one that no training takes fails alone.
+        train_cfg = candidate_config(cfg, model, genome, seed, max_epochs)
+        numbers = numerics(train_cfg, device)
         # the function itself with its arguments (not a lambda), so that its failure names it
         source = functools.partial(model, data.input_shape, data.num_classes, **model_genes(genome)) \
             if callable(model) else None

@@ -43,6 +43,7 @@ from towerlab.search.candidates import Candidate, Outcome
 from towerlab.search.history import TopGenome
 from towerlab.search.search import Search
 from towerlab.search.store import Evaluation, Store, Task
+from towerlab.search.tasks import MAX_LEASE
 
 LEASE_ENV = "TOWERLAB_LEASE_SECONDS"
 DEFAULT_LEASE = 30.0  # seconds a claim holds without renewal; renewed every third of it
@@ -63,8 +64,8 @@ def lease_seconds() -> float:
         value = float(text)
     except ValueError:
         value = math.nan
-    if not math.isfinite(value) or value < MIN_LEASE:
-        raise UserError(f"{LEASE_ENV}={text!r}: give a number of seconds, at least {MIN_LEASE:g} "
+    if not MIN_LEASE <= value <= MAX_LEASE:  # NaN included
+        raise UserError(f"{LEASE_ENV}={text!r}: give a number of seconds from {MIN_LEASE:g} to {MAX_LEASE:g} "
                         "(a worker renews its lease every third of it)")
     return value
 
@@ -82,6 +83,20 @@ def release_the_dead(store: Store) -> int:
         if w["host"] == host and w["left_at"] is None and not alive(int(w["pid"])):
             freed += store.release(w["id"], "ended without a word (its process is gone)")
     return freed
+
+
+def unusable(task: Task) -> Optional[str]:
+    """Why the numbers of a task's row cannot be trained (an edited row: no positive budget, a seed
+    out of range), or None. Such a task fails, with that reason, as a network that cannot be built
+    does: the worker goes on."""
+    budget, seed = task.candidate.max_epochs, task.candidate.seed
+    if budget is not None and (type(budget) is not int or budget < 1):
+        return (f"its task's row gives max_epochs = {budget!r}, not a number of epochs of at least 1 (the row "
+                "was edited, or written by another program)")
+    if type(seed) is not int or not 0 <= seed < 2**63:
+        return (f"its task's row gives seed = {seed!r}, outside 0 to 2**63 - 1 (the row was edited, or written by "
+                "another program)")
+    return None
 
 
 class Stopping(Exception):
@@ -332,14 +347,18 @@ class Worker:
         if task.lost:
             self.log(f"towerlab: worker {self.name}: training a task of search {task.search_id} again, "
                      f"attempt {task.attempts} ({task.lost})")
-        renewing = _Renewal(self.store, task, self.name, self.lease)
-        try:
-            outcome, test_accuracy = self.trainer_for(search)(task)
-        except BaseException:
+        problem = unusable(task)
+        if problem is not None:
+            outcome, test_accuracy = Outcome.failed(problem, worker=self.name), None
+        else:
+            renewing = _Renewal(self.store, task, self.name, self.lease)
+            try:
+                outcome, test_accuracy = self.trainer_for(search)(task)
+            except BaseException:
+                renewing.stop()
+                self.store.put_back(task, self.name)
+                raise
             renewing.stop()
-            self.store.put_back(task, self.name)
-            raise
-        renewing.stop()
         done, _ = self.store.complete(task, self.name, outcome, test_accuracy)
         if done:
             self.trained += 1

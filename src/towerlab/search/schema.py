@@ -303,8 +303,9 @@ def open_postgresql(db: PostgreSQL, where: object, create: bool) -> None:
         found = version(tx)
         if found is not None:
             return found
-        if exists(tx, "searches"):
-            raise UserError(f"the database {where} holds a table named searches but no towerlab store: give "
+        clash = next((table for table in sorted(TABLES) if exists(tx, table)), None)
+        if clash is not None:  # creating the others would end in a DuplicateTable error
+            raise UserError(f"the database {where} holds a table named {clash} but no towerlab store: give "
                             "towerlab a database of its own")
         if not create:
             raise UserError(f"the database {where} holds no search store")

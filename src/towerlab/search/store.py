@@ -163,6 +163,8 @@ class Store(TaskQueue):
         return SearchRow(**data)
 
     def search(self, search_id: int) -> Optional[SearchRow]:
+        if not -2**63 <= search_id < 2**63:  # beyond the column's 64 bits: no such search (the drivers would raise)
+            return None
         rows = self._read("SELECT * FROM searches WHERE id = ?", (search_id,))
         return self._search(rows[0]) if rows else None
 

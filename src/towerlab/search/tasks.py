@@ -13,6 +13,11 @@ from towerlab.search.database import Transaction, placeholders
 from towerlab.search.rows import Evaluation, Records, Task
 
 
+# The longest lease a worker grants itself (seconds): a lease that runs further than this from the
+# database's clock, or none at all, was granted by no worker (an edited row), and counts as lapsed.
+MAX_LEASE = 86400.0
+
+
 class TaskQueue(Records):
     # -- the queue --------------------------------------------------------------------------------
 
@@ -56,13 +61,17 @@ class TaskQueue(Records):
 
         def take(tx: Transaction) -> Optional[dict]:
             while True:
-                row = tx.one(f"SELECT * FROM tasks WHERE search_id IN ({placeholders(len(ids))}) AND"
-                             " (state = 'open' OR (state = 'claimed' AND lease_until < {now}))"
-                             " ORDER BY search_id, generation, priority DESC, id LIMIT 1{skip_locked}", ids)
+                row = tx.one(f"SELECT *, {{now}} AS clock FROM tasks WHERE search_id IN ({placeholders(len(ids))}) AND"
+                             " (state = 'open' OR (state = 'claimed' AND (lease_until IS NULL OR lease_until < {now}"
+                             " OR lease_until > {now} + ?)))"
+                             " ORDER BY search_id, generation, priority DESC, id LIMIT 1{skip_locked}", (*ids, MAX_LEASE))
                 if row is None:
                     return None
                 if row["state"] == "claimed":  # its claimant stopped renewing: lost
-                    row["lost"] = f"the lease of worker {row['worker']} lapsed"
+                    lapsed = row["lease_until"] is not None and row["lease_until"] < row["clock"]
+                    row["lost"] = (f"the lease of worker {row['worker']} lapsed" if lapsed else
+                                   f"the lease of worker {row['worker']} ran past any a worker grants ({MAX_LEASE:g} s): "
+                                   "its row was edited")
                 if row["attempts"] < max_attempts:
                     tx.run("UPDATE tasks SET state = 'claimed', worker = ?, lease_until = {now} + ?,"
                            " attempts = attempts + 1, claimed = {now}, lost = ? WHERE id = ?",

@@ -1,0 +1,159 @@
+"""Hostile round 5 on the store as the queue (issue 60): workers in separate PID namespaces on one host
+(real `unshare`), the store lost while a worker asks it for the top, a worker frozen inside a
+PostgreSQL transaction (a real private server) or holding SQLite's write lock, the launcher's end after
+its workers stopped, foreign tables, rows of the wrong form or with impossible numbers, the search
+folder deleted or made immutable mid-search, a search id past 64 bits, a process whose clock lies
+(faketime). Each held a defect: a healthy candidate recorded as failed, a wait without a bound, exit
+status 0 on an unfinished search, a traceback or a bus error instead of one line."""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from util import ONE_CPU, run_cli
+
+from towerlab.config import SearchConfig
+from towerlab.errors import UserError
+from towerlab.search import Candidate, Search, load_space
+from towerlab.search.queue import MAX_ATTEMPTS
+from towerlab.search.store import Store
+
+SPACE = """
+model = "mlp"
+[genes]
+neurons = [16, 32, 64]
+layers = [1, 2]
+activation = ["relu", "tanh", "sigmoid"]
+optimizer = ["adam", "sgd"]
+"""
+# About 0.1 s a candidate: 1 epoch on 5,000 synthetic images, 1 thread (the same numbers on any worker).
+BASE = [*ONE_CPU, "--dataset", "synthetic", "--val-size", "1000", "--max-epochs", "1", "--threads", "1",
+        "--no-progress", "--seed", "5", "--top", "2"]
+# Long enough that a worker can be caught at work: 3 epochs, 3 generations of 6.
+LONGER = [*BASE, "--max-epochs", "3", "--population", "6", "--generations", "3"]
+
+
+@pytest.fixture(scope="module")
+def space(tmp_path_factory) -> str:
+    path = tmp_path_factory.mktemp("space") / "space.toml"
+    path.write_text(SPACE)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory, space) -> Path:
+    """A finished search of 2 generations of 4 (its folder), copied and edited by the tests."""
+    out = tmp_path_factory.mktemp("finished") / "search"
+    done = run_cli("evolve", *BASE, "--population", "4", "--generations", "2", "--space", space, "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    return out
+
+
+def reopened(finished: Path, into: Path, *edits: tuple[str, tuple]) -> Path:
+    """A copy of the finished search with its last training undone (its task open again, its row and
+    its generation's result gone), then `edits` (SQL, arguments) made to its store: one task for a
+    worker that joins it."""
+    copy = into / "search"
+    shutil.copytree(finished, copy)
+    with contextlib.closing(sqlite3.connect(copy / "search.db")) as db, db:
+        db.execute("UPDATE searches SET finished = NULL, summary = NULL")
+        db.execute("DELETE FROM tasks WHERE kind = 'test'")
+        task, genome_hash, generation = db.execute(
+            "SELECT id, genome_hash, generation FROM tasks WHERE kind = 'train' ORDER BY id DESC LIMIT 1").fetchone()
+        db.execute("UPDATE tasks SET state = 'open', worker = NULL, result = NULL WHERE id = ?", (task,))
+        db.execute("DELETE FROM evaluations WHERE genome_hash = ?", (genome_hash,))
+        db.execute("UPDATE generations SET complete = 0, results = NULL, stats = NULL WHERE generation = ?",
+                   (generation,))
+        for sql, args in edits:
+            db.execute(sql.replace("{task}", str(task)), args)
+    return copy
+
+
+def one_line(done: subprocess.CompletedProcess, *fragments: str) -> None:
+    errors = [line for line in done.stderr.splitlines() if line.startswith("towerlab: error:")]
+    assert done.returncode == 2 and len(errors) == 1 and "Traceback" not in done.stderr, done.stderr
+    for fragment in fragments:
+        assert fragment in errors[0], done.stderr
+
+
+def evaluations(folder: Path) -> list[dict]:
+    """The store's evaluations, read only (a read while the search starts must not make its file)."""
+    with contextlib.closing(sqlite3.connect(f"file:{folder / 'search.db'}?mode=ro", uri=True)) as db:
+        db.row_factory = sqlite3.Row
+        return [dict(r) for r in db.execute("SELECT * FROM evaluations ORDER BY id")]
+
+
+def wait_for(condition, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def new_search(target: str) -> int:
+    cfg = SearchConfig(sampler="random", population=2, generations=1, max_epochs=1, seed=1)
+    with Store(target) as store:
+        return Search.resolve(cfg, load_space("mlp")).create(store, "tch", {"test": True}).id
+
+
+def python(code: str, *args: str, prefix: tuple[str, ...] = ()) -> subprocess.Popen:
+    """`code` in a fresh interpreter (after `prefix`: unshare, faketime), its output piped."""
+    return subprocess.Popen([*prefix, sys.executable, "-c", textwrap.dedent(code), *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, stdin=subprocess.PIPE, text=True)
+
+
+# -- 9, 13, 16: foreign tables, impossible numbers in a row, ids past 64 bits ---------------------------------
+
+
+@pytest.mark.parametrize("table", ["tasks", "evaluations", "workers"])
+def test_a_database_holding_a_table_of_towerlab_s_names_is_refused_in_one_line(postgres_url, table):
+    import psycopg
+
+    with psycopg.connect(postgres_url, autocommit=True) as db:
+        db.execute(f"CREATE TABLE {table} (id INTEGER)")
+    with pytest.raises(UserError, match=f"holds a table named {table} but no towerlab store"):
+        Store(postgres_url)
+
+
+@pytest.mark.slow
+def test_a_task_row_with_an_impossible_budget_fails_that_candidate_alone(tmp_path, finished):
+    """max_epochs = -5 in a task's row: the worker said "--epochs must be positive", a flag nobody passed,
+    and exited, leaving the search unfinishable. Now that candidate fails with its reason, and the search
+    ends."""
+    folder = reopened(finished, tmp_path, ("UPDATE tasks SET max_epochs = -5 WHERE id = {task}", ()))
+    done = run_cli("search", "worker", str(folder), *ONE_CPU)
+    assert done.returncode == 0 and "--epochs" not in done.stderr, done.stderr
+    failed = [e for e in evaluations(folder) if e["status"] == "failed"]
+    assert len(failed) == 1 and "its task's row gives max_epochs = -5" in failed[0]["reason"], failed
+    with Store(folder / "search.db") as store:
+        assert store.searches()[0].finished is not None
+
+
+@pytest.mark.parametrize("store", ["sqlite", "postgresql"])
+def test_a_lease_that_runs_past_any_a_worker_grants_counts_as_lapsed(request, tmp_path, store):
+    """A lease to the year 3000 (an edited row) held its task forever: every worker waited, `search show`
+    listed it in progress."""
+    target = str(tmp_path / "search.db") if store == "sqlite" else request.getfixturevalue("postgres_url")
+    search_id = new_search(target)
+    with Store(target) as store:
+        store.enqueue(search_id, "train", [(Candidate(0, 0, {"neurons": 16}, "a", 1, 1), "tch")])
+        first = store.claim("w1", [search_id], lease=30, max_attempts=MAX_ATTEMPTS)
+        assert store.claim("w2", [search_id], lease=30, max_attempts=MAX_ATTEMPTS) is None  # held
+        store.db.write(lambda tx: tx.run("UPDATE tasks SET lease_until = ? WHERE id = ?", (32503680000.0, first.id)))
+        second = store.claim("w2", [search_id], lease=30, max_attempts=MAX_ATTEMPTS)
+    assert second is not None and second.id == first.id and "its row was edited" in second.lost
+
+
+def test_a_search_id_past_64_bits_is_no_such_search(tmp_path):
+    new_search(str(tmp_path / "search.db"))
+    done = run_cli("search", "worker", str(tmp_path / "search.db"), "--search", "99999999999999999999", *ONE_CPU)
+    one_line(done, "holds no search 99999999999999999999")

@@ -157,3 +157,22 @@ def test_a_search_id_past_64_bits_is_no_such_search(tmp_path):
     new_search(str(tmp_path / "search.db"))
     done = run_cli("search", "worker", str(tmp_path / "search.db"), "--search", "99999999999999999999", *ONE_CPU)
     one_line(done, "holds no search 99999999999999999999")
+
+
+# -- 10: rows of the wrong form -------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("edit, named", [
+    ("UPDATE searches SET config = '[1,2]'", "search 1's settings are a list"),
+    ("UPDATE tasks SET genome = '[1,2,3]' WHERE id = {task}", "task {task}'s genome is a list"),
+])
+def test_a_row_of_the_wrong_form_stops_every_worker_in_one_line(tmp_path, finished, edit, named):
+    """It was a 90-line traceback in every worker process, then "4 worker processes died"."""
+    folder = reopened(finished, tmp_path, (edit, ()))
+    with contextlib.closing(sqlite3.connect(folder / "search.db")) as db:
+        named = named.replace("{task}", str(db.execute("SELECT id FROM tasks WHERE state = 'open'").fetchone()[0]))
+    done = run_cli("search", "worker", str(folder), "--device", "cpu", "--devices", "2")
+    one_line(done, "holds a record of the wrong form", named)
+    done = run_cli("search", "show", str(folder))
+    one_line(done, "holds a record of the wrong form", named)

@@ -46,6 +46,7 @@ from towerlab.report import Reporter, format_plan
 from towerlab.search import Search, Space, load_space, refuse_unused_settings
 from towerlab.search.database import STORE_ENV, is_url, redacted, with_password
 from towerlab.search.queue import lease_seconds, release_the_dead
+from towerlab.search.show import records_of
 from towerlab.search.store import STORE_NAME, Store
 
 # The command of each kind of search job (`towerlab <command>`).
@@ -128,7 +129,7 @@ class SearchJob(Job):
         # found (bad data leaves no store behind).
         first = _open(self.target) if is_url(self.target) else None
         data = self.data if self.data is not None else _load(self.search.cfg, self.run)
-        with first or _open(self.target) as store:
+        with first or _open(self.target) as store, records_of(store):
             search = self._in_store(store, data, reporter)
             started = time.perf_counter()
             if warming is not None:

@@ -32,6 +32,7 @@ from towerlab.models.custom import ModelFunction
 from towerlab.report import discard_line
 from towerlab.search import Candidate, Outcome, Search
 from towerlab.search.queue import Worker, lease_seconds, release_the_dead
+from towerlab.search.show import records_of
 from towerlab.search.store import Store, Task
 
 # What a search records of its model in its setup when the model is a function given from Python, which
@@ -90,7 +91,9 @@ def run_worker(spec: WorkerSpec, device: torch.device, data: Optional[Dataset] =
     if device.type == "cuda":
         torch.cuda.set_device(device)
     name = worker_name(str(device), os.getpid())
-    with StopFlag() as stop, Store(spec.store, create=False) as store:
+    # An edited row of the wrong form stops the worker in one line naming it (it was a traceback in every
+    # worker process, then "worker processes died").
+    with StopFlag() as stop, Store(spec.store, create=False) as store, records_of(store):
         def check_stop() -> None:
             if stop.signum:
                 raise Interrupted(stop.signum)

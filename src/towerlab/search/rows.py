@@ -113,7 +113,10 @@ class Records:
         return Evaluation(**data)
 
     def _task(self, row: dict) -> Task:
-        candidate = Candidate(row["generation"], row["idx"], self._json(row["genome"]), row["genome_hash"],
+        genome = self._json(row["genome"])
+        if not isinstance(genome, dict):  # an edited row: never trained (`show.records_of` names it)
+            raise TypeError(f"task {row['id']}'s genome is a {type(genome).__name__}, not an object")
+        candidate = Candidate(row["generation"], row["idx"], genome, row["genome_hash"],
                               int(row["seed"]), row["max_epochs"], row["replicate"])
         seconds = (row["finished"] - row["claimed"]) if row.get("finished") and row.get("claimed") else None
         return Task(row["id"], row["search_id"], row["kind"], candidate, row["train_config_hash"], row["state"],

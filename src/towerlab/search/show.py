@@ -102,6 +102,13 @@ def misformed_record(store: Store) -> str | None:
                    or (generation.stats is not None and lacks(generation.stats, _STATS)))
             if why:
                 return f"{where}: {why}"
+        try:
+            tasks = store.tasks(search.id)
+        except TypeError as exc:  # a task's genome (the store reads no task of that form)
+            return f"search {search.id}: {exc}"
+        for task in tasks:
+            if not isinstance(task.result, (dict, type(None))):
+                return f"search {search.id}: task {task.id}'s result is a {type(task.result).__name__}, not an object"
     for evaluation in store.evaluations():
         if not isinstance(evaluation.genome, dict) or not isinstance(evaluation.numerics, (dict, type(None))):
             return f"evaluation {evaluation.id}: its genome or numerics are not an object"

@@ -9,11 +9,14 @@ status 0 on an unfinished search, a traceback or a bus error instead of one line
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
+import signal
 import sqlite3
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -176,3 +179,85 @@ def test_a_row_of_the_wrong_form_stops_every_worker_in_one_line(tmp_path, finish
     one_line(done, "holds a record of the wrong form", named)
     done = run_cli("search", "show", str(folder))
     one_line(done, "holds a record of the wrong form", named)
+
+
+# -- 4, 5: a process frozen inside a transaction ----------------------------------------------------------------
+
+FROZEN = """
+import os, signal, sys
+from towerlab.search import database
+database.IDLE_IN_TRANSACTION = 2.0  # the server ends this session 2 s after it froze
+from towerlab.search import Candidate
+from towerlab.search.store import Store
+
+frozen = []
+one = database.Transaction.one
+
+def freezing(tx, sql, args=()):
+    row = one(tx, sql, args)
+    if sql.startswith("INSERT INTO tasks") and not frozen:
+        frozen.append(True)
+        print("frozen", flush=True)
+        os.kill(os.getpid(), signal.SIGSTOP)  # inside the transaction, its row inserted, not committed
+    return row
+
+database.Transaction.one = freezing
+with Store(sys.argv[1]) as store:
+    new = store.enqueue(int(sys.argv[2]), "train", [(Candidate(0, 0, {"neurons": 16}, "a", 1, 1), "tch")])
+    print(f"new {len(new)}", flush=True)
+"""
+
+
+def test_a_worker_frozen_inside_a_postgresql_transaction_stalls_the_others_only_for_a_bounded_time(postgres_url):
+    """A worker stopped (SIGSTOP) between two statements of its enqueue transaction: another worker putting
+    the same task on the queue waited on its lock without a limit (95 s, and counting). The server now ends
+    the frozen session (idle in transaction), the other goes on, and the frozen one, continued, finds its
+    work done: the task is there once."""
+    search_id = new_search(postgres_url)
+    frozen = python(FROZEN, postgres_url, str(search_id))
+    store = Store(postgres_url)
+    done: list = []
+    other = threading.Thread(target=lambda: done.append(store.enqueue(
+        search_id, "train", [(Candidate(0, 0, {"neurons": 16}, "a", 1, 1), "tch")])), daemon=True)
+    try:
+        assert frozen.stdout.readline() == "frozen\n", frozen.stderr.read()
+        other.start()
+        other.join(timeout=120)
+        assert done and len(done[0]) == 1, "the other worker still waits for the frozen one's lock"
+    finally:
+        os.kill(frozen.pid, signal.SIGCONT)  # (without the bound, the other goes on only now)
+        out, err = frozen.communicate(timeout=120)
+        other.join(timeout=120)
+        store.close()
+    assert frozen.returncode == 0 and out == "new 0\n", out + err
+    assert "lost the search store's database" in err and "reached the search store's database" in err, err
+    with Store(postgres_url) as store:
+        assert len(store.tasks(search_id)) == 1
+
+
+def test_an_sqlite_store_locked_by_a_stopped_process_says_so(tmp_path, monkeypatch):
+    """The same freeze on SQLite: a process stopped holding the write lock. The wait is bounded, and the
+    line says what it is (it said "fix the disk (space, permissions)": the disk was fine)."""
+    from towerlab.search import database
+
+    monkeypatch.setattr(database, "SQLITE_BUSY", 0.5)
+    monkeypatch.setenv("TOWERLAB_DB_RETRY_SECONDS", "1")
+    target = str(tmp_path / "search.db")
+    search_id = new_search(target)
+    holder = python("""
+        import os, signal, sqlite3, sys
+        db = sqlite3.connect(sys.argv[1], isolation_level=None)
+        db.execute("BEGIN IMMEDIATE")
+        print("holding", flush=True)
+        os.kill(os.getpid(), signal.SIGSTOP)
+    """, target)
+    try:
+        assert holder.stdout.readline() == "holding\n"
+        with Store(target) as store, pytest.raises(UserError) as refused:
+            store.enqueue(search_id, "train", [(Candidate(0, 0, {"neurons": 16}, "a", 1, 1), "tch")])
+    finally:
+        holder.kill()
+        holder.communicate()
+    text = str(refused.value)
+    assert f"search store {target} is locked: another process has held its write lock" in text, text
+    assert "disk" not in text and "still was after 1 s" in text

@@ -7,8 +7,12 @@ machine's clock reads them). This module turns them into each dialect and runs t
 Every write is one transaction, given as a function of a `Transaction` so that it can be run again:
 PostgreSQL's connection may drop (the server restarts, the network blinks), and then the transaction is
 retried on a new connection with a bounded backoff (`RETRY_SECONDS` in all) before the store gives up
-with one line. The functions are written to be idempotent (inserts that do nothing on conflict, updates
-that check what they change), so a retry after a commit whose answer was lost changes nothing twice.
+with one line. So is one that waited too long for what another process held: every wait inside a
+transaction is bounded (PostgreSQL ends a session left idle in a transaction, and a lock or statement
+waited on too long, as this module sets on each session; SQLite waits SQLITE_BUSY for its write lock),
+since a process frozen mid-transaction (SIGSTOP, a cut network) would otherwise stall every worker.
+The functions are written to be idempotent (inserts that do nothing on conflict, updates that check
+what they change), so a retry after a commit whose answer was lost changes nothing twice.
 `lock=KEY` serialises the transactions that take the same key: SQLite serialises every write anyway
 (BEGIN IMMEDIATE); PostgreSQL takes a transaction-scoped advisory lock.
 
@@ -38,6 +42,17 @@ POSTGRES_SCHEMES = ("postgresql", "postgres")
 RETRY_SECONDS = 120.0
 RETRY_WAIT = 8.0
 RETRY_ENV = "TOWERLAB_DB_RETRY_SECONDS"
+# Bounds on every wait inside a PostgreSQL transaction (seconds), set on each session towerlab opens: a
+# transaction left open by a process that froze (stopped, swapped out, cut off by the network) is ended
+# by the server after IDLE_IN_TRANSACTION, and its locks are freed (they stalled every worker, without
+# a limit); a statement waits at most LOCK for a lock and runs at most STATEMENT. A transaction that
+# meets one is rolled back and tried again, as after a lost connection (RETRY_SECONDS in all).
+IDLE_IN_TRANSACTION = 10.0
+LOCK = 20.0
+STATEMENT = 60.0
+# How long an SQLite statement waits for another process's write lock before it is tried again (a
+# transaction holds it for milliseconds: one held this long belongs to a process stopped mid-write).
+SQLITE_BUSY = 30.0
 # Rows read with one statement at most, where a query lists values (SQLite caps a statement's parameters).
 CHUNK = 500
 
@@ -79,6 +94,11 @@ def retry_seconds() -> float:
     if not 0 <= value <= 86400:
         raise UserError(f"{RETRY_ENV}={text!r}: give the seconds a lost database connection is retried, 0 to 86400")
     return value
+
+
+class StoreLost(UserError):
+    """The store's database stayed out of reach, or held by another process, past every retry: the
+    process that meets it stops (a worker's task goes back on the queue once it can), one line."""
 
 
 class Transaction:
@@ -124,6 +144,11 @@ class Database:
     def _lost(self, error: BaseException) -> bool:
         """Whether `error` means the connection is gone (retry on a new one)."""
         return False
+
+    def _busy(self, error: BaseException) -> Optional[str]:
+        """Where `error` means another process held what a transaction needed for longer than it may
+        wait (retry it), what to say about it; else None."""
+        return None
 
     def _failed(self, error: BaseException, writing: bool) -> BaseException:
         """What to raise for a database error that no retry mends: usually a UserError."""
@@ -179,16 +204,24 @@ class Database:
                         _say(f"towerlab: reached the search store's database {self.where} again")
                     return result
                 except Exception as error:  # noqa: BLE001 - sorted below: retried, a UserError, or raised
-                    if not self._lost(error):
+                    lost = self._lost(error)
+                    busy = None if lost else self._busy(error)
+                    if not lost and busy is None:
                         raise self._failed(error, writing) from None
-                    self._drop()
+                    if lost:
+                        self._drop()
                     now = time.monotonic()
                     if deadline is None:
                         deadline = now + retry_seconds()
-                        _say(f"towerlab: warning: lost the search store's database {self.where} "
-                             f"({_one_line(error)}): trying again for up to {retry_seconds():g} s")
+                        what = busy or f"lost the search store's database {self.where}"
+                        _say(f"towerlab: warning: {what} ({_one_line(error)}): trying again for up to "
+                             f"{retry_seconds():g} s")
+                    if now >= deadline and busy is not None:
+                        raise StoreLost(f"{busy}, and it still was after {retry_seconds():g} s "
+                                        f"({_one_line(error)}): every result written before is kept; end or continue "
+                                        "the process that holds it, then start the workers again") from None
                     if now >= deadline:
-                        raise UserError(f"lost the search store's database {self.where} and could not reach it "
+                        raise StoreLost(f"lost the search store's database {self.where} and could not reach it "
                                         f"again for {retry_seconds():g} s ({_one_line(error)}): every result "
                                         "written before is kept; start the workers again once it is back") from None
                     time.sleep(min(wait, max(0.0, deadline - now)))
@@ -275,7 +308,7 @@ class SQLite(Database):
 
     def _connect(self) -> sqlite3.Connection:
         # isolation_level=None: every transaction is opened here (BEGIN IMMEDIATE).
-        connection = sqlite3.connect(self.path, timeout=30.0, isolation_level=None, check_same_thread=False)
+        connection = sqlite3.connect(self.path, timeout=SQLITE_BUSY, isolation_level=None, check_same_thread=False)
         connection.row_factory = sqlite3.Row
         connection.execute("PRAGMA foreign_keys = ON")
         return connection
@@ -294,6 +327,14 @@ class SQLite(Database):
 
     def _begin(self, connection: Any, lock: Optional[int]) -> None:
         connection.execute("BEGIN IMMEDIATE")
+
+    def _busy(self, error: BaseException) -> Optional[str]:
+        name = getattr(error, "sqlite_errorname", "")  # Python 3.11+
+        if isinstance(error, sqlite3.OperationalError) and (name.startswith("SQLITE_BUSY") or
+                                                            (not name and "database is locked" in str(error))):
+            return (f"the search store {self.path} is locked: another process has held its write lock for over "
+                    f"{SQLITE_BUSY:g} s (stopped mid-write, or hung)")
+        return None
 
     def _failed(self, error: BaseException, writing: bool) -> BaseException:
         if isinstance(error, sqlite3.DatabaseError) and is_damage(error):
@@ -338,8 +379,12 @@ class PostgreSQL(Database):
 
         # autocommit: every transaction is opened here (BEGIN); a short connect timeout so a retry
         # loop polls a restarting server rather than waiting on one attempt.
-        return self._psycopg.connect(self.url, autocommit=True, row_factory=dict_row, connect_timeout=10,
-                                     application_name="towerlab")
+        connection = self._psycopg.connect(self.url, autocommit=True, row_factory=dict_row, connect_timeout=10,
+                                           application_name="towerlab")
+        connection.execute("SELECT set_config('idle_in_transaction_session_timeout', %s, false),"
+                           " set_config('lock_timeout', %s, false), set_config('statement_timeout', %s, false)",
+                           tuple(f"{round(seconds * 1000)}ms" for seconds in (IDLE_IN_TRANSACTION, LOCK, STATEMENT)))
+        return connection
 
     def _begin(self, connection: Any, lock: Optional[int]) -> None:
         connection.execute("BEGIN")
@@ -351,8 +396,18 @@ class PostgreSQL(Database):
         if isinstance(error, (psycopg.errors.AdminShutdown, psycopg.errors.CannotConnectNow,
                               psycopg.errors.ConnectionFailure)):
             return True
-        return isinstance(error, psycopg.OperationalError) and (self._conn is None or self._conn.closed
-                                                                 or self._conn.broken)
+        # Any error on a connection that broke meanwhile: the server ended a session left idle in a
+        # transaction with an error of class 25 (IdleInTransactionSessionTimeout), not 08.
+        return isinstance(error, psycopg.Error) and (self._conn is None or self._conn.closed or self._conn.broken)
+
+    def _busy(self, error: BaseException) -> Optional[str]:
+        errors = self._psycopg.errors
+        if isinstance(error, errors.LockNotAvailable):
+            return (f"the search store's database {self.where} kept a lock from this process for over {LOCK:g} s "
+                    "(another session holds it)")
+        if isinstance(error, errors.QueryCanceled):
+            return f"a statement on the search store's database {self.where} ran for over {STATEMENT:g} s"
+        return None
 
     def _failed(self, error: BaseException, writing: bool) -> BaseException:
         if isinstance(error, self._psycopg.errors.DiskFull):

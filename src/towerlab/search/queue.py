@@ -113,6 +113,20 @@ def unusable(task: Task) -> Optional[str]:
     return None
 
 
+def unusable(task: Task) -> Optional[str]:
+    """Why the numbers of a task's row cannot be trained (an edited row: no positive budget, a seed
+    out of range), or None. Such a task fails, with that reason, as a network that cannot be built
+    does: the worker goes on."""
+    budget, seed = task.candidate.max_epochs, task.candidate.seed
+    if budget is not None and (type(budget) is not int or budget < 1):
+        return (f"its task's row gives max_epochs = {budget!r}, not a number of epochs of at least 1 (the row "
+                "was edited, or written by another program)")
+    if type(seed) is not int or not 0 <= seed < 2**63:
+        return (f"its task's row gives seed = {seed!r}, outside 0 to 2**63 - 1 (the row was edited, or written by "
+                "another program)")
+    return None
+
+
 class Stopping(Exception):
     """Raised in a driver thread when its worker stops: the search is left as the store holds it."""
 

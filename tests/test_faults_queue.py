@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from util import ONE_CPU, run_cli
+from util import ONE_CPU, reaped, replica_pids, run_cli, start_towerlab
 
 from towerlab.config import SearchConfig
 from towerlab.errors import UserError
@@ -261,3 +261,56 @@ def test_an_sqlite_store_locked_by_a_stopped_process_says_so(tmp_path, monkeypat
     text = str(refused.value)
     assert f"search store {target} is locked: another process has held its write lock" in text, text
     assert "disk" not in text and "still was after 1 s" in text
+
+
+# -- 2: the store lost while a worker asks it ----------------------------------------------------------------
+
+
+def test_a_store_lost_while_a_worker_asks_it_stops_the_worker_and_fails_no_network(postgres_server, postgres_url,
+                                                                                 monkeypatch):
+    """The database goes away past the retry window just as a training asks whether its network enters
+    the top (`genomes_better`): the store's error must stop the worker (its task goes back on the queue
+    when its lease lapses), never become the network's failure (it was recorded failed, "lost the search
+    store's database", where the network trains fine)."""
+    import torch
+
+    from towerlab.data.load import load_dataset
+    from towerlab.jobs.candidate import train_candidate
+
+    monkeypatch.setenv("TOWERLAB_DB_RETRY_SECONDS", "1")
+    data = load_dataset("synthetic", val_size=200, synthetic_train=600, synthetic_test=200, log=lambda line: None)
+    cfg = SearchConfig(dataset="synthetic", val_size=200, max_epochs=1)
+    with Store(postgres_url) as store:
+        def entering(val_accuracy):
+            postgres_server.stop()
+            return store.genomes_better(1, "tch", val_accuracy) < 2
+
+        try:
+            with pytest.raises(UserError, match="lost the search store's database"):
+                train_candidate(cfg, "mlp", {"neurons": 16}, 1, data, torch.device("cpu"), test_if=entering)
+        finally:
+            postgres_server.start()
+        # The same network with a store that answers: it trains, and is tested as it enters the top.
+        fields, _ = train_candidate(cfg, "mlp", {"neurons": 16}, 1, data, torch.device("cpu"),
+                                    test_if=lambda val: store.genomes_better(1, "tch", val) < 2)
+        assert fields["status"] == "ok" and "test_accuracy" in fields
+
+
+# -- 6: `search worker` never ends with 0 after its workers were stopped ---------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signum, status", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_search_worker_whose_workers_were_stopped_never_exits_0(tmp_path, finished, signum, status):
+    """The workers end by a signal (their group's Ctrl-C, or SIGTERM to them alone) before the launcher
+    looks again: it said "nothing left to do" and exited 0 (1 run in 2), as if the search were done."""
+    folder = reopened(finished, tmp_path)
+    log = tmp_path / "log"
+    with reaped(start_towerlab("search", "worker", str(folder), "--wait", *ONE_CPU, log=log)) as job:
+        wait_for(lambda: len(replica_pids(job.pid)) == 1, timeout=120, what="the worker")
+        worker = replica_pids(job.pid)[0]
+        with Store(folder / "search.db") as store:  # in the worker's loop (its stop handler in place)
+            wait_for(lambda: any(w["pid"] == worker for w in store.workers()), timeout=120, what="its join")
+        os.kill(worker, signum)
+        assert job.wait(timeout=120) == status, log.read_text()
+    assert "nothing left to do" not in log.read_text()

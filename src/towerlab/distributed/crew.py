@@ -80,6 +80,11 @@ class Crew:
     def running(self) -> int:
         return sum(p.is_alive() for p in self._procs.values())
 
+    def ended(self) -> bool:
+        """Whether every process has left and `watch` has seen how: by itself or on request (a process
+        that died a moment ago, and that `watch` has not seen yet, is no end: it is replaced)."""
+        return len(self.finished) == len(self._procs)
+
     def progressed(self) -> None:
         """Something was done since the last death: the deaths in a row start again from none."""
         self.deaths = 0

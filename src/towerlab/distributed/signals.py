@@ -16,6 +16,7 @@ EXIT_SIGINT = 130
 EXIT_SIGPIPE = 141  # stdout was closed by its reader (`towerlab train | head -1`)
 EXIT_SIGTERM = 143
 EXIT_STOPPED = (EXIT_SIGINT, EXIT_SIGPIPE, EXIT_SIGTERM)  # an orderly stop: saved, resumable
+STOP_SIGNALS = {EXIT_SIGINT: signal.SIGINT, EXIT_SIGPIPE: signal.SIGPIPE, EXIT_SIGTERM: signal.SIGTERM}
 
 
 class Interrupted(Exception):

@@ -183,9 +183,11 @@ def train_candidate(cfg: SearchConfig, model: CandidateModel, genome: dict, seed
             if callable(model) else None
         check_setup(train_cfg, 1, data, source)
         result = train(train_cfg, Context(device=device), data,
-                       LoopOptions(test=test, test_if=test_if, stop=stop, setup_apart=False), source=source)
+                       LoopOptions(test=test, test_if=_asked(test_if), stop=stop, setup_apart=False), source=source)
     except Interrupted:
         raise
+    except _NotTheCandidates as exc:  # the caller's own question failed (its store out of reach): not the network
+        raise exc.error from None
     except torch.cuda.OutOfMemoryError:
         _free(device)
         reason = "out of memory"
@@ -205,6 +207,29 @@ def train_candidate(cfg: SearchConfig, model: CandidateModel, genome: dict, seed
     if result.test_accuracy is not None:
         fields["test_accuracy"] = result.test_accuracy
     return fields, result
+
+
+class _NotTheCandidates(Exception):
+    """What the caller's `test_if` raised, carried past the candidate's own failures."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+def _asked(test_if: Callable[[Optional[float]], bool] | None) -> Callable[[Optional[float]], bool] | None:
+    """`test_if`, whose failure is never the network's: a worker asks its store there, and a store out
+    of reach must stop the worker (its task goes back on the queue), not be recorded as a failed
+    network (it was, with "lost the search store's database" as the reason)."""
+    if test_if is None:
+        return None
+
+    def asked(val_accuracy: Optional[float]) -> bool:
+        try:
+            return test_if(val_accuracy)
+        except BaseException as exc:  # carried out whole, re-raised by train_candidate
+            raise _NotTheCandidates(exc) from exc
+    return asked
 
 
 def _free(device: torch.device) -> None:

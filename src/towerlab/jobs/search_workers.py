@@ -23,7 +23,7 @@ import torch
 
 from towerlab.config import ARRAYS_DATASET, CUSTOM_MODEL, RunConfig
 from towerlab.data.load import Dataset
-from towerlab.distributed.signals import Interrupted, StopFlag
+from towerlab.distributed.signals import STOP_SIGNALS, Interrupted, StopFlag
 from towerlab.errors import UserError
 from towerlab.fields import replace
 from towerlab.jobs.candidate import CandidateModel, estimated_cost, outcome, train_candidate, train_config_hash
@@ -246,11 +246,16 @@ def start_workers(target: str, run: RunConfig, *, per_device: int = 1, search_id
         method = start_method or start_method_for(kind)
         try:
             with StopFlag() as stop, Crew(work, slots, (spec,), start_method=method, on_lost=lost) as crew:
-                while crew.running():
+                # Until `watch` has seen how the last process left: one that died or stopped after the
+                # last look is no clean end (the loop once ended on `running()`, and said "nothing left
+                # to do" with exit status 0 after a Ctrl-C, a crash or an outage).
+                while not crew.ended():
                     if stop.signum:
                         crew.stop(stop.signum)
                         raise Interrupted(stop.signum)
                     crew.watch(1.0)
+                if stop.signum or crew.stopped is not None:  # the workers were interrupted
+                    raise Interrupted(stop.signum or STOP_SIGNALS[crew.stopped])
         except CrewFailed as exc:
             raise UserError(str(exc)) from None
     print("towerlab search worker: nothing left to do", file=sys.stderr, flush=True)

@@ -40,6 +40,7 @@ from typing import Callable, Optional, Sequence
 from towerlab.distributed.signals import alive
 from towerlab.errors import UserError
 from towerlab.search.candidates import Candidate, Outcome
+from towerlab.search.database import StoreLost
 from towerlab.search.history import TopGenome
 from towerlab.search.search import Search
 from towerlab.search.store import Evaluation, Store, Task
@@ -83,6 +84,20 @@ def release_the_dead(store: Store) -> int:
         if w["host"] == host and w["left_at"] is None and not alive(int(w["pid"])):
             freed += store.release(w["id"], "ended without a word (its process is gone)")
     return freed
+
+
+def unusable(task: Task) -> Optional[str]:
+    """Why the numbers of a task's row cannot be trained (an edited row: no positive budget, a seed
+    out of range), or None. Such a task fails, with that reason, as a network that cannot be built
+    does: the worker goes on."""
+    budget, seed = task.candidate.max_epochs, task.candidate.seed
+    if budget is not None and (type(budget) is not int or budget < 1):
+        return (f"its task's row gives max_epochs = {budget!r}, not a number of epochs of at least 1 (the row "
+                "was edited, or written by another program)")
+    if type(seed) is not int or not 0 <= seed < 2**63:
+        return (f"its task's row gives seed = {seed!r}, outside 0 to 2**63 - 1 (the row was edited, or written by "
+                "another program)")
+    return None
 
 
 def unusable(task: Task) -> Optional[str]:
@@ -382,9 +397,10 @@ class Worker:
             renewing = _Renewal(self.store, task, self.name, self.lease)
             try:
                 outcome, test_accuracy = self.trainer_for(search)(task)
-            except BaseException:
+            except BaseException as exc:
                 renewing.stop()
-                self.store.put_back(task, self.name)
+                if not isinstance(exc, StoreLost):  # out of reach past its retries: the lease lapses instead
+                    self.store.put_back(task, self.name)
                 raise
             renewing.stop()
         done, _ = self.store.complete(task, self.name, outcome, test_accuracy)

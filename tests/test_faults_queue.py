@@ -314,3 +314,85 @@ def test_search_worker_whose_workers_were_stopped_never_exits_0(tmp_path, finish
         os.kill(worker, signum)
         assert job.wait(timeout=120) == status, log.read_text()
     assert "nothing left to do" not in log.read_text()
+
+
+# -- 1: PID namespaces -------------------------------------------------------------------------------------
+
+UNSHARE = ("unshare", "--pid", "--fork", "--mount-proc")
+
+HOLDER = """
+import os, socket, sys
+from towerlab.search.queue import Worker
+from towerlab.search.store import Store
+
+def trainer(search):
+    def train(task):
+        print("training", flush=True)
+        sys.stdin.readline()  # until the test says
+        from towerlab.search import Outcome
+        return Outcome.ok(0.5, epochs=1), None
+    return train
+
+with Store(sys.argv[1]) as store:
+    name = f"{socket.gethostname()}:{os.getpid()}:cpu:holder"
+    Worker(store, name, "cpu", trainer, search_ids=[int(sys.argv[2])]).run()
+"""
+
+
+def _unshare_works() -> str | None:
+    if shutil.which("unshare") is None:
+        return "no unshare command"
+    done = subprocess.run([*UNSHARE, "true"], capture_output=True, text=True)
+    return None if done.returncode == 0 else f"unshare --pid --fork --mount-proc fails here: {done.stderr.strip()}"
+
+
+def test_workers_in_separate_pid_namespaces_never_free_each_others_live_tasks(tmp_path):
+    """Containers on one host: a worker in one PID namespace holds a task; a `search worker` starting in
+    another (its pids are another numbering) must not take the holder for dead. It reopened the live
+    task ("ended without a word (its process is gone)"), and the finished result was dropped."""
+    why = _unshare_works()
+    if why is not None:
+        pytest.skip(why)
+    target = str(tmp_path / "search.db")
+    search_id = new_search(target)
+    # The holder is not the namespace's first processes (sh is 1, true 2): pid 3, which no process has in
+    # the observer's namespace, where only sh (1) and python (2) run.
+    holder = python(HOLDER, target, str(search_id),
+                    prefix=(*UNSHARE, "sh", "-c", '/bin/true; "$0" "$@"; :'))
+    try:
+        assert holder.stdout.readline() == "training\n", holder.stderr.read()
+        observer = subprocess.run(
+            [*UNSHARE, "sh", "-c", '"$0" "$@"; :', sys.executable, "-c",
+             "import sys; from towerlab.search.queue import release_the_dead; from towerlab.search.store import Store;"
+             " print(release_the_dead(Store(sys.argv[1], create=False)))", target],
+            capture_output=True, text=True, timeout=120)
+        assert observer.returncode == 0 and observer.stdout == "0\n", observer.stdout + observer.stderr
+        with Store(target) as store:
+            held = [t for t in store.tasks(search_id) if t.state == "claimed"]
+            assert len(held) == 1 and held[0].worker.split(":")[1] == "3" and held[0].lost is None
+            names = [w["id"] for w in store.workers()]
+            assert len(names) == 1 and names[0].endswith(":cpu:holder")
+    finally:
+        holder.communicate("go\n" * 10, timeout=120)
+    assert holder.returncode == 0, holder.stderr
+    with Store(target) as store:
+        assert store.search(search_id).finished is not None
+        assert all(t.attempts == 1 and t.lost is None for t in store.tasks(search_id))  # nothing trained twice
+        assert [e.status for e in store.evaluations(search_id)] == ["ok", "ok"]
+
+
+def test_a_dead_worker_of_this_namespace_is_still_freed_at_once(tmp_path):
+    """What `release_the_dead` is for: a worker of this host and namespace whose process is gone."""
+    from towerlab.search.queue import pid_space, release_the_dead, worker_name
+
+    target = str(tmp_path / "search.db")
+    search_id = new_search(target)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    pid = int(dead.stdout)
+    name = worker_name("cpu", pid, "gone")
+    with Store(target) as store:
+        store.enqueue(search_id, "train", [(Candidate(0, 0, {"neurons": 16}, "a", 1, 1), "tch")])
+        store.join(name, pid_space(), pid, "cpu")
+        assert store.claim(name, [search_id], lease=30, max_attempts=MAX_ATTEMPTS) is not None
+        assert release_the_dead(store) == 1
+        assert [t.state for t in store.tasks(search_id)] == ["open"]

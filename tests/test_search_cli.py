@@ -44,8 +44,8 @@ def test_search_run_with_a_sampler_writes_its_record_and_every_evaluation_comes_
     assert {"gene_neurons", "gene_layers", "gene_activation", "val_accuracy", "seconds", "worker", "device", "threads",
             "precision", "torch_version"} <= set(rows[0])
     assert {(r["threads"], r["precision"]) for r in rows} == {("1", "fp32")}
-    # a worker is named by its host, its process and its device
-    assert all(float(r["seconds"]) > 0 and re.fullmatch(r".+:\d+:cpu", r["worker"]) for r in rows)
+    # a worker is named by its host, its process, its device and the token of what started it
+    assert all(float(r["seconds"]) > 0 and re.fullmatch(r".+:\d+:cpu:[0-9a-f]{6}", r["worker"]) for r in rows)
 
     assert main(["search", "show", str(out), "--json", "--plot", str(tmp_path / "all.png")]) == 0
     records = json.loads(capsys.readouterr().out)

@@ -201,7 +201,7 @@ class SearchJob(Job):
         device = "cuda" if self.run.device == "cuda" else "cpu"
 
         def lost(slot: int, pid: int, ended: str) -> None:
-            name = worker_name(f"cuda:{slot // spec.per_device}" if device == "cuda" else "cpu", pid)
+            name = worker_name(f"cuda:{slot // spec.per_device}" if device == "cuda" else "cpu", pid, spec.token)
             if store.release(name, ended):
                 reporter.line(f"towerlab: warning: worker {name} {ended} while training; its task is back on the "
                               "queue")

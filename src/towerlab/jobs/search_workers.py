@@ -13,10 +13,10 @@ to others.
 from __future__ import annotations
 
 import os
-import socket
+import secrets
 import sys
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 import torch
@@ -31,18 +31,13 @@ from towerlab.jobs.handover import load_data
 from towerlab.models.custom import ModelFunction
 from towerlab.report import discard_line
 from towerlab.search import Candidate, Outcome, Search
-from towerlab.search.queue import Worker, lease_seconds, release_the_dead
+from towerlab.search.queue import Worker, lease_seconds, release_the_dead, worker_name
 from towerlab.search.show import records_of
 from towerlab.search.store import Store, Task
 
 # What a search records of its model in its setup when the model is a function given from Python, which
 # no other process can load.
 FROM_PYTHON = "a function given from Python"
-
-
-def worker_name(device: str, pid: int) -> str:
-    """A worker's name, unique in a store: its host, its process, its device."""
-    return f"{socket.gethostname()}:{pid}:{device}"
 
 
 def warm_up() -> threading.Thread:
@@ -73,6 +68,7 @@ class WorkerSpec:
     search_ids: Optional[tuple[int, ...]] = None
     wait: bool = False
     speaks: bool = False
+    token: str = field(default_factory=lambda: secrets.token_hex(3))  # in each worker's name (`worker_name`)
 
 
 def work(slot: int, _slots: int, _reports: str, spec: WorkerSpec, data: Optional[Dataset] = None,
@@ -90,7 +86,7 @@ def run_worker(spec: WorkerSpec, device: torch.device, data: Optional[Dataset] =
     workers (the data it loaded, or whether it fell back offline; its model function)."""
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    name = worker_name(str(device), os.getpid())
+    name = worker_name(str(device), os.getpid(), spec.token)
     # An edited row of the wrong form stops the worker in one line naming it (it was a traceback in every
     # worker process, then "worker processes died").
     with StopFlag() as stop, Store(spec.store, create=False) as store, records_of(store):
@@ -241,7 +237,7 @@ def start_workers(target: str, run: RunConfig, *, per_device: int = 1, search_id
                           search_ids=None if search_id is None else (search_id,), wait=wait)
 
         def lost(slot: int, pid: int, ended: str) -> None:
-            store.release(worker_name(f"cuda:{slot // per_device}" if kind == "cuda" else "cpu", pid), ended)
+            store.release(worker_name(f"cuda:{slot // per_device}" if kind == "cuda" else "cpu", pid, spec.token), ended)
 
         method = start_method or start_method_for(kind)
         try:

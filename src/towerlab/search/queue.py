@@ -35,6 +35,7 @@ import socket
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 from towerlab.distributed.signals import alive
@@ -71,61 +72,37 @@ def lease_seconds() -> float:
     return value
 
 
-def worker_name(device: str) -> str:
-    """A worker's name, unique in a store: its host, its process, its device."""
-    return f"{socket.gethostname()}:{os.getpid()}:{device}"
+def worker_name(device: str, pid: int, token: str) -> str:
+    """A worker's name, unique in a store: its host, its process, its device, and the random `token`
+    of what started it (a `search run`, a `search worker`, a torchrun rank). Host and pid alone are
+    not unique: workers in containers, or under `unshare --pid`, on one host have the same pids."""
+    return f"{socket.gethostname()}:{pid}:{device}:{token}"
+
+
+def pid_space() -> str:
+    """Where a pid names one process, as a worker records it (its `host`): this host, its boot and
+    this process's PID namespace; "" where the system does not say (not Linux)."""
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text(encoding="ascii").strip()
+        namespace = os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return ""
+    return f"{socket.gethostname()} boot {boot} {namespace}"
 
 
 def release_the_dead(store: Store) -> int:
-    """Put back at once the tasks held by workers of this machine whose process is gone (killed with
-    their launcher, say), rather than wait for their leases; how many."""
-    host, freed = socket.gethostname(), 0
+    """Put back at once the tasks held by workers whose process is certainly gone (killed with their
+    launcher, say), rather than wait for their leases; how many. Certainly: a worker of this host,
+    boot and PID namespace whose pid runs no process; any other worker's task waits for its lease
+    (a pid in another namespace names another process, or none: freeing on it reopened the live
+    tasks of workers in other containers)."""
+    space, freed = pid_space(), 0
+    if not space:
+        return 0
     for w in store.workers():
-        if w["host"] == host and w["left_at"] is None and not alive(int(w["pid"])):
+        if w["host"] == space and w["left_at"] is None and not alive(int(w["pid"])):
             freed += store.release(w["id"], "ended without a word (its process is gone)")
     return freed
-
-
-def unusable(task: Task) -> Optional[str]:
-    """Why the numbers of a task's row cannot be trained (an edited row: no positive budget, a seed
-    out of range), or None. Such a task fails, with that reason, as a network that cannot be built
-    does: the worker goes on."""
-    budget, seed = task.candidate.max_epochs, task.candidate.seed
-    if budget is not None and (type(budget) is not int or budget < 1):
-        return (f"its task's row gives max_epochs = {budget!r}, not a number of epochs of at least 1 (the row "
-                "was edited, or written by another program)")
-    if type(seed) is not int or not 0 <= seed < 2**63:
-        return (f"its task's row gives seed = {seed!r}, outside 0 to 2**63 - 1 (the row was edited, or written by "
-                "another program)")
-    return None
-
-
-def unusable(task: Task) -> Optional[str]:
-    """Why the numbers of a task's row cannot be trained (an edited row: no positive budget, a seed
-    out of range), or None. Such a task fails, with that reason, as a network that cannot be built
-    does: the worker goes on."""
-    budget, seed = task.candidate.max_epochs, task.candidate.seed
-    if budget is not None and (type(budget) is not int or budget < 1):
-        return (f"its task's row gives max_epochs = {budget!r}, not a number of epochs of at least 1 (the row "
-                "was edited, or written by another program)")
-    if type(seed) is not int or not 0 <= seed < 2**63:
-        return (f"its task's row gives seed = {seed!r}, outside 0 to 2**63 - 1 (the row was edited, or written by "
-                "another program)")
-    return None
-
-
-def unusable(task: Task) -> Optional[str]:
-    """Why the numbers of a task's row cannot be trained (an edited row: no positive budget, a seed
-    out of range), or None. Such a task fails, with that reason, as a network that cannot be built
-    does: the worker goes on."""
-    budget, seed = task.candidate.max_epochs, task.candidate.seed
-    if budget is not None and (type(budget) is not int or budget < 1):
-        return (f"its task's row gives max_epochs = {budget!r}, not a number of epochs of at least 1 (the row "
-                "was edited, or written by another program)")
-    if type(seed) is not int or not 0 <= seed < 2**63:
-        return (f"its task's row gives seed = {seed!r}, outside 0 to 2**63 - 1 (the row was edited, or written by "
-                "another program)")
-    return None
 
 
 def unusable(task: Task) -> Optional[str]:
@@ -322,7 +299,7 @@ class Worker:
 
     def run(self) -> int:
         """Work until nothing is left; returns how many tasks this worker trained."""
-        self.store.join(self.name, socket.gethostname(), os.getpid(), self.device)
+        self.store.join(self.name, pid_space() or socket.gethostname(), os.getpid(), self.device)
         try:
             wait = POLL[0]
             while True:

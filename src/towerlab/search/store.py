@@ -27,8 +27,9 @@ tasks        the queue: one row per training a search needs and no evaluation se
              train_config_hash, replicate); state 'open', 'claimed' (by `worker`, until
              `lease_until` on the database's clock) or 'done'; attempts (claims so far), lost (why the
              last claimant lost it), result (a test task's outcome, JSON).
-workers      every worker that joined: id, host, pid, device, started, seen (its last claim or
-             renewal), left_at, task (what it holds now).
+workers      every worker that joined: id (its name: host, pid, device and a random token), host
+             (where its pid names it: the host name, its boot and PID namespace), pid, device, started,
+             seen (its last claim or renewal), left_at, task (what it holds now).
 
 The cache: `lookup` serves a search its own row first, whatever its status, and otherwise the oldest
 'ok' row of any search, written before the generation began (its watermark): so every worker of a

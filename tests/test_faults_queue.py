@@ -396,3 +396,111 @@ def test_a_dead_worker_of_this_namespace_is_still_freed_at_once(tmp_path):
         assert store.claim(name, [search_id], lease=30, max_attempts=MAX_ATTEMPTS) is not None
         assert release_the_dead(store) == 1
         assert [t.state for t in store.tasks(search_id)] == ["open"]
+
+
+# -- 11, 12: the search's folder deleted or made immutable mid-search ---------------------------------------
+
+
+def _first_evaluation(folder: Path) -> bool:
+    try:
+        return len(evaluations(folder)) > 0
+    except sqlite3.Error:  # not made yet
+        return False
+
+
+@pytest.mark.slow
+def test_the_search_folder_deleted_mid_search_is_one_line_for_the_job_and_a_joined_worker(tmp_path, space):
+    """`rm -rf` of the folder: the job ended with a FileNotFoundError traceback, and a worker that had
+    joined finished the search into the deleted file and exited 0 without a word."""
+    out = tmp_path / "search"
+    with reaped(start_towerlab("search", "run", *LONGER, "--space", space, "--out", str(out),
+                               log=tmp_path / "job.log")) as job:
+        wait_for(lambda: _first_evaluation(out), timeout=180, what="the first evaluation")
+        with reaped(start_towerlab("search", "worker", str(out), *ONE_CPU, log=tmp_path / "worker.log")) as worker:
+            with Store(out / "search.db") as store:
+                wait_for(lambda: len(store.workers()) == 2, timeout=120, what="the joined worker")
+            shutil.rmtree(out)
+            assert job.wait(timeout=120) == 2, (tmp_path / "job.log").read_text()
+            assert worker.wait(timeout=120) == 2, (tmp_path / "worker.log").read_text()
+    for log in ("job.log", "worker.log"):
+        text = (tmp_path / log).read_text()
+        assert "Traceback" not in text and text.count("towerlab: error:") == 1, text
+        assert "was deleted while" in text, text
+
+
+def _chattr(flag: str, *paths: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(["chattr", flag, *map(str, paths)], capture_output=True, text=True)
+
+
+@pytest.mark.slow
+def test_an_immutable_store_mid_search_is_one_line_and_resume_ends_as_uninterrupted(tmp_path, space):
+    """`chattr +i` on search.db, -wal and -shm: the job died of a bus error (SIGBUS, exit 135, no word) in
+    SQLite's mapped shared memory. Now one line and exit 2; made writable again, `--resume` ends with the
+    uninterrupted history."""
+    probe = tmp_path / "probe"
+    probe.touch()
+    if os.geteuid() != 0 or shutil.which("chattr") is None or _chattr("+i", probe).returncode != 0:
+        pytest.skip("chattr +i needs root and a filesystem with the immutable flag (ext4, xfs, btrfs)")
+    _chattr("-i", probe)
+    reference = tmp_path / "reference"
+    done = run_cli("search", "run", *LONGER, "--space", space, "--out", str(reference))
+    assert done.returncode == 0, done.stderr
+    out = tmp_path / "search"
+    files = [out / "search.db", out / "search.db-wal", out / "search.db-shm"]
+    with reaped(start_towerlab("search", "run", *LONGER, "--space", space, "--out", str(out),
+                               log=tmp_path / "job.log")) as job:
+        wait_for(lambda: _first_evaluation(out) and all(f.exists() for f in files), timeout=180,
+                 what="the first evaluation")
+        try:
+            assert _chattr("+i", *files).returncode == 0
+            status = job.wait(timeout=120)
+        finally:
+            _chattr("-i", *files)
+    text = (tmp_path / "job.log").read_text()
+    assert status == 2 and "Traceback" not in text and text.count("towerlab: error:") == 1, text
+    assert "is no longer writable (made immutable or read-only while in use)" in text, text
+    done = run_cli("search", "run", "--resume", str(out))
+    assert done.returncode == 0, done.stderr
+    assert (_history(out), _decisive(out)) == (_history(reference), _decisive(reference))
+
+
+def _history(out: Path) -> list:
+    import json
+
+    summary = json.loads((out / "summary.json").read_text())
+    return [summary["top"][i]["genome"] for i in range(len(summary["top"]))] + [
+        {k: v for k, v in s.items() if "seconds" not in k} for s in summary["generation_stats"]]
+
+
+def _decisive(out: Path) -> list[tuple]:
+    return sorted((e["generation"], e["idx"], e["replicate"], e["genome_hash"], e["seed"], e["status"], e["fitness"])
+                  for e in evaluations(out))
+
+
+# -- 15: one clock for a store ------------------------------------------------------------------------------
+
+
+def test_a_process_whose_clock_lies_keeps_to_the_sqlite_store_s_clock(tmp_path):
+    """A worker under `faketime +1d` saw every lease lapsed and took over live tasks, and dated a search's
+    end before its start: SQLite's `julianday('now')` is the calling process's clock. The store's clock is
+    now the machine's kernel's, which no process shifts for itself."""
+    if shutil.which("faketime") is None:
+        pytest.skip("no faketime here (apt-get install faketime)")
+    target = str(tmp_path / "search.db")
+    search_id = new_search(target)
+    with Store(target) as store:
+        store.enqueue(search_id, "train", [(Candidate(0, 0, {"neurons": 16}, "a", 1, 1), "tch")])
+        assert store.claim("w1", [search_id], lease=30, max_attempts=MAX_ATTEMPTS) is not None
+    skewed = python("""
+        import sys, time
+        from towerlab.search.store import Store
+        print(time.time() > 86000 + float(sys.argv[3]), flush=True)  # this process's clock is a day ahead
+        with Store(sys.argv[1]) as store:
+            print(store.claim("w2", [int(sys.argv[2])], lease=30, max_attempts=3) is None)
+            store.finish_search(int(sys.argv[2]), {"top": []})
+    """, target, str(search_id), str(time.time()), prefix=("faketime", "-f", "+1d"))
+    out, err = skewed.communicate(timeout=120)
+    assert skewed.returncode == 0 and out == "True\nTrue\n", out + err  # the live task stays w1's
+    with Store(target) as store:
+        row = store.search(search_id)
+        assert row.created <= row.finished < time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime(time.time() + 3600))

@@ -64,6 +64,11 @@ class Watch:
 
     def step(self) -> bool:
         assert self.search.id is not None
+        if not self.out.is_dir():  # `rm -rf` mid-search: one line here, not a traceback at the next write
+            inside = self.store.url is None and Path(self.store.path).absolute().is_relative_to(self.out.absolute())
+            raise UserError(f"the search's folder {self.out} was deleted while the search ran: its record cannot be "
+                            "written, " + ("and its store went with it" if inside else
+                                           f"and its store, {self.store.path}, keeps what was trained"))
         trained = self.store.count_evaluations(self.search.id, after=self.before)
         new = trained - self.trained
         if new:

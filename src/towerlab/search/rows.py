@@ -8,16 +8,11 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Optional
 
 from towerlab.search.candidates import Candidate, Outcome
 from towerlab.search.database import Database, Transaction, damaged
-
-
-def now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
 @dataclass(frozen=True)
@@ -129,11 +124,11 @@ class Records:
         val_loss = outcome.val_loss if outcome.val_loss is None or math.isfinite(outcome.val_loss) else None
         tx.run("INSERT INTO evaluations (genome_hash, train_config_hash, genome, status, fitness, val_loss,"
                " test_accuracy, epochs, seconds, worker, reason, search_id, generation, idx, seed, finished_at,"
-               " max_epochs, replicate, numerics) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+               " max_epochs, replicate, numerics) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, {stamp}, ?, ?, ?)"
                " ON CONFLICT (search_id, genome_hash, train_config_hash, replicate) DO NOTHING",
                (candidate.genome_hash, train_config_hash, json.dumps(candidate.genome), outcome.status, fitness,
                 val_loss, None, outcome.epochs, outcome.seconds, outcome.worker, outcome.reason, search_id,
-                candidate.generation, candidate.index, candidate.seed, now(), candidate.max_epochs,
+                candidate.generation, candidate.index, candidate.seed, candidate.max_epochs,
                 candidate.replicate,
                 None if outcome.numerics is None else json.dumps(outcome.numerics, sort_keys=True)))
         row = tx.one("SELECT * FROM evaluations WHERE search_id = ? AND genome_hash = ? AND train_config_hash = ?"

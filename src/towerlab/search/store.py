@@ -63,7 +63,7 @@ from towerlab.config import upgrade_search_config
 from towerlab.errors import UserError
 from towerlab.search.candidates import Candidate, Outcome
 from towerlab.search.database import CHUNK, Database, PostgreSQL, SQLite, Transaction, connect, is_url, placeholders
-from towerlab.search.rows import Evaluation, GenerationRow, SearchRow, Task, now
+from towerlab.search.rows import Evaluation, GenerationRow, SearchRow, Task
 from towerlab.search.schema import open_postgresql, open_sqlite
 from towerlab.search.space import Space
 from towerlab.search.tasks import TaskQueue
@@ -126,9 +126,9 @@ class Store(TaskQueue):
 
         def insert(tx: Transaction) -> int:
             tx.run("INSERT INTO searches (sampler, config, space, space_fingerprint, train_config_hash, created,"
-                   " setup, token) VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (token) DO NOTHING",
+                   " setup, token) VALUES (?, ?, ?, ?, ?, {stamp}, ?, ?) ON CONFLICT (token) DO NOTHING",
                    (sampler, json.dumps(config, sort_keys=True), json.dumps(space.to_dict()), space.fingerprint,
-                    train_config_hash, now(), None if setup is None else json.dumps(setup, sort_keys=True), token))
+                    train_config_hash, None if setup is None else json.dumps(setup, sort_keys=True), token))
             return int(tx.one("SELECT id FROM searches WHERE token = ?", (token,))["id"])
 
         return self.db.write(insert)
@@ -144,14 +144,14 @@ class Store(TaskQueue):
         settings a resume has since changed (more generations) finishes nothing. Whether it wrote it."""
         if config is None:
             return 1 == self.db.write(lambda tx: tx.run(
-                "UPDATE searches SET finished = ?, summary = ? WHERE id = ? AND finished IS NULL",
-                (now(), json.dumps(summary), search_id)))
+                "UPDATE searches SET finished = {stamp}, summary = ? WHERE id = ? AND finished IS NULL",
+                (json.dumps(summary), search_id)))
         def finish(tx: Transaction) -> bool:
             row = tx.one("SELECT sampler, config, finished FROM searches WHERE id = ?", (search_id,))
             if row is None or row["finished"] is not None or (
                     upgrade_search_config(json.loads(row["config"]), row["sampler"]) != json.loads(json.dumps(config))):
                 return False
-            tx.run("UPDATE searches SET finished = ?, summary = ? WHERE id = ?", (now(), json.dumps(summary), search_id))
+            tx.run("UPDATE searches SET finished = {stamp}, summary = ? WHERE id = ?", (json.dumps(summary), search_id))
             return True
         return self.db.write(finish)
 
@@ -287,9 +287,9 @@ class Store(TaskQueue):
                 # writes under way have committed, every row up to the newest id is there for good.
                 tx.run("LOCK TABLE evaluations IN SHARE MODE")
             tx.run("INSERT INTO generations (search_id, generation, members, started, watermark)"
-                   " SELECT ?, ?, ?, ?, COALESCE(MAX(id), 0) FROM evaluations WHERE true"
+                   " SELECT ?, ?, ?, {stamp}, COALESCE(MAX(id), 0) FROM evaluations WHERE true"
                    " ON CONFLICT (search_id, generation) DO NOTHING",
-                   (search_id, generation, json.dumps(members), now()))
+                   (search_id, generation, json.dumps(members)))
 
         self.db.write(begin, lock=search_id)
         stored = self.generation(search_id, generation)
@@ -303,9 +303,9 @@ class Store(TaskQueue):
             if tx.one("SELECT complete FROM generations WHERE search_id = ? AND generation = ?",
                       (search_id, generation)) is None:
                 raise KeyError(f"generation {generation} of search {search_id} was never begun")
-            tx.run("UPDATE generations SET results = ?, stats = ?, complete = 1, finished = ?"
+            tx.run("UPDATE generations SET results = ?, stats = ?, complete = 1, finished = {stamp}"
                    " WHERE search_id = ? AND generation = ? AND complete = 0",
-                   (json.dumps(results), json.dumps(stats), now(), search_id, generation))
+                   (json.dumps(results), json.dumps(stats), search_id, generation))
         self.db.write(complete)
 
     def _generation(self, row: dict) -> GenerationRow:

@@ -22,7 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from util import ONE_CPU, reaped, replica_pids, run_cli, start_towerlab
+from test_faults_search import wait_for
+from util import ONE_CPU, SEARCH_BASE, reaped, replica_pids, run_cli, small_space_file, start_towerlab
 
 from towerlab.config import SearchConfig
 from towerlab.errors import UserError
@@ -30,26 +31,15 @@ from towerlab.search import Candidate, Search, load_space
 from towerlab.search.queue import MAX_ATTEMPTS
 from towerlab.search.store import Store
 
-SPACE = """
-model = "mlp"
-[genes]
-neurons = [16, 32, 64]
-layers = [1, 2]
-activation = ["relu", "tanh", "sigmoid"]
-optimizer = ["adam", "sgd"]
-"""
 # About 0.1 s a candidate: 1 epoch on 5,000 synthetic images, 1 thread (the same numbers on any worker).
-BASE = [*ONE_CPU, "--dataset", "synthetic", "--val-size", "1000", "--max-epochs", "1", "--threads", "1",
-        "--no-progress", "--seed", "5", "--top", "2"]
+BASE = [*SEARCH_BASE, "--seed", "5", "--top", "2"]
 # Long enough that a worker can be caught at work: 3 epochs, 3 generations of 6.
 LONGER = [*BASE, "--max-epochs", "3", "--population", "6", "--generations", "3"]
 
 
 @pytest.fixture(scope="module")
 def space(tmp_path_factory) -> str:
-    path = tmp_path_factory.mktemp("space") / "space.toml"
-    path.write_text(SPACE)
-    return str(path)
+    return small_space_file(tmp_path_factory.mktemp("space"))
 
 
 @pytest.fixture(scope="module")
@@ -93,13 +83,6 @@ def evaluations(folder: Path) -> list[dict]:
     with contextlib.closing(sqlite3.connect(f"file:{folder / 'search.db'}?mode=ro", uri=True)) as db:
         db.row_factory = sqlite3.Row
         return [dict(r) for r in db.execute("SELECT * FROM evaluations ORDER BY id")]
-
-
-def wait_for(condition, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
 
 
 def new_search(target: str) -> int:

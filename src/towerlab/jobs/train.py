@@ -51,8 +51,10 @@ from towerlab.training.step import resolve_step
 
 def train_data(cfg: TrainConfig, run: RunConfig, **loading: Any) -> Dataset:
     """The data `cfg` trains on (`loading`: as `handover.load_data` takes it)."""
+    from towerlab.data.folders import FolderOptions
+
     return load_data(cfg.dataset, cfg.val_size, run, synthetic_shape=cfg.synthetic_shape,
-                     synthetic_train=cfg.synthetic_train, **loading)
+                     synthetic_train=cfg.synthetic_train, **{"folder": FolderOptions.of(cfg), **loading})
 
 
 def default_out(cfg: TrainConfig) -> Path:
@@ -165,7 +167,7 @@ class TrainJob(Job):
             out.mkdir(parents=True, exist_ok=True)
             if resume_state is None:
                 (out / "metrics.jsonl").unlink(missing_ok=True)  # left by a restarted attempt, if any
-                self._write_config(ctx, digests)
+                self._write_config(ctx, digests, data.class_names)
             else:
                 truncate_metrics(out / "metrics.jsonl", resume_state["step"])
         barrier(ctx)
@@ -216,11 +218,11 @@ class TrainJob(Job):
             raise UserError(decision["error"])
         return decision["state"]
 
-    def _write_config(self, ctx: Context, data_sha256: dict) -> None:
+    def _write_config(self, ctx: Context, data_sha256: dict, class_names: tuple[str, ...]) -> None:
         cfg = self.cfg
         write_config(self.out, {"train": to_dict(cfg), "run": to_dict(self.run), "world_size": ctx.world_size,
                                 "device_type": ctx.device.type, "global_batch_size": cfg.batch_size * ctx.world_size,
-                                "data_sha256": data_sha256})
+                                "data_sha256": data_sha256, **({"class_names": list(class_names)} if class_names else {})})
 
     def _summary(self, ctx: Context, data: Dataset, data_sha256: dict, result: TrainResult) -> dict:
         cfg, run, out = self.cfg, self.run, self.out

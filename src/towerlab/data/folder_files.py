@@ -1,0 +1,216 @@
+"""An image folder's files: its layout, its classes, and what is skipped. Standard library only.
+
+Two layouts, as torchvision's ImageFolder and Keras's image_dataset_from_directory read them:
+`PATH/train/<class>/...` with `PATH/test/<class>/...` and `PATH/val/<class>/...` beside it where
+present, or `PATH/<class>/...` alone (read as train/ alone). A class is a folder's name; the classes
+are train/'s, sorted (Python's string order). Files are found at any depth inside a class folder,
+following links; names beginning with a dot (.DS_Store, .ipynb_checkpoints) are not looked at.
+
+What cannot be read as an image is skipped and counted (`Listing.skipped`), never read silently:
+files of other extensions, files beside the class folders, broken links, what is not a regular
+file, unreadable folders inside a class folder, and a link back to a folder it lies in (a loop).
+What would change the classes is an error instead (`UserError`): no train/ beside test/ or val/, a
+class folder that cannot be read or holds no image, fewer than two classes, a class of test/ or
+val/ that train/ lacks.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import stat
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, NamedTuple, Sequence
+
+from towerlab.errors import UserError
+
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".gif")
+SPLITS = ("train", "val", "test")  # the order of the cache's blocks
+MAX_CLASSES = 1000  # as for your own .npz
+
+
+class ImageFile(NamedTuple):
+    """One image file: its split, its label (an index into `Listing.classes`), its path relative to the
+    folder ('/'-separated), its size and modification time. A tuple: a folder may list millions."""
+
+    split: str
+    label: int
+    path: str
+    size: int
+    mtime_ns: int
+
+
+@dataclass
+class Listing:
+    """What a folder holds: `classes` (train/'s, sorted), `files` (train's, val's, test's, each in
+    the order of their paths within their class folders, the class breaking ties) and `skipped`
+    ((path, reason) of every file that is not read). `splits`: the split folders present
+    (("train",) for a folder of class folders)."""
+
+    root: Path
+    splits: tuple[str, ...]
+    classes: tuple[str, ...]
+    files: list[ImageFile]
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+
+    def stat_key(self) -> str:
+        """A digest of every image's path, size and modification time: equal for an untouched folder,
+        so a known folder is recognised without reading its files (`folders.content_key`)."""
+        digest = hashlib.sha256()
+        for f in self.files:
+            digest.update(f"{f.path}\0{f.size}\0{f.mtime_ns}\n".encode("utf-8", "surrogateescape"))
+        return digest.hexdigest()
+
+    def count(self, split: str) -> int:
+        return sum(f.split == split for f in self.files)
+
+
+def _visible(name: str) -> bool:
+    return not name.startswith(".")
+
+
+def _scan(folder: str) -> list[os.DirEntry]:
+    with os.scandir(folder) as entries:
+        return [e for e in entries if _visible(e.name)]
+
+
+def _is_dir(entry: os.DirEntry) -> bool:
+    try:
+        return entry.is_dir()
+    except OSError:  # a link that points into a loop of links (ELOOP): not a folder to walk
+        return False
+
+
+def list_folder(root: str | os.PathLike) -> Listing:
+    """The layout, classes and files of the image folder `root` (see the module's docstring)."""
+    root = Path(root).expanduser()
+    if not root.is_dir():
+        raise UserError(f"image folder {root} not found: give a folder of class folders (PATH/<class>/*.jpg), "
+                        "or one holding train/ and test/ (PATH/train/<class>/...)")
+    try:
+        top = _scan(str(root))
+    except OSError as err:
+        raise UserError(f"cannot read image folder {root}: {err.strerror or err}") from None
+    folders = {e.name for e in top if _is_dir(e)}
+    skipped: list[tuple[str, str]] = []
+    if "train" in folders:
+        where = {s: root / s for s in SPLITS if s in folders}
+        skipped += [(e.name, "beside train/, val/ and test/") for e in top if e.name not in SPLITS]
+    elif folders & {"val", "test"}:
+        raise UserError(f"{root} holds {' and '.join(sorted(folders & {'val', 'test'}))}/ but no train/: put the "
+                        "training images in train/<class>/, or give a folder of class folders alone")
+    else:
+        where = {"train": root}
+    splits = tuple(where)
+    found = {s: _class_folders(where[s], root, skipped) for s in splits}
+    classes = tuple(sorted(found["train"]))
+    _check_classes(root, classes, found, where)
+    files: list[ImageFile] = []
+    for split in splits:
+        index = {name: classes.index(name) for name in found[split]}
+        split_files = [(rel_in_class, name, f) for name in found[split] for rel_in_class, f in
+                       _class_files(where[split] / name, root, split, index[name], skipped)]
+        files += [f for _, _, f in sorted(split_files, key=lambda t: (t[0], t[1]))]
+    return Listing(root, splits, classes, files, skipped)
+
+
+def _class_folders(folder: Path, root: Path, skipped: list[tuple[str, str]]) -> list[str]:
+    try:
+        entries = _scan(str(folder))
+    except OSError as err:
+        raise UserError(f"cannot read {folder}: {err.strerror or err}") from None
+    skipped += [(_relative(Path(e.path), root), "not in a class folder") for e in entries if not _is_dir(e)]
+    return [e.name for e in entries if _is_dir(e)]
+
+
+def _check_classes(root: Path, classes: tuple[str, ...], found: dict[str, list[str]], where: dict[str, Path]) -> None:
+    train = where["train"]
+    if len(classes) < 2:
+        what = f"one class folder ({classes[0]}/)" if classes else "no class folder"
+        raise UserError(f"{train} holds {what}: a classifier needs at least 2 classes, one folder of images each "
+                        f"({train}/<class>/*.jpg)")
+    if len(classes) > MAX_CLASSES:
+        raise UserError(f"{train} holds {len(classes)} class folders, more than {MAX_CLASSES}: is it a folder of "
+                        "class folders?")
+    for split, names in found.items():
+        foreign = sorted(set(names) - set(classes))
+        if foreign:
+            raise UserError(f"{where[split]} has class folder {foreign[0]}/ that {train} lacks: every class of {split}/ "
+                            "must be one the network learns from train/ (add it there, or remove it)")
+
+
+def _class_files(folder: Path, root: Path, split: str, label: int,
+                 skipped: list[tuple[str, str]]) -> list[tuple[str, ImageFile]]:
+    """(path within the class folder, the file) of every image under `folder`."""
+    try:
+        found = _walk(folder, lambda path: _relative(path, root), skipped)
+    except OSError as err:
+        raise UserError(f"cannot read class folder {folder}: {err.strerror or err}") from None
+    if not found:
+        raise UserError(f"class folder {folder} holds no image ({', '.join(IMAGE_SUFFIXES)}): add images, or remove "
+                        "the folder")
+    return [(rel, ImageFile(split, label, _relative(path, root), info.st_size, info.st_mtime_ns))
+            for rel, path, info in found]
+
+
+def _walk(folder: Path, shown: Callable[[Path], str],
+          skipped: list[tuple[str, str]]) -> list[tuple[str, Path, os.stat_result]]:
+    """(path within `folder`, path, its stat) of every image file under `folder`, walked depth first,
+    following links to folders except those that lead back to a folder they lie in; what is not read
+    goes to `skipped`, named by `shown(path)`. OSError where `folder` itself cannot be read."""
+    top = folder.stat()
+    out = []
+    pending = [(folder, "", frozenset({(top.st_dev, top.st_ino)}))]
+    while pending:
+        here, prefix, ancestors = pending.pop()
+        try:
+            entries = _scan(str(here))
+        except OSError as err:
+            if here == folder:
+                raise
+            skipped.append((shown(here), f"unreadable folder ({err.strerror or err})"))
+            continue
+        for entry in entries:
+            path = Path(entry.path)
+            try:
+                info = os.stat(path)
+            except OSError as err:
+                skipped.append((shown(path), f"unreadable ({err.strerror or err})"))
+                continue
+            if stat.S_ISDIR(info.st_mode):
+                key = (info.st_dev, info.st_ino)
+                if key in ancestors:
+                    skipped.append((shown(path), "a link back to a folder it lies in (a loop)"))
+                else:
+                    pending.append((path, f"{prefix}{entry.name}/", ancestors | {key}))
+            elif not stat.S_ISREG(info.st_mode):
+                skipped.append((shown(path), "not a regular file"))
+            elif not entry.name.lower().endswith(IMAGE_SUFFIXES):
+                skipped.append((shown(path), f"not an image file ({Path(entry.name).suffix or 'no extension'})"))
+            else:
+                out.append((prefix + entry.name, path, info))
+    return sorted(out, key=lambda found: found[0])
+
+
+def image_files(inputs: Sequence[str | os.PathLike]) -> tuple[list[Path], list[tuple[str, str]]]:
+    """The image files that `inputs` name (files as given; folders walked as class folders are, their
+    images in file-name order), and (path, reason) of what is skipped in those folders."""
+    files: list[Path] = []
+    skipped: list[tuple[str, str]] = []
+    for given in inputs:
+        path = Path(given).expanduser()
+        if path.is_dir():
+            try:
+                files += [found for _, found, _ in _walk(path, str, skipped)]
+            except OSError as err:
+                raise UserError(f"cannot read folder {path}: {err.strerror or err}") from None
+        elif path.exists() or path.is_symlink():
+            files.append(path)
+        else:
+            raise UserError(f"no file or folder {path}: give image files (JPEG, PNG, BMP, WebP, GIF) or folders of them")
+    return files, skipped
+
+
+def _relative(path: Path, root: Path) -> str:
+    return path.relative_to(root).as_posix()

@@ -109,7 +109,8 @@ def decode_folder(listing: Listing, content: str, where: Path, size: tuple[int, 
     try:
         target = tmp / "x-all.npy"
         np.lib.format.open_memmap(target, "w+", np.uint8, (len(files), channels, *size)).flush()
-        items = [(position, str(listing.root / files[index].path)) for position, index in enumerate(order)]
+        base = os.path.join(str(listing.root), "")
+        items = [(position, base + files[index].path) for position, index in enumerate(order.tolist())]
         failed: dict[int, str] = {}
         with progress(log, len(items), f"Decoding them into {size[0]}x{size[1]}x{channels} on "
                                         f"{min(folder_decode.cores(), len(items))} core(s)") as advance:
@@ -154,8 +155,8 @@ def _check_every_class(listing: Listing, order: np.ndarray, kept: np.ndarray, fa
     for position, why in failed.items():
         f = files[order[position]]
         if not alive[(f.split, f.label)]:
-            raise UserError(f"no image of class folder {f.split}/{listing.classes[f.label]} can be decoded (e.g. "
-                            f"{f.path}: {why}): fix or remove them")
+            where = f"{listing.prefixes[f.split]}{listing.classes[f.label]}"
+            raise UserError(f"no image of class folder {where} can be decoded (e.g. {f.path}: {why}): fix or remove them")
 
 
 def _write_kept(source: Path, target: Path, kept: np.ndarray) -> None:

@@ -16,6 +16,7 @@ val/ that train/ lacks.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import stat
@@ -43,27 +44,35 @@ class ImageFile(NamedTuple):
 
 @dataclass
 class Listing:
-    """What a folder holds: `classes` (train/'s, sorted), `files` (train's, val's, test's, each in
-    the order of their paths within their class folders, the class breaking ties) and `skipped`
-    ((path, reason) of every file that is not read). `splits`: the split folders present
-    (("train",) for a folder of class folders)."""
+    """What a folder holds: `classes` (train/'s, sorted), the images of each split (`rows`: (path
+    within the class folder, class, size, modification time), in the order of those paths, the class
+    breaking ties; `prefixes`: the split folder's path in the image folder) and `skipped` ((path,
+    reason) of every file that is not read). `splits`: the split folders present (("train",) for a
+    folder of class folders)."""
 
     root: Path
     splits: tuple[str, ...]
     classes: tuple[str, ...]
-    files: list[ImageFile]
+    rows: dict[str, list[tuple[str, str, int, int]]]
+    prefixes: dict[str, str]
     skipped: list[tuple[str, str]] = field(default_factory=list)
 
     def stat_key(self) -> str:
         """A digest of every image's path, size and modification time: equal for an untouched folder,
-        so a known folder is recognised without reading its files (`folders.content_key`)."""
-        digest = hashlib.sha256()
-        for f in self.files:
-            digest.update(f"{f.path}\0{f.size}\0{f.mtime_ns}\n".encode("utf-8", "surrogateescape"))
-        return digest.hexdigest()
+        so a known folder is recognised without reading its files (`folders.content_key`). (Of the
+        rows' repr, which Python writes at C speed: a reopening costs little more than its stats.)"""
+        text = repr([(self.prefixes[split], self.rows[split]) for split in self.splits])
+        return hashlib.sha256(text.encode("utf-8", "surrogateescape")).hexdigest()
+
+    @functools.cached_property
+    def files(self) -> list[ImageFile]:
+        """Every image: train's, then val's, then test's."""
+        label = {name: k for k, name in enumerate(self.classes)}
+        return [ImageFile(split, label[name], f"{self.prefixes[split]}{name}/{rel}", size, mtime)
+                for split in self.splits for rel, name, size, mtime in self.rows[split]]
 
     def count(self, split: str) -> int:
-        return sum(f.split == split for f in self.files)
+        return len(self.rows.get(split, ()))
 
 
 def _visible(name: str) -> bool:
@@ -106,13 +115,14 @@ def list_folder(root: str | os.PathLike) -> Listing:
     found = {s: _class_folders(where[s], root, skipped) for s in splits}
     classes = tuple(sorted(found["train"]))
     _check_classes(root, classes, found, where)
-    files: list[ImageFile] = []
+    cut = len(os.path.join(str(root), ""))
+    rows = {}
     for split in splits:
-        index = {name: classes.index(name) for name in found[split]}
-        split_files = [(rel_in_class, name, f) for name in found[split] for rel_in_class, f in
-                       _class_files(where[split] / name, root, split, index[name], skipped)]
-        files += [f for _, _, f in sorted(split_files, key=lambda t: (t[0], t[1]))]
-    return Listing(root, splits, classes, files, skipped)
+        rows[split] = [(rel, name, size, mtime) for name in found[split]
+                       for rel, size, mtime in _class_files(where[split] / name, cut, skipped)]
+        rows[split].sort()  # by path within the class folder, the class breaking ties
+    prefixes = {split: os.path.join(str(where[split]), "")[cut:] for split in splits}
+    return Listing(root, splits, classes, rows, prefixes, skipped)
 
 
 def _class_folders(folder: Path, root: Path, skipped: list[tuple[str, str]]) -> list[str]:
@@ -140,57 +150,65 @@ def _check_classes(root: Path, classes: tuple[str, ...], found: dict[str, list[s
                             "must be one the network learns from train/ (add it there, or remove it)")
 
 
-def _class_files(folder: Path, root: Path, split: str, label: int,
-                 skipped: list[tuple[str, str]]) -> list[tuple[str, ImageFile]]:
-    """(path within the class folder, the file) of every image under `folder`."""
+def _class_files(folder: Path, cut: int, skipped: list[tuple[str, str]]) -> list[tuple[str, int, int]]:
+    """`_walk` of a class folder; the paths it skips named from the image folder (`cut`: its length)."""
     try:
-        found = _walk(folder, lambda path: _relative(path, root), skipped)
+        found = _walk(str(folder), lambda path: path[cut:], skipped)
     except OSError as err:
         raise UserError(f"cannot read class folder {folder}: {err.strerror or err}") from None
     if not found:
         raise UserError(f"class folder {folder} holds no image ({', '.join(IMAGE_SUFFIXES)}): add images, or remove "
                         "the folder")
-    return [(rel, ImageFile(split, label, _relative(path, root), info.st_size, info.st_mtime_ns))
-            for rel, path, info in found]
+    return found
 
 
-def _walk(folder: Path, shown: Callable[[Path], str],
-          skipped: list[tuple[str, str]]) -> list[tuple[str, Path, os.stat_result]]:
-    """(path within `folder`, path, its stat) of every image file under `folder`, walked depth first,
-    following links to folders except those that lead back to a folder they lie in; what is not read
-    goes to `skipped`, named by `shown(path)`. OSError where `folder` itself cannot be read."""
-    top = folder.stat()
+def _walk(folder: str, shown: Callable[[str], str], skipped: list[tuple[str, str]]) -> list[tuple[str, int, int]]:
+    """(path within `folder`, size, modification time) of every image file under `folder`, in the order
+    of those paths, walked depth first, following links to folders except those that lead back to a
+    folder they lie in; what is not read goes to `skipped`, named by `shown(its path)`. OSError where
+    `folder` itself cannot be read. (Names and stats through each folder's descriptor, and the least
+    Python a file can cost: the stat of every file is most of a cache's reopening.)"""
+    top = os.stat(folder)
     out = []
-    pending = [(folder, "", frozenset({(top.st_dev, top.st_ino)}))]
+    pending = [("", frozenset({(top.st_dev, top.st_ino)}))]
     while pending:
-        here, prefix, ancestors = pending.pop()
+        prefix, ancestors = pending.pop()
+        here = os.path.join(folder, prefix)
         try:
-            entries = _scan(str(here))
+            descriptor = os.open(here, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
         except OSError as err:
-            if here == folder:
+            if not prefix:
                 raise
-            skipped.append((shown(here), f"unreadable folder ({err.strerror or err})"))
+            skipped.append((shown(here.rstrip("/")), f"unreadable folder ({err.strerror or err})"))
             continue
-        for entry in entries:
-            path = Path(entry.path)
-            try:
-                info = os.stat(path)
-            except OSError as err:
-                skipped.append((shown(path), f"unreadable ({err.strerror or err})"))
-                continue
-            if stat.S_ISDIR(info.st_mode):
-                key = (info.st_dev, info.st_ino)
-                if key in ancestors:
-                    skipped.append((shown(path), "a link back to a folder it lies in (a loop)"))
+        try:
+            for name in os.listdir(descriptor):
+                if name[0] == ".":
+                    continue
+                try:
+                    info = os.stat(name, dir_fd=descriptor)
+                except OSError as err:
+                    skipped.append((shown(here + name), f"unreadable ({err.strerror or err})"))
+                    continue
+                mode = info.st_mode
+                if stat.S_ISREG(mode):
+                    if name.lower().endswith(IMAGE_SUFFIXES):
+                        out.append((prefix + name, info.st_size, info.st_mtime_ns))
+                    else:
+                        skipped.append((shown(here + name),
+                                        f"not an image file ({os.path.splitext(name)[1] or 'no extension'})"))
+                elif stat.S_ISDIR(mode):
+                    key = (info.st_dev, info.st_ino)
+                    if key in ancestors:
+                        skipped.append((shown(here + name), "a link back to a folder it lies in (a loop)"))
+                    else:
+                        pending.append((f"{prefix}{name}/", ancestors | {key}))
                 else:
-                    pending.append((path, f"{prefix}{entry.name}/", ancestors | {key}))
-            elif not stat.S_ISREG(info.st_mode):
-                skipped.append((shown(path), "not a regular file"))
-            elif not entry.name.lower().endswith(IMAGE_SUFFIXES):
-                skipped.append((shown(path), f"not an image file ({Path(entry.name).suffix or 'no extension'})"))
-            else:
-                out.append((prefix + entry.name, path, info))
-    return sorted(out, key=lambda found: found[0])
+                    skipped.append((shown(here + name), "not a regular file"))
+        finally:
+            os.close(descriptor)
+    out.sort()
+    return out
 
 
 def image_files(inputs: Sequence[str | os.PathLike]) -> tuple[list[Path], list[tuple[str, str]]]:
@@ -202,7 +220,7 @@ def image_files(inputs: Sequence[str | os.PathLike]) -> tuple[list[Path], list[t
         path = Path(given).expanduser()
         if path.is_dir():
             try:
-                files += [found for _, found, _ in _walk(path, str, skipped)]
+                files += [path / found[0] for found in _walk(str(path), str, skipped)]
             except OSError as err:
                 raise UserError(f"cannot read folder {path}: {err.strerror or err}") from None
         elif path.exists() or path.is_symlink():

@@ -101,7 +101,8 @@ def scan_folder(listing: Listing, root: Path, log: Log) -> Scan:
         known = json.loads(index.read_text(encoding="utf-8"))
         height, width = known["common_size"]
         return Scan(str(known["content"]), int(known["channels"]), (int(height), int(width)))
-    items = [(str(listing.root / f.path), f.size) for f in listing.files]
+    base = os.path.join(str(listing.root), "")
+    items = [(base + f.path, f.size) for f in listing.files]
     results: list[tuple[str, str, int, int, str]] = []
     with folder_cache.progress(log, len(items), f"Reading the {len(items):,} images of {listing.root}") as advance:
         for _, part in folder_decode.parallel(folder_decode.scan, items, advance=advance):
@@ -145,6 +146,9 @@ def load_folder(path: str | os.PathLike, data_dir: str | os.PathLike | None, val
     """The image folder `path`, decoded first where the cache lacks it. `stats(x_train, release=...)`
     gives the training part's channel statistics, computed once per cut and kept beside the arrays."""
     listing = list_folder(path)
+    if "test" in listing.splits and options.test_size is not None:
+        raise UserError(f"--test-size cuts a test set out of train/, and {listing.root} has test/ of its own: leave "
+                        "--test-size out")
     root = cache_root(data_dir)
     scan = scan_folder(listing, root, log)
     size, channels = scan.size(options.image_size), options.channels or scan.channels
@@ -175,9 +179,6 @@ def _cuts(listing: Listing, meta: dict, val_size: int, test_size: Optional[float
     """Where train, val and test lie in the cache, and a note that says how they were made."""
     blocks, splits, pool = meta["blocks"], listing.splits, meta["blocks"]["train"]
     ranges = folder_cache.ranges(blocks)
-    if "test" in splits and test_size is not None:
-        raise UserError(f"--test-size cuts a test set out of train/, and {listing.root} has test/ of its own: leave "
-                        "--test-size out")
     if "test" in splits:
         test_note = "test/"
     else:

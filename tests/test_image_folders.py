@@ -299,3 +299,42 @@ def test_a_search_on_a_folder_is_keyed_by_its_content_and_a_joining_worker_check
         assert refused is not None and "the data's content" in refused
     hashes.add(train_config_hash(cfg, "cpu", 1, load(folder, tmp_path / "data", image_size=(8, 8)).source))
     assert len(hashes) == 3
+
+
+def test_a_folder_too_large_for_the_gpu_is_read_batch_by_batch(tmp_path, monkeypatch, capsys):
+    """--input resident stays where the data fits; a cache over half the GPU's free memory is read
+    through the queue instead (the GPU's free memory stood in for: this runs on a CPU)."""
+    from towerlab.config import RunConfig
+    from towerlab.distributed.group import Context
+    from towerlab.jobs.train import TrainJob
+
+    data = load(colour_folder(tmp_path / "set", per_class=10), tmp_path / "data")
+    job = TrainJob(out=tmp_path / "run", cfg=TrainConfig(dataset=data.name), run=RunConfig(), started=0.0)
+    gpu = Context(device=torch.device("cuda", 0))
+    nbytes = sum(getattr(data, f"x_{split}").nbytes for split in ("train", "val", "test"))
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (2 * nbytes, 4 * nbytes))
+    assert job.fitted_to(data, gpu) is job
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (2 * nbytes - 2, 4 * nbytes))
+    assert job.fitted_to(data, gpu).run.input == "queue" and "--input queue" in capsys.readouterr().err
+    assert job.fitted_to(data, Context()) is job  # a CPU reads the map as it is: nothing to copy
+
+
+def test_a_resume_refuses_a_folder_edited_since_the_run_started(tmp_path, monkeypatch, capsys):
+    import towerlab.jobs.train
+    from util import StopAtRead
+
+    folder = colour_folder(tmp_path / "set", per_class=20)
+    out = tmp_path / "run"
+    monkeypatch.setattr(StopAtRead, "reads_before_stop", 8)
+    with monkeypatch.context() as patch:
+        patch.setattr(towerlab.jobs.train, "StopFlag", StopAtRead)
+        assert main(["train", "--model", "mlp", "--dataset", f"{folder}/", "--data-dir", str(tmp_path / "data"),
+                     "--epochs", "3", "--batch-size", "8", *FAST, "--out", str(out)]) == 130
+    started_on = json.loads((out / "config.json").read_text())["data_sha256"]
+    assert list(started_on.values()) == [content_key(folder, tmp_path / "data")]
+    Image.fromarray(coloured(np.random.default_rng(9), (0, 0, 0), (12, 10))).save(folder / "red" / "001.png")
+    capsys.readouterr()
+    assert main(["train", "--resume", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "the data changed since this run started" in err and f"{folder} has SHA-256 sha256:" in err
+    assert not (out / "summary.json").exists()

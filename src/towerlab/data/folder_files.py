@@ -118,8 +118,7 @@ def list_folder(root: str | os.PathLike) -> Listing:
     cut = len(os.path.join(str(root), ""))
     rows = {}
     for split in splits:
-        rows[split] = [(rel, name, size, mtime) for name in found[split]
-                       for rel, size, mtime in _class_files(where[split] / name, cut, skipped)]
+        rows[split] = [row for name in found[split] for row in _class_files(where[split] / name, name, cut, skipped)]
         rows[split].sort()  # by path within the class folder, the class breaking ties
     prefixes = {split: os.path.join(str(where[split]), "")[cut:] for split in splits}
     return Listing(root, splits, classes, rows, prefixes, skipped)
@@ -150,10 +149,10 @@ def _check_classes(root: Path, classes: tuple[str, ...], found: dict[str, list[s
                             "must be one the network learns from train/ (add it there, or remove it)")
 
 
-def _class_files(folder: Path, cut: int, skipped: list[tuple[str, str]]) -> list[tuple[str, int, int]]:
-    """`_walk` of a class folder; the paths it skips named from the image folder (`cut`: its length)."""
+def _class_files(folder: Path, name: str, cut: int, skipped: list[tuple[str, str]]) -> list[tuple[str, str, int, int]]:
+    """`_walk` of class folder `name`; the paths it skips named from the image folder (`cut`: its length)."""
     try:
-        found = _walk(str(folder), lambda path: path[cut:], skipped)
+        found = _walk(str(folder), lambda path: path[cut:], skipped, name)
     except OSError as err:
         raise UserError(f"cannot read class folder {folder}: {err.strerror or err}") from None
     if not found:
@@ -162,12 +161,13 @@ def _class_files(folder: Path, cut: int, skipped: list[tuple[str, str]]) -> list
     return found
 
 
-def _walk(folder: str, shown: Callable[[str], str], skipped: list[tuple[str, str]]) -> list[tuple[str, int, int]]:
-    """(path within `folder`, size, modification time) of every image file under `folder`, in the order
-    of those paths, walked depth first, following links to folders except those that lead back to a
-    folder they lie in; what is not read goes to `skipped`, named by `shown(its path)`. OSError where
-    `folder` itself cannot be read. (Names and stats through each folder's descriptor, and the least
-    Python a file can cost: the stat of every file is most of a cache's reopening.)"""
+def _walk(folder: str, shown: Callable[[str], str], skipped: list[tuple[str, str]],
+          tag: str = "") -> list[tuple[str, str, int, int]]:
+    """(path within `folder`, `tag`, size, modification time) of every image file under `folder`, in no
+    order, walked depth first, following links to folders except those that lead back to a folder they
+    lie in; what is not read goes to `skipped`, named by `shown(its path)`. OSError where `folder`
+    itself cannot be read. (Names and stats through each folder's descriptor, and the least Python a
+    file can cost: the stat of every file is most of a cache's reopening.)"""
     top = os.stat(folder)
     out = []
     pending = [("", frozenset({(top.st_dev, top.st_ino)}))]
@@ -193,7 +193,7 @@ def _walk(folder: str, shown: Callable[[str], str], skipped: list[tuple[str, str
                 mode = info.st_mode
                 if stat.S_ISREG(mode):
                     if name.lower().endswith(IMAGE_SUFFIXES):
-                        out.append((prefix + name, info.st_size, info.st_mtime_ns))
+                        out.append((prefix + name, tag, info.st_size, info.st_mtime_ns))
                     else:
                         skipped.append((shown(here + name),
                                         f"not an image file ({os.path.splitext(name)[1] or 'no extension'})"))
@@ -207,7 +207,6 @@ def _walk(folder: str, shown: Callable[[str], str], skipped: list[tuple[str, str
                     skipped.append((shown(here + name), "not a regular file"))
         finally:
             os.close(descriptor)
-    out.sort()
     return out
 
 
@@ -220,7 +219,7 @@ def image_files(inputs: Sequence[str | os.PathLike]) -> tuple[list[Path], list[t
         path = Path(given).expanduser()
         if path.is_dir():
             try:
-                files += [path / found[0] for found in _walk(str(path), str, skipped)]
+                files += [path / found[0] for found in sorted(_walk(str(path), str, skipped))]
             except OSError as err:
                 raise UserError(f"cannot read folder {path}: {err.strerror or err}") from None
         elif path.exists() or path.is_symlink():

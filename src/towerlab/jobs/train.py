@@ -157,7 +157,22 @@ class TrainJob(Job):
                     else contextlib.nullcontext():
                 data = worker_data(ctx, functools.partial(train_data, self.cfg, run), data, fallback)
             job = self if self.checkpoint_bytes is not None else self.checked(data, ctx.world_size)
-            job._train(ctx, data, stop)
+            job.fitted_to(data, ctx)._train(ctx, data, stop)
+
+    def fitted_to(self, data: Dataset, ctx: Context) -> TrainJob:
+        """This job, its --input resident become queue where the data is an image folder's memory-mapped
+        cache too large for the GPU (more than half its free memory): batches are then gathered from
+        the cache and prefetched, as the input modes yield the same numbers."""
+        if self.run.input != "resident" or ctx.device.type != "cuda" or data.source.get("format") != "folder":
+            return self
+        need = sum(getattr(data, f"x_{split}").nbytes for split in ("train", "val", "test"))
+        free = torch.cuda.mem_get_info(ctx.device)[0]
+        if need <= free // 2:
+            return self
+        if ctx.is_main:
+            stderr_line(f"towerlab: {need / 2**30:.1f} GiB of images is more than half the GPU's free "
+                        f"{free / 2**30:.1f} GiB: --input queue (batches read from the cache) instead of resident")
+        return dataclasses.replace(self, run=replace(self.run, input="queue"))
 
     def _train(self, ctx: Context, data: Dataset, stop: StopFlag) -> None:
         out, run = self.out, self.run

@@ -1,0 +1,230 @@
+"""Image folders (--dataset PATH/): how fast a folder decodes into its cache and reopens from it, and
+the resident memory of a training over a cache larger than it.
+
+    python bench/image_folder.py cifar    # CIFAR-10's 60,000 images as PNG files: decode, reopen
+    python bench/image_folder.py large    # a folder whose cache is several GB: peak RSS of a training
+
+`cifar` writes cifar10.npz's 60,000 images as PNG files (train/<class>/NNNNN.png, test/<class>/...)
+under --folder (default: a folder in the system's temporary folder; never in the repository), then,
+each round in fresh processes and a fresh data folder: the first `load_dataset` (listing, pass 1 reading
+and hashing every file, pass 2 decoding every image into the cache, the channel statistics), then
+--reopens more (listing and stat of every file, the index, the memory map, the cached statistics).
+The files are in the page cache throughout (they were just written), for both.
+
+`large` writes --images JPEG files of --side x --side pixels in 3 class folders, decodes them once,
+then trains lenet5 for one epoch over the cache in a fresh process, twice: as towerlab does (each
+batch's pages given back to the system) and with that turned off; each reports its peak RSS
+(ru_maxrss), the cache's size beside it.
+
+Each writes bench/results/image-folder-{cifar,large}-<date>.json. The machine is shared: run it under
+`nice` and say so (--note).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime
+from pathlib import Path
+
+import numpy as np
+
+from machine import CpuWatch, describe, wait_for_quiet, write_record
+from measure import default_data_dir
+
+BENCH = Path(__file__).resolve().parent
+CIFAR_NAMES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
+_ARRAYS: dict = {}  # the forked writers' copy of the arrays they write
+
+
+def _write_png(job: tuple[str, int, str]) -> None:
+    from PIL import Image
+
+    split, index, path = job
+    Image.fromarray(_ARRAYS[f"x_{split}"][index]).save(path)
+
+
+def build_cifar(data_dir: str, folder: Path) -> Path:
+    """cifar10.npz's images as PNG files, named by their index, in their classes' folders."""
+    from multiprocessing import get_context
+
+    if (folder / "done").exists():
+        return folder
+    shutil.rmtree(folder, ignore_errors=True)
+    with np.load(Path(data_dir) / "cifar10.npz") as raw:
+        _ARRAYS.update({key: raw[key] for key in raw.files})
+    jobs = []
+    for split in ("train", "test"):
+        labels = _ARRAYS[f"y_{split}"].reshape(-1)
+        for name in CIFAR_NAMES:
+            (folder / split / name).mkdir(parents=True)
+        jobs += [(split, i, str(folder / split / CIFAR_NAMES[int(y)] / f"{i:05d}.png")) for i, y in enumerate(labels)]
+    with get_context("fork").Pool(os.cpu_count()) as pool:
+        pool.map(_write_png, jobs, chunksize=500)
+    (folder / "done").write_text("")
+    return folder
+
+
+def _write_jpegs(job: tuple[int, int, int, str]) -> None:
+    from PIL import Image
+
+    index, side, label, path = job
+    rng = np.random.default_rng(index)
+    tint = np.array([(200, 60, 60), (60, 200, 60), (60, 60, 200)][label])
+    small = np.clip(rng.normal(tint, 50, (16, 16, 3)), 0, 255).astype(np.uint8)
+    Image.fromarray(small).resize((side, side), Image.Resampling.BILINEAR).save(path, quality=90)
+
+
+def build_large(folder: Path, images: int, side: int) -> Path:
+    """`images` smooth side x side JPEGs (a colour per class, noise) in 3 class folders."""
+    from multiprocessing import get_context
+
+    if (folder / "done").exists():
+        return folder
+    shutil.rmtree(folder, ignore_errors=True)
+    names = ("blue", "green", "red")
+    for name in names:
+        (folder / name).mkdir(parents=True)
+    jobs = [(i, side, i % 3, str(folder / names[i % 3] / f"{i:06d}.jpg")) for i in range(images)]
+    with get_context("fork").Pool(os.cpu_count()) as pool:
+        pool.map(_write_jpegs, jobs, chunksize=200)
+    (folder / "done").write_text("")
+    return folder
+
+
+# -------------------------------------------------------------------------------- in a fresh process
+
+def child_open(folder: str, data_dir: str) -> dict:
+    """One `load_dataset` of the folder, timed (this process has imported torch already)."""
+    from towerlab.data.load import load_dataset
+
+    started = time.perf_counter()
+    data = load_dataset(folder, data_dir, val_size=5000, log=lambda line: None)
+    seconds = time.perf_counter() - started
+    meta = json.loads((Path(data.source["cache"]) / "meta.json").read_text())
+    return {"seconds": seconds, "n": data.n_train + data.n_val + data.n_test, "pass2_seconds": meta["decode_seconds"],
+            "cores": meta["cores"], "cache_bytes": (Path(data.source["cache"]) / "x.npy").stat().st_size}
+
+
+def child_train(folder: str, data_dir: str, release: bool) -> dict:
+    """lenet5 for one epoch over the folder's cache; this process's peak RSS."""
+    import towerlab.training.batches as batches
+    from towerlab.api import train
+
+    if not release:
+        batches.release_pages = lambda address: None
+    out = tempfile.mkdtemp(prefix="towerlab-bench-")
+    try:
+        run = train(model="lenet5", data=folder, data_dir=data_dir, epochs=1, batch_size=64, devices=1, device="cpu",
+                    threads=2, display_step=10**6, progress=False, out=os.path.join(out, "run"))
+        summary = run.summary
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+    return {"peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "release": release,
+            "n_train": summary["n_train"], "n_val": summary["n_val"], "n_test": summary["n_test"],
+            "train_seconds": summary["train_seconds"], "test_accuracy": summary["test_accuracy"]}
+
+
+def _child(*args: str) -> tuple[dict, dict]:
+    """Run this script's `args` in a fresh process once the machine is quiet (or after a minute of
+    waiting: the sample's foreign_cores then says how busy it was)."""
+    command = [sys.executable, str(Path(__file__).resolve()), *args]
+    wait_for_quiet(timeout=60.0)
+    with CpuWatch() as watch:
+        done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode:
+        raise SystemExit(f"{' '.join(command)} failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1]), watch.use.as_dict()
+
+
+# ------------------------------------------------------------------------------------------ the runs
+
+def cifar(args: argparse.Namespace) -> dict:
+    folder = build_cifar(args.data_dir, Path(args.folder))
+    rounds = []
+    for r in range(args.rounds):
+        data_dir = tempfile.mkdtemp(prefix="towerlab-bench-cache-")
+        try:
+            first, cpu = _child("_open", str(folder) + "/", data_dir)
+            again = [_child("_open", str(folder) + "/", data_dir) for _ in range(args.reopens)]
+        finally:
+            shutil.rmtree(data_dir, ignore_errors=True)
+        rounds.append({"decode": {**first, "cpu": cpu}, "reopen": [{**s, "cpu": c} for s, c in again]})
+        print(f"round {r}: decode {first['seconds']:.2f} s, reopen "
+              f"{statistics.median(s['seconds'] for s, _ in again):.3f} s", flush=True)
+    decode = statistics.median(r["decode"]["seconds"] for r in rounds)
+    reopen = statistics.median(s["seconds"] for r in rounds for s in r["reopen"])
+    n, cores = rounds[0]["decode"]["n"], rounds[0]["decode"]["cores"]
+    return {"folder": "CIFAR-10's 60,000 images as PNG files (cifar10.npz written by PIL, native 32x32)",
+            "images": n, "cores": cores, "rounds": rounds,
+            "figures": {
+                "decode_seconds": {"value": decode, "detail": "median first load_dataset: list, read and hash, "
+                                                              "decode on every core, channel statistics"},
+                "decode_rate_per_core": {"value": n / decode / cores, "detail": "images per second per core"},
+                "reopen_seconds": {"value": reopen, "detail": "median later load_dataset of the same folder"},
+                "reopen_speedup": {"value": decode / reopen, "target": 20.0}}}
+
+
+def large(args: argparse.Namespace) -> dict:
+    folder = build_large(Path(args.folder), args.images, args.side)
+    data_dir = args.cache_dir or tempfile.mkdtemp(prefix="towerlab-bench-cache-")
+    first, cpu = _child("_open", str(folder) + "/", data_dir)
+    print(f"decoded {first['n']:,} images into {first['cache_bytes'] / 2**30:.2f} GiB in {first['seconds']:.1f} s",
+          flush=True)
+    runs = {}
+    for release in (True, False):
+        sample, use = _child("_train", str(folder) + "/", data_dir, "release" if release else "keep")
+        runs["released" if release else "kept"] = {**sample, "cpu": use}
+        print(f"release={release}: peak RSS {sample['peak_rss_bytes'] / 2**30:.2f} GiB", flush=True)
+    if not args.cache_dir:
+        shutil.rmtree(data_dir, ignore_errors=True)
+    cache = first["cache_bytes"]
+    return {"folder": f"{args.images:,} JPEG files of {args.side}x{args.side} pixels in 3 class folders",
+            "decode": {**first, "cpu": cpu}, "runs": runs,
+            "figures": {
+                "cache_bytes": {"value": cache},
+                "peak_rss_bytes": {"value": runs["released"]["peak_rss_bytes"],
+                                   "detail": "lenet5, one epoch over the cache, batch 64, 1 process x 2 threads"},
+                "cache_over_rss": {"value": cache / runs["released"]["peak_rss_bytes"]},
+                "peak_rss_bytes_pages_kept": {"value": runs["kept"]["peak_rss_bytes"],
+                                              "detail": "the same with each batch's pages left mapped"}}}
+
+
+def main() -> int:
+    if len(sys.argv) > 1 and sys.argv[1].startswith("_"):
+        kind, folder, data_dir, *rest = sys.argv[1:]
+        result = child_open(folder, data_dir) if kind == "_open" else child_train(folder, data_dir, rest[0] == "release")
+        print(json.dumps(result))
+        return 0
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("kind", choices=("cifar", "large"))
+    parser.add_argument("--data-dir", default=default_data_dir(), help="where cifar10.npz is")
+    parser.add_argument("--folder", default=None, help="the image folder to write (default: under the temp folder)")
+    parser.add_argument("--cache-dir", default=None, help="large: keep the cache here (default: a temporary one)")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--reopens", type=int, default=5)
+    parser.add_argument("--images", type=int, default=24000)
+    parser.add_argument("--side", type=int, default=256)
+    parser.add_argument("--note", default="", help="what the record should say of the machine (shared, nice)")
+    parser.add_argument("--out-dir", default=str(BENCH / "results"))
+    args = parser.parse_args()
+    args.folder = args.folder or os.path.join(tempfile.gettempdir(), f"towerlab-bench-{args.kind}-folder")
+    result = cifar(args) if args.kind == "cifar" else large(args)
+    record = {"date": f"{datetime.now():%Y-%m-%d %H:%M:%S}", "machine": describe(), "note": args.note,
+              "command": ["python", "bench/image_folder.py", *sys.argv[1:]], **result}
+    path = write_record(args.out_dir, f"image-folder-{args.kind}-{datetime.now():%Y-%m-%d}.json", record)
+    print(json.dumps(result["figures"], indent=1))
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -44,35 +44,43 @@ class ImageFile(NamedTuple):
 
 @dataclass
 class Listing:
-    """What a folder holds: `classes` (train/'s, sorted), the images of each split (`rows`: (path
-    within the class folder, class, size, modification time), in the order of those paths, the class
-    breaking ties; `prefixes`: the split folder's path in the image folder) and `skipped` ((path,
-    reason) of every file that is not read). `splits`: the split folders present (("train",) for a
-    folder of class folders)."""
+    """What a folder holds: `classes` (train/'s, sorted), its class folders (`found`: (split, class,
+    [(path within the class folder, size, modification time) of each image, in the order the folder
+    lists them])), where each split lies in the folder (`prefixes`) and `skipped` ((path, reason) of
+    every file that is not read). `splits`: the split folders present (("train",) for a folder of
+    class folders)."""
 
     root: Path
     splits: tuple[str, ...]
     classes: tuple[str, ...]
-    rows: dict[str, list[tuple[str, str, int, int]]]
+    found: list[tuple[str, str, list[tuple[str, int, int]]]]
     prefixes: dict[str, str]
     skipped: list[tuple[str, str]] = field(default_factory=list)
 
     def stat_key(self) -> str:
-        """A digest of every image's path, size and modification time: equal for an untouched folder,
-        so a known folder is recognised without reading its files (`folders.content_key`). (Of the
-        rows' repr, which Python writes at C speed: a reopening costs little more than its stats.)"""
-        text = repr([(self.prefixes[split], self.rows[split]) for split in self.splits])
+        """A digest of every image's path, size and modification time, as the folders list them: equal
+        for an untouched folder, so a known folder is recognised without reading its files
+        (`folders.content_key`; a folder that lists its files in another order is only read again).
+        Of the listing's repr, which Python writes at C speed, and nothing sorted: a reopening costs
+        little more than the stat of every file."""
+        text = repr([(self.prefixes[split], name, rows) for split, name, rows in self.found])
         return hashlib.sha256(text.encode("utf-8", "surrogateescape")).hexdigest()
 
     @functools.cached_property
     def files(self) -> list[ImageFile]:
-        """Every image: train's, then val's, then test's."""
+        """Every image: train's, then val's, then test's, each split's in the order of their paths
+        within their class folders, the class breaking ties."""
         label = {name: k for k, name in enumerate(self.classes)}
-        return [ImageFile(split, label[name], f"{self.prefixes[split]}{name}/{rel}", size, mtime)
-                for split in self.splits for rel, name, size, mtime in self.rows[split]]
+        files = []
+        for split in self.splits:
+            rows = sorted((rel, name, size, mtime) for s, name, found in self.found if s == split
+                          for rel, size, mtime in found)
+            files += [ImageFile(split, label[name], f"{self.prefixes[split]}{name}/{rel}", size, mtime)
+                      for rel, name, size, mtime in rows]
+        return files
 
     def count(self, split: str) -> int:
-        return len(self.rows.get(split, ()))
+        return sum(len(rows) for s, _, rows in self.found if s == split)
 
 
 def _visible(name: str) -> bool:
@@ -116,12 +124,10 @@ def list_folder(root: str | os.PathLike) -> Listing:
     classes = tuple(sorted(found["train"]))
     _check_classes(root, classes, found, where)
     cut = len(os.path.join(str(root), ""))
-    rows = {}
-    for split in splits:
-        rows[split] = [row for name in found[split] for row in _class_files(where[split] / name, name, cut, skipped)]
-        rows[split].sort()  # by path within the class folder, the class breaking ties
+    files = [(split, name, _class_files(where[split] / name, cut, skipped)) for split in splits
+             for name in sorted(found[split])]
     prefixes = {split: os.path.join(str(where[split]), "")[cut:] for split in splits}
-    return Listing(root, splits, classes, rows, prefixes, skipped)
+    return Listing(root, splits, classes, files, prefixes, skipped)
 
 
 def _class_folders(folder: Path, root: Path, skipped: list[tuple[str, str]]) -> list[str]:
@@ -149,10 +155,10 @@ def _check_classes(root: Path, classes: tuple[str, ...], found: dict[str, list[s
                             "must be one the network learns from train/ (add it there, or remove it)")
 
 
-def _class_files(folder: Path, name: str, cut: int, skipped: list[tuple[str, str]]) -> list[tuple[str, str, int, int]]:
-    """`_walk` of class folder `name`; the paths it skips named from the image folder (`cut`: its length)."""
+def _class_files(folder: Path, cut: int, skipped: list[tuple[str, str]]) -> list[tuple[str, int, int]]:
+    """`_walk` of a class folder; the paths it skips named from the image folder (`cut`: its length)."""
     try:
-        found = _walk(str(folder), lambda path: path[cut:], skipped, name)
+        found = _walk(str(folder), lambda path: path[cut:], skipped)
     except OSError as err:
         raise UserError(f"cannot read class folder {folder}: {err.strerror or err}") from None
     if not found:
@@ -161,15 +167,15 @@ def _class_files(folder: Path, name: str, cut: int, skipped: list[tuple[str, str
     return found
 
 
-def _walk(folder: str, shown: Callable[[str], str], skipped: list[tuple[str, str]],
-          tag: str = "") -> list[tuple[str, str, int, int]]:
-    """(path within `folder`, `tag`, size, modification time) of every image file under `folder`, in no
-    order, walked depth first, following links to folders except those that lead back to a folder they
+def _walk(folder: str, shown: Callable[[str], str], skipped: list[tuple[str, str]]) -> list[tuple[str, int, int]]:
+    """(path within `folder`, size, modification time) of every image file under `folder`, in the
+    order the folders list them, walked depth first, following links to folders except those that lead back to a folder they
     lie in; what is not read goes to `skipped`, named by `shown(its path)`. OSError where `folder`
     itself cannot be read. (Names and stats through each folder's descriptor, and the least Python a
     file can cost: the stat of every file is most of a cache's reopening.)"""
     top = os.stat(folder)
-    out = []
+    out: list[tuple[str, int, int]] = []
+    append, stat_of, is_file = out.append, os.stat, stat.S_ISREG  # bound once: this loop runs per file
     pending = [("", frozenset({(top.st_dev, top.st_ino)}))]
     while pending:
         prefix, ancestors = pending.pop()
@@ -186,18 +192,17 @@ def _walk(folder: str, shown: Callable[[str], str], skipped: list[tuple[str, str
                 if name[0] == ".":
                     continue
                 try:
-                    info = os.stat(name, dir_fd=descriptor)
+                    info = stat_of(name, dir_fd=descriptor)
                 except OSError as err:
                     skipped.append((shown(here + name), f"unreadable ({err.strerror or err})"))
                     continue
-                mode = info.st_mode
-                if stat.S_ISREG(mode):
+                if is_file(info.st_mode):
                     if name.lower().endswith(IMAGE_SUFFIXES):
-                        out.append((prefix + name, tag, info.st_size, info.st_mtime_ns))
+                        append((prefix + name, info.st_size, info.st_mtime_ns))
                     else:
                         skipped.append((shown(here + name),
                                         f"not an image file ({os.path.splitext(name)[1] or 'no extension'})"))
-                elif stat.S_ISDIR(mode):
+                elif stat.S_ISDIR(info.st_mode):
                     key = (info.st_dev, info.st_ino)
                     if key in ancestors:
                         skipped.append((shown(here + name), "a link back to a folder it lies in (a loop)"))

@@ -19,6 +19,7 @@ train/ has both beside it, its images keep their file-name order.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import mmap
 import os
@@ -119,8 +120,6 @@ def scan_folder(listing: Listing, root: Path, log: Log) -> Scan:
 
 
 def _sha256_lines(lines: Iterator[str]) -> str:
-    import hashlib
-
     digest = hashlib.sha256()
     for line in lines:
         digest.update(line.encode("utf-8", "surrogateescape") + b"\n")
@@ -160,6 +159,7 @@ def load_folder(path: str | os.PathLike, data_dir: str | os.PathLike | None, val
                                                                                 channels, log)
     x, y = (np.load(where / name, mmap_mode="c") for name in ("x.npy", "y.npy"))
     _register(x)
+    _register(y)
     ranges, note = _cuts(listing, meta, val_size, options.test_size)
     classes, y = _labelled(listing, y, options.classes)
     arrays = {}

@@ -187,6 +187,7 @@ def _gathered(x: torch.Tensor, y: torch.Tensor, chunks: list[torch.Tensor]
     for i in chunks:
         yield x[i], y[i]
         release_pages(x.data_ptr())
+        release_pages(y.data_ptr())
 
 
 def _prefetch(items: Iterator[tuple[torch.Tensor, torch.Tensor]], pin: bool
@@ -238,3 +239,4 @@ def eval_batches(x: torch.Tensor, y: torch.Tensor, ctx: Context, batch_size: int
         xb = xs[start:start + batch_size].to(ctx.device)
         yield normalize(xb), ys[start:start + batch_size].to(ctx.device)
         release_pages(x.data_ptr())
+        release_pages(y.data_ptr())

@@ -192,6 +192,9 @@ def parallel(function: Callable[..., list], items: Sequence, args: tuple = (), *
             advance(len(chunk))
         return
     method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
+    # Pillow imports its format plugins on first use: done here, so that a forked worker imports
+    # nothing (a module another thread of this process was importing when it forked stays locked there).
+    Image.init()
     with concurrent.futures.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context(method),
                                                 initializer=_quiet_worker) as pool:
         futures = [pool.submit(function, chunk, *args) for chunk in chunks]

@@ -61,6 +61,7 @@ FORMATS = {
     "p": lambda v: f"{v:.1f}",
     # {mean, sd} of accuracies: the mean in percent, the spread in points
     "pct_sd": lambda v: f"{100 * v['mean']:.2f}% ± {100 * v['sd']:.2f}",
+    "gib": lambda v: f"{v / 2**30:.2f} GiB",
 }
 
 
@@ -351,6 +352,33 @@ SEARCH_WORKERS = Table(
     ),
 )
 
+FOLDER_CIFAR, FOLDER_LARGE, FOLDER_LARGE_CUT = ("image-folder-cifar-2026-11-27.json", "image-folder-large-2026-11-27.json",
+                                                 "image-folder-large-cut-2026-11-27.json")
+IMAGE_FOLDERS = Table(
+    ("image folders on the shared 2-core CPU machine (under `nice`)", "measured", "aim"),
+    (
+        ("CIFAR-10's 60,000 images as PNG files, first use: list, read and hash every file, decode on both "
+         "cores, channel statistics; wall seconds, CPU seconds (median of 3)",
+         (_fig(FOLDER_CIFAR, "decode_seconds", "s"), "; ", _fig(FOLDER_CIFAR, "decode_cpu_seconds", "s")), ""),
+        ("the decode's rate: images per CPU-second, that is per core",
+         _fig(FOLDER_CIFAR, "decode_rate_per_core", "int"), ""),
+        ("a later use: list and stat every file, open the cache memory-mapped; wall seconds, CPU seconds (median of 15)",
+         (_fig(FOLDER_CIFAR, "reopen_seconds", "s"), "; ", _fig(FOLDER_CIFAR, "reopen_cpu_seconds", "s")), ""),
+        ("the decode's time over the reopening's: wall; CPU",
+         (_fig(FOLDER_CIFAR, "reopen_speedup", "x"), "; ", _fig(FOLDER_CIFAR, "reopen_speedup_cpu", "x")), ">= 20x"),
+        ("40,000 JPEG files of 256x256 pixels (39,400 in train/, 300 in val/, 300 in test/): the size of their cache",
+         _fig(FOLDER_LARGE, "cache_bytes", "gib"), ""),
+        ("peak RSS of an MLP (1 layer of 8) trained one epoch over that cache (1 process, 2 threads, batch 64)",
+         _fig(FOLDER_LARGE, "peak_rss_bytes", "gib"), ""),
+        ("the cache over that peak RSS", _fig(FOLDER_LARGE, "cache_over_rss", "x"), "several times"),
+        ("the same training with each batch's pages left mapped: peak RSS",
+         _fig(FOLDER_LARGE, "peak_rss_bytes_pages_kept", "gib"), ""),
+        ("the same 40,000 images in class folders alone (8,000 cut for testing, 5,000 for validation): peak RSS; "
+         "its evaluation batches of 1,024 images are 0.8 GB of floats",
+         _fig(FOLDER_LARGE_CUT, "peak_rss_bytes", "gib"), ""),
+    ),
+)
+
 TABLES: dict[str, Table] = {
     "headline": HEADLINE,
     "cpu-suite": CPU_SUITE,
@@ -364,12 +392,13 @@ TABLES: dict[str, Table] = {
     "pruning": PRUNING,
     "queue": QUEUE_TABLE,
     "search-workers": SEARCH_WORKERS,
+    "image-folders": IMAGE_FOLDERS,
 }
 
 PAGES: dict[str, tuple[str, ...]] = {
     "README.md": ("headline",),
-    "docs/benchmarks.md": ("cpu-suite", "changes", "gpu", "gpu-step", "samplers-mnist", "samplers-cifar10",
-                           "search-headline", "seed-examples", "pruning"),
+    "docs/benchmarks.md": ("cpu-suite", "changes", "image-folders", "gpu", "gpu-step", "samplers-mnist",
+                           "samplers-cifar10", "search-headline", "seed-examples", "pruning"),
     "docs/distributed-search.md": ("queue", "search-workers"),
 }
 

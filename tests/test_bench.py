@@ -308,3 +308,21 @@ def test_the_waits_of_a_runs_workers_are_counted_inside_and_between_generations(
     records = [record("a", 0, 10, 10), record("a", 0, 5, 20), record("b", 0, 12, 12),  # 2 x 20 s, 27 trained
                record("a", 1, 4, 40), record("b", 1, 3, 39), record("b", 1, 2, 41)]  # from 36 s: 2 x 5 s, 9
     assert search_runs.waiting(records) == {"workers": 2, "inside_generations": 14.0, "between_generations": 32.0}
+
+
+@pytest.mark.slow
+def test_the_image_folder_bench_records_the_peak_rss_of_both_sides(tmp_path):
+    """bench/image_folder.py large on a tiny folder: it writes the folder, decodes it, trains twice in
+    fresh processes and records each side's peak RSS beside the cache's size (its numbers are the
+    bench's, never asserted here)."""
+    done = subprocess.run([sys.executable, str(REPO / "bench" / "image_folder.py"), "large", "--images", "90",
+                           "--side", "24", "--held", "9", "--folder", str(tmp_path / "folder"),
+                           "--cache-dir", str(tmp_path / "cache"), "--out-dir", str(tmp_path)],
+                          capture_output=True, text=True, cwd=REPO, timeout=600)
+    assert done.returncode == 0, done.stderr
+    (path,) = tmp_path.glob("image-folder-large-*.json")
+    record = json.loads(path.read_text())
+    assert record["figures"]["cache_bytes"]["value"] == 90 * 3 * 24 * 24 + 128  # the .npy's header, then pixels
+    assert {side: (run["release"], run["n_train"], run["n_val"], run["n_test"]) for side, run in record["runs"].items()} \
+        == {"released": (True, 72, 9, 9), "kept": (False, 72, 9, 9)}
+    assert all(record["figures"][k]["value"] > 0 for k in ("peak_rss_bytes", "peak_rss_bytes_pages_kept"))

@@ -82,7 +82,7 @@ algorithm (ga), a grid or at random (--min-epochs prunes hopeless candidates ear
 
   towerlab train --model lenet5 --dataset mnist --epochs 2     train, and test; the run lands in runs/
   towerlab evaluate runs/RUN                                   score a trained model on its test set
-  towerlab predict runs/RUN images.npz                         label your own images
+  towerlab predict runs/RUN photo.jpg folder/                  label your own images (or an .npz of them)
   towerlab search run --dataset mnist                          search MLPs for MNIST (TPE)
   towerlab evolve --dataset mnist                              the same with the genetic algorithm
   towerlab data info                                           which datasets are found where
@@ -124,22 +124,26 @@ def _model_parsers(sub: argparse._SubParsersAction) -> None:
                                    "the dataset it was trained on, found as the run found it, or of --dataset; see "
                                    "docs/api.md.")
     p.add_argument("run", metavar="RUN_DIR", help="a run's output folder, or a model.pt")
-    p.add_argument("--dataset", default=None, help="a dataset name or an .npz path (default: the run's own)")
+    p.add_argument("--dataset", default=None, help="a dataset name, an .npz path or an image folder (PATH/) "
+                                                   "(default: the run's own)")
     p.add_argument("--data-dir", default=None, help="dataset folder (default: the run's, else $TOWERLAB_DATA, "
                                                     "else the user cache)")
     p.add_argument("--split", default="test", choices=("test", "val"), help="which split (default: test)")
     p.add_argument("--module", metavar="FILE.py:NAME", default=None, help=MODULE_HELP)
     p.set_defaults(handler=commands.evaluate)
     p = sub.add_parser("predict", help="label images with a trained model",
-                       description="Label the images of an .npz (array x, or images or x_test: uint8, (N, H, W) "
-                                   "or (N, H, W, C)) with the model of a run; writes predictions and "
-                                   "probabilities, and the accuracy when the file holds labels (y, labels or y_test); "
-                                   "see docs/api.md.")
+                       description="Label image files (JPEG, PNG, BMP, WebP, GIF) and the images of folders with "
+                                   "the model of a run: prints each file's class name and probability and writes "
+                                   "them (CSV, or JSON with --out FILE.json). Or label the images of an .npz "
+                                   "(array x, or images or x_test: uint8, (N, H, W) or (N, H, W, C)): writes "
+                                   "predictions and probabilities, and the accuracy when the file holds labels "
+                                   "(y, labels or y_test). See docs/data.md and docs/api.md.")
     p.add_argument("run", metavar="RUN_DIR", help="a run's output folder, or a model.pt")
-    p.add_argument("images", help="an .npz holding the images")
-    p.add_argument("--out", default=None, help="where to write the predictions (.npz; default: "
-                                               "<images name>-predictions.npz beside the images, or in --out when "
-                                               "it is a folder)")
+    p.add_argument("images", nargs="+", metavar="IMAGES",
+                   help="image files and folders of them, or one .npz holding images")
+    p.add_argument("--out", default=None, help="where to write the predictions (images: .csv, or .json; an .npz: "
+                                               ".npz; default: <first input's name>-predictions.csv (or .npz) "
+                                               "beside it, or in --out when it is a folder)")
     p.add_argument("--module", metavar="FILE.py:NAME", default=None, help=MODULE_HELP)
     p.set_defaults(handler=commands.predict)
 

@@ -164,17 +164,34 @@ def evaluate(args: argparse.Namespace) -> int:
     recorded = f" (the run recorded {result['recorded']:.4f})" if "recorded" in result else ""
     print(f"{args.run}: {result['split']} accuracy {result['accuracy']:.4f}, loss {result['loss']:.4f} on "
           f"{result['n']} images of {result['dataset']}{recorded}")
+    width = max(len(row["class"]) for row in result["per_class"])
+    for row in result["per_class"]:
+        print(f"  {row['class']:<{width}}  accuracy {row['accuracy']:.4f} on {row['n']} images")
     return 0
 
 
 def predict(args: argparse.Namespace) -> int:
-    from towerlab.jobs.scoring import predict_file
+    from towerlab.jobs.scoring import predict_file, predict_images
 
+    npz = [path for path in args.images if str(path).lower().endswith(".npz")]
+    if npz and len(args.images) > 1:
+        raise UserError(f"an .npz ({npz[0]}) is labelled alone: give it by itself, or image files and folders")
     with _own_module_flag():
-        result = predict_file(args.run, args.images, args.out, module=_user_module(args.module))
+        if npz:
+            result = predict_file(args.run, npz[0], args.out, module=_user_module(args.module))
+        else:
+            result = predict_images(args.run, args.images, args.out, module=_user_module(args.module),
+                                    say=lambda line: print(line, flush=True))
+    if not npz:
+        if result["skipped"]:
+            from towerlab.data.folders import skip_summary
+
+            print(f"towerlab: skipped {skip_summary(result['skipped'])}", file=sys.stderr, flush=True)
+        print(f"Predicted {result['n']} images -> {result['out']}", file=sys.stderr, flush=True)
+        return 0
     accuracy = (f"; accuracy {result['accuracy']:.4f} against its labels ({result['labels']})"
                 if result["accuracy"] is not None else "")
-    print(f"Predicted {result['n']} images of {args.images} ({result['images']}) -> {result['out']}{accuracy}")
+    print(f"Predicted {result['n']} images of {npz[0]} ({result['images']}) -> {result['out']}{accuracy}")
     return 0
 
 

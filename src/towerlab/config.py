@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Collection, Optional
 
 from towerlab.catalog import datasets
+from towerlab.catalog.datasets import parse_image_size
 from towerlab.errors import UserError, did_you_mean
 from towerlab.fields import Dataclass, base_type, field_default
 from towerlab.catalog.models import CATALOG as MODEL_CATALOG
@@ -98,22 +99,47 @@ def is_custom_dataset(name: str) -> bool:
     return name.lower().endswith(".npz")
 
 
+def is_image_folder(name: str) -> bool:
+    """A dataset named by the path of a folder of images (PATH/): a name ending in a slash, or a
+    folder that is neither a catalog name nor an .npz (a catalog name wins: `mnist/` names a folder)."""
+    if name.endswith(("/", os.sep)):
+        return True
+    return not is_custom_dataset(name) and name not in datasets.CATALOG and name != ARRAYS_DATASET \
+        and os.path.isdir(os.path.expanduser(name))
+
+
 def dataset_label(name: str) -> str:
-    """A short name for folder names and titles: the file's stem for a custom dataset."""
+    """A short name for folder names and titles: the file's stem for a custom dataset, the folder's
+    name for an image folder."""
+    if is_image_folder(name):
+        return os.path.basename(os.path.normpath(name))
     return os.path.splitext(os.path.basename(name))[0] if is_custom_dataset(name) else name
 
 
 def check_dataset(name: str) -> str:
-    """The dataset as stored in a config: a known name, or a custom .npz made absolute (so a resumed
-    run or a torchrun worker started elsewhere reads the same file)."""
+    """The dataset as stored in a config: a known name, or a custom .npz or an image folder made
+    absolute (so a resumed run or a torchrun worker started elsewhere reads the same data; a folder
+    keeps a final slash, which names it a folder wherever the path is read)."""
     if is_custom_dataset(name):
         _check_path("--dataset", name)
         return os.path.abspath(os.path.expanduser(name))
+    if is_image_folder(name):
+        _check_path("--dataset", name)
+        return os.path.join(os.path.abspath(os.path.expanduser(name)), "")
     if name not in datasets.CATALOG and name != ARRAYS_DATASET:
         raise UserError(f"unknown dataset {name!r}{did_you_mean(name, datasets.names())}: choose one of "
-                        f"{', '.join(datasets.names())}, "
-                        "or give the path of your own .npz (x_train, y_train, x_test, y_test)")
+                        f"{', '.join(datasets.names())}, or give the path of your own .npz (x_train, y_train, x_test, "
+                        "y_test) or of a folder of images (PATH/<class>/*.jpg)")
     return name
+
+
+def _check_folder_options(cfg: TrainConfig | SearchConfig) -> None:
+    if cfg.image_size is not None:
+        parse_image_size(cfg.image_size)
+    if cfg.test_size is not None and not 0.0 <= cfg.test_size < 1.0:
+        raise UserError(f"--test-size is the share of the images held out for testing, in [0, 1), got {cfg.test_size}")
+    if (cfg.image_size is not None or cfg.test_size is not None) and not is_image_folder(cfg.dataset):
+        raise UserError(f"--image-size and --test-size say how an image folder (PATH/) is read; {cfg.dataset} is none")
 
 
 def _check_positive(name: str, value: float | int | None, *, allow_none: bool = False) -> None:
@@ -134,6 +160,12 @@ def parse_shape(text: str) -> tuple[int, int, int]:
     return shape
 
 
+IMAGE_SIZE_HELP = ("image folder only: the size HxW every image is scaled to cover and cropped to about its centre "
+                   "(None: the folder's most common size, where both sides are at most 128, else 64x64)")
+TEST_SIZE_HELP = ("image folder without test/ only: the share of train/'s images held out, stratified, as the "
+                  "test set (None: 0.2)")
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     """What a training run computes: equal configs give equal numbers."""
@@ -149,8 +181,12 @@ class TrainConfig:
             "flag": "model-opt",
         },
     )
-    dataset: str = _opt("mnist", "dataset: one of the names, or the path of your own .npz", choices=datasets.names())
-    val_size: int = _opt(5000, "validation images held out from the end of the training set")
+    dataset: str = _opt("mnist", "dataset: one of the names, the path of your own .npz, or a folder of images "
+                        "(PATH/<class>/*.jpg, or PATH/train/ and PATH/test/; see docs/data.md)", choices=datasets.names())
+    val_size: int = _opt(5000, "validation images held out from the end of the training set (an image folder "
+                         "without val/: at most a fifth of its training images, stratified)")
+    image_size: Optional[str] = _opt(None, IMAGE_SIZE_HELP)
+    test_size: Optional[float] = _opt(None, TEST_SIZE_HELP)
     synthetic_shape: str = _opt("1x28x28", "synthetic dataset only: image shape CxHxW")
     synthetic_train: int = _opt(6000, "synthetic dataset only: training images (test: a sixth of it)")
     batch_size: int = _opt(512, "examples per replica per step (global batch = this x replicas)")
@@ -194,6 +230,7 @@ class TrainConfig:
         if self.model != CUSTOM_MODEL:
             _check_choice("model", self.model, MODELS)
         object.__setattr__(self, "dataset", check_dataset(self.dataset))
+        _check_folder_options(self)
         _check_choice("optimizer", self.optimizer, OPTIMIZERS)
         _check_choice("schedule", self.schedule, SCHEDULES)
         _check_choice("precision", self.precision, PRECISIONS)
@@ -341,9 +378,11 @@ class SearchConfig:
                         "`towerlab evolve` is ga and `towerlab grid` is grid")
     space: str = _opt("mlp", "search space: mlp, cnn, whitenet, a TOML file giving each gene's values "
                      "(a list, or a range {low, high, log, step}), or the same as JSON text")
-    dataset: str = _opt("mnist", "dataset the candidates train on: one of the names, or the path of your own "
-                        ".npz", choices=datasets.names())
+    dataset: str = _opt("mnist", "dataset the candidates train on: one of the names, the path of your own "
+                        ".npz, or a folder of images (PATH/)", choices=datasets.names())
     val_size: int = _opt(5000, "validation images (the fitness is validation accuracy)")
+    image_size: Optional[str] = _opt(None, IMAGE_SIZE_HELP)
+    test_size: Optional[float] = _opt(None, TEST_SIZE_HELP)
     population: Optional[int] = _opt(None, "candidates per generation (None: the sampler's own: ga and random 20; "
                                      "tpe 4, the candidates it proposes before any of their outcomes is told)")
     generations: int = _opt(10, "generations (rounds of --population candidates) at most")
@@ -394,6 +433,7 @@ class SearchConfig:
         if not self.space.lstrip().startswith("{"):  # a space given as JSON text is no path
             _check_path("--space", self.space)
         object.__setattr__(self, "dataset", check_dataset(self.dataset))
+        _check_folder_options(self)
         check_members("population", self.population)
         if self.population is not None and self.population < 2:
             raise UserError(f"--population must be at least 2, got {self.population}")
@@ -427,7 +467,7 @@ _BEFORE_SAMPLERS = {"remeasure": 0, "max_evaluations": None, "min_epochs": None,
 
 
 # Settings added since, with the value every search recorded before them ran with.
-_ADDED_SINCE = {"prune_places": "all"}
+_ADDED_SINCE = {"prune_places": "all", "image_size": None, "test_size": None}
 # A sampler's own settings added since, with the value its searches recorded before them ran with.
 _SAMPLER_ADDED_SINCE = {"tpe": {"overlap": False}}
 

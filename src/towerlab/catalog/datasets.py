@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from towerlab.errors import UserError, did_you_mean
 
+MAX_IMAGE_SIDE = 4096  # pixels: --image-size's bound
 # What towerlab can read: a Keras-layout .npz, the four IDX files of the MNIST family (raw or .gz),
 # CIFAR-10's python batches (a folder, or the official .tar.gz read in memory).
 FORMATS = ("npz", "idx", "cifar-python")
@@ -76,6 +77,18 @@ class Entry:
     @property
     def npz_names(self) -> tuple[str, ...]:
         return tuple(f.path for f in self.files if f.format == "npz")
+
+
+def parse_image_size(text: str) -> tuple[int, int]:
+    """'64x48' -> (64, 48) (height, width); '64' -> (64, 64)."""
+    try:
+        size = [int(part) for part in text.lower().split("x")]
+    except ValueError:
+        size = []
+    if len(size) not in (1, 2) or not all(1 <= side <= MAX_IMAGE_SIDE for side in size):
+        raise UserError(f"--image-size must look like 64x64 or 32 (HxW, each 1 to {MAX_IMAGE_SIDE}), got {text!r}")
+    return size[0], size[-1]
+
 
 
 _MNIST_SOURCE = Source(

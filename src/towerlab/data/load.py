@@ -24,9 +24,9 @@ from typing import Callable, Union
 import numpy as np
 import torch
 
-from towerlab.config import ARRAYS_DATASET, check_dataset, is_custom_dataset
+from towerlab.config import ARRAYS_DATASET, check_dataset, is_custom_dataset, is_image_folder
 from towerlab.catalog import datasets
-from towerlab.data import fetch, locate, readers
+from towerlab.data import fetch, folders, locate, readers
 from towerlab.data.synthetic import make_synthetic
 from towerlab.errors import UserError
 
@@ -48,7 +48,8 @@ class Dataset:
     """A dataset split three ways. Images are uint8 (N, C, H, W), labels int64 (N,), all on the CPU.
 
     `mean`/`std` are per channel on the 0-1 scale, from the training part only (validation excluded).
-    `source` is JSON-serialisable: {"format", "files", "fallback", "note"}.
+    `source` is JSON-serialisable: {"format", "files", "fallback", "note"}. `class_names`: the
+    classes' names where the data has them (an image folder's), else empty.
     """
 
     name: str
@@ -62,6 +63,7 @@ class Dataset:
     std: tuple[float, ...]
     num_classes: int
     source: dict
+    class_names: tuple[str, ...] = ()
 
     def to(self, device: torch.device | str) -> Dataset:
         """The dataset with every split on `device` (still uint8): a search worker moves it once and
@@ -111,12 +113,17 @@ def content_sha256(source: dict) -> dict[str, str]:
     a resume notices data replaced under it."""
     if source.get("format") == "arrays":
         return {"in memory": source["sha256"]}
+    if source.get("format") == "folder":
+        return {source["files"][0]: source["content"]}
     return {path: _sha256(Path(path)) for path in source.get("files", [])}
 
 
-def fingerprint(name: str) -> str:
+def fingerprint(name: str, source: dict | None = None) -> str:
     """What identifies a dataset's content: its name for the catalog's, the file's SHA-256 for a
-    custom .npz (so a search cache never serves fitnesses computed on a file since replaced)."""
+    custom .npz, an image folder's content key (`folders.content_key`; from `source`, the data's as
+    loaded, where given), so a search cache never serves fitnesses computed on data since changed."""
+    if is_image_folder(name):
+        return source["content"] if source and source.get("format") == "folder" else folders.content_key(name)
     return "sha256:" + _sha256(_custom_path(name)) if is_custom_dataset(name) else name
 
 
@@ -145,7 +152,7 @@ def _load_custom(name: str, val_size: int) -> Dataset:
 def load_dataset(name: str, data_dir: str | os.PathLike | None = None, val_size: int = 5000, *,
                  download: bool = True, allow_fallback: bool = True,
                  synthetic_shape: tuple[int, int, int] = (1, 28, 28), synthetic_train: int = 6000,
-                 synthetic_test: int = 1000, seed: int = 0,
+                 synthetic_test: int = 1000, seed: int = 0, folder: folders.FolderOptions = folders.FolderOptions(),
                  log: Callable[[str], object] = _stderr_print) -> Dataset:
     """Load `name` and hold out the last `val_size` training images (official order) for validation.
 
@@ -155,6 +162,8 @@ def load_dataset(name: str, data_dir: str | os.PathLike | None = None, val_size:
     unless the folder was named (`locate.named_data_dir`): then, as with `download` false, a missing
     dataset is an error.
     `synthetic_train` counts training images before the validation split, as for the real sets.
+    An image folder (`folder`: how it is read) is decoded into the data directory's cache, or read
+    from there (see `towerlab.data.folders`).
     """
     name = check_dataset(name)
     if isinstance(val_size, bool) or not isinstance(val_size, int) or val_size < 0:
@@ -165,6 +174,11 @@ def load_dataset(name: str, data_dir: str | os.PathLike | None = None, val_size:
                         "(x_train, y_train, x_test, y_test) and name that file")
     if is_custom_dataset(name):
         return _load_custom(name, val_size)
+    if is_image_folder(name):
+        loaded = folders.load_folder(name, data_dir, val_size, folder, log, channel_stats)
+        tensors = {key: torch.from_numpy(array) for key, array in loaded.arrays.items()}
+        return Dataset(name=name, **tensors, mean=loaded.mean, std=loaded.std, num_classes=len(loaded.classes),
+                       source=loaded.source, class_names=loaded.classes)
     entry = datasets.entry(name)
     if entry.generated:
         arrays = make_synthetic(synthetic_shape, synthetic_train, synthetic_test, seed)
@@ -260,13 +274,15 @@ def _assemble(name: str, arrays: dict[str, np.ndarray], val_size: int, source: d
                    mean=mean, std=std, num_classes=num_classes, source=source)
 
 
-def channel_stats(x: np.ndarray) -> tuple[tuple[float, ...], tuple[float, ...]]:
+def channel_stats(x: np.ndarray, release: Callable[[], None] | None = None
+                  ) -> tuple[tuple[float, ...], tuple[float, ...]]:
     """Per-channel mean and population std on the 0-1 scale of uint8 (N, C, H, W) images: what
     inputs are normalised with. A constant channel (std 0: every pixel of it has one value) gets a
     std of 1, so it normalises to zeros instead of dividing by zero (which makes every weight NaN).
 
     Counts a histogram of the 256 pixel values per channel, chunk by chunk: exact (integer sums),
-    and no float copy of the dataset is ever made.
+    and no float copy of the dataset is ever made; `release()` after each chunk (a memory-mapped
+    cache gives its pages back).
     """
     n, c = x.shape[:2]
     counts = np.zeros((c, 256), dtype=np.int64)
@@ -275,6 +291,8 @@ def channel_stats(x: np.ndarray) -> tuple[tuple[float, ...], tuple[float, ...]]:
         chunk = x[start:start + step]
         for ch in range(c):
             counts[ch] += np.bincount(chunk[:, ch].reshape(-1), minlength=256)
+        if release is not None:
+            release()
     values = np.arange(256, dtype=np.float64) / 255.0
     total = counts.sum(axis=1)
     mean = counts @ values / total

@@ -21,7 +21,7 @@ from typing import Callable, Optional, Union
 
 import torch
 
-from towerlab.config import ARRAYS_DATASET, CUSTOM_MODEL, SearchConfig, TrainConfig, is_custom_dataset
+from towerlab.config import ARRAYS_DATASET, CUSTOM_MODEL, SearchConfig, TrainConfig, is_custom_dataset, is_image_folder
 from towerlab.fields import to_flags
 from towerlab.data.load import Dataset, fingerprint
 from towerlab.distributed.env import device_name
@@ -72,6 +72,9 @@ def training_settings(cfg: SearchConfig, device_type: str, threads: int, source:
                 "numerics": {"device": device_type, **({"threads": threads} if device_type == "cpu" else {})}}
     if is_custom_dataset(cfg.dataset):
         settings["dataset_content"] = fingerprint(cfg.dataset)  # a replaced file invalidates the cache
+    elif is_image_folder(cfg.dataset):  # an edited folder too, and its images' size or test split
+        settings.update(dataset_content=fingerprint(cfg.dataset, source), image_size=cfg.image_size,
+                        test_size=cfg.test_size)
     elif cfg.dataset == ARRAYS_DATASET:
         settings["dataset_content"] = source["sha256"]  # type: ignore[index]  # arrays come with their source
     if callable(model):
@@ -129,7 +132,7 @@ def candidate_config(cfg: SearchConfig, model: CandidateModel, genome: dict, see
         **training,
         "model": name,
         "model_options": model_genes(genome),
-        "dataset": cfg.dataset, "val_size": cfg.val_size,
+        "dataset": cfg.dataset, "val_size": cfg.val_size, "image_size": cfg.image_size, "test_size": cfg.test_size,
         "batch_size": genome.get("batch_size", cfg.batch_size or base.get("batch_size")
                                  or DEFAULT_BATCH.get(cfg.dataset, 128)),
         "epochs": epochs,

@@ -5,14 +5,15 @@ workers start and hands it over, or the source it read (`handover`, `worker_data
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, Optional, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol
 
-from towerlab.config import RunConfig, parse_shape
+from towerlab.config import RunConfig, SearchConfig, parse_shape
 from towerlab.distributed.group import Context, barrier, broadcast_object
 from towerlab.errors import UserError
 from towerlab.report import discard_line, stderr_line
 
 if TYPE_CHECKING:
+    from towerlab.data.folders import FolderOptions
     from towerlab.data.load import Dataset
 
 
@@ -24,12 +25,13 @@ class Loader(Protocol):
 
 
 def load_data(dataset: str, val_size: int, run: RunConfig, *, synthetic_shape: str | None = None,
-              synthetic_train: int | None = None, download: bool = True, log: Callable[[str], None] = stderr_line,
-              allow_fallback: bool = True, fallback_only: bool = False) -> Dataset:
+              synthetic_train: int | None = None, folder: FolderOptions | None = None, download: bool = True,
+              log: Callable[[str], None] = stderr_line, allow_fallback: bool = True,
+              fallback_only: bool = False) -> Dataset:
     """`dataset` with `val_size` validation images, as `run` finds it (downloading only where both
     `download` and --download allow); `synthetic_shape` ("CxHxW") and `synthetic_train` size the
-    synthetic set (None: `data.load_dataset`'s own); `fallback_only`: the offline fallback without
-    looking further (another rank fell back)."""
+    synthetic set (None: `data.load_dataset`'s own); `folder`: how an image folder is read;
+    `fallback_only`: the offline fallback without looking further (another rank fell back)."""
     from towerlab.data.load import load_dataset, load_fallback
 
     if fallback_only:
@@ -40,8 +42,17 @@ def load_data(dataset: str, val_size: int, run: RunConfig, *, synthetic_shape: s
     if synthetic_train is not None:
         synthetic.update(synthetic_train=synthetic_train, synthetic_test=max(1, synthetic_train // 6))
     # The synthetic set is one fixed dataset (seed 0): the run's seed varies the training, not the data.
+    if folder is not None:
+        synthetic["folder"] = folder
     return load_dataset(dataset, run.data_dir, val_size, download=download and run.download,
                         allow_fallback=allow_fallback, seed=0, log=log, **synthetic)
+
+
+def search_data(cfg: SearchConfig, run: RunConfig, **loading: Any) -> Dataset:
+    """The data a search's candidates train on (`loading`: as `load_data` takes it)."""
+    from towerlab.data.folders import FolderOptions
+
+    return load_data(cfg.dataset, cfg.val_size, run, folder=FolderOptions.of(cfg), **loading)
 
 
 def load_everywhere(ctx: Context, load: Loader) -> Dataset:

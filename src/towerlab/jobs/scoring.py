@@ -10,6 +10,7 @@ finished run's model is scored (`score_run`), or labels images (`predict_file`).
 
 from __future__ import annotations
 
+import csv
 import io
 import os
 from pathlib import Path
@@ -20,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from towerlab import atomic
-from towerlab.config import CUSTOM_MODEL, RunConfig, TrainConfig
+from towerlab.config import CUSTOM_MODEL, RunConfig, TrainConfig, is_image_folder
 from towerlab.fields import from_dict, replace
 from towerlab.errors import UserError
 from towerlab.jobs.provenance import read_config
@@ -53,9 +54,12 @@ def model_file(path: str | os.PathLike) -> Path:
 def score_run(path: str | os.PathLike, data: DataGiven = None, *, split: str = "test", data_dir: str | None = None,
              module: NetworkSource | None = None, log: Callable[[str], None] | None = None) -> dict:
     """Score the model of run `path` on `split` of `data`: by default the dataset it was trained on,
-    found as the run found it; a dataset name or .npz path; or (images, labels) arrays (`split` then
-    does not apply). Returns {"dataset", "split", "n", "accuracy", "loss"} (and "recorded", the
-    run's own figure for that split of that very data, where it has one)."""
+    found as the run found it; a dataset name, .npz path or image folder (read at the model's image
+    size and channels, labelled by its class names); or (images, labels) arrays (`split` then does
+    not apply). Returns {"dataset", "split", "n", "accuracy", "loss", "per_class"} (per_class: each
+    class's {"class" (its name), "n", "accuracy"}), and "recorded", the run's own figure for that
+    split of that very data, where it has one."""
+    from towerlab.data.folders import FolderOptions
     from towerlab.jobs.train import train_data
 
     if split not in SPLITS:
@@ -69,19 +73,25 @@ def score_run(path: str | os.PathLike, data: DataGiven = None, *, split: str = "
     else:
         cfg = _trained_on(record, file)
         if data is not None:
-            cfg = replace(cfg, dataset=str(data))
+            folder = is_image_folder(os.fspath(data))
+            cfg = replace(cfg, dataset=os.fspath(data), **({} if folder else {"image_size": None, "test_size": None}))
         stored = read_config(file.parent) or {}
         run = RunConfig(data_dir=data_dir if data_dir is not None else stored.get("run", {}).get("data_dir"))
-        dataset = train_data(cfg, run, log=log or discard_line)
+        channels, height, width = model.input_shape
+        reading = FolderOptions((height, width), cfg.test_size, channels, model.class_names)
+        dataset = train_data(cfg, run, log=log or discard_line, folder=reading)
         x, y = (dataset.x_test, dataset.y_test) if split == "test" else (dataset.x_val, dataset.y_val)
         name, source = cfg.dataset, dataset.source
     if len(x) == 0:
         raise UserError(f"{name} has no {split} images to evaluate on")
     logits = _of_yours(record, model, lambda: model.logits(x))
     labels = torch.as_tensor(np.asarray(y)).long()
-    result = {"dataset": name, "split": split, "n": len(labels),
-              "accuracy": float((logits.argmax(1) == labels).double().mean()),
-              "loss": float(F.cross_entropy(logits, labels))}
+    right = logits.argmax(1) == labels
+    per_class = [{"class": model.class_names[k], "n": int((labels == k).sum()),
+                  "accuracy": float(right[labels == k].double().mean())}
+                 for k in range(model.num_classes) if (labels == k).any()]
+    result = {"dataset": name, "split": split, "n": len(labels), "accuracy": float(right.double().mean()),
+              "loss": float(F.cross_entropy(logits, labels)), "per_class": per_class}
     recorded = _recorded(file.parent, source, split)
     if recorded is not None:
         result["recorded"] = recorded
@@ -173,3 +183,66 @@ def predict_file(path: str | os.PathLike, images_path: str | os.PathLike, out: s
     np.savez(buffer, predictions=predictions.astype(np.int64), probabilities=probabilities.astype(np.float32))
     atomic.write_bytes(out, buffer.getvalue())
     return {"out": str(out), "n": len(predictions), "accuracy": accuracy, "images": image_key, "labels": label_key}
+
+
+def _images_out(out: str | os.PathLike | None, first: str | os.PathLike) -> Path:
+    """Where predict writes an image's or a folder's predictions: `out` (a file: .json for JSON, else
+    CSV; or a folder), else <name of the first input>-predictions.csv beside it."""
+    name = f"{Path(os.path.normpath(first)).stem}-predictions.csv"
+    if out is None:
+        return Path(os.path.normpath(first)).with_name(name)
+    if str(out).endswith(("/", os.sep)) and not Path(out).is_dir():
+        raise UserError(f"--out {out} names a folder that does not exist: make it first, or give a file name")
+    return Path(out) / name if Path(out).is_dir() else Path(out)
+
+
+def predict_images(path: str | os.PathLike, inputs: list[str], out: str | os.PathLike | None = None, *,
+                   module: NetworkSource | None = None,
+                   say: Callable[[str], None] | None = None) -> dict:
+    """Label image files and the images of folders (`inputs`) with the model of run `path`: each is
+    decoded at the model's size and channels by the rule its training read its images with
+    (towerlab.data.folder_decode), and gets the class name (and probability) the model gives it
+    most; `say(line)` for each image as it is labelled. Writes `out` (CSV, or JSON where it ends in
+    .json; default: beside the first input) and returns {"out", "n", "skipped", "rows"}; a file that
+    cannot be decoded is skipped and counted, and none at all is an error."""
+    from towerlab.data.folder_decode import decode_many, parallel
+    from towerlab.data.folder_files import image_files
+
+    file = model_file(path)
+    out = _images_out(out, inputs[0])
+    atomic.refuse_overwriting(out, (file, *inputs), (file.parent,))
+    model, record = load_model(file, module=module)
+    paths, skipped = image_files(inputs)
+    channels, height, width = model.input_shape
+    rows = []
+    for chunk, images in parallel(decode_many, [str(p) for p in paths], ((height, width), channels)):
+        good = [(p, image) for p, image in zip(chunk, images) if not isinstance(image, str)]
+        skipped += [(p, image) for p, image in zip(chunk, images) if isinstance(image, str)]
+        if not good:
+            continue
+        batch = np.stack([image for _, image in good])
+        probabilities = _of_yours(record, model, lambda: model.predict_proba(batch))
+        for (p, _), row in zip(good, probabilities):
+            best = int(row.argmax())
+            rows.append({"path": str(p), "class": model.class_names[best], "probability": float(row[best]),
+                         "probabilities": [float(v) for v in row]})
+            if say is not None:
+                say(f"{p}\t{model.class_names[best]}\t{row[best]:.4f}")
+    if not rows:
+        raise UserError(f"no image among {', '.join(map(str, inputs))} could be decoded"
+                        + (f" ({skipped[0][0]}: {skipped[0][1]})" if skipped else ""))
+    atomic.write_text(out, _predictions_text(out, rows, model.class_names, skipped))
+    return {"out": str(out), "n": len(rows), "skipped": skipped, "rows": rows}
+
+
+def _predictions_text(out: Path, rows: list[dict], classes: tuple[str, ...], skipped: list) -> str:
+    if out.suffix.lower() == ".json":
+        return atomic.json_text({"classes": list(classes), "predictions": rows,
+                                 "skipped": [list(pair) for pair in skipped]}, indent=2) + "\n"
+    text = io.StringIO()
+    writer = csv.writer(text, lineterminator="\n")
+    writer.writerow(["path", "class", "probability", *(f"p_{name}" for name in classes)])
+    for row in rows:
+        writer.writerow([row["path"], row["class"], f"{row['probability']:.6f}",
+                         *(f"{v:.6f}" for v in row["probabilities"])])
+    return text.getvalue()

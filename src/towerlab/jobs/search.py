@@ -34,7 +34,7 @@ from towerlab.errors import UserError
 from towerlab.fields import replace, to_dict
 from towerlab.jobs.candidate import TRAINING_GENES, CandidateModel, model_function, train_config_hash
 from towerlab.jobs.folder import check_writable_file
-from towerlab.jobs.handover import handover, load_data, load_everywhere
+from towerlab.jobs.handover import handover, load_everywhere, search_data
 from towerlab.jobs.job import Job, require_out_under_torchrun, resolved_run, restarted_by_torchrun, start_job
 from towerlab.jobs.provenance import write_config
 from towerlab.jobs.search_record import Watch, export_best, write_record
@@ -254,8 +254,7 @@ class SearchJob(Job):
         process group serves for that alone); every rank then works on it; rank 0 writes the record."""
         rank = torchrun_ranks()[0]
         with session(timeout=self.run.timeout, backend="gloo", device=self.run.device) as ctx:
-            data = load_everywhere(ctx, lambda **loading: load_data(self.search.cfg.dataset, self.search.cfg.val_size,
-                                                                    self.run, **loading))
+            data = load_everywhere(ctx, lambda **loading: search_data(self.search.cfg, self.run, **loading))
             told: dict = {}
             if ctx.is_main:
                 try:
@@ -328,7 +327,7 @@ def _model_spec(model: CandidateModel) -> str:
 def _load(cfg: SearchConfig, run: RunConfig) -> Any:
     # Every data problem (and the download, or the offline fallback) once, before any worker
     # starts; the workers get this data, so every one of them reads the very same.
-    return load_data(cfg.dataset, cfg.val_size, run)
+    return search_data(cfg, run)
 
 
 def check_function(space: Space, function: object) -> None:

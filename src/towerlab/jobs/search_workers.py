@@ -27,7 +27,7 @@ from towerlab.distributed.signals import STOP_SIGNALS, Interrupted, StopFlag
 from towerlab.errors import UserError
 from towerlab.fields import replace
 from towerlab.jobs.candidate import CandidateModel, estimated_cost, outcome, train_candidate, train_config_hash
-from towerlab.jobs.handover import load_data
+from towerlab.jobs.handover import search_data
 from towerlab.models.custom import ModelFunction
 from towerlab.report import discard_line
 from towerlab.search import Candidate, Outcome, Search
@@ -168,8 +168,8 @@ class Trainers:
         if cfg.dataset == ARRAYS_DATASET:
             raise UserError("its data are arrays given from Python, which only its own process has")
         fallback = self.fallback if self.fallback is not None else bool(recorded.get("fallback"))
-        return load_data(cfg.dataset, cfg.val_size, self.spec.run, download=self.fallback is None,
-                         allow_fallback=False, fallback_only=fallback, log=discard_line)
+        return search_data(cfg, self.spec.run, download=self.fallback is None,
+                           allow_fallback=False, fallback_only=fallback, log=discard_line)
 
     def trainer(self, search: Search) -> Callable[[Task], tuple[Outcome, Optional[float]]]:
         setup = self.setup(search)

@@ -51,8 +51,10 @@ from towerlab.training.step import resolve_step
 
 def train_data(cfg: TrainConfig, run: RunConfig, **loading: Any) -> Dataset:
     """The data `cfg` trains on (`loading`: as `handover.load_data` takes it)."""
+    from towerlab.data.folders import FolderOptions
+
     return load_data(cfg.dataset, cfg.val_size, run, synthetic_shape=cfg.synthetic_shape,
-                     synthetic_train=cfg.synthetic_train, **loading)
+                     synthetic_train=cfg.synthetic_train, **{"folder": FolderOptions.of(cfg), **loading})
 
 
 def default_out(cfg: TrainConfig) -> Path:
@@ -155,7 +157,22 @@ class TrainJob(Job):
                     else contextlib.nullcontext():
                 data = worker_data(ctx, functools.partial(train_data, self.cfg, run), data, fallback)
             job = self if self.checkpoint_bytes is not None else self.checked(data, ctx.world_size)
-            job._train(ctx, data, stop)
+            job.fitted_to(data, ctx)._train(ctx, data, stop)
+
+    def fitted_to(self, data: Dataset, ctx: Context) -> TrainJob:
+        """This job, its --input resident become queue where the data is an image folder's memory-mapped
+        cache too large for the GPU (more than half its free memory): batches are then gathered from
+        the cache and prefetched, as the input modes yield the same numbers."""
+        if self.run.input != "resident" or ctx.device.type != "cuda" or data.source.get("format") != "folder":
+            return self
+        need = sum(getattr(data, f"x_{split}").nbytes for split in ("train", "val", "test"))
+        free = torch.cuda.mem_get_info(ctx.device)[0]
+        if need <= free // 2:
+            return self
+        if ctx.is_main:
+            stderr_line(f"towerlab: {need / 2**30:.1f} GiB of images is more than half the GPU's free "
+                        f"{free / 2**30:.1f} GiB: --input queue (batches read from the cache) instead of resident")
+        return dataclasses.replace(self, run=replace(self.run, input="queue"))
 
     def _train(self, ctx: Context, data: Dataset, stop: StopFlag) -> None:
         out, run = self.out, self.run
@@ -165,7 +182,7 @@ class TrainJob(Job):
             out.mkdir(parents=True, exist_ok=True)
             if resume_state is None:
                 (out / "metrics.jsonl").unlink(missing_ok=True)  # left by a restarted attempt, if any
-                self._write_config(ctx, digests)
+                self._write_config(ctx, digests, data.class_names)
             else:
                 truncate_metrics(out / "metrics.jsonl", resume_state["step"])
         barrier(ctx)
@@ -216,11 +233,11 @@ class TrainJob(Job):
             raise UserError(decision["error"])
         return decision["state"]
 
-    def _write_config(self, ctx: Context, data_sha256: dict) -> None:
+    def _write_config(self, ctx: Context, data_sha256: dict, class_names: tuple[str, ...]) -> None:
         cfg = self.cfg
         write_config(self.out, {"train": to_dict(cfg), "run": to_dict(self.run), "world_size": ctx.world_size,
                                 "device_type": ctx.device.type, "global_batch_size": cfg.batch_size * ctx.world_size,
-                                "data_sha256": data_sha256})
+                                "data_sha256": data_sha256, **({"class_names": list(class_names)} if class_names else {})})
 
     def _summary(self, ctx: Context, data: Dataset, data_sha256: dict, result: TrainResult) -> dict:
         cfg, run, out = self.cfg, self.run, self.out

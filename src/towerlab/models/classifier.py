@@ -31,6 +31,7 @@ class Classifier(nn.Module):
       the Keras layout (N, H, W) or (N, H, W, C), or (N, C, H, W); class indices / probabilities out.
     - `model.network`: the bare network, which takes normalised float input; its attributes are
       also the Classifier's (`model.features`).
+    - `model.class_names`: each class's name (an image folder's class folders), else its index.
 
     It comes in eval mode, so calling it leaves BatchNorm statistics and dropout alone;
     `model.train()` before fine-tuning it.
@@ -38,12 +39,13 @@ class Classifier(nn.Module):
 
     def __init__(self, network: nn.Module, input_shape: tuple[int, int, int], num_classes: int,
                  mean: tuple[float, ...] | None, std: tuple[float, ...] | None, *, precision: str = "fp32",
-                 tta: str = "none", channels_last: bool = False):
+                 tta: str = "none", channels_last: bool = False, class_names: tuple[str, ...] | None = None):
         super().__init__()
         self.network = network
         channels, height, width = input_shape  # a list, as model.pt may hold it, or a tuple
         self.input_shape = (channels, height, width)
         self.num_classes = num_classes
+        self.class_names = tuple(class_names) if class_names else tuple(str(k) for k in range(num_classes))
         self.mean = None if mean is None else tuple(float(m) for m in mean)
         self.std = None if std is None else tuple(float(s) for s in std)
         self.precision = precision

@@ -35,16 +35,19 @@ def model_record(model: nn.Module, name: str, input_shape: tuple[int, ...], num_
 
 def save_model(path: Path, model: nn.Module, cfg: TrainConfig, data: Dataset, *,
                function: Callable[..., nn.Module] | None = None) -> None:
-    """model.pt: the network and what rebuilds it and feeds it (input shape, classes, the training
-    split's mean and std), with the TrainConfig that trained it; written atomically. A network of
+    """model.pt: the network and what rebuilds it and feeds it (input shape, classes and their names
+    where the data has them, the training split's mean and std), with the TrainConfig that trained
+    it; written atomically. A network of
     your own records its class, and the model function that built it (FILE.py:FUNCTION), where a
     file defines it: evaluate and predict name it when they need it again."""
     buffer = io.BytesIO()
     custom = cfg.model == CUSTOM_MODEL
-    extra = {"module_class": f"{type(model).__module__}.{type(model).__qualname__}"} if custom else {}
+    extra: dict[str, Any] = {"module_class": f"{type(model).__module__}.{type(model).__qualname__}"} if custom else {}
     spec = function_file(function) if custom else None
     if spec:
         extra["model_function"] = spec
+    if data.class_names:
+        extra["class_names"] = list(data.class_names)
     torch.save(model_record(model, cfg.model, data.input_shape, data.num_classes, cfg.model_options,
                             config=to_dict(cfg), mean=list(data.mean), std=list(data.std), **extra), buffer)
     atomic.write_bytes(path, buffer.getvalue())
@@ -118,8 +121,11 @@ def load_model(path: str | Path, map_location: str | torch.device = "cpu", *,
     config: dict = stored if isinstance(stored, dict) else {}
     precision = str(config.get("precision")) if config.get("precision") in PRECISIONS else "fp32"
     tta = str(config.get("tta")) if config.get("tta") in TTA else "none"
+    names = record.get("class_names")
+    named = tuple(names) if isinstance(names, list) and len(names) == classes and all(isinstance(n, str) for n in names) \
+        else None
     return Classifier(network, tuple(shape), classes, mean if stats_ok else None, std if stats_ok else None,
-                      precision=precision, tta=tta, channels_last=uses_channels_last(name)), record
+                      precision=precision, tta=tta, channels_last=uses_channels_last(name), class_names=named), record
 
 
 def _rebuild(path: str | Path, name: str, shape: tuple, classes: int, options: dict, state: dict) -> nn.Module:

@@ -21,6 +21,7 @@ from typing import Iterator, Sequence, Union
 
 import torch
 
+from towerlab.data.folders import release_pages
 from towerlab.distributed.group import Context
 from towerlab.models.preprocessing import Normalizer
 
@@ -167,9 +168,9 @@ class Batches:
         steps = range(start_step, self.steps_per_epoch)
         chunks = [idx[s * self.batch_size:(s + 1) * self.batch_size] for s in steps]
         if self.mode == "queue":
-            source = _prefetch(((self.x[i], self.y[i]) for i in chunks), self.pin)
+            source = _prefetch(_gathered(self.x, self.y, chunks), self.pin)
         else:
-            source = ((self.x[i], self.y[i]) for i in chunks)
+            source = _gathered(self.x, self.y, chunks)
         salts = self.augmentation.salts(epoch) if self.augmentation is not None else None
         for i, (xb, yb) in zip(chunks, source):
             xb = xb.to(self.ctx.device, non_blocking=self.pin)
@@ -177,6 +178,16 @@ class Batches:
             if self.augmentation is not None:
                 xb = self.augmentation(xb, i.to(self.ctx.device, non_blocking=self.pin), salts)  # type: ignore[arg-type]  # set with it
             yield self.normalize(xb), yb
+
+
+def _gathered(x: torch.Tensor, y: torch.Tensor, chunks: list[torch.Tensor]
+              ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Each chunk's examples gathered; from a memory-mapped cache (an image folder's), the pages a
+    gather mapped in are given back at once, so that resident memory stays at a batch's."""
+    for i in chunks:
+        yield x[i], y[i]
+        release_pages(x.data_ptr())
+        release_pages(y.data_ptr())
 
 
 def _prefetch(items: Iterator[tuple[torch.Tensor, torch.Tensor]], pin: bool
@@ -227,3 +238,5 @@ def eval_batches(x: torch.Tensor, y: torch.Tensor, ctx: Context, batch_size: int
     for start in range(0, xs.shape[0], batch_size):
         xb = xs[start:start + batch_size].to(ctx.device)
         yield normalize(xb), ys[start:start + batch_size].to(ctx.device)
+        release_pages(x.data_ptr())
+        release_pages(y.data_ptr())

@@ -1,0 +1,176 @@
+"""An image folder's cache entry: written once by pass 2 (every image decoded, on every core, into
+uint8 arrays written aside and renamed into place whole), found again by its name; and the
+stratified order that lets a test or validation split be cut from train/ as a contiguous block.
+
+An entry is a folder holding x.npy (N, C, H, W uint8), y.npy (N, int64) and meta.json (classes,
+size, the blocks of train/, val/ and test/, what could not be decoded and why); stats.json beside
+them keeps the channel statistics of each training cut (`folders._stats`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import shutil
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Callable, Iterator, Optional
+
+import numpy as np
+
+from towerlab import atomic
+from towerlab.data import folder_decode
+from towerlab.data.folder_files import SPLITS, Listing
+from towerlab.errors import UserError
+from towerlab.report import SILENCE_SECONDS, discard_line, format_progress
+
+VERSION = 1  # of the cache's layout and of the decoding rules: another version decodes again
+SPLIT_SEED = 0  # the stratified order's: one split for every run, seed and search worker
+
+Log = Callable[[str], object]
+
+
+@contextlib.contextmanager
+def progress(log: Log, total: int, what: str) -> Iterator[Callable[[int], None]]:
+    """Say `what` through `log`, then show a progress bar over `total` images on an interactive stderr
+    (elsewhere, a progress line through `log` every SILENCE_SECONDS); nothing where `log` says nothing
+    (the other processes of a job)."""
+    if log is discard_line:
+        yield lambda n: None
+        return
+    log(what)
+    if sys.stderr.isatty():
+        from tqdm import tqdm
+
+        with tqdm(total=total, unit="image", file=sys.stderr, dynamic_ncols=True, leave=False) as bar:
+            yield bar.update
+        return
+    started = said = time.monotonic()
+    done = 0
+
+    def advance(n: int) -> None:
+        nonlocal done, said
+        done += n
+        if time.monotonic() - said >= SILENCE_SECONDS:
+            said = time.monotonic()
+            log(format_progress(done, total, done / max(said - started, 1e-9), "image"))
+    yield advance
+
+
+def stratified_order(labels: np.ndarray, seed: int = SPLIT_SEED) -> np.ndarray:
+    """A permutation of 0..len(labels)-1 each of whose suffixes holds every class in proportion, within
+    one image: each class's images, shuffled, are spread evenly over the order (the k-th of n at
+    (k + u) / n, u drawn once per class)."""
+    rng = np.random.default_rng(seed)
+    keys = np.zeros(len(labels))
+    for label in np.unique(labels):
+        members = rng.permutation(np.flatnonzero(labels == label))
+        keys[members] = (np.arange(len(members)) + rng.random()) / len(members)
+    return np.argsort(keys, kind="stable")
+
+
+@contextlib.contextmanager
+def locked(path: Path) -> Iterator[None]:
+    """One process at a time decodes a folder into a cache entry; the others wait, then read it."""
+    with open(path, "a+b") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def read_meta(where: Path) -> Optional[dict]:
+    with contextlib.suppress(OSError, ValueError):
+        meta = json.loads((where / "meta.json").read_text(encoding="utf-8"))
+        if isinstance(meta, dict) and meta.get("version") == VERSION:
+            return meta
+    return None
+
+
+def decode_folder(listing: Listing, content: str, where: Path, size: tuple[int, int], channels: int, log: Log) -> dict:
+    """Pass 2: every image decoded into `where` (x.npy, y.npy, meta.json), written aside and renamed
+    into place whole, so that no reader ever sees half a cache."""
+    started = time.perf_counter()
+    files = listing.files
+    labels = np.fromiter((f.label for f in files), np.int64, len(files))
+    blocks = {split: listing.count(split) for split in SPLITS}
+    stratified = not {"val", "test"} <= set(listing.splits)
+    order = np.arange(len(files))
+    if stratified:
+        order[:blocks["train"]] = stratified_order(labels[:blocks["train"]])
+    tmp = where.with_name(f".{where.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        target = tmp / "x-all.npy"
+        np.lib.format.open_memmap(target, "w+", np.uint8, (len(files), channels, *size)).flush()
+        base = os.path.join(str(listing.root), "")
+        items = [(position, base + files[index].path) for position, index in enumerate(order.tolist())]
+        failed: dict[int, str] = {}
+        with progress(log, len(items), f"Decoding them into {size[0]}x{size[1]}x{channels} on "
+                                        f"{min(folder_decode.cores(), len(items))} core(s)") as advance:
+            for _, part in folder_decode.parallel(folder_decode.decode_into, items, (str(target), size, channels),
+                                               advance=advance):
+                failed.update(part)
+        kept = np.array([p not in failed for p in range(len(files))], bool)
+        _check_every_class(listing, order, kept, failed)
+        _write_kept(target, tmp / "x.npy", kept)
+        np.save(tmp / "y.npy", labels[order][kept])
+        counts = {split: int(kept[lo:hi].sum()) for split, (lo, hi) in ranges(blocks).items()}
+        seconds = time.perf_counter() - started
+        meta = {"version": VERSION, "content": content, "folder": str(listing.root), "classes": list(listing.classes),
+                "size": list(size), "channels": channels, "blocks": counts, "stratified": stratified,
+                "failed": sorted([files[order[p]].path, why] for p, why in failed.items()),
+                "decode_seconds": seconds, "cores": folder_decode.cores()}
+        atomic.write_json(tmp / "meta.json", meta)
+        try:
+            tmp.rename(where)
+        except OSError:  # another machine's process wrote it first (a cache on a shared file system)
+            shutil.rmtree(tmp, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    log(f"Decoded {len(files) - len(failed):,} images in {seconds:.1f} s into {where}")
+    return meta
+
+
+def ranges(counts: dict[str, int]) -> dict[str, tuple[int, int]]:
+    out, start = {}, 0
+    for split in SPLITS:
+        out[split] = (start, start + counts.get(split, 0))
+        start += counts.get(split, 0)
+    return out
+
+
+def _check_every_class(listing: Listing, order: np.ndarray, kept: np.ndarray, failed: dict[int, str]) -> None:
+    """A class folder none of whose images decodes is an error, as an empty one is: skipping it would
+    change the classes."""
+    files = listing.files
+    alive = Counter((files[i].split, files[i].label) for i in order[kept])
+    for position, why in failed.items():
+        f = files[order[position]]
+        if not alive[(f.split, f.label)]:
+            where = f"{listing.prefixes[f.split]}{listing.classes[f.label]}"
+            raise UserError(f"no image of class folder {where} can be decoded (e.g. {f.path}: {why}): fix or remove them")
+
+
+def _write_kept(source: Path, target: Path, kept: np.ndarray) -> None:
+    """`source`'s rows where `kept`, as the .npy `target` (a rename where every row is kept)."""
+    if kept.all():
+        source.rename(target)
+        return
+    rows = np.load(source, mmap_mode="r")
+    out = np.lib.format.open_memmap(target, "w+", np.uint8, (int(kept.sum()), *rows.shape[1:]))
+    positions = np.flatnonzero(kept)
+    step = max(1, 2**26 // max(1, rows[0].nbytes))  # 64 MB at a time
+    for start in range(0, len(positions), step):
+        chunk = positions[start:start + step]
+        out[start:start + len(chunk)] = rows[chunk]
+    out.flush()
+    del out, rows
+    source.unlink()

@@ -215,3 +215,50 @@ def _opened(db, url):
     except UserError as e:
         return str(e)
     return "ok"
+
+
+def test_show_export_and_resume_of_a_folder_find_the_password_where_libpq_does(tmp_path, space, postgres_server,
+                                                                                  monkeypatch):
+    """A search started with the password in its URL (config.json keeps `:***@`): `search show DIR`,
+    `search export DIR` and `search run --resume DIR` failed with "password authentication failed",
+    since the stars were taken for the password; they now find it in $PGPASSWORD, and in ~/.pgpass.
+    The password typed on the command line gets one warning line, and is never printed."""
+    password = "pw-Zqv1/Xjw2#"  # '/' and '#' spelled out in the URL, as users type them
+    url = postgres_server.password_database(password)
+    monkeypatch.delenv("TOWERLAB_STORE", raising=False)
+    monkeypatch.delenv("PGPASSWORD", raising=False)
+    typed = url.replace("@", f":{password}@", 1)
+    out = tmp_path / "search"
+    done = run_cli(*SEARCH, "--space", space, "--generations", "1", "--store", typed, "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    assert "is visible to every user of this machine" in done.stderr and "Zqv1" not in done.stdout + done.stderr
+    assert json.loads((out / "config.json").read_text())["store"] == url.replace("@", ":***@", 1)
+    home = tmp_path / "home"
+    home.mkdir()
+    pgpass = home / ".pgpass"
+    pgpass.write_text(f"127.0.0.1:{postgres_server.port}:*:*:{password.replace(':', chr(92) + ':')}\n")
+    pgpass.chmod(0o600)
+    none = run_cli("search", "show", str(out), env={"HOME": str(tmp_path)})
+    assert none.returncode == 2 and "password" in none.stderr and none.stderr.count("\n") == 1, none.stderr
+    for where in ({"PGPASSWORD": password}, {"HOME": str(home)}):
+        shown = run_cli("search", "show", str(out), env=where)
+        assert shown.returncode == 0 and "finished" in shown.stdout, shown.stderr
+        study = tmp_path / f"study-{len(where['HOME']) if 'HOME' in where else 0}.db"
+        exported = run_cli("search", "export", str(out), "--optuna", f"sqlite:///{study}", env=where)
+        assert exported.returncode == 0 and "trials" in exported.stdout, exported.stderr
+        for result in (shown, exported):
+            assert "Zqv1" not in result.stdout + result.stderr and "warning" not in result.stderr
+    generations = 1
+    for where in ({"PGPASSWORD": password}, {"HOME": str(home)}):
+        generations += 1
+        resumed = run_cli("search", "run", "--resume", str(out), "--generations", str(generations), env=where)
+        assert resumed.returncode == 0, resumed.stderr
+        assert "Zqv1" not in resumed.stdout + resumed.stderr and "warning: the password" not in resumed.stderr
+    with Store(with_password_of(url, password), create=False) as store:
+        assert [g.complete for g in store.generations(1)] == [True, True, True]
+
+
+def with_password_of(url: str, password: str) -> str:
+    from urllib.parse import quote
+
+    return url.replace("@", f":{quote(password, safe='')}@", 1)

@@ -261,6 +261,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
+    _warn_of_passwords(sys.argv[1:] if argv is None else argv)
     try:
         args = parser.parse_args(argv)
         return int(args.handler(args) or 0)
@@ -287,6 +288,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"towerlab: error: another process of the job is gone ({' '.join(str(exc).split())[:200]}); "
               "stopping", file=sys.stderr, flush=True)
         return EXIT_PEER_LOST
+
+
+def _warn_of_passwords(words: Sequence[str]) -> None:
+    """One line where a URL on the command line holds a password (every user of the machine reads it)."""
+    if any("://" in word for word in words):
+        from towerlab.search.database import PASSWORD_WARNING, shows_a_password
+
+        if any(shows_a_password(word) for word in words):
+            print(PASSWORD_WARNING, file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":

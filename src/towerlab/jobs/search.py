@@ -44,7 +44,7 @@ from towerlab.data.load import Dataset
 from towerlab.models.custom import ModelFunction, function_file
 from towerlab.report import Reporter, format_plan
 from towerlab.search import Search, Space, load_space, refuse_unused_settings
-from towerlab.search.database import STORE_ENV, is_url, redacted, with_password
+from towerlab.search.database import STORE_ENV, is_url, redacted, store_location, with_password
 from towerlab.search.queue import lease_seconds, release_the_dead
 from towerlab.search.store import STORE_NAME, Store
 
@@ -68,7 +68,7 @@ def store_target(cfg: SearchConfig, out: Path) -> str:
     else the search folder's search.db. A recorded URL has no password (see `recorded_store`): where
     $TOWERLAB_STORE is that same URL with one, it is taken from there."""
     given = cfg.store or os.environ.get(STORE_ENV, "").strip() or None
-    return str(out / STORE_NAME) if given is None else with_password(given)
+    return str(out / STORE_NAME) if given is None else with_password(store_location(given))
 
 
 def recorded_store(target: str) -> str:

@@ -19,6 +19,7 @@ itself may come from the URL, from $PGPASSWORD or from ~/.pgpass, as libpq reads
 from __future__ import annotations
 
 import os
+import re
 import sqlite3
 import sys
 import threading
@@ -26,7 +27,7 @@ import time
 from contextlib import suppress
 from pathlib import Path
 from typing import Any, Callable, Optional, TypeVar
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import quote, unquote, urlsplit
 
 from towerlab.errors import UserError
 
@@ -47,15 +48,94 @@ def is_url(text: str) -> bool:
     return urlsplit(str(text)).scheme in POSTGRES_SCHEMES
 
 
+_SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]+):")
+_PASSWORD_PARAMETER = re.compile(r"([?&]password=)([^&]*)", re.IGNORECASE)
+
+
+def _password_spans(url: str) -> list[tuple[int, int]]:
+    """Where the passwords of a URL lie in it: the user information's after its first ':' up to the last
+    '@' (a password may hold '/', '#', '?', '@' or a space, typed unencoded; hiding too much beats showing
+    one), and the value of a `password=` parameter."""
+    match = _SCHEME.match(url)
+    if match is None or not url.startswith("//", match.end()):
+        return []
+    start = match.end() + 2
+    spans = []
+    at = url.rfind("@")
+    colon = url.find(":", start, at) if at > start else -1
+    if colon >= 0:
+        spans.append((colon + 1, at))
+    spans += [m.span(2) for m in _PASSWORD_PARAMETER.finditer(url, max(at, start))]
+    return spans
+
+
 def redacted(url: str) -> str:
-    """`url` without its password (user:***@host), as every message and record shows it."""
-    parts = urlsplit(url)
-    if parts.password is None:
+    """`url` without its passwords (user:***@host, password=***), as every message and record shows it."""
+    for begin, end in reversed(_password_spans(url)):
+        url = url[:begin] + "***" + url[end:]
+    return url
+
+
+def shows_a_password(word: str) -> bool:
+    """Whether a command-line word (`URL`, or `--flag=URL`) holds a URL with a password in it, which
+    every user of the machine can read in the process list."""
+    value = word.partition("=")[2] if word.startswith("--") else word
+    return any(value[begin:end] not in ("", "***") for begin, end in _password_spans(value))
+
+
+PASSWORD_WARNING = ("towerlab: warning: the password in a URL on the command line is visible to every user of "
+                    "this machine (ps, /proc): put it in $PGPASSWORD or ~/.pgpass, or the whole URL in $TOWERLAB_STORE")
+
+
+def store_location(text: str) -> str:
+    """What a store's name (--store, $TOWERLAB_STORE, a command's STORE) means, as towerlab opens it: a
+    postgresql:// URL, or the path of an SQLite file. The spellings of SQLAlchemy and Optuna for the same
+    are taken as meant (postgresql+psycopg://..., sqlite:///PATH, file:PATH); a URL of another database,
+    or one towerlab cannot keep a search in (in memory, with options), is refused in one line, where it
+    became a local folder named after it."""
+    match = _SCHEME.match(text)
+    if match is None:
+        return text
+    scheme, rest = match.group(1).lower(), text[match.end():]
+    base, plus, _driver = scheme.partition("+")
+    shown = redacted(text)
+    if base in POSTGRES_SCHEMES and rest.startswith("//"):
+        url = f"{base}:{rest}" if plus else text
+        spans = _password_spans(url)
+        if spans and spans[0][1] == url.rfind("@"):  # a password typed with '/', '#', '?', '@' or a space
+            begin, end = spans[0]  # is meant whole, where libpq would read a host or a path in it
+            url = url[:begin] + re.sub(r"[/#?@\s]", lambda m: quote(m.group(), safe=""), url[begin:end]) + url[end:]
         return url
-    host = parts.hostname or ""
-    if parts.port is not None:
-        host += f":{parts.port}"
-    return urlunsplit(parts._replace(netloc=f"{parts.username or ''}:***@{host}"))
+    if base == "sqlite" and rest.startswith("//"):
+        if rest == "//":
+            return _sqlite_file("", shown)
+        if not rest.startswith("///"):
+            raise UserError(f"store {shown}: an SQLite URL names a file with three slashes, sqlite:///PATH "
+                            "(or give the PATH itself)")
+        return _sqlite_file(rest[3:], shown)
+    if base == "file":
+        parts = urlsplit(text)
+        if parts.netloc not in ("", "localhost"):
+            raise UserError(f"store {shown}: a file: URL of another machine ({parts.netloc}) is not a file here: "
+                            "give a path on this machine, or a postgresql:// URL that every machine reaches")
+        if parts.query or parts.fragment:
+            raise UserError(f"store {shown}: towerlab opens its SQLite store itself, without URL options: give "
+                            "the file's path")
+        return _sqlite_file(unquote(parts.path), shown)
+    if rest.startswith("//"):
+        raise UserError(f"store {shown}: towerlab keeps a search in an SQLite file (a path) or a PostgreSQL "
+                        f"database (postgresql://USER@HOST/DB), not in {base}")
+    return text
+
+
+def _sqlite_file(path: str, shown: str) -> str:
+    if path in ("", ":memory:") or path.startswith("?"):
+        raise UserError(f"store {shown}: an SQLite database in memory is gone when the command ends, so nothing "
+                        "would be kept: give a file's path")
+    if "?" in path:
+        raise UserError(f"store {shown}: towerlab opens its SQLite store itself, without URL options: give the "
+                        "file's path")
+    return path
 
 
 STORE_ENV = "TOWERLAB_STORE"  # the store a search or a worker uses when none is named
@@ -63,9 +143,17 @@ STORE_ENV = "TOWERLAB_STORE"  # the store a search or a worker uses when none is
 
 def with_password(url: str) -> str:
     """A recorded (redacted) URL with its password back, where $TOWERLAB_STORE is that URL with one;
-    else as given (libpq then finds the password in $PGPASSWORD or ~/.pgpass)."""
+    else without the *** that stands for it, so that libpq finds it in $PGPASSWORD or ~/.pgpass (a
+    password "***" is no password)."""
     env = os.environ.get(STORE_ENV, "").strip()
-    return env if env and is_url(url) and is_url(env) and redacted(env) == url else url
+    if env and is_url(url) and is_url(env) and redacted(env) == url:
+        return env
+    if not is_url(url):
+        return url
+    spans = _password_spans(url)
+    if spans and spans[0][1] == url.rfind("@") and url[spans[0][0]:spans[0][1]] == "***":
+        url = url[:spans[0][0] - 1] + url[spans[0][1]:]  # user:***@host -> user@host
+    return re.sub(r"([?&])password=\*\*\*(&|$)", lambda m: m.group(1) if m.group(2) else "", url, flags=re.IGNORECASE)
 
 
 def retry_seconds() -> float:
@@ -104,6 +192,7 @@ class Database:
 
     dialect: str
     where: str  # the file, or the redacted URL
+    secrets: tuple[str, ...] = ()  # what no message may show (a URL's password, as typed and decoded)
 
     def __init__(self) -> None:
         self._lock = threading.RLock()
@@ -114,6 +203,13 @@ class Database:
 
     _TOKENS: dict[str, str] = {}
     _PARAMETER = "?"
+
+    def _line(self, error: object) -> str:
+        """An error in one line, without the secrets (a driver may quote the connection string's parts)."""
+        text = _one_line(error)
+        for secret in self.secrets:
+            text = text.replace(secret, "***")
+        return text
 
     def _connect(self) -> Any:
         raise NotImplementedError
@@ -186,10 +282,10 @@ class Database:
                     if deadline is None:
                         deadline = now + retry_seconds()
                         _say(f"towerlab: warning: lost the search store's database {self.where} "
-                             f"({_one_line(error)}): trying again for up to {retry_seconds():g} s")
+                             f"({self._line(error)}): trying again for up to {retry_seconds():g} s")
                     if now >= deadline:
                         raise UserError(f"lost the search store's database {self.where} and could not reach it "
-                                        f"again for {retry_seconds():g} s ({_one_line(error)}): every result "
+                                        f"again for {retry_seconds():g} s ({self._line(error)}): every result "
                                         "written before is kept; start the workers again once it is back") from None
                     time.sleep(min(wait, max(0.0, deadline - now)))
                     wait = min(2 * wait, RETRY_WAIT)
@@ -326,12 +422,16 @@ class PostgreSQL(Database):
         super().__init__()
         self.url = url
         self.where = redacted(url)
+        typed = [url[begin:end] for begin, end in _password_spans(url) if end > begin]
+        # libpq may read a password that holds '@' or '/' as parts of the URL, and quote one in its error
+        pieces = [piece for text in typed for piece in re.split(r"[@/:?#\s]", text) if len(piece) >= 4]
+        self.secrets = tuple(sorted({*typed, *map(unquote, typed), *pieces}, key=len, reverse=True))
         self._psycopg = psycopg_module()
         try:
             self._conn = self._connect()
         except self._psycopg.Error as e:
             _OPEN.discard(self)
-            raise UserError(f"cannot reach the search store's database {self.where}: {_one_line(e)}") from None
+            raise UserError(f"cannot reach the search store's database {self.where}: {self._line(e)}") from None
 
     def _connect(self) -> Any:
         from psycopg.rows import dict_row
@@ -356,10 +456,10 @@ class PostgreSQL(Database):
 
     def _failed(self, error: BaseException, writing: bool) -> BaseException:
         if isinstance(error, self._psycopg.errors.DiskFull):
-            return UserError(f"the search store's database {self.where} is out of disk ({_one_line(error)}): "
+            return UserError(f"the search store's database {self.where} is out of disk ({self._line(error)}): "
                              "every result written before is kept; make room and start the workers again")
         if isinstance(error, self._psycopg.errors.InsufficientPrivilege):
-            return UserError(f"the search store's database {self.where} refused: {_one_line(error)} (grant "
+            return UserError(f"the search store's database {self.where} refused: {self._line(error)} (grant "
                              "the user the rights of docs/distributed-search.md)")
         return error
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Callable, Iterator, Optional, TypeVar
 
 from towerlab.errors import UserError
-from towerlab.search.database import is_url, with_password
+from towerlab.search.database import is_url, store_location, with_password
 from towerlab.search.pruners import rung_epochs
 from towerlab.search.space import space_of
 from towerlab.search.store import STORE_NAME, SearchRow, Store
@@ -112,8 +112,10 @@ def store_path(path: str | os.PathLike) -> str | Path:
     """The store a path means: a postgresql:// URL, or a file itself; a search folder's search.db, or the
     store its config.json names when the search kept its evaluations elsewhere (a recorded URL gets its
     password from $TOWERLAB_STORE where that is the same URL)."""
+    if isinstance(path, str):
+        path = store_location(path)
     if is_url(str(path)):
-        return str(path)
+        return with_password(str(path))
     path = Path(path)
     if not path.is_dir() or (path / STORE_NAME).exists():
         return path

@@ -61,7 +61,8 @@ from typing import Optional, Sequence
 from towerlab.config import upgrade_search_config
 from towerlab.errors import UserError
 from towerlab.search.candidates import Candidate, Outcome
-from towerlab.search.database import CHUNK, Database, PostgreSQL, SQLite, Transaction, connect, is_url, placeholders
+from towerlab.search.database import (CHUNK, Database, PostgreSQL, SQLite, Transaction, connect, is_url, placeholders,
+                                      store_location)
 from towerlab.search.rows import Evaluation, GenerationRow, SearchRow, Task, now
 from towerlab.search.schema import open_postgresql, open_sqlite
 from towerlab.search.space import Space
@@ -76,6 +77,8 @@ class Store(TaskQueue):
     names (its tables created unless `create=False`)."""
 
     def __init__(self, target: str | os.PathLike, *, create: bool = True) -> None:
+        if isinstance(target, str):
+            target = store_location(target)
         self.url = str(target) if is_url(str(target)) else None
         if self.url is None:
             path = Path(target)

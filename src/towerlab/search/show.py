@@ -154,7 +154,7 @@ def evaluation_records(store_or_path: Store | str | os.PathLike) -> list[dict]:
         for e in store.evaluations():
             ladder = ladders[e.search_id]
             rows.append({"id": e.id, "search": e.search_id, "sampler": searches[e.search_id].sampler,
-                         "generation": e.generation, "index": e.index,
+                         "generation": e.generation + 1, "index": e.index,  # from 1, as the console counts
                          "rung": ladder.index(e.max_epochs) if e.max_epochs in ladder else None,
                          "max_epochs": e.max_epochs, "replicate": e.replicate, "seed": e.seed, "status": e.status,
                          "val_accuracy": e.fitness, "val_loss": e.val_loss, "test_accuracy": e.test_accuracy,

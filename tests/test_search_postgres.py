@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import threading
 import time
@@ -262,3 +263,59 @@ def with_password_of(url: str, password: str) -> str:
     from urllib.parse import quote
 
     return url.replace("@", f":{quote(password, safe='')}@", 1)
+
+
+def test_a_worker_waits_on_an_empty_database_then_trains_a_search_started_later(tmp_path, space, reference,
+                                                                               postgres_url):
+    """`search worker URL --wait` on a database that no search has used exited 2 ("holds no search store"):
+    a cluster's workers that start before the search died at once. It waits, joins the search once it
+    starts, says what it trains, task by task, and what it did when it leaves."""
+    with reaped(start_towerlab("search", "worker", postgres_url, "--wait", *ONE_CPU,
+                               log=tmp_path / "worker.log")) as worker:
+        wait_for(lambda: "waiting for a search to start" in (tmp_path / "worker.log").read_text(), timeout=120,
+                 what="the worker to wait")
+        assert worker.poll() is None
+        out = tmp_path / "search"
+        with reaped(start_towerlab(*SEARCH, "--space", space, "--store", postgres_url, "--out", str(out),
+                                   log=tmp_path / "log")) as job:
+            assert job.wait(timeout=300) == 0, (tmp_path / "log").read_text()
+        assert worker.poll() is None  # --wait: it stays for the searches to come
+        os.killpg(worker.pid, signal.SIGTERM)
+        assert worker.wait(timeout=60) == 143
+    assert decisive(postgres_url) == decisive(reference / "search.db")
+    with Store(postgres_url) as store:
+        assert len({e.worker for e in store.evaluations()}) == 2  # the search's own worker, and the one that waited
+    text = (tmp_path / "worker.log").read_text()
+    told = [line for line in text.splitlines() if ": search 1, generation " in line]
+    assert told and all(re.search(r"(validation|test) accuracy 0\.\d{4}.* in \d+\.\d s$", line) for line in told), text
+    assert re.search(rf"leaving after {len(told)} task\(s\) \(0 failed\) of search\(es\) 1: ", text), text
+
+
+def test_a_worker_with_other_data_is_refused_and_the_search_ends_as_on_sqlite(tmp_path, postgres_url, monkeypatch):
+    """A worker whose mnist.npz differs from the search's in one training label trained 3 candidates into
+    the search, scoring 0.5 where the data gives 0.96. It is refused in one line naming the data, exits 2
+    (it joined nothing), trains nothing, and the search ends with the rows of the same search on SQLite."""
+    from test_search_provenance import SEARCH as MNIST_SEARCH, SPACE as MLP_SPACE, mnist_files
+
+    data = mnist_files(tmp_path / "data")
+    monkeypatch.setenv("TOWERLAB_DATA", str(data))
+    (tmp_path / "space.toml").write_text(MLP_SPACE)
+    search = [*MNIST_SEARCH, "--space", str(tmp_path / "space.toml")]
+    done = run_cli(*search, "--out", str(tmp_path / "reference"))
+    assert done.returncode == 0, done.stderr
+    job = start_towerlab(*search, "--store", postgres_url, "--out", str(tmp_path / "search"), log=tmp_path / "log")
+    with reaped(job):  # stopped after its first evaluation: the search waits for workers, unfinished
+        wait_for(lambda: trained(postgres_url) > 0, timeout=180, what="the first evaluation")
+        os.killpg(job.pid, signal.SIGKILL)
+        job.wait(timeout=60)
+    before = decisive(postgres_url)
+    other = run_cli("search", "worker", postgres_url, *ONE_CPU,
+                    env={"TOWERLAB_DATA": str(mnist_files(tmp_path / "other", changed_label=True))})
+    lines = other.stderr.splitlines()
+    assert other.returncode == 2 and len(lines) == 2, other.stderr
+    assert lines[1].startswith("towerlab: error: worker ") and "joined no search of" in lines[1]
+    assert "search 1: its data differ: mnist here (npz, " in lines[1] and "other/mnist.npz" in lines[1], lines
+    assert decisive(postgres_url) == before
+    done = run_cli("search", "worker", postgres_url, *ONE_CPU)  # the search's data: it finishes the search
+    assert done.returncode == 0, done.stderr
+    assert decisive(postgres_url) == decisive(tmp_path / "reference" / "search.db")

@@ -217,7 +217,11 @@ def _search_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("store", nargs="?", default=None,
                    help="the store: a postgresql:// URL, a search.db, or a search's folder (default: $TOWERLAB_STORE)")
     p.add_argument("--search", type=int, default=None, metavar="ID", help="join this search only")
-    p.add_argument("--wait", action="store_true", help="when nothing is left, wait for new work (until Ctrl-C)")
+    p.add_argument("--wait", action="store_true", help="when nothing is left, wait for new work (until Ctrl-C or "
+                                                       "SIGTERM), and on a store no search has made yet, for one")
+    p.add_argument("--model", dest="model_files", action="append", default=[], metavar="FILE.py:FUNCTION",
+                   help="a model file that searches of the store train with (give it once per file): a worker "
+                        "imports only the model files named here, and only where its content is the search's")
     p.add_argument("--workers-per-device", type=int, default=1, metavar="N",
                    help="candidates trained at once on each device")
     add_arguments(p, RunConfig, skip=tuple(f for f in RunConfig.__dataclass_fields__

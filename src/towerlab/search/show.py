@@ -238,7 +238,10 @@ def _shape(search: SearchRow, generations: list) -> str:
 def _format_one(store: Store, search: SearchRow) -> str:
     space = search.space
     size = space_of({"model": space["model"], "genes": space["genes"]}, space["name"], f"store {store.path}").size_text
-    state = f"finished {search.finished}" if search.finished else "not finished (resume it with --resume)"
+    running = not search.finished and store.at_work(search.id, SILENT)
+    state = (f"finished {search.finished}" if search.finished else "running" if running else
+             "not finished, and no worker is at it (continue it with `towerlab search run --resume DIR`, or start "
+             "`towerlab search worker`)")
     generations = store.generations(search.id)
     lines = [f"search {search.id}: {search.sampler} over space {space['name']} (model {space['model']}, "
              f"{size}), seed {search.config['seed']}, {_shape(search, generations)}; "
@@ -259,15 +262,20 @@ def _format_one(store: Store, search: SearchRow) -> str:
         lines.append(f"  {gen.generation + 1:>4} {s['evaluated']:>9} {s['cached']:>7} {s['failed']:>6} "
                      f"{_acc(s['best']):>7} {_acc(s['mean']):>7} {_acc(s['worst']):>7} "
                      f"{s['seconds']:>9.1f}")
-    lines.append(f"  {totals['evaluated']} evaluations, {totals['cached']} cache hits, "
-                 f"{totals['failed']} failures, {totals['seconds']:.1f} s")
-    if not search.finished:
-        queue = store.tasks(search.id)
-        held = sorted({t.worker for t in queue if t.state == "claimed" and t.worker})
-        lines.append(f"  queue: {sum(t.state == 'done' for t in queue)} done, "
-                     f"{sum(t.state == 'open' for t in queue)} waiting, {sum(t.state == 'claimed' for t in queue)} "
-                     f"in progress" + (f" ({', '.join(held)})" if held else ""))
     top = _top(store, search)
+    if search.finished:
+        lines.append(f"  {totals['evaluated']} evaluations, {totals['cached']} cache hits, "
+                     f"{totals['failed']} failures, {totals['seconds']:.1f} s")
+    else:  # the generations' counts come as each completes: the queue says where a running search stands
+        queue = store.tasks(search.id)
+        closed = [t for t in queue if t.state == "done"]
+        held = sorted({t.worker for t in queue if t.state == "claimed" and t.worker})
+        failed = sum((t.result or {}).get("status") == "failed" for t in closed)
+        best = f"; best validation accuracy so far {_acc(top[0][1])}" if top else ""
+        lines.append(f"  so far: {len(closed)} training(s) done ({failed} failed), "
+                     f"{sum(t.state == 'claimed' for t in queue)} in progress" + (f" ({', '.join(held)})" if held else "")
+                     + f", {sum(t.state == 'open' for t in queue)} waiting{best}")
+    lines += _provenances(store.evaluations(search.id))
     if top:
         lines.append(f"  top {len(top)}:" if search.finished else f"  top {len(top)} so far (measured once):")
         lines.append(f"  {'rank':>4} {'val acc':>8} {'+-':>7} {'seeds':>5} {'test acc':>8}  genome")
@@ -288,3 +296,32 @@ def _top(store: Store, search: SearchRow) -> list[tuple[dict, float, list[float]
         row = store.lookup(entry["genome_hash"], entry["train_config_hash"], search.id)
         top.append((entry["genome"], entry["fitness"], entry["fitnesses"], None if row is None else row.test_accuracy))
     return top
+
+
+def _provenances(evaluations: list) -> list[str]:
+    """A line where a search's rows come from more than one provenance (`towerlab.jobs.identity`): how many
+    from each, and what tells them apart."""
+    kinds: dict[str, int] = {}
+    for e in evaluations:
+        key = json.dumps(e.provenance, sort_keys=True)
+        kinds[key] = kinds.get(key, 0) + 1
+    if len(kinds) < 2:
+        return []
+    found = [json.loads(key) or {} for key in kinds]
+    recorded = [p for p in found if p]
+    differing = sorted({k for p in recorded for k in p if len({json.dumps(q.get(k)) for q in recorded}) > 1})
+    named_by = differing or ["host", "towerlab", "torch", "device"]
+
+    def named(where: dict) -> str:
+        if not where:
+            return "unrecorded (written before towerlab recorded it)"
+        return ", ".join(f"{k} {_short(where.get(k))}" for k in named_by)
+
+    return [f"  its rows come from {len(kinds)} provenances"
+            + (f", which differ in {', '.join(differing)}" if differing else "") + ": "
+            + "; ".join(f"{n} from {named(p)}" for p, n in zip(found, kinds.values()))]
+
+
+def _short(value: object) -> str:
+    text = str(value)
+    return text.removeprefix("sha256:")[:12] if text.startswith("sha256:") else text

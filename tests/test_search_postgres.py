@@ -319,3 +319,32 @@ def test_a_worker_with_other_data_is_refused_and_the_search_ends_as_on_sqlite(tm
     done = run_cli("search", "worker", postgres_url, *ONE_CPU)  # the search's data: it finishes the search
     assert done.returncode == 0, done.stderr
     assert decisive(postgres_url) == decisive(tmp_path / "reference" / "search.db")
+
+
+def test_a_postgresql_store_of_schema_4_gains_provenance_and_keeps_its_rows(postgres_url):
+    """A store made before each evaluation recorded its provenance (schema 4) is migrated when opened,
+    once, under the schema lock; its rows stay, without provenance."""
+    import psycopg
+
+    from towerlab.config import SearchConfig
+    from towerlab.fields import to_dict
+    from towerlab.search import Candidate, Outcome, genome_hash, load_space
+
+    with Store(postgres_url) as store:
+        space = load_space("mlp")
+        sid = store.begin_search("random", to_dict(SearchConfig()), space, "tch", {"device": "cpu"})
+        genome = {"neurons": 64, "layers": 1, "activation": "relu", "optimizer": "adam"}
+        store.record(Candidate(0, 0, genome, genome_hash(genome), 1), Outcome.ok(0.5, worker="w"), "tch", sid)
+    with psycopg.connect(postgres_url, autocommit=True) as db:
+        db.execute("ALTER TABLE evaluations DROP COLUMN provenance")
+        db.execute("UPDATE towerlab_schema SET version = 4")
+    with Store(postgres_url, create=False) as store, Store(postgres_url, create=False):
+        [row] = store.evaluations()
+        assert (row.fitness, row.provenance) == (0.5, None)
+        where = {"host": "h"}
+        genome = {**genome, "neurons": 32}
+        again = store.record(Candidate(0, 1, genome, genome_hash(genome), 2), Outcome.ok(0.6, provenance=where),
+                             "tch", sid)
+        assert again.provenance == where
+    with psycopg.connect(postgres_url) as db:
+        assert db.execute("SELECT version FROM towerlab_schema").fetchall() == [(SCHEMA_VERSION,)] == [(5,)]

@@ -42,7 +42,8 @@ def test_search_run_with_a_sampler_writes_its_record_and_every_evaluation_comes_
     assert len(rows) == 5 and {r["sampler"] for r in rows} == {"random"}
     assert [r["replicate"] for r in rows].count("0") == 5 and {r["rung"] for r in rows} == {"0"}
     assert {"gene_neurons", "gene_layers", "gene_activation", "val_accuracy", "seconds", "worker", "device", "threads",
-            "precision", "torch_version"} <= set(rows[0])
+            "precision", "torch_version", "host", "towerlab_version", "code_digest", "data_digest"} <= set(rows[0])
+    assert all(r["data_digest"].startswith("sha256:") and r["towerlab_version"] for r in rows)
     assert {(r["threads"], r["precision"]) for r in rows} == {("1", "fp32")}
     # a worker is named by its host, its process and its device
     assert all(float(r["seconds"]) > 0 and re.fullmatch(r".+:\d+:cpu", r["worker"]) for r in rows)

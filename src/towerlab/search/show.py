@@ -21,9 +21,11 @@ from towerlab.search.store import STORE_NAME, SearchRow, Store
 # The columns of `--csv`, in order; the genes follow as gene_<name>.
 RECORD_FIELDS = ("id", "search", "sampler", "generation", "index", "rung", "max_epochs", "replicate", "seed",
                  "status", "val_accuracy", "val_loss", "test_accuracy", "epochs", "seconds", "worker",
-                 "device", "threads", "precision", "torch_version", "finished_at", "reason", "genome_hash")
+                 "device", "threads", "precision", "torch_version", "finished_at", "reason", "genome_hash", "host",
+                 "towerlab_version", "code_digest", "data_digest")
 
 _NUMERICS = {"device": "device", "threads": "threads", "precision": "precision", "torch_version": "torch"}
+_PROVENANCE = {"host": "host", "towerlab_version": "towerlab", "code_digest": "code", "data_digest": "data"}
 
 T = TypeVar("T")
 
@@ -146,7 +148,8 @@ def evaluation_records(store_or_path: Store | str | os.PathLike) -> list[dict]:
     sampler), where (generation, index; -1 for a re-measure), the rung and its epochs, the
     replicate (0: the evaluation, 1..: re-measures), the seed, the outcome (validation and test
     accuracy, loss, epochs trained, seconds), the worker and its numerics (device, threads,
-    precision, torch version: None where the store predates them), and the genome."""
+    precision, torch version) and provenance (host, towerlab version, the digests of the training
+    code and of the data), None where the store predates them, and the genome."""
     def records(store: Store) -> list[dict]:
         searches = {s.id: s for s in store.searches()}
         ladders = {i: _ladder(s.config) for i, s in searches.items()}
@@ -161,6 +164,7 @@ def evaluation_records(store_or_path: Store | str | os.PathLike) -> list[dict]:
                          "epochs": e.epochs, "seconds": e.seconds, "worker": e.worker,
                          **{field: (e.numerics or {}).get(key) for field, key in _NUMERICS.items()},
                          "finished_at": e.finished_at, "reason": e.reason, "genome_hash": e.genome_hash,
+                         **{field: (e.provenance or {}).get(key) for field, key in _PROVENANCE.items()},
                          "genome": e.genome})
         return rows
 

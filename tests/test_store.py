@@ -303,4 +303,5 @@ def test_show_says_when_a_search_s_rows_come_from_more_than_one_provenance(tmp_p
         store.record(candidate({"a": 4}), Outcome.ok(0.5), TCH, sid)  # written before rows recorded it
         text = format_search(store)
     assert ("its rows come from 3 provenances, which differ in data, host: 2 from data da7a, host a; 1 from data "
-            "bad, host b; 1 from unrecorded (written before towerlab recorded it)") in text, text
+            "bad, host b; 1 from no record of it (rows written before towerlab kept one, or failed when their workers "
+            "were lost)") in text, text

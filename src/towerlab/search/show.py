@@ -318,7 +318,7 @@ def _provenances(evaluations: list) -> list[str]:
 
     def named(where: dict) -> str:
         if not where:
-            return "unrecorded (written before towerlab recorded it)"
+            return "no record of it (rows written before towerlab kept one, or failed when their workers were lost)"
         return ", ".join(f"{k} {_short(where.get(k))}" for k in named_by)
 
     return [f"  its rows come from {len(kinds)} provenances"

@@ -114,8 +114,8 @@ def run_worker(spec: WorkerSpec, device: torch.device, data: Optional[Dataset] =
 
 @dataclass
 class _Setup:
-    """How this worker trains one search: its data (and their digest), its model, its CPU threads per
-    candidate."""
+    """How this worker trains one search: its data, its model, its CPU threads per candidate, and the
+    provenance its rows record."""
 
     data: Dataset
     model: CandidateModel
@@ -272,7 +272,7 @@ def start_workers(target: str, run: RunConfig, *, per_device: int = 1, search_id
     for named in model_files:
         check_model_file(named)
     where = redacted(target) if is_url(target) else target
-    with _store_once_made(target, wait) as store:
+    with _store_once_made(target, wait, where) as store:
         release_the_dead(store)
         if search_id is not None and store.search(search_id) is None:
             raise UserError(f"store {where} holds no search {search_id}: `towerlab search show {where}` lists them")
@@ -306,19 +306,19 @@ def start_workers(target: str, run: RunConfig, *, per_device: int = 1, search_id
 WAIT_FOR_STORE = 2.0  # seconds between looks for a store that no search has made yet (--wait)
 
 
-def _store_once_made(target: str, wait: bool) -> Store:
+def _store_once_made(target: str, wait: bool, where: str) -> Store:
     """The store at `target`; with `wait`, one that no search has made yet is waited for (a cluster's
     workers may start before the search), saying so once."""
     said = False
     while True:
         try:
             return Store(target, create=False)
-        except NoStore as exc:
+        except NoStore:
             if not wait:
                 raise
             if not said:
-                print(f"towerlab search worker: {exc}; waiting for a search to start there (Ctrl-C to stop)",
-                      file=sys.stderr, flush=True)
+                print(f"towerlab search worker: {where} holds no search store yet: waiting for a search to start "
+                      "there (Ctrl-C to stop)", file=sys.stderr, flush=True)
                 said = True
         time.sleep(WAIT_FOR_STORE)
 

@@ -380,7 +380,6 @@ class Worker:
         if driver is not None:
             driver.wake.set()
 
-
     def _told(self, task: Task, outcome: Outcome, test_accuracy: Optional[float]) -> str:
         """A task's line: which search and candidate, its result, its seconds."""
         c = task.candidate

@@ -196,6 +196,10 @@ def test_a_worker_imports_a_model_file_only_where_its_command_names_it_and_its_c
     status, lines = worker(out, "--model", f"{net}:make", data=data)
     assert status == 2 and f"its model file differs: {net} here holds SHA-256 " in lines[-1], lines
     assert not marker.exists() and rows(out) == before
+    done = run_cli("search", "run", "--resume", str(out), "--model", f"{net}:make", env={"TOWERLAB_DATA": str(data)})
+    assert done.returncode == 2 and "its model file changed since it started" in done.stderr, done.stderr
+    assert rows(out) == before
+    marker.unlink()  # the resume's own command named the file: it imports it, as a training's --model does
     # a store edited to name another file (and that file's digest): a worker given the search's file trains
     # nothing of it, and imports neither
     net.write_text(NET)

@@ -176,7 +176,7 @@ class SearchJob(Job):
             row = store.search(search_id)
             recorded = (row.setup if row is not None else None) or {}
             why = data_difference(recorded, digest, self.search.cfg.dataset, data.source)
-            if why is None and recorded.get("model_sha256") not in (None, here.get("model_sha256")):
+            if why is None and "model_sha256" in here and recorded.get("model_sha256") not in (None, here["model_sha256"]):
                 why = (f"its model file changed since it started ({spec} holds SHA-256 {short(here['model_sha256'])}, "
                        f"the search's {short(recorded['model_sha256'])}): resume with the file it started with")
             if why is not None:

@@ -1,4 +1,4 @@
-"""What a store's name means (`search.database.store_location`) and how a URL's password is kept out of every
+"""What a store's name means (`search.location.store_location`) and how a URL's password is kept out of every
 line: SQLAlchemy's and Optuna's spellings of an SQLite file or a PostgreSQL URL are taken as meant, another
 database is refused in one line (each became a local folder named after the URL); a password typed with
 '/', '#', '?' or a space never reaches an error line (it was printed whole); a password typed on the
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from towerlab.errors import UserError
-from towerlab.search.database import redacted, shows_a_password, store_location, with_password
+from towerlab.search.location import redacted, shows_a_password, store_location, with_password
 from util import SEARCH_BASE, run_cli, small_space_file
 
 

@@ -81,7 +81,7 @@ def _print_config(**sections: object) -> int:
 
 def search_worker(args: argparse.Namespace) -> int:
     from towerlab.jobs.search_workers import start_workers
-    from towerlab.search.database import STORE_ENV
+    from towerlab.search.location import STORE_ENV
     from towerlab.search.show import store_path
 
     target = args.store or os.environ.get(STORE_ENV, "").strip()

@@ -45,7 +45,7 @@ from towerlab.data.load import Dataset
 from towerlab.models.custom import ModelFunction, function_file
 from towerlab.report import Reporter, format_plan
 from towerlab.search import Search, Space, load_space, refuse_unused_settings
-from towerlab.search.database import STORE_ENV, is_url, redacted, store_location, with_password
+from towerlab.search.location import STORE_ENV, is_url, redacted, store_location, with_password
 from towerlab.search.queue import lease_seconds, release_the_dead
 from towerlab.search.store import STORE_NAME, Store
 

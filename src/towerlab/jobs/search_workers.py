@@ -261,7 +261,7 @@ def start_workers(target: str, run: RunConfig, *, per_device: int = 1, search_id
     from towerlab.distributed.crew import Crew, CrewFailed
     from towerlab.distributed.env import check_capacity, device_type, search_threads, search_workers
     from towerlab.distributed.launch import start_method_for
-    from towerlab.search.database import is_url, redacted
+    from towerlab.search.location import is_url, redacted
 
     kind = device_type(run.device)
     devices = search_workers(run.devices, run.device)

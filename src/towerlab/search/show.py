@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Callable, Iterator, Optional, TypeVar
 
 from towerlab.errors import UserError
-from towerlab.search.database import is_url, store_location, with_password
+from towerlab.search.location import is_url, store_location, with_password
 from towerlab.search.pruners import rung_epochs
 from towerlab.search.space import space_of
 from towerlab.search.store import STORE_NAME, SearchRow, Store

@@ -64,8 +64,8 @@ from typing import Optional, Sequence
 from towerlab.config import upgrade_search_config
 from towerlab.errors import UserError
 from towerlab.search.candidates import Candidate, Outcome
-from towerlab.search.database import (CHUNK, Database, PostgreSQL, SQLite, Transaction, connect, is_url, placeholders,
-                                      store_location)
+from towerlab.search.database import CHUNK, Database, PostgreSQL, SQLite, Transaction, connect, placeholders
+from towerlab.search.location import is_url, store_location
 from towerlab.search.rows import Evaluation, GenerationRow, SearchRow, Task, now
 from towerlab.search.schema import NoStore, open_postgresql, open_sqlite
 from towerlab.search.space import Space

@@ -23,3 +23,17 @@ def postgres_server():
 def postgres_url(postgres_server) -> str:
     """The URL of a new, empty database on the tests' server."""
     return postgres_server.database()
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster():
+    """A private Slurm cluster for this test process (see slurm.py); the tests that take it skip with the
+    reason where none can be started."""
+    from slurm import Cluster
+
+    try:
+        cluster = Cluster()
+    except (RuntimeError, OSError) as exc:
+        pytest.skip(f"no Slurm cluster for the tests: {exc}")
+    yield cluster
+    cluster.close()

@@ -13,6 +13,7 @@ import shutil
 import socket
 import subprocess
 import tempfile
+import time
 import uuid
 from pathlib import Path
 
@@ -84,6 +85,30 @@ class Server:
         with psycopg.connect(self.url(), autocommit=True) as db:
             db.execute(f"CREATE DATABASE {name}")
         return self.url(name)
+
+    def password_database(self, password: str) -> str:
+        """A new database owned by a new user who must give `password` (scram-sha-256, where every other
+        user is trusted); its URL without the password."""
+        import psycopg
+        import psycopg.sql
+
+        name = "p" + uuid.uuid4().hex[:12]
+        with psycopg.connect(self.url(), autocommit=True) as db:
+            db.execute(psycopg.sql.SQL("CREATE USER {} PASSWORD {}").format(psycopg.sql.Identifier(name),
+                                                                            psycopg.sql.Literal(password)))
+            db.execute(f"CREATE DATABASE {name} OWNER {name}")
+        hba = self.data / "pg_hba.conf"
+        rule = f"host all {name} 127.0.0.1/32 scram-sha-256\n"
+        hba.write_text(rule + hba.read_text())
+        self._run("pg_ctl", "-D", str(self.data), "reload")
+        url = f"postgresql://{name}@127.0.0.1:{self.port}/{name}"
+        for _ in range(100):  # the server reads pg_hba.conf again a moment after the signal
+            try:
+                psycopg.connect(url, password="", connect_timeout=5).close()
+            except psycopg.OperationalError:
+                return url
+            time.sleep(0.05)
+        raise RuntimeError("the server never asked for the new user's password (pg_hba.conf not reloaded)")
 
     def close(self) -> None:
         self.stop("immediate")

@@ -42,7 +42,8 @@ def test_search_run_with_a_sampler_writes_its_record_and_every_evaluation_comes_
     assert len(rows) == 5 and {r["sampler"] for r in rows} == {"random"}
     assert [r["replicate"] for r in rows].count("0") == 5 and {r["rung"] for r in rows} == {"0"}
     assert {"gene_neurons", "gene_layers", "gene_activation", "val_accuracy", "seconds", "worker", "device", "threads",
-            "precision", "torch_version"} <= set(rows[0])
+            "precision", "torch_version", "host", "towerlab_version", "code_digest", "data_digest"} <= set(rows[0])
+    assert all(r["data_digest"].startswith("sha256:") and r["towerlab_version"] for r in rows)
     assert {(r["threads"], r["precision"]) for r in rows} == {("1", "fp32")}
     # a worker is named by its host, its process, its device and the token of what started it
     assert all(float(r["seconds"]) > 0 and re.fullmatch(r".+:\d+:cpu:[0-9a-f]{6}", r["worker"]) for r in rows)
@@ -56,6 +57,10 @@ def test_search_run_with_a_sampler_writes_its_record_and_every_evaluation_comes_
     assert main(["search", "show", str(out)]) == 0
     text = capsys.readouterr().out
     assert "search 1: random over space" in text and "at most 5 evaluations" in text and "   1 " in text
+    # one numbering of generations everywhere, from 1: the console, the records (CSV numbered from 0)
+    lines = [json.loads(line) for line in (out / "generations.jsonl").read_text().splitlines()]
+    assert sorted({int(r["generation"]) for r in rows}) == [g["generation"] for g in lines] == [
+        g["generation"] for g in summary["generation_stats"]] == [1, 2]
 
     # a folder holds the sampler it was started with
     assert main(["evolve", "--resume", str(out)]) == 2
@@ -339,4 +344,4 @@ def test_a_search_writes_tensorboard_curves_as_it_goes(tmp_path, space_file, cap
     assert [round(e.value, 6) for e in events.Scalars("search/best_val_accuracy")][-1] == \
         round(summary["best_val_accuracy"], 6) == round(max(accuracies), 6)
     assert [(e.step, round(e.value, 6)) for e in events.Scalars("generation/best")] == \
-        [(s["generation"] + 1, round(s["best"], 6)) for s in summary["generation_stats"]]
+        [(s["generation"], round(s["best"], 6)) for s in summary["generation_stats"]]

@@ -52,7 +52,7 @@ def test_two_workers_give_the_history_of_one_worker(tmp_path, space_file):
     assert one[:2] == two[:2]
     assert two[2]["workers"] == 2 and one[2]["workers"] == 1
     workers = {json.loads(line)["generation"] for line in (tmp_path / "two" / "generations.jsonl").read_text().splitlines()}
-    assert workers == {0, 1, 2}
+    assert workers == {1, 2, 3}  # numbered from 1, as the console numbers them
     summary = two[2]
     assert summary["evaluations"] + summary["cache_hits"] == 6 * 3
     # the winner ranks by its mean over 3 seeds (its evaluation's and 2 re-measures')

@@ -55,6 +55,10 @@ def test_the_exported_study_holds_every_genome_as_the_store_does(tmp_path, searc
     trials = study.get_trials(deepcopy=False)
     assert [t.user_attrs["genome_hash"] for t in trials] == list(dict.fromkeys(
         m.genome_hash for g in result.history for m in g.members))
+    # numbered from 1, as the console and `search show --csv` number them (it was 0)
+    assert [t.user_attrs["generation"] for t in trials] == [next(
+        g.stats.generation + 1 for g in result.history if t.user_attrs["genome_hash"] in
+        {m.genome_hash for m in g.members}) for t in trials] and trials[0].user_attrs["generation"] == 1
     assert {t.user_attrs["genome_hash"] for t in trials} == {e.genome_hash for e in evaluations}
     states = {s: sum(t.state == s for t in trials) for s in optuna.trial.TrialState}
     ts = optuna.trial.TrialState

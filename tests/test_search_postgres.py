@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import threading
 import time
@@ -215,3 +216,135 @@ def _opened(db, url):
     except UserError as e:
         return str(e)
     return "ok"
+
+
+def test_show_export_and_resume_of_a_folder_find_the_password_where_libpq_does(tmp_path, space, postgres_server,
+                                                                                  monkeypatch):
+    """A search started with the password in its URL (config.json keeps `:***@`): `search show DIR`,
+    `search export DIR` and `search run --resume DIR` failed with "password authentication failed",
+    since the stars were taken for the password; they now find it in $PGPASSWORD, and in ~/.pgpass.
+    The password typed on the command line gets one warning line, and is never printed."""
+    password = "pw-Zqv1/Xjw2#"  # '/' and '#' spelled out in the URL, as users type them
+    url = postgres_server.password_database(password)
+    monkeypatch.delenv("TOWERLAB_STORE", raising=False)
+    monkeypatch.delenv("PGPASSWORD", raising=False)
+    typed = url.replace("@", f":{password}@", 1)
+    out = tmp_path / "search"
+    done = run_cli(*SEARCH, "--space", space, "--generations", "1", "--store", typed, "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    assert "is visible to every user of this machine" in done.stderr and "Zqv1" not in done.stdout + done.stderr
+    assert json.loads((out / "config.json").read_text())["store"] == url.replace("@", ":***@", 1)
+    home = tmp_path / "home"
+    home.mkdir()
+    pgpass = home / ".pgpass"
+    pgpass.write_text(f"127.0.0.1:{postgres_server.port}:*:*:{password.replace(':', chr(92) + ':')}\n")
+    pgpass.chmod(0o600)
+    none = run_cli("search", "show", str(out), env={"HOME": str(tmp_path)})
+    assert none.returncode == 2 and "password" in none.stderr and none.stderr.count("\n") == 1, none.stderr
+    for where in ({"PGPASSWORD": password}, {"HOME": str(home)}):
+        shown = run_cli("search", "show", str(out), env=where)
+        assert shown.returncode == 0 and "finished" in shown.stdout, shown.stderr
+        study = tmp_path / f"study-{len(where['HOME']) if 'HOME' in where else 0}.db"
+        exported = run_cli("search", "export", str(out), "--optuna", f"sqlite:///{study}", env=where)
+        assert exported.returncode == 0 and "trials" in exported.stdout, exported.stderr
+        for result in (shown, exported):
+            assert "Zqv1" not in result.stdout + result.stderr and "warning" not in result.stderr
+    generations = 1
+    for where in ({"PGPASSWORD": password}, {"HOME": str(home)}):
+        generations += 1
+        resumed = run_cli("search", "run", "--resume", str(out), "--generations", str(generations), env=where)
+        assert resumed.returncode == 0, resumed.stderr
+        assert "Zqv1" not in resumed.stdout + resumed.stderr and "warning: the password" not in resumed.stderr
+    with Store(with_password_of(url, password), create=False) as store:
+        assert [g.complete for g in store.generations(1)] == [True, True, True]
+
+
+def with_password_of(url: str, password: str) -> str:
+    from urllib.parse import quote
+
+    return url.replace("@", f":{quote(password, safe='')}@", 1)
+
+
+def test_a_worker_waits_on_an_empty_database_then_trains_a_search_started_later(tmp_path, space, reference,
+                                                                               postgres_url):
+    """`search worker URL --wait` on a database that no search has used exited 2 ("holds no search store"):
+    a cluster's workers that start before the search died at once. It waits, joins the search once it
+    starts, says what it trains, task by task, and what it did when it leaves."""
+    with reaped(start_towerlab("search", "worker", postgres_url, "--wait", *ONE_CPU,
+                               log=tmp_path / "worker.log")) as worker:
+        wait_for(lambda: "waiting for a search to start" in (tmp_path / "worker.log").read_text(), timeout=120,
+                 what="the worker to wait")
+        assert worker.poll() is None
+        out = tmp_path / "search"
+        with reaped(start_towerlab(*SEARCH, "--space", space, "--store", postgres_url, "--out", str(out),
+                                   log=tmp_path / "log")) as job:
+            assert job.wait(timeout=300) == 0, (tmp_path / "log").read_text()
+        assert worker.poll() is None  # --wait: it stays for the searches to come
+        os.killpg(worker.pid, signal.SIGTERM)
+        assert worker.wait(timeout=60) == 143
+    assert decisive(postgres_url) == decisive(reference / "search.db")
+    with Store(postgres_url) as store:
+        assert len({e.worker for e in store.evaluations()}) == 2  # the search's own worker, and the one that waited
+    text = (tmp_path / "worker.log").read_text()
+    told = [line for line in text.splitlines() if ": search 1, generation " in line]
+    assert told and all(re.search(r"(validation|test) accuracy 0\.\d{4}.* in \d+\.\d s$", line) for line in told), text
+    assert re.search(rf"leaving after {len(told)} task\(s\) \(0 failed\) of search\(es\) 1: ", text), text
+
+
+def test_a_worker_with_other_data_is_refused_and_the_search_ends_as_on_sqlite(tmp_path, postgres_url, monkeypatch):
+    """A worker whose mnist.npz differs from the search's in one training label trained 3 candidates into
+    the search, scoring 0.5 where the data gives 0.96. It is refused in one line naming the data, exits 2
+    (it joined nothing), trains nothing, and the search ends with the rows of the same search on SQLite."""
+    from test_search_provenance import SEARCH as MNIST_SEARCH, SPACE as MLP_SPACE, mnist_files
+
+    data = mnist_files(tmp_path / "data")
+    monkeypatch.setenv("TOWERLAB_DATA", str(data))
+    (tmp_path / "space.toml").write_text(MLP_SPACE)
+    search = [*MNIST_SEARCH, "--space", str(tmp_path / "space.toml")]
+    done = run_cli(*search, "--out", str(tmp_path / "reference"))
+    assert done.returncode == 0, done.stderr
+    job = start_towerlab(*search, "--store", postgres_url, "--out", str(tmp_path / "search"), log=tmp_path / "log")
+    with reaped(job):  # stopped after its first evaluation: the search waits for workers, unfinished
+        wait_for(lambda: trained(postgres_url) > 0, timeout=180, what="the first evaluation")
+        os.killpg(job.pid, signal.SIGKILL)
+        job.wait(timeout=60)
+    before = decisive(postgres_url)
+    other = run_cli("search", "worker", postgres_url, *ONE_CPU,
+                    env={"TOWERLAB_DATA": str(mnist_files(tmp_path / "other", changed_label=True))})
+    lines = other.stderr.splitlines()
+    assert other.returncode == 2 and len(lines) == 2, other.stderr
+    assert lines[1].startswith("towerlab: error: worker ") and "joined no search of" in lines[1]
+    assert "search 1: its data differ: mnist here (npz, " in lines[1] and "other/mnist.npz" in lines[1], lines
+    assert decisive(postgres_url) == before
+    done = run_cli("search", "worker", postgres_url, *ONE_CPU)  # the search's data: it finishes the search
+    assert done.returncode == 0, done.stderr
+    assert decisive(postgres_url) == decisive(tmp_path / "reference" / "search.db")
+
+
+def test_a_postgresql_store_of_schema_4_gains_provenance_and_keeps_its_rows(postgres_url):
+    """A store made before each evaluation recorded its provenance (schema 4) is migrated when opened,
+    once, under the schema lock; its rows stay, without provenance."""
+    import psycopg
+
+    from towerlab.config import SearchConfig
+    from towerlab.fields import to_dict
+    from towerlab.search import Candidate, Outcome, genome_hash, load_space
+
+    with Store(postgres_url) as store:
+        space = load_space("mlp")
+        sid = store.begin_search("random", to_dict(SearchConfig()), space, "tch", {"device": "cpu"})
+        genome = {"neurons": 64, "layers": 1, "activation": "relu", "optimizer": "adam"}
+        store.record(Candidate(0, 0, genome, genome_hash(genome), 1), Outcome.ok(0.5, worker="w"), "tch", sid)
+    with psycopg.connect(postgres_url, autocommit=True) as db:
+        db.execute("ALTER TABLE evaluations DROP COLUMN provenance")
+        db.execute("UPDATE towerlab_schema SET version = 4")
+    with Store(postgres_url, create=False) as store, Store(postgres_url, create=False):
+        [row] = store.evaluations()
+        assert (row.fitness, row.provenance) == (0.5, None)
+        where = {"host": "h"}
+        genome = {**genome, "neurons": 32}
+        again = store.record(Candidate(0, 1, genome, genome_hash(genome), 2), Outcome.ok(0.6, provenance=where),
+                             "tch", sid)
+        assert again.provenance == where
+    with psycopg.connect(postgres_url) as db:
+        assert db.execute("SELECT version FROM towerlab_schema").fetchall() == [(SCHEMA_VERSION,)] == [(5,)]

@@ -74,11 +74,13 @@ def test_an_evaluation_keeps_the_numerics_it_was_trained_with(store):
 
 
 def downgrade(path, version: int) -> None:
-    """Make the store at `path` look as the towerlab of schema `version` (2 or 3) wrote it."""
+    """Make the store at `path` look as the towerlab of schema `version` (2, 3 or 4) wrote it."""
     with contextlib.closing(sqlite3.connect(path)) as db, db:
-        db.executescript("DROP TABLE tasks; DROP TABLE workers; DROP INDEX searches_token;"
-                         "ALTER TABLE searches DROP COLUMN setup; ALTER TABLE searches DROP COLUMN token;"
-                         "ALTER TABLE generations DROP COLUMN watermark")
+        db.execute("ALTER TABLE evaluations DROP COLUMN provenance")
+        if version <= 3:
+            db.executescript("DROP TABLE tasks; DROP TABLE workers; DROP INDEX searches_token;"
+                             "ALTER TABLE searches DROP COLUMN setup; ALTER TABLE searches DROP COLUMN token;"
+                             "ALTER TABLE generations DROP COLUMN watermark")
         if version == 2:
             db.execute("ALTER TABLE evaluations DROP COLUMN numerics")
         db.execute(f"PRAGMA user_version = {version}")
@@ -97,7 +99,22 @@ def test_a_version_3_store_gains_the_queue_and_keeps_its_rows_and_searches(tmp_p
         s.enqueue(sid, "train", [(candidate({"b": 1}), TCH)])
         assert s.claim("w", [sid], lease=30, max_attempts=3).candidate.genome == {"b": 1}
     with contextlib.closing(sqlite3.connect(path)) as db:
-        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
+        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 5
+
+
+def test_a_version_4_store_gains_provenance_and_keeps_its_rows(tmp_path):
+    path = tmp_path / "search.db"
+    with Store(path) as s:
+        sid = new_search(s)
+        s.record(candidate({"a": 1}), Outcome.ok(0.9), TCH, sid)
+    downgrade(path, 4)
+    where = {"host": "a", "towerlab": "0.1.0", "torch": "2.13.0", "device": "cpu", "data": "sha256:1"}
+    with Store(path) as s:
+        assert (s.lookup(genome_hash({"a": 1}), TCH).fitness, s.lookup(genome_hash({"a": 1}), TCH).provenance) == (
+            0.9, None)
+        assert s.record(candidate({"b": 1}), Outcome.ok(0.5, provenance=where), TCH, sid).provenance == where
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 5
 
 
 def test_a_version_2_store_gains_the_numerics_column_and_keeps_its_rows(tmp_path):
@@ -112,7 +129,7 @@ def test_a_version_2_store_gains_the_numerics_column_and_keeps_its_rows(tmp_path
         assert s.record(candidate({"b": 1}), Outcome.ok(0.5, numerics={"threads": 1}), TCH, sid).numerics == {
             "threads": 1}
     with sqlite3.connect(path) as db:
-        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
+        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 5
     db.close()
 
 
@@ -250,5 +267,41 @@ def test_format_search_shows_an_interrupted_generation(tmp_path):
     with Store(tmp_path / "search.db") as store, pytest.raises(KeyboardInterrupt):
         run_search(SearchConfig(sampler="ga", population=6, generations=3), load_space("mlp"), crash, store, TCH)
     text = format_search(tmp_path)
-    assert "not finished (resume it with --resume)" in text
+    assert "not finished, and no worker is at it (continue it with `towerlab search run --resume DIR`" in text
     assert "   2 incomplete: 1 evaluation(s) recorded of 6 members" in text
+
+
+def test_show_gives_a_running_search_its_live_counts_and_no_resume_hint(tmp_path):
+    """It printed "0 evaluations, 0 cache hits, 0 failures, 0.0 s" and "resume it with --resume" while the
+    search's workers trained it."""
+    with Store(tmp_path / "search.db") as store:
+        sid = new_search(store)
+        genomes = [{"a": i} for i in range(4)]
+        store.begin_generation(sid, 0, genomes, [genome_hash(g) for g in genomes])
+        store.enqueue(sid, "train", [(candidate(g), TCH) for g in genomes])
+        for worker, fitness in (("w1", 0.75), ("w2", None)):
+            task = store.claim(worker, [sid], lease=30, max_attempts=3)
+            outcome = Outcome.ok(fitness, worker=worker) if fitness else Outcome.failed("diverged", worker=worker)
+            store.complete(task, worker, outcome)
+        store.claim("w3", [sid], lease=30, max_attempts=3)
+        text = format_search(store)
+    assert "running" in text and "--resume" not in text and "0 evaluations" not in text, text
+    assert "so far: 2 training(s) done (1 failed), 1 in progress (w3), 1 waiting; best validation accuracy so far " \
+           "0.7500" in text, text
+
+
+def test_show_says_when_a_search_s_rows_come_from_more_than_one_provenance(tmp_path):
+    here = {"host": "a", "towerlab": "0.1.0", "torch": "2.13.0", "code": "sha256:c0de", "device": "cpu",
+            "data": "sha256:da7a"}
+    with Store(tmp_path / "search.db") as store:
+        sid = new_search(store)
+        store.record(candidate({"a": 1}), Outcome.ok(0.5, provenance=here), TCH, sid)
+        store.record(candidate({"a": 2}), Outcome.ok(0.5, provenance=here), TCH, sid)
+        assert "provenance" not in format_search(store)  # one provenance: nothing to say
+        store.record(candidate({"a": 3}), Outcome.ok(0.5, provenance={**here, "host": "b", "data": "sha256:bad"}),
+                     TCH, sid)
+        store.record(candidate({"a": 4}), Outcome.ok(0.5), TCH, sid)  # written before rows recorded it
+        text = format_search(store)
+    assert ("its rows come from 3 provenances, which differ in data, host: 2 from data da7a, host a; 1 from data "
+            "bad, host b; 1 from no record of it (rows written before towerlab kept one, or failed when their workers "
+            "were lost)") in text, text

@@ -221,7 +221,11 @@ def _search_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("store", nargs="?", default=None,
                    help="the store: a postgresql:// URL, a search.db, or a search's folder (default: $TOWERLAB_STORE)")
     p.add_argument("--search", type=int, default=None, metavar="ID", help="join this search only")
-    p.add_argument("--wait", action="store_true", help="when nothing is left, wait for new work (until Ctrl-C)")
+    p.add_argument("--wait", action="store_true", help="when nothing is left, wait for new work (until Ctrl-C or "
+                                                       "SIGTERM), and on a store no search has made yet, for one")
+    p.add_argument("--model", dest="model_files", action="append", default=[], metavar="FILE.py:FUNCTION",
+                   help="a model file that searches of the store train with (give it once per file): a worker "
+                        "imports only the model files named here, and only where its content is the search's")
     p.add_argument("--workers-per-device", type=int, default=1, metavar="N",
                    help="candidates trained at once on each device")
     add_arguments(p, RunConfig, skip=tuple(f for f in RunConfig.__dataclass_fields__
@@ -265,6 +269,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
+    _warn_of_passwords(sys.argv[1:] if argv is None else argv)
     try:
         args = parser.parse_args(argv)
         return int(args.handler(args) or 0)
@@ -291,6 +296,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"towerlab: error: another process of the job is gone ({' '.join(str(exc).split())[:200]}); "
               "stopping", file=sys.stderr, flush=True)
         return EXIT_PEER_LOST
+
+
+def _warn_of_passwords(words: Sequence[str]) -> None:
+    """One line where a URL on the command line holds a password (every user of the machine reads it)."""
+    if any("://" in word for word in words):
+        from towerlab.search.location import PASSWORD_WARNING, shows_a_password
+
+        if any(shows_a_password(word) for word in words):
+            print(PASSWORD_WARNING, file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":

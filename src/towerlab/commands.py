@@ -81,7 +81,7 @@ def _print_config(**sections: object) -> int:
 
 def search_worker(args: argparse.Namespace) -> int:
     from towerlab.jobs.search_workers import start_workers
-    from towerlab.search.database import STORE_ENV
+    from towerlab.search.location import STORE_ENV
     from towerlab.search.show import store_path
 
     target = args.store or os.environ.get(STORE_ENV, "").strip()
@@ -91,7 +91,7 @@ def search_worker(args: argparse.Namespace) -> int:
         raise UserError(f"--workers-per-device must be at least 1, got {args.workers_per_device}")
     run = RunConfig(**{k: v for k, v in given(args, RunConfig).items()})
     return start_workers(str(store_path(target)), run, per_device=args.workers_per_device, search_id=args.search,
-                         wait=args.wait)
+                         wait=args.wait, model_files=tuple(args.model_files))
 
 
 def search_show(args: argparse.Namespace) -> int:

@@ -408,8 +408,10 @@ class SearchConfig:
     top: int = _opt(5, "networks listed (and tested) at the end")
     export_best: bool = _opt(False, "retrain the winner exactly as it was evaluated and save it as model.pt")
     workers_per_device: int = _opt(1, "candidates trained at once on each device (small nets cannot fill a GPU)")
-    store: Optional[str] = _opt(None, "SQLite store to read cached evaluations from and write to "
-                                "(None: <out>/search.db)")
+    store: Optional[str] = _opt(None, "the search store, which caches every evaluation and queues the work: an "
+                                "SQLite file, or a PostgreSQL database that workers on other machines join, "
+                                "postgresql://USER@HOST/DB (the password from $PGPASSWORD or ~/.pgpass) "
+                                "(None: $TOWERLAB_STORE, else <out>/search.db)")
     settings: dict = field(default_factory=dict, metadata={"help": "the sampler's own settings", "flat": True})
 
     def __init__(self, **values: Any) -> None:

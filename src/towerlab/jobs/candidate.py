@@ -63,10 +63,13 @@ def recipe(model: str, optimizer: str | None = None) -> dict:
 
 
 def training_settings(cfg: SearchConfig, device_type: str, threads: int, source: dict | None = None,
-                      model: Optional[CandidateModel] = None) -> dict:
+                      model: Optional[CandidateModel] = None, data_digest: Optional[str] = None) -> dict:
     """Everything besides the genome and the seed that decides a candidate's fitness: the search's
     settings, and the numerics of its workers that the search chooses (the device kind, and on a CPU
-    the threads per candidate, whose count changes a float sum's order and so the result)."""
+    the threads per candidate, whose count changes a float sum's order and so the result). A catalog
+    dataset's content is its `data_digest` (`data.digest`), where given: a search records it (since
+    schema 5), so that its cache never serves rows trained on other data under the same name (the
+    offline fallback's digits are "mnist" too); one recorded before is identified by its name."""
     settings = {"dataset": cfg.dataset, "val_size": cfg.val_size, "max_epochs": cfg.max_epochs,
                 "patience": cfg.patience, "batch_size": cfg.batch_size, "fitness_version": FITNESS_VERSION,
                 "numerics": {"device": device_type, **({"threads": threads} if device_type == "cpu" else {})}}
@@ -77,6 +80,8 @@ def training_settings(cfg: SearchConfig, device_type: str, threads: int, source:
                         test_size=cfg.test_size)
     elif cfg.dataset == ARRAYS_DATASET:
         settings["dataset_content"] = source["sha256"]  # type: ignore[index]  # arrays come with their source
+    elif data_digest is not None:
+        settings["dataset_content"] = data_digest
     if callable(model):
         settings["model_function"] = function_identity(model)
     return settings
@@ -102,11 +107,11 @@ def function_identity(function: Callable) -> str:
 
 
 def train_config_hash(cfg: SearchConfig, device_type: str, threads: int, source: dict | None = None,
-                      model: Optional[CandidateModel] = None) -> str:
+                      model: Optional[CandidateModel] = None, data_digest: Optional[str] = None) -> str:
     """`device_type`, `threads`: the workers' device kind and CPU threads per candidate; `source`: the
     data's (`Dataset.source`), needed for arrays given from Python; `model`: a model function of
-    yours (see `Model`)."""
-    return genome_hash(training_settings(cfg, device_type, threads, source, model))
+    yours (see `Model`); `data_digest`: see `training_settings`."""
+    return genome_hash(training_settings(cfg, device_type, threads, source, model, data_digest))
 
 
 def model_function(model: CandidateModel) -> Callable[..., torch.nn.Module]:

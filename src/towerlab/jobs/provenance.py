@@ -42,10 +42,10 @@ def provenance() -> dict:
 def _without_password(arg: str) -> str:
     """A command-line word as config.json records it: a database URL (`--store URL`, `--store=URL`)
     without its password."""
-    from towerlab.search.database import is_url, redacted
+    from towerlab.search.location import redacted
 
     flag, equals, value = arg.partition("=") if arg.startswith("--") else ("", "", arg)
-    return flag + equals + redacted(value) if is_url(value) else arg
+    return flag + equals + redacted(value)
 
 
 def write_config(out: Path, record: dict) -> None:

@@ -22,7 +22,6 @@ from typing import Any, Optional
 
 import torch
 
-import towerlab
 from towerlab import atomic
 from towerlab.config import CUSTOM_MODEL, RunConfig, SearchConfig, dataset_label
 from towerlab.distributed.crew import Crew, CrewFailed
@@ -35,16 +34,18 @@ from towerlab.fields import replace, to_dict
 from towerlab.jobs.candidate import TRAINING_GENES, CandidateModel, model_function, train_config_hash
 from towerlab.jobs.folder import check_writable_file
 from towerlab.jobs.handover import handover, load_everywhere, search_data
+from towerlab.jobs.identity import VERSIONS, data_difference, identity, short, version_difference, versions
 from towerlab.jobs.job import Job, require_out_under_torchrun, resolved_run, restarted_by_torchrun, start_job
 from towerlab.jobs.provenance import write_config
 from towerlab.jobs.search_record import Watch, export_best, write_record
 from towerlab.jobs.search_workers import FROM_PYTHON, WorkerSpec, run_worker, warm_up, work, worker_name
 from towerlab.catalog.models import not_taken
+from towerlab.data.digest import content_digest
 from towerlab.data.load import Dataset
 from towerlab.models.custom import ModelFunction, function_file
 from towerlab.report import Reporter, format_plan
 from towerlab.search import Search, Space, load_space, refuse_unused_settings
-from towerlab.search.database import STORE_ENV, is_url, redacted, with_password
+from towerlab.search.location import STORE_ENV, is_url, redacted, store_location, with_password
 from towerlab.search.queue import lease_seconds, release_the_dead
 from towerlab.search.show import records_of
 from towerlab.search.store import STORE_NAME, Store
@@ -69,7 +70,7 @@ def store_target(cfg: SearchConfig, out: Path) -> str:
     else the search folder's search.db. A recorded URL has no password (see `recorded_store`): where
     $TOWERLAB_STORE is that same URL with one, it is taken from there."""
     given = cfg.store or os.environ.get(STORE_ENV, "").strip() or None
-    return str(out / STORE_NAME) if given is None else with_password(given)
+    return str(out / STORE_NAME) if given is None else with_password(store_location(given))
 
 
 def recorded_store(target: str) -> str:
@@ -164,11 +165,34 @@ class SearchJob(Job):
         return self.run.threads if self.run.device == "cpu" else None
 
     def _in_store(self, store: Store, data: Dataset, reporter: Optional[Reporter]) -> Search:
-        """The search in `store`: created (and config.json written), or the one this folder continues."""
+        """The search in `store`: created (and config.json written, with what its workers must share:
+        `jobs.identity`), or the one this folder continues, on the same data and model file (another
+        towerlab or torch is recorded as the search's from now on, with a warning)."""
         device = self.run.device
-        training_hash = train_config_hash(self.search.cfg, device, self.run.threads, data.source, self.model)
+        digest = content_digest(data)
+        spec = function_file(self.model) if callable(self.model) else None
+        here = identity(digest, spec.rpartition(":")[0] if spec else None)
         if self.run.resume:
-            search = self.search.resume(store, _stored_search_id(self.out), training_hash)
+            search_id = _stored_search_id(self.out)
+            row = store.search(search_id)
+            recorded = (row.setup if row is not None else None) or {}
+            why = data_difference(recorded, digest, self.search.cfg.dataset, data.source)
+            if why is None and "model_sha256" in here and recorded.get("model_sha256") not in (None, here["model_sha256"]):
+                why = (f"its model file changed since it started ({spec} holds SHA-256 {short(here['model_sha256'])}, "
+                       f"the search's {short(recorded['model_sha256'])}): resume with the file it started with")
+            if why is not None:
+                raise UserError(f"cannot resume search {search_id} of {store.path}: {why}")
+            training_hash = train_config_hash(self.search.cfg, device, self.run.threads, data.source, self.model,
+                                              digest if "data_digest" in recorded else None)
+            search = self.search.resume(store, search_id, training_hash)
+            changed = version_difference(recorded, here)
+            if recorded and (changed is not None or any(k not in recorded for k in VERSIONS)):
+                if changed is not None and reporter is not None:
+                    reporter.line(f"towerlab: warning: resuming search {search.id} on other software ({changed}): "
+                                  "from now on its workers need this machine's, and `search show` tells its rows "
+                                  "apart")
+                search = dataclasses.replace(search, setup={**recorded, **versions()})
+                store.update_setup(search.id, search.setup)
             store.reopen_failed_tests(search.id)  # a resume retries them: the machine's fault, as often as not
             release_the_dead(store)  # the tasks of this machine's workers that died with an earlier start
             done = store.generations(search.id)
@@ -177,7 +201,9 @@ class SearchJob(Job):
         else:
             setup = {"device": device, "threads": self._threads(), "model": _model_spec(self.model),
                      "data": {"format": data.source.get("format"), "fallback": bool(data.source.get("fallback"))},
-                     "test": data.n_test > 0, "towerlab": towerlab.__version__}
+                     "test": data.n_test > 0, **here}
+            training_hash = train_config_hash(self.search.cfg, device, self.run.threads, data.source, self.model,
+                                              digest)
             cfg = replace(self.search.cfg, store=recorded_store(self.target) if self.search.cfg.store else None)
             search = dataclasses.replace(self.search, cfg=cfg).create(store, training_hash, setup)
             write_config(self.out, {"kind": self.kind, "search": to_dict(cfg), "run": to_dict(self.run),

@@ -93,7 +93,7 @@ class Watch:
                         self.tb.add_scalar(f"generation/{key}", getattr(stats, key), stats.generation + 1)
                 self.tb.flush()
             with open(self.log, "a", encoding="utf-8") as f:
-                f.write(atomic.json_text(stats.to_json(), sort_keys=True) + "\n")
+                f.write(atomic.json_text(stats.record(), sort_keys=True) + "\n")
             self.shown += 1
         if not self.testing:
             tests = self.store.tasks(self.search.id, "test")
@@ -247,7 +247,7 @@ def write_record(kind: str, search: Search, model: CandidateModel, out: Path, st
             "val_accuracies": best["val_accuracies"], "seeds": best["seeds"], "test_accuracy": best["test_accuracy"],
             "seed": best["seed"], "model": space.model, "dataset": cfg.dataset,
             "command": retrain_command(cfg, model, best["genome"], best["seed"], best["max_epochs"], cpu_threads)})
-    stats = [g.stats.to_json() for g in result.history]
+    stats = [g.stats.record() for g in result.history]
     title = f"{cfg.sampler}: {Path(space.name).stem} on {dataset_label(cfg.dataset)}"
     plot_fitness(stats, out / "fitness.png", title)
     plot_accuracy_time([r for r in evaluation_records(store) if r["search"] == result.search_id],

@@ -5,33 +5,41 @@ any machine to join the searches of a store, each with its own data and model re
 records them (`Search.setup`); under torchrun each rank is one.
 
 A joining worker trains a search only where its results are the search's own: the same device kind,
-the same CPU threads per candidate, the same data and model (the search's training-config hash, made
-again here, must be the one the search records). Otherwise it says why, once, and leaves that search
-to others.
+the same CPU threads per candidate, the same towerlab, training code and torch, the same data (by its
+content's digest) and model (a model file by its SHA-256, checked before it is imported, and imported
+only where the worker's own command names it: `towerlab.jobs.identity`), and at last the search's
+training-config hash, made again here. Otherwise it says which differs, once, and leaves that search to
+others.
 """
 
 from __future__ import annotations
 
 import os
 import secrets
+import shlex
 import sys
 import threading
+import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Optional
 
 import torch
 
 from towerlab.config import ARRAYS_DATASET, CUSTOM_MODEL, RunConfig
+from towerlab.data.digest import content_digest
 from towerlab.data.load import Dataset
 from towerlab.distributed.signals import STOP_SIGNALS, Interrupted, StopFlag
 from towerlab.errors import UserError
 from towerlab.fields import replace
 from towerlab.jobs.candidate import CandidateModel, estimated_cost, outcome, train_candidate, train_config_hash
 from towerlab.jobs.handover import search_data
+from towerlab.jobs.identity import data_difference, file_digest, provenance, short, version_difference, versions
 from towerlab.models.custom import ModelFunction
 from towerlab.report import discard_line
 from towerlab.search import Candidate, Outcome, Search
 from towerlab.search.queue import Worker, lease_seconds, release_the_dead, worker_name
+from towerlab.search.schema import NoStore
 from towerlab.search.show import records_of
 from towerlab.search.store import Store, Task
 
@@ -69,6 +77,8 @@ class WorkerSpec:
     wait: bool = False
     speaks: bool = False
     token: str = field(default_factory=lambda: secrets.token_hex(3))  # in each worker's name (`worker_name`)
+    tells: bool = False
+    model_files: tuple[str, ...] = ()  # FILE.py:FUNCTION that `search worker --model` names: the only ones it imports
 
 
 def work(slot: int, _slots: int, _reports: str, spec: WorkerSpec, data: Optional[Dataset] = None,
@@ -97,17 +107,19 @@ def run_worker(spec: WorkerSpec, device: torch.device, data: Optional[Dataset] =
         trainers = Trainers(spec, device, name, stop, store, data, fallback, function)
         worker = Worker(store, name, device.type, trainers.trainer, search_ids=spec.search_ids,
                         joinable=trainers.joinable, priority=trainers.priority, wait=spec.wait, speaks=speaks,
-                        check_stop=check_stop)
+                        tells=spec.tells, check_stop=check_stop)
         return worker.run()
 
 
 @dataclass
 class _Setup:
-    """How this worker trains one search: its data, its model, its CPU threads per candidate."""
+    """How this worker trains one search: its data, its model, its CPU threads per candidate, and the
+    provenance its rows record."""
 
     data: Dataset
     model: CandidateModel
     threads: Optional[int]
+    provenance: dict  # what each of its rows records of where it was trained
 
 
 class Trainers:
@@ -140,16 +152,30 @@ class Trainers:
             raise UserError(f"it trains on {recorded.get('device')}, this worker on {self.device.type} (start the worker "
                             f"with --device {recorded.get('device')})")
         threads = self.spec.threads if self.spec.threads is not None else recorded.get("threads")
-        model = self._model(search)
+        if self.device.type == "cpu" and threads != recorded.get("threads"):
+            raise UserError(f"it trains each candidate on {recorded.get('threads')} CPU thread(s), this worker on "
+                            f"{threads}, which sums in another order (leave --threads out)")
+        # Everything that can be checked without importing a model file first (issue 60's defect 3).
+        why = version_difference(recorded, versions())
+        if why is not None:
+            raise UserError(why)
         data = self._data(search)
-        if train_config_hash(search.cfg, self.device.type, threads, data.source, model) != search.train_config_hash:
-            raise UserError("its training settings differ from this worker's (the data's content, CPU threads per "
-                            "candidate, the model function's source, or the towerlab version): results here would "
-                            "not be the search's")
-        self._setups[search.id] = setup = _Setup(data.to(self.device), model, threads)
+        digest = content_digest(data)
+        why = data_difference(recorded, digest, search.cfg.dataset, data.source)
+        if why is not None:
+            raise UserError(why)
+        model = self._model(search)
+        if train_config_hash(search.cfg, self.device.type, threads, data.source, model,
+                             digest if "data_digest" in recorded else None) != search.train_config_hash:
+            raise UserError("its training settings differ from this worker's (the data's content, the model "
+                            "function's source, or an older towerlab's settings): results here would not be the "
+                            "search's")
+        self._setups[search.id] = setup = _Setup(data.to(self.device), model, threads, provenance(self.device, digest))
         return setup
 
     def _model(self, search: Search) -> CandidateModel:
+        """The search's model: a family's name, the job's own function, or the model file this worker's command
+        names (`--model`) where its content is the search's; never a file only the store names."""
         if search.space.model != CUSTOM_MODEL:
             return search.space.model
         if self.function is not None:
@@ -157,9 +183,27 @@ class Trainers:
         spec = search.setup.get("model")
         if not spec or spec == FROM_PYTHON:
             raise UserError("its networks come from a function given from Python, which only its own process has")
+        path, _, name = spec.rpartition(":")
+        named = [given for given in self.spec.model_files if given.rpartition(":")[2] == name]
+        if not named:
+            raise UserError(f"its networks come from the model file {Path(path).name}, function {name}, and a worker "
+                            "imports only the model files its command names: start it with --model "
+                            f"{shlex.quote(spec)} (that file, or a copy of it)")
+        recorded = search.setup.get("model_sha256")
+        if recorded is not None:
+            try:
+                digests = {given: file_digest(given.rpartition(":")[0]) for given in named}
+            except OSError as exc:
+                raise UserError(f"cannot read the model file {exc.filename}: {exc.strerror}") from None
+            named = [given for given in named if digests[given] == recorded]
+            if not named:
+                given = next(iter(digests))
+                raise UserError(f"its model file differs: {given.rpartition(':')[0]} here holds SHA-256 "
+                                f"{short(digests[given])}, the search's {Path(path).name} {short(recorded)}: give this "
+                                "worker the search's file")
         from towerlab.models.custom import load_function
 
-        return load_function(spec)
+        return load_function(named[0])
 
     def _data(self, search: Search) -> Any:
         if self.given is not None:
@@ -181,7 +225,7 @@ class Trainers:
             fields, _ = train_candidate(search.cfg, setup.model, c.genome, c.seed, setup.data, self.device,
                                         test=task.kind == "test", stop=self.stop, max_epochs=c.max_epochs,
                                         test_if=self._entering_top(search) if task.kind == "train" else None)
-            return outcome({**fields, "worker": self.name}), fields.get("test_accuracy")
+            return outcome({**fields, "worker": self.name, "provenance": setup.provenance}), fields.get("test_accuracy")
 
         return train
 
@@ -208,14 +252,15 @@ class Trainers:
 
 
 def start_workers(target: str, run: RunConfig, *, per_device: int = 1, search_id: Optional[int] = None,
-                  wait: bool = False, start_method: Optional[str] = None) -> int:
+                  wait: bool = False, start_method: Optional[str] = None, model_files: tuple[str, ...] = ()) -> int:
     """`towerlab search worker`: this machine's workers (one per device, or per core on a CPU, times
     `per_device`) join the searches of the store at `target` (or search `search_id` alone) until
-    nothing is left to do (with `wait`, until Ctrl-C); the exit status."""
+    nothing is left to do (with `wait`, until Ctrl-C, and on a store that no search has made yet, until
+    one does); the exit status. `model_files`: the FILE.py:FUNCTION it may import (`--model`)."""
     from towerlab.distributed.crew import Crew, CrewFailed
     from towerlab.distributed.env import check_capacity, device_type, search_threads, search_workers
     from towerlab.distributed.launch import start_method_for
-    from towerlab.search.database import is_url, redacted
+    from towerlab.search.location import is_url, redacted
 
     kind = device_type(run.device)
     devices = search_workers(run.devices, run.device)
@@ -223,8 +268,10 @@ def start_workers(target: str, run: RunConfig, *, per_device: int = 1, search_id
     check_capacity(slots, search_threads(run.threads, kind, slots), f"--devices {devices} x --workers-per-device "
                                                                       f"{per_device}")
     lease_seconds()  # a bad TOWERLAB_LEASE_SECONDS is refused before anything starts
+    for named in model_files:
+        check_model_file(named)
     where = redacted(target) if is_url(target) else target
-    with Store(target, create=False) as store:
+    with _store_once_made(target, wait, where) as store:
         release_the_dead(store)
         if search_id is not None and store.search(search_id) is None:
             raise UserError(f"store {where} holds no search {search_id}: `towerlab search show {where}` lists them")
@@ -234,7 +281,8 @@ def start_workers(target: str, run: RunConfig, *, per_device: int = 1, search_id
         print(f"towerlab search worker: {slots} worker(s) on {kind} joining {which} of {where}", file=sys.stderr,
               flush=True)
         spec = WorkerSpec(store=target, run=replace(run, device=kind), per_device=per_device, threads=run.threads,
-                          search_ids=None if search_id is None else (search_id,), wait=wait)
+                          search_ids=None if search_id is None else (search_id,), wait=wait, speaks=True, tells=True,
+                          model_files=model_files)
 
         def lost(slot: int, pid: int, ended: str) -> None:
             store.release(worker_name(f"cuda:{slot // per_device}" if kind == "cuda" else "cpu", pid, spec.token), ended)
@@ -256,3 +304,33 @@ def start_workers(target: str, run: RunConfig, *, per_device: int = 1, search_id
             raise UserError(str(exc)) from None
     print("towerlab search worker: nothing left to do", file=sys.stderr, flush=True)
     return 0
+
+
+WAIT_FOR_STORE = 2.0  # seconds between looks for a store that no search has made yet (--wait)
+
+
+def _store_once_made(target: str, wait: bool, where: str) -> Store:
+    """The store at `target`; with `wait`, one that no search has made yet is waited for (a cluster's
+    workers may start before the search), saying so once."""
+    said = False
+    while True:
+        try:
+            return Store(target, create=False)
+        except NoStore:
+            if not wait:
+                raise
+            if not said:
+                print(f"towerlab search worker: {where} holds no search store yet: waiting for a search to start "
+                      "there (Ctrl-C to stop)", file=sys.stderr, flush=True)
+                said = True
+        time.sleep(WAIT_FOR_STORE)
+
+
+def check_model_file(spec: str) -> None:
+    """A `--model` of `search worker`: FILE.py:FUNCTION, a file that is there (read, never imported here)."""
+    path, _, name = spec.rpartition(":")
+    if not path or not name.isidentifier() or not path.endswith(".py"):
+        raise UserError(f"--model {spec}: give FILE.py:FUNCTION, the model file a search of the store trains with "
+                        "and its function's name")
+    if not Path(path).is_file():
+        raise UserError(f"--model {spec}: no file {path}")

@@ -100,7 +100,8 @@ class Outcome:
     """What training a candidate gave. `fitness` is the validation accuracy (needed when ok);
     a failed outcome needs a `reason`. A non-finite val_loss is stored as None. `numerics`: what the
     result depends on besides the training's settings and seed (device, threads, precision, torch),
-    as the worker that trained it saw it; a JSON object."""
+    as the worker that trained it saw it; `provenance`: where it was trained (host, versions, device,
+    the data's digest); JSON objects."""
 
     status: str
     fitness: Optional[float] = None
@@ -110,6 +111,7 @@ class Outcome:
     worker: str = ""
     reason: Optional[str] = None
     numerics: Optional[dict] = field(default=None, compare=False)
+    provenance: Optional[dict] = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:

@@ -19,13 +19,15 @@ what they change), so a retry after a commit whose answer was lost changes nothi
 `lock=KEY` serialises the transactions that take the same key: SQLite serialises every write anyway
 (BEGIN IMMEDIATE); PostgreSQL takes a transaction-scoped advisory lock.
 
-A password in a URL is never printed: `redacted(url)` is what messages and records show; the password
-itself may come from the URL, from $PGPASSWORD or from ~/.pgpass, as libpq reads them.
+A password in a URL is never printed (`towerlab.search.location`): `redacted(url)` is what messages and
+records show, and a driver's error is scrubbed of it; the password itself may come from the URL, from
+$PGPASSWORD or from ~/.pgpass, as libpq reads them.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import sqlite3
 import sys
 import threading
@@ -33,14 +35,14 @@ import time
 from contextlib import suppress
 from pathlib import Path
 from typing import Any, Callable, Optional, TypeVar
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import unquote
 
 from towerlab.errors import UserError
 from towerlab.search.store_file import KernelClock, StoreFile, never_close
+from towerlab.search.location import is_url, password_spans, redacted
 
 T = TypeVar("T")
 
-POSTGRES_SCHEMES = ("postgresql", "postgres")
 # How long a lost PostgreSQL connection is retried, in all, before the store gives up (seconds), and the
 # longest wait between two tries: enough for a server restart or a failover, not for an outage.
 RETRY_SECONDS = 120.0
@@ -59,32 +61,6 @@ STATEMENT = 60.0
 SQLITE_BUSY = 30.0
 # Rows read with one statement at most, where a query lists values (SQLite caps a statement's parameters).
 CHUNK = 500
-
-
-def is_url(text: str) -> bool:
-    """Whether a --store names a database server (postgresql://...) rather than a file."""
-    return urlsplit(str(text)).scheme in POSTGRES_SCHEMES
-
-
-def redacted(url: str) -> str:
-    """`url` without its password (user:***@host), as every message and record shows it."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    host = parts.hostname or ""
-    if parts.port is not None:
-        host += f":{parts.port}"
-    return urlunsplit(parts._replace(netloc=f"{parts.username or ''}:***@{host}"))
-
-
-STORE_ENV = "TOWERLAB_STORE"  # the store a search or a worker uses when none is named
-
-
-def with_password(url: str) -> str:
-    """A recorded (redacted) URL with its password back, where $TOWERLAB_STORE is that URL with one;
-    else as given (libpq then finds the password in $PGPASSWORD or ~/.pgpass)."""
-    env = os.environ.get(STORE_ENV, "").strip()
-    return env if env and is_url(url) and is_url(env) and redacted(env) == url else url
 
 
 def retry_seconds() -> float:
@@ -128,6 +104,7 @@ class Database:
 
     dialect: str
     where: str  # the file, or the redacted URL
+    secrets: tuple[str, ...] = ()  # what no message may show (a URL's password, as typed and decoded)
 
     def __init__(self) -> None:
         self._lock = threading.RLock()
@@ -138,6 +115,13 @@ class Database:
 
     _TOKENS: dict[str, str] = {}
     _PARAMETER = "?"
+
+    def _line(self, error: object) -> str:
+        """An error in one line, without the secrets (a driver may quote the connection string's parts)."""
+        text = _one_line(error)
+        for secret in self.secrets:
+            text = text.replace(secret, "***")
+        return text
 
     def _connect(self) -> Any:
         raise NotImplementedError
@@ -223,15 +207,15 @@ class Database:
                     if deadline is None:
                         deadline = now + retry_seconds()
                         what = busy or f"lost the search store's database {self.where}"
-                        _say(f"towerlab: warning: {what} ({_one_line(error)}): trying again for up to "
+                        _say(f"towerlab: warning: {what} ({self._line(error)}): trying again for up to "
                              f"{retry_seconds():g} s")
                     if now >= deadline and busy is not None:
                         raise StoreLost(f"{busy}, and it still was after {retry_seconds():g} s "
-                                        f"({_one_line(error)}): every result written before is kept; end or continue "
+                                        f"({self._line(error)}): every result written before is kept; end or continue "
                                         "the process that holds it, then start the workers again") from None
                     if now >= deadline:
                         raise StoreLost(f"lost the search store's database {self.where} and could not reach it "
-                                        f"again for {retry_seconds():g} s ({_one_line(error)}): every result "
+                                        f"again for {retry_seconds():g} s ({self._line(error)}): every result "
                                         "written before is kept; start the workers again once it is back") from None
                     time.sleep(min(wait, max(0.0, deadline - now)))
                     wait = min(2 * wait, RETRY_WAIT)
@@ -392,12 +376,16 @@ class PostgreSQL(Database):
         super().__init__()
         self.url = url
         self.where = redacted(url)
+        typed = [url[begin:end] for begin, end in password_spans(url) if end > begin]
+        # libpq may read a password that holds '@' or '/' as parts of the URL, and quote one in its error
+        pieces = [piece for text in typed for piece in re.split(r"[@/:?#\s]", text) if len(piece) >= 4]
+        self.secrets = tuple(sorted({*typed, *map(unquote, typed), *pieces}, key=len, reverse=True))
         self._psycopg = psycopg_module()
         try:
             self._conn = self._connect()
         except self._psycopg.Error as e:
             _OPEN.discard(self)
-            raise UserError(f"cannot reach the search store's database {self.where}: {_one_line(e)}") from None
+            raise UserError(f"cannot reach the search store's database {self.where}: {self._line(e)}") from None
 
     def _connect(self) -> Any:
         from psycopg.rows import dict_row
@@ -436,10 +424,10 @@ class PostgreSQL(Database):
 
     def _failed(self, error: BaseException, writing: bool) -> BaseException:
         if isinstance(error, self._psycopg.errors.DiskFull):
-            return UserError(f"the search store's database {self.where} is out of disk ({_one_line(error)}): "
+            return UserError(f"the search store's database {self.where} is out of disk ({self._line(error)}): "
                              "every result written before is kept; make room and start the workers again")
         if isinstance(error, self._psycopg.errors.InsufficientPrivilege):
-            return UserError(f"the search store's database {self.where} refused: {_one_line(error)} (grant "
+            return UserError(f"the search store's database {self.where} refused: {self._line(error)} (grant "
                              "the user the rights of docs/distributed-search.md)")
         return error
 

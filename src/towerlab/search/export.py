@@ -230,7 +230,7 @@ def search_trials(optuna: Any, store: Store, search: SearchRow) -> list[Any]:
         remeasures = _remeasures(store, h, hashes[rung], search.id, cfg.get("remeasure", 0))
         state = (optuna.trial.TrialState.FAIL if m["status"] != "ok" else
                  optuna.trial.TrialState.PRUNED if rung < len(ladder) - 1 else optuna.trial.TrialState.COMPLETE)
-        attrs = {"genome_hash": h, "seed": m["seed"], "source": m["source"], "generation": m["generation"],
+        attrs = {"genome_hash": h, "seed": m["seed"], "source": m["source"], "generation": m["generation"] + 1,
                  "epochs": m["epochs"], "rung": rung, "seconds": m["seconds"], "val_loss": m["val_loss"],
                  "val_accuracies": [m["fitness"], *[r.fitness for r in remeasures]],
                  "seeds": [m["seed"], *[r.seed for r in remeasures]]}

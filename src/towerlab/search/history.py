@@ -87,6 +87,11 @@ class GenerationStats:
         del data["replayed"]
         return data
 
+    def record(self) -> dict:
+        """As a record shows it (generations.jsonl, summary.json): generations numbered from 1, as the
+        console, `search show` and the exports number them (the store counts from 0)."""
+        return {**self.to_json(), "generation": self.generation + 1}
+
 
 def statistics_of(generation: int, members: list[Member], train_seconds: float,
                   seconds: float) -> GenerationStats:

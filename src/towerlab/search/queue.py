@@ -275,43 +275,53 @@ class Worker:
     candidate's failure is a failed outcome, an exception escaping it stops the worker. `search_ids`:
     the searches to work on (None: every unfinished search of the store that `joinable(search)`
     admits; it returns why not, or None). The worker leaves when none is left to work on, unless
-    `wait`, and between tasks whenever `check_stop` raises."""
+    `wait`, and between tasks whenever `check_stop` raises; one that joined nothing because every search
+    refused it leaves with a UserError giving each reason. A worker that `speaks` says why a search
+    refused it (and its drivers say what a large generation is doing); one that `tells` prints a line per
+    task it trained and one when it leaves."""
 
     def __init__(self, store: Store, name: str, device: str, trainer_for: Callable[[Search], TaskTrainer], *,
                  search_ids: Optional[Sequence[int]] = None,
                  joinable: Callable[[Search], Optional[str]] = lambda search: None,
                  priority: Callable[[Search], Callable[[Candidate], float]] = lambda search: lambda c: 0.0,
-                 lease: Optional[float] = None, wait: bool = False, speaks: bool = False,
+                 lease: Optional[float] = None, wait: bool = False, speaks: bool = False, tells: bool = False,
                  check_stop: Callable[[], None] = lambda: None,
                  log: Optional[Callable[[str], None]] = None) -> None:
         self.store, self.name, self.device, self.trainer_for = store, name, device, trainer_for
         self.search_ids = None if search_ids is None else list(search_ids)
         self.joinable, self.priority = joinable, priority
         self.lease = lease_seconds() if lease is None else lease
-        self.wait, self.speaks, self.check_stop = wait, speaks, check_stop
+        self.wait, self.speaks, self.tells, self.check_stop = wait, speaks, tells, check_stop
         self.log = log or (lambda line: print(line, file=sys.stderr, flush=True))
         self.drivers: dict[int, Driver] = {}
         self.searches: dict[int, Search] = {}
         self.refused: dict[int, str] = {}
+        self._unsaid: list[int] = []  # refusals not yet said
         self.trained = 0
+        self._outcomes: list[Outcome] = []
         self._wake = threading.Event()
         self._looked = -math.inf
 
     def run(self) -> int:
         """Work until nothing is left; returns how many tasks this worker trained."""
         self.store.join(self.name, pid_space() or socket.gethostname(), os.getpid(), self.device)
+        started = time.monotonic()
         try:
             wait = POLL[0]
             while True:
                 self.check_stop()
                 self._follow()
                 task = self.store.claim(self.name, list(self.drivers), self.lease, MAX_ATTEMPTS)
+                if task is None and not self.drivers and not self.wait and self._nothing_to_join():
+                    if self.refused and not self.searches:
+                        raise UserError(f"worker {self.name} joined no search of {self.store.path}: " + "; ".join(
+                            f"search {i}: {why}" for i, why in self.refused.items()))
+                    return self.trained
+                self._say_refusals()
                 if task is not None:
                     self._work(task)
                     wait = POLL[0]
                     continue
-                if not self.drivers and not self.wait and self._nothing_to_join():
-                    return self.trained
                 self._wake.wait(wait)
                 self._wake.clear()
                 wait = min(2 * wait, POLL[1])
@@ -321,6 +331,22 @@ class Worker:
             for driver in self.drivers.values():
                 driver.join(timeout=5)  # one inside a long proposal holds nothing the store lacks
             self.store.leave(self.name)
+            if self.tells and self.searches:
+                self.log(self._summary(time.monotonic() - started))
+
+    def _say_refusals(self) -> None:
+        for search_id in self._unsaid:
+            if self.speaks:
+                self.log(f"towerlab: worker {self.name}: not joining search {search_id} of {self.store.path}: "
+                         f"{self.refused[search_id]}")
+        self._unsaid.clear()
+
+    def _summary(self, seconds: float) -> str:
+        """The line a worker that `tells` leaves with: what it trained, of which searches, in how long."""
+        failed = sum(o.status == "failed" for o in self._outcomes)
+        return (f"towerlab: worker {self.name}: leaving after {len(self._outcomes)} task(s) ({failed} failed) of "
+                f"search(es) {', '.join(map(str, sorted(self.searches)))}: "
+                f"{math.fsum(o.seconds for o in self._outcomes):.1f} s training in {seconds:.1f} s")
 
     def _nothing_to_join(self) -> bool:
         """Whether every search this worker would join is finished (or refused it)."""
@@ -355,7 +381,7 @@ class Worker:
             why = self.joinable(search)
             if why is not None:
                 self.refused[search_id] = why
-                self.log(f"towerlab: worker {self.name}: not joining search {search_id} of {self.store.path}: {why}")
+                self._unsaid.append(search_id)
                 continue
             self.searches[search_id] = search
             driver = Driver(self.store, search_id, self.priority, self._wake, self.log if self.speaks else None)
@@ -383,6 +409,9 @@ class Worker:
         done, _ = self.store.complete(task, self.name, outcome, test_accuracy)
         if done:
             self.trained += 1
+            self._outcomes.append(outcome)
+            if self.tells:
+                self.log(self._told(task, outcome, test_accuracy))
         else:
             self.log(f"towerlab: warning: worker {self.name} lost its lease on a task of search {task.search_id} "
                      f"(generation {task.candidate.generation + 1}, member {task.candidate.index}) while training "
@@ -390,6 +419,19 @@ class Worker:
         driver = self.drivers.get(task.search_id)
         if driver is not None:
             driver.wake.set()
+
+    def _told(self, task: Task, outcome: Outcome, test_accuracy: Optional[float]) -> str:
+        """A task's line: which search and candidate, its result, its seconds."""
+        c = task.candidate
+        which = f"member {c.index}" if c.index >= 0 else f"a re-measure (replicate {c.replicate})"
+        if outcome.status != "ok":
+            result = f"failed ({outcome.reason})"
+        elif task.kind == "test":
+            result = f"test accuracy {test_accuracy:.4f}" if test_accuracy is not None else "tested"
+        else:
+            result = f"validation accuracy {outcome.fitness:.4f} after {outcome.epochs} epoch(s)"
+        return (f"towerlab: worker {self.name}: search {task.search_id}, generation {c.generation + 1}, {which}: "
+                f"{result} in {outcome.seconds:.1f} s")
 
 
 class _Renewal(threading.Thread):

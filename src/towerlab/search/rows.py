@@ -52,6 +52,7 @@ class Evaluation:
     max_epochs: Optional[int]
     replicate: int
     numerics: Optional[dict] = None
+    provenance: Optional[dict] = None
 
 
 @dataclass(frozen=True)
@@ -104,6 +105,7 @@ class Records:
         data = dict(row)
         data["genome"] = self._json(data["genome"])
         data["numerics"] = self._json(data["numerics"])
+        data["provenance"] = self._json(data.get("provenance"))
         data["index"] = data.pop("idx")
         return Evaluation(**data)
 
@@ -124,13 +126,15 @@ class Records:
         val_loss = outcome.val_loss if outcome.val_loss is None or math.isfinite(outcome.val_loss) else None
         tx.run("INSERT INTO evaluations (genome_hash, train_config_hash, genome, status, fitness, val_loss,"
                " test_accuracy, epochs, seconds, worker, reason, search_id, generation, idx, seed, finished_at,"
-               " max_epochs, replicate, numerics) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, {stamp}, ?, ?, ?)"
+               " max_epochs, replicate, numerics, provenance)"
+               " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, {stamp}, ?, ?, ?, ?)"
                " ON CONFLICT (search_id, genome_hash, train_config_hash, replicate) DO NOTHING",
                (candidate.genome_hash, train_config_hash, json.dumps(candidate.genome), outcome.status, fitness,
                 val_loss, None, outcome.epochs, outcome.seconds, outcome.worker, outcome.reason, search_id,
                 candidate.generation, candidate.index, candidate.seed, candidate.max_epochs,
                 candidate.replicate,
-                None if outcome.numerics is None else json.dumps(outcome.numerics, sort_keys=True)))
+                None if outcome.numerics is None else json.dumps(outcome.numerics, sort_keys=True),
+                None if outcome.provenance is None else json.dumps(outcome.provenance, sort_keys=True)))
         row = tx.one("SELECT * FROM evaluations WHERE search_id = ? AND genome_hash = ? AND train_config_hash = ?"
                      " AND replicate = ?", (search_id, candidate.genome_hash, train_config_hash, candidate.replicate))
         assert row is not None

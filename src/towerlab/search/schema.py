@@ -1,8 +1,9 @@
 """The search store's schema (version SCHEMA_VERSION: SQLite's `PRAGMA user_version`, PostgreSQL's
 `towerlab_schema` table) and the migrations of older stores to it: 1, before samplers; 2, before
-numerics; 3, before the queue. `towerlab.search.store` runs them, each in one transaction, when it opens
-an older store; the tables are described there. Stores of versions 1 to 3 are SQLite files: their
-migrations speak SQLite; today's schema and the migration from 3 speak what both databases read."""
+numerics; 3, before the queue; 4, before each evaluation's provenance. `towerlab.search.store` runs them,
+each in one transaction, when it opens an older store; the tables are described there. Stores of versions
+1 to 3 are SQLite files: their migrations speak SQLite; today's schema and the migrations from 3 and 4
+speak what both databases read (a PostgreSQL store of version 4 is migrated too, under the schema lock)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,12 @@ from towerlab.config import upgrade_search_config
 from towerlab.errors import UserError
 from towerlab.search.database import PostgreSQL, SQLite, Transaction, damaged, is_damage
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
+
+
+class NoStore(UserError):
+    """The place names no store yet (no file, an empty database): a search that starts there makes one."""
+
 
 # Version 3's tables, as SQLite stores of versions 1 to 3 hold them (`upgrade_from_1` rebuilds this one).
 _SEARCHES = """
@@ -71,7 +77,8 @@ CREATE TABLE evaluations (
     finished_at TEXT NOT NULL,
     max_epochs INTEGER,
     replicate INTEGER NOT NULL DEFAULT 0,
-    numerics TEXT
+    numerics TEXT,
+    provenance TEXT
 );""" + _EVALUATION_INDEXES + """;
 CREATE TABLE generations (
     search_id BIGINT NOT NULL REFERENCES searches (id),
@@ -151,6 +158,12 @@ def upgrade_from_3(tx: Transaction) -> None:
         tx.run(statement)
 
 
+def upgrade_from_4(tx: Transaction) -> None:
+    """Version 4 to 5: evaluations gain their provenance (JSON: host, versions, device, data digest),
+    NULL (unknown) in the rows written before."""
+    tx.run("ALTER TABLE evaluations ADD COLUMN provenance TEXT")
+
+
 def upgrade_from_1(db: sqlite3.Connection) -> bool:
     """Version 1 (before samplers) to 2, with foreign keys off: `kind` ('evolve'|'grid', a CHECK-ed
     list) becomes `sampler` (ga, grid); configs gain the settings they ran with; evaluations gain
@@ -226,15 +239,19 @@ def _check_sqlite(db: SQLite, where: object, create: bool) -> None:
     refuse_newer(version, where)
     if version == SCHEMA_VERSION and TABLES <= tables:
         return
+    if version == 4 and TABLES <= tables:
+        _migrate(db, 4, upgrade_from_4)
+        return
     if version in (1, 2, 3) and OLD_TABLES <= tables:
         if version == 1:
             _migrate_from_1(db, where)
         if version <= 2:
             _migrate(db, 2, upgrade_from_2)
         _migrate(db, 3, upgrade_from_3)
+        _migrate(db, 4, upgrade_from_4)
         return
     if version == 0 and not tables and not create:  # made, and its tables not yet (a search just starting)
-        raise UserError(f"{where} holds no search yet: an empty database (a search that is starting writes its "
+        raise NoStore(f"{where} holds no search yet: an empty database (a search that is starting writes its "
                         "tables in a moment)")
     if version != 0 or tables or not create:
         raise UserError(f"{where} is an SQLite file but not a towerlab search store: give the search.db of a "
@@ -308,13 +325,24 @@ def open_postgresql(db: PostgreSQL, where: object, create: bool) -> None:
             raise UserError(f"the database {where} holds a table named {clash} but no towerlab store: give "
                             "towerlab a database of its own")
         if not create:
-            raise UserError(f"the database {where} holds no search store")
+            raise NoStore(f"the database {where} holds no search store yet: start a search there (search run --store), "
+                          "or wait for one (search worker --wait)")
         create_tables(tx)
         tx.run("CREATE TABLE towerlab_schema (version INTEGER NOT NULL)")
         tx.run("INSERT INTO towerlab_schema (version) VALUES (?)", (SCHEMA_VERSION,))
         return SCHEMA_VERSION
 
+    def migrate(tx: Transaction) -> int:
+        found = version(tx)
+        if found == 4:  # another process may have migrated it meanwhile: read again under the lock
+            upgrade_from_4(tx)
+            tx.run("UPDATE towerlab_schema SET version = ?", (SCHEMA_VERSION,))
+            return SCHEMA_VERSION
+        return found
+
     found = db.write(version)
     if found is None:
         found = db.write(make, lock=SCHEMA_LOCK)
+    if found == 4:
+        found = db.write(migrate, lock=SCHEMA_LOCK)
     refuse_newer(found, where)

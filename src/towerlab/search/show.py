@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Callable, Iterator, Optional, TypeVar
 
 from towerlab.errors import UserError
-from towerlab.search.database import is_url, with_password
+from towerlab.search.location import is_url, store_location, with_password
 from towerlab.search.pruners import rung_epochs
 from towerlab.search.space import space_of
 from towerlab.search.store import STORE_NAME, SearchRow, Store
@@ -21,9 +21,11 @@ from towerlab.search.store import STORE_NAME, SearchRow, Store
 # The columns of `--csv`, in order; the genes follow as gene_<name>.
 RECORD_FIELDS = ("id", "search", "sampler", "generation", "index", "rung", "max_epochs", "replicate", "seed",
                  "status", "val_accuracy", "val_loss", "test_accuracy", "epochs", "seconds", "worker",
-                 "device", "threads", "precision", "torch_version", "finished_at", "reason", "genome_hash")
+                 "device", "threads", "precision", "torch_version", "finished_at", "reason", "genome_hash", "host",
+                 "towerlab_version", "code_digest", "data_digest")
 
 _NUMERICS = {"device": "device", "threads": "threads", "precision": "precision", "torch_version": "torch"}
+_PROVENANCE = {"host": "host", "towerlab_version": "towerlab", "code_digest": "code", "data_digest": "data"}
 
 T = TypeVar("T")
 
@@ -119,8 +121,10 @@ def store_path(path: str | os.PathLike) -> str | Path:
     """The store a path means: a postgresql:// URL, or a file itself; a search folder's search.db, or the
     store its config.json names when the search kept its evaluations elsewhere (a recorded URL gets its
     password from $TOWERLAB_STORE where that is the same URL)."""
+    if isinstance(path, str):
+        path = store_location(path)
     if is_url(str(path)):
-        return str(path)
+        return with_password(str(path))
     path = Path(path)
     if not path.is_dir() or (path / STORE_NAME).exists():
         return path
@@ -151,7 +155,8 @@ def evaluation_records(store_or_path: Store | str | os.PathLike) -> list[dict]:
     sampler), where (generation, index; -1 for a re-measure), the rung and its epochs, the
     replicate (0: the evaluation, 1..: re-measures), the seed, the outcome (validation and test
     accuracy, loss, epochs trained, seconds), the worker and its numerics (device, threads,
-    precision, torch version: None where the store predates them), and the genome."""
+    precision, torch version) and provenance (host, towerlab version, the digests of the training
+    code and of the data), None where the store predates them, and the genome."""
     def records(store: Store) -> list[dict]:
         searches = {s.id: s for s in store.searches()}
         ladders = {i: _ladder(s.config) for i, s in searches.items()}
@@ -159,13 +164,14 @@ def evaluation_records(store_or_path: Store | str | os.PathLike) -> list[dict]:
         for e in store.evaluations():
             ladder = ladders[e.search_id]
             rows.append({"id": e.id, "search": e.search_id, "sampler": searches[e.search_id].sampler,
-                         "generation": e.generation, "index": e.index,
+                         "generation": e.generation + 1, "index": e.index,  # from 1, as the console counts
                          "rung": ladder.index(e.max_epochs) if e.max_epochs in ladder else None,
                          "max_epochs": e.max_epochs, "replicate": e.replicate, "seed": e.seed, "status": e.status,
                          "val_accuracy": e.fitness, "val_loss": e.val_loss, "test_accuracy": e.test_accuracy,
                          "epochs": e.epochs, "seconds": e.seconds, "worker": e.worker,
                          **{field: (e.numerics or {}).get(key) for field, key in _NUMERICS.items()},
                          "finished_at": e.finished_at, "reason": e.reason, "genome_hash": e.genome_hash,
+                         **{field: (e.provenance or {}).get(key) for field, key in _PROVENANCE.items()},
                          "genome": e.genome})
         return rows
 
@@ -243,7 +249,10 @@ def _shape(search: SearchRow, generations: list) -> str:
 def _format_one(store: Store, search: SearchRow) -> str:
     space = search.space
     size = space_of({"model": space["model"], "genes": space["genes"]}, space["name"], f"store {store.path}").size_text
-    state = f"finished {search.finished}" if search.finished else "not finished (resume it with --resume)"
+    running = not search.finished and store.at_work(search.id, SILENT)
+    state = (f"finished {search.finished}" if search.finished else "running" if running else
+             "not finished, and no worker is at it (continue it with `towerlab search run --resume DIR`, or start "
+             "`towerlab search worker`)")
     generations = store.generations(search.id)
     lines = [f"search {search.id}: {search.sampler} over space {space['name']} (model {space['model']}, "
              f"{size}), seed {search.config['seed']}, {_shape(search, generations)}; "
@@ -264,15 +273,20 @@ def _format_one(store: Store, search: SearchRow) -> str:
         lines.append(f"  {gen.generation + 1:>4} {s['evaluated']:>9} {s['cached']:>7} {s['failed']:>6} "
                      f"{_acc(s['best']):>7} {_acc(s['mean']):>7} {_acc(s['worst']):>7} "
                      f"{s['seconds']:>9.1f}")
-    lines.append(f"  {totals['evaluated']} evaluations, {totals['cached']} cache hits, "
-                 f"{totals['failed']} failures, {totals['seconds']:.1f} s")
-    if not search.finished:
-        queue = store.tasks(search.id)
-        held = sorted({t.worker for t in queue if t.state == "claimed" and t.worker})
-        lines.append(f"  queue: {sum(t.state == 'done' for t in queue)} done, "
-                     f"{sum(t.state == 'open' for t in queue)} waiting, {sum(t.state == 'claimed' for t in queue)} "
-                     f"in progress" + (f" ({', '.join(held)})" if held else ""))
     top = _top(store, search)
+    if search.finished:
+        lines.append(f"  {totals['evaluated']} evaluations, {totals['cached']} cache hits, "
+                     f"{totals['failed']} failures, {totals['seconds']:.1f} s")
+    else:  # the generations' counts come as each completes: the queue says where a running search stands
+        queue = store.tasks(search.id)
+        closed = [t for t in queue if t.state == "done"]
+        held = sorted({t.worker for t in queue if t.state == "claimed" and t.worker})
+        failed = sum((t.result or {}).get("status") == "failed" for t in closed)
+        best = f"; best validation accuracy so far {_acc(top[0][1])}" if top else ""
+        lines.append(f"  so far: {len(closed)} training(s) done ({failed} failed), "
+                     f"{sum(t.state == 'claimed' for t in queue)} in progress" + (f" ({', '.join(held)})" if held else "")
+                     + f", {sum(t.state == 'open' for t in queue)} waiting{best}")
+    lines += _provenances(store.evaluations(search.id))
     if top:
         lines.append(f"  top {len(top)}:" if search.finished else f"  top {len(top)} so far (measured once):")
         lines.append(f"  {'rank':>4} {'val acc':>8} {'+-':>7} {'seeds':>5} {'test acc':>8}  genome")
@@ -293,3 +307,32 @@ def _top(store: Store, search: SearchRow) -> list[tuple[dict, float, list[float]
         row = store.lookup(entry["genome_hash"], entry["train_config_hash"], search.id)
         top.append((entry["genome"], entry["fitness"], entry["fitnesses"], None if row is None else row.test_accuracy))
     return top
+
+
+def _provenances(evaluations: list) -> list[str]:
+    """A line where a search's rows come from more than one provenance (`towerlab.jobs.identity`): how many
+    from each, and what tells them apart."""
+    kinds: dict[str, int] = {}
+    for e in evaluations:
+        key = json.dumps(e.provenance, sort_keys=True)
+        kinds[key] = kinds.get(key, 0) + 1
+    if len(kinds) < 2:
+        return []
+    found = [json.loads(key) or {} for key in kinds]
+    recorded = [p for p in found if p]
+    differing = sorted({k for p in recorded for k in p if len({json.dumps(q.get(k)) for q in recorded}) > 1})
+    named_by = differing or ["host", "towerlab", "torch", "device"]
+
+    def named(where: dict) -> str:
+        if not where:
+            return "no record of it (rows written before towerlab kept one, or failed when their workers were lost)"
+        return ", ".join(f"{k} {_short(where.get(k))}" for k in named_by)
+
+    return [f"  its rows come from {len(kinds)} provenances"
+            + (f", which differ in {', '.join(differing)}" if differing else "") + ": "
+            + "; ".join(f"{n} from {named(p)}" for p, n in zip(found, kinds.values()))]
+
+
+def _short(value: object) -> str:
+    text = str(value)
+    return text.removeprefix("sha256:")[:12] if text.startswith("sha256:") else text

@@ -5,7 +5,8 @@ in both (`towerlab.search.schema`, `towerlab.search.database`):
 searches     id, sampler (its name), config (SearchConfig JSON), space (JSON: name, model, genes),
              space_fingerprint, train_config_hash, created, finished (NULL while running or
              interrupted), summary (JSON counts and the top, when finished), setup (JSON: how its
-             workers train: device kind, threads, the model, the data; NULL before schema 4), token
+             workers train: device kind, threads, the model, the data, and what a worker checks before
+             it joins, `towerlab.jobs.identity`; NULL before schema 4), token
              (what its creator named it by, so a retried creation makes one search).
 evaluations  one row per training: genome_hash, train_config_hash (of a pruned search's lower rung,
              see `towerlab.search.rounds`), genome (JSON), status ('ok'|'failed'), fitness
@@ -14,7 +15,9 @@ evaluations  one row per training: genome_hash, train_config_hash (of a pruned s
              evaluation; 1..: a re-measure with a fresh seed), seconds, worker, reason (why it
              failed), search_id, generation, idx (-1 for a re-measure), seed, finished_at, numerics
              (JSON: what the result depends on besides its settings and seed, as the worker saw it:
-             device, threads, precision, torch; NULL before schema 3). Unique per (search_id,
+             device, threads, precision, torch; NULL before schema 3), provenance (JSON: where it was
+             trained: host, towerlab, torch, code (the training code's digest), device (its name), data
+             (the data's digest); NULL before schema 5). Unique per (search_id,
              genome_hash, train_config_hash, replicate): writing a row a search already has is a no-op
              that returns the row.
 generations  (search_id, generation) key, members (JSON list of {genome_hash, genome} in population
@@ -45,8 +48,8 @@ worker that comes back after its lease lapsed cannot write a second result. A ta
 lost `attempts` times is recorded as failed by the next claim instead of being handed out again.
 
 Durability: one transaction per write, so a process killed mid-write leaves no half row; SQLite
-stores are WAL with synchronous=FULL. An older SQLite store (1: before samplers; 2: before numerics;
-3: before the queue) is migrated in place when opened. A damaged file (SQLite's quick_check at
+stores are WAL with synchronous=FULL. An older store (1: before samplers; 2: before numerics; 3: before
+the queue; 4: before provenance) is migrated in place when opened. A damaged file (SQLite's quick_check at
 open, a read that finds a page malformed, a record that no longer parses) is a UserError that names
 the file and what to do.
 """
@@ -62,9 +65,10 @@ from typing import Optional, Sequence
 from towerlab.config import upgrade_search_config
 from towerlab.errors import UserError
 from towerlab.search.candidates import Candidate, Outcome
-from towerlab.search.database import CHUNK, Database, PostgreSQL, SQLite, Transaction, connect, is_url, placeholders
+from towerlab.search.database import CHUNK, Database, PostgreSQL, SQLite, Transaction, connect, placeholders
+from towerlab.search.location import is_url, store_location
 from towerlab.search.rows import Evaluation, GenerationRow, SearchRow, Task
-from towerlab.search.schema import open_postgresql, open_sqlite
+from towerlab.search.schema import NoStore, open_postgresql, open_sqlite
 from towerlab.search.space import Space
 from towerlab.search.tasks import TaskQueue
 
@@ -77,13 +81,15 @@ class Store(TaskQueue):
     names (its tables created unless `create=False`)."""
 
     def __init__(self, target: str | os.PathLike, *, create: bool = True) -> None:
+        if isinstance(target, str):
+            target = store_location(target)
         self.url = str(target) if is_url(str(target)) else None
         if self.url is None:
             path = Path(target)
             if path.is_dir():
                 path = path / STORE_NAME
             if not create and not path.is_file():
-                raise UserError(f"no search store at {path}: give the search.db of a search "
+                raise NoStore(f"no search store at {path}: give the search.db of a search "
                                 f"(or the folder holding it)")
             if create:
                 try:
@@ -137,6 +143,11 @@ class Store(TaskQueue):
         """Mark the search running again, under `config` (it may extend the generations)."""
         self.db.write(lambda tx: tx.run("UPDATE searches SET config = ?, finished = NULL, summary = NULL WHERE id = ?",
                                         (json.dumps(config, sort_keys=True), search_id)))
+
+    def update_setup(self, search_id: int, setup: dict) -> None:
+        """How the search's workers train from now on (a resume by another towerlab or torch records its own)."""
+        self.db.write(lambda tx: tx.run("UPDATE searches SET setup = ? WHERE id = ?",
+                                        (json.dumps(setup, sort_keys=True), search_id)))
 
     def finish_search(self, search_id: int, summary: dict, config: Optional[dict] = None) -> bool:
         """The search's summary; the first process to finish it writes it (every one computes the same).

@@ -178,6 +178,13 @@ class TaskQueue(Records):
         return int(self._read(f"SELECT COUNT(*) AS n FROM tasks WHERE search_id IN ({placeholders(len(search_ids))})"
                               " AND state <> 'done'", tuple(search_ids))[0]["n"])
 
+    def at_work(self, search_id: int, within: float) -> bool:
+        """Whether workers are at the search now: a task of it held under a lease that has not lapsed, or
+        one put on the queue or finished in the last `within` seconds (the database's clock)."""
+        return int(self._read("SELECT COUNT(*) AS n FROM tasks WHERE search_id = ? AND ((state = 'claimed' AND"
+                              " lease_until > {now}) OR created > {now} - ? OR finished > {now} - ?)",
+                              (search_id, within, within))[0]["n"]) > 0
+
     def queue_counts(self, search_id: int) -> dict[str, int]:
         """The search's tasks by state: open, claimed (lease held or lapsed), done."""
         counts = {"open": 0, "claimed": 0, "done": 0}

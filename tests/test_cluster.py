@@ -1,0 +1,201 @@
+"""A search on a cluster, as the docs give it: the install line that a worker needs, the help that names the
+stores, and the Slurm scripts of docs/distributed-search.md (a job array of `search worker --wait`) and
+docs/training.md (torchrun, one agent per node) submitted as the docs write them to a private Slurm cluster
+(tests/slurm.py), with only their sizes changed for this machine. Each change is a text replaced in the
+script, and each replaced text must be there: a script edited in the docs is the script tested."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from test_docs import blocks
+from test_faults_search import wait_for
+from test_search_postgres import SEARCH, SPACE, decisive
+from towerlab.search.schema import NoStore
+from towerlab.search.store import Store
+from util import REPO, reaped, run_cli, start_towerlab
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:
+    import tomli as tomllib
+
+
+def script(page: str, marker: str, changes: dict[str, str]) -> str:
+    """The shell block of docs/`page` that holds `marker`, with each of `changes` made (each must apply)."""
+    [code] = [code for language, code, _ in blocks(REPO / "docs" / page) if language == "bash" and marker in code]
+    for old, new in changes.items():
+        assert code.count(old) == 1, f"docs/{page}'s script no longer holds {old!r}: update {__name__}"
+        code = code.replace(old, new)
+    return code
+
+
+def extra(name: str) -> set[str]:
+    """The packages an extra of towerlab installs, the extras it names included."""
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    found = set()
+    for requirement in extras[name]:
+        package = re.match(r"[A-Za-z0-9_.-]+", requirement)[0]
+        if package == "towerlab":
+            for named in re.search(r"\[(.*)\]", requirement)[1].split(","):
+                found |= extra(named.strip())
+        else:
+            found.add(package)
+    return found
+
+
+def test_the_worker_install_of_the_docs_trains_every_sampler_on_either_store():
+    """The docs' worker install was `towerlab[postgresql]`, and `search worker` then said that TPE, the
+    default sampler, needs Optuna, and exited 2."""
+    text = (REPO / "docs" / "distributed-search.md").read_text()
+    [named] = re.findall(r"pip install 'towerlab\[(\w+)\]'", text)
+    assert {"optuna", "psycopg"} <= extra(named)
+
+
+def test_search_run_s_help_names_both_stores_and_the_variable():
+    """`search run --help` called --store an "SQLite store" and named neither PostgreSQL nor $TOWERLAB_STORE."""
+    done = run_cli("search", "run", "--help")
+    text = " ".join(done.stdout.split())
+    assert done.returncode == 0 and "PostgreSQL" in text and "$TOWERLAB_STORE" in text and "SQLite store" not in text
+
+
+# test_search_postgres's search, longer: the requeued array task starts again while it runs
+LONG_SEARCH = [*SEARCH, "--generations", "10"]
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("reference")
+    (folder / "space.toml").write_text(SPACE)
+    done = run_cli(*LONG_SEARCH, "--space", str(folder / "space.toml"), "--out", str(folder / "search"))
+    assert done.returncode == 0, done.stderr
+    return folder
+
+
+def submit(cluster, folder: Path, text: str, env: dict) -> str:
+    """`sbatch` of the script `text` from `folder`, with `env` (the job's environment); the job's id."""
+    path = folder / "job.sbatch"
+    path.write_text(text)
+    done = cluster.run("sbatch", "--parsable", f"--chdir={folder}", str(path), env=env)
+    return done.stdout.strip().split(";")[0]
+
+
+def running(cluster, job: str) -> list[str]:
+    """The array tasks (their index) of `job` that run now."""
+    return cluster.run("squeue", "-h", "-j", job, "-t", "R", "-o", "%K").stdout.split()
+
+
+def array_task(pid: int) -> str | None:
+    """The Slurm array task that process `pid` runs in (None: none, or it is gone)."""
+    try:
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    found = [v.split(b"=", 1)[1].decode() for v in environ if v.startswith(b"SLURM_ARRAY_TASK_ID=")]
+    return found[0] if found else None
+
+
+def training(url: str, skip: set[str]) -> dict[str, str]:
+    """The workers of Slurm array tasks (not in `skip`) that hold a task now: array task -> worker."""
+    try:
+        with Store(url, create=False) as store:
+            held = {w["id"]: int(w["pid"]) for w in store.workers() if w["task"] is not None and w["left_at"] is None}
+    except NoStore:  # the search has not made its tables yet
+        return {}
+    found = {}
+    for worker, pid in held.items():
+        task = array_task(pid)
+        if task is not None and task not in skip:
+            found[task] = worker
+    return found
+
+
+def test_the_docs_job_array_of_workers_runs_a_search_through_a_cancel_and_a_requeue(
+        tmp_path, reference, postgres_url, slurm_cluster):
+    """The job array of docs/distributed-search.md (3 tasks of one CPU worker each here), submitted before
+    the search: its workers wait for it, join it, one array task is cancelled and another requeued while
+    each trains a candidate (their tasks go back on the queue), the requeued task joins again, and the
+    search ends with the rows of the same search run alone on SQLite."""
+    text = script("distributed-search.md", "#SBATCH --array", {
+        "#SBATCH --array=0-7 ": "#SBATCH --array=0-2 ",
+        "#SBATCH --gres=gpu:4\n": "",
+        "postgresql://towerlab@db.example.org/towerlab": postgres_url,
+        "--device cuda": "--device cpu --devices 1",
+    })
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+           "TOWERLAB_LEASE_SECONDS": "5"}
+    job = submit(slurm_cluster, tmp_path, text, env)
+    logs = {task: tmp_path / f"towerlab-worker-{job}_{task}.log" for task in "012"}
+
+    def said(task: str, what: str) -> int:
+        return logs[task].read_text().count(what) if logs[task].exists() else 0
+
+    wait_for(lambda: all(said(task, "waiting for a search to start") for task in logs), timeout=180,
+             what="the array's workers to wait for a search")
+    (tmp_path / "space.toml").write_text(SPACE)
+    search = start_towerlab(*LONG_SEARCH, "--space", str(tmp_path / "space.toml"), "--store", postgres_url,
+                            "--out", str(tmp_path / "search"), log=tmp_path / "search.log")
+    with reaped(search):
+        held: dict[str, str] = {}
+        wait_for(lambda: held.update(training(postgres_url, set())) or held, timeout=180,
+                 what="an array task's worker to train")
+        cancelled, worker = next(iter(held.items()))
+        slurm_cluster.run("scancel", f"{job}_{cancelled}")
+        wait_for(lambda: held.update(training(postgres_url, {cancelled})) or set(held) - {cancelled}, timeout=180,
+                 what="another array task's worker to train")
+        requeued = next(task for task in held if task != cancelled)
+        slurm_cluster.run("scontrol", "requeue", f"{job}_{requeued}")
+        wait_for(lambda: slurm_cluster.run("squeue", "-h", "-j", f"{job}_{requeued}", "-o", "%T").stdout.strip()
+                 in ("PENDING", "RUNNING"), timeout=60, what="the requeued task to be queued again")
+        slurm_cluster.run("scontrol", "update", f"JobId={job}_{requeued}", "StartTime=now")
+        wait_for(lambda: said(requeued, "towerlab search worker: 1 worker(s)") == 2, timeout=120,
+                 what="the requeued task to start again")
+        assert search.wait(timeout=600) == 0, (tmp_path / "search.log").read_text()
+    again = logs[requeued].read_text().rpartition("towerlab search worker: 1 worker(s)")[2]
+    assert again.startswith(" on cpu joining its 1 unfinished search(es)"), logs[requeued].read_text()
+    assert decisive(postgres_url) == decisive(reference / "search" / "search.db")
+    assert cancelled not in running(slurm_cluster, job)
+    slurm_cluster.run("scancel", job)
+    wait_for(lambda: not running(slurm_cluster, job), timeout=60, what="the array to end")
+    # the cancelled worker handed its candidate back and left saying what it did; every one that joined
+    # trained with the search's data and software, as the rows record
+    assert said(cancelled, "leaving after") == 1, logs[cancelled].read_text()
+    with Store(postgres_url, create=False) as store:
+        rows = store.evaluations()
+        task = [t for t in store.tasks(1) if t.state == "done" and t.result and t.result.get("worker") != worker]
+    assert task and len({(e.provenance["data"], e.provenance["code"]) for e in rows}) == 1
+    assert "Traceback" not in "".join(log.read_text() for log in logs.values())
+
+
+def test_the_docs_torchrun_script_trains_over_slurm(tmp_path, slurm_cluster):
+    """docs/training.md's Slurm script (one torchrun agent per node, the first node the rendezvous) on the
+    one node here, two CPU processes training LeNet-5 on synthetic data for an epoch: it had never run."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    text = script("training.md", "#SBATCH --nodes", {
+        "#SBATCH --nodes=2\n": "#SBATCH --nodes=1\n",
+        "#SBATCH --gpus-per-node=4\n": "",
+        "#SBATCH --cpus-per-task=32\n": "#SBATCH --cpus-per-task=2\n",
+        "--nproc-per-node 4": "--nproc-per-node 2",
+        "$head:29500": f"$head:{port}",
+        "--model cifarnet --dataset cifar10 --epochs 20": "--model lenet5 --dataset synthetic --synthetic-train 2000 "
+                                                          "--val-size 500 --epochs 1 --no-progress",
+    })
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    job = submit(slurm_cluster, tmp_path, text, env)
+    deadline = time.monotonic() + 300
+    while "JobState=COMPLETED" not in (state := slurm_cluster.run("scontrol", "show", "job", job).stdout):
+        assert "JobState=FAILED" not in state and time.monotonic() < deadline, (
+            state, "".join(p.read_text() for p in tmp_path.glob("slurm-*.out")))
+        time.sleep(0.5)
+    summary = json.loads((tmp_path / "runs" / f"cifar-{job}" / "summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["epochs"] == 1 and summary["test_accuracy"] is not None

@@ -19,7 +19,7 @@ from towerlab.jobs.candidate import candidate_config
 from towerlab.training.lookahead import Lookahead
 from towerlab.models import build_model
 from towerlab.models.files import load_model
-from towerlab.training.optim import make_optimizer, make_scheduler, parameter_groups
+from towerlab.training.optim import Group, make_optimizer, make_scheduler, parameter_groups
 from towerlab.models.whitenet import GlobalBatchNorm, patch_whitening
 from util import ONE_CPU, StopAtRead, max_difference, summary, weights
 
@@ -195,9 +195,10 @@ def test_linear_schedule_and_norm_lr_scale_by_hand():
                       norm_lr_scale=64.0, schedule="linear")
     model = build_model("whitenet", (3, 32, 32), **SMALL)
     params = [p for p in model.parameters() if p.requires_grad]
-    groups = parameter_groups(model, params, cfg.norm_lr_scale)
+    groups = parameter_groups(model, params, cfg)
     biases = {id(m.bias) for m in model.modules() if isinstance(m, GlobalBatchNorm)}
-    assert {id(params[i]) for i in groups[1]} == biases and len(groups[0]) + len(groups[1]) == len(params)
+    assert {id(params[i]) for i in groups[1].positions} == biases
+    assert len(groups[0].positions) + len(groups[1].positions) == len(params)
     optimizer = make_optimizer(cfg, params, groups, torch.device("cpu"))
     assert [(g["lr"], g["weight_decay"]) for g in optimizer.param_groups] == [(2.0, 0.01), (128.0, 0.01 / 64)]
     assert optimizer.defaults["nesterov"] and optimizer.defaults["momentum"] == 0.85
@@ -211,7 +212,7 @@ def test_linear_schedule_and_norm_lr_scale_by_hand():
     assert factors[0] == pytest.approx(0.2) and factors[23] == pytest.approx(1.0)
     assert factors[10] == pytest.approx(0.2 + 0.8 * 10 / 23) and factors[99] == pytest.approx(1 - 0.93 * 76 / 77)
     assert optimizer.param_groups[1]["lr"] == pytest.approx(128.0 * 0.07)
-    assert [len(make_optimizer(TrainConfig(), params, [list(range(len(params)))], torch.device("cpu"))
+    assert [len(make_optimizer(TrainConfig(), params, [Group(list(range(len(params))))], torch.device("cpu"))
                 .param_groups)] == [1]
 
 

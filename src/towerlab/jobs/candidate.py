@@ -48,7 +48,7 @@ FITNESS_VERSION = 2
 RECIPES = {"whitenet": "cifar-94"}  # model family -> the preset its candidates train with
 # What a recipe does not decide for a candidate: the search's own settings and the genome do.
 _NOT_FROM_RECIPE = ("model", "dataset", "val_size", "epochs", "steps", "seed", "patience", "target_accuracy")
-_OPTIMIZER_SETTINGS = ("lr", "momentum", "nesterov")
+_OPTIMIZER_SETTINGS = ("lr", "momentum", "nesterov", "muon_lr", "muon_momentum", "muon_ns_steps", "muon_normalize")
 
 
 def recipe(model: str, optimizer: str | None = None) -> dict:

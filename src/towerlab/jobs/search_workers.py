@@ -16,6 +16,7 @@ import os
 import socket
 import sys
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
@@ -28,6 +29,7 @@ from towerlab.errors import UserError
 from towerlab.fields import replace
 from towerlab.jobs.candidate import CandidateModel, estimated_cost, outcome, train_candidate, train_config_hash
 from towerlab.jobs.handover import load_data
+from towerlab.jobs.worker_times import WorkerTimes
 from towerlab.models.custom import ModelFunction
 from towerlab.report import discard_line
 from towerlab.search import Candidate, Outcome, Search
@@ -90,16 +92,20 @@ def run_worker(spec: WorkerSpec, device: torch.device, data: Optional[Dataset] =
     if device.type == "cuda":
         torch.cuda.set_device(device)
     name = worker_name(str(device), os.getpid())
+    times = WorkerTimes.from_env()  # the benchmark's breakdown of this worker's time, where it asks for one
     with StopFlag() as stop, Store(spec.store, create=False) as store:
         def check_stop() -> None:
             if stop.signum:
                 raise Interrupted(stop.signum)
 
-        trainers = Trainers(spec, device, name, stop, store, data, fallback, function)
-        worker = Worker(store, name, device.type, trainers.trainer, search_ids=spec.search_ids,
-                        joinable=trainers.joinable, priority=trainers.priority, wait=spec.wait, speaks=speaks,
-                        check_stop=check_stop)
-        return worker.run()
+        trainers = Trainers(spec, device, name, stop, store, data, fallback, function, times)
+        worker = Worker(times.store(store) if times else store, name, device.type, trainers.trainer,
+                        search_ids=spec.search_ids, joinable=trainers.joinable, priority=trainers.priority,
+                        wait=spec.wait, speaks=speaks, check_stop=check_stop)
+        trained = worker.run()
+    if times is not None:
+        times.write(name, str(device))
+    return trained
 
 
 @dataclass
@@ -116,9 +122,9 @@ class Trainers:
 
     def __init__(self, spec: WorkerSpec, device: torch.device, name: str, stop: StopFlag, store: Store,
                  data: Optional[Dataset] = None, fallback: Optional[bool] = None,
-                 function: Optional[ModelFunction] = None) -> None:
+                 function: Optional[ModelFunction] = None, times: Optional[WorkerTimes] = None) -> None:
         self.spec, self.device, self.name, self.stop, self.store = spec, device, name, stop, store
-        self.given, self.fallback, self.function = data, fallback, function
+        self.given, self.fallback, self.function, self.times = data, fallback, function, times
         self._setups: dict[int, _Setup] = {}
 
     def joinable(self, search: Search) -> Optional[str]:
@@ -142,12 +148,15 @@ class Trainers:
                             f"with --device {recorded.get('device')})")
         threads = self.spec.threads if self.spec.threads is not None else recorded.get("threads")
         model = self._model(search)
+        started = time.perf_counter()
         data = self._data(search)
         if train_config_hash(search.cfg, self.device.type, threads, data.source, model) != search.train_config_hash:
             raise UserError("its training settings differ from this worker's (the data's content, CPU threads per "
                             "candidate, the model function's source, or the towerlab version): results here would "
                             "not be the search's")
         self._setups[search.id] = setup = _Setup(data.to(self.device), model, threads)
+        if self.times is not None:
+            self.times.data(time.perf_counter() - started)
         return setup
 
     def _model(self, search: Search) -> CandidateModel:
@@ -179,9 +188,11 @@ class Trainers:
             if setup.threads is not None and torch.get_num_threads() != setup.threads:
                 torch.set_num_threads(setup.threads)
             c = task.candidate
-            fields, _ = train_candidate(search.cfg, setup.model, c.genome, c.seed, setup.data, self.device,
-                                        test=task.kind == "test", stop=self.stop, max_epochs=c.max_epochs,
-                                        test_if=self._entering_top(search) if task.kind == "train" else None)
+            fields, result = train_candidate(search.cfg, setup.model, c.genome, c.seed, setup.data, self.device,
+                                             test=task.kind == "test", stop=self.stop, max_epochs=c.max_epochs,
+                                             test_if=self._entering_top(search) if task.kind == "train" else None)
+            if self.times is not None:
+                self.times.candidate(fields["seconds"], result)
             return outcome({**fields, "worker": self.name}), fields.get("test_accuracy")
 
         return train

@@ -146,7 +146,7 @@ def _towerlab_once(args: list[str], data_dir: str, timeout: float, env: dict | N
              if r["kind"] in ("eval", "epoch")]
     keep = ("train_seconds", "wall_seconds", "examples_per_sec", "steps", "epochs", "global_batch_size",
             "world_size", "test_accuracy", "val_accuracy", "stopped", "threads_per_process")
-    optional = ("device_type", "setup_seconds", "test_seconds")
+    optional = ("device_type", "setup_seconds", "test_seconds", "step")
     return {"command": ["towerlab", *cmd[3:-1], "DIR"],
             "summary": {**{k: summary[k] for k in keep}, **{k: summary[k] for k in optional if k in summary}},
             "steady_examples_per_sec": steady_rate(steps), "evals": evals, "cpu": cpu}

@@ -17,7 +17,8 @@
 # 2. run  carry [".gpu/cifar10.npz.1"]  timeout_s 200
 #         command: bash bench/gpu_session.sh mnist .gpu "$OUT"      mnist-fast, 3 seeds         ~80 s
 # 3. run  carry [".gpu/cifar10.npz.2"]  timeout_s 300
-#         command: bash bench/gpu_session.sh search .gpu "$OUT"     1, 2, 4 workers per GPU     ~90 s
+#         command: bash bench/gpu_session.sh search .gpu "$OUT"     1, 2, 4 workers per GPU, then
+#         1, 4 and 16 one-epoch mlps trained one by one and stacked in one step (stacked_mlps.py)   ~120 s
 # 4. run  carry [".gpu/cifar10.npz.3"]  timeout_s 600
 #         command: bash bench/gpu_session.sh cifar .gpu "$OUT"      joins the 4 pieces there and checks their
 #         SHA-256 (a44cc18e...c43d); airbench94_muon.py (5 runs after its warm-up) then cifar-94 (5 seeds,
@@ -99,7 +100,8 @@ tests)
 mnist)
     step mnist-fast 150 "${bench[@]}" --only lenet5_tta_compiled --repeats 3 --out-dir "$out/results/mnist-fast" ;;
 search)
-    step search 240 "${bench[@]}" --only search --repeats 1 --out-dir "$out/results/search" ;;
+    step search 240 "${bench[@]}" --only search --repeats 1 --out-dir "$out/results/search"
+    step stacked 80 "$python" bench/stacked_mlps.py ${dry:+--dry-run} --data-dir "$data" --out-dir "$out/results/stacked" ;;
 cifar)
     missing=""
     for i in 0 1 2 3; do [ -f "$data/cifar10.npz.$i" ] || missing="$missing .gpu/cifar10.npz.$i"; done

@@ -21,7 +21,8 @@ from towerlab.training.batches import Batches
 from towerlab.training.loop import LoopOptions, train
 from towerlab.training.network import build
 from towerlab.training.program import StepProgram
-from util import ONE_CPU, max_difference, weights
+import towerlab.jobs.train
+from util import ONE_CPU, StopAtRead, max_difference, weights
 
 HAS_TORCH_MUON = hasattr(torch.optim, "Muon")
 
@@ -224,6 +225,19 @@ def test_two_replicas_of_the_muon_recipe_equal_one_with_twice_the_batch(strategy
     longer = one(5, 1e-4)
     assert max_difference(longer, two(5, 1e-4)) < 1e-5
     assert max_difference(longer, first) > 0.01
+
+
+def test_an_interrupted_muon_run_resumes_to_the_uninterrupted_weights(tmp_path, monkeypatch):
+    # Muon's momentum (on the filters' views), the SGD side's, and the whitening bias's own schedule,
+    # each part's optimizer and scheduler in the checkpoint; stopped after the freeze (7 steps an epoch).
+    args = [*RECIPE_FLAGS, *ONE_CPU, "--steps", "12", "--batch-size", "64"]
+    assert main(["train", *args, "--out", str(tmp_path / "whole")]) == 0
+    StopAtRead.reads_before_stop = 9
+    monkeypatch.setattr(towerlab.jobs.train, "StopFlag", StopAtRead)
+    assert main(["train", *args, "--out", str(tmp_path / "cut")]) == 130
+    monkeypatch.undo()
+    assert main(["train", "--resume", str(tmp_path / "cut")]) == 0
+    assert max_difference(weights(tmp_path / "cut"), weights(tmp_path / "whole")) == 0.0
 
 
 @pytest.mark.parametrize("flags,says", [

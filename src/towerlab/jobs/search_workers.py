@@ -99,7 +99,7 @@ def run_worker(spec: WorkerSpec, device: torch.device, data: Optional[Dataset] =
                 raise Interrupted(stop.signum)
 
         trainers = Trainers(spec, device, name, stop, store, data, fallback, function, times)
-        worker = Worker(times.store(store) if times else store, name, device.type, trainers.trainer,
+        worker = Worker(store if times is None else times.store(store), name, device.type, trainers.trainer,
                         search_ids=spec.search_ids, joinable=trainers.joinable, priority=trainers.priority,
                         wait=spec.wait, speaks=speaks, check_stop=check_stop)
         trained = worker.run()

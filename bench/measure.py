@@ -146,34 +146,55 @@ def _towerlab_once(args: list[str], data_dir: str, timeout: float, env: dict | N
              if r["kind"] in ("eval", "epoch")]
     keep = ("train_seconds", "wall_seconds", "examples_per_sec", "steps", "epochs", "global_batch_size",
             "world_size", "test_accuracy", "val_accuracy", "stopped", "threads_per_process")
-    optional = ("device_type", "setup_seconds")
+    optional = ("device_type", "setup_seconds", "test_seconds", "step")
     return {"command": ["towerlab", *cmd[3:-1], "DIR"],
             "summary": {**{k: summary[k] for k in keep}, **{k: summary[k] for k in optional if k in summary}},
             "steady_examples_per_sec": steady_rate(steps), "evals": evals, "cpu": cpu}
 
 
 def towerlab_search(args: list[str], data_dir: str, timeout: float = 1800) -> dict:
-    """One `towerlab evolve` run in a fresh process; its summary and CPU use."""
+    """One `towerlab evolve` run in a fresh process; its summary, CPU use, and where its workers' time
+    went (`worker_breakdown`)."""
     out = Path(tempfile.mkdtemp(prefix="towerlab-bench-")) / "search"
     cmd = [sys.executable, "-m", "towerlab", "evolve", *args, "--data-dir", data_dir, "--no-progress",
            "--out", str(out)]
     if DRY_RUN:
         from towerlab.cli import build_parser
         from towerlab.commands import resolve_search
+        from towerlab.jobs.worker_times import PARTS
 
         resolve_search(build_parser().parse_args(cmd[3:]))
         shutil.rmtree(out.parent, ignore_errors=True)
         DRY_COMMANDS.append(["towerlab", *cmd[3:-1], "DIR"])
         stats = [{"evaluated": 1, "seconds": 1.0}]
+        record = {"worker": "dry", "device": "cpu", "tasks": 1, "wall_seconds": 1.0, "seconds": dict.fromkeys(PARTS, 0.125)}
         return {"command": DRY_COMMANDS[-1], "summary": {"generation_stats": stats, "workers": 1},
-                "cpu": {"foreign_cores": 0.0}}
+                "cpu": {"foreign_cores": 0.0}, "worker_time": worker_breakdown([record])}
+    from towerlab.jobs.worker_times import ENV
+
+    times = out.parent / "worker-times"
     try:
-        _, cpu = _run(cmd, timeout)
+        _, cpu = _run(cmd, timeout, {**_env(), ENV: str(times)})
         summary = json.loads((out / "summary.json").read_text())
+        records = [json.loads(path.read_text()) for path in sorted(times.glob("*.json"))]
     finally:
         shutil.rmtree(out.parent, ignore_errors=True)
     keep = ("generation_stats", "evaluations", "cache_hits", "failures", "workers", "seconds", "best_val_accuracy")
-    return {"command": ["towerlab", *cmd[3:-1], "DIR"], "summary": {k: summary[k] for k in keep}, "cpu": cpu}
+    return {"command": ["towerlab", *cmd[3:-1], "DIR"], "summary": {k: summary[k] for k in keep}, "cpu": cpu,
+            "worker_time": worker_breakdown(records)}
+
+
+def worker_breakdown(records: list[dict]) -> dict:
+    """The workers' time (towerlab.jobs.worker_times, one record per worker process) in all, and per
+    trained candidate: each part's seconds summed over the workers and divided by the candidates they
+    trained (the search's and its test retrainings), with each part's share of the workers' wall time."""
+    parts = list(records[0]["seconds"]) if records else []
+    tasks = sum(r["tasks"] for r in records)
+    total = {p: sum(r["seconds"][p] for r in records) for p in parts}
+    wall = sum(r["wall_seconds"] for r in records)
+    return {"workers": len(records), "candidates": tasks, "wall_seconds": wall, "seconds": total,
+            "per_candidate": {p: (v / tasks if tasks else None) for p, v in total.items()},
+            "share": {p: (v / wall if wall else None) for p, v in total.items()}, "each_worker": records}
 
 
 def baseline(data_dir: str, epochs: int, target: float, seed: int, threads: int | None = None,

@@ -8,7 +8,7 @@ bench/results/gpu-*. `unavailable()` makes `--suite gpu` refuse to start without
 - --input resident vs feed vs queue, lenet5 batch 512          resident >= 3x feed
 - --strategy ps vs ddp step time, one GPU                      reported
 - --step graph and compiled vs eager, examples/s               reported
-- search evaluations/min over 3 generations, 1, 2 or 4 per GPU  target >= 600
+- search evaluations/min over 3 generations, 1, 2 or 4 per GPU, and where a worker's time goes  target >= 600
 - whitenet (--preset cifar-94) to 94% CIFAR-10 test, 5 seeds    target mean >= 94% in <= 1.8 s (cifar94.py;
   with --airbench, in no more than airbench94_muon's seconds on the same card)
 """
@@ -127,8 +127,7 @@ def step_modes(data_dir: str, repeats: int, quick: bool, log: Log) -> list[dict]
 
 
 # The sides of the search figure: workers per GPU, and the step its candidates train with.
-SEARCH_SIDES = {"per_device1": (1, "auto"), "per_device2": (2, "auto"), "per_device4": (4, "auto"),
-                "per_device4_eager": (4, "eager")}
+SEARCH_SIDES = {"per_device1": (1, "auto"), "per_device2": (2, "auto"), "per_device4": (4, "auto")}
 
 
 def search_rate(search: dict) -> float:
@@ -139,9 +138,10 @@ def search_rate(search: dict) -> float:
 
 def search_workers(data_dir: str, repeats: int, quick: bool, log: Log) -> dict:
     """Search evaluations per minute on one GPU over a whole search (3 generations of the mlp space on
-    MNIST, one epoch each), with 1, 2 and 4 candidates training at once on the GPU, and 4 with the
-    eager step (each candidate's graph capture left out): the default `--workers-per-device` is read
-    from these."""
+    MNIST, one epoch each), with 1, 2 and 4 candidates training at once on the GPU: the default
+    `--workers-per-device` is read from these. Each side's workers' time split into its parts
+    (jobs/worker_times.py: start, data, store, build, setup, training, evaluation, idle), in all and
+    per trained candidate."""
     population, generations = (8, 2) if quick else (24, 3)
     common = measure.flags({"space": "mlp", "dataset": "mnist", "population": population,
                             "generations": generations, "max_epochs": 1, "devices": 1, "top": 1, "remeasure": 0})
@@ -160,6 +160,11 @@ def search_workers(data_dir: str, repeats: int, quick: bool, log: Log) -> dict:
                                 quiet=False)
     rounds = measure.usable_rounds(samples)
     rates = {name: measure.median(measure.values(samples, name, rounds)) for name in SEARCH_SIDES}
+    for name in SEARCH_SIDES:
+        spent = samples[name][-1]["worker_time"]
+        log(f"  {name}, a candidate's share of its workers' time: " + ", ".join(
+            f"{part} {seconds * 1000:.0f} ms" for part, seconds in spent["per_candidate"].items()
+            if seconds is not None))
     best = max((name for name in rates if rates[name] is not None and SEARCH_SIDES[name][1] == "auto"),
                key=lambda name: rates[name])
     return {"id": "search_rate_gpu", "title": "search evaluations/min over a whole search (mlp, MNIST, 1 epoch), "
@@ -168,6 +173,10 @@ def search_workers(data_dir: str, repeats: int, quick: bool, log: Log) -> dict:
             "met": None if quick or rates[best] is None else rates[best] >= 600.0,
             "detail": {"evaluations_per_min": rates, "best_workers_per_device": SEARCH_SIDES[best][0],
                        "per_device4_over_1": measure.ratio_stats(samples, "per_device4", "per_device1", rounds),
+                       "worker_time": {name: samples[name][-1]["worker_time"] for name in SEARCH_SIDES},
+                       "worker_time_is": "each side's last round: its workers' seconds by part, summed, per "
+                                         "trained candidate and as shares of their wall time (towerlab."
+                                         "jobs.worker_times)",
                        "rounds_used": rounds, "population": population, "generations": generations,
                        "rate": "evaluations of every generation over the generations' seconds (the first one's "
                                "start-up in it; the final test retraining out)"},

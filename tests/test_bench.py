@@ -1,10 +1,12 @@
 """The benchmark's own plumbing (its figures are measured by bench/, never asserted here)."""
 
+import hashlib
 import json
 import os
 import signal
 import subprocess
 import sys
+import tarfile
 import time
 
 import pytest
@@ -326,3 +328,69 @@ def test_the_image_folder_bench_records_the_peak_rss_of_both_sides(tmp_path):
     assert {side: (run["release"], run["n_train"], run["n_val"], run["n_test"]) for side, run in record["runs"].items()} \
         == {"released": (True, 72, 9, 9), "kept": (False, 72, 9, 9)}
     assert all(record["figures"][k]["value"] > 0 for k in ("peak_rss_bytes", "peak_rss_bytes_pages_kept"))
+
+
+def _session(*args, env=None, tmp_path):
+    return subprocess.run(["bash", str(REPO / "bench" / "gpu_session.sh"), *args], capture_output=True, text=True,
+                          cwd=tmp_path, timeout=600, env={**os.environ, "PYTHON": sys.executable, **(env or {})})
+
+
+@pytest.fixture
+def session_data(tmp_path):
+    """What `gpu_session.sh prepare` gets: a data folder (a tiny cifar10.npz, an empty mnist.npz: the dry
+    runs only look for it) and a stand-in airbench94_muon.py; the digest of that cifar10.npz."""
+    import numpy as np
+
+    data = tmp_path / "data"
+    data.mkdir()
+    rng = np.random.default_rng(0)
+    np.savez(data / "cifar10.npz", x_train=rng.integers(0, 256, (40, 32, 32, 3), dtype=np.uint8),
+             y_train=rng.integers(0, 10, 40, dtype=np.uint8), x_test=rng.integers(0, 256, (20, 32, 32, 3), dtype=np.uint8),
+             y_test=rng.integers(0, 10, 20, dtype=np.uint8))
+    (data / "mnist.npz").write_bytes(b"")
+    (tmp_path / "airbench94_muon.py").write_text(FAKE_AIRBENCH)
+    return data, hashlib.sha256((data / "cifar10.npz").read_bytes()).hexdigest()
+
+
+@pytest.mark.slow
+def test_the_gpu_session_script_prepares_the_pieces_and_runs_every_part_dry_on_a_cpu(tmp_path, session_data):
+    data, digest = session_data
+    dest = tmp_path / "gpu"
+    done = _session("prepare", str(data), str(tmp_path / "airbench94_muon.py"), str(dest), tmp_path=tmp_path)
+    assert done.returncode == 0, done.stderr
+    pieces = sorted(dest.glob("cifar10.npz.?"))
+    assert [p.name[-1] for p in pieces] == ["0", "1", "2", "3"]
+    assert b"".join(p.read_bytes() for p in pieces) == (data / "cifar10.npz").read_bytes()
+    dry = {"GPU_SESSION_DRY": "1", "CIFAR_RUNS": "2", "CIFAR10_SHA256": digest}
+    for part in ("mnist", "search", "cifar"):
+        out = tmp_path / f"out-{part}"
+        done = _session(part, str(dest), str(out), env=dry, tmp_path=tmp_path)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert sorted(p.name for p in out.iterdir()) == [f"{part}.tar.gz", "session.log"]  # 2 files come back
+        log = (out / "session.log").read_text()
+        assert ": exit 0 after" in log and ": exit 1" not in log and ": exit 124" not in log
+        with tarfile.open(out / f"{part}.tar.gz") as tar:
+            names = tar.getnames()
+        assert "./machine.log" in names and any(n.endswith(".log") and "machine" not in n for n in names)
+    assert (dest / "cifar10.npz").read_bytes() == (data / "cifar10.npz").read_bytes()  # joined there
+    with tarfile.open(tmp_path / "out-cifar" / "cifar.tar.gz") as tar:
+        record = json.load(tar.extractfile(next(n for n in tar.getnames() if "/cifar94/cifar94-" in n)))
+        early = json.load(tar.extractfile(next(n for n in tar.getnames() if "airbench94_muon-" in n)))
+    detail = record["figures"][0]["detail"]
+    assert len(detail["airbench94_muon"]["runs"]) == 2 and detail["test_accuracy"]["n"] == 2
+    assert detail["step"] == ["eager", "eager"] and set(detail["clocks"]) >= {"both", "airbench94_muon_only"}
+    assert early["airbench94_muon"]["runs"] == detail["airbench94_muon"]["runs"]
+
+
+def test_the_gpu_session_cifar_part_names_missing_pieces_and_refuses_a_wrong_digest(tmp_path, session_data):
+    data, digest = session_data
+    dest = tmp_path / "gpu"
+    assert _session("prepare", str(data), str(tmp_path / "airbench94_muon.py"), str(dest), tmp_path=tmp_path).returncode == 0
+    (dest / "cifar10.npz.2").unlink()
+    done = _session("cifar", str(dest), str(tmp_path / "out"), env={"GPU_SESSION_DRY": "1"}, tmp_path=tmp_path)
+    assert done.returncode == 3 and "missing on this machine: .gpu/cifar10.npz.2" in done.stdout
+    assert _session("prepare", str(data), str(tmp_path / "airbench94_muon.py"), str(dest), tmp_path=tmp_path).returncode == 0
+    done = _session("cifar", str(dest), str(tmp_path / "out2"), env={"GPU_SESSION_DRY": "1", "CIFAR10_SHA256": "0" * 64},
+                    tmp_path=tmp_path)
+    assert done.returncode == 3 and "SHA-256 is not" in done.stdout and not (dest / "cifar10.npz").exists()
+    assert _session("warm", str(dest), str(tmp_path / "out3"), tmp_path=tmp_path).returncode == 2

@@ -171,6 +171,30 @@ def test_the_recorded_program_equals_the_program_run_op_by_op(tmp_path):
     assert max_difference(runs["graph"].model.state_dict(), runs["program"].model.state_dict()) < 1e-6
 
 
+def test_the_cifar94_recipes_two_recorded_programs_equal_the_program_run_op_by_op():
+    # Muon on the filters and the whitening bias frozen after the first epoch (3 steps here): one graph
+    # before the freeze and one after, against the program run op by op with the same kernels.
+    from towerlab.config import TrainConfig
+    from towerlab.data.load import load_dataset
+    from towerlab.distributed.group import Context
+    from towerlab.presets import apply_preset
+
+    recipe = {k: v for k, v in apply_preset("cifar-94", "cuda").items() if k not in ("dataset", "epochs", "val_size")}
+    cfg = TrainConfig(**{**recipe, "dataset": "synthetic", "synthetic_shape": "3x16x16", "synthetic_train": 400,
+                         "val_size": 200, "batch_size": 64, "steps": 8, "whiten_bias_epochs": 1,
+                         "model_options": {"width1": 8, "width2": 16, "width3": 16}})
+    data = load_dataset("synthetic", val_size=200, synthetic_train=400, synthetic_shape=(3, 16, 16),
+                        log=lambda _: None)
+    ctx = Context(device=torch.device("cuda", 0))
+    torch.backends.cudnn.deterministic = True
+    try:
+        runs = {mode: train(cfg, ctx, data, LoopOptions(step_mode=mode, test=False)) for mode in ("program", "graph")}
+    finally:
+        torch.backends.cudnn.deterministic = False
+    assert runs["graph"].step_mode == "graph" and runs["graph"].setup_seconds > 0
+    assert max_difference(runs["graph"].model.state_dict(), runs["program"].model.state_dict()) < 1e-5
+
+
 def test_steady_graph_and_program_steps_never_wait_for_the_host(tmp_path):
     from towerlab.models.preprocessing import Normalizer
     from towerlab.training.batches import Batches

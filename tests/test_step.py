@@ -31,7 +31,7 @@ from towerlab.config import RunConfig, TrainConfig
 from towerlab.distributed.group import Context, session
 from towerlab.distributed.launch import launch
 from towerlab.errors import UserError
-from towerlab.training.optim import DEFAULT_LR, make_optimizer, make_scheduler
+from towerlab.training.optim import DEFAULT_LR, Group, ScheduledOptimizer
 from towerlab.training.update import Update, schedule_tables, uses_momentum
 from towerlab.jobs.train import train_data
 from towerlab.training.program import StepProgram
@@ -39,10 +39,10 @@ from towerlab.training.loop import LoopOptions, train
 from towerlab.training.network import build
 from util import ONE_CPU, RESUMABLE, TINY, interrupt, max_difference, summary, weights
 
-SCHEDULES = {"adam": ("constant", "onecycle", "linear"), "sgd": ("constant", "onecycle", "linear"),
+SCHEDULES = {"adam": ("constant", "onecycle", "linear", "decay"), "sgd": ("constant", "onecycle", "linear", "decay"),
              "nadam": ("constant", "onecycle"), "adamax": ("constant", "onecycle"),
              "rmsprop": ("constant", "onecycle", "linear"), "adagrad": ("constant", "onecycle", "linear"),
-             "adadelta": ("constant", "onecycle", "linear")}
+             "adadelta": ("constant", "onecycle", "linear"), "muon": ("constant", "onecycle", "decay")}
 
 
 @pytest.fixture
@@ -54,16 +54,25 @@ def aot_eager(monkeypatch):
 @pytest.mark.parametrize("optimizer,schedule", [(o, s) for o, ss in SCHEDULES.items() for s in ss])
 def test_the_update_is_torch_optims_arithmetic(optimizer, schedule):
     extra = {"sgd": {"momentum": 0.9, "nesterov": True, "weight_decay": 1e-3}, "adam": {"weight_decay": 1e-2},
-             "rmsprop": {"weight_decay": 1e-3}}.get(optimizer, {})
+             "rmsprop": {"weight_decay": 1e-3},
+             "muon": {"momentum": 0.85, "nesterov": True, "weight_decay": 1e-3, "muon_lr": 0.05,
+                      "muon_momentum": 0.6, "muon_ns_steps": 3, "muon_normalize": True}}.get(optimizer, {})
     steps = 25
     cfg = TrainConfig(optimizer=optimizer, lr=0.01, schedule=schedule, steps=steps, norm_lr_scale=4.0, **extra)
     g = torch.Generator().manual_seed(0)
-    shapes = [(5, 3), (7,), (2, 2, 3)]
+    # Besides the plain and the normalisation groups (the second at 4x the learning rate, as
+    # BatchNorm's under airbench94): a whitening bias trained for its first 10 steps, and for muon a
+    # wide and a tall filter, one laid out channels last (Muon orthogonalises the matrix of its memory).
+    shapes = [(5, 3), (7,), (2, 2, 3), (6,), (4, 3, 3, 3), (8, 1, 1, 2)]
     start = [torch.randn(s, dtype=torch.float64, generator=g) for s in shapes]
-    groups = [[0, 2], [1]]  # a second group at 4x the learning rate, as BatchNorm's under airbench94
+    start[4] = start[4].contiguous(memory_format=torch.channels_last)
+    groups = [Group([0, 2]), Group([1], 4.0), Group([3], 4.0, "whiten_bias", until=10)]
+    if optimizer == "muon":
+        groups.append(Group([4, 5], part="muon"))
+    else:
+        groups[0] = Group([0, 2, 4, 5])
     theirs = [p.clone().requires_grad_() for p in start]
-    optimizer_ = make_optimizer(cfg, theirs, groups, torch.device("cpu"))
-    scheduler = make_scheduler(cfg, optimizer_, steps)
+    optimizer_ = ScheduledOptimizer(cfg, theirs, groups, torch.device("cpu"), steps)
     lrs, momenta = schedule_tables(cfg, groups, steps)
     ours = [p.clone() for p in start]
     update = Update(cfg, ours, groups, uses_momentum(optimizer, momenta))
@@ -71,15 +80,16 @@ def test_the_update_is_torch_optims_arithmetic(optimizer, schedule):
         # Gradients from 1e-6 to 1: the small ones are where the Adam family divides by little.
         grads = [torch.randn(sh, dtype=torch.float64, generator=g) * 10.0 ** -torch.randint(0, 7, (), generator=g)
                  for sh in shapes]
+        grads[4] = grads[4].contiguous(memory_format=torch.channels_last)  # as autograd lays it out
         for p, grad in zip(theirs, grads):
             p.grad = grad.clone()
         optimizer_.step()
-        if scheduler is not None:
-            scheduler.step()
         momentum = None if momenta is None else torch.tensor(momenta[s], dtype=torch.float64)
         update([grad.clone() for grad in grads], torch.tensor(lrs[s], dtype=torch.float64), momentum)
     assert max((a.detach() - b).abs().max().item() for a, b in zip(theirs, ours)) < 1e-12
     assert max((a.detach() - b).abs().max().item() for a, b in zip(theirs, start)) > 1e-4  # it moved
+    assert not any(torch.equal(a.detach(), b) for a, b in zip(theirs, start))  # each parameter did
+    assert [lr[2] for lr in lrs[9:11]] == [pytest.approx(0.04 / 10), 0.0]  # the whitening bias's rate ends
 
 
 # Models, optimizers and augmentations of the presets and the search spaces, small. Each crosses an
@@ -89,10 +99,16 @@ WHITENET = {"model": "whitenet", "model_options": {"width1": 8, "width2": 16, "w
             "optimizer": "sgd", "lr": 0.2, "momentum": 0.85, "nesterov": True, "weight_decay": 1e-3,
             "norm_lr_scale": 64.0, "schedule": "linear", "lookahead": 3, "augment": True, "translate": 2,
             "label_smoothing": 0.2}
+# airbench94_muon's parts (the cifar-94 preset's): Muon on the filters, the whitening bias frozen after
+# its first epoch (a second program), its rate kept small so that bf16's rounding inside Muon cannot
+# send runs that differ in their last bits apart (tests/test_muon.py holds Muon itself to torch's).
+WHITENET_MUON = {**WHITENET, "optimizer": "muon", "schedule": "decay", "lookahead": 0, "muon_lr": 1e-3,
+                 "muon_momentum": 0.6, "muon_ns_steps": 3, "muon_normalize": True, "whiten_bias_epochs": 1}
 CASES = {
     "mnist-fast": {"model": "lenet5", "optimizer": "adam", "lr": 0.012, "schedule": "onecycle", "precision": "bf16",
                    "label_smoothing": 0.1},
     "cifar-94": WHITENET,
+    "cifar-94-muon": WHITENET_MUON,
     "cifar-fast": {"model": "cifarnet", **SHAPE3, "optimizer": "adam", "lr": 0.004, "schedule": "onecycle",
                    "augment": True, "label_smoothing": 0.1, "precision": "bf16"},
     "mlp-space": {"model": "mlp", "model_options": {"layers": 2, "neurons": 32}, "optimizer": "nadam", "lr": 0.002,
@@ -117,7 +133,7 @@ def run(cfg: TrainConfig, mode: str) -> dict:
     return {k: v.detach().clone() for k, v in result.model.state_dict().items()}
 
 
-@pytest.mark.parametrize("case", ["cifar-94", "mlp-space", "cnn-space"])
+@pytest.mark.parametrize("case", ["cifar-94", "cifar-94-muon", "mlp-space", "cnn-space"])
 def test_the_program_equals_the_eager_step_over_an_epoch_boundary(case):
     # SGD, whose update is linear in the gradient: rounding apart, float32 moves a weight by ~1e-7.
     sgd = {"optimizer": "sgd", "lr": 0.05, "momentum": 0.9, "precision": "fp32"}
@@ -202,7 +218,7 @@ def program_for(cfg: TrainConfig, ctx: Context | None = None) -> StepProgram:
     return StepProgram(module, cfg, ctx, batches, cfg.steps, torch.zeros((), device=ctx.device))
 
 
-@pytest.mark.parametrize("case", ["mlp-space", "cifar-94"])
+@pytest.mark.parametrize("case", ["mlp-space", "cifar-94", "cifar-94-muon"])
 def test_a_steady_step_reads_nothing_back(case):
     # mlp: dropout (seeded on the host), crop+flip, a one-cycle schedule; whitenet: flip+translate,
     # Lookahead's pulls, two parameter groups, a linear schedule.

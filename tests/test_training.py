@@ -105,8 +105,9 @@ def test_run_record_has_the_stable_fields_and_a_loadable_model(tmp_path):
     stable = ["dataset", "data_source", "n_train", "n_val", "n_test", "model", "strategy", "input", "world_size",
               "device_type", "batch_size_per_replica", "global_batch_size", "epochs", "steps", "train_seconds",
               "examples_per_sec", "val_accuracy", "test_accuracy", "seed", "torch_version", "setup_seconds",
-              "wall_seconds"]
+              "test_seconds", "wall_seconds"]
     assert not [k for k in stable if k not in record]
+    assert 0 < record["test_seconds"] < record["wall_seconds"] - record["train_seconds"]  # the test pass, apart
     assert (record["n_train"], record["n_val"], record["n_test"]) == (1500, 500, 333)
     assert record["steps"] == 2 * (1500 // 64) and record["epochs"] == 2.0
     assert record["test_accuracy"] > 0.5  # learnable synthetic data, well above chance (0.1)

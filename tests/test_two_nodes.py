@@ -40,7 +40,7 @@ SEARCH = ["search", "run", "--sampler", "random", "--dataset", "synthetic", "--v
           "--threads", "1", "--no-progress", "--device", "cpu", "--population", "4", "--generations", "1",
           "--seed", "5", "--top", "1", "--remeasure", "0"]
 # What differs between two equal jobs: when and where things ran.
-CIRCUMSTANTIAL = ("out", "examples_per_sec", "train_seconds", "wall_seconds", "setup_seconds")
+CIRCUMSTANTIAL = ("out", "examples_per_sec", "train_seconds", "wall_seconds", "setup_seconds", "test_seconds")
 # A traceback through towerlab's own source names a file of the package's folder, wherever the
 # repository lies and whatever its folder is called (torchrun's own frames, under a virtual
 # environment inside a clone named towerlab, must not count).

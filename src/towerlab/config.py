@@ -26,8 +26,8 @@ from towerlab.catalog.models import CATALOG as MODEL_CATALOG
 
 # The model catalog (towerlab.catalog.models, no torch) is read live: a model added to it is a --model choice.
 MODELS = MODEL_CATALOG.keys()
-OPTIMIZERS = ("adam", "sgd", "rmsprop", "adagrad", "adadelta", "adamax", "nadam")
-SCHEDULES = ("constant", "onecycle", "linear")
+OPTIMIZERS = ("adam", "sgd", "rmsprop", "adagrad", "adadelta", "adamax", "nadam", "muon")
+SCHEDULES = ("constant", "onecycle", "linear", "decay")
 STRATEGIES = ("ddp", "ps")
 INPUTS = ("resident", "feed", "queue")
 STEPS = ("auto", "eager", "graph", "compiled")
@@ -193,15 +193,29 @@ class TrainConfig:
     epochs: int = _opt(10, "passes over the training set (ignored when --steps is given)")
     steps: Optional[int] = _opt(None, "total optimizer steps; overrides --epochs")
     lr: float = _opt(0.001, "learning rate (peak rate with --schedule onecycle or linear)")
-    optimizer: str = _opt("adam", "optimizer", choices=OPTIMIZERS)
-    momentum: float = _opt(0.9, "sgd only: momentum")
-    nesterov: bool = _opt(False, "sgd only: Nesterov momentum")
+    optimizer: str = _opt("adam", "optimizer; muon: Muon (torch.optim.Muon) on the convolution filters, SGD with "
+                          "--lr, --momentum and --nesterov on the other parameters (airbench94_muon's)",
+                          choices=OPTIMIZERS)
+    momentum: float = _opt(0.9, "sgd, and muon's other parameters: momentum")
+    nesterov: bool = _opt(False, "sgd, and muon's other parameters: Nesterov momentum")
+    muon_lr: float = _opt(0.02, "muon only: the filters' learning rate (peak rate under a schedule)")
+    muon_momentum: float = _opt(0.95, "muon only: the filters' (Nesterov) momentum")
+    muon_ns_steps: int = _opt(5, "muon only: Newton-Schulz iterations that orthogonalise each filter's update "
+                              "(airbench94_muon: 3)")
+    muon_normalize: bool = _opt(False, "muon only: rescale each filter tensor to norm sqrt(output channels) before "
+                                "its update, as airbench94_muon does (for filters a BatchNorm follows, whose output "
+                                "the scale does not change)")
     schedule: str = _opt("constant", "learning-rate schedule; linear: from 0.2 x lr up to lr over --warmup of "
-                         "the steps, then down to 0.07 x lr at the last step (airbench94's)", choices=SCHEDULES)
+                         "the steps, then down to 0.07 x lr at the last step (airbench94's); decay: from lr "
+                         "straight down to 0 after the last step (airbench94_muon's)", choices=SCHEDULES)
     warmup: Optional[float] = _opt(None, "fraction of the steps the learning rate rises (None: onecycle 0.3, "
                                    "linear 0.23)")
     norm_lr_scale: float = _opt(1.0, "learning-rate multiplier of normalisation layers' parameters; their "
                                 "weight decay is divided by it, so they decay as much per step (airbench94: 64)")
+    whiten_bias_epochs: int = _opt(0, "whitenet only: train the whitening layer's bias for the first N epochs only, "
+                                   "at the normalisation layers' rate (lr x --norm-lr-scale) falling linearly to 0 "
+                                   "by then, and no longer compute its gradient after (airbench94_muon: 3); 0: it "
+                                   "trains throughout with the other parameters")
     lookahead: int = _opt(0, "every N steps pull the weights (and BatchNorm statistics) back to their slow "
                           "moving average, which the last step returns (Lookahead); 0: off")
     lookahead_decay: float = _opt(0.95, "per-step decay of the --lookahead average: each pull keeps "
@@ -214,7 +228,8 @@ class TrainConfig:
                           "number of replicas sees the same images (airbench94: 2)")
     precision: str = _opt("fp32", "compute precision (bf16 autocast pays on GPUs)", choices=PRECISIONS)
     label_smoothing: float = _opt(0.0, "label smoothing of the cross-entropy loss")
-    weight_decay: float = _opt(0.0, "weight decay (adam becomes AdamW when > 0; sgd adds it to the gradient)")
+    weight_decay: float = _opt(0.0, "weight decay (adam becomes AdamW when > 0; sgd adds it to the gradient, as muon does "
+                                  "on its other parameters: the filters are not decayed)")
     tta: str = _opt("none", "test-time augmentation of every evaluation: average the logits of the image and "
                     "its mirror (flip), and of both shifted by one pixel up-left and down-right "
                     "(flip-translate: weights 1/2, 1/4, 1/4)", choices=TTA)
@@ -259,10 +274,17 @@ class TrainConfig:
     def _check_training_tricks(self) -> None:
         if not 0.0 <= self.momentum < 1.0:
             raise UserError(f"--momentum must be in [0, 1), got {self.momentum}")
-        if self.nesterov and (self.optimizer != "sgd" or self.momentum == 0):
-            raise UserError("--nesterov needs --optimizer sgd and a --momentum above 0")
+        if self.nesterov and (self.optimizer not in ("sgd", "muon") or self.momentum == 0):
+            raise UserError("--nesterov needs --optimizer sgd (or muon) and a --momentum above 0")
+        _check_positive("muon_lr", self.muon_lr)
+        if not 0.0 <= self.muon_momentum < 1.0:
+            raise UserError(f"--muon-momentum must be in [0, 1), got {self.muon_momentum}")
+        if not 1 <= self.muon_ns_steps < 100:  # torch.optim.Muon refuses 100 and more
+            raise UserError(f"--muon-ns-steps must be between 1 and 99, got {self.muon_ns_steps}")
+        if self.whiten_bias_epochs < 0:
+            raise UserError(f"--whiten-bias-epochs must be 0 (off) or a number of epochs, got {self.whiten_bias_epochs}")
         if self.warmup is not None:
-            if self.schedule == "constant":
+            if self.schedule in ("constant", "decay"):
                 raise UserError("--warmup needs --schedule onecycle or linear")
             if not 0.0 <= self.warmup < 1.0:
                 raise UserError(f"--warmup is a fraction of the steps in [0, 1), got {self.warmup}")

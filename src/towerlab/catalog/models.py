@@ -33,11 +33,14 @@ class Hooks:
     """What training calls on a model besides forward. `fit(network, images)`: its data-dependent
     initialisation, from the leading `fit_images` normalised training images (the same on every
     rank); `share_batch_statistics(network, group)`: make its normalisation statistics cover the
-    replicas of `group` (a process group; None: this replica alone)."""
+    replicas of `group` (a process group; None: this replica alone); `whitening_bias(network)`: the
+    bias of its data-fitted first layer, which --whiten-bias-epochs trains for the first epochs only
+    (None: it has none)."""
 
     fit_images: int = 0
     fit: Optional[Callable[[Any, Any], None]] = None
     share_batch_statistics: Callable[[Any, Any], None] = lambda network, group: None
+    whitening_bias: Optional[Callable[[Any], Any]] = None
 
 
 @dataclass(frozen=True)

@@ -44,11 +44,11 @@ CandidateModel = Union[str, ModelFunction]
 DEFAULT_BATCH = {"cifar10": 64}  # the original's; 128 for the MNIST-like sets
 # Bumped whenever candidate training changes what it computes (a recipe below included: a test pins
 # their content), so a store's cache never serves fitnesses that today's code would not reproduce.
-FITNESS_VERSION = 2
+FITNESS_VERSION = 3
 RECIPES = {"whitenet": "cifar-94"}  # model family -> the preset its candidates train with
 # What a recipe does not decide for a candidate: the search's own settings and the genome do.
 _NOT_FROM_RECIPE = ("model", "dataset", "val_size", "epochs", "steps", "seed", "patience", "target_accuracy")
-_OPTIMIZER_SETTINGS = ("lr", "momentum", "nesterov")
+_OPTIMIZER_SETTINGS = ("lr", "momentum", "nesterov", "muon_lr", "muon_momentum", "muon_ns_steps", "muon_normalize")
 
 
 def recipe(model: str, optimizer: str | None = None) -> dict:

@@ -35,6 +35,7 @@ from towerlab.fields import replace
 from towerlab.jobs.candidate import CandidateModel, estimated_cost, outcome, train_candidate, train_config_hash
 from towerlab.jobs.handover import search_data
 from towerlab.jobs.identity import data_difference, file_digest, provenance, short, version_difference, versions
+from towerlab.jobs.worker_times import WorkerTimes
 from towerlab.models.custom import ModelFunction
 from towerlab.report import discard_line
 from towerlab.search import Candidate, Outcome, Search
@@ -97,6 +98,7 @@ def run_worker(spec: WorkerSpec, device: torch.device, data: Optional[Dataset] =
     if device.type == "cuda":
         torch.cuda.set_device(device)
     name = worker_name(str(device), os.getpid(), spec.token)
+    times = WorkerTimes.from_env()  # the benchmark's breakdown of this worker's time, where it asks for one
     # An edited row of the wrong form stops the worker in one line naming it (it was a traceback in every
     # worker process, then "worker processes died").
     with StopFlag() as stop, Store(spec.store, create=False) as store, records_of(store):
@@ -104,11 +106,14 @@ def run_worker(spec: WorkerSpec, device: torch.device, data: Optional[Dataset] =
             if stop.signum:
                 raise Interrupted(stop.signum)
 
-        trainers = Trainers(spec, device, name, stop, store, data, fallback, function)
-        worker = Worker(store, name, device.type, trainers.trainer, search_ids=spec.search_ids,
-                        joinable=trainers.joinable, priority=trainers.priority, wait=spec.wait, speaks=speaks,
-                        tells=spec.tells, check_stop=check_stop)
-        return worker.run()
+        trainers = Trainers(spec, device, name, stop, store, data, fallback, function, times)
+        worker = Worker(store if times is None else times.store(store), name, device.type, trainers.trainer,
+                        search_ids=spec.search_ids, joinable=trainers.joinable, priority=trainers.priority,
+                        wait=spec.wait, speaks=speaks, tells=spec.tells, check_stop=check_stop)
+        trained = worker.run()
+    if times is not None:
+        times.write(name, str(device))
+    return trained
 
 
 @dataclass
@@ -127,9 +132,9 @@ class Trainers:
 
     def __init__(self, spec: WorkerSpec, device: torch.device, name: str, stop: StopFlag, store: Store,
                  data: Optional[Dataset] = None, fallback: Optional[bool] = None,
-                 function: Optional[ModelFunction] = None) -> None:
+                 function: Optional[ModelFunction] = None, times: Optional[WorkerTimes] = None) -> None:
         self.spec, self.device, self.name, self.stop, self.store = spec, device, name, stop, store
-        self.given, self.fallback, self.function = data, fallback, function
+        self.given, self.fallback, self.function, self.times = data, fallback, function, times
         self._setups: dict[int, _Setup] = {}
 
     def joinable(self, search: Search) -> Optional[str]:
@@ -159,18 +164,23 @@ class Trainers:
         why = version_difference(recorded, versions())
         if why is not None:
             raise UserError(why)
+        started = time.perf_counter()
         data = self._data(search)
         digest = content_digest(data)
         why = data_difference(recorded, digest, search.cfg.dataset, data.source)
         if why is not None:
             raise UserError(why)
+        data_seconds = time.perf_counter() - started
         model = self._model(search)
         if train_config_hash(search.cfg, self.device.type, threads, data.source, model,
                              digest if "data_digest" in recorded else None) != search.train_config_hash:
             raise UserError("its training settings differ from this worker's (the data's content, the model "
                             "function's source, or an older towerlab's settings): results here would not be the "
                             "search's")
+        started = time.perf_counter()
         self._setups[search.id] = setup = _Setup(data.to(self.device), model, threads, provenance(self.device, digest))
+        if self.times is not None:
+            self.times.data(data_seconds + time.perf_counter() - started)
         return setup
 
     def _model(self, search: Search) -> CandidateModel:
@@ -222,9 +232,11 @@ class Trainers:
             if setup.threads is not None and torch.get_num_threads() != setup.threads:
                 torch.set_num_threads(setup.threads)
             c = task.candidate
-            fields, _ = train_candidate(search.cfg, setup.model, c.genome, c.seed, setup.data, self.device,
-                                        test=task.kind == "test", stop=self.stop, max_epochs=c.max_epochs,
-                                        test_if=self._entering_top(search) if task.kind == "train" else None)
+            fields, result = train_candidate(search.cfg, setup.model, c.genome, c.seed, setup.data, self.device,
+                                             test=task.kind == "test", stop=self.stop, max_epochs=c.max_epochs,
+                                             test_if=self._entering_top(search) if task.kind == "train" else None)
+            if self.times is not None:
+                self.times.candidate(fields["seconds"], result)
             return outcome({**fields, "worker": self.name, "provenance": setup.provenance}), fields.get("test_accuracy")
 
         return train

@@ -178,5 +178,10 @@ class WhitenedConvNet(nn.Module):
         return self.head(x) * LOGIT_SCALE
 
 
+def whitening_bias(network: WhitenedConvNet) -> nn.Parameter:
+    """The whitening layer's bias: [airbench] trains it for the first 3 epochs only."""
+    return network.whiten_bias
+
+
 HOOKS = Hooks(fit_images=WHITEN_IMAGES, fit=WhitenedConvNet.fit_whitening,
-              share_batch_statistics=share_batch_statistics)
+              share_batch_statistics=share_batch_statistics, whitening_bias=whitening_bias)

@@ -17,18 +17,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from towerlab.config import RunConfig, TrainConfig
 from towerlab.distributed.group import Context, max_over_ranks, sum_over_ranks
 from towerlab.distributed.signals import Interrupted, StopFlag
 from towerlab.models.custom import NetworkSource
-from towerlab.models.preprocessing import Normalizer, tta_logits
+from towerlab.models.preprocessing import Normalizer
 from towerlab.report import Reporter, format_epoch, format_step
 from towerlab.training import checkpoint
-from towerlab.training.batches import Batches, eval_batches
+from towerlab.training.batches import Batches
 from towerlab.training.divergence import DivergenceWatch
+from towerlab.training.evaluation import loss_and_accuracy
 from towerlab.training.network import build, fit_to_data, uses_channels_last
 from towerlab.training.progress import Progress, checkpoint_state, final_val_scores, restore, step_name
 from towerlab.training.step import Steps, resolve_step, warms_up
@@ -37,7 +37,6 @@ from towerlab.training.step_kinds import make_steps
 if TYPE_CHECKING:
     from towerlab.data.load import Dataset
 
-EVAL_BATCH = 1024
 # What a step mode's warm-up does before the clock starts (named when it lasts: towerlab.report.phase).
 SETUP_PHASES = {"graph": "recording the step as a CUDA graph", "compiled": "compiling the step with torch.compile",
                 "program": "warming the step program up", "eager": "warming the step up"}
@@ -91,29 +90,10 @@ class TrainResult:
     # every attempt of a resumed run; 0.0 where nothing is warmed up (an eager run on a CPU).
     setup_seconds: float = 0.0
     step_mode: str = "eager"           # how the steps ran: eager, graph, compiled, or program (towerlab.training.step)
+    eval_seconds: float = 0.0          # this attempt's validation and test passes (each ends in a host read)
+    test_seconds: float = 0.0          # ... and the final test pass alone
     history: list[dict] = field(default_factory=list)
     model: nn.Module | None = None
-
-
-def loss_and_accuracy(module: nn.Module, x: torch.Tensor, y: torch.Tensor, ctx: Context, normalize: Normalizer,
-                      precision: str = "fp32", tta: str = "none") -> tuple[float, float]:
-    """(mean loss, accuracy) over a whole split, of the logits averaged over the `tta` views; each
-    rank scores its shard, the sums are reduced."""
-    was_training = module.training
-    module.eval()
-    totals = torch.zeros(3, dtype=torch.float64, device=ctx.device)
-    autocast = torch.autocast(ctx.device.type, dtype=torch.bfloat16, enabled=precision == "bf16")
-    with torch.no_grad(), autocast:
-        for xb, yb in eval_batches(x, y, ctx, EVAL_BATCH, normalize):
-            logits = tta_logits(module, xb, tta).float()
-            totals[0] += F.cross_entropy(logits, yb, reduction="sum")
-            totals[1] += (logits.argmax(1) == yb).sum()
-            totals[2] += yb.numel()
-    module.train(was_training)
-    loss_sum, correct, count = sum_over_ranks(ctx, totals).tolist()
-    if count == 0:
-        return float("nan"), float("nan")
-    return loss_sum / count, correct / count
 
 
 class _Clock:
@@ -189,6 +169,7 @@ class _Training:
         self.divergence = DivergenceWatch(cfg, ctx, self.progress.step, self.steps.worst)
         self.curve_every = 0
         self.last_display = (self.progress.step, 0.0)
+        self.eval_seconds = 0.0
 
     def _split(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """An evaluation split, on the device where the training data is."""
@@ -267,12 +248,18 @@ class _Training:
             raise Interrupted(signum)
 
     def _val_scores(self, step: int) -> tuple[float | None, float | None]:
-        data = self.data
-        if data.n_val == 0:
+        if self.data.n_val == 0:
             return None, None
-        with self.reporter.phase(f"Validating on {data.n_val:,} images after step {step}"):
-            return loss_and_accuracy(self.module, *self.val, self.ctx,
-                                     self.batches.normalize, self.cfg.precision, self.cfg.tta)
+        return self._scores(f"Validating on {self.data.n_val:,} images after step {step}", *self.val)
+
+    def _scores(self, what: str, x: torch.Tensor, y: torch.Tensor) -> tuple[float, float]:
+        """`loss_and_accuracy` of a split, its seconds counted among the evaluations'."""
+        started = time.perf_counter()
+        with self.reporter.phase(what):
+            scores = loss_and_accuracy(self.module, x, y, self.ctx, self.batches.normalize, self.cfg.precision,
+                                       self.cfg.tta)
+        self.eval_seconds += time.perf_counter() - started
+        return scores
 
     def _save(self, step: int) -> None:
         path = self.options.checkpoint_path
@@ -336,10 +323,10 @@ class _Training:
         val_loss, val_acc = final_val_scores(progress)
         test_loss = test_acc = None
         tests = self.options.test or (self.options.test_if is not None and self.options.test_if(val_acc))
+        before_test = self.eval_seconds
         if tests and data.n_test > 0:
-            with self.reporter.phase(f"Testing on {data.n_test:,} images"):
-                test_loss, test_acc = loss_and_accuracy(module, *self._split(data.x_test, data.y_test), self.ctx,
-                                                        self.batches.normalize, cfg.precision, cfg.tta)
+            test_loss, test_acc = self._scores(f"Testing on {data.n_test:,} images",
+                                               *self._split(data.x_test, data.y_test))
         seconds = progress.train_seconds
         return TrainResult(
             steps=progress.step, epochs=progress.step / self.steps_per_epoch, steps_per_epoch=self.steps_per_epoch,
@@ -347,4 +334,5 @@ class _Training:
             examples_per_sec=progress.step * self.global_batch / seconds if seconds else 0.0,
             val_loss=val_loss, val_accuracy=val_acc, test_loss=test_loss, test_accuracy=test_acc,
             best_epoch=progress.best_epoch, stopped=progress.stopped, setup_seconds=progress.setup_seconds,
-            step_mode=self.steps.mode, history=progress.history, model=module)
+            step_mode=self.steps.mode, history=progress.history, model=module,
+            eval_seconds=self.eval_seconds, test_seconds=self.eval_seconds - before_test)

@@ -72,6 +72,7 @@ def check_setup(cfg: TrainConfig, world_size: int, data: Dataset, source: Networ
     else:
         module = instantiate(source)
         check_module(module, data.input_shape, data.num_classes)
+    check_optimizer(cfg, module)
     if cfg.translate >= min(data.input_shape[1:]):
         raise UserError(f"--translate {cfg.translate} shifts images by their whole size "
                         f"{data.input_shape[1]}x{data.input_shape[2]}: use fewer pixels")
@@ -79,6 +80,16 @@ def check_setup(cfg: TrainConfig, world_size: int, data: Dataset, source: Networ
         raise UserError(f"--batch-size {cfg.batch_size} x {world_size} replica(s) is more than the "
                         f"{data.n_train} training examples: lower --batch-size or --devices")
     return module
+
+
+def check_optimizer(cfg: TrainConfig, module: nn.Module) -> None:
+    """What --optimizer muon and --whiten-bias-epochs need of the network: filters to step, a whitening bias."""
+    if cfg.optimizer == "muon" and not any(p.dim() == 4 and p.requires_grad for p in module.parameters()):
+        raise UserError(f"--optimizer muon steps convolution filters (4-D weights) with Muon and the rest with SGD: "
+                        f"{cfg.model} has none to train, so use --optimizer sgd")
+    if cfg.whiten_bias_epochs and model_catalog.hooks(cfg.model).whitening_bias is None:
+        raise UserError(f"--whiten-bias-epochs trains the bias of a data-fitted whitening layer (whitenet's): "
+                        f"{cfg.model} has none, so leave it at 0")
 
 
 def check_module(module: nn.Module, input_shape: tuple[int, int, int], num_classes: int) -> None:

@@ -35,9 +35,18 @@ class StepProgram(Steps):
         self.module, self.cfg, self.ctx, self.batches, self.worst = module, cfg, ctx, batches, worst
         device = ctx.device
         self.params = trained_parameters(module)
-        self.sizes = [p.numel() for p in self.params]
-        groups = parameter_groups(module, self.params, cfg.norm_lr_scale)
+        groups = parameter_groups(module, self.params, cfg, batches.steps_per_epoch)
         lrs, momenta = schedule_tables(cfg, groups, total_steps)
+        # --whiten-bias-epochs: from step `frozen_from` on, the step neither computes the whitening bias's
+        # gradient (and the backward pass it alone needs) nor updates it: a second program, which reads
+        # `frozen` (set before each step), recorded or compiled apart.
+        whiten = [g for g, group in enumerate(groups) if group.part == "whiten_bias"]
+        self.skip_frozen = (whiten[0],) if whiten else ()  # the groups a frozen step leaves alone
+        self.frozen_from = groups[whiten[0]].until if whiten else total_steps
+        self.frozen = False
+        self.still = [not whiten or i not in groups[whiten[0]].positions for i in range(len(self.params))]
+        self.live = {False: self.params, True: [p for p, still in zip(self.params, self.still) if still]}
+        self.total_steps = total_steps
         self.lr_host = [row[0] for row in lrs]
         self.lr_table, self.momentum_table = tables_on(device, lrs, momenta)
         self.update = Update(cfg, self.params, groups, uses_momentum(cfg.optimizer, momenta))
@@ -52,8 +61,9 @@ class StepProgram(Steps):
         self.buffers = [b for b in module.buffers() if b.is_floating_point()] if self.group is not None else []
         self.dropout = uses_dropout(module)
         self.mode = "program"
-        self.run: Callable[[], Yield] = self.program
+        self.runs: dict[bool, Callable[[], Yield]] = {False: self.program, True: self.program}  # by `frozen`
         self.epoch_loaded: int | None = None
+        self.compiled: Callable[[], Yield] | None = None
         self.next_step = 0
 
     # --- the program -------------------------------------------------------------------------------
@@ -72,24 +82,28 @@ class StepProgram(Steps):
         # process training many programs would compile each anew); no cast cache in a graph.
         precision = mixed_precision(self.cfg, self.ctx.device, cache_casts=False)
         loss, logits = forward_loss(self.module, x, y, self.cfg, precision)
-        grads = list(torch.autograd.grad(loss, self.params))
+        live = self.live[self.frozen]
+        grads = list(torch.autograd.grad(loss, live))
         if self.group is not None:
-            grads = self._average(grads)
+            grads = self._average(grads, live)
+        if self.frozen:  # the frozen parameters stand in for their gradients, which the update skips
+            given = iter(grads)
+            grads = [next(given) if still else p for p, still in zip(self.params, self.still)]
         lr = self.lr_table.index_select(0, self.t).view(-1)
         momentum = None if self.momentum_table is None else self.momentum_table.index_select(0, self.t).view(-1)
-        self.update(grads, lr, momentum)
+        self.update(grads, lr, momentum, skip=self.skip_frozen if self.frozen else ())
         with torch.no_grad():
             self.worst.copy_(torch.maximum(self.worst, loss.detach().float()))
             self.t.add_(1)
             self.k.add_(1)
         return loss.detach(), logits.detach(), y
 
-    def _average(self, grads: list[torch.Tensor]) -> list[torch.Tensor]:
+    def _average(self, grads: list[torch.Tensor], params: list[torch.Tensor]) -> list[torch.Tensor]:
         from torch.distributed import _functional_collectives as funcol
 
         flat = torch.cat([g.reshape(-1) for g in grads])
         flat = funcol.all_reduce(flat, "sum", self.group) / self.ctx.world_size  # type: ignore[arg-type]  # run with a group
-        return [chunk.view_as(p) for chunk, p in zip(flat.split(self.sizes), self.params)]
+        return [chunk.view_as(p) for chunk, p in zip(flat.split([p.numel() for p in params]), params)]
 
     def _broadcast_buffers(self) -> None:
         from torch.distributed import _functional_collectives as funcol
@@ -108,6 +122,7 @@ class StepProgram(Steps):
         self.k.fill_(start)
         self.t.fill_(step)
         self.next_step = step
+        self.frozen = step >= self.frozen_from
 
     def _load_epoch(self, epoch: int) -> None:
         if self.epoch_loaded != epoch:
@@ -122,7 +137,8 @@ class StepProgram(Steps):
             yield self.step(step)
 
     def step(self, step: int) -> Yield:
-        out = self.step_with(self.run, step)
+        self.frozen = step >= self.frozen_from
+        out = self.step_with(self.runs[self.frozen], step)
         if self.lookahead is not None:
             self.lookahead.step()
         self.next_step = step + 1
@@ -147,7 +163,7 @@ class StepProgram(Steps):
         self.module.load_state_dict(state["model"])
         saved = state["update"]
         self.update.step_count.copy_(saved["step_count"])
-        self.update.mu_product.copy_(saved["mu_product"])
+        self.update.mu_product.copy_(saved["mu_product"])  # an older checkpoint's single one: every group's
         for key, tensors in self.update.state.items():
             torch._foreach_copy_(tensors, [t.to(tensors[0].device) for t in saved["state"][key]])
         if self.lookahead is not None:
@@ -161,27 +177,36 @@ class StepProgram(Steps):
         record or compile leaves the program running op by op, with one line."""
         snapshot = self.snapshot()
         failure = None
+        # Each program the run will take, from the first step it takes it: a frozen whitening bias's too.
+        starts = {step >= self.frozen_from: step}
+        if step < self.frozen_from < self.total_steps:
+            starts[True] = self.frozen_from
         try:
-            self._warm(mode, step)
+            for start in starts.values():
+                self._warm(mode, start)
         except Exception as exc:  # noqa: BLE001 - the compiler's and the recorder's errors are many kinds
             failure = _reason(exc)
         if self.group is not None and max_over_ranks(self.ctx, float(failure is not None)) and failure is None:
             failure = "another replica's failed"  # every replica runs alike, or none does
         if failure is not None:
             log(f"towerlab: warning: --step {mode} failed ({failure}); training with the step program uncaptured")
-            self.mode, self.run = "program", self.program
+            self.mode, self.runs = "program", {False: self.program, True: self.program}
         else:
             self.mode = mode
         self.restore(snapshot)
         if self.ctx.device.type == "cuda":
             torch.cuda.synchronize(self.ctx.device)
-        return WARMUP_STEPS
+        return WARMUP_STEPS * len(starts)
 
     def _warm(self, mode: str, step: int) -> None:
+        """Warm up, and record or compile, the program that step `step` takes (`runs[frozen]`)."""
         cuda = self.ctx.device.type == "cuda"
         run: Callable[[], Yield] = self.program
         if mode == "compiled":
-            run = _traced_autograd(torch.compile(self.program, fullgraph=True, **COMPILE_OPTIONS[self.ctx.device.type]))
+            if self.compiled is None:  # one compiled function: a program per `frozen`, each compiled once
+                self.compiled = _traced_autograd(torch.compile(self.program, fullgraph=True,
+                                                               **COMPILE_OPTIONS[self.ctx.device.type]))
+            run = self.compiled
         record = cuda and mode in ("graph", "compiled") and self.group is None
         stream = torch.cuda.Stream() if cuda else None
         if stream is not None:
@@ -199,10 +224,10 @@ class StepProgram(Steps):
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):
                 outputs = run()
-            self.run = _replay(graph, outputs)
-            self.step_with(self.run, step)
+            self.runs[self.frozen] = _replay(graph, outputs)
+            self.step_with(self.runs[self.frozen], step)
         else:
-            self.run = run
+            self.runs[self.frozen] = run
 
     def step_with(self, run: Callable[[], Yield], step: int) -> Yield:
         """`run` as step `step`: its dropout seeded on the host first."""

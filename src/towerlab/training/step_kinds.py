@@ -28,7 +28,7 @@ def make_steps(mode: str, strategy: str, module: nn.Module, cfg: TrainConfig, ct
 
 def _eager(strategy: str, module: nn.Module, cfg: TrainConfig, ctx: Context, batches: Batches,
            total_steps: int, worst: torch.Tensor) -> Steps:
-    strat = make_strategy(strategy, module, ctx, optimizer_factory(cfg, module, total_steps))
+    strat = make_strategy(strategy, module, ctx, optimizer_factory(cfg, module, total_steps, batches.steps_per_epoch))
     return EagerSteps(strat, batches, cfg, ctx, total_steps, worst)
 
 

@@ -8,13 +8,15 @@ use; tests hold `Update` to torch.optim, optimizer by optimizer.
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from typing import Union, cast
 
 import torch
 
 from towerlab.config import TrainConfig
-from towerlab.training.optim import group_scales, make_optimizer, make_scheduler
+from towerlab.training.muon import lr_ratio, matrix, normalize_, orthogonalize
+from towerlab.training.optim import Group, ScheduledOptimizer
 
 Tensors = Union[list[torch.Tensor], tuple[torch.Tensor, ...]]  # a group's, as torch._foreach_* takes them
 
@@ -29,22 +31,24 @@ def _momentum(group: dict) -> float | None:
     return None
 
 
-def schedule_tables(cfg: TrainConfig, groups: list[list[int]], total_steps: int
+def schedule_tables(cfg: TrainConfig, groups: list[Group], total_steps: int
                     ) -> tuple[list[list[float]], list[list[float]] | None]:
     """(lr[s][g], momentum[s][g] or None) for steps s = 0 .. total_steps - 1: the values torch's
-    optimizer and scheduler for `cfg` hold when they take step s. Recorded by stepping them over one
+    optimizers and schedulers for `cfg` hold when they take step s. Recorded by stepping them over one
     stand-in parameter per group, so every schedule is torch's own to the last bit."""
-    params = [torch.zeros(1) for _ in groups]
-    optimizer = make_optimizer(cfg, params, [[i] for i in range(len(groups))], torch.device("cpu"))
-    scheduler = make_scheduler(cfg, optimizer, total_steps)
+    params = [torch.zeros((1, 1, 1, 1) if g.part == "muon" else (1,)) for g in groups]
+    stand_ins = [dataclasses.replace(g, positions=[i]) for i, g in enumerate(groups)]
+    optimizer = ScheduledOptimizer(cfg, params, stand_ins, torch.device("cpu"), total_steps)
     lrs, momenta = [], []
     with warnings.catch_warnings():  # "scheduler.step() before optimizer.step()": no step is taken here
         warnings.simplefilter("ignore", UserWarning)
         for s in range(total_steps):
-            lrs.append([float(g["lr"]) for g in optimizer.param_groups])
-            momenta.append([_momentum(g) for g in optimizer.param_groups])
-            if scheduler is not None and s + 1 < total_steps:
-                scheduler.step()
+            lrs.append([float(g["lr"]) for g in optimizer.param_groups()])
+            momenta.append([_momentum(g) for g in optimizer.param_groups()])
+            if s + 1 < total_steps:
+                for _, scheduler in optimizer.parts.values():
+                    if scheduler is not None:
+                        scheduler.step()
     has_momentum = momenta and momenta[0][0] is not None
     return lrs, (cast(list[list[float]], momenta) if has_momentum else None)  # no None where one is a number
 
@@ -60,30 +64,34 @@ ADADELTA_RHO, ADADELTA_EPS = 0.9, 1e-6
 # The state torch.optim keeps per parameter, by optimizer (besides its step count).
 STATE = {"sgd": ("momentum_buffer",), "adam": ("exp_avg", "exp_avg_sq"), "nadam": ("exp_avg", "exp_avg_sq"),
          "adamax": ("exp_avg", "exp_inf"), "rmsprop": ("square_avg", "momentum_buffer"), "adagrad": ("sum",),
-         "adadelta": ("square_avg", "acc_delta")}
+         "adadelta": ("square_avg", "acc_delta"), "muon": ("momentum_buffer",)}
 
 
 class Update:
     """One optimizer step of `cfg.optimizer` as tensor arithmetic (torch.optim's algorithms with
     their defaults; AdamW's decoupled decay for adam with weight decay, L2 in the gradient for the
-    rest). All state is allocated here, once, and only ever changed in place; `lr` and `momentum`
-    come in as device tensors of one value per group. What torch.optim decides from a Python number
-    (whether SGD or RMSprop keep a momentum buffer) is decided once, from the momentum table."""
+    rest; for muon, torch.optim.Muon's on the filters and SGD's on the rest). All state is allocated
+    here, once, and only ever changed in place; `lr` and `momentum` come in as device tensors of one
+    value per group. What torch.optim decides from a Python number (whether SGD or RMSprop keep a
+    momentum buffer) is decided once, from the momentum table."""
 
-    def __init__(self, cfg: TrainConfig, params: list[torch.Tensor], groups: list[list[int]], uses_momentum: bool):
+    def __init__(self, cfg: TrainConfig, params: list[torch.Tensor], groups: list[Group], uses_momentum: bool):
         self.name = cfg.optimizer
         self.params = params
         self.groups = groups
-        scales = group_scales(cfg, groups)
-        self.weight_decay = [cfg.weight_decay / s for s in scales]
+        self.weight_decay = [0.0 if g.part == "muon" else cfg.weight_decay / g.scale for g in groups]
         self.decoupled = self.name == "adam" and cfg.weight_decay > 0
         self.nesterov = cfg.nesterov
+        self.muon_steps = cfg.muon_ns_steps
+        self.muon_normalize = cfg.muon_normalize
         self.uses_momentum = uses_momentum
         # One count serves every parameter, in their precision (torch.optim's capturable count is a
         # float32 tensor; its bias corrections are Python doubles, which float64 parameters match).
         self.step_count = torch.zeros((), dtype=params[0].dtype, device=params[0].device)
-        # NAdam's product of momenta: torch.optim keeps it in float32 whatever the parameters' precision.
-        self.mu_product = torch.ones((), dtype=torch.float32, device=params[0].device)
+        # NAdam's product of momenta, one per group (torch.optim keeps one per parameter; a part's groups
+        # share their momenta, and a whitening bias's part has its own), in float32 whatever the
+        # parameters' precision, as torch.optim keeps it.
+        self.mu_product = torch.ones(len(groups), dtype=torch.float32, device=params[0].device)
         keys = STATE[self.name]
         if self.name in ("sgd", "rmsprop") and not uses_momentum:
             keys = tuple(k for k in keys if k != "momentum_buffer")
@@ -94,20 +102,40 @@ class Update:
         return [self.step_count, self.mu_product] + [t for key in sorted(self.state) for t in self.state[key]]
 
     @torch.no_grad()
-    def __call__(self, grads: list[torch.Tensor], lr: torch.Tensor, momentum: torch.Tensor | None) -> None:
+    def __call__(self, grads: list[torch.Tensor], lr: torch.Tensor, momentum: torch.Tensor | None,
+                 skip: tuple[int, ...] = ()) -> None:
+        """Step every group but those in `skip` (positions in the group list), whose parameters and state
+        stay as they are (as torch.optim leaves a parameter without a gradient); `grads` has a tensor
+        for each parameter, and is not read for those."""
         self.step_count.add_(1)
-        if self.name == "nadam":  # torch keeps one product per parameter; every group has the same beta1
-            mu = momentum[0] * (1.0 - 0.5 * torch.pow(0.96, self.step_count * NADAM_MOMENTUM_DECAY))  # type: ignore[index]  # NAdam has a beta1 table
+        if self.name == "nadam":
+            mu = momentum * (1.0 - 0.5 * torch.pow(0.96, self.step_count * NADAM_MOMENTUM_DECAY))  # type: ignore[operator]  # NAdam has a beta1 table
             self.mu_product.mul_(mu.float())  # a float32 product, as torch.optim's
         for g, group in enumerate(self.groups):
-            params = [self.params[i] for i in group]
-            group_grads: Tensors = [grads[i] for i in group]
-            state = {key: [tensors[i] for i in group] for key, tensors in self.state.items()}
+            if g in skip:
+                continue
+            params = [self.params[i] for i in group.positions]
+            group_grads: Tensors = [grads[i] for i in group.positions]
+            state = {key: [tensors[i] for i in group.positions] for key, tensors in self.state.items()}
             decay = self.weight_decay[g]
             if decay and not self.decoupled:
                 group_grads = torch._foreach_add(group_grads, params, alpha=decay)
-            getattr(self, "_" + self.name)(params, group_grads, state, lr[g], None if momentum is None else momentum[g],
-                                          decay)
+            method = "muon" if group.part == "muon" else "sgd" if self.name == "muon" else self.name
+            own = {"mu_product": self.mu_product[g]} if method == "nadam" else {}
+            getattr(self, "_" + method)(params, group_grads, state, lr[g], None if momentum is None else momentum[g],
+                                        decay, **own)
+
+    def _muon(self, params: Tensors, grads: Tensors, state: dict[str, Tensors], lr: torch.Tensor,
+              momentum: torch.Tensor, decay: float) -> None:
+        """torch.optim.Muon's step (Nesterov, no weight decay) on each filter's matrix (muon.matrix),
+        after airbench94_muon's rescaling where --muon-normalize asks for it."""
+        if self.muon_normalize:
+            normalize_(params)
+        for p, grad, buffer in zip(params, grads, state["momentum_buffer"]):
+            weights, buf, g = matrix(p), matrix(buffer), matrix(grad, p)
+            buf.lerp_(g, 1 - momentum)
+            update = orthogonalize(g.lerp(buf, momentum), self.muon_steps)
+            weights.sub_(update.to(weights.dtype).mul_(lr * lr_ratio(weights.shape)))
 
     def _sgd(self, params: Tensors, grads: Tensors, state: dict[str, Tensors], lr: torch.Tensor,
              momentum: torch.Tensor, decay: float) -> None:
@@ -138,7 +166,7 @@ class Update:
         torch._foreach_sub_(params, steps)
 
     def _nadam(self, params: Tensors, grads: Tensors, state: dict[str, Tensors], lr: torch.Tensor,
-               beta1: torch.Tensor, decay: float) -> None:
+               beta1: torch.Tensor, decay: float, mu_product: torch.Tensor) -> None:
         exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
         _moments(exp_avg, exp_avg_sq, grads, beta1)
         step = self.step_count
@@ -147,7 +175,7 @@ class Update:
         denom = torch._foreach_sqrt(exp_avg_sq)
         torch._foreach_div_(denom, torch.sqrt(1.0 - torch.pow(BETA2, step)))
         torch._foreach_add_(denom, ADAM_EPS)
-        mu_product = self.mu_product.to(lr.dtype)  # read in the parameters' precision, as torch.optim reads it
+        mu_product = mu_product.to(lr.dtype)  # read in the parameters' precision, as torch.optim reads it
         from_grad = torch._foreach_div(grads, denom)
         torch._foreach_mul_(from_grad, lr * (1.0 - mu) / (1.0 - mu_product))
         from_avg = torch._foreach_div(exp_avg, denom)
@@ -226,7 +254,10 @@ def tables_on(device: torch.device, lrs: list[list[float]], momenta: list[list[f
 
 def uses_momentum(name: str, momenta: list[list[float]] | None) -> bool:
     """Whether SGD and RMSprop keep a momentum buffer: torch.optim keeps one while the group's
-    momentum is not 0 (OneCycleLR cycles it for both)."""
+    momentum is not 0 (OneCycleLR cycles it for both); Muon keeps one always, and muon's SGD side
+    shares its buffers (with momentum 0 a buffer is the gradient: the same numbers)."""
+    if name == "muon":
+        return True
     if name not in ("sgd", "rmsprop"):
         return False
     return momenta is not None and any(m != 0 for row in momenta for m in row)

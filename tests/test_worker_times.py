@@ -1,0 +1,60 @@
+"""The breakdown of a search worker's time that the GPU benchmark records (jobs/worker_times.py): written
+only when asked for, one file per worker, its parts adding up to the worker's wall time."""
+
+import json
+
+import pytest
+
+from towerlab.cli import main
+from towerlab.jobs import worker_times
+from util import SEARCH_BASE, small_space_file, summary
+
+
+@pytest.mark.slow
+def test_a_search_workers_time_is_split_into_its_parts_when_asked(tmp_path, monkeypatch):
+    folder = tmp_path / "times"
+    monkeypatch.setenv(worker_times.ENV, str(folder))
+    out = tmp_path / "search"
+    args = [*SEARCH_BASE, "--devices", "2", "--space", small_space_file(tmp_path), "--population", "4",
+            "--generations", "2", "--remeasure", "0", "--top", "1", "--out", str(out)]
+    assert main(["evolve", *args]) == 0
+    records = [json.loads(path.read_text()) for path in sorted(folder.glob("*.json"))]
+    assert len(records) == 2  # one per worker process
+    trained = summary(out)["cost"]
+    assert sum(r["tasks"] for r in records) == trained["search"]["trainings"] + trained["test"]["trainings"]
+    for record in records:
+        parts = record["seconds"]
+        assert set(parts) == set(worker_times.PARTS) and min(parts.values()) >= 0.0
+        assert sum(parts.values()) == pytest.approx(record["wall_seconds"])
+        assert parts["start"] > 0.0 and parts["data"] > 0.0 and parts["store"] > 0.0
+        if record["tasks"]:
+            assert parts["training"] > 0.0 and parts["build"] > 0.0 and parts["evaluation"] > 0.0
+        assert record["device"] == "cpu" and record["worker"].endswith(":cpu")
+
+
+def test_nothing_is_measured_or_written_unless_asked(monkeypatch, tmp_path):
+    monkeypatch.delenv(worker_times.ENV, raising=False)
+    assert worker_times.WorkerTimes.from_env() is None
+    monkeypatch.setenv(worker_times.ENV, str(tmp_path / "t"))
+    times = worker_times.WorkerTimes.from_env()
+    assert times is not None and times.folder == tmp_path / "t"
+    assert worker_times.process_age() > 0.0  # this process started before the test
+
+
+def test_the_timed_store_times_claims_and_completions_and_passes_the_rest_through():
+    class Store:
+        path = "here"
+
+        def claim(self, *args):
+            return "task"
+
+        def complete(self, *args):
+            return True, None
+
+        def search(self, search_id):
+            return search_id
+
+    times = worker_times.WorkerTimes(None)
+    store = times.store(Store())
+    assert (store.claim("w"), store.complete("t"), store.search(3), store.path) == ("task", (True, None), 3, "here")
+    assert times.seconds["store"] > 0.0 and times.first_claim is not None

@@ -333,12 +333,20 @@ def test_whitenet_candidates_train_with_the_cifar94_recipe():
                                                     patience=5, model_options={"blocks": 2}), label_smoothing=0.2)
 
 
-def test_a_changed_recipe_fails_here_until_fitness_version_is_bumped():
-    """A search store serves cached fitnesses by the training settings' hash, which holds
-    FITNESS_VERSION but not the recipes (so an mlp or cnn store stays valid when cifar-94 changes).
-    Whoever changes a recipe bumps FITNESS_VERSION and records the new pair here."""
-    from towerlab.jobs.candidate import FITNESS_VERSION, RECIPES, recipe
-    from towerlab.search import genome_hash
+def test_a_changed_recipe_changes_its_family_s_training_settings_and_no_other(monkeypatch):
+    """A search store serves cached fitnesses by the training settings' hash: a family's recipe is part
+    of it, so a store of whitenet candidates trained under an older cifar-94 is not served today, while
+    an mlp or cnn store stays valid when cifar-94 changes."""
+    from towerlab import presets
+    from towerlab.jobs import candidate
 
-    pinned = {"whitenet": "c50ac674ddeba7b9142a83a6d42094bb35c7a43462a31b3f1b95fda875101de7"}
-    assert (FITNESS_VERSION, {m: genome_hash(recipe(m)) for m in RECIPES}) == (3, pinned)
+    cfg = SearchConfig(dataset="cifar10")
+    before = {m: candidate.train_config_hash(cfg, "cpu", 1, None, m) for m in ("whitenet", "mlp", "cnn")}
+    assert candidate.training_settings(cfg, "cpu", 1, None, "whitenet")["recipe"] == candidate.recipe("whitenet")
+    preset = presets.PRESETS["cifar-94"]
+    monkeypatch.setitem(presets.PRESETS, "cifar-94", dataclasses.replace(preset, train={**preset.train,
+                                                                                        "weight_decay": 0.1}))
+    after = {m: candidate.train_config_hash(cfg, "cpu", 1, None, m) for m in ("whitenet", "mlp", "cnn")}
+    assert after["whitenet"] != before["whitenet"]
+    assert (after["mlp"], after["cnn"]) == (before["mlp"], before["cnn"])
+

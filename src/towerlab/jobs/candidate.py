@@ -42,9 +42,10 @@ TRAINING_GENES = ("optimizer", "lr", "batch_size", "epochs", "label_smoothing")
 # training gene.
 CandidateModel = Union[str, ModelFunction]
 DEFAULT_BATCH = {"cifar10": 64}  # the original's; 128 for the MNIST-like sets
-# Bumped whenever candidate training changes what it computes (a recipe below included: a test pins
-# their content), so a store's cache never serves fitnesses that today's code would not reproduce.
-FITNESS_VERSION = 3
+# Bumped whenever candidate training changes what it computes, so a store's cache never serves
+# fitnesses that today's code would not reproduce. A recipe's own settings are in its family's training
+# settings (`training_settings`): a changed recipe changes that family's cache alone.
+FITNESS_VERSION = 2
 RECIPES = {"whitenet": "cifar-94"}  # model family -> the preset its candidates train with
 # What a recipe does not decide for a candidate: the search's own settings and the genome do.
 _NOT_FROM_RECIPE = ("model", "dataset", "val_size", "epochs", "steps", "seed", "patience", "target_accuracy")
@@ -84,6 +85,8 @@ def training_settings(cfg: SearchConfig, device_type: str, threads: int, source:
         settings["dataset_content"] = data_digest
     if callable(model):
         settings["model_function"] = function_identity(model)
+    elif model in RECIPES:
+        settings["recipe"] = recipe(model)
     return settings
 
 

@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional, Union
 
-from towerlab.config import ARRAYS_DATASET, CUSTOM_MODEL
+from towerlab.config import CUSTOM_MODEL
+from towerlab.checks import ARRAYS_DATASET
 from towerlab.fields import replace
 from towerlab.distributed.signals import EXIT_SIGINT, EXIT_SIGTERM, Interrupted
 from towerlab.data.load import DataGiven, Dataset

@@ -24,7 +24,7 @@ from typing import Callable, Union
 import numpy as np
 import torch
 
-from towerlab.config import ARRAYS_DATASET, check_dataset, is_custom_dataset, is_image_folder
+from towerlab.checks import ARRAYS_DATASET, check_dataset, is_custom_dataset, is_image_folder
 from towerlab.catalog import datasets
 from towerlab.data import fetch, folders, locate, readers
 from towerlab.data.synthetic import make_synthetic

@@ -21,7 +21,8 @@ from typing import Callable, Optional, Union
 
 import torch
 
-from towerlab.config import ARRAYS_DATASET, CUSTOM_MODEL, SearchConfig, TrainConfig, is_custom_dataset, is_image_folder
+from towerlab.config import CUSTOM_MODEL, SearchConfig, TrainConfig
+from towerlab.checks import ARRAYS_DATASET, is_custom_dataset, is_image_folder
 from towerlab.fields import to_flags
 from towerlab.data.load import Dataset, fingerprint
 from towerlab.distributed.env import device_name

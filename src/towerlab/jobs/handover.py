@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol
 
-from towerlab.config import RunConfig, SearchConfig, parse_shape
+from towerlab.config import RunConfig, SearchConfig
+from towerlab.checks import parse_shape
 from towerlab.distributed.group import Context, barrier, broadcast_object
 from towerlab.errors import UserError
 from towerlab.report import discard_line, stderr_line

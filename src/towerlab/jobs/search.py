@@ -23,7 +23,8 @@ from typing import Any, Optional
 import torch
 
 from towerlab import atomic
-from towerlab.config import CUSTOM_MODEL, RunConfig, SearchConfig, dataset_label
+from towerlab.config import CUSTOM_MODEL, RunConfig, SearchConfig
+from towerlab.checks import dataset_label
 from towerlab.distributed.crew import Crew, CrewFailed
 from towerlab.distributed.env import (check_capacity, search_threads, search_workers, torchrun_ranks, under_torchrun)
 from towerlab.distributed.group import broadcast_object, session

@@ -19,7 +19,7 @@ import torch
 
 import towerlab
 from towerlab import atomic
-from towerlab.config import dataset_label
+from towerlab.checks import dataset_label
 from towerlab.data.load import Dataset
 from towerlab.distributed.signals import StopFlag
 from towerlab.errors import UserError

@@ -26,7 +26,8 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from towerlab.config import ARRAYS_DATASET, CUSTOM_MODEL, RunConfig
+from towerlab.config import CUSTOM_MODEL, RunConfig
+from towerlab.checks import ARRAYS_DATASET
 from towerlab.data.digest import content_digest
 from towerlab.data.load import Dataset
 from towerlab.distributed.signals import STOP_SIGNALS, Interrupted, StopFlag

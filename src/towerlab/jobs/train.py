@@ -28,7 +28,8 @@ import torch
 import towerlab
 from towerlab import atomic
 from towerlab.catalog.models import keyword_options, not_taken
-from towerlab.config import CUSTOM_MODEL, RunConfig, TrainConfig, dataset_label
+from towerlab.config import CUSTOM_MODEL, RunConfig, TrainConfig
+from towerlab.checks import dataset_label
 from towerlab.data.load import Dataset, content_sha256
 from towerlab.distributed.env import (check_capacity, default_threads, local_processes, sharing_cores,
                                      torchrun_world_size, under_torchrun)

@@ -12,7 +12,8 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional, Sequence
 
-from towerlab.config import SamplerSettings, SearchConfig, check_fraction, setting
+from towerlab.config import SamplerSettings, SearchConfig, setting
+from towerlab.checks import check_fraction
 from towerlab.fields import to_dict
 from towerlab.errors import UserError
 from towerlab.search.candidates import GENERATION_STREAM, make_rng

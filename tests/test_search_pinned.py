@@ -20,7 +20,7 @@ import pytest
 
 from towerlab.config import SearchConfig
 from towerlab.search import Candidate, Outcome, Search, load_space, run_search, serial
-from towerlab.search.queue import Worker
+from towerlab.search.queue import Worker, WorkerOptions
 from towerlab.search.store import Store
 
 FIXTURE = Path(__file__).parent / "fixtures" / "pinned_histories.json"
@@ -56,16 +56,16 @@ def fitness(c: Candidate) -> Outcome:
 def stored(store: Store, search_id: int) -> dict:
     """What a search's store holds of its history: its settings, every generation, every evaluation
     (sorted: workers write them in any order) and its summary, without clocks and workers' names."""
-    row = store.search(search_id)
+    row = store.records.search(search_id)
     assert row is not None and row.summary is not None, "the search finished"
     evaluations = sorted(
         [e.generation, e.index, e.replicate, e.max_epochs, e.genome_hash, e.genome, e.train_config_hash, e.seed,
-         e.status, e.fitness, e.val_loss, e.epochs, e.seconds, e.reason] for e in store.evaluations(search_id))
+         e.status, e.fitness, e.val_loss, e.epochs, e.seconds, e.reason] for e in store.records.evaluations(search_id))
     return {
         "config": row.config,
         "generations": [{"generation": g.generation, "members": g.members, "results": g.results,
                          "stats": {k: v for k, v in g.stats.items() if k != "seconds"}, "complete": g.complete}
-                        for g in store.generations(search_id)],
+                        for g in store.records.generations(search_id)],
         "evaluations": evaluations,
         "summary": {k: v for k, v in row.summary.items() if k != "seconds"},
     }
@@ -88,7 +88,7 @@ def through_the_queue(path: Path, name: str) -> dict:
 
     with Store(path) as store:
         search_id = Search.resolve(cfg, space).create(store, TCH, {"test": True}).id
-        Worker(store, "w", "cpu", trainer, search_ids=[search_id], lease=30.0).run()
+        Worker(store, "w", "cpu", trainer, WorkerOptions(search_ids=[search_id], lease=30.0)).run()
         return stored(store, search_id)
 
 

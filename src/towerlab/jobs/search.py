@@ -175,7 +175,7 @@ class SearchJob(Job):
         here = identity(digest, spec.rpartition(":")[0] if spec else None)
         if self.run.resume:
             search_id = _stored_search_id(self.out)
-            row = store.search(search_id)
+            row = store.records.search(search_id)
             recorded = (row.setup if row is not None else None) or {}
             why = data_difference(recorded, digest, self.search.cfg.dataset, data.source)
             if why is None and "model_sha256" in here and recorded.get("model_sha256") not in (None, here["model_sha256"]):
@@ -193,12 +193,12 @@ class SearchJob(Job):
                                   "from now on its workers need this machine's, and `search show` tells its rows "
                                   "apart")
                 search = dataclasses.replace(search, setup={**recorded, **versions()})
-                store.update_setup(search.id, search.setup)
-            store.reopen_failed_tests(search.id)  # a resume retries them: the machine's fault, as often as not
+                store.records.update_setup(search.id, search.setup)
+            store.queue.reopen_failed_tests(search.id)  # a resume retries them: the machine's fault, as often as not
             release_the_dead(store)  # the tasks of this machine's workers that died with an earlier start
-            done = store.generations(search.id)
+            done = store.records.generations(search.id)
             resuming = (f"resuming search {search.id} of {store.path} ({sum(g.complete for g in done)} generation(s) "
-                        f"complete, {len(store.evaluations(search.id))} training(s) kept): ")
+                        f"complete, {len(store.records.evaluations(search.id))} training(s) kept): ")
         else:
             setup = {"device": device, "threads": self._threads(), "model": _model_spec(self.model),
                      "data": {"format": data.source.get("format"), "fallback": bool(data.source.get("fallback"))},
@@ -229,7 +229,7 @@ class SearchJob(Job):
 
         def lost(slot: int, pid: int, ended: str) -> None:
             name = worker_name(f"cuda:{slot // spec.per_device}" if device == "cuda" else "cpu", pid, spec.token)
-            if store.release(name, ended):
+            if store.queue.release(name, ended):
                 reporter.line(f"towerlab: warning: worker {name} {ended} while training; its task is back on the "
                               "queue")
 
@@ -237,14 +237,14 @@ class SearchJob(Job):
                     start_method=self.start_method, on_lost=lost, log=reporter.line)
         try:
             with StopFlag() as stop, crew:
-                while not _finished(store, search):
+                while not store.records.finished(search.id):
                     if stop.signum:
                         crew.stop(stop.signum)
                         raise Interrupted(stop.signum)
                     crew.watch(WATCH)
                     if watch.step():
                         crew.progressed()
-                    if not crew.running() and not _finished(store, search):
+                    if not crew.running() and not store.records.finished(search.id):
                         crew.watch(0.0)  # how the last of them ended
                         if crew.stopped is not None:  # the workers were interrupted themselves
                             raise Interrupted(signal.SIGINT if crew.stopped == EXIT_SIGINT else signal.SIGTERM)
@@ -318,7 +318,7 @@ def store_token(target: str, search_id: int) -> Optional[str]:
         return None
     try:
         with Store(target, create=False) as store:
-            row = store.search(search_id)
+            row = store.records.search(search_id)
     except UserError:
         return None
     return None if row is None else row.token
@@ -331,11 +331,6 @@ def _open(target: str) -> Store:
         raise
     except OSError as exc:
         raise UserError(f"cannot create the search store {recorded_store(target)}: {exc.strerror or exc}") from None
-
-
-def _finished(store: Store, search: Search) -> bool:
-    row = store.search(search.id)
-    return row is not None and row.finished is not None
 
 
 def _nothing_to_train(candidates: list, record: Any) -> None:

@@ -46,14 +46,14 @@ class Watch:
         if resumed:
             self.log.unlink(missing_ok=True)  # rewritten from the store as the generations are shown again
         self.shown = 0  # generations shown
-        self.before = store.newest_evaluation()  # this start's evaluations come after
+        self.before = store.records.newest_evaluation()  # this start's evaluations come after
         self.first: Optional[float] = None
         self.trained = 0
         self.testing = False
         self.plots_ready = False  # matplotlib imported (for the record's plots)
         self.last_line = time.monotonic()
         self.started = time.monotonic()
-        self.replayed = {g.generation for g in store.generations(search.id) if g.complete}
+        self.replayed = {g.generation for g in store.records.generations(search.id) if g.complete}
         if reporter.progress:
             reporter.start_progress(search.plan["search"], 0, unit="net")
         # --tensorboard: every evaluation as it lands (search/...) and every generation (generation/...), in
@@ -69,20 +69,20 @@ class Watch:
             raise UserError(f"the search's folder {self.out} was deleted while the search ran: its record cannot be "
                             "written, " + ("and its store went with it" if inside else
                                            f"and its store, {self.store.path}, keeps what was trained"))
-        trained = self.store.count_evaluations(self.search.id, after=self.before)
+        trained = self.store.records.count_evaluations(self.search.id, after=self.before)
         new = trained - self.trained
         if new:
             self.trained = trained
             self.reporter.advance(new)
         if self.first is None and new:
-            row = next((e for e in self.store.evaluations(self.search.id, after=self.before)
+            row = next((e for e in self.store.records.evaluations(self.search.id, after=self.before)
                         if e.status == "ok" and e.replicate == 0), None)
             if row is not None:
                 self.first = row.seconds
                 self._line(format_estimate(row.seconds, row.epochs, self.search.plan, self.workers))
         if self.tb is not None and (new or not self.plotted):
             self._plot_evaluations()
-        for gen in self.store.generations(self.search.id)[self.shown:]:
+        for gen in self.store.records.generations(self.search.id)[self.shown:]:
             if not gen.complete:
                 break
             stats = GenerationStats(**gen.stats, replayed=gen.generation in self.replayed)
@@ -96,7 +96,7 @@ class Watch:
                 f.write(atomic.json_text(stats.record(), sort_keys=True) + "\n")
             self.shown += 1
         if not self.testing:
-            tests = self.store.tasks(self.search.id, "test")
+            tests = self.store.queue.tasks(self.search.id, "test")
             if tests:
                 self.testing = True
                 todo = sum(t.state != "done" for t in tests)
@@ -105,7 +105,7 @@ class Watch:
                 self._line(f"Testing the top {len(tests)} networks (retraining {todo} with their seeds, each on one "
                            f"worker as it was evaluated{where})")
         if not self.plots_ready:
-            counts = self.store.queue_counts(self.search.id)
+            counts = self.store.queue.queue_counts(self.search.id)
             if counts["done"] and not counts["open"] and counts["claimed"] < self.workers:
                 pyplot()  # the record's plots need it: imported now, while a worker has nothing to train
                 self.plots_ready = True
@@ -119,7 +119,7 @@ class Watch:
         commit rows a little out of their numbering: the last ones are looked at again.)"""
         assert self.tb is not None and self.search.id is not None
         after = max(0, max(self.plotted, default=0) - 256)
-        for row in self.store.evaluations(self.search.id, after=after):
+        for row in self.store.records.evaluations(self.search.id, after=after):
             if row.id in self.plotted:
                 continue
             self.plotted.add(row.id)
@@ -136,8 +136,8 @@ class Watch:
     def status(self) -> str:
         """Where the search stands: its generation, its queue, its workers."""
         assert self.search.id is not None
-        counts = self.store.queue_counts(self.search.id)
-        active = sum(1 for w in self.store.workers() if w["left_at"] is None and w["search_id"] == self.search.id)
+        counts = self.store.queue.queue_counts(self.search.id)
+        active = sum(1 for w in self.store.queue.workers() if w["left_at"] is None and w["search_id"] == self.search.id)
         return (f"Generation {self.shown + 1}/{self.search.generations}: {self.trained} training(s) done since this "
                 f"start, {counts['claimed']} in progress on {active} worker(s), {counts['open']} waiting "
                 f"({time.monotonic() - self.started:.0f} s)")
@@ -159,23 +159,23 @@ def test_results(result: SearchResult, store: Store, has_test: bool, reporter: R
     retrained with its seed by a test task (`towerlab.search.queue`)."""
     rows, evaluations = [], []
     for t in result.top:
-        evaluation = store.lookup(t.genome_hash, t.train_config_hash, result.search_id)
+        evaluation = store.records.lookup(t.genome_hash, t.train_config_hash, result.search_id)
         evaluations.append(evaluation)
         rows.append({"genome": t.genome, "genome_hash": t.genome_hash, "val_accuracy": t.fitness,
                      "val_accuracy_sd": t.spread, "val_accuracies": list(t.fitnesses), "seeds": list(t.seeds),
                      "val_loss": t.val_loss, "seed": t.seed, "epochs": t.epochs, "rung": t.rung,
                      "max_epochs": evaluation.max_epochs, "test_accuracy": evaluation.test_accuracy})
     tasks = {(task.candidate.genome_hash, task.train_config_hash): task
-             for task in store.tasks(result.search_id, "test") if task.state == "done"}
+             for task in store.queue.tasks(result.search_id, "test") if task.state == "done"}
     if not has_test and rows:  # arrays given without test=: nothing to score a retraining on
         reporter.line("No test split: the top networks are not retrained for a test accuracy (give test= to have "
                       "them tested)")
     for t, evaluation in zip(result.top, evaluations):
         task = tasks.get((t.genome_hash, t.train_config_hash))
         outcome = None if task is None else task.result
-        if outcome is None:
+        if task is None or outcome is None:
             continue
-        if outcome.get("status") != "ok" or outcome.get("test_accuracy") is None:
+        if task.test_accuracy is None:
             reporter.line(f"towerlab: warning: retraining a top network failed ({outcome.get('reason')}); "
                           "its test accuracy stays unknown")
         elif outcome["fitness"] != evaluation.fitness:
@@ -189,7 +189,7 @@ def cost(store: Store, search_id: int, tested: list[float]) -> dict:
     """The trainings the search made, by purpose, each with its seconds of training: the search's own
     (every rung of every candidate it trained), the re-measures of the networks it was about to
     crown, and the retrainings that gave the top networks their test accuracy."""
-    rows = store.evaluations(search_id)
+    rows = store.records.evaluations(search_id)
 
     def part(seconds: list[float]) -> dict:
         return {"trainings": len(seconds), "train_seconds": math.fsum(seconds)}
@@ -202,8 +202,8 @@ def numerics_used(store: Store, result: SearchResult) -> list[dict]:
     """The distinct numerics (device, threads, precision, torch) of the trainings this search made
     and of those the store served its top from (another search's, in a shared store); unknown
     ones (rows from before they were recorded) left out."""
-    rows = [*store.evaluations(result.search_id),
-            *(store.lookup(t.genome_hash, t.train_config_hash, result.search_id) for t in result.top)]
+    rows = [*store.records.evaluations(result.search_id),
+            *(store.records.lookup(t.genome_hash, t.train_config_hash, result.search_id) for t in result.top)]
     used = {json.dumps(r.numerics, sort_keys=True) for r in rows if r is not None and r.numerics}
     return [json.loads(n) for n in sorted(used)]
 

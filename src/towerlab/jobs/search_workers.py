@@ -40,7 +40,7 @@ from towerlab.jobs.worker_times import WorkerTimes
 from towerlab.models.custom import ModelFunction
 from towerlab.report import discard_line
 from towerlab.search import Candidate, Outcome, Search
-from towerlab.search.queue import Worker, lease_seconds, release_the_dead, worker_name
+from towerlab.search.queue import Worker, WorkerOptions, lease_seconds, release_the_dead, worker_name
 from towerlab.search.schema import NoStore
 from towerlab.search.show import records_of
 from towerlab.search.store import Store, Task
@@ -108,9 +108,9 @@ def run_worker(spec: WorkerSpec, device: torch.device, data: Optional[Dataset] =
                 raise Interrupted(stop.signum)
 
         trainers = Trainers(spec, device, name, stop, store, data, fallback, function, times)
-        worker = Worker(store if times is None else times.store(store), name, device.type, trainers.trainer,
-                        search_ids=spec.search_ids, joinable=trainers.joinable, priority=trainers.priority,
-                        wait=spec.wait, speaks=speaks, tells=spec.tells, check_stop=check_stop)
+        options = WorkerOptions(search_ids=spec.search_ids, joinable=trainers.joinable, priority=trainers.priority,
+                                wait=spec.wait, speaks=speaks, tells=spec.tells, check_stop=check_stop)
+        worker = Worker(store if times is None else times.store(store), name, device.type, trainers.trainer, options)
         trained = worker.run()
     if times is not None:
         times.write(name, str(device))
@@ -247,13 +247,13 @@ class Trainers:
         far: it is then scored on the test split at once (its test accuracy kept with its task), so it
         needs no retraining for it at the end if it stays there (`queue.Driver`). None where the search
         tests nothing."""
-        if not search.setup.get("test", True):
+        if not search.tests_top:
             return None
         assert search.id is not None
         search_id, training_hash, top = search.id, search.train_config_hash, search.cfg.top
 
         def entering(val_accuracy: Optional[float]) -> bool:
-            return val_accuracy is not None and self.store.genomes_better(search_id, training_hash, val_accuracy) < top
+            return val_accuracy is not None and self.store.records.genomes_better(search_id, training_hash, val_accuracy) < top
         return entering
 
     def priority(self, search: Search) -> Callable[[Candidate], float]:
@@ -286,9 +286,9 @@ def start_workers(target: str, run: RunConfig, *, per_device: int = 1, search_id
     where = redacted(target) if is_url(target) else target
     with _store_once_made(target, wait, where) as store:
         release_the_dead(store)
-        if search_id is not None and store.search(search_id) is None:
+        if search_id is not None and store.records.search(search_id) is None:
             raise UserError(f"store {where} holds no search {search_id}: `towerlab search show {where}` lists them")
-        unfinished = [row.id for row in store.unfinished_searches()]
+        unfinished = [row.id for row in store.records.unfinished_searches()]
         which = (f"search {search_id}" if search_id is not None
                  else f"its {len(unfinished)} unfinished search(es)" + (" and those to come" if wait else ""))
         print(f"towerlab search worker: {slots} worker(s) on {kind} joining {which} of {where}", file=sys.stderr,
@@ -298,7 +298,7 @@ def start_workers(target: str, run: RunConfig, *, per_device: int = 1, search_id
                           model_files=model_files)
 
         def lost(slot: int, pid: int, ended: str) -> None:
-            store.release(worker_name(f"cuda:{slot // per_device}" if kind == "cuda" else "cpu", pid, spec.token), ended)
+            store.queue.release(worker_name(f"cuda:{slot // per_device}" if kind == "cuda" else "cpu", pid, spec.token), ended)
 
         method = start_method or start_method_for(kind)
         try:

@@ -5,26 +5,22 @@ finished, whoever else joins (`towerlab search worker`), then its record written
 The job's own process trains nothing: it starts the workers (`distributed.crew.Crew`, one per device
 and `--workers-per-device`), replaces one that dies (its task goes back on the queue at once), follows
 the store for the console, and writes the record. Under torchrun, each rank is a worker and rank 0
-writes the record (the ranks agree on the store at the start, then need each other no more).
+writes the record (the ranks agree on the store at the start, then need each other no more). Where its
+folder and its store are is `search_place`'s.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
 import signal
 import time
 from dataclasses import dataclass
-from datetime import datetime
-from pathlib import Path
 from typing import Any, Optional
 
 import torch
 
 from towerlab import atomic
 from towerlab.config import CUSTOM_MODEL, RunConfig, SearchConfig
-from towerlab.checks import dataset_label
 from towerlab.distributed.crew import Crew, CrewFailed
 from towerlab.distributed.env import (check_capacity, search_threads, search_workers, torchrun_ranks, under_torchrun)
 from towerlab.distributed.group import broadcast_object, session
@@ -36,8 +32,10 @@ from towerlab.jobs.candidate import TRAINING_GENES, CandidateModel, model_functi
 from towerlab.jobs.folder import check_writable_file
 from towerlab.jobs.handover import handover, load_everywhere, search_data
 from towerlab.jobs.identity import VERSIONS, data_difference, identity, short, version_difference, versions
-from towerlab.jobs.job import Job, require_out_under_torchrun, resolved_run, restarted_by_torchrun, start_job
+from towerlab.jobs.job import Job, require_out_under_torchrun, resolved_run, start_job
 from towerlab.jobs.provenance import write_config
+from towerlab.jobs.search_place import (open_store, recorded_store, restarted, search_out, store_target,
+                                       store_token, stored_search_id)
 from towerlab.jobs.search_record import Watch, export_best, write_record
 from towerlab.jobs.search_workers import FROM_PYTHON, WorkerSpec, run_worker, warm_up, work, worker_name
 from towerlab.catalog.models import not_taken
@@ -46,7 +44,7 @@ from towerlab.data.load import Dataset
 from towerlab.models.custom import ModelFunction, function_file
 from towerlab.report import Reporter, format_plan
 from towerlab.search import Search, Space, load_space, refuse_unused_settings
-from towerlab.search.location import STORE_ENV, is_url, redacted, store_location, with_password
+from towerlab.search.location import is_url
 from towerlab.search.queue import lease_seconds, release_the_dead
 from towerlab.search.show import records_of
 from towerlab.search.store import STORE_NAME, Store
@@ -64,19 +62,6 @@ def check_settings(cfg: SearchConfig, run: RunConfig) -> Search:
     if run.resume is None:  # a search started before this check keeps what it recorded
         refuse_unused_settings(cfg)
     return search
-
-
-def store_target(cfg: SearchConfig, out: Path) -> str:
-    """What the search's store is: --store (a file, or a postgresql:// URL), else $TOWERLAB_STORE,
-    else the search folder's search.db. A recorded URL has no password (see `recorded_store`): where
-    $TOWERLAB_STORE is that same URL with one, it is taken from there."""
-    given = cfg.store or os.environ.get(STORE_ENV, "").strip() or None
-    return str(out / STORE_NAME) if given is None else with_password(store_location(given))
-
-
-def recorded_store(target: str) -> str:
-    """The store as config.json and the store record it: a URL without its password."""
-    return redacted(target) if is_url(target) else target
 
 
 def start_search(kind: str, cfg: SearchConfig, run: RunConfig, *, data: Optional[Dataset] = None,
@@ -97,7 +82,7 @@ def start_search(kind: str, cfg: SearchConfig, run: RunConfig, *, data: Optional
     if not under_torchrun():
         run = replace(run, devices=search_workers(run.devices, run.device))
     run = resolved_run(run)
-    if run.resume is None and _restarted_by_torchrun(out, kind, search.cfg):
+    if run.resume is None and restarted(out, kind, search.cfg):
         run = replace(run, resume=str(out))  # torchrun restarted this job's workers: continue the search
     workers = 1 if under_torchrun() else run.devices * search.cfg.workers_per_device
     if not under_torchrun():
@@ -129,9 +114,9 @@ class SearchJob(Job):
         warming = warm_up() if self.start_method == "fork" else None  # joined before the workers fork
         # A database out of reach is refused before the data is read; a file is made once the data is
         # found (bad data leaves no store behind).
-        first = _open(self.target) if is_url(self.target) else None
+        first = open_store(self.target) if is_url(self.target) else None
         data = self.data if self.data is not None else _load(self.search.cfg, self.run)
-        with first or _open(self.target) as store, records_of(store):
+        with first or open_store(self.target) as store, records_of(store):
             search = self._in_store(store, data, reporter)
             started = time.perf_counter()
             if warming is not None:
@@ -174,7 +159,7 @@ class SearchJob(Job):
         spec = function_file(self.model) if callable(self.model) else None
         here = identity(digest, spec.rpartition(":")[0] if spec else None)
         if self.run.resume:
-            search_id = _stored_search_id(self.out)
+            search_id = stored_search_id(self.out)
             row = store.records.search(search_id)
             recorded = (row.setup if row is not None else None) or {}
             why = data_difference(recorded, digest, self.search.cfg.dataset, data.source)
@@ -285,7 +270,7 @@ class SearchJob(Job):
             told: dict = {}
             if ctx.is_main:
                 try:
-                    with _open(self.target) as store:
+                    with open_store(self.target) as store:
                         search = self._in_store(store, data, Reporter(None, progress=False))
                     told = {"search": search.id, "token": store_token(self.target, search.id)}
                 except UserError as exc:
@@ -304,33 +289,11 @@ class SearchJob(Job):
         run_worker(spec, device, data, None, self.function, speaks=rank == 0)
         if rank == 0:
             reporter = Reporter(None, progress=False)
-            with _open(self.target) as store:
+            with open_store(self.target) as store:
                 search = Search.open(store, told["search"])
                 self._finish(store, search, data, reporter, time.perf_counter() - started, device)
             reporter.close()
         return 0
-
-
-def store_token(target: str, search_id: int) -> Optional[str]:
-    """The token of search `search_id` in the store at `target` as this process sees it (None: no such
-    store or search here)."""
-    if not is_url(target) and not Path(target).is_file():
-        return None
-    try:
-        with Store(target, create=False) as store:
-            row = store.records.search(search_id)
-    except UserError:
-        return None
-    return None if row is None else row.token
-
-
-def _open(target: str) -> Store:
-    try:
-        return Store(target)
-    except UserError:
-        raise
-    except OSError as exc:
-        raise UserError(f"cannot create the search store {recorded_store(target)}: {exc.strerror or exc}") from None
 
 
 def _nothing_to_train(candidates: list, record: Any) -> None:
@@ -370,32 +333,3 @@ def check_function(space: Space, function: object) -> None:
         name = getattr(builder, "__name__", "your function")
         raise UserError(f"gene {unknown[0]!r} is neither a training gene ({', '.join(TRAINING_GENES)}) nor a keyword "
                         f"argument of {name}(input_shape, num_classes, ...): add it to {name}, or rename the gene")
-
-
-def search_out(kind: str, cfg: SearchConfig, run: RunConfig, space: Space | None = None) -> Path:
-    """The job's output folder: --resume, else --out, else a new one under runs/."""
-    return Path(run.resume or run.out or default_out(kind, cfg, space or load_space(cfg.space)))
-
-
-def _restarted_by_torchrun(out: Path, kind: str, cfg: SearchConfig) -> bool:
-    """Whether this is a torchrun restart of the very job that made `out` (same kind and settings)."""
-    recorded = json.loads(json.dumps(to_dict(replace(cfg, store=recorded_store(cfg.store) if cfg.store else None))))
-    return restarted_by_torchrun(out, lambda stored: stored.get("kind") == kind and stored.get("search") == recorded)
-
-
-def default_out(kind: str, cfg: SearchConfig, space: Space) -> Path:
-    return Path("runs") / f"{datetime.now():%Y%m%d-%H%M%S}-{kind}-{Path(space.name).stem}-{dataset_label(cfg.dataset)}"
-
-
-def _stored_search_id(out: Path) -> int:
-    """Which search of its store a resumed folder continues, as its config.json records it."""
-    path = out / "config.json"
-    try:
-        search_id = json.loads(path.read_text(encoding="utf-8"))["search_id"]
-    except (OSError, ValueError, KeyError, TypeError):
-        search_id = None
-    if type(search_id) is not int:
-        raise UserError(f"{path} names no search of its store (search_id was edited or removed): resume cannot "
-                        "tell which search to continue; start a new search")
-    return search_id
-

@@ -258,10 +258,12 @@ def test_a_store_lost_while_a_worker_asks_it_stops_the_worker_and_fails_no_netwo
     import torch
 
     from towerlab.data.load import load_dataset
+
+    from towerlab.data.synthetic import SyntheticOptions
     from towerlab.jobs.candidate import train_candidate
 
     monkeypatch.setenv("TOWERLAB_DB_RETRY_SECONDS", "1")
-    data = load_dataset("synthetic", val_size=200, synthetic_train=600, synthetic_test=200, log=lambda line: None)
+    data = load_dataset("synthetic", val_size=200, log=lambda line: None, synthetic=SyntheticOptions(train=600, test=200))
     cfg = SearchConfig(dataset="synthetic", val_size=200, max_epochs=1)
     with Store(postgres_url) as store:
         def entering(val_accuracy):
@@ -270,12 +272,12 @@ def test_a_store_lost_while_a_worker_asks_it_stops_the_worker_and_fails_no_netwo
 
         try:
             with pytest.raises(UserError, match="lost the search store's database"):
-                train_candidate(cfg, "mlp", {"neurons": 16}, 1, data, torch.device("cpu"), test_if=entering)
+                train_candidate(cfg, "mlp", {"neurons": 16}, 1, data, torch.device("cpu"), test=entering)
         finally:
             postgres_server.start()
         # The same network with a store that answers: it trains, and is tested as it enters the top.
         fields, _ = train_candidate(cfg, "mlp", {"neurons": 16}, 1, data, torch.device("cpu"),
-                                    test_if=lambda val: store.records.genomes_better(1, "tch", val) < 2)
+                                    test=lambda val: store.records.genomes_better(1, "tch", val) < 2)
         assert fields["status"] == "ok" and "test_accuracy" in fields
 
 

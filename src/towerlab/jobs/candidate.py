@@ -174,12 +174,12 @@ def network(model: CandidateModel, genome: dict, input_shape: tuple[int, int, in
 
 
 def train_candidate(cfg: SearchConfig, model: CandidateModel, genome: dict, seed: int, data: Dataset,
-                    device: torch.device, *, test: bool = False, stop: StopFlag | None = None,
-                    max_epochs: int | None = None,
-                    test_if: Callable[[Optional[float]], bool] | None = None) -> tuple[dict, Optional[TrainResult]]:
+                    device: torch.device, *, test: bool | Callable[[Optional[float]], bool] = False,
+                    stop: StopFlag | None = None, max_epochs: int | None = None) -> tuple[dict, Optional[TrainResult]]:
     """Train one genome on this process's device. Returns (the outcome's fields, the TrainResult);
     a candidate that diverges or runs out of memory is a failure with its reason, not a crash. Its
-    test accuracy is among the fields when `test`, or when `test_if` holds for its validation accuracy."""
+    test accuracy is among the fields where `test` is True, or a function that holds for its validation
+    accuracy (a worker asks whether the network enters its search's top)."""
     started = time.perf_counter()
     numbers: Optional[dict] = None
     reason: Optional[str]
@@ -192,7 +192,8 @@ def train_candidate(cfg: SearchConfig, model: CandidateModel, genome: dict, seed
             if callable(model) else None
         check_setup(train_cfg, 1, data, source)
         result = train(train_cfg, Context(device=device), data,
-                       LoopOptions(test=test, test_if=_asked(test_if), stop=stop, setup_apart=False), source=source)
+                       LoopOptions(test=test is True, test_if=_asked(test) if callable(test) else None, stop=stop,
+                                   setup_apart=False), source=source)
     except Interrupted:
         raise
     except _NotTheCandidates as exc:  # the caller's own question failed (its store out of reach): not the network
@@ -219,19 +220,17 @@ def train_candidate(cfg: SearchConfig, model: CandidateModel, genome: dict, seed
 
 
 class _NotTheCandidates(Exception):
-    """What the caller's `test_if` raised, carried past the candidate's own failures."""
+    """What the caller's `test` function raised, carried past the candidate's own failures."""
 
     def __init__(self, error: BaseException) -> None:
         super().__init__(str(error))
         self.error = error
 
 
-def _asked(test_if: Callable[[Optional[float]], bool] | None) -> Callable[[Optional[float]], bool] | None:
+def _asked(test_if: Callable[[Optional[float]], bool]) -> Callable[[Optional[float]], bool]:
     """`test_if`, whose failure is never the network's: a worker asks its store there, and a store out
     of reach must stop the worker (its task goes back on the queue), not be recorded as a failed
     network (it was, with "lost the search store's database" as the reason)."""
-    if test_if is None:
-        return None
 
     def asked(val_accuracy: Optional[float]) -> bool:
         try:

@@ -36,7 +36,7 @@ from towerlab.jobs.job import Job, require_out_under_torchrun, resolved_run, sta
 from towerlab.jobs.provenance import write_config
 from towerlab.jobs.search_place import (open_store, recorded_store, restarted, search_out, store_target,
                                        store_token, stored_search_id)
-from towerlab.jobs.search_record import Watch, export_best, write_record
+from towerlab.jobs.search_record import RecordOptions, Watch, export_best, write_record
 from towerlab.jobs.search_workers import FROM_PYTHON, WorkerSpec, run_worker, warm_up, work, worker_name
 from towerlab.catalog.models import not_taken
 from towerlab.data.digest import content_digest
@@ -252,10 +252,9 @@ class SearchJob(Job):
                 device: torch.device) -> None:
         """The record, from the store: the search played once more here (every result is there)."""
         result = search.run(store, _nothing_to_train)
-        cpu_threads = self.run.threads if self.run.device == "cpu" else None
-        top = write_record(self.kind, search, self.model, self.out, store, result, reporter, seconds=seconds,
-                           data_source=data.source, has_test=data.n_test > 0, cpu_threads=cpu_threads,
-                           workers=self.workers)
+        top = write_record(search, store, result, reporter,
+                           RecordOptions(kind=self.kind, out=self.out, model=self.model, data=data, workers=self.workers,
+                                         cpu_threads=self._threads(), seconds=seconds))
         if search.cfg.export_best:
             export_best(search, self.model, top[0], data.to(device), device, self.out, reporter)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
@@ -221,13 +222,27 @@ def all_failed(result: SearchResult, out: Path) -> str:
             f"`towerlab search show {out}` lists each failure")
 
 
-def write_record(kind: str, search: Search, model: CandidateModel, out: Path, store: Store, result: SearchResult,
-                 reporter: Reporter, *, seconds: float, data_source: dict, has_test: bool,
-                 cpu_threads: Optional[int], workers: int) -> list[dict]:
-    """Print the top and the cost, and write best.json, the plots and summary.json; the top's rows.
-    `cpu_threads`: a CPU candidate's threads (None on GPUs)."""
-    cfg, space = search.cfg, search.space
-    top, tested = test_results(result, store, has_test, reporter)
+@dataclass(frozen=True)
+class RecordOptions:
+    """What a search's record says of the job that ran it, besides its search and store: its `kind`
+    (evolve, grid, search), its folder `out`, the `model` its networks are built with, the `data` they
+    trained on (its source; whether it has a test split), its `workers`, a CPU candidate's threads
+    (`cpu_threads`; None on GPUs), and its `seconds`."""
+
+    kind: str
+    out: Path
+    model: CandidateModel
+    data: Dataset
+    workers: int
+    cpu_threads: Optional[int]
+    seconds: float
+
+
+def write_record(search: Search, store: Store, result: SearchResult, reporter: Reporter,
+                 job: RecordOptions) -> list[dict]:
+    """Print the top and the cost, and write best.json, the plots and summary.json; the top's rows."""
+    cfg, space, out, data_source = search.cfg, search.space, job.out, job.data.source
+    top, tested = test_results(result, store, job.data.n_test > 0, reporter)
     if top:
         reporter.line(format_top(top))
     spent = cost(store, result.search_id, tested)
@@ -246,14 +261,15 @@ def write_record(kind: str, search: Search, model: CandidateModel, out: Path, st
             "genome": best["genome"], "val_accuracy": best["val_accuracy"], "val_accuracy_sd": best["val_accuracy_sd"],
             "val_accuracies": best["val_accuracies"], "seeds": best["seeds"], "test_accuracy": best["test_accuracy"],
             "seed": best["seed"], "model": space.model, "dataset": cfg.dataset,
-            "command": retrain_command(cfg, model, best["genome"], best["seed"], best["max_epochs"], cpu_threads)})
+            "command": retrain_command(cfg, job.model, best["genome"], best["seed"], best["max_epochs"],
+                                       job.cpu_threads)})
     stats = [g.stats.record() for g in result.history]
     title = f"{cfg.sampler}: {Path(space.name).stem} on {dataset_label(cfg.dataset)}"
     plot_fitness(stats, out / "fitness.png", title)
     plot_accuracy_time([r for r in evaluation_records(store) if r["search"] == result.search_id],
                        out / "accuracy_time.png", title)
     atomic.write_json(out / "summary.json", {
-        "kind": kind, "sampler": cfg.sampler, "space": space.name, "model": space.model, "dataset": cfg.dataset,
+        "kind": job.kind, "sampler": cfg.sampler, "space": space.name, "model": space.model, "dataset": cfg.dataset,
         "data_source": data_source, "data_fallback": bool(data_source.get("fallback")),
         "best_genome": best["genome"] if best else None,
         "best_val_accuracy": best["val_accuracy"] if best else None,
@@ -261,8 +277,8 @@ def write_record(kind: str, search: Search, model: CandidateModel, out: Path, st
         "best_test_accuracy": best["test_accuracy"] if best else None,
         "top": top, "evaluations": result.evaluations, "cache_hits": result.cache_hits,
         "failures": result.failures, "generations": result.generations, "trainings": result.trainings,
-        "train_seconds": result.train_seconds, "cost": spent, "numerics": used, "seconds": seconds,
-        "workers": workers, "device_type": search.setup.get("device"), "search_id": result.search_id,
+        "train_seconds": result.train_seconds, "cost": spent, "numerics": used, "seconds": job.seconds,
+        "workers": job.workers, "device_type": search.setup.get("device"), "search_id": result.search_id,
         "generation_stats": stats, "seed": cfg.seed, "torch_version": torch.__version__,
         "towerlab_version": towerlab.__version__})
     if not top:

@@ -233,9 +233,9 @@ class Trainers:
             if setup.threads is not None and torch.get_num_threads() != setup.threads:
                 torch.set_num_threads(setup.threads)
             c = task.candidate
+            test = True if task.kind == "test" else self._entering_top(search) or False
             fields, result = train_candidate(search.cfg, setup.model, c.genome, c.seed, setup.data, self.device,
-                                             test=task.kind == "test", stop=self.stop, max_epochs=c.max_epochs,
-                                             test_if=self._entering_top(search) if task.kind == "train" else None)
+                                             test=test, stop=self.stop, max_epochs=c.max_epochs)
             if self.times is not None:
                 self.times.candidate(fields["seconds"], result)
             return outcome({**fields, "worker": self.name, "provenance": setup.provenance}), fields.get("test_accuracy")

@@ -53,9 +53,10 @@ from towerlab.training.step import resolve_step
 def train_data(cfg: TrainConfig, run: RunConfig, **loading: Any) -> Dataset:
     """The data `cfg` trains on (`loading`: as `handover.load_data` takes it)."""
     from towerlab.data.folders import FolderOptions
+    from towerlab.data.synthetic import SyntheticOptions
 
-    return load_data(cfg.dataset, cfg.val_size, run, synthetic_shape=cfg.synthetic_shape,
-                     synthetic_train=cfg.synthetic_train, **{"folder": FolderOptions.of(cfg), **loading})
+    return load_data(cfg.dataset, cfg.val_size, run, synthetic=SyntheticOptions.of(cfg),
+                     **{"folder": FolderOptions.of(cfg), **loading})
 
 
 def default_out(cfg: TrainConfig) -> Path:

@@ -63,7 +63,7 @@ def recipe(model: str, optimizer: str | None = None) -> dict:
     return settings
 
 
-def training_settings(cfg: SearchConfig, device_type: str, threads: int, source: dict | None = None,
+def training_settings(cfg: SearchConfig, device_type: str, threads: Optional[int], source: dict | None = None,
                       model: Optional[CandidateModel] = None, data_digest: Optional[str] = None) -> dict:
     """Everything besides the genome and the seed that decides a candidate's fitness: the search's
     settings, and the numerics of its workers that the search chooses (the device kind, and on a CPU
@@ -107,7 +107,7 @@ def function_identity(function: Callable) -> str:
     return f"{name}:{hashlib.sha256(text.encode()).hexdigest()}"
 
 
-def train_config_hash(cfg: SearchConfig, device_type: str, threads: int, source: dict | None = None,
+def train_config_hash(cfg: SearchConfig, device_type: str, threads: Optional[int], source: dict | None = None,
                       model: Optional[CandidateModel] = None, data_digest: Optional[str] = None) -> str:
     """`device_type`, `threads`: the workers' device kind and CPU threads per candidate; `source`: the
     data's (`Dataset.source`), needed for arrays given from Python; `model`: a model function of

@@ -84,12 +84,15 @@ def start_search(kind: str, cfg: SearchConfig, run: RunConfig, *, data: Optional
     run = resolved_run(run)
     if run.resume is None and restarted(out, kind, search.cfg):
         run = replace(run, resume=str(out))  # torchrun restarted this job's workers: continue the search
-    workers = 1 if under_torchrun() else run.devices * search.cfg.workers_per_device
+    workers = 1
     if not under_torchrun():
+        assert run.devices is not None, "resolved_run resolves --devices"
+        workers = run.devices * search.cfg.workers_per_device
         # Recorded as resolved: a resume trains its candidates with as many threads.
-        run = replace(run, threads=search_threads(run.threads, run.device, workers))
-        check_capacity(workers, run.threads, f"--devices {run.devices} x --workers-per-device "
-                                             f"{search.cfg.workers_per_device}")
+        threads = search_threads(run.threads, run.device, workers)
+        run = replace(run, threads=threads)
+        check_capacity(workers, threads, f"--devices {run.devices} x --workers-per-device "
+                                         f"{search.cfg.workers_per_device}")
     return start_job(SearchJob(out=out, resume=run.resume is not None, kind=kind, search=search, run=run,
                                target=target, data=data, function=function, workers=workers,
                                start_method=start_method or start_method_for(run.device)))
@@ -178,12 +181,12 @@ class SearchJob(Job):
                                   "from now on its workers need this machine's, and `search show` tells its rows "
                                   "apart")
                 search = dataclasses.replace(search, setup={**recorded, **versions()})
-                store.records.update_setup(search.id, search.setup)
-            store.queue.reopen_failed_tests(search.id)  # a resume retries them: the machine's fault, as often as not
+                store.records.update_setup(search.stored_id, search.setup)
+            store.queue.reopen_failed_tests(search.stored_id)  # a resume retries them: the machine's fault, as often as not
             release_the_dead(store)  # the tasks of this machine's workers that died with an earlier start
-            done = store.records.generations(search.id)
+            done = store.records.generations(search.stored_id)
             resuming = (f"resuming search {search.id} of {store.path} ({sum(g.complete for g in done)} generation(s) "
-                        f"complete, {len(store.records.evaluations(search.id))} training(s) kept): ")
+                        f"complete, {len(store.records.evaluations(search.stored_id))} training(s) kept): ")
         else:
             setup = {"device": device, "threads": self._threads(), "model": _model_spec(self.model),
                      "data": {"format": data.source.get("format"), "fallback": bool(data.source.get("fallback"))},
@@ -207,7 +210,7 @@ class SearchJob(Job):
     def _work(self, store: Store, search: Search, data: Dataset, reporter: Reporter) -> None:
         """This machine's workers on the search until it is finished (whoever else works on it)."""
         spec = WorkerSpec(store=self.target, run=self.run, per_device=search.cfg.workers_per_device,
-                          threads=self._threads(), search_ids=(search.id,), speaks=True)
+                          threads=self._threads(), search_ids=(search.stored_id,), speaks=True)
         watch = Watch(store, search, self.out, reporter, self.workers, resumed=self.run.resume is not None,
                       tensorboard=self.run.tensorboard)
         device = "cuda" if self.run.device == "cuda" else "cpu"
@@ -222,14 +225,14 @@ class SearchJob(Job):
                     start_method=self.start_method, on_lost=lost, log=reporter.line)
         try:
             with StopFlag() as stop, crew:
-                while not store.records.finished(search.id):
+                while not store.records.finished(search.stored_id):
                     if stop.signum:
                         crew.stop(stop.signum)
                         raise Interrupted(stop.signum)
                     crew.watch(WATCH)
                     if watch.step():
                         crew.progressed()
-                    if not crew.running() and not store.records.finished(search.id):
+                    if not crew.running() and not store.records.finished(search.stored_id):
                         crew.watch(0.0)  # how the last of them ended
                         if crew.stopped is not None:  # the workers were interrupted themselves
                             raise Interrupted(signal.SIGINT if crew.stopped == EXIT_SIGINT else signal.SIGTERM)
@@ -271,7 +274,7 @@ class SearchJob(Job):
                 try:
                     with open_store(self.target) as store:
                         search = self._in_store(store, data, Reporter(None, progress=False))
-                    told = {"search": search.id, "token": store_token(self.target, search.id)}
+                    told = {"search": search.id, "token": store_token(self.target, search.stored_id)}
                 except UserError as exc:
                     told = {"error": str(exc)}
             told = broadcast_object(ctx, told)

@@ -30,7 +30,7 @@ from towerlab.plots import plot_accuracy_time, plot_fitness, pyplot
 from towerlab.report import Reporter, format_cost, format_estimate, format_generation, format_top, require_tensorboard
 from towerlab.search import Search, SearchResult, evaluation_records
 from towerlab.search.history import GenerationStats
-from towerlab.search.store import Store
+from towerlab.search.store import Evaluation, Store
 
 # Seconds without a line after which a job without a progress bar says where its search stands.
 STATUS_EVERY = 30.0
@@ -54,7 +54,7 @@ class Watch:
         self.plots_ready = False  # matplotlib imported (for the record's plots)
         self.last_line = time.monotonic()
         self.started = time.monotonic()
-        self.replayed = {g.generation for g in store.records.generations(search.id) if g.complete}
+        self.replayed = {g.generation for g in store.records.generations(search.stored_id) if g.complete}
         if reporter.progress:
             reporter.start_progress(search.plan["search"], 0, unit="net")
         # --tensorboard: every evaluation as it lands (search/...) and every generation (generation/...), in
@@ -64,29 +64,28 @@ class Watch:
         self.best: Optional[float] = None
 
     def step(self) -> bool:
-        assert self.search.id is not None
         if not self.out.is_dir():  # `rm -rf` mid-search: one line here, not a traceback at the next write
             inside = self.store.url is None and Path(self.store.path).absolute().is_relative_to(self.out.absolute())
             raise UserError(f"the search's folder {self.out} was deleted while the search ran: its record cannot be "
                             "written, " + ("and its store went with it" if inside else
                                            f"and its store, {self.store.path}, keeps what was trained"))
-        trained = self.store.records.count_evaluations(self.search.id, after=self.before)
+        trained = self.store.records.count_evaluations(self.search.stored_id, after=self.before)
         new = trained - self.trained
         if new:
             self.trained = trained
             self.reporter.advance(new)
         if self.first is None and new:
-            row = next((e for e in self.store.records.evaluations(self.search.id, after=self.before)
+            row = next((e for e in self.store.records.evaluations(self.search.stored_id, after=self.before)
                         if e.status == "ok" and e.replicate == 0), None)
             if row is not None:
                 self.first = row.seconds
                 self._line(format_estimate(row.seconds, row.epochs, self.search.plan, self.workers))
         if self.tb is not None and (new or not self.plotted):
             self._plot_evaluations()
-        for gen in self.store.records.generations(self.search.id)[self.shown:]:
+        for gen in self.store.records.generations(self.search.stored_id)[self.shown:]:
             if not gen.complete:
                 break
-            stats = GenerationStats(**gen.stats, replayed=gen.generation in self.replayed)
+            stats = GenerationStats(**gen.final_stats, replayed=gen.generation in self.replayed)
             self._line(format_generation(stats, self.search.generations))
             if self.tb is not None:
                 for key in ("best", "mean", "worst", "evaluated", "cached", "failed", "seconds"):
@@ -97,7 +96,7 @@ class Watch:
                 f.write(atomic.json_text(stats.record(), sort_keys=True) + "\n")
             self.shown += 1
         if not self.testing:
-            tests = self.store.queue.tasks(self.search.id, "test")
+            tests = self.store.queue.tasks(self.search.stored_id, "test")
             if tests:
                 self.testing = True
                 todo = sum(t.state != "done" for t in tests)
@@ -106,7 +105,7 @@ class Watch:
                 self._line(f"Testing the top {len(tests)} networks (retraining {todo} with their seeds, each on one "
                            f"worker as it was evaluated{where})")
         if not self.plots_ready:
-            counts = self.store.queue.queue_counts(self.search.id)
+            counts = self.store.queue.queue_counts(self.search.stored_id)
             if counts["done"] and not counts["open"] and counts["claimed"] < self.workers:
                 pyplot()  # the record's plots need it: imported now, while a worker has nothing to train
                 self.plots_ready = True
@@ -118,9 +117,9 @@ class Watch:
         """TensorBoard points of the evaluations not plotted yet, in the order they were numbered: each
         one's validation accuracy and the best so far, against the trainings made. (A database may
         commit rows a little out of their numbering: the last ones are looked at again.)"""
-        assert self.tb is not None and self.search.id is not None
+        assert self.tb is not None
         after = max(0, max(self.plotted, default=0) - 256)
-        for row in self.store.records.evaluations(self.search.id, after=after):
+        for row in self.store.records.evaluations(self.search.stored_id, after=after):
             if row.id in self.plotted:
                 continue
             self.plotted.add(row.id)
@@ -136,9 +135,8 @@ class Watch:
 
     def status(self) -> str:
         """Where the search stands: its generation, its queue, its workers."""
-        assert self.search.id is not None
-        counts = self.store.queue.queue_counts(self.search.id)
-        active = sum(1 for w in self.store.queue.workers() if w["left_at"] is None and w["search_id"] == self.search.id)
+        counts = self.store.queue.queue_counts(self.search.stored_id)
+        active = sum(1 for w in self.store.queue.workers() if w["left_at"] is None and w["search_id"] == self.search.stored_id)
         return (f"Generation {self.shown + 1}/{self.search.generations}: {self.trained} training(s) done since this "
                 f"start, {counts['claimed']} in progress on {active} worker(s), {counts['open']} waiting "
                 f"({time.monotonic() - self.started:.0f} s)")
@@ -158,9 +156,12 @@ def test_results(result: SearchResult, store: Store, has_test: bool, reporter: R
     search made. A top genome's validation accuracy is the mean over its seeds (the evaluation's, then
     its re-measures'), listed with their spread; its test accuracy is the evaluation's network's,
     retrained with its seed by a test task (`towerlab.search.queue`)."""
-    rows, evaluations = [], []
+    rows: list[dict] = []
+    evaluations: list[Evaluation] = []
     for t in result.top:
         evaluation = store.records.lookup(t.genome_hash, t.train_config_hash, result.search_id)
+        if evaluation is None:  # it was crowned from that row: only an edited store lacks it
+            raise KeyError(f"the store holds no evaluation of crowned genome {t.genome_hash[:12]}")
         evaluations.append(evaluation)
         rows.append({"genome": t.genome, "genome_hash": t.genome_hash, "val_accuracy": t.fitness,
                      "val_accuracy_sd": t.spread, "val_accuracies": list(t.fitnesses), "seeds": list(t.seeds),
@@ -296,6 +297,7 @@ def export_best(search: Search, model: CandidateModel, best: dict, data: Dataset
                                      stop=stop, max_epochs=best["max_epochs"])
     if result is None or fields["status"] != "ok":
         raise UserError(f"retraining the best network failed ({fields.get('reason')}): model.pt not written")
+    assert result.model is not None, "a training returns its network"
     save_model(out / "model.pt", result.model,
                candidate_config(cfg, model, best["genome"], best["seed"], best["max_epochs"]), data)
     test = f", test {result.test_accuracy:.4f}" if result.test_accuracy is not None else ", no test split"

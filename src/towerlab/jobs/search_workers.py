@@ -147,9 +147,8 @@ class Trainers:
         return None
 
     def setup(self, search: Search) -> _Setup:
-        assert search.id is not None
-        if search.id in self._setups:
-            return self._setups[search.id]
+        if search.stored_id in self._setups:
+            return self._setups[search.stored_id]
         recorded = search.setup
         if not recorded:
             raise UserError("it was made by an older towerlab, which did not record how its workers train: continue it "
@@ -179,7 +178,7 @@ class Trainers:
                             "function's source, or an older towerlab's settings): results here would not be the "
                             "search's")
         started = time.perf_counter()
-        self._setups[search.id] = setup = _Setup(data.to(self.device), model, threads, provenance(self.device, digest))
+        self._setups[search.stored_id] = setup = _Setup(data.to(self.device), model, threads, provenance(self.device, digest))
         if self.times is not None:
             self.times.data(data_seconds + time.perf_counter() - started)
         return setup
@@ -249,8 +248,7 @@ class Trainers:
         tests nothing."""
         if not search.tests_top:
             return None
-        assert search.id is not None
-        search_id, training_hash, top = search.id, search.train_config_hash, search.cfg.top
+        search_id, training_hash, top = search.stored_id, search.ladder.train_config_hash, search.cfg.top
 
         def entering(val_accuracy: Optional[float]) -> bool:
             return val_accuracy is not None and self.store.records.genomes_better(search_id, training_hash, val_accuracy) < top
@@ -311,8 +309,10 @@ def start_workers(target: str, run: RunConfig, *, per_device: int = 1, search_id
                         crew.stop(stop.signum)
                         raise Interrupted(stop.signum)
                     crew.watch(1.0)
-                if stop.signum or crew.stopped is not None:  # the workers were interrupted
-                    raise Interrupted(stop.signum or STOP_SIGNALS[crew.stopped])
+                if stop.signum:  # the workers were interrupted
+                    raise Interrupted(stop.signum)
+                if crew.stopped is not None:
+                    raise Interrupted(STOP_SIGNALS[crew.stopped])
         except CrewFailed as exc:
             raise UserError(str(exc)) from None
     print("towerlab search worker: nothing left to do", file=sys.stderr, flush=True)

@@ -121,7 +121,7 @@ class Climb:
                          candidate_seed(self.rounds.seed, self.generation, index), self.rounds.ladder.epochs[rung])
 
     def recorded(self, candidate: Candidate, row: Evaluation) -> None:
-        rung = self.rounds.ladder.epochs.index(candidate.max_epochs)
+        rung = self.rounds.ladder.rung(candidate.max_epochs)
         self.handed.discard((candidate.genome_hash, rung))
         self.rows[candidate.genome_hash, rung] = row
         if rung == self.rung and self._open is not None:
@@ -150,7 +150,7 @@ class Climb:
                 self._open = {h for h in self.alive if (h, self.rung) not in self.rows}
             if self._open:
                 if self.rung < last:
-                    for h in self._certain():
+                    for h in self._certain(self._open):
                         self._needs(h, self.rung + 1, new)
                 return new
             if self.rung == last:
@@ -165,12 +165,12 @@ class Climb:
             self._held = {h for h in self.alive if self.rounds.holds(h, self.rung + 1, self.generation)}
         return self._held
 
-    def _certain(self) -> list[str]:
+    def _certain(self, running: set[str]) -> list[str]:
         """The genomes of the current rung that will be promoted whatever the trainings still
-        running give, and that must train for it (not held)."""
-        done = [h for h in self.alive if h not in self._open]
+        `running` give, and that must train for it (not held)."""
+        done = [h for h in self.alive if h not in running]
         ok = self._ranked([h for h in done if self.rows[h, self.rung].status == "ok"])
-        return self.rounds.ladder.pruner.sure(ok, len(done), self._open, self._holding())
+        return self.rounds.ladder.pruner.sure(ok, len(done), running, self._holding())
 
     def _promote(self) -> None:
         """Decide the current rung on all its results and move to the next."""

@@ -182,8 +182,8 @@ def sqlite_file(storage_url: str, store_path: str | os.PathLike) -> Optional[Pat
 def _reason(exc: BaseException) -> str:
     """What went wrong, from the innermost cause (Optuna wraps a full disk in a StorageInternalError
     that blames "invalid data")."""
-    while exc.__cause__ is not None or (exc.__context__ is not None and not exc.__suppress_context__):
-        exc = exc.__cause__ or exc.__context__
+    while (inner := exc.__cause__ or (None if exc.__suppress_context__ else exc.__context__)) is not None:
+        exc = inner
     text = " ".join(str(exc).split())
     return f"{type(exc).__name__}: {text[:300]}" if text else type(exc).__name__
 
@@ -212,7 +212,7 @@ def search_trials(optuna: Any, store: Store, search: SearchRow) -> list[Any]:
     for generation in store.records.generations(search.id):
         if not generation.complete:
             continue
-        for m in generation.results:
+        for m in generation.final_results:
             best = members.get(m["genome_hash"])
             if best is None or m.get("rung", 0) > best.get("rung", 0):
                 members[m["genome_hash"]] = {**m, "generation": (best or {"generation": generation.generation})
@@ -238,8 +238,9 @@ def search_trials(optuna: Any, store: Store, search: SearchRow) -> list[Any]:
             number=0, trial_id=0, state=state, value=m["fitness"] if m["status"] == "ok" else None,
             datetime_start=finished - timedelta(seconds=m["seconds"]), datetime_complete=finished,
             params=dict(m["genome"]), distributions=dict(distributions), user_attrs=attrs, system_attrs={},
-            intermediate_values={ladder[r]: rows[r].fitness for r in range(rung + 1)
-                                 if rows[r] is not None and rows[r].status == "ok" and math.isfinite(rows[r].fitness)}))
+            intermediate_values={ladder[r]: e.fitness for r, e in enumerate(rows)
+                                 if e is not None and e.status == "ok" and e.fitness is not None
+                                 and math.isfinite(e.fitness)}))
     return trials
 
 

@@ -122,8 +122,8 @@ def open_postgresql(db: PostgreSQL, where: object, create: bool) -> None:
         # pg_class read with the statement's snapshot, not to_regclass: that looks in the session's catalog
         # cache, which may still miss a table that another session committed while this one waited for the
         # lock (it did, with two searches starting at once on a new database).
-        return tx.one("SELECT count(*) AS n FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace s ON "
-                      "s.oid = c.relnamespace WHERE c.relname = ? AND s.nspname = current_schema()", (table,))["n"] > 0
+        return tx.rows("SELECT count(*) AS n FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace s ON "
+                       "s.oid = c.relnamespace WHERE c.relname = ? AND s.nspname = current_schema()", (table,))[0]["n"] > 0
 
     def version(tx: Transaction) -> Optional[int]:
         if not exists(tx, "towerlab_schema"):
@@ -131,7 +131,7 @@ def open_postgresql(db: PostgreSQL, where: object, create: bool) -> None:
         row = tx.one("SELECT version FROM towerlab_schema")
         return None if row is None else int(row["version"])
 
-    def make(tx: Transaction) -> Optional[int]:
+    def make(tx: Transaction) -> int:
         found = version(tx)
         if found is not None:
             return found
@@ -149,6 +149,7 @@ def open_postgresql(db: PostgreSQL, where: object, create: bool) -> None:
 
     def migrate(tx: Transaction) -> int:
         found = version(tx)
+        assert found is not None, "a store's schema table, once read, stays"
         if found == 4:  # another process may have migrated it meanwhile: read again under the lock
             upgrade_from_4(tx)
             tx.run("UPDATE towerlab_schema SET version = ?", (SCHEMA_VERSION,))

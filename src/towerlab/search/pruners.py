@@ -133,9 +133,13 @@ class Ladder:
         """The training-config hash of rung `rung` (0: the first)."""
         return self.hashes[rung]
 
+    def rung(self, epochs: Optional[int]) -> int:
+        """The rung that trains for `epochs` (None: the last, --max-epochs)."""
+        return len(self.epochs) - 1 if epochs is None else self.epochs.index(epochs)
+
     def hash_of(self, epochs: Optional[int]) -> str:
         """The training-config hash of the rung that trains for `epochs` (None: the last, --max-epochs)."""
-        return self.hash(len(self.epochs) - 1 if epochs is None else self.epochs.index(epochs))
+        return self.hash(self.rung(epochs))
 
     def rung_of(self, epochs: Optional[int]) -> Optional[int]:
         """The rung that trains for `epochs` (None: none does)."""

@@ -46,7 +46,7 @@ class Records:
                    " setup, token) VALUES (?, ?, ?, ?, ?, {stamp}, ?, ?) ON CONFLICT (token) DO NOTHING",
                    (sampler, json.dumps(config, sort_keys=True), json.dumps(space.to_dict()), space.fingerprint,
                     train_config_hash, None if setup is None else json.dumps(setup, sort_keys=True), token))
-            return int(tx.one("SELECT id FROM searches WHERE token = ?", (token,))["id"])
+            return int(tx.rows("SELECT id FROM searches WHERE token = ?", (token,))[0]["id"])
 
         return self.db.write(insert)
 
@@ -143,7 +143,7 @@ class Records:
                     " ORDER BY CASE WHEN search_id = ? THEN 0 ELSE 1 END, id",
                     (search.train_config_hash, *chunk, search_id)):
                 best.setdefault(row["genome_hash"], self._rows.evaluation(row))
-        return sorted(best.values(), key=lambda e: (-e.fitness, e.genome_hash))[:n]
+        return sorted(best.values(), key=lambda e: (-(e.fitness or 0.0), e.genome_hash))[:n]  # ok rows: fitness set
 
     def genomes_better(self, search_id: int, train_config_hash: str, fitness: float) -> int:
         """How many genomes this search trained (replicate 0) to a validation accuracy above `fitness`."""

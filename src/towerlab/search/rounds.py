@@ -47,9 +47,10 @@ class _Measurement:
 
     @property
     def score(self) -> Optional[float]:
-        if any(f is None for f in self.fitnesses):
+        known = [f for f in self.fitnesses if f is not None]
+        if len(known) < len(self.fitnesses):
             return None
-        return math.fsum(self.fitnesses) / len(self.fitnesses)
+        return math.fsum(known) / len(known)
 
 
 class Rounds:
@@ -136,7 +137,7 @@ class Rounds:
                             f"space changed since): start a new search instead of resuming")
         self._begun[generation] = (stored, [dict(g) for g in genomes[:n]], hashes[:n], started)
         if stored.complete:
-            return int(stored.stats["evaluated"])
+            return int(stored.final_stats["evaluated"])
         return sum(row is None or (row.search_id, row.generation) == (self.search_id, generation)
                    for _, row in self._first_rung(generation))
 
@@ -163,8 +164,8 @@ class Rounds:
         only the rest are trained."""
         stored, genomes, hashes, started = self._begun.pop(generation)
         if stored.complete:
-            members = [self._scored(Member(**m)) for m in stored.results]
-            return Generation(generation, tuple(members), GenerationStats(**stored.stats, replayed=True))
+            members = [self._scored(Member(**m)) for m in stored.final_results]
+            return Generation(generation, tuple(members), GenerationStats(**stored.final_stats, replayed=True))
 
         first: dict[str, int] = {}
         for index, h in enumerate(hashes):
@@ -261,7 +262,7 @@ class Rounds:
             if m.score is None:
                 break
             measured = self._measured.get((m.genome_hash, m.rung), _Measurement((m.fitness,), (m.seed,)))
+            fitnesses = tuple(f for f in measured.fitnesses if f is not None)  # all of them: it has a score
             top.append(TopGenome(m.genome, m.genome_hash, m.score, m.val_loss, m.epochs, m.seed,
-                                 first_seen[m.genome_hash], m.rung, measured.fitnesses, measured.seeds,
-                                 self.ladder.hash(m.rung)))
+                                 first_seen[m.genome_hash], m.rung, fitnesses, measured.seeds, self.ladder.hash(m.rung)))
         return top

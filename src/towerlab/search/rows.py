@@ -69,6 +69,20 @@ class GenerationRow:
     finished: Optional[str]
     watermark: Optional[int] = None
 
+    @property
+    def final_results(self) -> list:
+        """A complete generation's member records (written with its statistics, as it completed)."""
+        if self.results is None:
+            raise TypeError(f"generation {self.generation + 1} of search {self.search_id} holds no results")
+        return self.results
+
+    @property
+    def final_stats(self) -> dict:
+        """A complete generation's statistics (written with its results, as it completed)."""
+        if self.stats is None:
+            raise TypeError(f"generation {self.generation + 1} of search {self.search_id} holds no statistics")
+        return self.stats
+
 
 @dataclass(frozen=True)
 class Task:

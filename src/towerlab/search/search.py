@@ -136,6 +136,12 @@ class Search:
 
     # -- what the settings decide --------------------------------------------------------------------
 
+    @property
+    def stored_id(self) -> int:
+        """Its id in its store (a search that is in one)."""
+        assert self.id is not None, "the id of a search in a store"
+        return self.id
+
     @functools.cached_property
     def shape(self) -> Shape:
         """Its sampler's shape (`sampler_shape`: the sampler is not built)."""
@@ -209,7 +215,7 @@ class Search:
         if cfg.generations < complete:
             raise UserError(f"store {store.path} already holds {complete} complete generations: "
                             f"resume with --generations {complete} or more")
-        trained = sum(g.stats["evaluated"] for g in done if g.complete)
+        trained = sum(g.final_stats["evaluated"] for g in done if g.complete)
         if cfg.max_evaluations is not None and cfg.max_evaluations < trained:
             raise UserError(f"store {store.path} already holds {trained} evaluations of this search: "
                             f"resume with --max-evaluations {trained} or more")

@@ -261,7 +261,7 @@ def _format_one(store: Store, row: SearchRow) -> str:
             lines.append(f"  {gen.generation + 1:>4} incomplete: {done} evaluation(s) recorded of "
                          f"{len(gen.members)} members")
             continue
-        s = gen.stats
+        s = gen.final_stats
         for key in totals:
             totals[key] += s[key]
         lines.append(f"  {gen.generation + 1:>4} {s['evaluated']:>9} {s['cached']:>7} {s['failed']:>6} "
@@ -272,7 +272,7 @@ def _format_one(store: Store, row: SearchRow) -> str:
         lines.append(f"  {totals['evaluated']} evaluations, {totals['cached']} cache hits, "
                      f"{totals['failed']} failures, {totals['seconds']:.1f} s")
     else:  # the generations' counts come as each completes: the queue says where a running search stands
-        queue = store.queue.tasks(search.id)
+        queue = store.queue.tasks(row.id)
         closed = [t for t in queue if t.state == "done"]
         held = sorted({t.worker for t in queue if t.state == "claimed" and t.worker})
         failed = sum((t.result or {}).get("status") == "failed" for t in closed)
@@ -294,7 +294,8 @@ def _format_one(store: Store, row: SearchRow) -> str:
 def _top(store: Store, search: SearchRow, n: int) -> list[tuple[dict, float, list[float], Optional[float]]]:
     """(genome, fitness, its fitnesses, test accuracy) of the crowned top, or of the best `n` so far."""
     if search.summary is None:
-        return [(e.genome, e.fitness, [e.fitness], e.test_accuracy) for e in store.records.search_top(search.id, n)]
+        return [(e.genome, e.fitness, [e.fitness], e.test_accuracy) for e in store.records.search_top(search.id, n)
+                if e.fitness is not None]  # every one: they succeeded
     top = []
     for entry in search.summary["top"]:
         row = store.records.lookup(entry["genome_hash"], entry["train_config_hash"], search.id)

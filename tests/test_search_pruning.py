@@ -233,7 +233,7 @@ def flaky(candidate):
 
 def workers(n, seed, log):
     """An evaluator that emulates `n` workers finishing in a random order and asks for the work
-    that unlocks (`record.more()`) after every result, as the pool does."""
+    that unlocks (`record.more()`) after every result, as the queue's driver does."""
     import random
 
     rng = random.Random(seed)

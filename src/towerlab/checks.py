@@ -1,14 +1,14 @@
 """The checks every config makes the same way (standard library only): finite numbers, paths, seeds,
-choices, positive numbers and fractions, each a UserError naming its flag; and what a dataset's name
-means (a name of the catalog, the path of an .npz, a folder of images, or arrays given from Python),
-which the configs and the data loader read alike."""
+choices, positive numbers and fractions, each a UserError naming its flag, and seconds set by an
+environment variable; and what a dataset's name means (a name of the catalog, the path of an .npz, a
+folder of images, or arrays given from Python), which the configs and the data loader read alike."""
 
 from __future__ import annotations
 
 import dataclasses
 import math
 import os
-from typing import Collection
+from typing import Callable, Collection, TypeVar
 
 from towerlab.catalog import datasets
 from towerlab.errors import UserError, did_you_mean
@@ -17,6 +17,8 @@ from towerlab.fields import Dataclass, base_type
 # Images given from Python as arrays (towerlab.api.train(data=(x, y))): the dataset name a config records
 # for them.
 ARRAYS_DATASET = "arrays"
+
+N = TypeVar("N", int, float)
 # Seeds reach torch's generators as seed + epoch, which take at most 2**64 - 1.
 MAX_SEED = 2**63 - 1
 
@@ -125,3 +127,18 @@ def parse_shape(text: str) -> tuple[int, int, int]:
 def check_fraction(name: str, value: float) -> None:
     if not 0.0 <= value <= 1.0:
         raise UserError(f"--{name.replace('_', '-')} is a probability in [0, 1], got {value}")
+
+
+def env_number(name: str, default: N, valid: Callable[[N], bool], refusal: str) -> N:
+    """The number the environment variable `name` sets, of `default`'s type (unset or blank: `default`).
+    One that is no such number, or not `valid`, is a UserError: `refusal`, its `{text}` what `name` holds."""
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return default
+    try:
+        value = type(default)(text)
+    except ValueError:
+        value = None
+    if value is None or not valid(value):  # float's NaN is no valid number of any range
+        raise UserError(refusal.format(text=repr(text)))
+    return value

@@ -39,6 +39,7 @@ import time
 from contextlib import suppress
 from typing import Any, Callable, Optional, Protocol, TypeVar
 
+from towerlab.checks import env_number
 from towerlab.errors import UserError
 
 T = TypeVar("T")
@@ -53,16 +54,9 @@ CHUNK = 500
 
 
 def retry_seconds() -> float:
-    text = os.environ.get(RETRY_ENV, "").strip()
-    if not text:
-        return RETRY_SECONDS
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not 0 <= value <= 86400:
-        raise UserError(f"{RETRY_ENV}={text!r}: give the seconds a lost database connection is retried, 0 to 86400")
-    return value
+    """Seconds a lost connection is retried: $TOWERLAB_DB_RETRY_SECONDS, else RETRY_SECONDS."""
+    return env_number(RETRY_ENV, RETRY_SECONDS, lambda seconds: 0 <= seconds <= 86400,
+                      f"{RETRY_ENV}={{text}}: give the seconds a lost database connection is retried, 0 to 86400")
 
 
 class StoreLost(UserError):

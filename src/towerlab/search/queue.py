@@ -39,6 +39,7 @@ from pathlib import Path
 from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
+from towerlab.checks import env_number
 from towerlab.distributed.signals import alive
 from towerlab.errors import UserError
 from towerlab.search.candidates import Candidate, Outcome
@@ -59,17 +60,9 @@ SEARCHES_EVERY = 2.0  # seconds between looks for new searches to join
 
 def lease_seconds() -> float:
     """Seconds a claimed task stays a worker's without renewal: $TOWERLAB_LEASE_SECONDS, else 30."""
-    text = os.environ.get(LEASE_ENV, "").strip()
-    if not text:
-        return DEFAULT_LEASE
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not MIN_LEASE <= value <= MAX_LEASE:  # NaN included
-        raise UserError(f"{LEASE_ENV}={text!r}: give a number of seconds from {MIN_LEASE:g} to {MAX_LEASE:g} "
-                        "(a worker renews its lease every third of it)")
-    return value
+    return env_number(LEASE_ENV, DEFAULT_LEASE, lambda seconds: MIN_LEASE <= seconds <= MAX_LEASE,
+                      f"{LEASE_ENV}={{text}}: give a number of seconds from {MIN_LEASE:g} to {MAX_LEASE:g} (a worker "
+                      "renews its lease every third of it)")
 
 
 def worker_name(device: str, pid: int, token: str) -> str:

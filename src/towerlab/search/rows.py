@@ -19,6 +19,9 @@ from towerlab.search.database import Backend, Transaction, damaged
 
 @dataclass(frozen=True)
 class SearchRow:
+    """A row of `searches`, its JSON parsed (a search's settings in today's fields: `upgrade_search_config`);
+    `towerlab.search.search.Search.of_row` is the search it records."""
+
     id: int
     sampler: str
     config: dict
@@ -33,32 +36,9 @@ class SearchRow:
 
 
 @dataclass(frozen=True)
-class Evaluation:
-    id: int
-    genome_hash: str
-    train_config_hash: str
-    genome: dict
-    status: str
-    fitness: Optional[float]
-    val_loss: Optional[float]
-    test_accuracy: Optional[float]
-    epochs: int
-    seconds: float
-    worker: str
-    reason: Optional[str]
-    search_id: int
-    generation: int
-    index: int
-    seed: int
-    finished_at: str
-    max_epochs: Optional[int]
-    replicate: int
-    numerics: Optional[dict] = None
-    provenance: Optional[dict] = None
-
-
-@dataclass(frozen=True)
 class GenerationRow:
+    """A row of `generations`: its members from when it began, its results and statistics once complete."""
+
     search_id: int
     generation: int
     members: list
@@ -82,6 +62,33 @@ class GenerationRow:
         if self.stats is None:
             raise TypeError(f"generation {self.generation + 1} of search {self.search_id} holds no statistics")
         return self.stats
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """A row of `evaluations`: one training, its outcome, and where it was trained."""
+
+    id: int
+    genome_hash: str
+    train_config_hash: str
+    genome: dict
+    status: str
+    fitness: Optional[float]
+    val_loss: Optional[float]
+    test_accuracy: Optional[float]
+    epochs: int
+    seconds: float
+    worker: str
+    reason: Optional[str]
+    search_id: int
+    generation: int
+    index: int
+    seed: int
+    finished_at: str
+    max_epochs: Optional[int]
+    replicate: int
+    numerics: Optional[dict] = None
+    provenance: Optional[dict] = None
 
 
 @dataclass(frozen=True)

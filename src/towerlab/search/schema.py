@@ -55,9 +55,7 @@ class NoStore(UserError):
 
 # Version 3's tables, as SQLite stores of versions 1 to 3 hold them (`towerlab.search.sqlite.upgrade_from_1`
 # rebuilds this one).
-V3_SEARCHES = """
-CREATE TABLE searches (
-    id INTEGER PRIMARY KEY,
+_SEARCH_COLUMNS = """
     sampler TEXT NOT NULL,
     config TEXT NOT NULL,
     space TEXT NOT NULL,
@@ -65,8 +63,8 @@ CREATE TABLE searches (
     train_config_hash TEXT NOT NULL,
     created TEXT NOT NULL,
     finished TEXT,
-    summary TEXT
-)"""
+    summary TEXT"""
+V3_SEARCHES = "CREATE TABLE searches (\n    id INTEGER PRIMARY KEY," + _SEARCH_COLUMNS + "\n)"
 EVALUATION_INDEXES = """
 CREATE INDEX evaluations_ok ON evaluations (genome_hash, train_config_hash, replicate) WHERE status = 'ok';
 CREATE UNIQUE INDEX evaluations_search ON evaluations (search_id, genome_hash, train_config_hash, replicate)
@@ -76,15 +74,7 @@ CREATE UNIQUE INDEX evaluations_search ON evaluations (search_id, genome_hash, t
 # tables in both, described above.
 SCHEMA = """
 CREATE TABLE searches (
-    id {id},
-    sampler TEXT NOT NULL,
-    config TEXT NOT NULL,
-    space TEXT NOT NULL,
-    space_fingerprint TEXT NOT NULL,
-    train_config_hash TEXT NOT NULL,
-    created TEXT NOT NULL,
-    finished TEXT,
-    summary TEXT,
+    id {id},""" + _SEARCH_COLUMNS + """,
     setup TEXT,
     token TEXT
 );

@@ -96,7 +96,8 @@ def kernels_per_step(walk, steps: int = 5) -> float:
 def measure_case(name: str, preset: str, batch: int, shape, args) -> dict:
     device = torch.device("cuda", 0)
     cfg = config(preset, batch)
-    data = load_dataset("synthetic", val_size=0, log=lambda _: None, synthetic=SyntheticOptions(shape=shape, train=batch * 60, test=10))
+    data = load_dataset("synthetic", val_size=0, log=lambda _: None,
+                        synthetic=SyntheticOptions(shape=shape, train=batch * 60, test=10))
     torch.backends.cudnn.benchmark = True
     row = {"case": name, "model": cfg.model, "batch": batch, "optimizer": cfg.optimizer, "precision": cfg.precision,
            "schedule": cfg.schedule, "lookahead": cfg.lookahead, "augment": cfg.augment, "modes": {}}

@@ -41,6 +41,44 @@ def test_a_new_store_is_wal_with_foreign_keys_and_a_schema_version(store):
         store.records.record(candidate({"a": 1}), Outcome.ok(0.5), TCH, search_id=99)
 
 
+def test_the_stores_parts_see_only_the_backend_interface(store):
+    """records and queue are parts over `database.Backend` alone: a test double that provides it (here one
+    that counts what it is asked, over the store's own database) serves them as a backend does, and a
+    search played through it stores the same rows."""
+    from towerlab.search.records import Records
+    from towerlab.search.tasks import TaskQueue
+
+    class Counting:
+        dialect, where = store.db.dialect, "a counting double"
+
+        def __init__(self):
+            self.reads = self.writes = 0
+
+        def read(self, sql, args=()):
+            self.reads += 1
+            return store.db.read(sql, args)
+
+        def write(self, work, *, lock=None):
+            self.writes += 1
+            return store.db.write(work, lock=lock)
+
+        def open_schema(self, where, create):
+            store.db.open_schema(where, create)
+
+        def close(self):
+            pass
+
+    double = Counting()
+    records, queue = Records(double, double.where), TaskQueue(double, double.where)
+    sid = records.begin_search("ga", to_dict(SearchConfig(sampler="ga")), load_space("mlp"), TCH)
+    assert double.writes == 1 and records.search(sid) == store.records.search(sid)
+    assert queue.enqueue(sid, "train", [(candidate({"a": 1}), TCH)]) and double.writes == 2
+    task = queue.claim("w", [sid], lease=30, max_attempts=3)
+    assert task is not None and queue.complete(task, "w", Outcome.ok(0.5))[0]
+    assert store.records.lookup(genome_hash({"a": 1}), TCH, sid).fitness == 0.5
+    assert (double.reads, double.writes) == (1, 4)  # search(); begin, enqueue, claim, complete
+
+
 def test_record_and_lookup(store):
     sid = new_search(store)
     genome = {"neurons": 64, "layers": 2}

@@ -43,8 +43,8 @@ def test_a_new_store_is_wal_with_foreign_keys_and_a_schema_version(store):
 
 def test_the_stores_parts_see_only_the_backend_interface(store):
     """records and queue are parts over `database.Backend` alone: a test double that provides it (here one
-    that counts what it is asked, over the store's own database) serves them as a backend does, and a
-    search played through it stores the same rows."""
+    that counts what it is asked, over the store's own database) serves them as a backend does: what they
+    write through it is the store's."""
     from towerlab.search.records import Records
     from towerlab.search.tasks import TaskQueue
 

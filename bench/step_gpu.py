@@ -29,6 +29,7 @@ from towerlab.models.preprocessing import Normalizer
 from towerlab.training.batches import Batches
 from towerlab.config import TrainConfig
 from towerlab.data.load import load_dataset
+from towerlab.data.synthetic import SyntheticOptions
 from towerlab.distributed.group import Context
 from towerlab.presets import apply_preset
 from towerlab.training.network import build, fit_to_data, uses_channels_last
@@ -95,8 +96,8 @@ def kernels_per_step(walk, steps: int = 5) -> float:
 def measure_case(name: str, preset: str, batch: int, shape, args) -> dict:
     device = torch.device("cuda", 0)
     cfg = config(preset, batch)
-    data = load_dataset("synthetic", val_size=0, synthetic_shape=shape, synthetic_train=batch * 60,
-                        synthetic_test=10, log=lambda _: None)
+    data = load_dataset("synthetic", val_size=0, log=lambda _: None,
+                        synthetic=SyntheticOptions(shape=shape, train=batch * 60, test=10))
     torch.backends.cudnn.benchmark = True
     row = {"case": name, "model": cfg.model, "batch": batch, "optimizer": cfg.optimizer, "precision": cfg.precision,
            "schedule": cfg.schedule, "lookahead": cfg.lookahead, "augment": cfg.augment, "modes": {}}

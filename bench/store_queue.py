@@ -38,7 +38,7 @@ from postgres import Server  # noqa: E402 - the tests' private server
 
 from towerlab.config import SearchConfig  # noqa: E402 - after the path to tests/ is set
 from towerlab.search import Outcome, Search, load_space  # noqa: E402 - after the path to tests/ is set
-from towerlab.search.queue import Worker  # noqa: E402 - after the path to tests/ is set
+from towerlab.search.queue import Worker, WorkerOptions  # noqa: E402 - after the path to tests/ is set
 from towerlab.search.store import Store  # noqa: E402 - after the path to tests/ is set
 
 GENES = {"neurons": [16, 32, 64, 128, 256, 512, 768, 1024], "layers": [1, 2, 3, 4],
@@ -65,7 +65,7 @@ def _instant(search):
 
 def _work(target: str, name: str, search_id: int) -> None:
     with Store(target) as store:
-        Worker(store, name, "cpu", _instant, search_ids=[search_id], lease=60).run()
+        Worker(store, name, "cpu", _instant, WorkerOptions(search_ids=[search_id], lease=60)).run()
 
 
 def towerlab_side(target: str, processes: int, tasks: int, population: int, seed: int) -> float:
@@ -77,8 +77,8 @@ def towerlab_side(target: str, processes: int, tasks: int, population: int, seed
     context = multiprocessing.get_context("fork")
     seconds = _all_at_once([context.Process(target=_work, args=(target, f"w{i}", search.id)) for i in range(processes)])
     with Store(target) as store:
-        done = len(store.evaluations(search.id))
-        assert store.search(search.id).finished is not None and done == tasks, (done, tasks)
+        done = len(store.records.evaluations(search.id))
+        assert store.records.search(search.id).finished is not None and done == tasks, (done, tasks)
     return done / seconds
 
 

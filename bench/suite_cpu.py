@@ -156,12 +156,13 @@ def busy_core(data_dir: str, repeats: int, quick: bool, log: Log) -> dict:
 
 def throughput(model: str, dataset: str, batch: int, devices: int, examples: int, data_dir: str,
                 strategy: str = "ddp", input_mode: str = "resident", threads: int | None = 1,
-                precision: str = "bf16", **extra: object) -> Callable[[int], dict]:
-    """A sample = one short `towerlab train` run; its value is the steady examples/s."""
+                **extra: object) -> Callable[[int], dict]:
+    """A sample = one short `towerlab train` run; its value is the steady examples/s (`extra`: more flags,
+    bf16 precision unless one says otherwise)."""
     steps = max(8, examples // (batch * devices))
     args = measure.flags({"model": model, "dataset": dataset, "batch_size": batch, "steps": steps,
                           "devices": devices, "threads": threads, "strategy": strategy, "input": input_mode,
-                          "precision": precision, "display_step": max(1, steps // 6), "val_size": 5000,
+                          "precision": "bf16", "display_step": max(1, steps // 6), "val_size": 5000,
                           **extra})
 
     def run(_round: int) -> dict:

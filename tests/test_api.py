@@ -15,7 +15,7 @@ from torch import nn
 
 from towerlab import api
 from towerlab.data.synthetic import make_synthetic
-from towerlab.distributed.launch import launch
+from towerlab.distributed.launch import LaunchOptions, launch
 from towerlab.errors import UserError
 from util import TINY, summary
 
@@ -228,7 +228,7 @@ def test_a_search_over_a_model_function_of_yours(tmp_path):
 
 def test_any_ranks_user_error_reaches_the_launcher_as_one_exception():
     with pytest.raises(UserError, match="^rank 1 refuses$"):
-        launch(refuse_on_rank_one, 2, start_method="fork")
+        launch(refuse_on_rank_one, 2, options=LaunchOptions(start_method="fork"))
 
 
 def refuse_on_rank_one(rank, world_size, store_path):
@@ -239,7 +239,8 @@ def refuse_on_rank_one(rank, world_size, store_path):
 def test_a_worker_with_a_bug_fails_the_job_with_its_traceback(capfd):
     # Not a known way to fail (a user error, an interrupt, a lost peer): exit status 1 and the
     # traceback, printed by the worker itself before it leaves without the interpreter's teardown.
-    assert launch(crash_on_rank_one, 2, grace=5.0, log=lambda line: None, start_method="fork") == 1
+    assert launch(crash_on_rank_one, 2,
+                  options=LaunchOptions(grace=5.0, log=lambda line: None, start_method="fork")) == 1
     err = capfd.readouterr().err
     assert "Traceback" in err and "ZeroDivisionError: rank 1 divides by zero" in err, err
 
@@ -251,7 +252,7 @@ def crash_on_rank_one(rank, world_size, store_path):
 
 def test_spawned_workers_that_cannot_be_sent_what_they_run_give_one_user_error():
     with pytest.raises(UserError, match="define your model class or factory in an importable module"):
-        launch(refuse_on_rank_one, 2, (lambda: None,), start_method="spawn")
+        launch(refuse_on_rank_one, 2, (lambda: None,), options=LaunchOptions(start_method="spawn"))
 
 
 SCRIPT = """\
@@ -355,12 +356,12 @@ def load_like_a_torchrun_rank(rank, world_size, store_path, out_dir, rank0_finds
 
 
 def test_without_a_launcher_rank_0_decides_and_every_rank_follows(tmp_path):
-    launch(load_like_a_torchrun_rank, 2, (tmp_path, "fallback"), start_method="fork")
+    launch(load_like_a_torchrun_rank, 2, (tmp_path, "fallback"), options=LaunchOptions(start_method="fork"))
     assert json.loads((tmp_path / "rank1.json").read_text()) == [
         {"download": False, "allow_fallback": False, "fallback_only": True}]  # rank 0's fallback, not its own look
     assert json.loads((tmp_path / "rank0.json").read_text())[0]["allow_fallback"] is True
     with pytest.raises(UserError, match="^mnist not found, and could not download"):
-        launch(load_like_a_torchrun_rank, 2, (tmp_path, "nothing"), start_method="fork")
+        launch(load_like_a_torchrun_rank, 2, (tmp_path, "nothing"), options=LaunchOptions(start_method="fork"))
 
 
 def test_an_arrays_search_without_a_test_split_says_so_once_and_warns_of_nothing(tmp_path, capsys):

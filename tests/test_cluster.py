@@ -107,7 +107,7 @@ def training(url: str, skip: set[str]) -> dict[str, str]:
     """The workers of Slurm array tasks (not in `skip`) that hold a task now: array task -> worker."""
     try:
         with Store(url, create=False) as store:
-            held = {w["id"]: int(w["pid"]) for w in store.workers() if w["task"] is not None and w["left_at"] is None}
+            held = {w["id"]: int(w["pid"]) for w in store.queue.workers() if w["task"] is not None and w["left_at"] is None}
     except NoStore:  # the search has not made its tables yet
         return {}
     found = {}
@@ -169,8 +169,8 @@ def test_the_docs_job_array_of_workers_runs_a_search_through_a_cancel_and_a_requ
     # trained with the search's data and software, as the rows record
     assert said(cancelled, "leaving after") == 1, logs[cancelled].read_text()
     with Store(postgres_url, create=False) as store:
-        rows = store.evaluations()
-        task = [t for t in store.tasks(1) if t.state == "done" and t.result and t.result.get("worker") != worker]
+        rows = store.records.evaluations()
+        task = [t for t in store.queue.tasks(1) if t.state == "done" and t.result and t.result.get("worker") != worker]
     assert task and len({(e.provenance["data"], e.provenance["code"]) for e in rows}) == 1
     assert "Traceback" not in "".join(log.read_text() for log in logs.values())
 

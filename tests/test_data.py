@@ -21,6 +21,7 @@ import torch
 
 from towerlab.catalog import datasets
 from towerlab.data import fetch, load, locate, readers, synthetic
+from towerlab.data.synthetic import SyntheticOptions
 from towerlab.errors import UserError
 from util import real_data_dir
 
@@ -258,9 +259,9 @@ def nearest_class_mean_accuracy(ds) -> float:
 
 
 def test_synthetic_is_deterministic_and_learnable_but_not_trivial():
-    a = load.load_dataset("synthetic", val_size=1000, seed=3)
-    b = load.load_dataset("synthetic", val_size=1000, seed=3)
-    c = load.load_dataset("synthetic", val_size=1000, seed=4)
+    a = load.load_dataset("synthetic", val_size=1000, synthetic=SyntheticOptions(seed=3))
+    b = load.load_dataset("synthetic", val_size=1000, synthetic=SyntheticOptions(seed=3))
+    c = load.load_dataset("synthetic", val_size=1000, synthetic=SyntheticOptions(seed=4))
     assert (a.n_train, a.n_val, a.n_test, a.input_shape) == (5000, 1000, 1000, (1, 28, 28))
     assert torch.equal(a.x_train, b.x_train) and torch.equal(a.y_test, b.y_test)
     assert not torch.equal(a.x_train, c.x_train)
@@ -270,8 +271,7 @@ def test_synthetic_is_deterministic_and_learnable_but_not_trivial():
 
 
 def test_synthetic_any_shape():
-    ds = load.load_dataset("synthetic", val_size=100, synthetic_shape=(3, 12, 20), synthetic_train=600,
-                           synthetic_test=200, seed=1)
+    ds = load.load_dataset("synthetic", val_size=100, synthetic=SyntheticOptions(shape=(3, 12, 20), train=600, test=200, seed=1))
     assert ds.x_train.shape == (500, 3, 12, 20) and ds.x_test.shape == (200, 3, 12, 20)
     assert ds.x_train.dtype == torch.uint8 and ds.y_train.dtype == torch.int64
     assert nearest_class_mean_accuracy(ds) > 0.3
@@ -424,7 +424,7 @@ def test_real_cifar10():
 
 
 def test_a_dataset_moves_every_split_at_once():
-    loaded = load.load_dataset("synthetic", val_size=100, synthetic_train=600)
+    loaded = load.load_dataset("synthetic", val_size=100, synthetic=SyntheticOptions(train=600))
     moved = loaded.to("meta")
     splits = ("x_train", "y_train", "x_val", "y_val", "x_test", "y_test")
     assert all(getattr(moved, k).device.type == "meta" and getattr(moved, k).shape == getattr(loaded, k).shape

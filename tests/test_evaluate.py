@@ -9,6 +9,7 @@ from towerlab import api
 from towerlab.api import evaluate
 from towerlab.cli import main
 from towerlab.data.load import load_dataset
+from towerlab.data.synthetic import SyntheticOptions
 from towerlab.errors import UserError
 from towerlab.models.files import load_model
 from util import TINY, interrupt, summary
@@ -25,7 +26,7 @@ def trained(tmp_path_factory):
 
 
 def synthetic_test_split():
-    ds = load_dataset("synthetic", val_size=500, synthetic_train=2000, synthetic_test=2000 // 6, log=print)
+    ds = load_dataset("synthetic", val_size=500, log=print, synthetic=SyntheticOptions(train=2000, test=2000 // 6))
     return ds.x_test[:, 0].numpy(), ds.y_test.numpy()  # Keras layout: (N, 28, 28)
 
 

@@ -250,7 +250,7 @@ def test_a_first_checkpoint_on_a_full_disk_says_nothing_was_written(tmp_path, mo
 def fill(store: Store, search_id: int, n: int, start: int = 0, padding: int = 0) -> None:
     for i in range(start, start + n):
         genome = {"neurons": i, "pad": "x" * padding}
-        store.record(Candidate(0, i, genome, f"h{i:06d}", i), Outcome.ok(0.5, val_loss=0.5, epochs=1, worker="w"),
+        store.records.record(Candidate(0, i, genome, f"h{i:06d}", i), Outcome.ok(0.5, val_loss=0.5, epochs=1, worker="w"),
                      "tch", search_id)
 
 
@@ -290,7 +290,7 @@ def test_a_full_disk_under_the_store_is_our_error_and_keeps_every_committed_row(
     assert "Traceback" not in done.stderr
     assert integrity(path) == "ok"
     with Store(path) as store:
-        rows = store.evaluations(search_id)
+        rows = store.records.evaluations(search_id)
         assert 5 < len(rows) < 205  # the ones committed before the disk filled, each whole
         assert [r.index for r in rows] == list(range(len(rows)))
         fill(store, search_id, 1, start=1000)  # and with space again, the store takes writes
@@ -318,7 +318,7 @@ def test_the_store_survives_sigkill_during_a_stream_of_writes(tmp_path):
     writer.wait()
     assert integrity(path) == "ok"
     with Store(path) as store:
-        rows = store.evaluations(search_id)
+        rows = store.records.evaluations(search_id)
     assert len(rows) >= committed + 1  # every commit it reported (synchronous=FULL), and no torn row
     assert [r.index for r in rows] == list(range(len(rows)))
     assert all(r.genome["pad"] == "x" * 500 for r in rows[5:])

@@ -19,7 +19,7 @@ import torch.distributed as dist
 
 from towerlab.cli import main
 from towerlab.distributed.group import peer_lost
-from towerlab.distributed.launch import launch
+from towerlab.distributed.launch import LaunchOptions, launch
 from util import ONE_CPU, TINY, reaped, replica_pids, start_towerlab
 
 TIMEOUT = 5  # seconds, the smallest --timeout
@@ -112,7 +112,7 @@ def test_a_timed_out_collective_counts_as_a_lost_peer():
 @pytest.mark.slow
 def test_a_peer_slower_than_the_timeout_ends_in_one_line_not_a_traceback(capfd):
     lines = []
-    assert launch(_slow_peer, 2, grace=2.0, log=lines.append, timeout=60) == 1
+    assert launch(_slow_peer, 2, options=LaunchOptions(grace=2.0, log=lines.append, timeout=60)) == 1
     err = capfd.readouterr().err
     assert "Traceback" not in err and "SIGABRT" not in " ".join(lines), err
     assert len(lines) == 1 and "lost contact with the others" in lines[0] and "--timeout" in lines[0], lines

@@ -121,7 +121,7 @@ def test_a_task_row_with_an_impossible_budget_fails_that_candidate_alone(tmp_pat
     failed = [e for e in evaluations(folder) if e["status"] == "failed"]
     assert len(failed) == 1 and "its task's row gives max_epochs = -5" in failed[0]["reason"], failed
     with Store(folder / "search.db") as store:
-        assert store.searches()[0].finished is not None
+        assert store.records.searches()[0].finished is not None
 
 
 @pytest.mark.parametrize("store", ["sqlite", "postgresql"])
@@ -131,11 +131,11 @@ def test_a_lease_that_runs_past_any_a_worker_grants_counts_as_lapsed(request, tm
     target = str(tmp_path / "search.db") if store == "sqlite" else request.getfixturevalue("postgres_url")
     search_id = new_search(target)
     with Store(target) as store:
-        store.enqueue(search_id, "train", [(Candidate(0, 0, {"neurons": 16}, "a", 1, 1), "tch")])
-        first = store.claim("w1", [search_id], lease=30, max_attempts=MAX_ATTEMPTS)
-        assert store.claim("w2", [search_id], lease=30, max_attempts=MAX_ATTEMPTS) is None  # held
+        store.queue.enqueue(search_id, "train", [(Candidate(0, 0, {"neurons": 16}, "a", 1, 1), "tch")])
+        first = store.queue.claim("w1", [search_id], lease=30, max_attempts=MAX_ATTEMPTS)
+        assert store.queue.claim("w2", [search_id], lease=30, max_attempts=MAX_ATTEMPTS) is None  # held
         store.db.write(lambda tx: tx.run("UPDATE tasks SET lease_until = ? WHERE id = ?", (32503680000.0, first.id)))
-        second = store.claim("w2", [search_id], lease=30, max_attempts=MAX_ATTEMPTS)
+        second = store.queue.claim("w2", [search_id], lease=30, max_attempts=MAX_ATTEMPTS)
     assert second is not None and second.id == first.id and "its row was edited" in second.lost
 
 
@@ -168,8 +168,8 @@ def test_a_row_of_the_wrong_form_stops_every_worker_in_one_line(tmp_path, finish
 
 FROZEN = """
 import os, signal, sys
-from towerlab.search import database
-database.IDLE_IN_TRANSACTION = 2.0  # the server ends this session 2 s after it froze
+from towerlab.search import database, postgresql
+postgresql.IDLE_IN_TRANSACTION = 2.0  # the server ends this session 2 s after it froze
 from towerlab.search import Candidate
 from towerlab.search.store import Store
 
@@ -186,7 +186,7 @@ def freezing(tx, sql, args=()):
 
 database.Transaction.one = freezing
 with Store(sys.argv[1]) as store:
-    new = store.enqueue(int(sys.argv[2]), "train", [(Candidate(0, 0, {"neurons": 16}, "a", 1, 1), "tch")])
+    new = store.queue.enqueue(int(sys.argv[2]), "train", [(Candidate(0, 0, {"neurons": 16}, "a", 1, 1), "tch")])
     print(f"new {len(new)}", flush=True)
 """
 
@@ -200,7 +200,7 @@ def test_a_worker_frozen_inside_a_postgresql_transaction_stalls_the_others_only_
     frozen = python(FROZEN, postgres_url, str(search_id))
     store = Store(postgres_url)
     done: list = []
-    other = threading.Thread(target=lambda: done.append(store.enqueue(
+    other = threading.Thread(target=lambda: done.append(store.queue.enqueue(
         search_id, "train", [(Candidate(0, 0, {"neurons": 16}, "a", 1, 1), "tch")])), daemon=True)
     try:
         assert frozen.stdout.readline() == "frozen\n", frozen.stderr.read()
@@ -215,15 +215,15 @@ def test_a_worker_frozen_inside_a_postgresql_transaction_stalls_the_others_only_
     assert frozen.returncode == 0 and out == "new 0\n", out + err
     assert "lost the search store's database" in err and "reached the search store's database" in err, err
     with Store(postgres_url) as store:
-        assert len(store.tasks(search_id)) == 1
+        assert len(store.queue.tasks(search_id)) == 1
 
 
 def test_an_sqlite_store_locked_by_a_stopped_process_says_so(tmp_path, monkeypatch):
     """The same freeze on SQLite: a process stopped holding the write lock. The wait is bounded, and the
     line says what it is (it said "fix the disk (space, permissions)": the disk was fine)."""
-    from towerlab.search import database
+    from towerlab.search import sqlite
 
-    monkeypatch.setattr(database, "SQLITE_BUSY", 0.5)
+    monkeypatch.setattr(sqlite, "SQLITE_BUSY", 0.5)
     monkeypatch.setenv("TOWERLAB_DB_RETRY_SECONDS", "1")
     target = str(tmp_path / "search.db")
     search_id = new_search(target)
@@ -237,7 +237,7 @@ def test_an_sqlite_store_locked_by_a_stopped_process_says_so(tmp_path, monkeypat
     try:
         assert holder.stdout.readline() == "holding\n"
         with Store(target) as store, pytest.raises(UserError) as refused:
-            store.enqueue(search_id, "train", [(Candidate(0, 0, {"neurons": 16}, "a", 1, 1), "tch")])
+            store.queue.enqueue(search_id, "train", [(Candidate(0, 0, {"neurons": 16}, "a", 1, 1), "tch")])
     finally:
         holder.kill()
         holder.communicate()
@@ -258,24 +258,26 @@ def test_a_store_lost_while_a_worker_asks_it_stops_the_worker_and_fails_no_netwo
     import torch
 
     from towerlab.data.load import load_dataset
+
+    from towerlab.data.synthetic import SyntheticOptions
     from towerlab.jobs.candidate import train_candidate
 
     monkeypatch.setenv("TOWERLAB_DB_RETRY_SECONDS", "1")
-    data = load_dataset("synthetic", val_size=200, synthetic_train=600, synthetic_test=200, log=lambda line: None)
+    data = load_dataset("synthetic", val_size=200, log=lambda line: None, synthetic=SyntheticOptions(train=600, test=200))
     cfg = SearchConfig(dataset="synthetic", val_size=200, max_epochs=1)
     with Store(postgres_url) as store:
         def entering(val_accuracy):
             postgres_server.stop()
-            return store.genomes_better(1, "tch", val_accuracy) < 2
+            return store.records.genomes_better(1, "tch", val_accuracy) < 2
 
         try:
             with pytest.raises(UserError, match="lost the search store's database"):
-                train_candidate(cfg, "mlp", {"neurons": 16}, 1, data, torch.device("cpu"), test_if=entering)
+                train_candidate(cfg, "mlp", {"neurons": 16}, 1, data, torch.device("cpu"), test=entering)
         finally:
             postgres_server.start()
         # The same network with a store that answers: it trains, and is tested as it enters the top.
         fields, _ = train_candidate(cfg, "mlp", {"neurons": 16}, 1, data, torch.device("cpu"),
-                                    test_if=lambda val: store.genomes_better(1, "tch", val) < 2)
+                                    test=lambda val: store.records.genomes_better(1, "tch", val) < 2)
         assert fields["status"] == "ok" and "test_accuracy" in fields
 
 
@@ -293,7 +295,7 @@ def test_search_worker_whose_workers_were_stopped_never_exits_0(tmp_path, finish
         wait_for(lambda: len(replica_pids(job.pid)) == 1, timeout=120, what="the worker")
         worker = replica_pids(job.pid)[0]
         with Store(folder / "search.db") as store:  # in the worker's loop (its stop handler in place)
-            wait_for(lambda: any(w["pid"] == worker for w in store.workers()), timeout=120, what="its join")
+            wait_for(lambda: any(w["pid"] == worker for w in store.queue.workers()), timeout=120, what="its join")
         os.kill(worker, signum)
         assert job.wait(timeout=120) == status, log.read_text()
     assert "nothing left to do" not in log.read_text()
@@ -305,7 +307,7 @@ UNSHARE = ("unshare", "--pid", "--fork", "--mount-proc")
 
 HOLDER = """
 import os, socket, sys
-from towerlab.search.queue import Worker
+from towerlab.search.queue import Worker, WorkerOptions
 from towerlab.search.store import Store
 
 def trainer(search):
@@ -318,7 +320,7 @@ def trainer(search):
 
 with Store(sys.argv[1]) as store:
     name = f"{socket.gethostname()}:{os.getpid()}:cpu:holder"
-    Worker(store, name, "cpu", trainer, search_ids=[int(sys.argv[2])]).run()
+    Worker(store, name, "cpu", trainer, WorkerOptions(search_ids=[int(sys.argv[2])])).run()
 """
 
 
@@ -351,17 +353,17 @@ def test_workers_in_separate_pid_namespaces_never_free_each_others_live_tasks(tm
             capture_output=True, text=True, timeout=120)
         assert observer.returncode == 0 and observer.stdout == "0\n", observer.stdout + observer.stderr
         with Store(target) as store:
-            held = [t for t in store.tasks(search_id) if t.state == "claimed"]
+            held = [t for t in store.queue.tasks(search_id) if t.state == "claimed"]
             assert len(held) == 1 and held[0].worker.split(":")[1] == "3" and held[0].lost is None
-            names = [w["id"] for w in store.workers()]
+            names = [w["id"] for w in store.queue.workers()]
             assert len(names) == 1 and names[0].endswith(":cpu:holder")
     finally:
         holder.communicate("go\n" * 10, timeout=120)
     assert holder.returncode == 0, holder.stderr
     with Store(target) as store:
-        assert store.search(search_id).finished is not None
-        assert all(t.attempts == 1 and t.lost is None for t in store.tasks(search_id))  # nothing trained twice
-        assert [e.status for e in store.evaluations(search_id)] == ["ok", "ok"]
+        assert store.records.search(search_id).finished is not None
+        assert all(t.attempts == 1 and t.lost is None for t in store.queue.tasks(search_id))  # nothing trained twice
+        assert [e.status for e in store.records.evaluations(search_id)] == ["ok", "ok"]
 
 
 def test_a_dead_worker_of_this_namespace_is_still_freed_at_once(tmp_path):
@@ -374,11 +376,11 @@ def test_a_dead_worker_of_this_namespace_is_still_freed_at_once(tmp_path):
     pid = int(dead.stdout)
     name = worker_name("cpu", pid, "gone")
     with Store(target) as store:
-        store.enqueue(search_id, "train", [(Candidate(0, 0, {"neurons": 16}, "a", 1, 1), "tch")])
-        store.join(name, pid_space(), pid, "cpu")
-        assert store.claim(name, [search_id], lease=30, max_attempts=MAX_ATTEMPTS) is not None
+        store.queue.enqueue(search_id, "train", [(Candidate(0, 0, {"neurons": 16}, "a", 1, 1), "tch")])
+        store.queue.join(name, pid_space(), pid, "cpu")
+        assert store.queue.claim(name, [search_id], lease=30, max_attempts=MAX_ATTEMPTS) is not None
         assert release_the_dead(store) == 1
-        assert [t.state for t in store.tasks(search_id)] == ["open"]
+        assert [t.state for t in store.queue.tasks(search_id)] == ["open"]
 
 
 # -- 11, 12: the search's folder deleted or made immutable mid-search ---------------------------------------
@@ -401,7 +403,7 @@ def test_the_search_folder_deleted_mid_search_is_one_line_for_the_job_and_a_join
         wait_for(lambda: _first_evaluation(out), timeout=180, what="the first evaluation")
         with reaped(start_towerlab("search", "worker", str(out), *ONE_CPU, log=tmp_path / "worker.log")) as worker:
             with Store(out / "search.db") as store:
-                wait_for(lambda: len(store.workers()) == 2, timeout=120, what="the joined worker")
+                wait_for(lambda: len(store.queue.workers()) == 2, timeout=120, what="the joined worker")
             shutil.rmtree(out)
             assert job.wait(timeout=120) == 2, (tmp_path / "job.log").read_text()
             assert worker.wait(timeout=120) == 2, (tmp_path / "worker.log").read_text()
@@ -472,18 +474,18 @@ def test_a_process_whose_clock_lies_keeps_to_the_sqlite_store_s_clock(tmp_path):
     target = str(tmp_path / "search.db")
     search_id = new_search(target)
     with Store(target) as store:
-        store.enqueue(search_id, "train", [(Candidate(0, 0, {"neurons": 16}, "a", 1, 1), "tch")])
-        assert store.claim("w1", [search_id], lease=30, max_attempts=MAX_ATTEMPTS) is not None
+        store.queue.enqueue(search_id, "train", [(Candidate(0, 0, {"neurons": 16}, "a", 1, 1), "tch")])
+        assert store.queue.claim("w1", [search_id], lease=30, max_attempts=MAX_ATTEMPTS) is not None
     skewed = python("""
         import sys, time
         from towerlab.search.store import Store
         print(time.time() > 86000 + float(sys.argv[3]), flush=True)  # this process's clock is a day ahead
         with Store(sys.argv[1]) as store:
-            print(store.claim("w2", [int(sys.argv[2])], lease=30, max_attempts=3) is None)
-            store.finish_search(int(sys.argv[2]), {"top": []})
+            print(store.queue.claim("w2", [int(sys.argv[2])], lease=30, max_attempts=3) is None)
+            store.records.finish_search(int(sys.argv[2]), {"top": []})
     """, target, str(search_id), str(time.time()), prefix=("faketime", "-f", "+1d"))
     out, err = skewed.communicate(timeout=120)
     assert skewed.returncode == 0 and out == "True\nTrue\n", out + err  # the live task stays w1's
     with Store(target) as store:
-        row = store.search(search_id)
+        row = store.records.search(search_id)
         assert row.created <= row.finished < time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime(time.time() + 3600))

@@ -78,8 +78,8 @@ def test_two_searches_on_one_store_at_once_each_keep_what_they_trained(tmp_path)
     a, b = in_threads(*[lambda: search(shared, cfg, meeting(barrier))] * 2)
     assert a == b == alone and {a.search_id, b.search_id} == {1, 2}
     with Store(shared) as store:
-        rows = store.evaluations()
-        assert len(rows) == 2 * alone.trainings == 16 and len(store.evaluations(1)) == 8
+        rows = store.records.evaluations()
+        assert len(rows) == 2 * alone.trainings == 16 and len(store.records.evaluations(1)) == 8
         later = run_search(cfg, SPACE, serial(fitness), store, TCH)  # a third search: served the oldest rows
     assert later.evaluations == later.failures == alone.failures == 1  # only the failure is retried
     assert [(m.genome, m.fitness) for m in later.history[0].members] == \
@@ -101,8 +101,8 @@ def test_two_processes_continuing_one_search_at_once_agree_and_lose_nothing(tmp_
     one, two = in_threads(*[lambda: search(tmp_path / "s.db", CFG, meeting(barrier), resume=True)] * 2)
     assert one == two == reference
     with Store(tmp_path / "s.db") as store:  # one row per key: the second recording of each was a no-op
-        assert len(store.evaluations()) == reference.trainings
-        assert store.searches()[0].finished
+        assert len(store.records.evaluations()) == reference.trainings
+        assert store.records.searches()[0].finished
 
 
 # ------------------------------------------------------------------------- the command line
@@ -128,7 +128,7 @@ def test_two_grid_jobs_sharing_a_store_at_once_both_succeed(tmp_path, space_file
     summaries = [json.loads((tmp_path / name / "summary.json").read_text()) for name in ("a", "b")]
     assert all(s["evaluations"] + s["cache_hits"] == 12 for s in summaries)
     with Store(store) as db:
-        rows = db.evaluations()
+        rows = db.records.evaluations()
     assert len(rows) == sum(s["evaluations"] for s in summaries)  # every training kept
 
 

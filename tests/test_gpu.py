@@ -155,10 +155,11 @@ def test_the_default_one_gpu_step_is_one_cuda_graph_and_equals_the_eager_step(ar
 def test_the_recorded_program_equals_the_program_run_op_by_op(tmp_path):
     from towerlab.config import TrainConfig
     from towerlab.data.load import load_dataset
+    from towerlab.data.synthetic import SyntheticOptions
     from towerlab.distributed.group import Context
     from towerlab.training.loop import LoopOptions, train
 
-    data = load_dataset("synthetic", val_size=500, synthetic_train=2000, log=lambda _: None)
+    data = load_dataset("synthetic", val_size=500, log=lambda _: None, synthetic=SyntheticOptions(train=2000))
     cfg = TrainConfig(model="lenet5", dataset="synthetic", synthetic_train=2000, val_size=500, steps=30, batch_size=64,
                       optimizer="adam", schedule="onecycle", lr=0.01, precision="bf16", label_smoothing=0.1)
     ctx = Context(device=torch.device("cuda", 0))
@@ -176,6 +177,7 @@ def test_the_cifar94_recipes_two_recorded_programs_equal_the_program_run_op_by_o
     # before the freeze and one after, against the program run op by op with the same kernels.
     from towerlab.config import TrainConfig
     from towerlab.data.load import load_dataset
+    from towerlab.data.synthetic import SyntheticOptions
     from towerlab.distributed.group import Context
     from towerlab.presets import apply_preset
 
@@ -183,8 +185,7 @@ def test_the_cifar94_recipes_two_recorded_programs_equal_the_program_run_op_by_o
     cfg = TrainConfig(**{**recipe, "dataset": "synthetic", "synthetic_shape": "3x16x16", "synthetic_train": 400,
                          "val_size": 200, "batch_size": 64, "steps": 8, "whiten_bias_epochs": 1,
                          "model_options": {"width1": 8, "width2": 16, "width3": 16}})
-    data = load_dataset("synthetic", val_size=200, synthetic_train=400, synthetic_shape=(3, 16, 16),
-                        log=lambda _: None)
+    data = load_dataset("synthetic", val_size=200, log=lambda _: None, synthetic=SyntheticOptions(train=400, shape=(3, 16, 16)))
     ctx = Context(device=torch.device("cuda", 0))
     torch.backends.cudnn.deterministic = True
     try:
@@ -200,13 +201,14 @@ def test_steady_graph_and_program_steps_never_wait_for_the_host(tmp_path):
     from towerlab.training.batches import Batches
     from towerlab.config import TrainConfig
     from towerlab.data.load import load_dataset
+    from towerlab.data.synthetic import SyntheticOptions
     from towerlab.distributed.group import Context
     from towerlab.training.program import StepProgram
     from towerlab.training.network import build
 
     cfg = TrainConfig(model="mlp", dataset="synthetic", batch_size=64, steps=40, augment=True, schedule="onecycle",
                       lookahead=3, precision="bf16")
-    data = load_dataset("synthetic", val_size=0, synthetic_train=64 * 20, log=lambda _: None)
+    data = load_dataset("synthetic", val_size=0, log=lambda _: None, synthetic=SyntheticOptions(train=64 * 20))
     ctx = Context(device=torch.device("cuda", 0))
     for mode in ("program", "graph"):
         batches = Batches(data.x_train, data.y_train, ctx, 64, 0, "resident", Normalizer(data.mean, data.std, ctx.device),

@@ -1,7 +1,7 @@
 """The house's large-scale structure (docs/development.md, "Layout"): imports run downward through
 the layers (cli/api > jobs > {training, search} > {models, data, distributed} > config), a package
 sits in one layer whole, no two modules import each other (directly or around a circle), a module
-over 350 lines says why in its docstring (none grows past 500), every `noqa` and `type: ignore`
+over 350 lines says why in its docstring (none grows past 400), every `noqa` and `type: ignore`
 says why, and the search core runs without torch."""
 from __future__ import annotations
 
@@ -21,16 +21,14 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 # two arrows up that a per-module exception hid). The catalogs (stdlib only) sit beside config, which
 # takes its --dataset and --model choices from them.
 LAYERS = (
-    (1, r"towerlab(\.(config|fields|presets|errors|atomic|catalog(\..+)?))?"),
+    (1, r"towerlab(\.(config|checks|fields|presets|errors|atomic|catalog(\..+)?))?"),
     (2, r"towerlab\.(report|plots|models(\..+)?|data(\..+)?|distributed(\..+)?)"),
     (3, r"towerlab\.(settings|training(\..+)?|search(\..+)?)"),
     (4, r"towerlab\.jobs(\..+)?"),
     (5, r"towerlab\.(cli|commands|api|__main__)"),
 )
-# Modules over 350 lines that are the search side's to split (reworked on another branch): exempt
-# from saying why, not from the 500-line limit.
-LONG_ELSEWHERE = {"towerlab.search.store", "towerlab.search.rounds", "towerlab.search.database",
-                  "towerlab.search.queue", "towerlab.jobs.search"}
+# The most lines a module may hold, whatever its docstring says.
+MOST_LINES = 400
 
 
 def _modules() -> dict[str, Path]:
@@ -144,11 +142,11 @@ def test_the_layout_check_sees_an_upward_import_and_a_circle():
 
 
 @pytest.mark.parametrize("module", sorted(MODULES))
-def test_no_source_module_is_over_500_lines(module):
-    assert len(MODULES[module].read_text().splitlines()) <= 500
+def test_no_source_module_is_over_400_lines(module):
+    assert len(MODULES[module].read_text().splitlines()) <= MOST_LINES
 
 
-@pytest.mark.parametrize("module", sorted(set(MODULES) - LONG_ELSEWHERE))
+@pytest.mark.parametrize("module", sorted(MODULES))
 def test_a_module_over_350_lines_says_why(module):
     """Modules stay around 300 lines, split by role; one that is longer says in its docstring why
     it is one module ("over 350 lines" and the reason)."""

@@ -19,7 +19,7 @@ import pytest
 
 from towerlab.config import SearchConfig
 from towerlab.search import Candidate, Outcome, Search, load_space, run_search, serial
-from towerlab.search.queue import MAX_ATTEMPTS, Worker
+from towerlab.search.queue import MAX_ATTEMPTS, Worker, WorkerOptions
 from towerlab.search.store import Store
 
 SPACE = load_space("mlp")
@@ -52,7 +52,7 @@ def trainer_for(delay: float = 0.0):
 def rows(store: Store) -> list[tuple]:
     """What decides a history: (generation, index, replicate, genome, seed, status, fitness) of every row."""
     return sorted((e.generation, e.index, e.replicate, e.genome_hash, e.seed, e.status, e.fitness)
-                  for e in store.evaluations())
+                  for e in store.records.evaluations())
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -65,7 +65,7 @@ def target(request, tmp_path):
 def reference(cfg: SearchConfig, tmp_path) -> tuple[list[tuple], dict]:
     with Store(tmp_path / "reference.db") as store:
         run_search(cfg, SPACE, serial(fitness), store, "tch")
-        return rows(store), store.searches()[0].summary
+        return rows(store), store.records.searches()[0].summary
 
 
 def new_search(target: str, cfg: SearchConfig) -> int:
@@ -75,7 +75,7 @@ def new_search(target: str, cfg: SearchConfig) -> int:
 
 def work(target: str, name: str, search_id: int, delay: float = 0.0, lease: float = 30.0) -> int:
     with Store(target) as store:
-        return Worker(store, name, "cpu", trainer_for(delay), search_ids=[search_id], lease=lease).run()
+        return Worker(store, name, "cpu", trainer_for(delay), WorkerOptions(search_ids=[search_id], lease=lease)).run()
 
 
 @pytest.mark.parametrize("name", SEARCHES)
@@ -91,11 +91,11 @@ def test_any_number_of_workers_plays_the_same_search(name, workers, target, tmp_
         t.join(timeout=300)
     with Store(target) as store:
         assert rows(store) == expected
-        finished = store.search(search_id)
+        finished = store.records.search(search_id)
         assert finished.finished is not None and finished.summary["top"] == summary["top"]
-        tests = store.tasks(search_id, "test")
+        tests = store.queue.tasks(search_id, "test")
         assert len(tests) == len(summary["top"]) and {t.state for t in tests} == {"done"}
-        assert all(store.lookup(t["genome_hash"], t["train_config_hash"], search_id).test_accuracy == 0.5
+        assert all(store.records.lookup(t["genome_hash"], t["train_config_hash"], search_id).test_accuracy == 0.5
                    for t in summary["top"])
 
 
@@ -117,7 +117,7 @@ def test_workers_joining_and_dying_at_random_play_the_same_search(target, tmp_pa
     deadline = time.monotonic() + 240
     started = killed = 0
     with Store(target) as store:
-        while store.search(search_id).finished is None:
+        while store.records.search(search_id).finished is None:
             assert time.monotonic() < deadline, "the search did not finish"
             if len(running) < 3 and (not running or rng.random() < 0.5):
                 name = f"w{started}"
@@ -131,7 +131,7 @@ def test_workers_joining_and_dying_at_random_play_the_same_search(target, tmp_pa
                 p.join()
                 killed += 1
                 if killed % 2:
-                    store.release(name, "was killed")
+                    store.queue.release(name, "was killed")
             time.sleep(rng.random() * 0.4)
             running = [(p, n) for p, n in running if p.is_alive() or p.join() or False]
         for p, _ in running:
@@ -145,19 +145,19 @@ def test_a_lapsed_lease_hands_the_task_on_and_a_late_result_is_dropped(target):
     genome = {"neurons": 64}
     candidate = Candidate(0, 0, genome, "h", 11, 3)
     with Store(target) as store:
-        store.enqueue(search_id, "train", [(candidate, "tch")])
-        first = store.claim("w1", [search_id], lease=0.5, max_attempts=MAX_ATTEMPTS)
-        assert store.claim("w2", [search_id], lease=30, max_attempts=MAX_ATTEMPTS) is None  # held
-        assert store.renew(first, "w1", 0.5)
+        store.queue.enqueue(search_id, "train", [(candidate, "tch")])
+        first = store.queue.claim("w1", [search_id], lease=0.5, max_attempts=MAX_ATTEMPTS)
+        assert store.queue.claim("w2", [search_id], lease=30, max_attempts=MAX_ATTEMPTS) is None  # held
+        assert store.queue.renew(first, "w1", 0.5)
         time.sleep(0.8)
-        second = store.claim("w2", [search_id], lease=30, max_attempts=MAX_ATTEMPTS)
+        second = store.queue.claim("w2", [search_id], lease=30, max_attempts=MAX_ATTEMPTS)
         assert second.id == first.id and second.attempts == 2 and "the lease of worker w1 lapsed" in second.lost
-        assert not store.renew(first, "w1", 30)  # w1 learns it lost the task
-        assert store.complete(first, "w1", Outcome.ok(0.1, worker="w1")) == (False, None)
-        done, row = store.complete(second, "w2", Outcome.ok(0.9, worker="w2"))
+        assert not store.queue.renew(first, "w1", 30)  # w1 learns it lost the task
+        assert store.queue.complete(first, "w1", Outcome.ok(0.1, worker="w1")) == (False, None)
+        done, row = store.queue.complete(second, "w2", Outcome.ok(0.9, worker="w2"))
         assert done and (row.fitness, row.worker) == (0.9, "w2")
-        assert [e.fitness for e in store.evaluations(search_id)] == [0.9]  # written once
-        assert store.queue_counts(search_id) == {"open": 0, "claimed": 0, "done": 1}
+        assert [e.fitness for e in store.records.evaluations(search_id)] == [0.9]  # written once
+        assert store.queue.queue_counts(search_id) == {"open": 0, "claimed": 0, "done": 1}
 
 
 def test_a_task_whose_workers_are_lost_again_and_again_is_recorded_failed(target):
@@ -166,14 +166,14 @@ def test_a_task_whose_workers_are_lost_again_and_again_is_recorded_failed(target
     search_id = new_search(target, SEARCHES["random"])
     doomed, fine = Candidate(0, 0, {"neurons": 1}, "a", 1, 3), Candidate(0, 1, {"neurons": 2}, "b", 2, 3)
     with Store(target) as store:
-        store.enqueue(search_id, "train", [(doomed, "tch"), (fine, "tch")])  # the doomed one first
+        store.queue.enqueue(search_id, "train", [(doomed, "tch"), (fine, "tch")])  # the doomed one first
         for attempt in range(1, MAX_ATTEMPTS + 1):
-            task = store.claim(f"w{attempt}", [search_id], lease=30, max_attempts=MAX_ATTEMPTS)
+            task = store.queue.claim(f"w{attempt}", [search_id], lease=30, max_attempts=MAX_ATTEMPTS)
             assert (task.candidate.genome_hash, task.attempts) == ("a", attempt)
-            assert store.release(f"w{attempt}", "was killed by SIGKILL") == 1
-        task = store.claim("w9", [search_id], lease=30, max_attempts=MAX_ATTEMPTS)
+            assert store.queue.release(f"w{attempt}", "was killed by SIGKILL") == 1
+        task = store.queue.claim("w9", [search_id], lease=30, max_attempts=MAX_ATTEMPTS)
         assert task.candidate.genome_hash == "b"
-        failed = store.lookup("a", "tch", search_id)
+        failed = store.records.lookup("a", "tch", search_id)
         assert failed.status == "failed" and f"lost {MAX_ATTEMPTS} times" in failed.reason
         assert "was killed by SIGKILL" in failed.reason
 
@@ -181,11 +181,11 @@ def test_a_task_whose_workers_are_lost_again_and_again_is_recorded_failed(target
 def test_a_task_put_back_on_interrupt_is_not_a_loss(target):
     search_id = new_search(target, SEARCHES["random"])
     with Store(target) as store:
-        store.enqueue(search_id, "train", [(Candidate(0, 0, {"neurons": 1}, "a", 1, 3), "tch")])
+        store.queue.enqueue(search_id, "train", [(Candidate(0, 0, {"neurons": 1}, "a", 1, 3), "tch")])
         for _ in range(MAX_ATTEMPTS + 2):
-            task = store.claim("w", [search_id], lease=30, max_attempts=MAX_ATTEMPTS)
+            task = store.queue.claim("w", [search_id], lease=30, max_attempts=MAX_ATTEMPTS)
             assert task is not None and task.attempts == 1
-            store.put_back(task, "w")
+            store.queue.put_back(task, "w")
 
 
 def test_a_worker_that_finishes_early_takes_the_next_generation(target):
@@ -196,7 +196,7 @@ def test_a_worker_that_finishes_early_takes_the_next_generation(target):
 
     def second_done() -> bool:
         with Store(target) as store:
-            return sum(t.state == "done" for t in store.tasks(search_id, "train") if t.candidate.generation == 1) == 4
+            return sum(t.state == "done" for t in store.queue.tasks(search_id, "train") if t.candidate.generation == 1) == 4
 
     def slow_first(search):
         def train(task):
@@ -212,7 +212,7 @@ def test_a_worker_that_finishes_early_takes_the_next_generation(target):
 
     def work_slowly(name):
         with Store(target) as store:
-            Worker(store, name, "cpu", slow_first, search_ids=[search_id]).run()
+            Worker(store, name, "cpu", slow_first, WorkerOptions(search_ids=[search_id])).run()
 
     threads = [threading.Thread(target=work_slowly, args=(f"w{i}",)) for i in range(2)]
     for t in threads:
@@ -220,13 +220,13 @@ def test_a_worker_that_finishes_early_takes_the_next_generation(target):
     for t in threads:
         t.join(timeout=120)
     with Store(target) as store:
-        tasks = store.tasks(search_id, "train")
+        tasks = store.queue.tasks(search_id, "train")
         slow = next(t for t in tasks if (t.candidate.generation, t.candidate.index) == (0, 0))
         second = [t for t in tasks if t.candidate.generation == 1]
         # Every candidate of generation 2 was trained by the other worker while the slow one trained (without
         # the overlap, the slow one would have waited its minute out, and trained some of them after).
         assert slow.seconds < 60 and {t.worker for t in second} == {w for w in ("w0", "w1") if w != slow.worker}
-        assert store.search(search_id).finished is not None
+        assert store.records.search(search_id).finished is not None
 
 
 def test_tpe_overlaps_by_default_and_a_search_recorded_before_resumes_without(tmp_path):
@@ -235,7 +235,7 @@ def test_tpe_overlaps_by_default_and_a_search_recorded_before_resumes_without(tm
     cfg = SEARCHES["tpe"]
     with Store(tmp_path / "a.db") as store:
         overlapped = run_search(cfg, SPACE, serial(fitness), store, "tch")
-        assert store.searches()[0].config["overlap"] is True
+        assert store.records.searches()[0].config["overlap"] is True
     with Store(tmp_path / "b.db") as store:
         told_first = run_search(SearchConfig(**{**cfg.__dict__, **cfg.settings, "overlap": False}), SPACE,
                                 serial(fitness), store, "tch")
@@ -262,10 +262,10 @@ def test_tasks_are_handed_out_oldest_generation_first_then_costliest_first(targe
     small, big, later = (Candidate(0, 0, {"n": 1}, "s", 1, 3), Candidate(0, 1, {"n": 2}, "b", 2, 3),
                          Candidate(1, 0, {"n": 3}, "l", 3, 3))
     with Store(target) as store:
-        ids = store.enqueue(search_id, "train", [(later, "tch"), (small, "tch"), (big, "tch")])
+        ids = store.queue.enqueue(search_id, "train", [(later, "tch"), (small, "tch"), (big, "tch")])
         assert sorted(c.genome_hash for c in ids.values()) == ["b", "l", "s"]
-        assert store.enqueue(search_id, "train", [(small, "tch")]) == {}  # there already: not this call's
-        store.prioritize({task_id: {"s": 1.0, "b": 9.0, "l": 99.0}[c.genome_hash] for task_id, c in ids.items()})
-        order = [store.claim("w", [search_id], lease=30, max_attempts=MAX_ATTEMPTS).candidate.genome_hash
+        assert store.queue.enqueue(search_id, "train", [(small, "tch")]) == {}  # there already: not this call's
+        store.queue.prioritize({task_id: {"s": 1.0, "b": 9.0, "l": 99.0}[c.genome_hash] for task_id, c in ids.items()})
+        order = [store.queue.claim("w", [search_id], lease=30, max_attempts=MAX_ATTEMPTS).candidate.genome_hash
                  for _ in range(3)]
     assert order == ["b", "s", "l"]

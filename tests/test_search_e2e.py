@@ -103,7 +103,7 @@ def test_a_search_with_default_settings_trains_the_same_rows_on_one_and_two_work
 @pytest.mark.slow
 def test_a_pruned_search_on_two_workers_trains_what_one_worker_trains(tmp_path, space_file):
     """Two workers take a rung's certain places for the next rung while the rung still runs (the
-    pool adds tasks to its batch): the same trainings, the same history as one worker."""
+    driver puts them on the queue as results come in): the same trainings, the same history as one worker."""
     import sqlite3
 
     args = ["evolve", *BASE, "--space", space_file, "--population", "8", "--generations", "2", "--seed", "7",

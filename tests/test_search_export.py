@@ -35,8 +35,8 @@ def searched(tmp_path):
     folder = tmp_path / "my-search"
     with Store(folder) as store:
         result = run_search(CFG, load_space(SPACE), serial(fitness), store, TCH)
-        best = store.lookup(result.top[0].genome_hash, TCH, result.search_id)
-        store.set_test_accuracy(best.id, 0.8125)
+        best = store.records.lookup(result.top[0].genome_hash, TCH, result.search_id)
+        store.records.set_test_accuracy(best.id, 0.8125)
     return folder, result
 
 
@@ -50,7 +50,7 @@ def test_the_exported_study_holds_every_genome_as_the_store_does(tmp_path, searc
     assert study.direction == optuna.study.StudyDirection.MAXIMIZE
     assert study.user_attrs["towerlab_search"]["sampler"] == "tpe"
     with Store(folder) as store:
-        rows = store.evaluations(result.search_id)
+        rows = store.records.evaluations(result.search_id)
     evaluations = [e for e in rows if e.replicate == 0]
     trials = study.get_trials(deepcopy=False)
     assert [t.user_attrs["genome_hash"] for t in trials] == list(dict.fromkeys(
@@ -208,7 +208,7 @@ def test_follow_keeps_a_study_in_step_with_a_running_search(tmp_path, monkeypatc
     from towerlab.search import Search
     from towerlab.search import export as export_module
     from towerlab.search.export import export_optuna
-    from towerlab.search.queue import Worker
+    from towerlab.search.queue import Worker, WorkerOptions
 
     monkeypatch.setattr(export_module, "FOLLOW_EVERY", 0.05)
     cfg = SearchConfig(space=SPACE, sampler="random", population=4, generations=4, max_epochs=3, remeasure=0, top=2,
@@ -225,7 +225,7 @@ def test_follow_keeps_a_study_in_step_with_a_running_search(tmp_path, monkeypatc
 
     def work():
         with Store(path) as store:
-            Worker(store, "w", "cpu", slow, search_ids=[search_id]).run()
+            Worker(store, "w", "cpu", slow, WorkerOptions(search_ids=[search_id])).run()
 
     looks = []
     worker = threading.Thread(target=work)

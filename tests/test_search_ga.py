@@ -296,7 +296,7 @@ def test_failures_rank_last_are_recorded_and_the_search_goes_on(tmp_path):
         assert all(not m.ok for m in ranked[len(ranked) - len(failed):])
     assert all(t.genome["activation"] != "sigmoid" for t in result.top)
     with Store(tmp_path / "s.db") as store:
-        rows = [e for e in store.evaluations() if e.status == "failed"]
+        rows = [e for e in store.records.evaluations() if e.status == "failed"]
         assert len(rows) == result.failures and all("out of memory" in e.reason for e in rows)
 
 

@@ -37,7 +37,7 @@ def test_a_search_with_the_new_sampler_reads_its_setting_and_records_it(tmp_path
     assert [[m.genome["neurons"] for m in g.members] for g in result.history] == [[1, 4], [7, 10]]
     assert [t.genome["neurons"] for t in result.top] == [10, 7] and result.evaluations == 4
     with Store(tmp_path / "s.db") as store:
-        assert store.searches()[0].config["stride"] == 3
+        assert store.records.searches()[0].config["stride"] == 3
     default = search(tmp_path / "d.db", SearchConfig(sampler="stride", population=2, generations=1, remeasure=0))
     assert [m.genome["neurons"] for m in default.history[0].members] == [1, 3]  # its default stride, 2
     with pytest.raises(UserError, match="holds a search with --stride 3, not 2: resume with the same setting"):

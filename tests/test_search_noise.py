@@ -43,7 +43,7 @@ def test_the_elite_is_re_measured_and_kept_by_its_mean(tmp_path):
     fitness = Counting()
     result = search(tmp_path / "s.db", fitness=fitness)
     with Store(tmp_path / "s.db") as store:
-        rows = store.evaluations(result.search_id)
+        rows = store.records.evaluations(result.search_id)
     again = {}
     for row in rows:
         if row.replicate:
@@ -72,7 +72,7 @@ def test_the_final_top_ranks_by_the_mean_and_reports_every_seed(tmp_path):
     single = max((m for g in result.history for m in g.members), key=lambda m: m.fitness)
     assert single.fitness > result.top[0].fitness
     with Store(tmp_path / "s.db") as store:
-        summary = store.searches()[0].summary["top"]
+        summary = store.records.searches()[0].summary["top"]
     assert [e["fitnesses"] for e in summary] == [list(t.fitnesses) for t in result.top]
 
 

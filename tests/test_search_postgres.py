@@ -19,8 +19,8 @@ import pytest
 
 from test_faults_search import history, wait_for
 from towerlab.errors import UserError
-from towerlab.search.database import PostgreSQL
-from towerlab.search.schema import SCHEMA_LOCK, SCHEMA_VERSION, create_tables, open_postgresql
+from towerlab.search.postgresql import SCHEMA_LOCK, PostgreSQL, open_postgresql
+from towerlab.search.schema import SCHEMA_VERSION, create_tables
 from towerlab.search.store import Store
 from util import ONE_CPU, reaped, replica_pids, run_cli, start_towerlab
 
@@ -44,14 +44,14 @@ def decisive(target) -> list[tuple]:
     """What decides a history: (generation, index, replicate, genome, seed, status, fitness) of every row."""
     with Store(target, create=False) as store:
         return sorted((e.generation, e.index, e.replicate, e.genome_hash, e.seed, e.status, e.fitness)
-                      for e in store.evaluations())
+                      for e in store.records.evaluations())
 
 
 def trained(url: str, generation: int = 0) -> int:
     """Evaluations the store holds of generations from `generation` on (0 while it has no tables)."""
     try:
         with Store(url, create=False) as store:
-            return sum(e.generation >= generation for e in store.evaluations())
+            return sum(e.generation >= generation for e in store.records.evaluations())
     except Exception:  # noqa: BLE001 - not created yet
         return 0
 
@@ -83,7 +83,7 @@ def test_a_worker_that_joins_late_takes_work_and_the_search_ends_as_alone(tmp_pa
     assert decisive(postgres_url) == decisive(reference / "search.db")
     assert history(out) == history(reference)
     with Store(postgres_url) as store:
-        by = {e.worker.split(":")[1] for e in store.evaluations()}
+        by = {e.worker.split(":")[1] for e in store.records.evaluations()}
     assert len(by) == 2, by  # the job's worker and the joined one both trained
     text = (tmp_path / "worker.log").read_text()
     assert "joining its 1 unfinished search(es)" in text and "nothing left to do" in text, text
@@ -120,7 +120,7 @@ def test_a_killed_worker_costs_only_its_task_and_every_worker_killed_costs_nothi
 def holds_a_task(url: str, pid: int) -> bool:
     with Store(url, create=False) as store:
         return any(t.state == "claimed" and (t.worker or "").split(":")[1] == str(pid)
-                   for s in store.searches() for t in store.tasks(s.id))
+                   for s in store.records.searches() for t in store.queue.tasks(s.id))
 
 
 def test_the_database_restarted_mid_search_loses_nothing(tmp_path, space, reference, postgres_server, postgres_url):
@@ -161,7 +161,7 @@ def test_a_password_is_never_printed_or_recorded(tmp_path, space, postgres_url):
     config = json.loads((out / "config.json").read_text())
     assert config["store"] == config["search"]["store"] == postgres_url.replace("postgres@", "postgres:***@")
     with Store(postgres_url) as store:
-        assert "s3cret-pw" not in json.dumps([row.config for row in store.searches()])
+        assert "s3cret-pw" not in json.dumps([row.config for row in store.records.searches()])
     # A resume finds the password where the URL came from: $TOWERLAB_STORE.
     done = run_cli("search", "run", "--resume", str(out), "--generations", "2", env={"TOWERLAB_STORE": secret})
     assert done.returncode == 0 and "s3cret-pw" not in done.stdout + done.stderr, done.stderr
@@ -176,12 +176,12 @@ def test_two_searches_share_one_store_at_once(tmp_path, space, postgres_url):
         with reaped(job):
             assert job.wait(timeout=300) == 0, (tmp_path / f"log{seed}").read_text()
     with Store(postgres_url) as store:
-        searches = store.searches()
+        searches = store.records.searches()
         assert [s.finished is not None for s in searches] == [True, True]
         for search in searches:
-            for gen in store.generations(search.id):
+            for gen in store.records.generations(search.id):
                 for member in gen.results:
-                    row = store.lookup(member["genome_hash"], search.train_config_hash, search.id)
+                    row = store.records.lookup(member["genome_hash"], search.train_config_hash, search.id)
                     assert row.search_id == search.id or row.id <= gen.watermark
     done = run_cli("search", "show", postgres_url)
     assert done.returncode == 0 and done.stdout.count("finished") == 2, done.stdout
@@ -256,7 +256,7 @@ def test_show_export_and_resume_of_a_folder_find_the_password_where_libpq_does(t
         assert resumed.returncode == 0, resumed.stderr
         assert "Zqv1" not in resumed.stdout + resumed.stderr and "warning: the password" not in resumed.stderr
     with Store(with_password_of(url, password), create=False) as store:
-        assert [g.complete for g in store.generations(1)] == [True, True, True]
+        assert [g.complete for g in store.records.generations(1)] == [True, True, True]
 
 
 def with_password_of(url: str, password: str) -> str:
@@ -284,7 +284,7 @@ def test_a_worker_waits_on_an_empty_database_then_trains_a_search_started_later(
         assert worker.wait(timeout=60) == 143
     assert decisive(postgres_url) == decisive(reference / "search.db")
     with Store(postgres_url) as store:
-        assert len({e.worker for e in store.evaluations()}) == 2  # the search's own worker, and the one that waited
+        assert len({e.worker for e in store.records.evaluations()}) == 2  # the search's own worker, and the one that waited
     text = (tmp_path / "worker.log").read_text()
     told = [line for line in text.splitlines() if ": search 1, generation " in line]
     assert told and all(re.search(r"(validation|test) accuracy 0\.\d{4}.* in \d+\.\d s$", line) for line in told), text
@@ -332,18 +332,18 @@ def test_a_postgresql_store_of_schema_4_gains_provenance_and_keeps_its_rows(post
 
     with Store(postgres_url) as store:
         space = load_space("mlp")
-        sid = store.begin_search("random", to_dict(SearchConfig()), space, "tch", {"device": "cpu"})
+        sid = store.records.begin_search("random", to_dict(SearchConfig()), space, "tch", {"device": "cpu"})
         genome = {"neurons": 64, "layers": 1, "activation": "relu", "optimizer": "adam"}
-        store.record(Candidate(0, 0, genome, genome_hash(genome), 1), Outcome.ok(0.5, worker="w"), "tch", sid)
+        store.records.record(Candidate(0, 0, genome, genome_hash(genome), 1), Outcome.ok(0.5, worker="w"), "tch", sid)
     with psycopg.connect(postgres_url, autocommit=True) as db:
         db.execute("ALTER TABLE evaluations DROP COLUMN provenance")
         db.execute("UPDATE towerlab_schema SET version = 4")
     with Store(postgres_url, create=False) as store, Store(postgres_url, create=False):
-        [row] = store.evaluations()
+        [row] = store.records.evaluations()
         assert (row.fitness, row.provenance) == (0.5, None)
         where = {"host": "h"}
         genome = {**genome, "neurons": 32}
-        again = store.record(Candidate(0, 1, genome, genome_hash(genome), 2), Outcome.ok(0.6, provenance=where),
+        again = store.records.record(Candidate(0, 1, genome, genome_hash(genome), 2), Outcome.ok(0.6, provenance=where),
                              "tch", sid)
         assert again.provenance == where
     with psycopg.connect(postgres_url) as db:

@@ -82,7 +82,7 @@ def test_each_rung_keeps_the_best_third_of_the_one_below(tmp_path):
     assert trained[1] == result.evaluations and max(fitness.calls.values()) == 1
     # rung 1 holds the best three of rung 0, rung 2 the best of rung 1 (by the fitness at that rung)
     with Store(tmp_path / "s.db") as store:
-        rows = [e for e in store.evaluations() if e.generation == 0]
+        rows = [e for e in store.records.evaluations() if e.generation == 0]
     at = {epochs: {e.genome_hash: e for e in rows if e.max_epochs == epochs} for epochs in (1, 3, 9)}
     best = sorted(at[1].values(), key=lambda e: rank_key(e.genome, e.fitness))
     assert set(at[3]) == {e.genome_hash for e in best[:3]}
@@ -111,7 +111,7 @@ def test_pruning_trains_far_fewer_epochs_and_keeps_the_same_seed_per_rung(tmp_pa
     assert result.trainings == sum(fitness.calls.values()) > result.evaluations  # the promotions trained again
     with Store(tmp_path / "s.db") as store:
         seeds = {}
-        for e in store.evaluations():
+        for e in store.records.evaluations():
             seeds.setdefault(e.genome_hash, set()).add(e.seed)
     assert all(len(s) == 1 for s in seeds.values())  # a higher rung retrains with the rung below's seed
 
@@ -183,7 +183,7 @@ def test_a_rungs_places_are_counted_over_whom_prune_places_says(tmp_path, places
     the ones that do. Checked generation by generation against the store's rows."""
     result = search(tmp_path / "s.db", pruned(generations=5, population=12, elite=2, prune_places=places))
     with Store(tmp_path / "s.db") as store:
-        rows = store.evaluations()
+        rows = store.records.evaluations()
     fitness = {(e.genome_hash, e.max_epochs): e.fitness for e in rows}
     genomes = {e.genome_hash: e.genome for e in rows}
     ladder = [1, 3, 9]
@@ -233,7 +233,7 @@ def flaky(candidate):
 
 def workers(n, seed, log):
     """An evaluator that emulates `n` workers finishing in a random order and asks for the work
-    that unlocks (`record.more()`) after every result, as the pool does."""
+    that unlocks (`record.more()`) after every result, as the queue's driver does."""
     import random
 
     rng = random.Random(seed)
@@ -273,7 +273,7 @@ def test_a_rungs_certain_places_go_on_before_its_last_results_and_the_history_is
     def trainings(path):
         with Store(path) as store:
             return sorted((e.generation, e.genome_hash, e.max_epochs, e.status, e.fitness, e.seed)
-                          for e in store.evaluations())
+                          for e in store.records.evaluations())
 
     assert trainings(tmp_path / "s.db") == trainings(tmp_path / "ref.db")
     assert len(log) == len(set(log)) == len(trainings(tmp_path / "ref.db"))

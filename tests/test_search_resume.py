@@ -107,7 +107,7 @@ def test_resume_after_a_kill_in_the_middle_of_a_generation(tmp_path, reference, 
     with pytest.raises(KeyboardInterrupt):
         run(tmp_path / "s.db", evaluate=crashing(fitness, generation, after))
     with Store(tmp_path / "s.db") as store:
-        kept = [e for e in store.evaluations() if e.generation == generation]
+        kept = [e for e in store.records.evaluations() if e.generation == generation]
     assert len(kept) == after
     resumed = run(tmp_path / "s.db", fitness=fitness, resume=True)
     assert fitness.calls == reference_calls and max(fitness.calls.values()) == 1  # finished ones not redone
@@ -129,7 +129,7 @@ def test_resume_survives_two_interruptions_and_a_resumed_finished_search_trains_
     assert_same_search(again, result)
     assert fitness.calls == reference_calls
     with Store(tmp_path / "s.db") as store:
-        assert len(store.searches()) == 1 and store.searches()[0].finished
+        assert len(store.records.searches()) == 1 and store.records.searches()[0].finished
 
 
 def test_resume_can_add_generations(tmp_path):
@@ -168,9 +168,9 @@ def test_a_later_search_reuses_the_store_and_writes_its_own_rows(tmp_path, refer
     assert other.search_id == 2 and other.cache_hits > 0
     assert max(fitness.calls.values()) <= 2  # only failures retried
     with Store(tmp_path / "s.db") as store:
-        assert [s.id for s in store.searches()] == [1, 2]
-        assert len(store.generations(2)) == 6 and all(g.complete for g in store.generations(2))
-        assert len(store.evaluations(2)) == other.evaluations
+        assert [s.id for s in store.records.searches()] == [1, 2]
+        assert len(store.records.generations(2)) == 6 and all(g.complete for g in store.records.generations(2))
+        assert len(store.records.evaluations(2)) == other.evaluations
 
 
 def test_resume_refuses_another_space(tmp_path):
@@ -258,4 +258,4 @@ def test_the_candidate_seeds_survive_resume(tmp_path):
     run(tmp_path / "s.db", fitness=remember, resume=True)
     assert seeds == reference
     with Store(tmp_path / "s.db") as store:
-        assert {e.genome_hash: e.seed for e in store.evaluations()} == reference
+        assert {e.genome_hash: e.seed for e in store.records.evaluations()} == reference

@@ -70,14 +70,14 @@ def test_a_store_from_before_samplers_opens_migrates_and_resumes_to_the_recorded
     db.executescript((FIXTURES / "store_v1.sql").read_text())
     db.close()
     with Store(path) as store:
-        grid, evolve = store.searches()
+        grid, evolve = store.records.searches()
         assert (grid.sampler, evolve.sampler) == ("grid", "ga")
         assert evolve.config["remeasure"] == 0 and evolve.config["sampler"] == "ga" and evolve.finished is None
-        kept = store.evaluations(2)
-        assert [e.replicate for e in store.evaluations()] == [0] * len(store.evaluations())
-        assert {e.max_epochs for e in store.evaluations()} == {10}
+        kept = store.records.evaluations(2)
+        assert [e.replicate for e in store.records.evaluations()] == [0] * len(store.records.evaluations())
+        assert {e.max_epochs for e in store.records.evaluations()} == {10}
         top = grid.summary["top"]
-        assert top[0]["fitnesses"] == [top[0]["fitness"]] and store.lookup(
+        assert top[0]["fitnesses"] == [top[0]["fitness"]] and store.records.lookup(
             top[0]["genome_hash"], "fixture-grid-config", 1).test_accuracy == 0.875
     calls = []
 
@@ -90,7 +90,7 @@ def test_a_store_from_before_samplers_opens_migrates_and_resumes_to_the_recorded
     assert as_recorded(resumed) == {k: recorded[k] for k in ("history", "top", "counts")}
     assert len(calls) == resumed.evaluations - len(kept)  # what the old code recorded was not trained again
     with Store(path) as store:
-        assert store.searches()[1].finished and len(store.evaluations(2)) == resumed.evaluations
+        assert store.records.searches()[1].finished and len(store.records.evaluations(2)) == resumed.evaluations
     text = __import__("towerlab.search", fromlist=["format_search"]).format_search(path)
     assert "search 1: grid over space mlp" in text and "0.8750" in text and "search 2: ga over space mlp" in text
 
@@ -155,7 +155,7 @@ def test_tpe_resumes_mid_generation_to_the_uninterrupted_history(tmp_path):
     with pytest.raises(KeyboardInterrupt):
         search(tmp_path / "s.db", tpe_config(), evaluate=crash)
     with Store(tmp_path / "s.db") as store:
-        assert not store.generations(1)[-1].complete
+        assert not store.records.generations(1)[-1].complete
     assert search(tmp_path / "s.db", tpe_config(), fitness=smooth, resume=True) == reference
 
 
@@ -268,7 +268,7 @@ def test_a_sampler_that_proposes_everything_at_once_is_not_held_to_generations(t
 def test_the_sampler_is_recorded_as_data(tmp_path):
     search(tmp_path / "s.db", SearchConfig(sampler="random", population=3, generations=1, remeasure=0))
     with Store(tmp_path / "s.db") as store:
-        row = store.searches()[0]
+        row = store.records.searches()[0]
         assert row.sampler == "random" and row.config["sampler"] == "random"
         sql = store.db.raw.execute("SELECT sql FROM sqlite_master WHERE name = 'searches'").fetchone()[0]
         assert "CHECK" not in sql

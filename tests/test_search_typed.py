@@ -250,7 +250,7 @@ def test_typed_values_round_trip_the_store_bit_for_bit_and_are_served_from_the_c
     assert all(space.contains(g) for g in proposed) and first.evaluations > 12
     assert len({g["lr"] for g in proposed}) >= 6  # drawn from the distribution, not from a list
     with Store(tmp_path / "s.db") as store:
-        stored = {e.genome_hash: e.genome for e in store.evaluations(first.search_id)}
+        stored = {e.genome_hash: e.genome for e in store.records.evaluations(first.search_id)}
     for m in (m for g in first.history for m in g.members):
         assert {k: bits(v) for k, v in stored[m.genome_hash].items()} == {k: bits(v) for k, v in m.genome.items()}
     again = search(tmp_path / "s.db", cfg, space)  # a second search, same seed, same store

@@ -28,7 +28,7 @@ def store(tmp_path):
 
 
 def new_search(store, seed=0):
-    return store.begin_search("ga", to_dict(SearchConfig(sampler="ga", seed=seed)), load_space("mlp"), TCH)
+    return store.records.begin_search("ga", to_dict(SearchConfig(sampler="ga", seed=seed)), load_space("mlp"), TCH)
 
 
 def test_a_new_store_is_wal_with_foreign_keys_and_a_schema_version(store):
@@ -38,39 +38,77 @@ def test_a_new_store_is_wal_with_foreign_keys_and_a_schema_version(store):
     assert store.db.raw.execute("PRAGMA foreign_keys").fetchone()[0] == 1
     assert store.db.raw.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
     with pytest.raises(sqlite3.IntegrityError):  # no evaluation without its search
-        store.record(candidate({"a": 1}), Outcome.ok(0.5), TCH, search_id=99)
+        store.records.record(candidate({"a": 1}), Outcome.ok(0.5), TCH, search_id=99)
+
+
+def test_the_stores_parts_see_only_the_backend_interface(store):
+    """records and queue are parts over `database.Backend` alone: a test double that provides it (here one
+    that counts what it is asked, over the store's own database) serves them as a backend does: what they
+    write through it is the store's."""
+    from towerlab.search.records import Records
+    from towerlab.search.tasks import TaskQueue
+
+    class Counting:
+        dialect, where = store.db.dialect, "a counting double"
+
+        def __init__(self):
+            self.reads = self.writes = 0
+
+        def read(self, sql, args=()):
+            self.reads += 1
+            return store.db.read(sql, args)
+
+        def write(self, work, *, lock=None):
+            self.writes += 1
+            return store.db.write(work, lock=lock)
+
+        def open_schema(self, where, create):
+            store.db.open_schema(where, create)
+
+        def close(self):
+            pass
+
+    double = Counting()
+    records, queue = Records(double, double.where), TaskQueue(double, double.where)
+    sid = records.begin_search("ga", to_dict(SearchConfig(sampler="ga")), load_space("mlp"), TCH)
+    assert double.writes == 1 and records.search(sid) == store.records.search(sid)
+    assert queue.enqueue(sid, "train", [(candidate({"a": 1}), TCH)]) and double.writes == 2
+    task = queue.claim("w", [sid], lease=30, max_attempts=3)
+    assert task is not None and queue.complete(task, "w", Outcome.ok(0.5))[0]
+    assert store.records.lookup(genome_hash({"a": 1}), TCH, sid).fitness == 0.5
+    assert (double.reads, double.writes) == (1, 4)  # search(); begin, enqueue, claim, complete
 
 
 def test_record_and_lookup(store):
     sid = new_search(store)
     genome = {"neurons": 64, "layers": 2}
-    assert store.lookup(genome_hash(genome), TCH, sid) is None
-    row = store.record(candidate(genome, 3, 7), Outcome.ok(0.91, val_loss=0.3, epochs=4, seconds=2.5,
+    assert store.records.lookup(genome_hash(genome), TCH, sid) is None
+    row = store.records.record(candidate(genome, 3, 7), Outcome.ok(0.91, val_loss=0.3, epochs=4, seconds=2.5,
                                                              worker="cuda:1"), TCH, sid)
-    assert store.lookup(genome_hash(genome), TCH) == row == store.lookup(genome_hash(genome), TCH, sid)
+    assert store.records.lookup(genome_hash(genome), TCH) == row == store.records.lookup(genome_hash(genome), TCH, sid)
     assert (row.genome, row.status, row.fitness, row.val_loss, row.epochs, row.seconds, row.worker) == \
         (genome, "ok", 0.91, 0.3, 4, 2.5, "cuda:1")
     assert (row.search_id, row.generation, row.index, row.seed, row.replicate) == (sid, 3, 7, 1234, 0)
-    assert store.lookup(genome_hash(genome), "other config") is None
+    assert store.records.lookup(genome_hash(genome), "other config") is None
     # recording a key the search has already is a no-op that returns the row it has
-    assert store.record(candidate(genome, 3, 7), Outcome.ok(0.5), TCH, sid) == row
+    assert store.records.record(candidate(genome, 3, 7), Outcome.ok(0.5), TCH, sid) == row
     # another search (running at the same time) keeps its own row; the cache serves the oldest
     other = new_search(store, seed=1)
-    mine = store.record(candidate(genome), Outcome.ok(0.5), TCH, other)
-    assert mine.fitness == 0.5 and store.lookup(genome_hash(genome), TCH, other) == mine
-    assert store.lookup(genome_hash(genome), TCH) == row == store.lookup(genome_hash(genome), TCH, other + 1)
+    mine = store.records.record(candidate(genome), Outcome.ok(0.5), TCH, other)
+    assert mine.fitness == 0.5 and store.records.lookup(genome_hash(genome), TCH, other) == mine
+    assert store.records.lookup(genome_hash(genome), TCH) == row == store.records.lookup(genome_hash(genome), TCH, other + 1)
     # a re-measure is a row of its own, served only as that replicate
-    again = store.record(Candidate(3, -1, genome, genome_hash(genome), 99, None, 1), Outcome.ok(0.7), TCH, sid)
-    assert store.lookup(genome_hash(genome), TCH, sid, replicate=1) == again != row
-    assert store.lookup(genome_hash(genome), TCH, sid, replicate=2) is None
+    again = store.records.record(Candidate(3, -1, genome, genome_hash(genome), 99, None, 1), Outcome.ok(0.7), TCH, sid)
+    assert store.records.lookup(genome_hash(genome), TCH, sid, replicate=1) == again != row
+    assert store.records.lookup(genome_hash(genome), TCH, sid, replicate=2) is None
 
 
 def test_an_evaluation_keeps_the_numerics_it_was_trained_with(store):
     sid = new_search(store)
     how = {"device": "AMD EPYC", "threads": 1, "precision": "fp32", "torch": "2.13.0"}
-    row = store.record(candidate({"a": 1}), Outcome.ok(0.9, numerics=how), TCH, sid)
-    assert row.numerics == how == store.lookup(genome_hash({"a": 1}), TCH).numerics
-    assert store.record(candidate({"a": 2}), Outcome.ok(0.8), TCH, sid).numerics is None
+    row = store.records.record(candidate({"a": 1}), Outcome.ok(0.9, numerics=how), TCH, sid)
+    assert row.numerics == how == store.records.lookup(genome_hash({"a": 1}), TCH).numerics
+    assert store.records.record(candidate({"a": 2}), Outcome.ok(0.8), TCH, sid).numerics is None
 
 
 def downgrade(path, version: int) -> None:
@@ -90,14 +128,14 @@ def test_a_version_3_store_gains_the_queue_and_keeps_its_rows_and_searches(tmp_p
     path = tmp_path / "search.db"
     with Store(path) as s:
         sid = new_search(s)
-        s.begin_generation(sid, 0, [{"a": 1}], [genome_hash({"a": 1})])
-        s.record(candidate({"a": 1}), Outcome.ok(0.9), TCH, sid)
+        s.records.begin_generation(sid, 0, [{"a": 1}], [genome_hash({"a": 1})])
+        s.records.record(candidate({"a": 1}), Outcome.ok(0.9), TCH, sid)
     downgrade(path, 3)
     with Store(path) as s:
-        assert s.search(sid).setup is None and s.generation(sid, 0).watermark is None
-        assert s.lookup(genome_hash({"a": 1}), TCH).fitness == 0.9
-        s.enqueue(sid, "train", [(candidate({"b": 1}), TCH)])
-        assert s.claim("w", [sid], lease=30, max_attempts=3).candidate.genome == {"b": 1}
+        assert s.records.search(sid).setup is None and s.records.generation(sid, 0).watermark is None
+        assert s.records.lookup(genome_hash({"a": 1}), TCH).fitness == 0.9
+        s.queue.enqueue(sid, "train", [(candidate({"b": 1}), TCH)])
+        assert s.queue.claim("w", [sid], lease=30, max_attempts=3).candidate.genome == {"b": 1}
     with contextlib.closing(sqlite3.connect(path)) as db:
         assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 5
 
@@ -106,13 +144,13 @@ def test_a_version_4_store_gains_provenance_and_keeps_its_rows(tmp_path):
     path = tmp_path / "search.db"
     with Store(path) as s:
         sid = new_search(s)
-        s.record(candidate({"a": 1}), Outcome.ok(0.9), TCH, sid)
+        s.records.record(candidate({"a": 1}), Outcome.ok(0.9), TCH, sid)
     downgrade(path, 4)
     where = {"host": "a", "towerlab": "0.1.0", "torch": "2.13.0", "device": "cpu", "data": "sha256:1"}
     with Store(path) as s:
-        assert (s.lookup(genome_hash({"a": 1}), TCH).fitness, s.lookup(genome_hash({"a": 1}), TCH).provenance) == (
+        assert (s.records.lookup(genome_hash({"a": 1}), TCH).fitness, s.records.lookup(genome_hash({"a": 1}), TCH).provenance) == (
             0.9, None)
-        assert s.record(candidate({"b": 1}), Outcome.ok(0.5, provenance=where), TCH, sid).provenance == where
+        assert s.records.record(candidate({"b": 1}), Outcome.ok(0.5, provenance=where), TCH, sid).provenance == where
     with contextlib.closing(sqlite3.connect(path)) as db:
         assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 5
 
@@ -121,12 +159,12 @@ def test_a_version_2_store_gains_the_numerics_column_and_keeps_its_rows(tmp_path
     path = tmp_path / "search.db"
     with Store(path) as s:
         sid = new_search(s)
-        s.record(candidate({"a": 1}), Outcome.ok(0.9), TCH, sid)
+        s.records.record(candidate({"a": 1}), Outcome.ok(0.9), TCH, sid)
     downgrade(path, 2)
     with Store(path) as s:
-        row = s.lookup(genome_hash({"a": 1}), TCH)
+        row = s.records.lookup(genome_hash({"a": 1}), TCH)
         assert (row.fitness, row.numerics) == (0.9, None)
-        assert s.record(candidate({"b": 1}), Outcome.ok(0.5, numerics={"threads": 1}), TCH, sid).numerics == {
+        assert s.records.record(candidate({"b": 1}), Outcome.ok(0.5, numerics={"threads": 1}), TCH, sid).numerics == {
             "threads": 1}
     with sqlite3.connect(path) as db:
         assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 5
@@ -137,27 +175,27 @@ def test_failures_serve_only_the_search_that_made_them(store):
     first, second = new_search(store), new_search(store, seed=1)
     genome = {"neurons": 64}
     h = genome_hash(genome)
-    failed = store.record(candidate(genome), Outcome.failed("CUDA out of memory"), TCH, first)
-    assert store.lookup(h, TCH, first) == failed and failed.reason == "CUDA out of memory"
-    assert store.lookup(h, TCH, second) is None and store.lookup(h, TCH) is None
-    ok = store.record(candidate(genome), Outcome.ok(0.8), TCH, second)  # the later search retries
-    assert store.lookup(h, TCH, second) == ok == store.lookup(h, TCH, 3)
-    assert store.lookup(h, TCH, first) == failed  # the first search's history stays as it was
+    failed = store.records.record(candidate(genome), Outcome.failed("CUDA out of memory"), TCH, first)
+    assert store.records.lookup(h, TCH, first) == failed and failed.reason == "CUDA out of memory"
+    assert store.records.lookup(h, TCH, second) is None and store.records.lookup(h, TCH) is None
+    ok = store.records.record(candidate(genome), Outcome.ok(0.8), TCH, second)  # the later search retries
+    assert store.records.lookup(h, TCH, second) == ok == store.records.lookup(h, TCH, 3)
+    assert store.records.lookup(h, TCH, first) == failed  # the first search's history stays as it was
 
 
 def test_test_accuracy_and_the_best_so_far(store):
     sid = new_search(store)
     genomes = [{"n": i} for i in range(4)]
-    store.begin_generation(sid, 0, genomes, [genome_hash(g) for g in genomes])
-    rows = [store.record(candidate(g), Outcome.ok(f), TCH, sid) for g, f in zip(genomes, [0.5, 0.9, 0.7, 0.9])]
-    failed = store.record(candidate({"n": 9}), Outcome.failed("diverged"), TCH, sid)
-    store.record(candidate({"n": 5}), Outcome.ok(0.99), "other", sid)
-    top = store.search_top(sid, 3)
+    store.records.begin_generation(sid, 0, genomes, [genome_hash(g) for g in genomes])
+    rows = [store.records.record(candidate(g), Outcome.ok(f), TCH, sid) for g, f in zip(genomes, [0.5, 0.9, 0.7, 0.9])]
+    failed = store.records.record(candidate({"n": 9}), Outcome.failed("diverged"), TCH, sid)
+    store.records.record(candidate({"n": 5}), Outcome.ok(0.99), "other", sid)
+    top = store.records.search_top(sid, 3)
     assert [e.fitness for e in top] == [0.9, 0.9, 0.7] and top[0].genome_hash < top[1].genome_hash
-    store.set_test_accuracy(rows[2].id, 0.68)
-    assert store.lookup(genome_hash({"n": 2}), TCH).test_accuracy == 0.68
+    store.records.set_test_accuracy(rows[2].id, 0.68)
+    assert store.records.lookup(genome_hash({"n": 2}), TCH).test_accuracy == 0.68
     with pytest.raises(KeyError):
-        store.set_test_accuracy(failed.id, 0.1)
+        store.records.set_test_accuracy(failed.id, 0.1)
 
 
 def test_a_write_interrupted_in_process_is_rolled_back(store):
@@ -168,9 +206,9 @@ def test_a_write_interrupted_in_process_is_rolled_back(store):
 
     with pytest.raises(KeyboardInterrupt):
         store.db.write(interrupted)
-    assert store.search(sid).finished is None
-    store.finish_search(sid, {"evaluations": 0})  # the store still works
-    assert store.search(sid).summary == {"evaluations": 0}
+    assert store.records.search(sid).finished is None
+    store.records.finish_search(sid, {"evaluations": 0})  # the store still works
+    assert store.records.search(sid).summary == {"evaluations": 0}
 
 
 def test_a_process_killed_mid_transaction_leaves_no_row(tmp_path):
@@ -182,7 +220,7 @@ def test_a_process_killed_mid_transaction_leaves_no_row(tmp_path):
             " created) VALUES ('grid', '{}', '{}', 'f', 't', 'now')\"); os._exit(9)")
     assert subprocess.run([sys.executable, "-c", code, str(path)]).returncode == 9
     with Store(path) as store:
-        assert store.searches() == []
+        assert store.records.searches() == []
 
 
 def test_newer_schema_is_refused(tmp_path):
@@ -232,11 +270,11 @@ def test_format_search_shows_generations_counts_and_top(tmp_path):
         result = run_search(SearchConfig(sampler="ga", population=8, generations=3, top=3, remeasure=2), space, serial(fit),
                             store, TCH)
         best = result.top[0]
-        store.set_test_accuracy(store.lookup(best.genome_hash, TCH).id, 0.8765)
+        store.records.set_test_accuracy(store.records.lookup(best.genome_hash, TCH).id, 0.8765)
         text = format_search(store)
     assert text == format_search(tmp_path) == format_search(tmp_path / "search.db")
     with Store(tmp_path) as again:  # a folder means its search.db
-        assert again.path == tmp_path / "search.db" and len(again.searches()) == 1
+        assert again.path == tmp_path / "search.db" and len(again.records.searches()) == 1
     assert ("search 1: ga over space mlp (model mlp, 672 genomes), seed 0, population 8, 3 generations, "
             "the crowned re-measured with 2 more seeds") in text
     for gen in result.history:
@@ -277,13 +315,13 @@ def test_show_gives_a_running_search_its_live_counts_and_no_resume_hint(tmp_path
     with Store(tmp_path / "search.db") as store:
         sid = new_search(store)
         genomes = [{"a": i} for i in range(4)]
-        store.begin_generation(sid, 0, genomes, [genome_hash(g) for g in genomes])
-        store.enqueue(sid, "train", [(candidate(g), TCH) for g in genomes])
+        store.records.begin_generation(sid, 0, genomes, [genome_hash(g) for g in genomes])
+        store.queue.enqueue(sid, "train", [(candidate(g), TCH) for g in genomes])
         for worker, fitness in (("w1", 0.75), ("w2", None)):
-            task = store.claim(worker, [sid], lease=30, max_attempts=3)
+            task = store.queue.claim(worker, [sid], lease=30, max_attempts=3)
             outcome = Outcome.ok(fitness, worker=worker) if fitness else Outcome.failed("diverged", worker=worker)
-            store.complete(task, worker, outcome)
-        store.claim("w3", [sid], lease=30, max_attempts=3)
+            store.queue.complete(task, worker, outcome)
+        store.queue.claim("w3", [sid], lease=30, max_attempts=3)
         text = format_search(store)
     assert "running" in text and "--resume" not in text and "0 evaluations" not in text, text
     assert "so far: 2 training(s) done (1 failed), 1 in progress (w3), 1 waiting; best validation accuracy so far " \
@@ -295,12 +333,12 @@ def test_show_says_when_a_search_s_rows_come_from_more_than_one_provenance(tmp_p
             "data": "sha256:da7a"}
     with Store(tmp_path / "search.db") as store:
         sid = new_search(store)
-        store.record(candidate({"a": 1}), Outcome.ok(0.5, provenance=here), TCH, sid)
-        store.record(candidate({"a": 2}), Outcome.ok(0.5, provenance=here), TCH, sid)
+        store.records.record(candidate({"a": 1}), Outcome.ok(0.5, provenance=here), TCH, sid)
+        store.records.record(candidate({"a": 2}), Outcome.ok(0.5, provenance=here), TCH, sid)
         assert "provenance" not in format_search(store)  # one provenance: nothing to say
-        store.record(candidate({"a": 3}), Outcome.ok(0.5, provenance={**here, "host": "b", "data": "sha256:bad"}),
+        store.records.record(candidate({"a": 3}), Outcome.ok(0.5, provenance={**here, "host": "b", "data": "sha256:bad"}),
                      TCH, sid)
-        store.record(candidate({"a": 4}), Outcome.ok(0.5), TCH, sid)  # written before rows recorded it
+        store.records.record(candidate({"a": 4}), Outcome.ok(0.5), TCH, sid)  # written before rows recorded it
         text = format_search(store)
     assert ("its rows come from 3 provenances, which differ in data, host: 2 from data da7a, host a; 1 from data "
             "bad, host b; 1 from no record of it (rows written before towerlab kept one, or failed when their workers "

@@ -11,6 +11,7 @@ from towerlab import config
 from towerlab.training import checkpoint, optim, update
 from towerlab.config import TrainConfig
 from towerlab.data.load import load_dataset
+from towerlab.data.synthetic import SyntheticOptions
 from towerlab.distributed.group import Context
 from towerlab.training.step_kinds import STEP_KINDS
 from towerlab.training.strategies import STRATEGIES, Strategy
@@ -59,7 +60,7 @@ class AveragedAfterBackward(Strategy):
 
 @pytest.fixture(scope="module")
 def data():
-    return load_dataset("synthetic", val_size=200, synthetic_train=1200)  # 1,000 to train on: 10 steps an epoch
+    return load_dataset("synthetic", val_size=200, synthetic=SyntheticOptions(train=1200))  # 1,000 to train on: 10 steps an epoch
 
 
 # SGD with Nesterov momentum, weight decay, a linear schedule, BatchNorm's parameters on their own

@@ -29,7 +29,7 @@ def test_a_search_workers_time_is_split_into_its_parts_when_asked(tmp_path, monk
         assert parts["start"] > 0.0 and parts["data"] > 0.0 and parts["store"] > 0.0
         if record["tasks"]:
             assert parts["training"] > 0.0 and parts["build"] > 0.0 and parts["evaluation"] > 0.0
-        assert record["device"] == "cpu" and ":cpu:" in record["worker"]
+        assert record["device"] == "cpu" and record["worker"].split(":")[2] == "cpu"  # host:pid:device:token
 
 
 def test_nothing_is_measured_or_written_unless_asked(monkeypatch, tmp_path):
@@ -42,19 +42,24 @@ def test_nothing_is_measured_or_written_unless_asked(monkeypatch, tmp_path):
 
 
 def test_the_timed_store_times_claims_and_completions_and_passes_the_rest_through():
-    class Store:
-        path = "here"
-
+    class Queue:
         def claim(self, *args):
             return "task"
 
         def complete(self, *args):
             return True, None
 
-        def search(self, search_id):
-            return search_id
+        def tasks(self, search_id):
+            return [search_id]
+
+    class Store:
+        path = "here"
+        queue, records = Queue(), object()
 
     times = worker_times.WorkerTimes(None)
-    store = times.store(Store())
-    assert (store.claim("w"), store.complete("t"), store.search(3), store.path) == ("task", (True, None), 3, "here")
+    plain = Store()
+    store = times.store(plain)
+    assert (store.queue.claim("w"), store.queue.complete("t"), store.queue.tasks(3), store.path) == \
+        ("task", (True, None), [3], "here")
+    assert store.records is plain.records and plain.queue.claim("w") == "task"
     assert times.seconds["store"] > 0.0 and times.first_claim is not None

@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional, Union
 
-from towerlab.config import ARRAYS_DATASET, CUSTOM_MODEL
+from towerlab.config import CUSTOM_MODEL
+from towerlab.checks import ARRAYS_DATASET
 from towerlab.fields import replace
 from towerlab.distributed.signals import EXIT_SIGINT, EXIT_SIGTERM, Interrupted
 from towerlab.data.load import DataGiven, Dataset
@@ -187,7 +188,8 @@ def search(space: str | os.PathLike | dict | None = None, data: str | os.PathLik
 def _search(kind: str, space: str | os.PathLike | dict | None, data: DataGiven, validation: tuple | None,
             test: tuple | None, model: str | Callable | None, config: ConfigGiven, options: dict) -> SearchRun:
     from towerlab.jobs.job import resolved_run
-    from towerlab.jobs.search import search_out, start_search
+    from towerlab.jobs.search import start_search
+    from towerlab.jobs.search_place import search_out
     from towerlab.settings import resolve_search
 
     options = dict(options)

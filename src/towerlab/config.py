@@ -3,25 +3,25 @@
 One dataclass per concern: `TrainConfig` holds what changes the numbers (the searchable
 hyperparameters), `RunConfig` holds where and how the run happens (devices, paths, logging).
 Every field carries its help text; the CLI flags are generated from the fields, so a flag and
-a config key cannot drift apart.
+a config key cannot drift apart. The checks they share (finite numbers, paths, seeds, choices, what a
+dataset's name means) are `towerlab.checks`.
 
-It is over 350 lines because each config's help texts are its documentation of every flag, and the
-checks of finite numbers, paths, seeds and choices are shared by all three; split by config, the
-search's would import the training's private checks, and the flags would no longer be read in one place.
+It is over 350 lines because each config's help texts are its documentation of every flag: split by
+config, the flags would no longer be read in one place.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
-import os
 from dataclasses import dataclass, field
-from typing import Any, Collection, Optional
+from typing import Any, Optional
 
 from towerlab.catalog import datasets
 from towerlab.catalog.datasets import parse_image_size
-from towerlab.errors import UserError, did_you_mean
-from towerlab.fields import Dataclass, base_type, field_default
+from towerlab.checks import (check_choice, check_dataset, check_finite, check_finite_number, check_path,
+                             check_paths, check_positive, check_seed, is_image_folder, parse_shape)
+from towerlab.errors import UserError
+from towerlab.fields import field_default
 from towerlab.catalog.models import CATALOG as MODEL_CATALOG
 
 # The model catalog (towerlab.catalog.models, no torch) is read live: a model added to it is a --model choice.
@@ -35,102 +35,14 @@ PRECISIONS = ("fp32", "bf16")
 TTA = ("none", "flip", "flip-translate")
 PRUNE_PLACES = ("all", "new")  # whom a pruned rung's places are counted over: every member, or those still to train
 DEVICE_KINDS = ("auto", "cpu", "cuda")
-# A network given from Python (an nn.Module or a factory of one: towerlab.api.train(model=...)), and
-# images given from Python as arrays (towerlab.api.train(data=(x, y))): names a config records for them.
+# A network given from Python (an nn.Module or a factory of one: towerlab.api.train(model=...)): the model
+# name a config records for it (towerlab.checks.ARRAYS_DATASET is images given so).
 CUSTOM_MODEL = "custom"
-ARRAYS_DATASET = "arrays"
-
-
-# Seeds reach torch's generators as seed + epoch, which take at most 2**64 - 1.
-MAX_SEED = 2**63 - 1
 MIN_TIMEOUT, MAX_TIMEOUT = 5.0, 7 * 24 * 3600.0  # seconds
 
 
 def _opt(default: Any, help: str, **meta: Any) -> Any:
     return field(default=default, metadata={"help": help, **meta})
-
-
-def _check_finite(cfg: Dataclass) -> None:
-    """Every number of a float field is finite: nan and inf pass every `<` and `<=` check unnoticed
-    (nan) or mean nothing (an infinite learning rate, timeout or decay)."""
-    for f in dataclasses.fields(cfg):
-        value = getattr(cfg, f.name)
-        if not isinstance(value, (int, float)) or isinstance(value, bool) or base_type(f.type)[0] is not float:
-            continue
-        _check_finite_number(f.metadata.get("flag", f.name.replace("_", "-")), value)
-
-
-def _check_finite_number(flag: str, value: float) -> None:
-    try:
-        finite = math.isfinite(value)
-    except OverflowError:  # an int beyond every float
-        finite = False
-    if not finite:
-        raise UserError(f"--{flag} must be a finite number, got {value}")
-
-
-def _check_path(flag: str, path: str) -> None:
-    """A path option given as an empty string (an unset shell variable: `--out "$OUT"`) is refused,
-    not read as "the current folder" or "the default"; so is a name longer than Linux allows."""
-    if not path.strip():
-        raise UserError(f"{flag} is empty: give a path, or leave the flag out")
-    if len(os.fsencode(path)) >= 4096 or any(len(os.fsencode(part)) > 255 for part in path.split(os.sep)):
-        raise UserError(f"{flag} is too long a path (at most 255 bytes a name, 4095 in all)")
-
-
-def _check_paths(cfg: Dataclass, *names: str) -> None:
-    for name in names:
-        if getattr(cfg, name) is not None:
-            _check_path("--" + name.replace("_", "-"), getattr(cfg, name))
-
-
-def _check_seed(value: int) -> None:
-    if not 0 <= value <= MAX_SEED:
-        raise UserError(f"--seed must be between 0 and {MAX_SEED} (2**63 - 1), got {value}")
-
-
-def _check_choice(name: str, value: str, choices: Collection[str]) -> None:
-    if value not in choices:
-        raise UserError(f"unknown {name} {value!r}{did_you_mean(value, choices)}: choose one of {', '.join(choices)}")
-
-
-def is_custom_dataset(name: str) -> bool:
-    """A dataset named by the path of an .npz file rather than by a name of the catalog."""
-    return name.lower().endswith(".npz")
-
-
-def is_image_folder(name: str) -> bool:
-    """A dataset named by the path of a folder of images (PATH/): a name ending in a slash, or a
-    folder that is neither a catalog name nor an .npz (a catalog name wins: `mnist/` names a folder)."""
-    if name.endswith(("/", os.sep)):
-        return True
-    return not is_custom_dataset(name) and name not in datasets.CATALOG and name != ARRAYS_DATASET \
-        and os.path.isdir(os.path.expanduser(name))
-
-
-def dataset_label(name: str) -> str:
-    """A short name for folder names and titles: the file's stem for a custom dataset, the folder's
-    name for an image folder."""
-    if is_image_folder(name):
-        return os.path.basename(os.path.normpath(name))
-    return os.path.splitext(os.path.basename(name))[0] if is_custom_dataset(name) else name
-
-
-def check_dataset(name: str) -> str:
-    """The dataset as stored in a config: a known name, or a custom .npz or an image folder made
-    absolute (so a resumed run or a torchrun worker started elsewhere reads the same data; a folder
-    keeps a final slash, which names it a folder wherever the path is read)."""
-    if is_custom_dataset(name):
-        _check_path("--dataset", name)
-        return os.path.abspath(os.path.expanduser(name))
-    if is_image_folder(name):
-        _check_path("--dataset", name)
-        return os.path.join(os.path.abspath(os.path.expanduser(name)), "")
-    if name not in datasets.CATALOG and name != ARRAYS_DATASET:
-        raise UserError(f"unknown dataset {name!r}{did_you_mean(name, datasets.names())}: choose one of "
-                        f"{', '.join(datasets.names())}, or give the path of your own .npz (x_train, y_train, x_test, "
-                        "y_test) or of a folder of images (PATH/<class>/*.jpg)")
-    return name
 
 
 def _check_folder_options(cfg: TrainConfig | SearchConfig) -> None:
@@ -142,22 +54,6 @@ def _check_folder_options(cfg: TrainConfig | SearchConfig) -> None:
         raise UserError(f"--image-size and --test-size say how an image folder (PATH/) is read; {cfg.dataset} is none")
 
 
-def _check_positive(name: str, value: float | int | None, *, allow_none: bool = False) -> None:
-    if value is None and allow_none:
-        return
-    if value is None or value <= 0:
-        raise UserError(f"--{name.replace('_', '-')} must be positive, got {value}")
-
-
-def parse_shape(text: str) -> tuple[int, int, int]:
-    """'3x32x32' -> (3, 32, 32)."""
-    try:
-        shape = tuple(int(part) for part in text.lower().split("x"))
-    except ValueError:
-        shape = ()
-    if len(shape) != 3 or min(shape) < 1 or shape[0] > 4:
-        raise UserError(f"--synthetic-shape must look like 1x28x28 or 3x32x32 (CxHxW), got {text!r}")
-    return shape
 
 
 IMAGE_SIZE_HELP = ("image folder only: the size HxW every image is scaled to cover and cropped to about its centre "
@@ -240,23 +136,23 @@ class TrainConfig:
     eval_every: int = _opt(0, "evaluate on validation every N steps as well as each epoch (0: epochs only)")
 
     def __post_init__(self) -> None:
-        _check_finite(self)
-        _check_seed(self.seed)
+        check_finite(self)
+        check_seed(self.seed)
         if self.model != CUSTOM_MODEL:
-            _check_choice("model", self.model, MODELS)
+            check_choice("model", self.model, MODELS)
         object.__setattr__(self, "dataset", check_dataset(self.dataset))
         _check_folder_options(self)
-        _check_choice("optimizer", self.optimizer, OPTIMIZERS)
-        _check_choice("schedule", self.schedule, SCHEDULES)
-        _check_choice("precision", self.precision, PRECISIONS)
-        _check_choice("tta", self.tta, TTA)
+        check_choice("optimizer", self.optimizer, OPTIMIZERS)
+        check_choice("schedule", self.schedule, SCHEDULES)
+        check_choice("precision", self.precision, PRECISIONS)
+        check_choice("tta", self.tta, TTA)
         parse_shape(self.synthetic_shape)
-        _check_positive("synthetic_train", self.synthetic_train)
-        _check_positive("batch_size", self.batch_size)
-        _check_positive("epochs", self.epochs)
-        _check_positive("steps", self.steps, allow_none=True)
-        _check_positive("lr", self.lr)
-        _check_positive("patience", self.patience, allow_none=True)
+        check_positive("synthetic_train", self.synthetic_train)
+        check_positive("batch_size", self.batch_size)
+        check_positive("epochs", self.epochs)
+        check_positive("steps", self.steps, allow_none=True)
+        check_positive("lr", self.lr)
+        check_positive("patience", self.patience, allow_none=True)
         if self.val_size < 0:
             raise UserError(f"--val-size must be 0 or more, got {self.val_size}")
         if self.eval_every < 0:
@@ -276,7 +172,7 @@ class TrainConfig:
             raise UserError(f"--momentum must be in [0, 1), got {self.momentum}")
         if self.nesterov and (self.optimizer not in ("sgd", "muon") or self.momentum == 0):
             raise UserError("--nesterov needs --optimizer sgd (or muon) and a --momentum above 0")
-        _check_positive("muon_lr", self.muon_lr)
+        check_positive("muon_lr", self.muon_lr)
         if not 0.0 <= self.muon_momentum < 1.0:
             raise UserError(f"--muon-momentum must be in [0, 1), got {self.muon_momentum}")
         if not 1 <= self.muon_ns_steps < 100:  # torch.optim.Muon refuses 100 and more
@@ -288,7 +184,7 @@ class TrainConfig:
                 raise UserError("--warmup needs --schedule onecycle or linear")
             if not 0.0 <= self.warmup < 1.0:
                 raise UserError(f"--warmup is a fraction of the steps in [0, 1), got {self.warmup}")
-        _check_positive("norm_lr_scale", self.norm_lr_scale)
+        check_positive("norm_lr_scale", self.norm_lr_scale)
         if self.lookahead < 0:
             raise UserError(f"--lookahead must be 0 (off) or a number of steps, got {self.lookahead}")
         if not 0.0 <= self.lookahead_decay <= 1.0:
@@ -338,28 +234,25 @@ class RunConfig:
                           "a training prints a progress line after 30 s without a line)", resume="free")
 
     def __post_init__(self) -> None:
-        _check_finite(self)
-        _check_paths(self, "out", "resume", "data_dir")
-        _check_choice("strategy", self.strategy, STRATEGIES)
-        _check_choice("input", self.input, INPUTS)
-        _check_choice("step", self.step, STEPS)
-        _check_choice("device", self.device, DEVICE_KINDS)
+        check_finite(self)
+        check_paths(self, "out", "resume", "data_dir")
+        check_choice("strategy", self.strategy, STRATEGIES)
+        check_choice("input", self.input, INPUTS)
+        check_choice("step", self.step, STEPS)
+        check_choice("device", self.device, DEVICE_KINDS)
         if self.preset is not None:
             from towerlab.presets import get
 
             get(self.preset)
         if self.devices is not None and self.devices < 1:
             raise UserError(f"--devices must be at least 1, got {self.devices}")
-        _check_positive("display_step", self.display_step)
-        _check_positive("threads", self.threads, allow_none=True)
+        check_positive("display_step", self.display_step)
+        check_positive("threads", self.threads, allow_none=True)
         if not MIN_TIMEOUT <= self.timeout <= MAX_TIMEOUT:
             raise UserError(f"--timeout must be between {MIN_TIMEOUT:g} seconds (replicas wait for each other at "
                             f"every evaluation and checkpoint) and {MAX_TIMEOUT:g} (a week), got {self.timeout}")
 
 
-def check_fraction(name: str, value: float) -> None:
-    if not 0.0 <= value <= 1.0:
-        raise UserError(f"--{name.replace('_', '-')} is a probability in [0, 1], got {value}")
 
 
 # A generation is held in memory and recorded as one row of the search store; a grid is one generation.
@@ -380,7 +273,7 @@ class SamplerSettings:
     A subclass checks its invariants in `check` (a UserError naming the flag)."""
 
     def __post_init__(self) -> None:
-        _check_finite(self)
+        check_finite(self)
         self.check()
 
     def check(self) -> None:
@@ -448,23 +341,23 @@ class SearchConfig:
         self.__post_init__()
 
     def __post_init__(self) -> None:
-        _check_finite(self)
+        check_finite(self)
         for name, value in self.settings.items():  # their samplers check the rest; nan passes every check unnoticed
             if isinstance(value, (int, float)) and not isinstance(value, bool):
-                _check_finite_number(name.replace("_", "-"), value)
-        _check_seed(self.seed)
-        _check_paths(self, "store")
+                check_finite_number(name.replace("_", "-"), value)
+        check_seed(self.seed)
+        check_paths(self, "store")
         if not self.space.lstrip().startswith("{"):  # a space given as JSON text is no path
-            _check_path("--space", self.space)
+            check_path("--space", self.space)
         object.__setattr__(self, "dataset", check_dataset(self.dataset))
         _check_folder_options(self)
         check_members("population", self.population)
         if self.population is not None and self.population < 2:
             raise UserError(f"--population must be at least 2, got {self.population}")
         for name in ("generations", "max_epochs", "patience", "top", "workers_per_device"):
-            _check_positive(name, getattr(self, name))
+            check_positive(name, getattr(self, name))
         for name in ("batch_size", "max_evaluations", "min_epochs"):
-            _check_positive(name, getattr(self, name), allow_none=True)
+            check_positive(name, getattr(self, name), allow_none=True)
         if self.val_size <= 0:
             raise UserError("--val-size must be positive: the fitness is validation accuracy")
         if self.remeasure is not None and not 0 <= self.remeasure <= MAX_REMEASURE:
@@ -474,7 +367,7 @@ class SearchConfig:
                             "the first rung trains less than the last")
         if self.prune_factor < 2:
             raise UserError(f"--prune-factor must be at least 2, got {self.prune_factor}")
-        _check_choice("--prune-places", self.prune_places, PRUNE_PLACES)
+        check_choice("--prune-places", self.prune_places, PRUNE_PLACES)
         if self.min_epochs is None and self.prune_places != "all":
             raise UserError(f"--prune-places {self.prune_places} does nothing without --min-epochs: "
                             "the search is not pruned (add --min-epochs, or drop --prune-places)")

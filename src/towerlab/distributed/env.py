@@ -10,6 +10,7 @@ import os
 import platform
 from typing import TYPE_CHECKING
 
+from towerlab.checks import env_number
 from towerlab.errors import UserError
 
 if TYPE_CHECKING:
@@ -19,17 +20,8 @@ if TYPE_CHECKING:
 
 
 def _env_int(name: str, default: int, low: int = 0) -> int:
-    text = os.environ.get(name, "").strip()
-    if not text:
-        return default
-    try:
-        value = int(text)
-    except ValueError:
-        value = low - 1
-    if value < low:
-        raise UserError(f"environment variable {name}={text!r} is not a whole number >= {low}: torchrun sets it; "
-                        "start under torchrun, or unset it")
-    return value
+    return env_number(name, default, lambda value: value >= low, f"environment variable {name}={{text}} is not a "
+                      f"whole number >= {low}: torchrun sets it; start under torchrun, or unset it")
 
 
 def torchrun_variables_set() -> bool:

@@ -79,8 +79,7 @@ def _torchrun_store(timeout: float) -> Any:
 
     torchrun's agent keeps one store for every restart of a worker group (its shared rendezvous
     store): without the prefix a restarted group reads the keys of the attempt before, and gloo
-    connects to the dead workers' addresses ("Connection refused", pytorch/pytorch#167288), or the
-    search's pool takes old results for new tasks.
+    connects to the dead workers' addresses ("Connection refused", pytorch/pytorch#167288).
     """
     store, _rank, _world_size = next(dist.rendezvous("env://", timeout=timedelta(seconds=timeout)))
     return dist.PrefixStore(f"towerlab/attempt{torchrun_restart()[1]}", store)

@@ -20,6 +20,7 @@ import tempfile
 import threading
 import time
 import traceback
+from dataclasses import dataclass
 from multiprocessing.connection import wait
 from pathlib import Path
 from typing import Any, Callable
@@ -128,25 +129,35 @@ def sweep_rendezvous() -> None:
             shutil.rmtree(folder, ignore_errors=True)
 
 
-def launch(fn: Callable[..., None], world_size: int, args: tuple = (), *, grace: float = 20.0,
-           log: Callable[[str], None] | None = None, hint: Callable[[], str] | None = None,
-           essential: set[int] | None = None, start_method: str = "spawn", timeout: float | None = None,
-           name: Callable[[int], str] | None = None) -> int:
-    """Run `fn(rank, world_size, store_path, *args)` in `world_size` fresh processes.
+@dataclass(frozen=True)
+class LaunchOptions:
+    """How `launch` runs its processes. When one worker dies, the others get `grace` seconds to stop on
+    their own (they usually fail at once on the broken collective), then are terminated; `log` hears
+    what happened (None: stderr) and `hint()` says how to continue after a failure. With `essential`
+    given, only the failure of those ranks stops the job; the others' deaths are logged and the job goes
+    on (the search hands their work to someone else). `start_method` is "spawn" (fresh interpreters:
+    `fn` and `args` must pickle) or "fork" (see `start_method_for`). With `timeout`, a process whose
+    heartbeat is older than that (stopped, or hung) is killed and named as the cause, exactly as if it
+    had died. `name(rank)` is what messages call a rank (None: "replica rank N")."""
+
+    grace: float = 20.0
+    log: Callable[[str], None] | None = None
+    hint: Callable[[], str] | None = None
+    essential: set[int] | None = None
+    start_method: str = "spawn"
+    timeout: float | None = None
+    name: Callable[[int], str] | None = None
+
+
+def launch(fn: Callable[..., None], world_size: int, args: tuple = (), options: LaunchOptions = LaunchOptions()) -> int:
+    """Run `fn(rank, world_size, store_path, *args)` in `world_size` fresh processes, as `options` say.
 
     Returns the job's exit status, or raises the UserError of the worker that failed first with one
-    (whichever its rank). When one worker dies, the others get `grace` seconds to stop on
-    their own (they usually fail at once on the broken collective), then are terminated. SIGINT and
-    SIGTERM are passed on to the workers, which save a checkpoint and exit 130 / 143. The workers die
-    with the launcher, however it dies. `hint()` says how to continue after a failure.
-    With `essential` given, only the failure of those ranks stops the job; the others' deaths are
-    logged and the job goes on (the search hands their work to someone else).
-    `start_method` is "spawn" (fresh interpreters: `fn` and `args` must pickle) or "fork" (see
-    `start_method_for`). With `timeout`, a process whose heartbeat is older than that (stopped, or
-    hung) is killed and named as the cause, exactly as if it had died. `name(rank)` is what messages
-    call a rank.
+    (whichever its rank). SIGINT and SIGTERM are passed on to the workers, which save a checkpoint and
+    exit 130 / 143. The workers die with the launcher, however it dies.
     """
-    log = log or (lambda line: print(line, file=sys.stderr, flush=True))
+    log = options.log or (lambda line: print(line, file=sys.stderr, flush=True))
+    start_method = options.start_method
     sweep_rendezvous()
     rdzv = tempfile.mkdtemp(prefix=f"{RDZV_PREFIX}{os.getpid()}-")
     store_path = os.path.join(rdzv, "store")
@@ -170,10 +181,9 @@ def launch(fn: Callable[..., None], world_size: int, args: tuple = (), *, grace:
                 starter.start(p)
         else:
             start_spawned(procs)
-        watch = _Heartbeats(beats, timeout) if timeout is not None else None
-        status = _monitor(procs, grace, log, received, hint, essential, watch,
-                          name or (lambda rank: f"replica rank {rank}"))
-        error = first_user_error(rdzv, essential) if status == EXIT_USER_ERROR else None
+        watch = _Heartbeats(beats, options.timeout) if options.timeout is not None else None
+        status = _monitor(procs, options, received, watch, log, options.name or (lambda rank: f"replica rank {rank}"))
+        error = first_user_error(rdzv, options.essential) if status == EXIT_USER_ERROR else None
         if error is not None:
             raise UserError(error)
         return status
@@ -298,9 +308,9 @@ class _Heartbeats:
 HUNG = "hung"  # a failure that is a process which stopped answering, not an exit status
 
 
-def _monitor(procs: list, grace: float, log: Callable[[str], None], received: list[int],
-             hint: Callable[[], str] | None, essential: set[int] | None, watch: _Heartbeats | None,
-             name: Callable[[int], str]) -> int:
+def _monitor(procs: list, options: LaunchOptions, received: list[int], watch: _Heartbeats | None,
+             log: Callable[[str], None], name: Callable[[int], str]) -> int:
+    grace, hint, essential = options.grace, options.hint, options.essential
     failures: dict[int, int | str] = {}  # rank -> exit code (or HUNG), in the order seen
     silent: dict[int, float] = {}  # rank -> seconds without a heartbeat, when it was found hung
     ended_here: set[int] = set()

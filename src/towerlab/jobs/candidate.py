@@ -21,7 +21,8 @@ from typing import Callable, Optional, Union
 
 import torch
 
-from towerlab.config import ARRAYS_DATASET, CUSTOM_MODEL, SearchConfig, TrainConfig, is_custom_dataset, is_image_folder
+from towerlab.config import CUSTOM_MODEL, SearchConfig, TrainConfig
+from towerlab.checks import ARRAYS_DATASET, is_custom_dataset, is_image_folder
 from towerlab.fields import to_flags
 from towerlab.data.load import Dataset, fingerprint
 from towerlab.distributed.env import device_name
@@ -63,7 +64,7 @@ def recipe(model: str, optimizer: str | None = None) -> dict:
     return settings
 
 
-def training_settings(cfg: SearchConfig, device_type: str, threads: int, source: dict | None = None,
+def training_settings(cfg: SearchConfig, device_type: str, threads: Optional[int], source: dict | None = None,
                       model: Optional[CandidateModel] = None, data_digest: Optional[str] = None) -> dict:
     """Everything besides the genome and the seed that decides a candidate's fitness: the search's
     settings, and the numerics of its workers that the search chooses (the device kind, and on a CPU
@@ -109,7 +110,7 @@ def function_identity(function: Callable) -> str:
     return f"{name}:{hashlib.sha256(text.encode()).hexdigest()}"
 
 
-def train_config_hash(cfg: SearchConfig, device_type: str, threads: int, source: dict | None = None,
+def train_config_hash(cfg: SearchConfig, device_type: str, threads: Optional[int], source: dict | None = None,
                       model: Optional[CandidateModel] = None, data_digest: Optional[str] = None) -> str:
     """`device_type`, `threads`: the workers' device kind and CPU threads per candidate; `source`: the
     data's (`Dataset.source`), needed for arrays given from Python; `model`: a model function of
@@ -176,12 +177,12 @@ def network(model: CandidateModel, genome: dict, input_shape: tuple[int, int, in
 
 
 def train_candidate(cfg: SearchConfig, model: CandidateModel, genome: dict, seed: int, data: Dataset,
-                    device: torch.device, *, test: bool = False, stop: StopFlag | None = None,
-                    max_epochs: int | None = None,
-                    test_if: Callable[[Optional[float]], bool] | None = None) -> tuple[dict, Optional[TrainResult]]:
+                    device: torch.device, *, test: bool | Callable[[Optional[float]], bool] = False,
+                    stop: StopFlag | None = None, max_epochs: int | None = None) -> tuple[dict, Optional[TrainResult]]:
     """Train one genome on this process's device. Returns (the outcome's fields, the TrainResult);
     a candidate that diverges or runs out of memory is a failure with its reason, not a crash. Its
-    test accuracy is among the fields when `test`, or when `test_if` holds for its validation accuracy."""
+    test accuracy is among the fields where `test` is True, or a function that holds for its validation
+    accuracy (a worker asks whether the network enters its search's top)."""
     started = time.perf_counter()
     numbers: Optional[dict] = None
     reason: Optional[str]
@@ -194,7 +195,8 @@ def train_candidate(cfg: SearchConfig, model: CandidateModel, genome: dict, seed
             if callable(model) else None
         check_setup(train_cfg, 1, data, source)
         result = train(train_cfg, Context(device=device), data,
-                       LoopOptions(test=test, test_if=_asked(test_if), stop=stop, setup_apart=False), source=source)
+                       LoopOptions(test=test is True, test_if=_asked(test) if callable(test) else None, stop=stop,
+                                   setup_apart=False), source=source)
     except Interrupted:
         raise
     except _NotTheCandidates as exc:  # the caller's own question failed (its store out of reach): not the network
@@ -221,19 +223,17 @@ def train_candidate(cfg: SearchConfig, model: CandidateModel, genome: dict, seed
 
 
 class _NotTheCandidates(Exception):
-    """What the caller's `test_if` raised, carried past the candidate's own failures."""
+    """What the caller's `test` function raised, carried past the candidate's own failures."""
 
     def __init__(self, error: BaseException) -> None:
         super().__init__(str(error))
         self.error = error
 
 
-def _asked(test_if: Callable[[Optional[float]], bool] | None) -> Callable[[Optional[float]], bool] | None:
+def _asked(test_if: Callable[[Optional[float]], bool]) -> Callable[[Optional[float]], bool]:
     """`test_if`, whose failure is never the network's: a worker asks its store there, and a store out
     of reach must stop the worker (its task goes back on the queue), not be recorded as a failed
     network (it was, with "lost the search store's database" as the reason)."""
-    if test_if is None:
-        return None
 
     def asked(val_accuracy: Optional[float]) -> bool:
         try:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol
 
-from towerlab.config import RunConfig, SearchConfig, parse_shape
+from towerlab.config import RunConfig, SearchConfig
 from towerlab.distributed.group import Context, barrier, broadcast_object
 from towerlab.errors import UserError
 from towerlab.report import discard_line, stderr_line
@@ -15,6 +15,7 @@ from towerlab.report import discard_line, stderr_line
 if TYPE_CHECKING:
     from towerlab.data.folders import FolderOptions
     from towerlab.data.load import Dataset
+    from towerlab.data.synthetic import SyntheticOptions
 
 
 class Loader(Protocol):
@@ -24,28 +25,24 @@ class Loader(Protocol):
                  log: Callable[[str], None]) -> Dataset: ...
 
 
-def load_data(dataset: str, val_size: int, run: RunConfig, *, synthetic_shape: str | None = None,
-              synthetic_train: int | None = None, folder: FolderOptions | None = None, download: bool = True,
-              log: Callable[[str], None] = stderr_line, allow_fallback: bool = True,
-              fallback_only: bool = False) -> Dataset:
+def load_data(dataset: str, val_size: int, run: RunConfig, *, synthetic: SyntheticOptions | None = None,
+              folder: FolderOptions | None = None, download: bool = True, log: Callable[[str], None] = stderr_line,
+              allow_fallback: bool = True, fallback_only: bool = False) -> Dataset:
     """`dataset` with `val_size` validation images, as `run` finds it (downloading only where both
-    `download` and --download allow); `synthetic_shape` ("CxHxW") and `synthetic_train` size the
-    synthetic set (None: `data.load_dataset`'s own); `folder`: how an image folder is read;
-    `fallback_only`: the offline fallback without looking further (another rank fell back)."""
+    `download` and --download allow); `synthetic`: the synthetic set's size (None: `data.load_dataset`'s
+    own); `folder`: how an image folder is read; `fallback_only`: the offline fallback without looking
+    further (another rank fell back)."""
     from towerlab.data.load import load_dataset, load_fallback
 
     if fallback_only:
         return load_fallback(val_size, log, reason="the job's first process fell back to it")
-    synthetic: dict = {}
-    if synthetic_shape is not None:
-        synthetic["synthetic_shape"] = parse_shape(synthetic_shape)
-    if synthetic_train is not None:
-        synthetic.update(synthetic_train=synthetic_train, synthetic_test=max(1, synthetic_train // 6))
-    # The synthetic set is one fixed dataset (seed 0): the run's seed varies the training, not the data.
+    options: dict = {}
+    if synthetic is not None:
+        options["synthetic"] = synthetic
     if folder is not None:
-        synthetic["folder"] = folder
+        options["folder"] = folder
     return load_dataset(dataset, run.data_dir, val_size, download=download and run.download,
-                        allow_fallback=allow_fallback, seed=0, log=log, **synthetic)
+                        allow_fallback=allow_fallback, log=log, **options)
 
 
 def search_data(cfg: SearchConfig, run: RunConfig, **loading: Any) -> Dataset:

@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 from towerlab.config import RunConfig
 from towerlab.distributed.env import device_type, resolve_devices, torchrun_ranks, torchrun_restart, under_torchrun
-from towerlab.distributed.launch import launch
+from towerlab.distributed.launch import LaunchOptions, launch
 from towerlab.distributed.signals import EXIT_SIGPIPE, EXIT_STOPPED, Interrupted
 from towerlab.errors import UserError
 from towerlab.fields import replace
@@ -88,8 +88,9 @@ def start_job(job: Job) -> int:
             if job.processes == 1 or under_torchrun():
                 status = job.run_here()
             else:
-                status = launch(job.worker, job.processes, job.preflight(), essential=job.essential, hint=job.hint,
-                                start_method=job.start_method, timeout=job.timeout, name=job.name)
+                status = launch(job.worker, job.processes, job.preflight(),
+                                LaunchOptions(essential=job.essential, hint=job.hint, start_method=job.start_method,
+                                              timeout=job.timeout, name=job.name))
         except Interrupted as exc:
             _how_to_continue(folder, job, exc.exit_status)
             raise

@@ -21,7 +21,8 @@ import torch
 import torch.nn.functional as F
 
 from towerlab import atomic
-from towerlab.config import CUSTOM_MODEL, RunConfig, TrainConfig, is_image_folder
+from towerlab.config import CUSTOM_MODEL, RunConfig, TrainConfig
+from towerlab.checks import is_image_folder
 from towerlab.fields import from_dict, replace
 from towerlab.errors import UserError
 from towerlab.jobs.provenance import read_config

@@ -5,25 +5,22 @@ finished, whoever else joins (`towerlab search worker`), then its record written
 The job's own process trains nothing: it starts the workers (`distributed.crew.Crew`, one per device
 and `--workers-per-device`), replaces one that dies (its task goes back on the queue at once), follows
 the store for the console, and writes the record. Under torchrun, each rank is a worker and rank 0
-writes the record (the ranks agree on the store at the start, then need each other no more).
+writes the record (the ranks agree on the store at the start, then need each other no more). Where its
+folder and its store are is `search_place`'s.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
 import signal
 import time
 from dataclasses import dataclass
-from datetime import datetime
-from pathlib import Path
 from typing import Any, Optional
 
 import torch
 
 from towerlab import atomic
-from towerlab.config import CUSTOM_MODEL, RunConfig, SearchConfig, dataset_label
+from towerlab.config import CUSTOM_MODEL, RunConfig, SearchConfig
 from towerlab.distributed.crew import Crew, CrewFailed
 from towerlab.distributed.env import (check_capacity, search_threads, search_workers, torchrun_ranks, under_torchrun)
 from towerlab.distributed.group import broadcast_object, session
@@ -35,9 +32,11 @@ from towerlab.jobs.candidate import TRAINING_GENES, CandidateModel, model_functi
 from towerlab.jobs.folder import check_writable_file
 from towerlab.jobs.handover import handover, load_everywhere, search_data
 from towerlab.jobs.identity import VERSIONS, data_difference, identity, short, version_difference, versions
-from towerlab.jobs.job import Job, require_out_under_torchrun, resolved_run, restarted_by_torchrun, start_job
+from towerlab.jobs.job import Job, require_out_under_torchrun, resolved_run, start_job
 from towerlab.jobs.provenance import write_config
-from towerlab.jobs.search_record import Watch, export_best, write_record
+from towerlab.jobs.search_place import (open_store, recorded_store, restarted, search_out, store_target,
+                                       store_token, stored_search_id)
+from towerlab.jobs.search_record import RecordOptions, Watch, export_best, write_record
 from towerlab.jobs.search_workers import FROM_PYTHON, WorkerSpec, run_worker, warm_up, work, worker_name
 from towerlab.catalog.models import not_taken
 from towerlab.data.digest import content_digest
@@ -45,7 +44,7 @@ from towerlab.data.load import Dataset
 from towerlab.models.custom import ModelFunction, function_file
 from towerlab.report import Reporter, format_plan
 from towerlab.search import Search, Space, load_space, refuse_unused_settings
-from towerlab.search.location import STORE_ENV, is_url, redacted, store_location, with_password
+from towerlab.search.location import is_url
 from towerlab.search.queue import lease_seconds, release_the_dead
 from towerlab.search.show import records_of
 from towerlab.search.store import STORE_NAME, Store
@@ -63,19 +62,6 @@ def check_settings(cfg: SearchConfig, run: RunConfig) -> Search:
     if run.resume is None:  # a search started before this check keeps what it recorded
         refuse_unused_settings(cfg)
     return search
-
-
-def store_target(cfg: SearchConfig, out: Path) -> str:
-    """What the search's store is: --store (a file, or a postgresql:// URL), else $TOWERLAB_STORE,
-    else the search folder's search.db. A recorded URL has no password (see `recorded_store`): where
-    $TOWERLAB_STORE is that same URL with one, it is taken from there."""
-    given = cfg.store or os.environ.get(STORE_ENV, "").strip() or None
-    return str(out / STORE_NAME) if given is None else with_password(store_location(given))
-
-
-def recorded_store(target: str) -> str:
-    """The store as config.json and the store record it: a URL without its password."""
-    return redacted(target) if is_url(target) else target
 
 
 def start_search(kind: str, cfg: SearchConfig, run: RunConfig, *, data: Optional[Dataset] = None,
@@ -96,14 +82,17 @@ def start_search(kind: str, cfg: SearchConfig, run: RunConfig, *, data: Optional
     if not under_torchrun():
         run = replace(run, devices=search_workers(run.devices, run.device))
     run = resolved_run(run)
-    if run.resume is None and _restarted_by_torchrun(out, kind, search.cfg):
+    if run.resume is None and restarted(out, kind, search.cfg):
         run = replace(run, resume=str(out))  # torchrun restarted this job's workers: continue the search
-    workers = 1 if under_torchrun() else run.devices * search.cfg.workers_per_device
+    workers = 1
     if not under_torchrun():
+        assert run.devices is not None, "resolved_run resolves --devices"
+        workers = run.devices * search.cfg.workers_per_device
         # Recorded as resolved: a resume trains its candidates with as many threads.
-        run = replace(run, threads=search_threads(run.threads, run.device, workers))
-        check_capacity(workers, run.threads, f"--devices {run.devices} x --workers-per-device "
-                                             f"{search.cfg.workers_per_device}")
+        threads = search_threads(run.threads, run.device, workers)
+        run = replace(run, threads=threads)
+        check_capacity(workers, threads, f"--devices {run.devices} x --workers-per-device "
+                                         f"{search.cfg.workers_per_device}")
     return start_job(SearchJob(out=out, resume=run.resume is not None, kind=kind, search=search, run=run,
                                target=target, data=data, function=function, workers=workers,
                                start_method=start_method or start_method_for(run.device)))
@@ -128,9 +117,9 @@ class SearchJob(Job):
         warming = warm_up() if self.start_method == "fork" else None  # joined before the workers fork
         # A database out of reach is refused before the data is read; a file is made once the data is
         # found (bad data leaves no store behind).
-        first = _open(self.target) if is_url(self.target) else None
+        first = open_store(self.target) if is_url(self.target) else None
         data = self.data if self.data is not None else _load(self.search.cfg, self.run)
-        with first or _open(self.target) as store, records_of(store):
+        with first or open_store(self.target) as store, records_of(store):
             search = self._in_store(store, data, reporter)
             started = time.perf_counter()
             if warming is not None:
@@ -173,8 +162,8 @@ class SearchJob(Job):
         spec = function_file(self.model) if callable(self.model) else None
         here = identity(digest, spec.rpartition(":")[0] if spec else None)
         if self.run.resume:
-            search_id = _stored_search_id(self.out)
-            row = store.search(search_id)
+            search_id = stored_search_id(self.out)
+            row = store.records.search(search_id)
             recorded = (row.setup if row is not None else None) or {}
             why = data_difference(recorded, digest, self.search.cfg.dataset, data.source)
             if why is None and "model_sha256" in here and recorded.get("model_sha256") not in (None, here["model_sha256"]):
@@ -192,12 +181,12 @@ class SearchJob(Job):
                                   "from now on its workers need this machine's, and `search show` tells its rows "
                                   "apart")
                 search = dataclasses.replace(search, setup={**recorded, **versions()})
-                store.update_setup(search.id, search.setup)
-            store.reopen_failed_tests(search.id)  # a resume retries them: the machine's fault, as often as not
+                store.records.update_setup(search.stored_id, search.setup)
+            store.queue.reopen_failed_tests(search.stored_id)  # a resume retries them: the machine's fault, as often as not
             release_the_dead(store)  # the tasks of this machine's workers that died with an earlier start
-            done = store.generations(search.id)
+            done = store.records.generations(search.stored_id)
             resuming = (f"resuming search {search.id} of {store.path} ({sum(g.complete for g in done)} generation(s) "
-                        f"complete, {len(store.evaluations(search.id))} training(s) kept): ")
+                        f"complete, {len(store.records.evaluations(search.stored_id))} training(s) kept): ")
         else:
             setup = {"device": device, "threads": self._threads(), "model": _model_spec(self.model),
                      "data": {"format": data.source.get("format"), "fallback": bool(data.source.get("fallback"))},
@@ -221,14 +210,14 @@ class SearchJob(Job):
     def _work(self, store: Store, search: Search, data: Dataset, reporter: Reporter) -> None:
         """This machine's workers on the search until it is finished (whoever else works on it)."""
         spec = WorkerSpec(store=self.target, run=self.run, per_device=search.cfg.workers_per_device,
-                          threads=self._threads(), search_ids=(search.id,), speaks=True)
+                          threads=self._threads(), search_ids=(search.stored_id,), speaks=True)
         watch = Watch(store, search, self.out, reporter, self.workers, resumed=self.run.resume is not None,
                       tensorboard=self.run.tensorboard)
         device = "cuda" if self.run.device == "cuda" else "cpu"
 
         def lost(slot: int, pid: int, ended: str) -> None:
             name = worker_name(f"cuda:{slot // spec.per_device}" if device == "cuda" else "cpu", pid, spec.token)
-            if store.release(name, ended):
+            if store.queue.release(name, ended):
                 reporter.line(f"towerlab: warning: worker {name} {ended} while training; its task is back on the "
                               "queue")
 
@@ -236,14 +225,14 @@ class SearchJob(Job):
                     start_method=self.start_method, on_lost=lost, log=reporter.line)
         try:
             with StopFlag() as stop, crew:
-                while not _finished(store, search):
+                while not store.records.finished(search.stored_id):
                     if stop.signum:
                         crew.stop(stop.signum)
                         raise Interrupted(stop.signum)
                     crew.watch(WATCH)
                     if watch.step():
                         crew.progressed()
-                    if not crew.running() and not _finished(store, search):
+                    if not crew.running() and not store.records.finished(search.stored_id):
                         crew.watch(0.0)  # how the last of them ended
                         if crew.stopped is not None:  # the workers were interrupted themselves
                             raise Interrupted(signal.SIGINT if crew.stopped == EXIT_SIGINT else signal.SIGTERM)
@@ -266,10 +255,9 @@ class SearchJob(Job):
                 device: torch.device) -> None:
         """The record, from the store: the search played once more here (every result is there)."""
         result = search.run(store, _nothing_to_train)
-        cpu_threads = self.run.threads if self.run.device == "cpu" else None
-        top = write_record(self.kind, search, self.model, self.out, store, result, reporter, seconds=seconds,
-                           data_source=data.source, has_test=data.n_test > 0, cpu_threads=cpu_threads,
-                           workers=self.workers)
+        top = write_record(search, store, result, reporter,
+                           RecordOptions(kind=self.kind, out=self.out, model=self.model, data=data, workers=self.workers,
+                                         cpu_threads=self._threads(), seconds=seconds))
         if search.cfg.export_best:
             export_best(search, self.model, top[0], data.to(device), device, self.out, reporter)
 
@@ -284,9 +272,9 @@ class SearchJob(Job):
             told: dict = {}
             if ctx.is_main:
                 try:
-                    with _open(self.target) as store:
+                    with open_store(self.target) as store:
                         search = self._in_store(store, data, Reporter(None, progress=False))
-                    told = {"search": search.id, "token": store_token(self.target, search.id)}
+                    told = {"search": search.id, "token": store_token(self.target, search.stored_id)}
                 except UserError as exc:
                     told = {"error": str(exc)}
             told = broadcast_object(ctx, told)
@@ -303,38 +291,11 @@ class SearchJob(Job):
         run_worker(spec, device, data, None, self.function, speaks=rank == 0)
         if rank == 0:
             reporter = Reporter(None, progress=False)
-            with _open(self.target) as store:
+            with open_store(self.target) as store:
                 search = Search.open(store, told["search"])
                 self._finish(store, search, data, reporter, time.perf_counter() - started, device)
             reporter.close()
         return 0
-
-
-def store_token(target: str, search_id: int) -> Optional[str]:
-    """The token of search `search_id` in the store at `target` as this process sees it (None: no such
-    store or search here)."""
-    if not is_url(target) and not Path(target).is_file():
-        return None
-    try:
-        with Store(target, create=False) as store:
-            row = store.search(search_id)
-    except UserError:
-        return None
-    return None if row is None else row.token
-
-
-def _open(target: str) -> Store:
-    try:
-        return Store(target)
-    except UserError:
-        raise
-    except OSError as exc:
-        raise UserError(f"cannot create the search store {recorded_store(target)}: {exc.strerror or exc}") from None
-
-
-def _finished(store: Store, search: Search) -> bool:
-    row = store.search(search.id)
-    return row is not None and row.finished is not None
 
 
 def _nothing_to_train(candidates: list, record: Any) -> None:
@@ -374,32 +335,3 @@ def check_function(space: Space, function: object) -> None:
         name = getattr(builder, "__name__", "your function")
         raise UserError(f"gene {unknown[0]!r} is neither a training gene ({', '.join(TRAINING_GENES)}) nor a keyword "
                         f"argument of {name}(input_shape, num_classes, ...): add it to {name}, or rename the gene")
-
-
-def search_out(kind: str, cfg: SearchConfig, run: RunConfig, space: Space | None = None) -> Path:
-    """The job's output folder: --resume, else --out, else a new one under runs/."""
-    return Path(run.resume or run.out or default_out(kind, cfg, space or load_space(cfg.space)))
-
-
-def _restarted_by_torchrun(out: Path, kind: str, cfg: SearchConfig) -> bool:
-    """Whether this is a torchrun restart of the very job that made `out` (same kind and settings)."""
-    recorded = json.loads(json.dumps(to_dict(replace(cfg, store=recorded_store(cfg.store) if cfg.store else None))))
-    return restarted_by_torchrun(out, lambda stored: stored.get("kind") == kind and stored.get("search") == recorded)
-
-
-def default_out(kind: str, cfg: SearchConfig, space: Space) -> Path:
-    return Path("runs") / f"{datetime.now():%Y%m%d-%H%M%S}-{kind}-{Path(space.name).stem}-{dataset_label(cfg.dataset)}"
-
-
-def _stored_search_id(out: Path) -> int:
-    """Which search of its store a resumed folder continues, as its config.json records it."""
-    path = out / "config.json"
-    try:
-        search_id = json.loads(path.read_text(encoding="utf-8"))["search_id"]
-    except (OSError, ValueError, KeyError, TypeError):
-        search_id = None
-    if type(search_id) is not int:
-        raise UserError(f"{path} names no search of its store (search_id was edited or removed): resume cannot "
-                        "tell which search to continue; start a new search")
-    return search_id
-

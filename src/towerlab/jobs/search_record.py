@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
@@ -19,7 +20,7 @@ import torch
 
 import towerlab
 from towerlab import atomic
-from towerlab.config import dataset_label
+from towerlab.checks import dataset_label
 from towerlab.data.load import Dataset
 from towerlab.distributed.signals import StopFlag
 from towerlab.errors import UserError
@@ -29,7 +30,7 @@ from towerlab.plots import plot_accuracy_time, plot_fitness, pyplot
 from towerlab.report import Reporter, format_cost, format_estimate, format_generation, format_top, require_tensorboard
 from towerlab.search import Search, SearchResult, evaluation_records
 from towerlab.search.history import GenerationStats
-from towerlab.search.store import Store
+from towerlab.search.store import Evaluation, Store
 
 # Seconds without a line after which a job without a progress bar says where its search stands.
 STATUS_EVERY = 30.0
@@ -46,14 +47,14 @@ class Watch:
         if resumed:
             self.log.unlink(missing_ok=True)  # rewritten from the store as the generations are shown again
         self.shown = 0  # generations shown
-        self.before = store.newest_evaluation()  # this start's evaluations come after
+        self.before = store.records.newest_evaluation()  # this start's evaluations come after
         self.first: Optional[float] = None
         self.trained = 0
         self.testing = False
         self.plots_ready = False  # matplotlib imported (for the record's plots)
         self.last_line = time.monotonic()
         self.started = time.monotonic()
-        self.replayed = {g.generation for g in store.generations(search.id) if g.complete}
+        self.replayed = {g.generation for g in store.records.generations(search.stored_id) if g.complete}
         if reporter.progress:
             reporter.start_progress(search.plan["search"], 0, unit="net")
         # --tensorboard: every evaluation as it lands (search/...) and every generation (generation/...), in
@@ -63,29 +64,28 @@ class Watch:
         self.best: Optional[float] = None
 
     def step(self) -> bool:
-        assert self.search.id is not None
         if not self.out.is_dir():  # `rm -rf` mid-search: one line here, not a traceback at the next write
             inside = self.store.url is None and Path(self.store.path).absolute().is_relative_to(self.out.absolute())
             raise UserError(f"the search's folder {self.out} was deleted while the search ran: its record cannot be "
                             "written, " + ("and its store went with it" if inside else
                                            f"and its store, {self.store.path}, keeps what was trained"))
-        trained = self.store.count_evaluations(self.search.id, after=self.before)
+        trained = self.store.records.count_evaluations(self.search.stored_id, after=self.before)
         new = trained - self.trained
         if new:
             self.trained = trained
             self.reporter.advance(new)
         if self.first is None and new:
-            row = next((e for e in self.store.evaluations(self.search.id, after=self.before)
+            row = next((e for e in self.store.records.evaluations(self.search.stored_id, after=self.before)
                         if e.status == "ok" and e.replicate == 0), None)
             if row is not None:
                 self.first = row.seconds
                 self._line(format_estimate(row.seconds, row.epochs, self.search.plan, self.workers))
         if self.tb is not None and (new or not self.plotted):
             self._plot_evaluations()
-        for gen in self.store.generations(self.search.id)[self.shown:]:
+        for gen in self.store.records.generations(self.search.stored_id)[self.shown:]:
             if not gen.complete:
                 break
-            stats = GenerationStats(**gen.stats, replayed=gen.generation in self.replayed)
+            stats = GenerationStats(**gen.final_stats, replayed=gen.generation in self.replayed)
             self._line(format_generation(stats, self.search.generations))
             if self.tb is not None:
                 for key in ("best", "mean", "worst", "evaluated", "cached", "failed", "seconds"):
@@ -96,7 +96,7 @@ class Watch:
                 f.write(atomic.json_text(stats.record(), sort_keys=True) + "\n")
             self.shown += 1
         if not self.testing:
-            tests = self.store.tasks(self.search.id, "test")
+            tests = self.store.queue.tasks(self.search.stored_id, "test")
             if tests:
                 self.testing = True
                 todo = sum(t.state != "done" for t in tests)
@@ -105,7 +105,7 @@ class Watch:
                 self._line(f"Testing the top {len(tests)} networks (retraining {todo} with their seeds, each on one "
                            f"worker as it was evaluated{where})")
         if not self.plots_ready:
-            counts = self.store.queue_counts(self.search.id)
+            counts = self.store.queue.queue_counts(self.search.stored_id)
             if counts["done"] and not counts["open"] and counts["claimed"] < self.workers:
                 pyplot()  # the record's plots need it: imported now, while a worker has nothing to train
                 self.plots_ready = True
@@ -117,9 +117,9 @@ class Watch:
         """TensorBoard points of the evaluations not plotted yet, in the order they were numbered: each
         one's validation accuracy and the best so far, against the trainings made. (A database may
         commit rows a little out of their numbering: the last ones are looked at again.)"""
-        assert self.tb is not None and self.search.id is not None
+        assert self.tb is not None
         after = max(0, max(self.plotted, default=0) - 256)
-        for row in self.store.evaluations(self.search.id, after=after):
+        for row in self.store.records.evaluations(self.search.stored_id, after=after):
             if row.id in self.plotted:
                 continue
             self.plotted.add(row.id)
@@ -135,9 +135,8 @@ class Watch:
 
     def status(self) -> str:
         """Where the search stands: its generation, its queue, its workers."""
-        assert self.search.id is not None
-        counts = self.store.queue_counts(self.search.id)
-        active = sum(1 for w in self.store.workers() if w["left_at"] is None and w["search_id"] == self.search.id)
+        counts = self.store.queue.queue_counts(self.search.stored_id)
+        active = sum(1 for w in self.store.queue.workers() if w["left_at"] is None and w["search_id"] == self.search.stored_id)
         return (f"Generation {self.shown + 1}/{self.search.generations}: {self.trained} training(s) done since this "
                 f"start, {counts['claimed']} in progress on {active} worker(s), {counts['open']} waiting "
                 f"({time.monotonic() - self.started:.0f} s)")
@@ -157,25 +156,28 @@ def test_results(result: SearchResult, store: Store, has_test: bool, reporter: R
     search made. A top genome's validation accuracy is the mean over its seeds (the evaluation's, then
     its re-measures'), listed with their spread; its test accuracy is the evaluation's network's,
     retrained with its seed by a test task (`towerlab.search.queue`)."""
-    rows, evaluations = [], []
+    rows: list[dict] = []
+    evaluations: list[Evaluation] = []
     for t in result.top:
-        evaluation = store.lookup(t.genome_hash, t.train_config_hash, result.search_id)
+        evaluation = store.records.lookup(t.genome_hash, t.train_config_hash, result.search_id)
+        if evaluation is None:  # it was crowned from that row: only an edited store lacks it
+            raise KeyError(f"the store holds no evaluation of crowned genome {t.genome_hash[:12]}")
         evaluations.append(evaluation)
         rows.append({"genome": t.genome, "genome_hash": t.genome_hash, "val_accuracy": t.fitness,
                      "val_accuracy_sd": t.spread, "val_accuracies": list(t.fitnesses), "seeds": list(t.seeds),
                      "val_loss": t.val_loss, "seed": t.seed, "epochs": t.epochs, "rung": t.rung,
                      "max_epochs": evaluation.max_epochs, "test_accuracy": evaluation.test_accuracy})
     tasks = {(task.candidate.genome_hash, task.train_config_hash): task
-             for task in store.tasks(result.search_id, "test") if task.state == "done"}
+             for task in store.queue.tasks(result.search_id, "test") if task.state == "done"}
     if not has_test and rows:  # arrays given without test=: nothing to score a retraining on
         reporter.line("No test split: the top networks are not retrained for a test accuracy (give test= to have "
                       "them tested)")
     for t, evaluation in zip(result.top, evaluations):
         task = tasks.get((t.genome_hash, t.train_config_hash))
         outcome = None if task is None else task.result
-        if outcome is None:
+        if task is None or outcome is None:
             continue
-        if outcome.get("status") != "ok" or outcome.get("test_accuracy") is None:
+        if task.test_accuracy is None:
             reporter.line(f"towerlab: warning: retraining a top network failed ({outcome.get('reason')}); "
                           "its test accuracy stays unknown")
         elif outcome["fitness"] != evaluation.fitness:
@@ -189,7 +191,7 @@ def cost(store: Store, search_id: int, tested: list[float]) -> dict:
     """The trainings the search made, by purpose, each with its seconds of training: the search's own
     (every rung of every candidate it trained), the re-measures of the networks it was about to
     crown, and the retrainings that gave the top networks their test accuracy."""
-    rows = store.evaluations(search_id)
+    rows = store.records.evaluations(search_id)
 
     def part(seconds: list[float]) -> dict:
         return {"trainings": len(seconds), "train_seconds": math.fsum(seconds)}
@@ -202,8 +204,8 @@ def numerics_used(store: Store, result: SearchResult) -> list[dict]:
     """The distinct numerics (device, threads, precision, torch) of the trainings this search made
     and of those the store served its top from (another search's, in a shared store); unknown
     ones (rows from before they were recorded) left out."""
-    rows = [*store.evaluations(result.search_id),
-            *(store.lookup(t.genome_hash, t.train_config_hash, result.search_id) for t in result.top)]
+    rows = [*store.records.evaluations(result.search_id),
+            *(store.records.lookup(t.genome_hash, t.train_config_hash, result.search_id) for t in result.top)]
     used = {json.dumps(r.numerics, sort_keys=True) for r in rows if r is not None and r.numerics}
     return [json.loads(n) for n in sorted(used)]
 
@@ -221,13 +223,27 @@ def all_failed(result: SearchResult, out: Path) -> str:
             f"`towerlab search show {out}` lists each failure")
 
 
-def write_record(kind: str, search: Search, model: CandidateModel, out: Path, store: Store, result: SearchResult,
-                 reporter: Reporter, *, seconds: float, data_source: dict, has_test: bool,
-                 cpu_threads: Optional[int], workers: int) -> list[dict]:
-    """Print the top and the cost, and write best.json, the plots and summary.json; the top's rows.
-    `cpu_threads`: a CPU candidate's threads (None on GPUs)."""
-    cfg, space = search.cfg, search.space
-    top, tested = test_results(result, store, has_test, reporter)
+@dataclass(frozen=True)
+class RecordOptions:
+    """What a search's record says of the job that ran it, besides its search and store: its `kind`
+    (evolve, grid, search), its folder `out`, the `model` its networks are built with, the `data` they
+    trained on (its source; whether it has a test split), its `workers`, a CPU candidate's threads
+    (`cpu_threads`; None on GPUs), and its `seconds`."""
+
+    kind: str
+    out: Path
+    model: CandidateModel
+    data: Dataset
+    workers: int
+    cpu_threads: Optional[int]
+    seconds: float
+
+
+def write_record(search: Search, store: Store, result: SearchResult, reporter: Reporter,
+                 job: RecordOptions) -> list[dict]:
+    """Print the top and the cost, and write best.json, the plots and summary.json; the top's rows."""
+    cfg, space, out, data_source = search.cfg, search.space, job.out, job.data.source
+    top, tested = test_results(result, store, job.data.n_test > 0, reporter)
     if top:
         reporter.line(format_top(top))
     spent = cost(store, result.search_id, tested)
@@ -246,14 +262,15 @@ def write_record(kind: str, search: Search, model: CandidateModel, out: Path, st
             "genome": best["genome"], "val_accuracy": best["val_accuracy"], "val_accuracy_sd": best["val_accuracy_sd"],
             "val_accuracies": best["val_accuracies"], "seeds": best["seeds"], "test_accuracy": best["test_accuracy"],
             "seed": best["seed"], "model": space.model, "dataset": cfg.dataset,
-            "command": retrain_command(cfg, model, best["genome"], best["seed"], best["max_epochs"], cpu_threads)})
+            "command": retrain_command(cfg, job.model, best["genome"], best["seed"], best["max_epochs"],
+                                       job.cpu_threads)})
     stats = [g.stats.record() for g in result.history]
     title = f"{cfg.sampler}: {Path(space.name).stem} on {dataset_label(cfg.dataset)}"
     plot_fitness(stats, out / "fitness.png", title)
     plot_accuracy_time([r for r in evaluation_records(store) if r["search"] == result.search_id],
                        out / "accuracy_time.png", title)
     atomic.write_json(out / "summary.json", {
-        "kind": kind, "sampler": cfg.sampler, "space": space.name, "model": space.model, "dataset": cfg.dataset,
+        "kind": job.kind, "sampler": cfg.sampler, "space": space.name, "model": space.model, "dataset": cfg.dataset,
         "data_source": data_source, "data_fallback": bool(data_source.get("fallback")),
         "best_genome": best["genome"] if best else None,
         "best_val_accuracy": best["val_accuracy"] if best else None,
@@ -261,8 +278,8 @@ def write_record(kind: str, search: Search, model: CandidateModel, out: Path, st
         "best_test_accuracy": best["test_accuracy"] if best else None,
         "top": top, "evaluations": result.evaluations, "cache_hits": result.cache_hits,
         "failures": result.failures, "generations": result.generations, "trainings": result.trainings,
-        "train_seconds": result.train_seconds, "cost": spent, "numerics": used, "seconds": seconds,
-        "workers": workers, "device_type": search.setup.get("device"), "search_id": result.search_id,
+        "train_seconds": result.train_seconds, "cost": spent, "numerics": used, "seconds": job.seconds,
+        "workers": job.workers, "device_type": search.setup.get("device"), "search_id": result.search_id,
         "generation_stats": stats, "seed": cfg.seed, "torch_version": torch.__version__,
         "towerlab_version": towerlab.__version__})
     if not top:
@@ -280,6 +297,7 @@ def export_best(search: Search, model: CandidateModel, best: dict, data: Dataset
                                      stop=stop, max_epochs=best["max_epochs"])
     if result is None or fields["status"] != "ok":
         raise UserError(f"retraining the best network failed ({fields.get('reason')}): model.pt not written")
+    assert result.model is not None, "a training returns its network"
     save_model(out / "model.pt", result.model,
                candidate_config(cfg, model, best["genome"], best["seed"], best["max_epochs"]), data)
     test = f", test {result.test_accuracy:.4f}" if result.test_accuracy is not None else ", no test split"

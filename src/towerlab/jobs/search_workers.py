@@ -26,7 +26,8 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from towerlab.config import ARRAYS_DATASET, CUSTOM_MODEL, RunConfig
+from towerlab.config import CUSTOM_MODEL, RunConfig
+from towerlab.checks import ARRAYS_DATASET
 from towerlab.data.digest import content_digest
 from towerlab.data.load import Dataset
 from towerlab.distributed.signals import STOP_SIGNALS, Interrupted, StopFlag
@@ -39,7 +40,7 @@ from towerlab.jobs.worker_times import WorkerTimes
 from towerlab.models.custom import ModelFunction
 from towerlab.report import discard_line
 from towerlab.search import Candidate, Outcome, Search
-from towerlab.search.queue import Worker, lease_seconds, release_the_dead, worker_name
+from towerlab.search.queue import Worker, WorkerOptions, lease_seconds, release_the_dead, worker_name
 from towerlab.search.schema import NoStore
 from towerlab.search.show import records_of
 from towerlab.search.store import Store, Task
@@ -107,9 +108,9 @@ def run_worker(spec: WorkerSpec, device: torch.device, data: Optional[Dataset] =
                 raise Interrupted(stop.signum)
 
         trainers = Trainers(spec, device, name, stop, store, data, fallback, function, times)
-        worker = Worker(store if times is None else times.store(store), name, device.type, trainers.trainer,
-                        search_ids=spec.search_ids, joinable=trainers.joinable, priority=trainers.priority,
-                        wait=spec.wait, speaks=speaks, tells=spec.tells, check_stop=check_stop)
+        options = WorkerOptions(search_ids=spec.search_ids, joinable=trainers.joinable, priority=trainers.priority,
+                                wait=spec.wait, speaks=speaks, tells=spec.tells, check_stop=check_stop)
+        worker = Worker(store if times is None else times.store(store), name, device.type, trainers.trainer, options)
         trained = worker.run()
     if times is not None:
         times.write(name, str(device))
@@ -146,9 +147,8 @@ class Trainers:
         return None
 
     def setup(self, search: Search) -> _Setup:
-        assert search.id is not None
-        if search.id in self._setups:
-            return self._setups[search.id]
+        if search.stored_id in self._setups:
+            return self._setups[search.stored_id]
         recorded = search.setup
         if not recorded:
             raise UserError("it was made by an older towerlab, which did not record how its workers train: continue it "
@@ -178,7 +178,7 @@ class Trainers:
                             "function's source, or an older towerlab's settings): results here would not be the "
                             "search's")
         started = time.perf_counter()
-        self._setups[search.id] = setup = _Setup(data.to(self.device), model, threads, provenance(self.device, digest))
+        self._setups[search.stored_id] = setup = _Setup(data.to(self.device), model, threads, provenance(self.device, digest))
         if self.times is not None:
             self.times.data(data_seconds + time.perf_counter() - started)
         return setup
@@ -232,9 +232,9 @@ class Trainers:
             if setup.threads is not None and torch.get_num_threads() != setup.threads:
                 torch.set_num_threads(setup.threads)
             c = task.candidate
+            test = True if task.kind == "test" else self._entering_top(search) or False
             fields, result = train_candidate(search.cfg, setup.model, c.genome, c.seed, setup.data, self.device,
-                                             test=task.kind == "test", stop=self.stop, max_epochs=c.max_epochs,
-                                             test_if=self._entering_top(search) if task.kind == "train" else None)
+                                             test=test, stop=self.stop, max_epochs=c.max_epochs)
             if self.times is not None:
                 self.times.candidate(fields["seconds"], result)
             return outcome({**fields, "worker": self.name, "provenance": setup.provenance}), fields.get("test_accuracy")
@@ -246,13 +246,12 @@ class Trainers:
         far: it is then scored on the test split at once (its test accuracy kept with its task), so it
         needs no retraining for it at the end if it stays there (`queue.Driver`). None where the search
         tests nothing."""
-        if not search.setup.get("test", True):
+        if not search.tests_top:
             return None
-        assert search.id is not None
-        search_id, training_hash, top = search.id, search.train_config_hash, search.cfg.top
+        search_id, training_hash, top = search.stored_id, search.ladder.train_config_hash, search.cfg.top
 
         def entering(val_accuracy: Optional[float]) -> bool:
-            return val_accuracy is not None and self.store.genomes_better(search_id, training_hash, val_accuracy) < top
+            return val_accuracy is not None and self.store.records.genomes_better(search_id, training_hash, val_accuracy) < top
         return entering
 
     def priority(self, search: Search) -> Callable[[Candidate], float]:
@@ -285,9 +284,9 @@ def start_workers(target: str, run: RunConfig, *, per_device: int = 1, search_id
     where = redacted(target) if is_url(target) else target
     with _store_once_made(target, wait, where) as store:
         release_the_dead(store)
-        if search_id is not None and store.search(search_id) is None:
+        if search_id is not None and store.records.search(search_id) is None:
             raise UserError(f"store {where} holds no search {search_id}: `towerlab search show {where}` lists them")
-        unfinished = [row.id for row in store.unfinished_searches()]
+        unfinished = [row.id for row in store.records.unfinished_searches()]
         which = (f"search {search_id}" if search_id is not None
                  else f"its {len(unfinished)} unfinished search(es)" + (" and those to come" if wait else ""))
         print(f"towerlab search worker: {slots} worker(s) on {kind} joining {which} of {where}", file=sys.stderr,
@@ -297,7 +296,7 @@ def start_workers(target: str, run: RunConfig, *, per_device: int = 1, search_id
                           model_files=model_files)
 
         def lost(slot: int, pid: int, ended: str) -> None:
-            store.release(worker_name(f"cuda:{slot // per_device}" if kind == "cuda" else "cpu", pid, spec.token), ended)
+            store.queue.release(worker_name(f"cuda:{slot // per_device}" if kind == "cuda" else "cpu", pid, spec.token), ended)
 
         method = start_method or start_method_for(kind)
         try:
@@ -310,8 +309,10 @@ def start_workers(target: str, run: RunConfig, *, per_device: int = 1, search_id
                         crew.stop(stop.signum)
                         raise Interrupted(stop.signum)
                     crew.watch(1.0)
-                if stop.signum or crew.stopped is not None:  # the workers were interrupted
-                    raise Interrupted(stop.signum or STOP_SIGNALS[crew.stopped])
+                if stop.signum:  # the workers were interrupted
+                    raise Interrupted(stop.signum)
+                if crew.stopped is not None:
+                    raise Interrupted(STOP_SIGNALS[crew.stopped])
         except CrewFailed as exc:
             raise UserError(str(exc)) from None
     print("towerlab search worker: nothing left to do", file=sys.stderr, flush=True)

@@ -28,7 +28,8 @@ import torch
 import towerlab
 from towerlab import atomic
 from towerlab.catalog.models import keyword_options, not_taken
-from towerlab.config import CUSTOM_MODEL, RunConfig, TrainConfig, dataset_label
+from towerlab.config import CUSTOM_MODEL, RunConfig, TrainConfig
+from towerlab.checks import dataset_label
 from towerlab.data.load import Dataset, content_sha256
 from towerlab.distributed.env import (check_capacity, default_threads, local_processes, sharing_cores,
                                      torchrun_world_size, under_torchrun)
@@ -52,9 +53,10 @@ from towerlab.training.step import resolve_step
 def train_data(cfg: TrainConfig, run: RunConfig, **loading: Any) -> Dataset:
     """The data `cfg` trains on (`loading`: as `handover.load_data` takes it)."""
     from towerlab.data.folders import FolderOptions
+    from towerlab.data.synthetic import SyntheticOptions
 
-    return load_data(cfg.dataset, cfg.val_size, run, synthetic_shape=cfg.synthetic_shape,
-                     synthetic_train=cfg.synthetic_train, **{"folder": FolderOptions.of(cfg), **loading})
+    return load_data(cfg.dataset, cfg.val_size, run, synthetic=SyntheticOptions.of(cfg),
+                     **{"folder": FolderOptions.of(cfg), **loading})
 
 
 def default_out(cfg: TrainConfig) -> Path:

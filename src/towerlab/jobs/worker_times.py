@@ -18,6 +18,7 @@ from its process's start to its leaving, split into
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import time
@@ -26,7 +27,7 @@ from typing import Any, Optional
 
 ENV = "TOWERLAB_WORKER_TIMES"
 PARTS = ("start", "data", "store", "build", "setup", "training", "evaluation", "idle")
-TIMED_CALLS = ("claim", "complete", "put_back")  # the store's calls on a worker's own thread
+TIMED_CALLS = ("claim", "complete", "put_back")  # the store queue's calls on a worker's own thread
 
 
 def process_age() -> float:
@@ -56,8 +57,10 @@ class WorkerTimes:
         return cls(Path(folder)) if folder else None
 
     def store(self, store: Any) -> Any:
-        """`store` with its claims and completions timed."""
-        return _TimedStore(store, self)
+        """`store` with its queue's claims and completions timed (its other parts and calls as they are)."""
+        timed = copy.copy(store)
+        timed.queue = _TimedQueue(store.queue, self)
+        return timed
 
     def timed_call(self, name: str, seconds: float, started: float) -> None:
         if name == "claim" and self.first_claim is None:
@@ -87,14 +90,15 @@ class WorkerTimes:
         (self.folder / f"{os.getpid()}.json").write_text(json.dumps(record, indent=1))
 
 
-class _TimedStore:
-    """A store whose calls in TIMED_CALLS add their seconds to a WorkerTimes; every other attribute is the store's."""
+class _TimedQueue:
+    """A store's queue whose calls in TIMED_CALLS add their seconds to a WorkerTimes; every other attribute is
+    the queue's."""
 
-    def __init__(self, store: Any, times: WorkerTimes) -> None:
-        self._store, self._times = store, times
+    def __init__(self, queue: Any, times: WorkerTimes) -> None:
+        self._queue, self._times = queue, times
 
     def __getattr__(self, name: str) -> Any:
-        attribute = getattr(self._store, name)
+        attribute = getattr(self._queue, name)
         if name not in TIMED_CALLS:
             return attribute
 

@@ -1,39 +1,19 @@
-"""A search's candidates and what training one gave (`Candidate`, `Outcome`), every seed of a
-search, and the protocol between the search and whoever trains its candidates (the torch side).
-
-A `Trainer`, `train(candidates, record) -> None`, is the swappable batch map. The engine passes only
-the candidates the store cannot serve (each key once) and a `record(candidate, outcome)` callback.
-The trainer calls `record` exactly once per candidate, as soon as that candidate has finished, in any
-order and from any thread of this process; `record` writes the outcome to the store in its own
-transaction before it returns, so a crash loses only the unfinished candidates. A candidate that
-fails (out of memory, diverged, ...) is recorded as `Outcome.failed(reason)`; an exception escaping
-`train` stops the search (it can be resumed), and a trainer that returns without recording
-every candidate is a bug (RuntimeError). `serial(fitness)` turns a function
-`fitness(candidate) -> Outcome` into a trainer that trains in this process.
-
-Work that unlocks as results come in (a pruned generation's next rung): after a `record`, a
-trainer may call `record.more()`, which returns the candidates that became trainable (each once,
-possibly none); it then trains them too before it returns, so its workers need not wait for a rung's
-last trainings. A trainer that never asks is called again with them; the history is the same.
+"""A search's candidates and what training one gave (`Candidate`, `Outcome`), and every seed of a search.
 
 A candidate trains for `max_epochs` (None: the search's --max-epochs; a pruned search's lower
 rungs train less, `towerlab.search.pruners`) with `seed`. Every random stream of a search derives from its seed:
 `make_rng(seed, *stream)`, a sampler's own from `sampler_rng(seed, name, ...)`, and each
 candidate's training seed from (search seed, generation, index), whichever worker trains it. A
 re-measure's seed comes from (genome, replicate) alone, so every search sharing a store asks for
-the same re-measures and the cache serves them.
+the same re-measures and the cache serves them. Who trains a candidate is `towerlab.search.trainers`'.
 """
 
 from __future__ import annotations
 
 import math
-import time
 import zlib
-from collections import deque
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Optional
-
-from towerlab.errors import UserError
+from typing import TYPE_CHECKING, Any, Optional
 
 # numpy is imported where it is used: the samplers import this module, and the command line imports
 # them to build its flags from their settings, where `towerlab --help` answers without numpy.
@@ -135,33 +115,3 @@ class Outcome:
     @classmethod
     def failed(cls, reason: str, **details: Any) -> Outcome:
         return cls("failed", reason=reason, **details)
-
-
-Record = Callable[[Candidate, Outcome], None]
-Trainer = Callable[[list[Candidate], Record], None]
-
-
-def serial(fitness: Callable[[Candidate], Outcome]) -> Trainer:
-    """A trainer that trains the candidates one after another in this process. An exception
-    from `fitness` becomes a failed outcome, except a UserError (a mistake no other candidate
-    would escape) and KeyboardInterrupt/SystemExit, which stop the search."""
-
-    def train(candidates: list[Candidate], record: Record) -> None:
-        more = getattr(record, "more", None)
-        queue = deque(candidates)
-        while queue:
-            candidate = queue.popleft()
-            started = time.perf_counter()
-            try:
-                outcome = fitness(candidate)
-            except UserError:
-                raise
-            except Exception as e:  # noqa: BLE001 - a candidate's failure is data, not a crash
-                outcome = Outcome.failed(f"{type(e).__name__}: {e}",
-                                         seconds=time.perf_counter() - started)
-            record(candidate, outcome)
-            if more is not None:
-                queue.extend(more())
-
-    return train
-

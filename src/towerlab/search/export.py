@@ -26,11 +26,9 @@ from typing import Any, Callable, Optional
 
 from towerlab.atomic import require_regular_file
 from towerlab.errors import UserError
-from towerlab.search.pruners import rung_epochs
-from towerlab.search.rounds import rung_hash
+from towerlab.search.search import Search
 from towerlab.search.show import records_of
 from towerlab.search.samplers.tpe import distribution, optuna_module
-from towerlab.search.space import space_of
 from towerlab.search.store import Evaluation, SearchRow, Store
 
 
@@ -44,7 +42,7 @@ def export_optuna(store: Store, storage_url: str, study_name: str,
     that would block the same export once there is room."""
     optuna = optuna_module("--optuna", "")
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    searches = store.searches()
+    searches = store.records.searches()
     if not searches:
         raise UserError(f"store {store.path} holds no search to export")
     study_name = printable(study_name)
@@ -104,10 +102,10 @@ def _follow(optuna: Any, store: Store, storage: Any, names: dict[int, str], expo
     change it; an export once the search is finished writes them all."""
     while True:
         # Looked at first: a search that finishes during this look is followed once more.
-        done = all((row := store.search(i)) is None or row.finished is not None for i in names)
+        done = all(store.records.finished(i) for i in names)
         added = []
         for search_id, name in names.items():
-            search = store.search(search_id)
+            search = store.records.search(search_id)
             if search is None:
                 continue
             with records_of(store):
@@ -132,16 +130,16 @@ def _progress(store: Store, search_id: int) -> dict:
     """A study's attributes that say where its search stands: `towerlab_progress` (generations complete,
     when it finished) and, once finished, `towerlab_top`, its crowned top (genome, validation accuracy
     over its seeds, test accuracy)."""
-    search = store.search(search_id)
+    search = store.records.search(search_id)
     if search is None:
         return {}
-    generations = store.generations(search_id)
+    generations = store.records.generations(search_id)
     attrs: dict[str, Any] = {"towerlab_progress": {"generations_complete": sum(g.complete for g in generations),
                                                    "finished": search.finished}}
     if search.summary is not None:
         top = []
         for entry in search.summary.get("top", []):
-            row = store.lookup(entry["genome_hash"], entry["train_config_hash"], search_id)
+            row = store.records.lookup(entry["genome_hash"], entry["train_config_hash"], search_id)
             top.append({"genome": entry["genome"], "val_accuracy": entry["fitness"],
                         "test_accuracy": None if row is None else row.test_accuracy})
         attrs["towerlab_top"] = top
@@ -184,8 +182,8 @@ def sqlite_file(storage_url: str, store_path: str | os.PathLike) -> Optional[Pat
 def _reason(exc: BaseException) -> str:
     """What went wrong, from the innermost cause (Optuna wraps a full disk in a StorageInternalError
     that blames "invalid data")."""
-    while exc.__cause__ is not None or (exc.__context__ is not None and not exc.__suppress_context__):
-        exc = exc.__cause__ or exc.__context__
+    while (inner := exc.__cause__ or (None if exc.__suppress_context__ else exc.__context__)) is not None:
+        exc = inner
     text = " ".join(str(exc).split())
     return f"{type(exc).__name__}: {text[:300]}" if text else type(exc).__name__
 
@@ -207,17 +205,14 @@ def _remove(path: Optional[Path]) -> None:
 
 def search_trials(optuna: Any, store: Store, search: SearchRow) -> list[Any]:
     """The Optuna trials (FrozenTrial) of one search."""
-    cfg = search.config
-    space = space_of({"model": search.space["model"], "genes": search.space["genes"]}, search.space["name"],
-                     f"store {store.path}")
-    distributions = {name: distribution(optuna, gene) for name, gene in space.genes.items()}
-    ladder = rung_epochs(cfg["max_epochs"], cfg.get("min_epochs"), cfg.get("prune_factor", 3))
-    hashes = [rung_hash(search.train_config_hash, epochs, cfg["max_epochs"]) for epochs in ladder]
+    stored = Search.of_row(search, str(store.path))
+    distributions = {name: distribution(optuna, gene) for name, gene in stored.space.genes.items()}
+    ladder, hashes = stored.ladder.epochs, stored.ladder.hashes
     members: dict[str, dict] = {}
-    for generation in store.generations(search.id):
+    for generation in store.records.generations(search.id):
         if not generation.complete:
             continue
-        for m in generation.results:
+        for m in generation.final_results:
             best = members.get(m["genome_hash"])
             if best is None or m.get("rung", 0) > best.get("rung", 0):
                 members[m["genome_hash"]] = {**m, "generation": (best or {"generation": generation.generation})
@@ -225,9 +220,9 @@ def search_trials(optuna: Any, store: Store, search: SearchRow) -> list[Any]:
     trials = []
     for h, m in members.items():
         rung = m.get("rung", 0)
-        rows = [store.lookup(h, hashes[r], search.id) for r in range(rung + 1)]
+        rows = [store.records.lookup(h, hashes[r], search.id) for r in range(rung + 1)]
         row = rows[rung]
-        remeasures = _remeasures(store, h, hashes[rung], search.id, cfg.get("remeasure", 0))
+        remeasures = _remeasures(store, h, hashes[rung], search.id, stored.cfg.remeasure or 0)
         state = (optuna.trial.TrialState.FAIL if m["status"] != "ok" else
                  optuna.trial.TrialState.PRUNED if rung < len(ladder) - 1 else optuna.trial.TrialState.COMPLETE)
         attrs = {"genome_hash": h, "seed": m["seed"], "source": m["source"], "generation": m["generation"] + 1,
@@ -243,14 +238,15 @@ def search_trials(optuna: Any, store: Store, search: SearchRow) -> list[Any]:
             number=0, trial_id=0, state=state, value=m["fitness"] if m["status"] == "ok" else None,
             datetime_start=finished - timedelta(seconds=m["seconds"]), datetime_complete=finished,
             params=dict(m["genome"]), distributions=dict(distributions), user_attrs=attrs, system_attrs={},
-            intermediate_values={ladder[r]: rows[r].fitness for r in range(rung + 1)
-                                 if rows[r] is not None and rows[r].status == "ok" and math.isfinite(rows[r].fitness)}))
+            intermediate_values={ladder[r]: e.fitness for r, e in enumerate(rows)
+                                 if e is not None and e.status == "ok" and e.fitness is not None
+                                 and math.isfinite(e.fitness)}))
     return trials
 
 
 def _remeasures(store: Store, h: str, train_config_hash: str, search_id: int, remeasure: int) -> list[Evaluation]:
     """The re-measures the search made of a genome (a failed one included: its fitness is None)."""
-    rows = [store.lookup(h, train_config_hash, search_id, replicate) for replicate in range(1, remeasure + 1)]
+    rows = [store.records.lookup(h, train_config_hash, search_id, replicate) for replicate in range(1, remeasure + 1)]
     return [r for r in rows if r is not None]
 
 

@@ -95,7 +95,7 @@ class GenerationStats:
 
 def statistics_of(generation: int, members: list[Member], train_seconds: float,
                   seconds: float) -> GenerationStats:
-    fitnesses = [m.fitness for m in members if m.ok]
+    fitnesses = [m.fitness for m in members if m.ok and m.fitness is not None]  # ok: its fitness is set
     evaluated = [m for m in members if m.source == "evaluated"]
     return GenerationStats(
         generation=generation,

@@ -10,15 +10,23 @@ training there from an earlier generation: the genetic algorithm's elite, a geno
 goes on as well, at no cost; `--prune-places` says whether such members take places (`all`) or
 the places are counted over, and given to, the others (`new`). An unpruned search has one rung.
 
+A search in a store keeps each rung's trainings under a training-config hash of their own (`rung_hash`):
+the search's own for its last rung, so its rows are shared with unpruned searches of the same settings,
+a derived one for the shorter rungs. `Ladder` is a stored search's rungs: its pruner, each rung's epochs
+and hash (`towerlab.search.search.Search.ladder` makes it, once).
+
 Adding a pruner: a `Pruner` subclass here, and its choice in `make_pruner`.
 """
 
 from __future__ import annotations
 
+import functools
 import math
+from dataclasses import dataclass
 from typing import Collection, Optional, Sequence
 
 from towerlab.config import SearchConfig
+from towerlab.search.space import genome_hash
 
 
 def rung_epochs(max_epochs: int, min_epochs: Optional[int], factor: int) -> list[int]:
@@ -94,3 +102,45 @@ class SuccessiveHalving(Pruner):
 def make_pruner(cfg: SearchConfig) -> Pruner:
     """The pruner of a search: successive halving, with a single rung (no pruning) without --min-epochs."""
     return SuccessiveHalving(cfg.max_epochs, cfg.min_epochs, cfg.prune_factor, cfg.prune_places)
+
+
+def rung_hash(train_config_hash: str, epochs: int, max_epochs: int) -> str:
+    """The training-config hash a rung's trainings are stored under: the search's own for its last
+    rung (`max_epochs`), a derived one for the shorter rungs."""
+    if epochs == max_epochs:
+        return train_config_hash
+    return genome_hash({"train_config_hash": train_config_hash, "max_epochs": epochs})
+
+
+@dataclass(frozen=True)
+class Ladder:
+    """A stored search's rungs: its `pruner`, the epochs each rung trains for (`epochs`, rising: the
+    last is --max-epochs) and the training-config hash each rung's trainings are stored under."""
+
+    pruner: Pruner
+    train_config_hash: str
+
+    @property
+    def epochs(self) -> list[int]:
+        return self.pruner.rungs
+
+    @functools.cached_property
+    def hashes(self) -> tuple[str, ...]:
+        """Each rung's training-config hash, first rung first."""
+        return tuple(rung_hash(self.train_config_hash, epochs, self.epochs[-1]) for epochs in self.epochs)
+
+    def hash(self, rung: int) -> str:
+        """The training-config hash of rung `rung` (0: the first)."""
+        return self.hashes[rung]
+
+    def rung(self, epochs: Optional[int]) -> int:
+        """The rung that trains for `epochs` (None: the last, --max-epochs)."""
+        return len(self.epochs) - 1 if epochs is None else self.epochs.index(epochs)
+
+    def hash_of(self, epochs: Optional[int]) -> str:
+        """The training-config hash of the rung that trains for `epochs` (None: the last, --max-epochs)."""
+        return self.hash(self.rung(epochs))
+
+    def rung_of(self, epochs: Optional[int]) -> Optional[int]:
+        """The rung that trains for `epochs` (None: none does)."""
+        return self.epochs.index(epochs) if epochs in self.epochs else None

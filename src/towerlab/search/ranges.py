@@ -38,10 +38,10 @@ class Range:
     @property
     def count(self) -> float:
         """How many values it holds: an int, or math.inf for an unstepped float range."""
-        if self.kind == "float" and self.step is None:
-            return math.inf
         if self.kind == "int":  # exact, however wide (a float quotient loses the last values past 2**53)
             return (int(self.high) - int(self.low)) // int(self.step or 1) + 1
+        if self.step is None:
+            return math.inf
         return round((self.high - self.low) / self.step) + 1
 
     def value_at(self, index: int) -> float:
@@ -62,6 +62,7 @@ class Range:
         low to high (on the log scale with `log`)."""
         if self.count != math.inf:
             return self.value_at(index)
+        assert self.points is not None, "a grid refuses a float range without points (Space.grid_counts)"
         last = self.points - 1
         if index in (0, last):
             return float(self.low if index == 0 else self.high)

@@ -1,7 +1,8 @@
 """The rows of a search store as Python values (`SearchRow`, `Evaluation`, `GenerationRow`, `Task`), and
-`Records`, what every part of the store shares: its database connection, reading rows, parsing a
-record's JSON (a record that no longer parses is damage, one line), writing an evaluation. The tables
-are described in `towerlab.search.store`."""
+what the store's parts share: `Rows`, which reads them from the backend and parses their records (a
+record that no longer parses is damage: one line naming the store); `insert_evaluation`, which writes a
+training's row; and `serving`, the query for the row that serves a genome (the cache's one rule,
+`towerlab.search.records`). The tables are described in `towerlab.search.schema`."""
 
 from __future__ import annotations
 
@@ -11,12 +12,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
+from towerlab.config import upgrade_search_config
 from towerlab.search.candidates import Candidate, Outcome
-from towerlab.search.database import Database, Transaction, damaged
+from towerlab.search.database import Backend, Transaction, damaged
 
 
 @dataclass(frozen=True)
 class SearchRow:
+    """A row of `searches`, its JSON parsed (a search's settings in today's fields: `upgrade_search_config`);
+    `towerlab.search.search.Search.of_row` is the search it records."""
+
     id: int
     sampler: str
     config: dict
@@ -31,7 +36,38 @@ class SearchRow:
 
 
 @dataclass(frozen=True)
+class GenerationRow:
+    """A row of `generations`: its members from when it began, its results and statistics once complete."""
+
+    search_id: int
+    generation: int
+    members: list
+    results: Optional[list]
+    stats: Optional[dict]
+    complete: bool
+    started: str
+    finished: Optional[str]
+    watermark: Optional[int] = None
+
+    @property
+    def final_results(self) -> list:
+        """A complete generation's member records (written with its statistics, as it completed)."""
+        if self.results is None:
+            raise TypeError(f"generation {self.generation + 1} of search {self.search_id} holds no results")
+        return self.results
+
+    @property
+    def final_stats(self) -> dict:
+        """A complete generation's statistics (written with its results, as it completed)."""
+        if self.stats is None:
+            raise TypeError(f"generation {self.generation + 1} of search {self.search_id} holds no statistics")
+        return self.stats
+
+
+@dataclass(frozen=True)
 class Evaluation:
+    """A row of `evaluations`: one training, its outcome, and where it was trained."""
+
     id: int
     genome_hash: str
     train_config_hash: str
@@ -56,19 +92,6 @@ class Evaluation:
 
 
 @dataclass(frozen=True)
-class GenerationRow:
-    search_id: int
-    generation: int
-    members: list
-    results: Optional[list]
-    stats: Optional[dict]
-    complete: bool
-    started: str
-    finished: Optional[str]
-    watermark: Optional[int] = None
-
-
-@dataclass(frozen=True)
 class Task:
     """A piece of a search's work as the queue holds it: `candidate` to train under `train_config_hash`
     (kind "train"), or to retrain for its test accuracy (kind "test")."""
@@ -85,57 +108,97 @@ class Task:
     result: Optional[dict]
     seconds: Optional[float] = None  # from its claim to its end, when done
 
+    @property
+    def test_accuracy(self) -> Optional[float]:
+        """The test accuracy its result gives: a test task's, or a training task's whose network was
+        scored on the test split as it ended (it entered its search's top then); None where it gives
+        none (not done, failed, or not scored)."""
+        result = self.result or {}
+        return result.get("test_accuracy") if result.get("status") == "ok" else None
 
-class Records:
-    """What the parts of a store share (see the module's docstring)."""
 
-    db: Database
-    path: Path | str
+class Rows:
+    """Rows read from a store's backend, as the values above; `where` names the store in messages."""
 
-    def _read(self, sql: str, args: tuple = ()) -> list[dict]:
+    def __init__(self, db: Backend, where: Path | str) -> None:
+        self.db, self.where = db, where
+
+    def read(self, sql: str, args: tuple = ()) -> list[dict]:
         return self.db.read(sql, args)
 
-    def _json(self, text: Optional[str]) -> Any:
+    def json(self, text: Optional[str]) -> Any:
         try:
             return None if text is None else json.loads(text)
         except ValueError as e:  # bytes changed inside a row: the pages are sound, the data is not
-            raise damaged(self.path, f"unreadable record: {e}") from None
+            raise damaged(self.where, f"unreadable record: {e}") from None
 
-    def _evaluation(self, row: dict) -> Evaluation:
+    def search(self, row: dict) -> SearchRow:
         data = dict(row)
-        data["genome"] = self._json(data["genome"])
-        data["numerics"] = self._json(data["numerics"])
-        data["provenance"] = self._json(data.get("provenance"))
+        for key in ("config", "space", "summary", "setup"):
+            data[key] = self.json(data.get(key))
+        if isinstance(data["config"], dict):  # a search recorded before a setting existed ran without it
+            data["config"] = upgrade_search_config(data["config"], data["sampler"])
+        return SearchRow(**data)
+
+    def evaluation(self, row: dict) -> Evaluation:
+        data = dict(row)
+        data["genome"] = self.json(data["genome"])
+        data["numerics"] = self.json(data["numerics"])
+        data["provenance"] = self.json(data.get("provenance"))
         data["index"] = data.pop("idx")
         return Evaluation(**data)
 
-    def _task(self, row: dict) -> Task:
-        genome = self._json(row["genome"])
+    def generation(self, row: dict) -> GenerationRow:
+        data = dict(row)
+        for key in ("members", "results", "stats"):
+            data[key] = self.json(data[key])
+        data["complete"] = bool(data["complete"])
+        return GenerationRow(**data)
+
+    def task(self, row: dict) -> Task:
+        genome = self.json(row["genome"])
         if not isinstance(genome, dict):  # an edited row: never trained (`show.records_of` names it)
             raise TypeError(f"task {row['id']}'s genome is a {type(genome).__name__}, not an object")
         candidate = Candidate(row["generation"], row["idx"], genome, row["genome_hash"],
                               int(row["seed"]), row["max_epochs"], row["replicate"])
         seconds = (row["finished"] - row["claimed"]) if row.get("finished") and row.get("claimed") else None
         return Task(row["id"], row["search_id"], row["kind"], candidate, row["train_config_hash"], row["state"],
-                    row["worker"], row["attempts"], row["lost"], self._json(row["result"]), seconds)
+                    row["worker"], row["attempts"], row["lost"], self.json(row["result"]), seconds)
 
-    @staticmethod
-    def _insert_evaluation(tx: Transaction, candidate: Candidate, outcome: Outcome, train_config_hash: str,
-                           search_id: int) -> dict:
-        fitness = outcome.fitness if outcome.status == "ok" else None
-        val_loss = outcome.val_loss if outcome.val_loss is None or math.isfinite(outcome.val_loss) else None
-        tx.run("INSERT INTO evaluations (genome_hash, train_config_hash, genome, status, fitness, val_loss,"
-               " test_accuracy, epochs, seconds, worker, reason, search_id, generation, idx, seed, finished_at,"
-               " max_epochs, replicate, numerics, provenance)"
-               " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, {stamp}, ?, ?, ?, ?)"
-               " ON CONFLICT (search_id, genome_hash, train_config_hash, replicate) DO NOTHING",
-               (candidate.genome_hash, train_config_hash, json.dumps(candidate.genome), outcome.status, fitness,
-                val_loss, None, outcome.epochs, outcome.seconds, outcome.worker, outcome.reason, search_id,
-                candidate.generation, candidate.index, candidate.seed, candidate.max_epochs,
-                candidate.replicate,
-                None if outcome.numerics is None else json.dumps(outcome.numerics, sort_keys=True),
-                None if outcome.provenance is None else json.dumps(outcome.provenance, sort_keys=True)))
-        row = tx.one("SELECT * FROM evaluations WHERE search_id = ? AND genome_hash = ? AND train_config_hash = ?"
-                     " AND replicate = ?", (search_id, candidate.genome_hash, train_config_hash, candidate.replicate))
-        assert row is not None
-        return row
+
+def serving(genome_hash: str, train_config_hash: str, search_id: Optional[int], replicate: int = 0,
+            watermark: Optional[int] = None) -> tuple[str, tuple]:
+    """The query (SQL, arguments) for the evaluation that serves a genome: the row of `search_id` itself
+    if it has one (ok or failed), else the oldest successful row of any search (of those up to id
+    `watermark`, when given)."""
+    others = "status = 'ok'" + ("" if watermark is None else " AND id <= ?")
+    bound = () if watermark is None else (watermark,)
+    if search_id is None:
+        return (f"SELECT * FROM evaluations WHERE genome_hash = ? AND train_config_hash = ? AND replicate = ?"
+                f" AND {others} ORDER BY id LIMIT 1", (genome_hash, train_config_hash, replicate, *bound))
+    return (f"SELECT * FROM evaluations WHERE genome_hash = ? AND train_config_hash = ? AND replicate = ?"
+            f" AND (search_id = ? OR ({others})) ORDER BY CASE WHEN search_id = ? THEN 0 ELSE 1 END, id LIMIT 1",
+            (genome_hash, train_config_hash, replicate, search_id, *bound, search_id))
+
+
+def insert_evaluation(tx: Transaction, candidate: Candidate, outcome: Outcome, train_config_hash: str,
+                      search_id: int) -> dict:
+    """Write one training's row in `tx`, unless the search has a row for its key already (another process
+    got there first: that one stays); the row."""
+    fitness = outcome.fitness if outcome.status == "ok" else None
+    val_loss = outcome.val_loss if outcome.val_loss is None or math.isfinite(outcome.val_loss) else None
+    tx.run("INSERT INTO evaluations (genome_hash, train_config_hash, genome, status, fitness, val_loss,"
+           " test_accuracy, epochs, seconds, worker, reason, search_id, generation, idx, seed, finished_at,"
+           " max_epochs, replicate, numerics, provenance)"
+           " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, {stamp}, ?, ?, ?, ?)"
+           " ON CONFLICT (search_id, genome_hash, train_config_hash, replicate) DO NOTHING",
+           (candidate.genome_hash, train_config_hash, json.dumps(candidate.genome), outcome.status, fitness,
+            val_loss, None, outcome.epochs, outcome.seconds, outcome.worker, outcome.reason, search_id,
+            candidate.generation, candidate.index, candidate.seed, candidate.max_epochs,
+            candidate.replicate,
+            None if outcome.numerics is None else json.dumps(outcome.numerics, sort_keys=True),
+            None if outcome.provenance is None else json.dumps(outcome.provenance, sort_keys=True)))
+    row = tx.one("SELECT * FROM evaluations WHERE search_id = ? AND genome_hash = ? AND train_config_hash = ?"
+                 " AND replicate = ?", (search_id, candidate.genome_hash, train_config_hash, candidate.replicate))
+    assert row is not None
+    return row

@@ -1,12 +1,15 @@
 """A search, resolved once: its settings with every default and sampler setting decided (re-measuring
-included), its space, pruner and plan, and once it is in a store, its id, the hash of its training
-settings and how its workers train (`setup`). The job, every worker and `towerlab search show` take
-this one object, as Optuna's processes take one Study:
+included), its space, shape, pruner and plan, and once it is in a store, its id, the hash of its
+training settings, its rungs (`ladder`: each rung's epochs and the hash its rows are stored under) and
+how its workers train (`setup`). It is the only reader of a stored search: the job, every worker,
+`towerlab search show`, `search export` and the job's record take this one object, as Optuna's
+processes take one Study:
 
 - `Search.resolve(cfg, space)` makes every refusal that needs no store, before anything is written;
 - `search.create(store, ...)` records a new search, `search.resume(store, id)` checks that a stored one
   is the same and continues it;
-- `Search.open(store, id)` rebuilds it from the store alone, as a worker on another machine does.
+- `Search.open(store, id)` (or `Search.of_row`) rebuilds it from the store alone, as a worker on another
+  machine does. Its sampler is built where it proposes (`play`), never to learn its shape.
 
 `search.play(store, train)` is the one loop every search runs: the sampler proposes a generation,
 `Rounds` serves it from the store or trains it through the `Trainer` (pruning as asked), the networks
@@ -24,20 +27,20 @@ import functools
 import math
 import uuid
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Callable, Optional
+from typing import Callable, Optional
 
 from towerlab.config import SearchConfig
 from towerlab.errors import UserError
 from towerlab.fields import to_dict
 from towerlab.search.history import Generation, GenerationStats, SearchResult, TopGenome
+from towerlab.search.pruners import Ladder, Pruner, make_pruner
 from towerlab.search.rounds import Rounds
-from towerlab.search.pruners import Pruner, make_pruner
-from towerlab.search.samplers import InFlight, Sampler, make_sampler, resolved_settings
+from towerlab.search.rows import SearchRow
+from towerlab.search.samplers import (InFlight, Sampler, Shape, budget_left, make_sampler, resolved_settings,
+                                      sampler_class, sampler_shape)
 from towerlab.search.space import Space, load_space, space_of
-
-if TYPE_CHECKING:
-    from towerlab.search.candidates import Trainer
-    from towerlab.search.store import SearchRow, Store
+from towerlab.search.store import Store
+from towerlab.search.trainers import Trainer
 
 # What every search must keep to resume: it changes what is trained or how it is ranked (the
 # space and the training-config hash are checked as well, and each sampler adds what it `reads`).
@@ -48,26 +51,16 @@ IDENTITY = ("seed", "remeasure", "min_epochs", "prune_factor", "prune_places")
 # the search says what it is doing before it starts.
 LARGE_GENERATION = 10_000
 
+# Settings every stored search records (its sampler's, its budget's, its rungs'): a record without one
+# was edited, and is named as such (`towerlab.search.show.records_of`) rather than read with a default.
+RECORDED = ("seed", "max_epochs", "top", "generations", "population")
+
 DEFAULT_REMEASURE = 2
 # Of a search's trainings, the most that default re-measuring may add: a quarter, because the
 # networks it re-measures are the largest ones as often as not, and races re-measure more (a quick
 # search of 8 one-epoch MNIST trainings with 2 seeds for its top 2 spent 98 s re-measuring against 92 s
 # searching: bench/results/quick-search-mnist-2026-11-25.json).
 REMEASURE_SHARE = 0.25
-
-
-@dataclass(frozen=True)
-class Shape:
-    """What the plan needs of a search's sampler: its generations' size, the elite it re-measures
-    after each, and whether it proposes everything at once."""
-
-    population: int
-    elite: int
-    one_generation: bool
-
-    @classmethod
-    def of(cls, sampler: Sampler) -> Shape:
-        return cls(sampler.population, sampler.elite, sampler.one_generation)
 
 
 def planned_trainings(cfg: SearchConfig, shape: Shape) -> dict:
@@ -110,7 +103,6 @@ class Search:
 
     cfg: SearchConfig
     space: Space
-    shape: Shape
     id: Optional[int] = None
     train_config_hash: Optional[str] = None
     setup: dict = field(default_factory=dict)
@@ -122,30 +114,48 @@ class Search:
         a setting it refuses, a budget its generations cannot hold): a UserError, before anything is
         written. Re-measuring and the sampler's own settings are decided here, as the search records them."""
         space = space if space is not None else load_space(cfg.space)
-        shape = Shape.of(make_sampler(cfg, space))
-        return cls(resolved_settings(resolved_remeasure(cfg, shape)), space, shape)
+        return cls(resolved_settings(resolved_remeasure(cfg, sampler_shape(cfg, space))), space)
 
     @classmethod
     def open(cls, store: Store, search_id: int) -> Search:
         """A stored search, from the store alone (its settings were resolved when it was created)."""
-        row = store.search(search_id)
+        row = store.records.search(search_id)
         if row is None:
             raise UserError(f"store {store.path} holds no search {search_id}")
         return cls.of_row(row, str(store.path))
 
     @classmethod
     def of_row(cls, row: SearchRow, where: str) -> Search:
-        cfg = SearchConfig(**row.config)
+        """The search a store's row records (`where`: the store, as messages name it)."""
+        missing = [name for name in RECORDED if name not in row.config]
+        if missing:
+            raise KeyError(f"search {row.id}'s settings lack {missing[0]}")
         space = space_of({"model": row.space["model"], "genes": row.space["genes"]}, row.space["name"],
                          f"search {row.id} of store {where}")
-        return cls(cfg, space, Shape.of(make_sampler(cfg, space)), row.id, row.train_config_hash, row.setup or {},
-                   where)
+        return cls(SearchConfig(**row.config), space, row.id, row.train_config_hash, row.setup or {}, where)
 
     # -- what the settings decide --------------------------------------------------------------------
+
+    @property
+    def stored_id(self) -> int:
+        """Its id in its store (a search that is in one)."""
+        assert self.id is not None, "the id of a search in a store"
+        return self.id
+
+    @functools.cached_property
+    def shape(self) -> Shape:
+        """Its sampler's shape (`sampler_shape`: the sampler is not built)."""
+        return sampler_shape(self.cfg, self.space)
 
     @functools.cached_property
     def pruner(self) -> Pruner:
         return make_pruner(self.cfg)
+
+    @functools.cached_property
+    def ladder(self) -> Ladder:
+        """Its rungs in its store: each one's epochs and the training-config hash its rows are stored under."""
+        assert self.train_config_hash is not None, "the ladder of a search in a store"
+        return Ladder(self.pruner, self.train_config_hash)
 
     @functools.cached_property
     def plan(self) -> dict:
@@ -157,6 +167,12 @@ class Search:
         """The generations it may run (1 for a sampler that proposes everything at once)."""
         return 1 if self.shape.one_generation else self.cfg.generations
 
+    @property
+    def tests_top(self) -> bool:
+        """Whether its top networks get a test accuracy: its data has a test split (as its setup records;
+        a search recorded before setups were is tested)."""
+        return bool(self.setup.get("test", True))
+
     def new_sampler(self) -> Sampler:
         """A sampler in its initial state, for one play of the search (samplers keep what they were told)."""
         return make_sampler(self.cfg, self.space)
@@ -167,15 +183,15 @@ class Search:
                token: Optional[str] = None) -> Search:
         """This search recorded as a new search of `store`."""
         setup = setup or {}
-        search_id = store.begin_search(self.cfg.sampler, to_dict(self.cfg), self.space, train_config_hash, setup,
-                                       token or uuid.uuid4().hex)
+        search_id = store.records.begin_search(self.cfg.sampler, to_dict(self.cfg), self.space, train_config_hash,
+                                               setup, token or uuid.uuid4().hex)
         return replace(self, id=search_id, train_config_hash=train_config_hash, setup=setup, where=str(store.path))
 
     def resume(self, store: Store, resume: int | bool, train_config_hash: str) -> Search:
         """The stored search to continue (resume=True: the store's latest search with this sampler;
         resume=ID: that one), after checking that it is this one; its budget may grow."""
         cfg = self.cfg
-        row = store.latest_search(cfg.sampler) if resume is True else store.search(int(resume))
+        row = store.records.latest_search(cfg.sampler) if resume is True else store.records.search(int(resume))
         if row is None:
             which = f"search {resume}" if resume is not True else f"{cfg.sampler} search"
             raise UserError(f"store {store.path} holds no {which} to resume: start a new search without --resume")
@@ -190,21 +206,21 @@ class Search:
                             f"patience, batch size, device kind, CPU threads per candidate, the model function's "
                             f"source, or an older towerlab's): resume with the same ones")
         config = to_dict(cfg)
-        for name in (*IDENTITY, *make_sampler(cfg, self.space).reads()):
+        for name in (*IDENTITY, *sampler_class(cfg.sampler).reads()):
             if row.config.get(name) != config[name]:
                 raise UserError(f"store {store.path} holds a search with --{name.replace('_', '-')} "
                                 f"{row.config.get(name)}, not {config[name]}: resume with the same setting")
-        done = store.generations(row.id)
+        done = store.records.generations(row.id)
         complete = sum(g.complete for g in done)
         if cfg.generations < complete:
             raise UserError(f"store {store.path} already holds {complete} complete generations: "
                             f"resume with --generations {complete} or more")
-        trained = sum(g.stats["evaluated"] for g in done if g.complete)
+        trained = sum(g.final_stats["evaluated"] for g in done if g.complete)
         if cfg.max_evaluations is not None and cfg.max_evaluations < trained:
             raise UserError(f"store {store.path} already holds {trained} evaluations of this search: "
                             f"resume with --max-evaluations {trained} or more")
         if row.config != config or row.finished is None:
-            store.resume_search(row.id, config)
+            store.records.resume_search(row.id, config)
         return replace(self, id=row.id, train_config_hash=row.train_config_hash, setup=row.setup or {},
                        where=str(store.path))
 
@@ -220,13 +236,12 @@ class Search:
         assert self.id is not None and self.train_config_hash is not None, "play a search that is in a store"
         cfg = self.cfg
         sampler = self.new_sampler()
-        rounds = Rounds(store, self.id, cfg, self.train_config_hash, train)
+        rounds = Rounds(store, self.id, cfg, self.ladder, train)
         history: list[Generation] = []
         ahead: Optional[InFlight] = None  # the next generation, begun while the one before trained
         while len(history) < cfg.generations:
             g = len(history)
-            budget = (None if cfg.max_evaluations is None
-                      else cfg.max_evaluations - sum(x.stats.evaluated for x in history))
+            budget = budget_left(cfg, history)
             if budget == 0:
                 break
             if history and sampler.elite:
@@ -246,8 +261,7 @@ class Search:
                 # the queue: a worker that finishes before this generation's last training takes it.
                 following = sampler.propose(history, current)
                 if following:
-                    nxt = None if budget is None else budget - current.new
-                    ahead = InFlight(tuple(following), rounds.begin(g + 1, following, nxt))
+                    ahead = InFlight(tuple(following), rounds.begin(g + 1, following, budget_left(cfg, history, current)))
                     rounds.prefetch(g + 1)
             generation = rounds.finish(g)
             sampler.tell(generation)
@@ -260,7 +274,7 @@ class Search:
         """The result, also written to the store as the search's summary (by the first process to finish
         it, and only under the settings it was played with: a resume that changed them has it played again)."""
         assert self.id is not None
-        trainings = store.evaluations(self.id)
+        trainings = store.records.evaluations(self.id)
         result = SearchResult(
             sampler=self.cfg.sampler,
             history=tuple(history),
@@ -274,7 +288,7 @@ class Search:
             seconds=math.fsum(g.stats.seconds for g in history),
             search_id=self.id,
         )
-        store.finish_search(self.id, {
+        store.records.finish_search(self.id, {
             "evaluations": result.evaluations, "cache_hits": result.cache_hits, "failures": result.failures,
             "generations": result.generations, "trainings": result.trainings, "train_seconds": result.train_seconds,
             "seconds": result.seconds, "top": [t.to_json() for t in top],

@@ -14,8 +14,7 @@ from typing import Callable, Iterator, Optional, TypeVar
 
 from towerlab.errors import UserError
 from towerlab.search.location import is_url, store_location, with_password
-from towerlab.search.pruners import rung_epochs
-from towerlab.search.space import space_of
+from towerlab.search.search import Search
 from towerlab.search.store import STORE_NAME, SearchRow, Store
 
 # The columns of `--csv`, in order; the genes follow as gene_<name>.
@@ -83,7 +82,7 @@ def misformed_record(store: Store) -> str | None:
             return f"{type(value).__name__}, not a list"
         return next((f"item {i}: {why}" for i, item in enumerate(value) if (why := lacks(item, keys))), None)
 
-    for search in store.searches():
+    for search in store.records.searches():
         where = f"search {search.id}"
         if not isinstance(search.config, dict):
             return f"{where}'s settings are a {type(search.config).__name__}"
@@ -97,7 +96,7 @@ def misformed_record(store: Store) -> str | None:
             where += "'s summary"
         if why:
             return f"{where}: {why}"
-        for generation in store.generations(search.id):
+        for generation in store.records.generations(search.id):
             where = f"generation {generation.generation + 1} of search {search.id}"
             why = (rows(generation.members, _MEMBER)  # type: ignore[assignment]  # a str, or False: none
                    or (generation.results is not None and rows(generation.results, _RESULT))
@@ -105,13 +104,13 @@ def misformed_record(store: Store) -> str | None:
             if why:
                 return f"{where}: {why}"
         try:
-            tasks = store.tasks(search.id)
+            tasks = store.queue.tasks(search.id)
         except TypeError as exc:  # a task's genome (the store reads no task of that form)
             return f"search {search.id}: {exc}"
         for task in tasks:
             if not isinstance(task.result, (dict, type(None))):
                 return f"search {search.id}: task {task.id}'s result is a {type(task.result).__name__}, not an object"
-    for evaluation in store.evaluations():
+    for evaluation in store.records.evaluations():
         if not isinstance(evaluation.genome, dict) or not isinstance(evaluation.numerics, (dict, type(None))):
             return f"evaluation {evaluation.id}: its genome or numerics are not an object"
     return None
@@ -146,10 +145,6 @@ def format_search(store_or_path: Store | str | os.PathLike, search_id: Optional[
     return _open(store_or_path, lambda store: _format(store, search_id))
 
 
-def _ladder(config: dict) -> list[int]:
-    return rung_epochs(config["max_epochs"], config.get("min_epochs"), config.get("prune_factor", 3))
-
-
 def evaluation_records(store_or_path: Store | str | os.PathLike) -> list[dict]:
     """Every training the store holds, in the order they finished: which search made it (and its
     sampler), where (generation, index; -1 for a re-measure), the rung and its epochs, the
@@ -158,14 +153,13 @@ def evaluation_records(store_or_path: Store | str | os.PathLike) -> list[dict]:
     precision, torch version) and provenance (host, towerlab version, the digests of the training
     code and of the data), None where the store predates them, and the genome."""
     def records(store: Store) -> list[dict]:
-        searches = {s.id: s for s in store.searches()}
-        ladders = {i: _ladder(s.config) for i, s in searches.items()}
+        searches = {row.id: Search.of_row(row, str(store.path)) for row in store.records.searches()}
         rows = []
-        for e in store.evaluations():
-            ladder = ladders[e.search_id]
-            rows.append({"id": e.id, "search": e.search_id, "sampler": searches[e.search_id].sampler,
+        for e in store.records.evaluations():
+            search = searches[e.search_id]
+            rows.append({"id": e.id, "search": e.search_id, "sampler": search.cfg.sampler,
                          "generation": e.generation + 1, "index": e.index,  # from 1, as the console counts
-                         "rung": ladder.index(e.max_epochs) if e.max_epochs in ladder else None,
+                         "rung": search.ladder.rung_of(e.max_epochs),
                          "max_epochs": e.max_epochs, "replicate": e.replicate, "seed": e.seed, "status": e.status,
                          "val_accuracy": e.fitness, "val_loss": e.val_loss, "test_accuracy": e.test_accuracy,
                          "epochs": e.epochs, "seconds": e.seconds, "worker": e.worker,
@@ -197,7 +191,7 @@ def records_json(records: list[dict]) -> str:
 
 
 def _format(store: Store, search_id: Optional[int]) -> str:
-    searches = store.searches() if search_id is None else [s for s in store.searches() if s.id == search_id]
+    searches = store.records.searches() if search_id is None else [s for s in store.records.searches() if s.id == search_id]
     if not searches:
         return f"{store.path}: no searches yet"
     return "\n\n".join([*(_format_one(store, search) for search in searches), *_format_workers(store)])
@@ -211,7 +205,7 @@ SILENT = 60.0
 def _format_workers(store: Store) -> list[str]:
     """The workers that joined the store: those at work (what each holds), those silent for long
     (gone without a word: their leases lapse), how many left."""
-    workers = store.workers()
+    workers = store.queue.workers()
     if not workers:
         return []
     here = [w for w in workers if w["left_at"] is None]
@@ -229,56 +223,56 @@ def _acc(x: Optional[float]) -> str:
     return "-" if x is None else f"{x:.4f}"
 
 
-def _shape(search: SearchRow, generations: list) -> str:
-    cfg = search.config
-    if search.sampler == "grid":
-        shape = f"limit {cfg['limit']}" if cfg.get("limit") else "every genome"
+def _shape(search: Search, generations: list) -> str:
+    cfg = search.cfg
+    if cfg.sampler == "grid":
+        shape = f"limit {cfg.settings['limit']}" if cfg.settings.get("limit") else "every genome"
     else:  # without --population, the sampler's own: the size of its generations (a budget may cut the last)
-        population = cfg["population"] or max((len(g.members) for g in generations), default="default")
-        shape = f"population {population}, {cfg['generations']} generation{'' if cfg['generations'] == 1 else 's'}"
-    if cfg.get("max_evaluations"):
-        shape += f", at most {cfg['max_evaluations']} evaluations"
-    if cfg.get("min_epochs"):
-        places = ", places counted over the new" if cfg.get("prune_places") == "new" else ""
-        shape += f", pruned (rungs of {'/'.join(map(str, _ladder(cfg)))} epochs{places})"
-    if cfg.get("remeasure"):
-        shape += f", the crowned re-measured with {cfg['remeasure']} more seeds"
+        population = cfg.population or max((len(g.members) for g in generations), default="default")
+        shape = f"population {population}, {cfg.generations} generation{'' if cfg.generations == 1 else 's'}"
+    if cfg.max_evaluations:
+        shape += f", at most {cfg.max_evaluations} evaluations"
+    if cfg.min_epochs:
+        places = ", places counted over the new" if cfg.prune_places == "new" else ""
+        shape += f", pruned (rungs of {'/'.join(map(str, search.ladder.epochs))} epochs{places})"
+    if cfg.remeasure:
+        shape += f", the crowned re-measured with {cfg.remeasure} more seeds"
     return shape
 
 
-def _format_one(store: Store, search: SearchRow) -> str:
+def _format_one(store: Store, row: SearchRow) -> str:
+    search = Search.of_row(row, str(store.path))
     space = search.space
-    size = space_of({"model": space["model"], "genes": space["genes"]}, space["name"], f"store {store.path}").size_text
-    running = not search.finished and store.at_work(search.id, SILENT)
-    state = (f"finished {search.finished}" if search.finished else "running" if running else
+    running = not row.finished and store.queue.at_work(row.id, SILENT)
+    state = (f"finished {row.finished}" if row.finished else "running" if running else
              "not finished, and no worker is at it (continue it with `towerlab search run --resume DIR`, or start "
              "`towerlab search worker`)")
-    generations = store.generations(search.id)
-    lines = [f"search {search.id}: {search.sampler} over space {space['name']} (model {space['model']}, "
-             f"{size}), seed {search.config['seed']}, {_shape(search, generations)}; "
-             f"started {search.created}, {state}",
+    generations = store.records.generations(row.id)
+    lines = [f"search {row.id}: {search.cfg.sampler} over space {space.name} (model {space.model}, "
+             f"{space.size_text}), seed {search.cfg.seed}, {_shape(search, generations)}; "
+             f"started {row.created}, {state}",
              f"  {'gen':>4} {'evaluated':>9} {'cached':>7} {'failed':>6} {'best':>7} {'mean':>7} "
              f"{'worst':>7} {'seconds':>9}"]
     totals = {"evaluated": 0, "cached": 0, "failed": 0, "seconds": 0.0}
-    trained = store.evaluations(search.id)
+    trained = store.records.evaluations(search.id)
     for gen in generations:
         if not gen.complete:
             done = sum(e.generation == gen.generation and e.replicate == 0 for e in trained)
             lines.append(f"  {gen.generation + 1:>4} incomplete: {done} evaluation(s) recorded of "
                          f"{len(gen.members)} members")
             continue
-        s = gen.stats
+        s = gen.final_stats
         for key in totals:
             totals[key] += s[key]
         lines.append(f"  {gen.generation + 1:>4} {s['evaluated']:>9} {s['cached']:>7} {s['failed']:>6} "
                      f"{_acc(s['best']):>7} {_acc(s['mean']):>7} {_acc(s['worst']):>7} "
                      f"{s['seconds']:>9.1f}")
-    top = _top(store, search)
-    if search.finished:
+    top = _top(store, row, search.cfg.top)
+    if row.finished:
         lines.append(f"  {totals['evaluated']} evaluations, {totals['cached']} cache hits, "
                      f"{totals['failed']} failures, {totals['seconds']:.1f} s")
     else:  # the generations' counts come as each completes: the queue says where a running search stands
-        queue = store.tasks(search.id)
+        queue = store.queue.tasks(row.id)
         closed = [t for t in queue if t.state == "done"]
         held = sorted({t.worker for t in queue if t.state == "claimed" and t.worker})
         failed = sum((t.result or {}).get("status") == "failed" for t in closed)
@@ -286,9 +280,9 @@ def _format_one(store: Store, search: SearchRow) -> str:
         lines.append(f"  so far: {len(closed)} training(s) done ({failed} failed), "
                      f"{sum(t.state == 'claimed' for t in queue)} in progress" + (f" ({', '.join(held)})" if held else "")
                      + f", {sum(t.state == 'open' for t in queue)} waiting{best}")
-    lines += _provenances(store.evaluations(search.id))
+    lines += _provenances(store.records.evaluations(search.id))
     if top:
-        lines.append(f"  top {len(top)}:" if search.finished else f"  top {len(top)} so far (measured once):")
+        lines.append(f"  top {len(top)}:" if row.finished else f"  top {len(top)} so far (measured once):")
         lines.append(f"  {'rank':>4} {'val acc':>8} {'+-':>7} {'seeds':>5} {'test acc':>8}  genome")
         for rank, (genome, fitness, fitnesses, test) in enumerate(top, 1):
             spread = f"{statistics.stdev(fitnesses):.4f}" if len(fitnesses) > 1 else "-"
@@ -297,14 +291,14 @@ def _format_one(store: Store, search: SearchRow) -> str:
     return "\n".join(lines)
 
 
-def _top(store: Store, search: SearchRow) -> list[tuple[dict, float, list[float], Optional[float]]]:
-    """(genome, fitness, its fitnesses, test accuracy) of the crowned top, or of the best so far."""
+def _top(store: Store, search: SearchRow, n: int) -> list[tuple[dict, float, list[float], Optional[float]]]:
+    """(genome, fitness, its fitnesses, test accuracy) of the crowned top, or of the best `n` so far."""
     if search.summary is None:
-        return [(e.genome, e.fitness, [e.fitness], e.test_accuracy)
-                for e in store.search_top(search.id, search.config["top"])]
+        return [(e.genome, e.fitness, [e.fitness], e.test_accuracy) for e in store.records.search_top(search.id, n)
+                if e.fitness is not None]  # every one: they succeeded
     top = []
     for entry in search.summary["top"]:
-        row = store.lookup(entry["genome_hash"], entry["train_config_hash"], search.id)
+        row = store.records.lookup(entry["genome_hash"], entry["train_config_hash"], search.id)
         top.append((entry["genome"], entry["fitness"], entry["fitnesses"], None if row is None else row.test_accuracy))
     return top
 

@@ -1,84 +1,49 @@
 """The search store: every evaluation, every generation, what resume replays, and the queue of work that
-every worker claims from. An SQLite file (one machine) or a PostgreSQL database (many), the same tables
-in both (`towerlab.search.schema`, `towerlab.search.database`):
+every worker claims from. An SQLite file (one machine) or a PostgreSQL database (many), the same tables in
+both. A `Store` is made of parts over one backend, none of which knows the others:
 
-searches     id, sampler (its name), config (SearchConfig JSON), space (JSON: name, model, genes),
-             space_fingerprint, train_config_hash, created, finished (NULL while running or
-             interrupted), summary (JSON counts and the top, when finished), setup (JSON: how its
-             workers train: device kind, threads, the model, the data, and what a worker checks before
-             it joins, `towerlab.jobs.identity`; NULL before schema 4), token
-             (what its creator named it by, so a retried creation makes one search).
-evaluations  one row per training: genome_hash, train_config_hash (of a pruned search's lower rung,
-             see `towerlab.search.rounds`), genome (JSON), status ('ok'|'failed'), fitness
-             (validation accuracy; NULL unless ok), val_loss, test_accuracy (set by a test task),
-             epochs (trained), max_epochs (the budget it trained under), replicate (0: the
-             evaluation; 1..: a re-measure with a fresh seed), seconds, worker, reason (why it
-             failed), search_id, generation, idx (-1 for a re-measure), seed, finished_at, numerics
-             (JSON: what the result depends on besides its settings and seed, as the worker saw it:
-             device, threads, precision, torch; NULL before schema 3), provenance (JSON: where it was
-             trained: host, towerlab, torch, code (the training code's digest), device (its name), data
-             (the data's digest); NULL before schema 5). Unique per (search_id,
-             genome_hash, train_config_hash, replicate): writing a row a search already has is a no-op
-             that returns the row.
-generations  (search_id, generation) key, members (JSON list of {genome_hash, genome} in population
-             order, written when the generation begins, with `watermark`, the newest evaluation id
-             then), results (JSON per-member records) and stats (JSON), written with complete = 1 when
-             it ends; started, finished.
-tasks        the queue: one row per training a search needs and no evaluation serves (kind 'train':
-             an evaluation, a higher rung, a re-measure) or per retraining of a top network for its
-             test accuracy (kind 'test'), unique per (search_id, kind, genome_hash,
-             train_config_hash, replicate); state 'open', 'claimed' (by `worker`, until
-             `lease_until` on the database's clock) or 'done'; attempts (claims so far), lost (why the
-             last claimant lost it), result (a test task's outcome, JSON).
-workers      every worker that joined: id (its name: host, pid, device and a random token), host
-             (where its pid names it: the host name, its boot and PID namespace), pid, device, started,
-             seen (its last claim or renewal), left_at, task (what it holds now).
-
-The cache: `lookup` serves a search its own row first, whatever its status, and otherwise the oldest
-'ok' row of any search, written before the generation began (its watermark): so every worker of a
-search, whenever it looks, takes the same decision. A failed candidate is not retried by the search
-that failed it, resumed or not (its history stays reproducible), while a later search retries it (the
-failure may have been the machine's: out of memory, a lost worker). Two searches running at once may
-both train a genome neither found; each keeps its own row and its own history, as if it had run alone.
-
-The queue: `claim` hands a worker the first open task (or one whose lease lapsed) of the searches it
-works on, the oldest generation's first and the largest of those first, in one transaction; `renew` extends the lease while it trains; `complete`
-writes the result and closes the task in one transaction, only while the worker still holds it, so a
-worker that comes back after its lease lapsed cannot write a second result. A task whose workers were
-lost `attempts` times is recorded as failed by the next claim instead of being handed out again.
-
-Durability: one transaction per write, so a process killed mid-write leaves no half row; SQLite
-stores are WAL with synchronous=FULL. An older store (1: before samplers; 2: before numerics; 3: before
-the queue; 4: before provenance) is migrated in place when opened. A damaged file (SQLite's quick_check at
-open, a read that finds a page malformed, a record that no longer parses) is a UserError that names
-the file and what to do.
+- the backend (`towerlab.search.database.Backend`: `towerlab.search.sqlite`, `towerlab.search.postgresql`),
+  what `connect` opens for a store's name: the one SQL text the parts write, run in its dialect, each
+  write one transaction, retried where its connection was lost;
+- the schema (`towerlab.search.schema`), which the backend checks when the store opens: made in an empty
+  database, an older store migrated in place, a damaged, foreign or newer one refused in one line;
+- `records` (`towerlab.search.records.Records`): searches, evaluations and generations, and the cache's
+  rule of which row serves a genome;
+- `queue` (`towerlab.search.tasks.TaskQueue`): the tasks workers claim under leases and close once, and
+  the workers; its rules are documented there.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import uuid
 from pathlib import Path
-from typing import Optional, Sequence
 
-from towerlab.config import upgrade_search_config
 from towerlab.errors import UserError
-from towerlab.search.candidates import Candidate, Outcome
-from towerlab.search.database import CHUNK, Database, PostgreSQL, SQLite, Transaction, connect, placeholders
+from towerlab.search.database import Database
 from towerlab.search.location import is_url, store_location
+from towerlab.search.postgresql import PostgreSQL
+from towerlab.search.records import Records
 from towerlab.search.rows import Evaluation, GenerationRow, SearchRow, Task
-from towerlab.search.schema import NoStore, open_postgresql, open_sqlite
-from towerlab.search.space import Space
+from towerlab.search.schema import NoStore
+from towerlab.search.sqlite import SQLite
 from towerlab.search.tasks import TaskQueue
 
-__all__ = ["STORE_NAME", "Evaluation", "GenerationRow", "SearchRow", "Store", "Task"]
+__all__ = ["STORE_NAME", "Evaluation", "GenerationRow", "SearchRow", "Store", "Task", "connect"]
 
 STORE_NAME = "search.db"  # the store's file name inside a search folder
-class Store(TaskQueue):
+
+
+def connect(target: str | os.PathLike) -> Database:
+    """The backend a store's name means: a postgresql:// URL, or an SQLite file."""
+    if is_url(str(target)):
+        return PostgreSQL(str(target))
+    return SQLite(Path(target))
+
+
+class Store:
     """A search store: an SQLite file at `target` (or `target`/search.db when `target` is a folder;
     created, with its folder, unless `create=False`), or the PostgreSQL database a postgresql:// URL
-    names (its tables created unless `create=False`)."""
+    names (its tables created unless `create=False`); its `records` and its `queue`."""
 
     def __init__(self, target: str | os.PathLike, *, create: bool = True) -> None:
         if isinstance(target, str):
@@ -90,23 +55,21 @@ class Store(TaskQueue):
                 path = path / STORE_NAME
             if not create and not path.is_file():
                 raise NoStore(f"no search store at {path}: give the search.db of a search "
-                                f"(or the folder holding it)")
+                              f"(or the folder holding it)")
             if create:
                 try:
                     path.parent.mkdir(parents=True, exist_ok=True)
                 except OSError as exc:
                     raise UserError(f"cannot create the search store {path}: {exc.strerror or exc}") from None
-        self.db: Database = connect(self.url or path)
+        self.db = connect(self.url or path)
         self.path: Path | str = self.db.where if self.url else path
         try:
-            if isinstance(self.db, SQLite):
-                open_sqlite(self.db, self.path, create)
-            else:
-                assert isinstance(self.db, PostgreSQL)
-                open_postgresql(self.db, self.path, create)
+            self.db.open_schema(self.path, create)
         except BaseException:
             self.db.close()
             raise
+        self.records = Records(self.db, self.path)
+        self.queue = TaskQueue(self.db, self.path)
 
     @property
     def target(self) -> str:
@@ -121,216 +84,3 @@ class Store(TaskQueue):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-    # -- searches -------------------------------------------------------------------------------
-
-    def begin_search(self, sampler: str, config: dict, space: Space, train_config_hash: str,
-                     setup: Optional[dict] = None, token: Optional[str] = None) -> int:
-        """A new search's id. `token` names it (a new one when not given): a creation retried after a
-        lost connection finds the search it made instead of making a second one."""
-        token = token or uuid.uuid4().hex
-
-        def insert(tx: Transaction) -> int:
-            tx.run("INSERT INTO searches (sampler, config, space, space_fingerprint, train_config_hash, created,"
-                   " setup, token) VALUES (?, ?, ?, ?, ?, {stamp}, ?, ?) ON CONFLICT (token) DO NOTHING",
-                   (sampler, json.dumps(config, sort_keys=True), json.dumps(space.to_dict()), space.fingerprint,
-                    train_config_hash, None if setup is None else json.dumps(setup, sort_keys=True), token))
-            return int(tx.one("SELECT id FROM searches WHERE token = ?", (token,))["id"])
-
-        return self.db.write(insert)
-
-    def resume_search(self, search_id: int, config: dict) -> None:
-        """Mark the search running again, under `config` (it may extend the generations)."""
-        self.db.write(lambda tx: tx.run("UPDATE searches SET config = ?, finished = NULL, summary = NULL WHERE id = ?",
-                                        (json.dumps(config, sort_keys=True), search_id)))
-
-    def update_setup(self, search_id: int, setup: dict) -> None:
-        """How the search's workers train from now on (a resume by another towerlab or torch records its own)."""
-        self.db.write(lambda tx: tx.run("UPDATE searches SET setup = ? WHERE id = ?",
-                                        (json.dumps(setup, sort_keys=True), search_id)))
-
-    def finish_search(self, search_id: int, summary: dict, config: Optional[dict] = None) -> bool:
-        """The search's summary; the first process to finish it writes it (every one computes the same).
-        With `config`, only while the search still has those settings: a worker that played it under
-        settings a resume has since changed (more generations) finishes nothing. Whether it wrote it."""
-        if config is None:
-            return 1 == self.db.write(lambda tx: tx.run(
-                "UPDATE searches SET finished = {stamp}, summary = ? WHERE id = ? AND finished IS NULL",
-                (json.dumps(summary), search_id)))
-        def finish(tx: Transaction) -> bool:
-            row = tx.one("SELECT sampler, config, finished FROM searches WHERE id = ?", (search_id,))
-            if row is None or row["finished"] is not None or (
-                    upgrade_search_config(json.loads(row["config"]), row["sampler"]) != json.loads(json.dumps(config))):
-                return False
-            tx.run("UPDATE searches SET finished = {stamp}, summary = ? WHERE id = ?", (json.dumps(summary), search_id))
-            return True
-        return self.db.write(finish)
-
-    def _search(self, row: dict) -> SearchRow:
-        data = dict(row)
-        for key in ("config", "space", "summary", "setup"):
-            data[key] = self._json(data.get(key))
-        if isinstance(data["config"], dict):  # a search recorded before a setting existed ran without it
-            data["config"] = upgrade_search_config(data["config"], data["sampler"])
-        return SearchRow(**data)
-
-    def search(self, search_id: int) -> Optional[SearchRow]:
-        if not -2**63 <= search_id < 2**63:  # beyond the column's 64 bits: no such search (the drivers would raise)
-            return None
-        rows = self._read("SELECT * FROM searches WHERE id = ?", (search_id,))
-        return self._search(rows[0]) if rows else None
-
-    def latest_search(self, sampler: Optional[str] = None) -> Optional[SearchRow]:
-        if sampler is None:
-            rows = self._read("SELECT * FROM searches ORDER BY id DESC LIMIT 1")
-        else:
-            rows = self._read("SELECT * FROM searches WHERE sampler = ? ORDER BY id DESC LIMIT 1", (sampler,))
-        return self._search(rows[0]) if rows else None
-
-    def searches(self) -> list[SearchRow]:
-        return [self._search(r) for r in self._read("SELECT * FROM searches ORDER BY id")]
-
-    def unfinished_searches(self) -> list[SearchRow]:
-        return [self._search(r) for r in self._read("SELECT * FROM searches WHERE finished IS NULL ORDER BY id")]
-
-    # -- evaluations ----------------------------------------------------------------------------
-
-    def lookup(self, genome_hash: str, train_config_hash: str, search_id: Optional[int] = None,
-               replicate: int = 0, watermark: Optional[int] = None) -> Optional[Evaluation]:
-        """The evaluation that serves this genome: the row of `search_id` itself if it has one (ok or
-        failed), else the oldest successful row of any search (of those up to id `watermark`, when
-        given); None when it must be trained."""
-        others = "status = 'ok'" + ("" if watermark is None else " AND id <= ?")
-        bound = () if watermark is None else (watermark,)
-        if search_id is None:
-            rows = self._read(f"SELECT * FROM evaluations WHERE genome_hash = ? AND train_config_hash = ?"
-                              f" AND replicate = ? AND {others} ORDER BY id LIMIT 1",
-                              (genome_hash, train_config_hash, replicate, *bound))
-        else:
-            rows = self._read(f"SELECT * FROM evaluations WHERE genome_hash = ? AND train_config_hash = ?"
-                              f" AND replicate = ? AND (search_id = ? OR ({others}))"
-                              " ORDER BY CASE WHEN search_id = ? THEN 0 ELSE 1 END, id LIMIT 1",
-                              (genome_hash, train_config_hash, replicate, search_id, *bound, search_id))
-        return self._evaluation(rows[0]) if rows else None
-
-    def record(self, candidate: Candidate, outcome: Outcome, train_config_hash: str,
-               search_id: int) -> Evaluation:
-        """Write one finished evaluation (one transaction) and return its row. When the search
-        already has a row for this key (another process got there first), that row stays and is
-        returned: the same key, the same seed, the same training."""
-        return self._evaluation(self.db.write(
-            lambda tx: self._insert_evaluation(tx, candidate, outcome, train_config_hash, search_id)))
-
-    def set_test_accuracy(self, evaluation_id: int, accuracy: float) -> None:
-        """Attach the test accuracy to a successful evaluation."""
-        changed = self.db.write(lambda tx: tx.run(
-            "UPDATE evaluations SET test_accuracy = ? WHERE id = ? AND status = 'ok'", (float(accuracy), evaluation_id)))
-        if changed != 1:
-            raise KeyError(f"no successful evaluation {evaluation_id} in {self.path}")
-
-    def search_top(self, search_id: int, n: int) -> list[Evaluation]:
-        """The `n` best successful evaluations (one per genome, replicate 0) among the genomes of
-        this search's generations (those it trained and those the cache served it), best first."""
-        search = self.search(search_id)
-        if search is None:
-            return []
-        wanted = sorted({m["genome_hash"] for gen in self.generations(search_id) for m in gen.members})
-        best: dict[str, Evaluation] = {}
-        for start in range(0, len(wanted), CHUNK):
-            chunk = wanted[start:start + CHUNK]
-            for row in self._read(
-                    "SELECT * FROM evaluations WHERE status = 'ok' AND train_config_hash = ? AND replicate = 0"
-                    f" AND genome_hash IN ({placeholders(len(chunk))})"
-                    " ORDER BY CASE WHEN search_id = ? THEN 0 ELSE 1 END, id",
-                    (search.train_config_hash, *chunk, search_id)):
-                best.setdefault(row["genome_hash"], self._evaluation(row))
-        return sorted(best.values(), key=lambda e: (-e.fitness, e.genome_hash))[:n]
-
-    def genomes_better(self, search_id: int, train_config_hash: str, fitness: float) -> int:
-        """How many genomes this search trained (replicate 0) to a validation accuracy above `fitness`."""
-        return int(self._read(
-            "SELECT COUNT(DISTINCT genome_hash) AS n FROM evaluations WHERE search_id = ? AND train_config_hash = ?"
-            " AND replicate = 0 AND status = 'ok' AND fitness > ?", (search_id, train_config_hash, fitness))[0]["n"])
-
-    def evaluations(self, search_id: Optional[int] = None, after: int = 0) -> list[Evaluation]:
-        """Evaluations in the order they finished (of one search, or all), those after id `after`."""
-        if search_id is None:
-            rows = self._read("SELECT * FROM evaluations WHERE id > ? ORDER BY id", (after,))
-        else:
-            rows = self._read("SELECT * FROM evaluations WHERE search_id = ? AND id > ? ORDER BY id",
-                              (search_id, after))
-        return [self._evaluation(r) for r in rows]
-
-    def count_evaluations(self, search_id: int, after: int = 0) -> int:
-        """How many evaluations the search holds with an id above `after`."""
-        return int(self._read("SELECT COUNT(*) AS n FROM evaluations WHERE search_id = ? AND id > ?",
-                              (search_id, after))[0]["n"])
-
-    def newest_evaluation(self) -> int:
-        """The id of the newest evaluation (0 in an empty store)."""
-        return int(self._read("SELECT COALESCE(MAX(id), 0) AS n FROM evaluations")[0]["n"])
-
-    def own_rows(self, search_id: int, keys: Sequence[tuple[str, str, int]]) -> dict[tuple[str, str, int], Evaluation]:
-        """The rows this search itself holds for (genome_hash, train_config_hash, replicate) keys."""
-        wanted, found = set(keys), {}
-        hashes = sorted({h for h, _, _ in keys})
-        for start in range(0, len(hashes), CHUNK):
-            chunk = hashes[start:start + CHUNK]
-            for row in self._read(f"SELECT * FROM evaluations WHERE search_id = ? AND genome_hash IN"
-                                  f" ({placeholders(len(chunk))})", (search_id, *chunk)):
-                key = (row["genome_hash"], row["train_config_hash"], row["replicate"])
-                if key in wanted:
-                    found[key] = self._evaluation(row)
-        return found
-
-    # -- generations ----------------------------------------------------------------------------
-
-    def begin_generation(self, search_id: int, generation: int, genomes: list[dict],
-                         hashes: list[str]) -> GenerationRow:
-        """Record a generation's members (genomes and their hashes, in population order) and the newest
-        evaluation id now (what other searches may serve it from), unless the search has it already
-        (another worker began it); return the row."""
-        members = [{"genome_hash": h, "genome": g} for h, g in zip(hashes, genomes, strict=True)]
-
-        def begin(tx: Transaction) -> None:
-            if self.db.dialect == "postgresql":
-                # Rows are numbered as they are written, and may commit out of that order: once the
-                # writes under way have committed, every row up to the newest id is there for good.
-                tx.run("LOCK TABLE evaluations IN SHARE MODE")
-            tx.run("INSERT INTO generations (search_id, generation, members, started, watermark)"
-                   " SELECT ?, ?, ?, {stamp}, COALESCE(MAX(id), 0) FROM evaluations WHERE true"
-                   " ON CONFLICT (search_id, generation) DO NOTHING",
-                   (search_id, generation, json.dumps(members)))
-
-        self.db.write(begin, lock=search_id)
-        stored = self.generation(search_id, generation)
-        assert stored is not None
-        return stored
-
-    def complete_generation(self, search_id: int, generation: int, results: list[dict],
-                            stats: dict) -> None:
-        """The generation's results; the first process to complete it writes them (every one computes the same)."""
-        def complete(tx: Transaction) -> None:
-            if tx.one("SELECT complete FROM generations WHERE search_id = ? AND generation = ?",
-                      (search_id, generation)) is None:
-                raise KeyError(f"generation {generation} of search {search_id} was never begun")
-            tx.run("UPDATE generations SET results = ?, stats = ?, complete = 1, finished = {stamp}"
-                   " WHERE search_id = ? AND generation = ? AND complete = 0",
-                   (json.dumps(results), json.dumps(stats), search_id, generation))
-        self.db.write(complete)
-
-    def _generation(self, row: dict) -> GenerationRow:
-        data = dict(row)
-        for key in ("members", "results", "stats"):
-            data[key] = self._json(data[key])
-        data["complete"] = bool(data["complete"])
-        return GenerationRow(**data)
-
-    def generation(self, search_id: int, generation: int) -> Optional[GenerationRow]:
-        rows = self._read("SELECT * FROM generations WHERE search_id = ? AND generation = ?",
-                          (search_id, generation))
-        return self._generation(rows[0]) if rows else None
-
-    def generations(self, search_id: int) -> list[GenerationRow]:
-        rows = self._read("SELECT * FROM generations WHERE search_id = ? ORDER BY generation", (search_id,))
-        return [self._generation(r) for r in rows]

@@ -1,16 +1,34 @@
-"""The queue of a search store: the tasks that workers claim, hold under a lease, and close with their
-result, and the workers themselves (the `tasks` and `workers` tables of `towerlab.search.store`, whose
-`Store` takes these methods). Every method is one transaction; see `towerlab.search.queue` for the
-workers that use them."""
+"""The queue of a search store: the tasks that workers claim, hold under a lease and close with their
+result, and the workers themselves (the `tasks` and `workers` tables: `towerlab.search.schema`). Every
+method is one transaction; the workers that use them are `towerlab.search.queue`'s. The queue's rules,
+each where it is enforced:
+
+- a task is one training that a search needs and no evaluation serves (kind 'train': an evaluation, a
+  higher rung, a re-measure) or the retraining of a top network for its test accuracy (kind 'test'); it
+  is on the queue once, whoever puts it there first (`enqueue`);
+- `claim` hands a worker the first open task of the searches it works on (or one whose lease lapsed, or
+  runs past any a worker grants, MAX_LEASE: an edited row), the oldest generation's first and the
+  costliest of those first (`prioritize`), under a lease on the database's clock; a task whose workers
+  were lost `max_attempts` times is recorded as failed on the way instead of being handed out again;
+- `renew` extends the lease while the worker trains; `complete` writes the result and closes the task in
+  one transaction, only while the worker still holds it, so a worker that comes back after its lease
+  lapsed cannot write a second result. A training task's result is its evaluation row; a test task's
+  is the test accuracy of the row that serves its genome (`towerlab.search.rows.serving`);
+- `put_back` opens the task of an interrupted worker at once, the claim not counted as a loss;
+  `release` opens the tasks of a worker known to be gone, the loss counted;
+- `reopen_failed_tests` puts a search's failed test retrainings back on the queue (a resume retries them:
+  the machine's fault, as often as not), and the search back to unfinished.
+"""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Optional, Sequence
 
 from towerlab.search.candidates import Candidate, Outcome
-from towerlab.search.database import Transaction, placeholders
-from towerlab.search.rows import Evaluation, Records, Task
+from towerlab.search.database import Backend, Transaction, placeholders
+from towerlab.search.rows import Evaluation, Rows, Task, insert_evaluation, serving
 
 
 # The longest lease a worker grants itself (seconds): a lease that runs further than this from the
@@ -18,7 +36,12 @@ from towerlab.search.rows import Evaluation, Records, Task
 MAX_LEASE = 86400.0
 
 
-class TaskQueue(Records):
+class TaskQueue:
+    """The queue of the store whose backend is `db` (`where`: the store, as messages name it)."""
+
+    def __init__(self, db: Backend, where: Path | str) -> None:
+        self.db, self._rows = db, Rows(db, where)
+
     # -- the queue --------------------------------------------------------------------------------
 
     def enqueue(self, search_id: int, kind: str, candidates: Sequence[tuple[Candidate, str]]) -> dict[int, Candidate]:
@@ -78,10 +101,10 @@ class TaskQueue(Records):
                            (worker, lease, row["lost"], row["id"]))
                     tx.run("UPDATE workers SET seen = {now}, task = ? WHERE id = ?", (row["id"], worker))
                     return tx.one("SELECT * FROM tasks WHERE id = ?", (row["id"],))
-                self._give_up(tx, self._task(row), worker, max_attempts)
+                self._give_up(tx, self._rows.task(row), worker, max_attempts)
 
         row = self.db.write(take)
-        return None if row is None else self._task(row)
+        return None if row is None else self._rows.task(row)
 
     def _give_up(self, tx: Transaction, task: Task, worker: str, attempts: int) -> None:
         reason = (f"its worker was lost {attempts} times while training it (last: {task.lost or 'unknown'}); "
@@ -96,12 +119,9 @@ class TaskQueue(Records):
         tx.run("UPDATE tasks SET state = 'done', finished = {now}, result = ?, lease_until = NULL WHERE id = ?",
                (json.dumps(result), task.id))
         if task.kind == "train":
-            return self._insert_evaluation(tx, task.candidate, outcome, task.train_config_hash, task.search_id)
+            return insert_evaluation(tx, task.candidate, outcome, task.train_config_hash, task.search_id)
         if outcome.status == "ok" and test_accuracy is not None:
-            served = tx.one("SELECT id FROM evaluations WHERE genome_hash = ? AND train_config_hash = ? AND"
-                            " replicate = 0 AND (search_id = ? OR status = 'ok')"
-                            " ORDER BY CASE WHEN search_id = ? THEN 0 ELSE 1 END, id LIMIT 1",
-                            (task.candidate.genome_hash, task.train_config_hash, task.search_id, task.search_id))
+            served = tx.one(*serving(task.candidate.genome_hash, task.train_config_hash, task.search_id))
             if served is not None:
                 tx.run("UPDATE evaluations SET test_accuracy = ? WHERE id = ? AND status = 'ok'",
                        (float(test_accuracy), served["id"]))
@@ -130,7 +150,7 @@ class TaskQueue(Records):
             return True, self._close(tx, task, outcome, test_accuracy)
 
         done, row = self.db.write(close)
-        return done, None if row is None else self._evaluation(row)
+        return done, None if row is None else self._rows.evaluation(row)
 
     def put_back(self, task: Task, worker: str) -> None:
         """Hand a task back unfinished (its worker was interrupted): open again at once, and the claim
@@ -152,7 +172,7 @@ class TaskQueue(Records):
     def reopen_failed_tests(self, search_id: int) -> int:
         """Put the search's failed test retrainings back on the queue (and the search back to unfinished,
         so that its workers take them); how many."""
-        failed = [t.id for t in self.tasks(search_id, "test") if t.state == "done" and (t.result or {}).get("status") != "ok"]
+        failed = [t.id for t in self.tasks(search_id, "test") if t.state == "done" and t.test_accuracy is None]
 
         def reopen(tx: Transaction) -> None:
             for task_id in failed:
@@ -166,29 +186,22 @@ class TaskQueue(Records):
 
     def tasks(self, search_id: int, kind: Optional[str] = None) -> list[Task]:
         if kind is None:
-            rows = self._read("SELECT * FROM tasks WHERE search_id = ? ORDER BY id", (search_id,))
+            rows = self._rows.read("SELECT * FROM tasks WHERE search_id = ? ORDER BY id", (search_id,))
         else:
-            rows = self._read("SELECT * FROM tasks WHERE search_id = ? AND kind = ? ORDER BY id", (search_id, kind))
-        return [self._task(r) for r in rows]
-
-    def waiting(self, search_ids: Sequence[int]) -> int:
-        """How many tasks of these searches are open or claimed."""
-        if not search_ids:
-            return 0
-        return int(self._read(f"SELECT COUNT(*) AS n FROM tasks WHERE search_id IN ({placeholders(len(search_ids))})"
-                              " AND state <> 'done'", tuple(search_ids))[0]["n"])
+            rows = self._rows.read("SELECT * FROM tasks WHERE search_id = ? AND kind = ? ORDER BY id", (search_id, kind))
+        return [self._rows.task(r) for r in rows]
 
     def at_work(self, search_id: int, within: float) -> bool:
         """Whether workers are at the search now: a task of it held under a lease that has not lapsed, or
         one put on the queue or finished in the last `within` seconds (the database's clock)."""
-        return int(self._read("SELECT COUNT(*) AS n FROM tasks WHERE search_id = ? AND ((state = 'claimed' AND"
+        return int(self._rows.read("SELECT COUNT(*) AS n FROM tasks WHERE search_id = ? AND ((state = 'claimed' AND"
                               " lease_until > {now}) OR created > {now} - ? OR finished > {now} - ?)",
                               (search_id, within, within))[0]["n"]) > 0
 
     def queue_counts(self, search_id: int) -> dict[str, int]:
         """The search's tasks by state: open, claimed (lease held or lapsed), done."""
         counts = {"open": 0, "claimed": 0, "done": 0}
-        for row in self._read("SELECT state, COUNT(*) AS n FROM tasks WHERE search_id = ? GROUP BY state",
+        for row in self._rows.read("SELECT state, COUNT(*) AS n FROM tasks WHERE search_id = ? GROUP BY state",
                               (search_id,)):
             counts[row["state"]] = int(row["n"])
         return counts
@@ -205,10 +218,6 @@ class TaskQueue(Records):
 
     def workers(self) -> list[dict]:
         """Every worker that joined, with `age` (seconds since it was last seen, on the database's clock)."""
-        return self._read("SELECT w.*, {now} - w.seen AS age, t.search_id AS search_id, t.generation AS generation,"
+        return self._rows.read("SELECT w.*, {now} - w.seen AS age, t.search_id AS search_id, t.generation AS generation,"
                           " t.idx AS idx, t.kind AS kind FROM workers w LEFT JOIN tasks t ON t.id = w.task"
                           " ORDER BY w.started")
-
-    def clock(self) -> float:
-        """The database's clock (seconds since the epoch)."""
-        return float(self._read("SELECT {now} AS now")[0]["now"])

@@ -45,6 +45,16 @@ INDEXABLE = 2**62
 
 
 @dataclass(frozen=True)
+class Shape:
+    """What a search's plan needs of its sampler: its generations' size, the elite it re-measures
+    after each, and whether it proposes everything at once."""
+
+    population: int
+    elite: int
+    one_generation: bool
+
+
+@dataclass(frozen=True)
 class InFlight:
     """A generation proposed and being trained, whose outcomes the sampler has not been told: its
     genomes, and the new trainings its first rung makes (what it takes of --max-evaluations)."""
@@ -63,7 +73,7 @@ class Sampler:
     `overlaps`: it proposes a generation while the one before still trains (`propose(history,
     in_flight)`), so that no worker waits at a generation's end; the search then always asks it so,
     which is part of what its history is (a sampler whose proposals do not read the outcomes gives
-    the same history either way)."""
+    the same history either way). Its `shape` is known without building it."""
 
     default_population = 20
     identity: tuple[str, ...] = ("population",)
@@ -74,8 +84,16 @@ class Sampler:
     def __init__(self, cfg: SearchConfig, space: Space) -> None:
         self.cfg, self.space = cfg, space
         self.settings = own_settings(cfg)
-        self.population = cfg.population or self.default_population
-        self.elite = 0
+        shape = self.shape(cfg, space)
+        self.population, self.elite = shape.population, shape.elite
+
+    @classmethod
+    def shape(cls, cfg: SearchConfig, space: Space) -> Shape:
+        """The shape of its search of `space` under `cfg`, once every setting it would refuse has been
+        (a UserError), without building it: a sampler is built where it proposes. A subclass whose
+        generations or elite differ from --population's and none says so here."""
+        own_settings(cfg)
+        return Shape(cfg.population or cls.default_population, 0, cls.one_generation)
 
     @classmethod
     def reads(cls) -> tuple[str, ...]:
@@ -175,16 +193,23 @@ def refuse_unused_settings(cfg: SearchConfig) -> None:
                             f"{'s read' if len(users) > 1 else ' reads'} it (drop {flag})")
 
 
-def make_sampler(cfg: SearchConfig, space: Space) -> Sampler:
-    """The sampler `cfg.sampler` names, set up for this search (a bad name or setting: UserError)."""
-    sampler = sampler_class(cfg.sampler)(cfg, space)
-    most = sampler.population * cfg.generations
-    if not sampler.one_generation and cfg.max_evaluations is not None and cfg.max_evaluations > most:
+def sampler_shape(cfg: SearchConfig, space: Space) -> Shape:
+    """The shape of the search `cfg` describes, once every refusal of its sampler has been made (a bad
+    name or setting, a space it cannot sample, a budget its generations cannot hold: UserError)."""
+    shape = sampler_class(cfg.sampler).shape(cfg, space)
+    most = shape.population * cfg.generations
+    if not shape.one_generation and cfg.max_evaluations is not None and cfg.max_evaluations > most:
         raise UserError(f"--max-evaluations {cfg.max_evaluations} is more than {cfg.generations} "
                         f"generation{'' if cfg.generations == 1 else 's'} of "
-                        f"{sampler.population} can train: pass --generations "
-                        f"{-(-cfg.max_evaluations // sampler.population)} (or more) with it")
-    return sampler
+                        f"{shape.population} can train: pass --generations "
+                        f"{-(-cfg.max_evaluations // shape.population)} (or more) with it")
+    return shape
+
+
+def make_sampler(cfg: SearchConfig, space: Space) -> Sampler:
+    """The sampler `cfg.sampler` names, set up to propose for this search (a bad name or setting:
+    UserError)."""
+    return sampler_class(cfg.sampler)(cfg, space)
 
 
 def budget_left(cfg: SearchConfig, history: Sequence[Generation], in_flight: Optional[InFlight] = None) -> int | None:

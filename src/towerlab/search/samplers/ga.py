@@ -8,16 +8,18 @@ a resumed search replays the finished generations from the store and reaches the
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional, Sequence
 
-from towerlab.config import SamplerSettings, SearchConfig, check_fraction, setting
+from towerlab.config import SamplerSettings, SearchConfig, setting
+from towerlab.checks import check_fraction
 from towerlab.fields import to_dict
 from towerlab.errors import UserError
 from towerlab.search.candidates import GENERATION_STREAM, make_rng
 from towerlab.search.history import Generation, rank_key
-from towerlab.search.samplers import INDEXABLE, InFlight, Sampler, random_genome
+from towerlab.search.samplers import INDEXABLE, InFlight, Sampler, Shape, own_settings, random_genome
 from towerlab.search.space import Range, Space, genome_hash
 
 if TYPE_CHECKING:  # numpy is not imported to build the command line's flags from the samplers' settings
@@ -144,12 +146,15 @@ class GeneticSampler(Sampler):
     Settings = GeneticSettings
     settings: GeneticSettings
 
-    def __init__(self, cfg: SearchConfig, space: Space) -> None:
-        super().__init__(cfg, space)
-        if not 0 <= self.settings.elite <= self.population:
-            raise UserError(f"--elite must be between 0 and --population ({self.population}), "
-                            f"got {self.settings.elite}")
-        self.elite = self.settings.elite
+    @classmethod
+    def shape(cls, cfg: SearchConfig, space: Space) -> Shape:
+        shape = super().shape(cfg, space)
+        settings = own_settings(cfg)
+        assert isinstance(settings, GeneticSettings)
+        elite = settings.elite
+        if not 0 <= elite <= shape.population:
+            raise UserError(f"--elite must be between 0 and --population ({shape.population}), got {elite}")
+        return dataclasses.replace(shape, elite=elite)
 
     def propose(self, history: Sequence[Generation], in_flight: Optional[InFlight] = None) -> list[dict]:
         rng = make_rng(self.cfg.seed, GENERATION_STREAM, len(history))

@@ -7,6 +7,7 @@ costs what it costs of a list of two."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Optional, Sequence
@@ -15,7 +16,7 @@ from towerlab.config import MAX_MEMBERS, SamplerSettings, SearchConfig, check_me
 from towerlab.errors import UserError
 from towerlab.search.candidates import GRID_STREAM, make_rng
 from towerlab.search.history import Generation
-from towerlab.search.samplers import InFlight, Sampler
+from towerlab.search.samplers import InFlight, Sampler, Shape, own_settings
 from towerlab.search.ranges import uniform_below
 from towerlab.search.space import Space
 
@@ -72,13 +73,16 @@ class GridSampler(Sampler):
     settings: GridSettings
     one_generation = True
 
-    def __init__(self, cfg: SearchConfig, space: Space) -> None:
-        super().__init__(cfg, space)
+    @classmethod
+    def shape(cls, cfg: SearchConfig, space: Space) -> Shape:
+        shape = super().shape(cfg, space)
         # a float range without points is refused here, before any folder or worker
         size = math.prod(space.grid_counts())
-        limit = self.settings.limit
+        settings = own_settings(cfg)
+        assert isinstance(settings, GridSettings)
+        limit = settings.limit
         _check(space, size, limit)
-        self.population = min(limit or size, size)  # its one generation
+        return dataclasses.replace(shape, population=min(limit or size, size))  # its one generation
 
     def propose(self, history: Sequence[Generation], in_flight: Optional[InFlight] = None) -> list[dict]:
         return [] if history else grid_genomes(self.space, self.settings.limit, self.cfg.seed)

@@ -30,7 +30,7 @@ from towerlab.errors import UserError
 from towerlab.search.candidates import sampler_rng
 from towerlab.search.history import Generation
 from towerlab.search.pruners import make_pruner
-from towerlab.search.samplers import InFlight, Sampler, budget_left, proposed_hashes
+from towerlab.search.samplers import InFlight, Sampler, Shape, budget_left, proposed_hashes
 from towerlab.search.space import Gene, Range, Space, genome_hash
 
 
@@ -64,6 +64,12 @@ class TPESettings(SamplerSettings):
 class TPESampler(Sampler):
     default_population = 4
     Settings = TPESettings
+
+    @classmethod
+    def shape(cls, cfg: SearchConfig, space: Space) -> Shape:
+        shape = super().shape(cfg, space)
+        optuna_module("the tpe sampler", " (or choose --sampler ga, random or grid)")
+        return shape
 
     def __init__(self, cfg: SearchConfig, space: Space) -> None:
         super().__init__(cfg, space)

@@ -1,0 +1,87 @@
+"""Where a search job's things are: its folder (--resume, else --out, else a new one under runs/; which
+search of its store a resumed folder continues; whether torchrun restarted the very job that made it)
+and its store (--store, else $TOWERLAB_STORE, else the folder's search.db; as config.json and the record
+show it, a URL without its password; opened with one line for what fails; and the token by which
+torchrun's ranks check that they reach the store rank 0 made).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from datetime import datetime
+from pathlib import Path
+from typing import Optional
+
+from towerlab.checks import dataset_label
+from towerlab.config import RunConfig, SearchConfig
+from towerlab.errors import UserError
+from towerlab.fields import replace, to_dict
+from towerlab.jobs.job import restarted_by_torchrun
+from towerlab.search import Space, load_space
+from towerlab.search.location import STORE_ENV, is_url, redacted, store_location, with_password
+from towerlab.search.store import STORE_NAME, Store
+
+
+def store_target(cfg: SearchConfig, out: Path) -> str:
+    """What the search's store is: --store (a file, or a postgresql:// URL), else $TOWERLAB_STORE,
+    else the search folder's search.db. A recorded URL has no password (see `recorded_store`): where
+    $TOWERLAB_STORE is that same URL with one, it is taken from there."""
+    given = cfg.store or os.environ.get(STORE_ENV, "").strip() or None
+    return str(out / STORE_NAME) if given is None else with_password(store_location(given))
+
+
+def recorded_store(target: str) -> str:
+    """The store as config.json and the store record it: a URL without its password."""
+    return redacted(target) if is_url(target) else target
+
+
+def store_token(target: str, search_id: int) -> Optional[str]:
+    """The token of search `search_id` in the store at `target` as this process sees it (None: no such
+    store or search here)."""
+    if not is_url(target) and not Path(target).is_file():
+        return None
+    try:
+        with Store(target, create=False) as store:
+            row = store.records.search(search_id)
+    except UserError:
+        return None
+    return None if row is None else row.token
+
+
+def open_store(target: str) -> Store:
+    """The store at `target`, made where there is none; what fails is one line."""
+    try:
+        return Store(target)
+    except UserError:
+        raise
+    except OSError as exc:
+        raise UserError(f"cannot create the search store {recorded_store(target)}: {exc.strerror or exc}") from None
+
+
+def search_out(kind: str, cfg: SearchConfig, run: RunConfig, space: Space | None = None) -> Path:
+    """The job's output folder: --resume, else --out, else a new one under runs/."""
+    return Path(run.resume or run.out or default_out(kind, cfg, space or load_space(cfg.space)))
+
+
+def restarted(out: Path, kind: str, cfg: SearchConfig) -> bool:
+    """Whether this is a torchrun restart of the very job that made `out` (same kind and settings)."""
+    recorded = json.loads(json.dumps(to_dict(replace(cfg, store=recorded_store(cfg.store) if cfg.store else None))))
+    return restarted_by_torchrun(out, lambda stored: stored.get("kind") == kind and stored.get("search") == recorded)
+
+
+def default_out(kind: str, cfg: SearchConfig, space: Space) -> Path:
+    return Path("runs") / f"{datetime.now():%Y%m%d-%H%M%S}-{kind}-{Path(space.name).stem}-{dataset_label(cfg.dataset)}"
+
+
+def stored_search_id(out: Path) -> int:
+    """Which search of its store a resumed folder continues, as its config.json records it."""
+    path = out / "config.json"
+    try:
+        search_id = json.loads(path.read_text(encoding="utf-8"))["search_id"]
+    except (OSError, ValueError, KeyError, TypeError):
+        search_id = None
+    if type(search_id) is not int:
+        raise UserError(f"{path} names no search of its store (search_id was edited or removed): resume cannot "
+                        "tell which search to continue; start a new search")
+    return search_id

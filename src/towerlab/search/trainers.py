@@ -1,0 +1,85 @@
+"""The protocol between a search and whoever trains its candidates (the torch side), as types that mypy
+checks: `Trainer`, `Record`, `Prefetching`.
+
+A `Trainer`, `train(candidates, record) -> None`, is the swappable batch map. The engine passes only
+the candidates the store cannot serve (each key once) and a `Record`, `record(candidate, outcome)`.
+The trainer calls `record` exactly once per candidate, as soon as that candidate has finished, in any
+order and from any thread of this process; `record` writes the outcome to the store in its own
+transaction before it returns, so a crash loses only the unfinished candidates. A candidate that
+fails (out of memory, diverged, ...) is recorded as `Outcome.failed(reason)`; an exception escaping
+`train` stops the search (it can be resumed), and a trainer that returns without recording
+every candidate is a bug (RuntimeError). `serial(fitness)` turns a function
+`fitness(candidate) -> Outcome` into a trainer that trains in this process.
+
+Work that unlocks as results come in (a pruned generation's next rung): after a `record`, a
+trainer may call `record.more()`, which returns the candidates that became trainable (each once,
+possibly none); it then trains them too before it returns, so its workers need not wait for a rung's
+last trainings. A trainer that never asks is called again with them; the history is the same.
+
+A trainer whose workers write their results to the store themselves (`towerlab.search.driver`) hands
+the engine each candidate's row instead (`record.served(candidate, row)`, the row stored under
+`record.train_config_hash(candidate)`); one that can start work before it is asked to wait for it
+(the next generation's first rung, while this one trains) is `Prefetching`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from typing import Callable, Protocol, runtime_checkable
+
+from towerlab.errors import UserError
+from towerlab.search.candidates import Candidate, Outcome
+from towerlab.search.rows import Evaluation
+
+
+class Record(Protocol):
+    """What a trainer is handed with its candidates (see the module's docstring)."""
+
+    def __call__(self, candidate: Candidate, outcome: Outcome) -> None:
+        """The outcome of a candidate handed to the trainer, written to the store before it returns."""
+
+    def served(self, candidate: Candidate, row: Evaluation) -> None:
+        """The candidate's row, which is in the store already (its worker wrote it)."""
+
+    def more(self) -> list[Candidate]:
+        """Candidates that became trainable since they were last asked for (each handed out once)."""
+
+    def train_config_hash(self, candidate: Candidate) -> str:
+        """What the candidate's row is stored under (its rung's training-config hash)."""
+
+
+class Trainer(Protocol):
+    """Trains the candidates the store cannot serve, recording each (see the module's docstring)."""
+
+    def __call__(self, candidates: list[Candidate], record: Record) -> None: ...
+
+
+@runtime_checkable
+class Prefetching(Trainer, Protocol):
+    """A trainer that can start on candidates before it is asked to wait for them."""
+
+    def prefetch(self, candidates: list[Candidate], train_config_hash: str) -> None: ...
+
+
+def serial(fitness: Callable[[Candidate], Outcome]) -> Trainer:
+    """A trainer that trains the candidates one after another in this process. An exception
+    from `fitness` becomes a failed outcome, except a UserError (a mistake no other candidate
+    would escape) and KeyboardInterrupt/SystemExit, which stop the search."""
+
+    def train(candidates: list[Candidate], record: Record) -> None:
+        queue = deque(candidates)
+        while queue:
+            candidate = queue.popleft()
+            started = time.perf_counter()
+            try:
+                outcome = fitness(candidate)
+            except UserError:
+                raise
+            except Exception as e:  # noqa: BLE001 - a candidate's failure is data, not a crash
+                outcome = Outcome.failed(f"{type(e).__name__}: {e}",
+                                         seconds=time.perf_counter() - started)
+            record(candidate, outcome)
+            queue.extend(record.more())
+
+    return train

@@ -159,11 +159,27 @@ def test_tpe_resumes_mid_generation_to_the_uninterrupted_history(tmp_path):
     assert search(tmp_path / "s.db", tpe_config(), fitness=smooth, resume=True) == reference
 
 
+def test_tpe_tells_optuna_pruned_below_the_search_s_last_rung_and_complete_at_it():
+    """The sampler learns a search's rungs from the search (its ladder), not from a config of its own:
+    a member told at a lower rung is a pruned trial, one at the last rung a complete one."""
+    pytest.importorskip("optuna")
+    from towerlab.search.history import Generation, GenerationStats, Member
+
+    sampler = make_sampler(tpe_config(population=3), load_space("mlp"), 3)
+    genomes = sampler.propose([])
+    members = tuple(Member(i, g, genome_hash(g), "ok", 0.5 + i / 10, 1.0, 1, 1.0, 0, "evaluated", rung=rung,
+                           score=0.5 + i / 10) for i, (g, rung) in enumerate(zip(genomes, (0, 1, 2))))
+    sampler.tell(Generation(0, members, GenerationStats(0, 3, 3, 0, 0, 0.7, 0.6, 0.5, 3.0)))
+    states = sampler._optuna.trial.TrialState
+    assert [t.state for t in sampler._study.trials] == [states.PRUNED, states.PRUNED, states.COMPLETE]
+    assert sampler._study.trials[2].value == pytest.approx(0.7)
+
+
 def test_tpe_asks_no_more_trials_than_the_budget_can_train(tmp_path, monkeypatch):
     """issue 50: --population 1,000,000 with --max-evaluations 2 was still asking Optuna for trials after
     13.5 minutes (each ask costs time in proportion to the trials before it)."""
     pytest.importorskip("optuna")
-    sampler = make_sampler(tpe_config(population=300, generations=1, max_evaluations=2), load_space("mlp"))
+    sampler = make_sampler(tpe_config(population=300, generations=1, max_evaluations=2), load_space("mlp"), 1)
     asked = []
     ask = sampler._study.ask
     monkeypatch.setattr(sampler._study, "ask", lambda *a: asked.append(1) or ask(*a))
@@ -208,12 +224,12 @@ def test_tpe_without_optuna_is_one_clear_line(monkeypatch):
     monkeypatch.delitem(sys.modules, "optuna", raising=False)
     monkeypatch.setattr(builtins, "__import__", no_optuna)
     with pytest.raises(UserError, match=r"the tpe sampler needs Optuna: pip install 'towerlab\[tpe\]'"):
-        make_sampler(SearchConfig(sampler="tpe"), load_space("mlp"))
+        make_sampler(SearchConfig(sampler="tpe"), load_space("mlp"), 1)
 
 
 def test_an_unknown_sampler_is_refused():
     with pytest.raises(UserError, match="unknown sampler 'annealing': choose one of ga, grid, random, tpe"):
-        make_sampler(SearchConfig(sampler="annealing"), load_space("mlp"))
+        make_sampler(SearchConfig(sampler="annealing"), load_space("mlp"), 1)
 
 
 @pytest.mark.parametrize("sampler, extra", [("ga", {}), ("random", {}), ("grid", {"limit": 40}), ("tpe", {})])

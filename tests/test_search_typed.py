@@ -152,14 +152,14 @@ def test_ga_mutates_a_range_by_a_bounded_step_on_its_scale(typed):
 
 def test_grid_lists_ranges_and_refuses_a_float_range_without_points(tmp_path, typed):
     with pytest.raises(UserError) as err:
-        make_sampler(SearchConfig(sampler="grid"), load_space(typed))
+        make_sampler(SearchConfig(sampler="grid"), load_space(typed), 1)
     assert "float gene 'lr'" in str(err.value) and "points = N" in str(err.value) and "\n" not in str(err.value)
     path = tmp_path / "points.toml"
     path.write_text('model = "cnn"\n[genes]\nlr = {low = 1e-4, high = 0.1, log = true, points = 4}\n'
                     'blocks = {low = 1, high = 3}\ndropout = {low = 0, high = 0.5, points = 3}\n')
     space = load_space(path)
     genomes = grid_genomes(space, None, 0)
-    assert len(genomes) == 4 * 3 * 3 and make_sampler(SearchConfig(sampler="grid"), space).population == 36
+    assert len(genomes) == 4 * 3 * 3 and make_sampler(SearchConfig(sampler="grid"), space, 1).population == 36
     assert sorted({g["lr"] for g in genomes}) == pytest.approx([1e-4, 1e-3, 1e-2, 0.1])
     assert {g["lr"] for g in genomes} >= {1e-4, 0.1}  # the bounds exactly
     assert sorted({g["dropout"] for g in genomes}) == [0.0, 0.25, 0.5]
@@ -180,9 +180,9 @@ def test_a_grid_never_lists_a_range_out(tmp_path):
     assert positions == sorted(positions)
     wide = Space("wide", "cnn", {"dense": Range("int", 1, 30_000_000)})
     assert [g["dense"] for g in grid_genomes(wide, 4, 7)] == sorted(g["dense"] for g in grid_genomes(wide, 4, 7))
-    assert make_sampler(SearchConfig(sampler="grid", settings={"limit": 2}), space).population == 2
+    assert make_sampler(SearchConfig(sampler="grid", settings={"limit": 2}), space, 1).population == 2
     with pytest.raises(UserError, match=r"has 2000000000000000000000000000000 genomes: grid a random subset"):
-        make_sampler(SearchConfig(sampler="grid"), space)
+        make_sampler(SearchConfig(sampler="grid"), space, 1)
     exact = Space("exact", "cnn", {"dense": Range("int", 0, 2**60 + 1)})  # counted without a float's rounding
     assert exact.size == 2**60 + 2 and exact.genome_at(2**60 + 1) == {"dense": 2**60 + 1}
 
@@ -230,7 +230,7 @@ def test_every_sampler_draws_from_ranges_past_64_bits_and_near_the_largest_float
 
 def test_tpe_gets_optunas_int_and_float_distributions(typed):
     optuna = pytest.importorskip("optuna")
-    sampler = make_sampler(SearchConfig(sampler="tpe"), load_space(typed))
+    sampler = make_sampler(SearchConfig(sampler="tpe"), load_space(typed), 1)
     d = sampler._distributions
     assert d["filters"] == optuna.distributions.IntDistribution(8, 64, log=True)
     assert d["blocks"] == optuna.distributions.IntDistribution(1, 4)

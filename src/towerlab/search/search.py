@@ -175,7 +175,7 @@ class Search:
 
     def new_sampler(self) -> Sampler:
         """A sampler in its initial state, for one play of the search (samplers keep what they were told)."""
-        return make_sampler(self.cfg, self.space)
+        return make_sampler(self.cfg, self.space, len(self.pruner.rungs))
 
     # -- in a store ------------------------------------------------------------------------------------
 

@@ -73,7 +73,8 @@ class Sampler:
     `overlaps`: it proposes a generation while the one before still trains (`propose(history,
     in_flight)`), so that no worker waits at a generation's end; the search then always asks it so,
     which is part of what its history is (a sampler whose proposals do not read the outcomes gives
-    the same history either way). Its `shape` is known without building it."""
+    the same history either way). Its `shape` is known without building it. `rungs`: how many rungs
+    its search's pruner has (the search's `Ladder` says; a member told at a lower one was pruned)."""
 
     default_population = 20
     identity: tuple[str, ...] = ("population",)
@@ -81,8 +82,8 @@ class Sampler:
     one_generation = False
     overlaps = False
 
-    def __init__(self, cfg: SearchConfig, space: Space) -> None:
-        self.cfg, self.space = cfg, space
+    def __init__(self, cfg: SearchConfig, space: Space, rungs: int) -> None:
+        self.cfg, self.space, self.rungs = cfg, space, rungs
         self.settings = own_settings(cfg)
         shape = self.shape(cfg, space)
         self.population, self.elite = shape.population, shape.elite
@@ -206,10 +207,10 @@ def sampler_shape(cfg: SearchConfig, space: Space) -> Shape:
     return shape
 
 
-def make_sampler(cfg: SearchConfig, space: Space) -> Sampler:
-    """The sampler `cfg.sampler` names, set up to propose for this search (a bad name or setting:
-    UserError)."""
-    return sampler_class(cfg.sampler)(cfg, space)
+def make_sampler(cfg: SearchConfig, space: Space, rungs: int) -> Sampler:
+    """The sampler `cfg.sampler` names, set up to propose for this search of `rungs` rungs (a bad name
+    or setting: UserError)."""
+    return sampler_class(cfg.sampler)(cfg, space, rungs)
 
 
 def budget_left(cfg: SearchConfig, history: Sequence[Generation], in_flight: Optional[InFlight] = None) -> int | None:

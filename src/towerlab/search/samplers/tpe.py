@@ -29,7 +29,6 @@ from towerlab.config import SamplerSettings, SearchConfig, setting
 from towerlab.errors import UserError
 from towerlab.search.candidates import sampler_rng
 from towerlab.search.history import Generation
-from towerlab.search.pruners import make_pruner
 from towerlab.search.samplers import InFlight, Sampler, Shape, budget_left, proposed_hashes
 from towerlab.search.space import Gene, Range, Space, genome_hash
 
@@ -71,8 +70,8 @@ class TPESampler(Sampler):
         optuna_module("the tpe sampler", " (or choose --sampler ga, random or grid)")
         return shape
 
-    def __init__(self, cfg: SearchConfig, space: Space) -> None:
-        super().__init__(cfg, space)
+    def __init__(self, cfg: SearchConfig, space: Space, rungs: int) -> None:
+        super().__init__(cfg, space, rungs)
         assert isinstance(self.settings, TPESettings)
         self.overlaps = self.settings.overlap
         optuna = self._optuna = optuna_module("the tpe sampler", " (or choose --sampler ga, random or grid)")
@@ -83,7 +82,6 @@ class TPESampler(Sampler):
                                                  constant_liar=True)
         self._study = optuna.create_study(direction="maximize", sampler=sampler)
         self._distributions = {name: distribution(optuna, values) for name, values in space.genes.items()}
-        self._last_rung = len(make_pruner(cfg).rungs) - 1
         self._asked: deque[list[Any]] = deque()  # the trials of each generation not told yet, oldest first
 
     def propose(self, history: Sequence[Generation], in_flight: Optional[InFlight] = None) -> list[dict]:
@@ -117,7 +115,7 @@ class TPESampler(Sampler):
         for trial, member in zip(self._asked.popleft(), generation.members):
             if not member.ok:
                 self._study.tell(trial, state=states.FAIL)
-            elif member.rung < self._last_rung:
+            elif member.rung < self.rungs - 1:
                 trial.report(member.score, step=member.rung)
                 self._study.tell(trial, state=states.PRUNED)
             else:

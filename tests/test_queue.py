@@ -226,6 +226,9 @@ def test_a_worker_that_finishes_early_takes_the_next_generation(target):
         # Every candidate of generation 2 was trained by the other worker while the slow one trained (without
         # the overlap, the slow one would have waited its minute out, and trained some of them after).
         assert slow.seconds < 60 and {t.worker for t in second} == {w for w in ("w0", "w1") if w != slow.worker}
+        # Generation 1 went on the queue before generation 2 (queued first, generation 2 was taken first now
+        # and then: a worker claimed it before generation 1's tasks were there, and trained both).
+        assert max(t.id for t in tasks if t.candidate.generation == 0) < min(t.id for t in second)
         assert store.records.search(search_id).finished is not None
 
 

@@ -246,6 +246,7 @@ class Search:
                 break
             if history and sampler.elite:
                 history[-1] = rounds.crowned(history[-1], sampler.elite)
+            queued = ahead is not None  # its first rung is on the queue already
             if ahead is not None:
                 current, ahead = ahead, None
             else:
@@ -258,7 +259,10 @@ class Search:
                 current = InFlight(tuple(genomes), rounds.begin(g, genomes, budget))
             if sampler.overlaps and not sampler.elite and g + 1 < cfg.generations and (budget is None or budget > current.new):
                 # The next generation is proposed now, with this one in flight, and its first rung goes on
-                # the queue: a worker that finishes before this generation's last training takes it.
+                # the queue: a worker that finishes before this generation's last training takes it. This
+                # one's first rung goes there first, so that no worker takes the next one's before it.
+                if not queued:
+                    rounds.prefetch(g)
                 following = sampler.propose(history, current)
                 if following:
                     ahead = InFlight(tuple(following), rounds.begin(g + 1, following, budget_left(cfg, history, current)))

@@ -26,6 +26,18 @@ IDLE_IN_TRANSACTION = 10.0
 LOCK = 20.0
 STATEMENT = 60.0
 
+# Bounds on a connection whose network went silent (a cable cut, a machine gone, a firewall that drops
+# without a word), which the server's bounds cannot reach: without them a worker waited for a reply that
+# never came, for as long as its kernel retransmitted (some 15 minutes) or, with nothing to send, for
+# ever. TCP keepalive probes after KEEPALIVE_IDLE seconds of silence, KEEPALIVE_COUNT of them
+# KEEPALIVE_INTERVAL seconds apart, and data unacknowledged for TCP_USER_TIMEOUT seconds, end the
+# connection, which is then retried as a lost one. A URL that sets any of these libpq parameters keeps
+# its own value.
+KEEPALIVE_IDLE = 10
+KEEPALIVE_INTERVAL = 5
+KEEPALIVE_COUNT = 3
+TCP_USER_TIMEOUT = 30
+
 
 def psycopg_module() -> Any:
     try:
@@ -64,11 +76,20 @@ class PostgreSQL(Database):
         # autocommit: every transaction is opened here (BEGIN); a short connect timeout so a retry
         # loop polls a restarting server rather than waiting on one attempt.
         connection = self._psycopg.connect(self.url, autocommit=True, row_factory=dict_row, connect_timeout=10,
-                                           application_name="towerlab")
+                                           application_name="towerlab", **self._silence_bounds())
         connection.execute("SELECT set_config('idle_in_transaction_session_timeout', %s, false),"
                            " set_config('lock_timeout', %s, false), set_config('statement_timeout', %s, false)",
                            tuple(f"{round(seconds * 1000)}ms" for seconds in (IDLE_IN_TRANSACTION, LOCK, STATEMENT)))
         return connection
+
+    def _silence_bounds(self) -> dict[str, int]:
+        """The libpq parameters that end a connection gone silent (above), less those its URL sets."""
+        from psycopg.conninfo import conninfo_to_dict
+
+        bounds = {"keepalives": 1, "keepalives_idle": KEEPALIVE_IDLE, "keepalives_interval": KEEPALIVE_INTERVAL,
+                  "keepalives_count": KEEPALIVE_COUNT, "tcp_user_timeout": TCP_USER_TIMEOUT * 1000}
+        own = conninfo_to_dict(self.url)
+        return {name: value for name, value in bounds.items() if name not in own}
 
     def _begin(self, connection: Any, lock: Optional[int]) -> None:
         connection.execute("BEGIN")

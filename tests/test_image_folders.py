@@ -161,6 +161,25 @@ def test_the_cache_is_keyed_by_content_reopened_without_decoding_and_decoded_aga
                                                                              edited.source["cache"]))
 
 
+def test_a_folder_edited_in_place_leaves_no_cache_of_its_earlier_content(tmp_path):
+    """Each edit of a folder decoded it again into a new entry and kept the old one: a folder that grows
+    by a few images a day left a full copy of itself in the cache each time."""
+    folder = colour_folder(tmp_path / "set", per_class=6)
+    data_dir = tmp_path / "data"
+    first = load(folder, data_dir, val_size=3, log=lambda line: None)
+    larger = load(folder, data_dir, val_size=3, log=lambda line: None, image_size=(16, 16))
+    other = load(colour_folder(tmp_path / "other", per_class=5), data_dir, val_size=3, log=lambda line: None)
+    Image.fromarray(coloured(np.random.default_rng(9), (0, 0, 0), (12, 10))).save(folder / "red" / "001.png")
+    said: list[str] = []
+    edited = load(folder, data_dir, val_size=3, log=said.append)
+    entries = sorted(p.name for p in (data_dir / folders.CACHE).iterdir() if not p.name.startswith(("index", ".")))
+    assert entries == sorted([Path(other.source["cache"]).name, Path(other.source["cache"]).name + ".lock",
+                              Path(edited.source["cache"]).name, Path(edited.source["cache"]).name + ".lock"])
+    removed = [line for line in said if line.startswith("Removed")]
+    assert sorted(line.split()[1] for line in removed) == sorted([first.source["cache"], larger.source["cache"]])
+    assert all(line.endswith(f"the cache of an earlier content of {folder}") for line in removed)
+
+
 def test_formats_channels_and_the_resize_rule(tmp_path):
     folder = tmp_path / "set"
     rng = np.random.default_rng(0)

@@ -136,7 +136,28 @@ def decode_folder(listing: Listing, content: str, where: Path, size: tuple[int, 
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     log(f"Decoded {len(files) - len(failed):,} images in {seconds:.1f} s into {where}")
+    forget_earlier(where, log)
     return meta
+
+
+def forget_earlier(where: Path, log: Log) -> None:
+    """Remove the entries beside `where` that hold an earlier content of its folder (the same path,
+    other images: an edited folder would otherwise leave a full copy of itself behind at each edit),
+    whatever their size. An entry decoded from another path is kept, even of the same images."""
+    meta = read_meta(where)
+    if meta is None:
+        return
+    for entry in where.parent.iterdir():
+        if entry == where or entry.name.startswith(".") or not entry.is_dir():
+            continue
+        earlier = read_meta(entry)
+        if earlier is None or earlier.get("folder") != meta["folder"] or earlier.get("content") == meta["content"]:
+            continue
+        size = sum(f.stat().st_size for f in entry.iterdir() if f.is_file())
+        shutil.rmtree(entry, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            entry.with_name(f"{entry.name}.lock").unlink()
+        log(f"Removed {entry} ({size / 2**20:,.1f} MiB), the cache of an earlier content of {meta['folder']}")
 
 
 def ranges(counts: dict[str, int]) -> dict[str, tuple[int, int]]:

@@ -100,10 +100,7 @@ def _stop_server(folder: str) -> None:
 
 def test_a_url_that_sets_its_own_keepalives_keeps_them():
     pytest.importorskip("psycopg")
-    from types import SimpleNamespace
-
-    from towerlab.search.postgresql import PostgreSQL
+    from towerlab.search.postgresql import silence_bounds
 
     url = "postgresql://u@db.example/search?keepalives_idle=60&tcp_user_timeout=0"
-    assert PostgreSQL._silence_bounds(SimpleNamespace(url=url)) == {  # type: ignore[arg-type]
-        "keepalives": 1, "keepalives_interval": 5, "keepalives_count": 3}
+    assert silence_bounds(url) == {"keepalives": 1, "keepalives_interval": 5, "keepalives_count": 3}

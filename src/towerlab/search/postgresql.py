@@ -39,6 +39,16 @@ KEEPALIVE_COUNT = 3
 TCP_USER_TIMEOUT = 30
 
 
+def silence_bounds(url: str) -> dict[str, int]:
+    """The libpq parameters that end a connection gone silent (above), less those `url` sets."""
+    from psycopg.conninfo import conninfo_to_dict
+
+    bounds = {"keepalives": 1, "keepalives_idle": KEEPALIVE_IDLE, "keepalives_interval": KEEPALIVE_INTERVAL,
+              "keepalives_count": KEEPALIVE_COUNT, "tcp_user_timeout": TCP_USER_TIMEOUT * 1000}
+    own = conninfo_to_dict(url)
+    return {name: value for name, value in bounds.items() if name not in own}
+
+
 def psycopg_module() -> Any:
     try:
         import psycopg
@@ -76,20 +86,11 @@ class PostgreSQL(Database):
         # autocommit: every transaction is opened here (BEGIN); a short connect timeout so a retry
         # loop polls a restarting server rather than waiting on one attempt.
         connection = self._psycopg.connect(self.url, autocommit=True, row_factory=dict_row, connect_timeout=10,
-                                           application_name="towerlab", **self._silence_bounds())
+                                           application_name="towerlab", **silence_bounds(self.url))
         connection.execute("SELECT set_config('idle_in_transaction_session_timeout', %s, false),"
                            " set_config('lock_timeout', %s, false), set_config('statement_timeout', %s, false)",
                            tuple(f"{round(seconds * 1000)}ms" for seconds in (IDLE_IN_TRANSACTION, LOCK, STATEMENT)))
         return connection
-
-    def _silence_bounds(self) -> dict[str, int]:
-        """The libpq parameters that end a connection gone silent (above), less those its URL sets."""
-        from psycopg.conninfo import conninfo_to_dict
-
-        bounds = {"keepalives": 1, "keepalives_idle": KEEPALIVE_IDLE, "keepalives_interval": KEEPALIVE_INTERVAL,
-                  "keepalives_count": KEEPALIVE_COUNT, "tcp_user_timeout": TCP_USER_TIMEOUT * 1000}
-        own = conninfo_to_dict(self.url)
-        return {name: value for name, value in bounds.items() if name not in own}
 
     def _begin(self, connection: Any, lock: Optional[int]) -> None:
         connection.execute("BEGIN")

@@ -18,6 +18,7 @@ import socket
 import sqlite3
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -147,6 +148,31 @@ def holds_a_task(out: Path, pids: list[int]) -> bool:
     return any(w.split(":")[1] in {str(p) for p in pids} for w in held)
 
 
+def write_locked(db: Path) -> bool:
+    """Whether a process holds the SQLite store's write lock (a write of its own cannot begin)."""
+    with contextlib.closing(sqlite3.connect(db, timeout=0, isolation_level=None)) as connection:
+        try:
+            connection.execute("BEGIN IMMEDIATE")
+        except sqlite3.OperationalError:
+            return True
+        connection.execute("ROLLBACK")
+        return False
+
+
+def freeze_between_writes(agent: subprocess.Popen, db: Path) -> None:
+    """Freeze a node while it trains, not while it writes: a process frozen holding an SQLite file's
+    write lock stops every writer of that file (SQLite's design, docs/faults.md; share a PostgreSQL
+    store across machines), which is another test's case. Frozen mid-write, it is thawed and frozen
+    again a moment later."""
+    for _ in range(100):
+        kill_node(agent, signal.SIGSTOP)
+        if not write_locked(db):
+            return
+        kill_node(agent, signal.SIGCONT)
+        time.sleep(0.05)
+    pytest.fail("node 1 held the store's write lock at each of 100 freezes")
+
+
 @pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGSTOP], ids=["killed", "frozen"])
 def test_a_node_lost_mid_search_costs_only_its_candidate(how, tmp_path, monkeypatch):
     """A search's ranks need each other only to agree on the search: node 1 lost (killed, or frozen)
@@ -161,7 +187,10 @@ def test_a_node_lost_mid_search_costs_only_its_candidate(how, tmp_path, monkeypa
     with two_nodes([*search, "--out", str(out)], tmp_path) as agents:
         wait_for(lambda: holds_a_task(out, list(torchrun_workers(agents[1].pid).values())), timeout=240,
                  what="node 1 training a candidate")
-        kill_node(agents[1], how)
+        if how == signal.SIGSTOP:
+            freeze_between_writes(agents[1], out / "search.db")
+        else:
+            kill_node(agents[1], how)
         # The record, written by rank 0 once the search is finished. (torchrun's agent then waits for
         # the lost node at its exit barrier, 300 s by default, before it ends: not towerlab's.)
         wait_for(lambda: (out / "summary.json").exists() or agents[0].poll() is not None, timeout=300,

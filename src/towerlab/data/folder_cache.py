@@ -136,17 +136,15 @@ def decode_folder(listing: Listing, content: str, where: Path, size: tuple[int, 
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     log(f"Decoded {len(files) - len(failed):,} images in {seconds:.1f} s into {where}")
-    forget_earlier(where, log)
+    forget_earlier(where, meta, log)
     return meta
 
 
-def forget_earlier(where: Path, log: Log) -> None:
-    """Remove the entries beside `where` that hold an earlier content of its folder (the same path,
-    other images: an edited folder would otherwise leave a full copy of itself behind at each edit),
-    whatever their size. An entry decoded from another path is kept, even of the same images."""
-    meta = read_meta(where)
-    if meta is None:
-        return
+def forget_earlier(where: Path, meta: dict, log: Log) -> None:
+    """Remove the entries beside `where` (whose `meta` was just written) that hold an earlier content
+    of its folder (the same path, other images: an edited folder would otherwise leave a full copy of
+    itself behind at each edit), whatever their size. An entry decoded from another path is kept, even
+    of the same images."""
     for entry in where.parent.iterdir():
         if entry == where or entry.name.startswith(".") or not entry.is_dir():
             continue

@@ -6,9 +6,9 @@
 # what the calls before left only while it stays warm, 30 s after a call: make the calls back to back)
 #
 # 0. Here, in the root of the checkout that the device calls send (the session's own), before any call:
-#      fetch github:KellerJordan/cifar10-airbench (the search tool), then
-#      git --git-dir /work/.mirror/KellerJordan+cifar10-airbench/repo show HEAD:airbench94_muon.py >/tmp/airbench94_muon.py
-#      bash bench/gpu_session.sh prepare ../shared/data /tmp/airbench94_muon.py
+#      get airbench94_muon.py from github.com/KellerJordan/cifar10-airbench (a clone, or the session's
+#      fetch tool and `git --git-dir MIRROR show HEAD:airbench94_muon.py > AIRBENCH`), then
+#      bash bench/gpu_session.sh prepare ../shared/data AIRBENCH
 #    It fills .gpu/ (git-ignored through .git/info/exclude, never committed): mnist.npz (11 MiB), the
 #    airbench94_muon.py to run unchanged (read, never committed), and cifar10.npz (162 MiB) cut in 4
 #    pieces of 40.4 MiB, .gpu/cifar10.npz.0 .. .3: a call carries at most 64 MiB, the tree (~4 MiB) in it.

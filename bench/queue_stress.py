@@ -35,7 +35,7 @@ from postgres import Server  # noqa: E402 - the tests' private server
 
 from towerlab.config import SearchConfig  # noqa: E402 - after the path to tests/ is set
 from towerlab.search import Candidate, Outcome, Search, load_space, run_search, serial  # noqa: E402 - idem
-from towerlab.search.queue import Worker, WorkerOptions  # noqa: E402 - after the path to tests/ is set
+from towerlab.search.work.worker import Worker, WorkerOptions  # noqa: E402 - after the path to tests/ is set
 from towerlab.search.store import Store  # noqa: E402 - after the path to tests/ is set
 
 CONFIG = SearchConfig(sampler="random", population=40, generations=15, max_epochs=1, remeasure=0, top=2, seed=7)

@@ -38,7 +38,7 @@ from postgres import Server  # noqa: E402 - the tests' private server
 
 from towerlab.config import SearchConfig  # noqa: E402 - after the path to tests/ is set
 from towerlab.search import Outcome, Search, load_space  # noqa: E402 - after the path to tests/ is set
-from towerlab.search.queue import Worker, WorkerOptions  # noqa: E402 - after the path to tests/ is set
+from towerlab.search.work.worker import Worker, WorkerOptions  # noqa: E402 - after the path to tests/ is set
 from towerlab.search.store import Store  # noqa: E402 - after the path to tests/ is set
 
 GENES = {"neurons": [16, 32, 64, 128, 256, 512, 768, 1024], "layers": [1, 2, 3, 4],

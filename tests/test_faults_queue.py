@@ -28,7 +28,7 @@ from util import ONE_CPU, SEARCH_BASE, reaped, replica_pids, run_cli, small_spac
 from towerlab.config import SearchConfig
 from towerlab.errors import UserError
 from towerlab.search import Candidate, Search, load_space
-from towerlab.search.queue import MAX_ATTEMPTS
+from towerlab.search.work.worker import MAX_ATTEMPTS
 from towerlab.search.store import Store
 
 # About 0.1 s a candidate: 1 epoch on 5,000 synthetic images, 1 thread (the same numbers on any worker).
@@ -168,7 +168,7 @@ def test_a_row_of_the_wrong_form_stops_every_worker_in_one_line(tmp_path, finish
 
 FROZEN = """
 import os, signal, sys
-from towerlab.search import database, postgresql
+from towerlab.search.store import database, postgresql
 postgresql.IDLE_IN_TRANSACTION = 2.0  # the server ends this session 2 s after it froze
 from towerlab.search import Candidate
 from towerlab.search.store import Store
@@ -221,7 +221,7 @@ def test_a_worker_frozen_inside_a_postgresql_transaction_stalls_the_others_only_
 def test_an_sqlite_store_locked_by_a_stopped_process_says_so(tmp_path, monkeypatch):
     """The same freeze on SQLite: a process stopped holding the write lock. The wait is bounded, and the
     line says what it is (it said "fix the disk (space, permissions)": the disk was fine)."""
-    from towerlab.search import sqlite
+    from towerlab.search.store import sqlite
 
     monkeypatch.setattr(sqlite, "SQLITE_BUSY", 0.5)
     monkeypatch.setenv("TOWERLAB_DB_RETRY_SECONDS", "1")
@@ -307,7 +307,7 @@ UNSHARE = ("unshare", "--pid", "--fork", "--mount-proc")
 
 HOLDER = """
 import os, socket, sys
-from towerlab.search.queue import Worker, WorkerOptions
+from towerlab.search.work.worker import Worker, WorkerOptions
 from towerlab.search.store import Store
 
 def trainer(search):
@@ -348,7 +348,7 @@ def test_workers_in_separate_pid_namespaces_never_free_each_others_live_tasks(tm
         assert holder.stdout.readline() == "training\n", holder.stderr.read()
         observer = subprocess.run(
             [*UNSHARE, "sh", "-c", '"$0" "$@"; :', sys.executable, "-c",
-             "import sys; from towerlab.search.queue import release_the_dead; from towerlab.search.store import Store;"
+             "import sys; from towerlab.search.work.worker import release_the_dead; from towerlab.search.store import Store;"
              " print(release_the_dead(Store(sys.argv[1], create=False)))", target],
             capture_output=True, text=True, timeout=120)
         assert observer.returncode == 0 and observer.stdout == "0\n", observer.stdout + observer.stderr
@@ -368,7 +368,7 @@ def test_workers_in_separate_pid_namespaces_never_free_each_others_live_tasks(tm
 
 def test_a_dead_worker_of_this_namespace_is_still_freed_at_once(tmp_path):
     """What `release_the_dead` is for: a worker of this host and namespace whose process is gone."""
-    from towerlab.search.queue import pid_space, release_the_dead, worker_name
+    from towerlab.search.work.worker import pid_space, release_the_dead, worker_name
 
     target = str(tmp_path / "search.db")
     search_id = new_search(target)

@@ -294,7 +294,7 @@ def _same_parameters(tmp_path: Path, x_train, y_train, x_test, y_test, names, va
 
 def test_a_search_on_a_folder_is_keyed_by_its_content_and_a_joining_worker_checks_it(tmp_path):
     from towerlab.config import RunConfig
-    from towerlab.jobs.search_workers import Trainers, WorkerSpec
+    from towerlab.jobs.search.workers import Trainers, WorkerSpec
     from towerlab.search import Search, Store
 
     folder = colour_folder(tmp_path / "set", per_class=20)

@@ -1,4 +1,4 @@
-"""The store as the queue (towerlab.search.queue), with a fake fitness and no torch: any number of
+"""The store as the queue (towerlab.search.work.worker), with a fake fitness and no torch: any number of
 workers, joining late or dying at random, play a search to the very rows one process makes; leases
 lapse and hand a task on; a late result is dropped; a task that loses its workers too often is
 recorded as failed; on SQLite and on a real PostgreSQL server."""
@@ -19,7 +19,7 @@ import pytest
 
 from towerlab.config import SearchConfig
 from towerlab.search import Candidate, Outcome, Search, load_space, run_search, serial
-from towerlab.search.queue import MAX_ATTEMPTS, Worker, WorkerOptions
+from towerlab.search.work.worker import MAX_ATTEMPTS, Worker, WorkerOptions
 from towerlab.search.store import Store
 
 SPACE = load_space("mlp")

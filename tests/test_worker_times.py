@@ -1,4 +1,4 @@
-"""The breakdown of a search worker's time that the GPU benchmark records (jobs/worker_times.py): written
+"""The breakdown of a search worker's time that the GPU benchmark records (jobs/search/worker_times.py): written
 only when asked for, one file per worker, its parts adding up to the worker's wall time."""
 
 import json
@@ -6,7 +6,7 @@ import json
 import pytest
 
 from towerlab.cli import main
-from towerlab.jobs import worker_times
+from towerlab.jobs.search import worker_times
 from util import SEARCH_BASE, small_space_file, summary
 
 

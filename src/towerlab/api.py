@@ -188,8 +188,8 @@ def search(space: str | os.PathLike | dict | None = None, data: str | os.PathLik
 def _search(kind: str, space: str | os.PathLike | dict | None, data: DataGiven, validation: tuple | None,
             test: tuple | None, model: str | Callable | None, config: ConfigGiven, options: dict) -> SearchRun:
     from towerlab.jobs.job import resolved_run
-    from towerlab.jobs.search import start_search
-    from towerlab.jobs.search_place import search_out
+    from towerlab.jobs.search.job import start_search
+    from towerlab.jobs.search.place import search_out
     from towerlab.settings import resolve_search
 
     options = dict(options)

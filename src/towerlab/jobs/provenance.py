@@ -42,7 +42,7 @@ def provenance() -> dict:
 def _without_password(arg: str) -> str:
     """A command-line word as config.json records it: a database URL (`--store URL`, `--store=URL`)
     without its password."""
-    from towerlab.search.location import redacted
+    from towerlab.search.store.location import redacted
 
     flag, equals, value = arg.partition("=") if arg.startswith("--") else ("", "", arg)
     return flag + equals + redacted(value)

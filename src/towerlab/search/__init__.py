@@ -7,7 +7,7 @@ its store. The torch side supplies a `Trainer`, `train(candidates, record)` (see
 `towerlab.search.trainers`); a pruner (`towerlab.search.pruners`) says what a generation's rungs are
 and whom each promotes; the store (`towerlab.search.store.Store`, SQLite or PostgreSQL: its records and
 its queue) keeps every result and is the queue that workers on any machine claim their work from
-(`towerlab.search.queue`).
+(`towerlab.search.work.worker`).
 Everything random comes from the search seed, so a search can be resumed, or played by any number of
 workers, by replaying it against its store.
 """
@@ -21,7 +21,7 @@ from towerlab.search.samplers import (SAMPLERS, Sampler, Shape, make_sampler, ow
                                       settings_classes, settings_of_others)
 from towerlab.search.samplers.ga import breed, initial_population, mutate, next_generation
 from towerlab.search.samplers.grid import grid_genomes
-from towerlab.search.show import evaluation_records, format_search
+from towerlab.search.views.show import evaluation_records, format_search
 from towerlab.search.space import BUILTIN_SPACES, Space, canonical, genome_hash, load_space
 from towerlab.search.store import Store
 from towerlab.search.trainers import Prefetching, Record, Trainer, serial

@@ -17,7 +17,7 @@ about to be crowned are re-measured, the sampler is told the outcomes; at the en
 `search.finish` writes the summary, `search.run` does both. Playing is a pure function of the search
 and what its store holds: replaying a search against its store proposes the same generations and
 serves the same rows, which is how a search resumes and how every worker of a search
-(`towerlab.search.queue`) plays it alike, whoever trained what. No torch here: the training protocol
+(`towerlab.search.work.worker`) plays it alike, whoever trained what. No torch here: the training protocol
 is in `towerlab.search.candidates`, the counts in `towerlab.search.history`.
 """
 
@@ -35,7 +35,7 @@ from towerlab.fields import to_dict
 from towerlab.search.history import Generation, GenerationStats, SearchResult, TopGenome
 from towerlab.search.pruners import Ladder, Pruner, make_pruner
 from towerlab.search.rounds import Rounds
-from towerlab.search.rows import SearchRow
+from towerlab.search.store.rows import SearchRow
 from towerlab.search.samplers import (InFlight, Sampler, Shape, budget_left, make_sampler, resolved_settings,
                                       sampler_class, sampler_shape)
 from towerlab.search.space import Space, load_space, space_of
@@ -52,7 +52,7 @@ IDENTITY = ("seed", "remeasure", "min_epochs", "prune_factor", "prune_places")
 LARGE_GENERATION = 10_000
 
 # Settings every stored search records (its sampler's, its budget's, its rungs'): a record without one
-# was edited, and is named as such (`towerlab.search.show.records_of`) rather than read with a default.
+# was edited, and is named as such (`towerlab.search.store.integrity.records_of`) rather than read with a default.
 RECORDED = ("seed", "max_epochs", "top", "generations", "population")
 
 DEFAULT_REMEASURE = 2

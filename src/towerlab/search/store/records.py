@@ -1,6 +1,6 @@
 """A search store's records: its searches, every evaluation (one row per training) and every
 generation, what resume replays (`towerlab.search.store` puts them beside the queue, over one backend;
-the tables are described in `towerlab.search.schema`). Every write is one transaction.
+the tables are described in `towerlab.search.store.schema`). Every write is one transaction.
 
 The cache: `lookup` serves a search its own row first, whatever its status, and otherwise the oldest
 'ok' row of any search, written before the generation began (its watermark): so every worker of a
@@ -22,8 +22,8 @@ from typing import Optional, Sequence
 
 from towerlab.config import upgrade_search_config
 from towerlab.search.candidates import Candidate, Outcome
-from towerlab.search.database import CHUNK, Backend, Transaction, placeholders
-from towerlab.search.rows import Evaluation, GenerationRow, Rows, SearchRow, insert_evaluation, serving
+from towerlab.search.store.database import CHUNK, Backend, Transaction, placeholders
+from towerlab.search.store.rows import Evaluation, GenerationRow, Rows, SearchRow, insert_evaluation, serving
 from towerlab.search.space import Space
 
 

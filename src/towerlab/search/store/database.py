@@ -1,7 +1,7 @@
 """The database under a search store, as its parts (`towerlab.search.store`) see it: `Backend`, the
 small interface that names what a backend must provide, and `Database`, what SQLite
-(`towerlab.search.sqlite`, a file on this machine, the default) and PostgreSQL
-(`towerlab.search.postgresql`, a server that workers on many machines reach by URL) share. A third
+(`towerlab.search.store.sqlite`, a file on this machine, the default) and PostgreSQL
+(`towerlab.search.store.postgresql`, a server that workers on many machines reach by URL) share. A third
 backend is one more file with a `Database` subclass (or anything that provides `Backend`: a test
 double), and its line in `towerlab.search.store.connect`.
 
@@ -11,7 +11,7 @@ epoch, so that leases never depend on which machine's clock reads them) and `{st
 as text, ISO 8601 in UTC, for the times a store records). A backend turns them into its dialect
 (`_TOKENS`, `_PARAMETER`) and runs them. The store's clock is the database server's (PostgreSQL), or
 the kernel's of the machine that holds an SQLite file: every process reads the same, whatever its own
-clock says (`towerlab.search.store_file`).
+clock says (`towerlab.search.store.sqlite_file`).
 
 Every write is one transaction, given as a function of a `Transaction` so that it can be run again:
 PostgreSQL's connection may drop (the server restarts, the network blinks), and then the transaction is
@@ -24,7 +24,7 @@ was lost changes nothing twice. `lock=KEY` serialises the transactions that take
 serialises every write anyway (BEGIN IMMEDIATE); PostgreSQL takes a transaction-scoped advisory lock.
 One transaction per write also means a process killed mid-write leaves no half row.
 
-A password in a URL is never printed (`towerlab.search.location`): `redacted(url)` is what messages and
+A password in a URL is never printed (`towerlab.search.store.location`): `redacted(url)` is what messages and
 records show, and a driver's error is scrubbed of it (`secrets`); the password itself may come from the
 URL, from $PGPASSWORD or from ~/.pgpass, as libpq reads them.
 """
@@ -96,7 +96,7 @@ class Backend(Protocol):
     def write(self, work: Callable[[Transaction], T], *, lock: Optional[int] = None) -> T: ...
 
     def open_schema(self, where: object, create: bool) -> None:
-        """Check the store's schema before anything is written (`towerlab.search.schema`): its tables made
+        """Check the store's schema before anything is written (`towerlab.search.store.schema`): its tables made
         where `create` and the database is empty, an older store migrated, a damaged, foreign or newer one
         refused (UserError; NoStore where there is no store yet and not `create`)."""
 

@@ -1,9 +1,9 @@
-"""The PostgreSQL backend of a search store (`towerlab.search.database`): a server that workers on many
+"""The PostgreSQL backend of a search store (`towerlab.search.store.database`): a server that workers on many
 machines reach by a postgresql:// URL (psycopg 3, the postgresql extra). The store's clock is the
 server's; `lock=KEY` takes a transaction-scoped advisory lock; every wait inside a transaction is bounded
 on each session towerlab opens (below), and a connection lost, or a wait that met its bound, is retried
-(`towerlab.search.database`). A URL's password is never shown: `where` is the URL redacted, and an
-error is scrubbed of every spelling of it (`secrets`). Its schema (`towerlab.search.schema`) is versioned
+(`towerlab.search.store.database`). A URL's password is never shown: `where` is the URL redacted, and an
+error is scrubbed of every spelling of it (`secrets`). Its schema (`towerlab.search.store.schema`) is versioned
 by its `towerlab_schema` table, and made or migrated under an advisory lock (`SCHEMA_LOCK`)."""
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from typing import Any, Optional
 from urllib.parse import unquote
 
 from towerlab.errors import UserError
-from towerlab.search.database import Database, Transaction
-from towerlab.search.location import password_spans, redacted
-from towerlab.search.schema import SCHEMA_VERSION, TABLES, NoStore, create_tables, refuse_newer, upgrade_from_4
+from towerlab.search.store.database import Database, Transaction
+from towerlab.search.store.location import password_spans, redacted
+from towerlab.search.store.schema import SCHEMA_VERSION, TABLES, NoStore, create_tables, refuse_newer, upgrade_from_4
 
 # Bounds on every wait inside a PostgreSQL transaction (seconds), set on each session towerlab opens: a
 # transaction left open by a process that froze (stopped, swapped out, cut off by the network) is ended

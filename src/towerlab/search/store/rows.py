@@ -2,7 +2,7 @@
 what the store's parts share: `Rows`, which reads them from the backend and parses their records (a
 record that no longer parses is damage: one line naming the store); `insert_evaluation`, which writes a
 training's row; and `serving`, the query for the row that serves a genome (the cache's one rule,
-`towerlab.search.records`). The tables are described in `towerlab.search.schema`."""
+`towerlab.search.store.records`). The tables are described in `towerlab.search.store.schema`."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from typing import Any, Optional
 
 from towerlab.config import upgrade_search_config
 from towerlab.search.candidates import Candidate, Outcome
-from towerlab.search.database import Backend, Transaction, damaged
+from towerlab.search.store.database import Backend, Transaction, damaged
 
 
 @dataclass(frozen=True)
@@ -157,7 +157,7 @@ class Rows:
 
     def task(self, row: dict) -> Task:
         genome = self.json(row["genome"])
-        if not isinstance(genome, dict):  # an edited row: never trained (`show.records_of` names it)
+        if not isinstance(genome, dict):  # an edited row: never trained (`integrity.records_of` names it)
             raise TypeError(f"task {row['id']}'s genome is a {type(genome).__name__}, not an object")
         candidate = Candidate(row["generation"], row["idx"], genome, row["genome_hash"],
                               int(row["seed"]), row["max_epochs"], row["replicate"])

@@ -1,4 +1,4 @@
-"""A worker's driver threads (`towerlab.search.queue`): each plays one search (`Search.play`) through a
+"""A worker's driver threads (`towerlab.search.work.worker`): each plays one search (`Search.play`) through a
 `QueueTrainer`, so that the candidates the store cannot serve go on the queue (each once, whoever puts
 them there first) and the trainer returns when the store holds a result for each, whoever trained it.
 A pruned rung's sure promotions go on the queue as results come in. When the search's top is crowned,
@@ -17,7 +17,7 @@ from typing import Callable, Optional, Sequence
 
 from towerlab.search.candidates import Candidate
 from towerlab.search.history import TopGenome
-from towerlab.search.rows import Evaluation
+from towerlab.search.store.rows import Evaluation
 from towerlab.search.search import Search
 from towerlab.search.store import Store
 from towerlab.search.trainers import Record

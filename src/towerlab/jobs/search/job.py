@@ -31,22 +31,22 @@ from towerlab.fields import replace, to_dict
 from towerlab.jobs.candidate import TRAINING_GENES, CandidateModel, model_function, train_config_hash
 from towerlab.jobs.folder import check_writable_file
 from towerlab.jobs.handover import handover, load_everywhere, search_data
-from towerlab.jobs.identity import VERSIONS, data_difference, identity, short, version_difference, versions
+from towerlab.jobs.search.identity import VERSIONS, data_difference, identity, short, version_difference, versions
 from towerlab.jobs.job import Job, require_out_under_torchrun, resolved_run, start_job
 from towerlab.jobs.provenance import write_config
-from towerlab.jobs.search_place import (open_store, recorded_store, restarted, search_out, store_target,
+from towerlab.jobs.search.place import (open_store, recorded_store, restarted, search_out, store_target,
                                        store_token, stored_search_id)
-from towerlab.jobs.search_record import RecordOptions, Watch, export_best, write_record
-from towerlab.jobs.search_workers import FROM_PYTHON, WorkerSpec, run_worker, warm_up, work, worker_name
+from towerlab.jobs.search.record import RecordOptions, Watch, export_best, write_record
+from towerlab.jobs.search.workers import FROM_PYTHON, WorkerSpec, run_worker, warm_up, work, worker_name
 from towerlab.catalog.models import not_taken
 from towerlab.data.digest import content_digest
 from towerlab.data.load import Dataset
 from towerlab.models.custom import ModelFunction, function_file
 from towerlab.report import Reporter, format_plan
 from towerlab.search import Search, Space, load_space, refuse_unused_settings
-from towerlab.search.location import is_url
-from towerlab.search.queue import lease_seconds, release_the_dead
-from towerlab.search.show import records_of
+from towerlab.search.store.location import is_url
+from towerlab.search.work.worker import lease_seconds, release_the_dead
+from towerlab.search.store.integrity import records_of
 from towerlab.search.store import STORE_NAME, Store
 
 # The command of each kind of search job (`towerlab <command>`).
@@ -155,7 +155,7 @@ class SearchJob(Job):
 
     def _in_store(self, store: Store, data: Dataset, reporter: Optional[Reporter]) -> Search:
         """The search in `store`: created (and config.json written, with what its workers must share:
-        `jobs.identity`), or the one this folder continues, on the same data and model file (another
+        `jobs.search.identity`), or the one this folder continues, on the same data and model file (another
         towerlab or torch is recorded as the search's from now on, with a warning)."""
         device = self.run.device
         digest = content_digest(data)

@@ -19,7 +19,7 @@ from towerlab.errors import UserError
 from towerlab.fields import replace, to_dict
 from towerlab.jobs.job import restarted_by_torchrun
 from towerlab.search import Space, load_space
-from towerlab.search.location import STORE_ENV, is_url, redacted, store_location, with_password
+from towerlab.search.store.location import STORE_ENV, is_url, redacted, store_location, with_password
 from towerlab.search.store import STORE_NAME, Store
 
 

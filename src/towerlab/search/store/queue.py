@@ -1,6 +1,6 @@
 """The queue of a search store: the tasks that workers claim, hold under a lease and close with their
-result, and the workers themselves (the `tasks` and `workers` tables: `towerlab.search.schema`). Every
-method is one transaction; the workers that use them are `towerlab.search.queue`'s. The queue's rules,
+result, and the workers themselves (the `tasks` and `workers` tables: `towerlab.search.store.schema`). Every
+method is one transaction; the workers that use them are `towerlab.search.work.worker`'s. The queue's rules,
 each where it is enforced:
 
 - a task is one training that a search needs and no evaluation serves (kind 'train': an evaluation, a
@@ -13,7 +13,7 @@ each where it is enforced:
 - `renew` extends the lease while the worker trains; `complete` writes the result and closes the task in
   one transaction, only while the worker still holds it, so a worker that comes back after its lease
   lapsed cannot write a second result. A training task's result is its evaluation row; a test task's
-  is the test accuracy of the row that serves its genome (`towerlab.search.rows.serving`);
+  is the test accuracy of the row that serves its genome (`towerlab.search.store.rows.serving`);
 - `put_back` opens the task of an interrupted worker at once, the claim not counted as a loss;
   `release` opens the tasks of a worker known to be gone, the loss counted;
 - `reopen_failed_tests` puts a search's failed test retrainings back on the queue (a resume retries them:
@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from towerlab.search.candidates import Candidate, Outcome
-from towerlab.search.database import Backend, Transaction, placeholders
-from towerlab.search.rows import Evaluation, Rows, Task, insert_evaluation, serving
+from towerlab.search.store.database import Backend, Transaction, placeholders
+from towerlab.search.store.rows import Evaluation, Rows, Task, insert_evaluation, serving
 
 
 # The longest lease a worker grants itself (seconds): a lease that runs further than this from the

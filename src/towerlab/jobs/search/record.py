@@ -155,7 +155,7 @@ def test_results(result: SearchResult, store: Store, has_test: bool, reporter: R
     """The top networks as the record lists them, and the seconds of every test retraining the
     search made. A top genome's validation accuracy is the mean over its seeds (the evaluation's, then
     its re-measures'), listed with their spread; its test accuracy is the evaluation's network's,
-    retrained with its seed by a test task (`towerlab.search.queue`)."""
+    retrained with its seed by a test task (`towerlab.search.work.worker`)."""
     rows: list[dict] = []
     evaluations: list[Evaluation] = []
     for t in result.top:

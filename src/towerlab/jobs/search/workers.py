@@ -1,5 +1,5 @@
 """A search's workers: processes that claim its tasks from the store and train them on one device each
-(`towerlab.search.queue`). `towerlab search run` starts them on this machine (`distributed.crew.Crew`,
+(`towerlab.search.work.worker`). `towerlab search run` starts them on this machine (`distributed.crew.Crew`,
 its own search only, with the data and model it loaded); `towerlab search worker STORE` starts them on
 any machine to join the searches of a store, each with its own data and model read as the search
 records them (`Search.setup`); under torchrun each rank is one.
@@ -7,7 +7,7 @@ records them (`Search.setup`); under torchrun each rank is one.
 A joining worker trains a search only where its results are the search's own: the same device kind,
 the same CPU threads per candidate, the same towerlab, training code and torch, the same data (by its
 content's digest) and model (a model file by its SHA-256, checked before it is imported, and imported
-only where the worker's own command names it: `towerlab.jobs.identity`), and at last the search's
+only where the worker's own command names it: `towerlab.jobs.search.identity`), and at last the search's
 training-config hash, made again here. Otherwise it says which differs, once, and leaves that search to
 others.
 """
@@ -35,14 +35,14 @@ from towerlab.errors import UserError
 from towerlab.fields import replace
 from towerlab.jobs.candidate import CandidateModel, estimated_cost, outcome, train_candidate, train_config_hash
 from towerlab.jobs.handover import search_data
-from towerlab.jobs.identity import data_difference, file_digest, provenance, short, version_difference, versions
-from towerlab.jobs.worker_times import WorkerTimes
+from towerlab.jobs.search.identity import data_difference, file_digest, provenance, short, version_difference, versions
+from towerlab.jobs.search.worker_times import WorkerTimes
 from towerlab.models.custom import ModelFunction
 from towerlab.report import discard_line
 from towerlab.search import Candidate, Outcome, Search
-from towerlab.search.queue import Worker, WorkerOptions, lease_seconds, release_the_dead, worker_name
-from towerlab.search.schema import NoStore
-from towerlab.search.show import records_of
+from towerlab.search.work.worker import Worker, WorkerOptions, lease_seconds, release_the_dead, worker_name
+from towerlab.search.store.schema import NoStore
+from towerlab.search.store.integrity import records_of
 from towerlab.search.store import Store, Task
 
 # What a search records of its model in its setup when the model is a function given from Python, which
@@ -271,7 +271,7 @@ def start_workers(target: str, run: RunConfig, *, per_device: int = 1, search_id
     from towerlab.distributed.crew import Crew, CrewFailed
     from towerlab.distributed.env import check_capacity, device_type, search_threads, search_workers
     from towerlab.distributed.launch import start_method_for
-    from towerlab.search.location import is_url, redacted
+    from towerlab.search.store.location import is_url, redacted
 
     kind = device_type(run.device)
     devices = search_workers(run.devices, run.device)

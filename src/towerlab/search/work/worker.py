@@ -7,8 +7,8 @@ A worker is one process with two kinds of thread:
 - its main thread (`Worker`) claims a task (`TaskQueue.claim`: one transaction, a lease on the
   database's clock), trains it while a helper thread renews the lease, and writes the result and closes
   the task in one transaction (`TaskQueue.complete`), only while it still holds the lease (the queue's
-  rules: `towerlab.search.tasks`);
-- one driver thread per search it works on (`towerlab.search.driver.Driver`) plays the search
+  rules: `towerlab.search.store.queue`);
+- one driver thread per search it works on (`towerlab.search.work.driver.Driver`) plays the search
   (`Search.play`) through a `QueueTrainer`: the candidates that the store cannot serve go on the queue,
   and the trainer returns when the store holds a result for each, whoever trained it. When the
   search's top is crowned, the retrainings that give it its test accuracy go on the queue too, and the
@@ -43,11 +43,11 @@ from towerlab.checks import env_number
 from towerlab.distributed.signals import alive
 from towerlab.errors import UserError
 from towerlab.search.candidates import Candidate, Outcome
-from towerlab.search.database import StoreLost
-from towerlab.search.driver import Driver, Poll
+from towerlab.search.store.database import StoreLost
+from towerlab.search.work.driver import Driver, Poll
 from towerlab.search.search import Search
 from towerlab.search.store import Store, Task
-from towerlab.search.tasks import MAX_LEASE
+from towerlab.search.store.queue import MAX_LEASE
 
 LEASE_ENV = "TOWERLAB_LEASE_SECONDS"
 DEFAULT_LEASE = 30.0  # seconds a claim holds without renewal; renewed every third of it

@@ -2,14 +2,14 @@
 every worker claims from. An SQLite file (one machine) or a PostgreSQL database (many), the same tables in
 both. A `Store` is made of parts over one backend, none of which knows the others:
 
-- the backend (`towerlab.search.database.Backend`: `towerlab.search.sqlite`, `towerlab.search.postgresql`),
+- the backend (`towerlab.search.store.database.Backend`: `towerlab.search.store.sqlite`, `towerlab.search.store.postgresql`),
   what `connect` opens for a store's name: the one SQL text the parts write, run in its dialect, each
   write one transaction, retried where its connection was lost;
-- the schema (`towerlab.search.schema`), which the backend checks when the store opens: made in an empty
+- the schema (`towerlab.search.store.schema`), which the backend checks when the store opens: made in an empty
   database, an older store migrated in place, a damaged, foreign or newer one refused in one line;
-- `records` (`towerlab.search.records.Records`): searches, evaluations and generations, and the cache's
+- `records` (`towerlab.search.store.records.Records`): searches, evaluations and generations, and the cache's
   rule of which row serves a genome;
-- `queue` (`towerlab.search.tasks.TaskQueue`): the tasks workers claim under leases and close once, and
+- `queue` (`towerlab.search.store.queue.TaskQueue`): the tasks workers claim under leases and close once, and
   the workers; its rules are documented there.
 """
 
@@ -19,14 +19,14 @@ import os
 from pathlib import Path
 
 from towerlab.errors import UserError
-from towerlab.search.database import Database
-from towerlab.search.location import is_url, store_location
-from towerlab.search.postgresql import PostgreSQL
-from towerlab.search.records import Records
-from towerlab.search.rows import Evaluation, GenerationRow, SearchRow, Task
-from towerlab.search.schema import NoStore
-from towerlab.search.sqlite import SQLite
-from towerlab.search.tasks import TaskQueue
+from towerlab.search.store.database import Database
+from towerlab.search.store.location import is_url, store_location
+from towerlab.search.store.postgresql import PostgreSQL
+from towerlab.search.store.records import Records
+from towerlab.search.store.rows import Evaluation, GenerationRow, SearchRow, Task
+from towerlab.search.store.schema import NoStore
+from towerlab.search.store.sqlite import SQLite
+from towerlab.search.store.queue import TaskQueue
 
 __all__ = ["STORE_NAME", "Evaluation", "GenerationRow", "SearchRow", "Store", "Task", "connect"]
 

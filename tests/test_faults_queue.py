@@ -251,34 +251,42 @@ def test_an_sqlite_store_locked_by_a_stopped_process_says_so(tmp_path, monkeypat
 
 def test_a_store_lost_while_a_worker_asks_it_stops_the_worker_and_fails_no_network(postgres_server, postgres_url,
                                                                                  monkeypatch):
-    """The database goes away past the retry window just as a training asks whether its network enters
-    the top (`genomes_better`): the store's error must stop the worker (its task goes back on the queue
-    when its lease lapses), never become the network's failure (it was recorded failed, "lost the search
-    store's database", where the network trains fine)."""
-    import torch
-
-    from towerlab.data.load import load_dataset
-
-    from towerlab.data.synthetic import SyntheticOptions
-    from towerlab.jobs.candidate import train_candidate
+    """The database goes away past the retry window just as a worker asks for the bar of its search's top
+    (`Records.top_bar`, before the network trains): the store's error must stop the worker (its task goes
+    back on the queue when its lease lapses), never become the network's failure (it was recorded failed,
+    "lost the search store's database", where the network trains fine, when the training itself asked)."""
+    from towerlab.search import Outcome
+    from towerlab.search.store.records import Records
+    from towerlab.search.work.worker import Worker, WorkerOptions
 
     monkeypatch.setenv("TOWERLAB_DB_RETRY_SECONDS", "1")
-    data = load_dataset("synthetic", val_size=200, log=lambda line: None, synthetic=SyntheticOptions(train=600, test=200))
-    cfg = SearchConfig(dataset="synthetic", val_size=200, max_epochs=1)
-    with Store(postgres_url) as store:
-        def entering(val_accuracy):
-            postgres_server.stop()
-            return store.records.genomes_better(1, "tch", val_accuracy) < 2
+    search_id = new_search(postgres_url)
+    asked = Records.top_bar
+    trained = []
 
+    def lost(self, *args):
+        postgres_server.stop()
+        return asked(self, *args)
+
+    def train(assignment):
+        trained.append(assignment)
+        return Outcome.ok(0.5, epochs=1)
+
+    monkeypatch.setattr(Records, "top_bar", lost)
+    with Store(postgres_url) as store:
         try:
             with pytest.raises(UserError, match="lost the search store's database"):
-                train_candidate(cfg, "mlp", {"neurons": 16}, 1, data, torch.device("cpu"), test=entering)
+                Worker(store, "w", "cpu", lambda search: train, WorkerOptions(search_ids=[search_id], lease=3.0)).run()
         finally:
             postgres_server.start()
-        # The same network with a store that answers: it trains, and is tested as it enters the top.
-        fields, _ = train_candidate(cfg, "mlp", {"neurons": 16}, 1, data, torch.device("cpu"),
-                                    test=lambda val: store.records.genomes_better(1, "tch", val) < 2)
-        assert fields["status"] == "ok" and "test_accuracy" in fields
+    monkeypatch.setattr(Records, "top_bar", asked)
+    with Store(postgres_url) as store:
+        claimed = [t for t in store.queue.tasks(search_id) if t.state == "claimed"]
+        assert trained == [] and store.records.evaluations(search_id) == [] and len(claimed) == 1
+        # The same worker with a store that answers: it trains, every network scored as it enters the top.
+        Worker(store, "w", "cpu", lambda search: train, WorkerOptions(search_ids=[search_id], lease=3.0)).run()
+        assert trained and all(a.test_from is not None for a in trained)
+        assert store.records.search(search_id).finished is not None
 
 
 # -- 6: `search worker` never ends with 0 after its workers were stopped ---------------------------------------
@@ -311,11 +319,11 @@ from towerlab.search.work.worker import Worker, WorkerOptions
 from towerlab.search.store import Store
 
 def trainer(search):
-    def train(task):
+    def train(assignment):
         print("training", flush=True)
         sys.stdin.readline()  # until the test says
         from towerlab.search import Outcome
-        return Outcome.ok(0.5, epochs=1), None
+        return Outcome.ok(0.5, epochs=1)
     return train
 
 with Store(sys.argv[1]) as store:

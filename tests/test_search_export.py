@@ -1,6 +1,7 @@
 """`towerlab search export DIR --optuna URL`: a pruned, re-measured search over a typed space written as
 an Optuna study, loaded back with Optuna and compared trial by trial with its store. Fake fitness."""
 
+import dataclasses
 import math
 import subprocess
 import sys
@@ -218,9 +219,10 @@ def test_follow_keeps_a_study_in_step_with_a_running_search(tmp_path, monkeypatc
         search_id = Search.resolve(cfg, load_space(SPACE)).create(store, TCH, {"test": True}).id
 
     def slow(search):
-        def train(task):
+        def train(assignment):
             time.sleep(0.05)
-            return fitness(task.candidate), (0.75 if task.kind == "test" else None)
+            outcome = fitness(assignment.candidate)
+            return dataclasses.replace(outcome, test_accuracy=0.75) if assignment.tests(outcome.fitness) else outcome
         return train
 
     def work():

@@ -27,7 +27,7 @@ import functools
 import math
 import uuid
 from dataclasses import dataclass, field, replace
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 from towerlab.config import SearchConfig
 from towerlab.errors import UserError
@@ -173,6 +173,12 @@ class Search:
         a search recorded before setups were is tested)."""
         return bool(self.setup.get("test", True))
 
+    def recorded(self, key: str) -> Any:
+        """What it recorded of how its workers train (its setup) under `key`: the device kind, the CPU threads
+        per candidate, the model, the data's format, whether it has a test split, and what identifies its
+        software, data and model file (`towerlab.jobs.search.identity`); None where it recorded none."""
+        return self.setup.get(key)
+
     def new_sampler(self) -> Sampler:
         """A sampler in its initial state, for one play of the search (samplers keep what they were told)."""
         return make_sampler(self.cfg, self.space, len(self.pruner.rungs))
@@ -223,6 +229,13 @@ class Search:
             store.records.resume_search(row.id, config)
         return replace(self, id=row.id, train_config_hash=row.train_config_hash, setup=row.setup or {},
                        where=str(store.path))
+
+    def adopt(self, store: Store, setup: dict) -> Search:
+        """This search, recording `setup` besides what it recorded of how its workers train, from now on (a
+        resume by another towerlab or torch records its own)."""
+        merged = {**self.setup, **setup}
+        store.records.update_setup(self.stored_id, merged)
+        return replace(self, setup=merged)
 
     def play(self, store: Store, train: Trainer, on_generation: Optional[Callable[[GenerationStats], None]] = None,
              on_progress: Optional[Callable[[str], None]] = None) -> tuple[list[Generation], list[TopGenome]]:

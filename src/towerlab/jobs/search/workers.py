@@ -1,53 +1,40 @@
 """A search's workers: processes that claim its tasks from the store and train them on one device each
-(`towerlab.search.work.worker`). `towerlab search run` starts them on this machine (`distributed.crew.Crew`,
-its own search only, with the data and model it loaded); `towerlab search worker STORE` starts them on
-any machine to join the searches of a store, each with its own data and model read as the search
-records them (`Search.setup`); under torchrun each rank is one.
-
-A joining worker trains a search only where its results are the search's own: the same device kind,
-the same CPU threads per candidate, the same towerlab, training code and torch, the same data (by its
-content's digest) and model (a model file by its SHA-256, checked before it is imported, and imported
-only where the worker's own command names it: `towerlab.jobs.search.identity`), and at last the search's
-training-config hash, made again here. Otherwise it says which differs, once, and leaves that search to
-others.
+(`towerlab.search.work.worker`, with towerlab's training as their objective: `jobs.search.training`).
+`towerlab search run` starts them on this machine for its own search, with the data and model it loaded;
+`towerlab search worker STORE` starts them on any machine to join the searches of a store, each with its
+own data and model read as the search records them; both as one `SearchCrew` (a slot's device and worker
+name, a lost worker's tasks released at once, the loop that watches them). Under torchrun each rank is one.
 """
 
 from __future__ import annotations
 
 import os
 import secrets
-import shlex
+import signal
 import sys
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 
 import torch
 
-from towerlab.config import CUSTOM_MODEL, RunConfig
-from towerlab.checks import ARRAYS_DATASET
-from towerlab.data.digest import content_digest
+from towerlab.config import RunConfig
 from towerlab.data.load import Dataset
+from towerlab.distributed.crew import Crew, CrewFailed
 from towerlab.distributed.signals import STOP_SIGNALS, Interrupted, StopFlag
 from towerlab.errors import UserError
 from towerlab.fields import replace
-from towerlab.jobs.candidate import CandidateModel, estimated_cost, outcome, train_candidate, train_config_hash
-from towerlab.jobs.handover import search_data
-from towerlab.jobs.search.identity import data_difference, file_digest, provenance, short, version_difference, versions
+from towerlab.jobs.search.training import Training
 from towerlab.jobs.search.worker_times import WorkerTimes
 from towerlab.models.custom import ModelFunction
-from towerlab.report import discard_line
-from towerlab.search import Candidate, Outcome, Search
-from towerlab.search.work.worker import Worker, WorkerOptions, lease_seconds, release_the_dead, worker_name
-from towerlab.search.store.schema import NoStore
 from towerlab.search.store.integrity import records_of
-from towerlab.search.store import Store, Task
+from towerlab.search.store.schema import NoStore
+from towerlab.search.store import Store
+from towerlab.search.work.worker import Worker, WorkerOptions, lease_seconds, release_the_dead, worker_name
 
-# What a search records of its model in its setup when the model is a function given from Python, which
-# no other process can load.
-FROM_PYTHON = "a function given from Python"
+LEAVE = 10.0  # seconds the workers of a finished search get to leave before they are stopped
 
 
 def warm_up() -> threading.Thread:
@@ -83,12 +70,15 @@ class WorkerSpec:
     model_files: tuple[str, ...] = ()  # FILE.py:FUNCTION that `search worker --model` names: the only ones it imports
 
 
+def slot_device(spec: WorkerSpec, slot: int) -> str:
+    """The device of a crew's slot: its GPU (`per_device` slots each), or the CPU."""
+    return f"cuda:{slot // spec.per_device}" if spec.run.device == "cuda" else "cpu"
+
+
 def work(slot: int, _slots: int, _reports: str, spec: WorkerSpec, data: Optional[Dataset] = None,
          fallback: Optional[bool] = None, function: Optional[ModelFunction] = None) -> None:
     """A Crew's worker process: slot `slot` on its device."""
-    kind = spec.run.device
-    device = torch.device("cuda", slot // spec.per_device) if kind == "cuda" else torch.device("cpu")
-    run_worker(spec, device, data, fallback, function, speaks=spec.speaks and slot == 0)
+    run_worker(spec, torch.device(slot_device(spec, slot)), data, fallback, function, speaks=spec.speaks and slot == 0)
 
 
 def run_worker(spec: WorkerSpec, device: torch.device, data: Optional[Dataset] = None,
@@ -107,159 +97,61 @@ def run_worker(spec: WorkerSpec, device: torch.device, data: Optional[Dataset] =
             if stop.signum:
                 raise Interrupted(stop.signum)
 
-        trainers = Trainers(spec, device, name, stop, store, data, fallback, function, times)
-        options = WorkerOptions(search_ids=spec.search_ids, joinable=trainers.joinable, priority=trainers.priority,
-                                wait=spec.wait, speaks=speaks, tells=spec.tells, check_stop=check_stop)
-        worker = Worker(store if times is None else times.store(store), name, device.type, trainers.trainer, options)
-        trained = worker.run()
+        training = Training(spec, device, name, stop, data, fallback, function, times)
+        options = WorkerOptions(search_ids=spec.search_ids, priority=training.priority, wait=spec.wait,
+                                speaks=speaks, tells=spec.tells, check_stop=check_stop,
+                                timed=None if times is None else times.timed)
+        trained = Worker(store, name, device.type, training.objective, options).run()
     if times is not None:
         times.write(name, str(device))
     return trained
 
 
-@dataclass
-class _Setup:
-    """How this worker trains one search: its data, its model, its CPU threads per candidate, and the
-    provenance its rows record."""
+class SearchCrew:
+    """This machine's workers of a store, as both `search run` and `search worker` start them: one process a
+    slot (`work`: its device, `slot_device`, and its worker name), each replaced when it dies, the tasks of
+    a lost one put back on the queue at once (`log` says so), and the loop that watches them (`run`).
+    `handed`: what the job hands its workers besides the spec (its data, or whether it fell back; its
+    model function)."""
 
-    data: Dataset
-    model: CandidateModel
-    threads: Optional[int]
-    provenance: dict  # what each of its rows records of where it was trained
+    def __init__(self, spec: WorkerSpec, slots: int, store: Store, *, handed: tuple = (), start_method: str,
+                 log: Callable[[str], None]) -> None:
+        self.spec, self.slots, self.store, self.handed, self.start_method, self.log = (spec, slots, store, handed,
+                                                                                         start_method, log)
 
+    def _lost(self, slot: int, pid: int, ended: str) -> None:
+        name = worker_name(slot_device(self.spec, slot), pid, self.spec.token)
+        if self.store.queue.release(name, ended):
+            self.log(f"towerlab: warning: worker {name} {ended} while training; its task is back on the queue")
 
-class Trainers:
-    """What trains a task of each search in this worker, made once per search (see the module's docstring)."""
-
-    def __init__(self, spec: WorkerSpec, device: torch.device, name: str, stop: StopFlag, store: Store,
-                 data: Optional[Dataset] = None, fallback: Optional[bool] = None,
-                 function: Optional[ModelFunction] = None, times: Optional[WorkerTimes] = None) -> None:
-        self.spec, self.device, self.name, self.stop, self.store = spec, device, name, stop, store
-        self.given, self.fallback, self.function, self.times = data, fallback, function, times
-        self._setups: dict[int, _Setup] = {}
-
-    def joinable(self, search: Search) -> Optional[str]:
-        """Why this worker cannot train `search`, or None."""
-        try:
-            self.setup(search)
-        except UserError as exc:
-            return str(exc)
-        return None
-
-    def setup(self, search: Search) -> _Setup:
-        if search.stored_id in self._setups:
-            return self._setups[search.stored_id]
-        recorded = search.setup
-        if not recorded:
-            raise UserError("it was made by an older towerlab, which did not record how its workers train: continue it "
-                            "with `towerlab search run --resume`")
-        if recorded.get("device") != self.device.type:
-            raise UserError(f"it trains on {recorded.get('device')}, this worker on {self.device.type} (start the worker "
-                            f"with --device {recorded.get('device')})")
-        threads = self.spec.threads if self.spec.threads is not None else recorded.get("threads")
-        if self.device.type == "cpu" and threads != recorded.get("threads"):
-            raise UserError(f"it trains each candidate on {recorded.get('threads')} CPU thread(s), this worker on "
-                            f"{threads}, which sums in another order (leave --threads out)")
-        # Everything that can be checked without importing a model file first (issue 60's defect 3).
-        why = version_difference(recorded, versions())
-        if why is not None:
-            raise UserError(why)
-        started = time.perf_counter()
-        data = self._data(search)
-        digest = content_digest(data)
-        why = data_difference(recorded, digest, search.cfg.dataset, data.source)
-        if why is not None:
-            raise UserError(why)
-        data_seconds = time.perf_counter() - started
-        model = self._model(search)
-        if train_config_hash(search.cfg, self.device.type, threads, data.source, model,
-                             digest if "data_digest" in recorded else None) != search.train_config_hash:
-            raise UserError("its training settings differ from this worker's (the data's content, the model "
-                            "function's source, or an older towerlab's settings): results here would not be the "
-                            "search's")
-        started = time.perf_counter()
-        self._setups[search.stored_id] = setup = _Setup(data.to(self.device), model, threads, provenance(self.device, digest))
-        if self.times is not None:
-            self.times.data(data_seconds + time.perf_counter() - started)
-        return setup
-
-    def _model(self, search: Search) -> CandidateModel:
-        """The search's model: a family's name, the job's own function, or the model file this worker's command
-        names (`--model`) where its content is the search's; never a file only the store names."""
-        if search.space.model != CUSTOM_MODEL:
-            return search.space.model
-        if self.function is not None:
-            return self.function
-        spec = search.setup.get("model")
-        if not spec or spec == FROM_PYTHON:
-            raise UserError("its networks come from a function given from Python, which only its own process has")
-        path, _, name = spec.rpartition(":")
-        named = [given for given in self.spec.model_files if given.rpartition(":")[2] == name]
-        if not named:
-            raise UserError(f"its networks come from the model file {Path(path).name}, function {name}, and a worker "
-                            "imports only the model files its command names: start it with --model "
-                            f"{shlex.quote(spec)} (that file, or a copy of it)")
-        recorded = search.setup.get("model_sha256")
-        if recorded is not None:
-            try:
-                digests = {given: file_digest(given.rpartition(":")[0]) for given in named}
-            except OSError as exc:
-                raise UserError(f"cannot read the model file {exc.filename}: {exc.strerror}") from None
-            named = [given for given in named if digests[given] == recorded]
-            if not named:
-                given = next(iter(digests))
-                raise UserError(f"its model file differs: {given.rpartition(':')[0]} here holds SHA-256 "
-                                f"{short(digests[given])}, the search's {Path(path).name} {short(recorded)}: give this "
-                                "worker the search's file")
-        from towerlab.models.custom import load_function
-
-        return load_function(named[0])
-
-    def _data(self, search: Search) -> Any:
-        if self.given is not None:
-            return self.given
-        cfg, recorded = search.cfg, search.setup.get("data", {})
-        if cfg.dataset == ARRAYS_DATASET:
-            raise UserError("its data are arrays given from Python, which only its own process has")
-        fallback = self.fallback if self.fallback is not None else bool(recorded.get("fallback"))
-        return search_data(cfg, self.spec.run, download=self.fallback is None,
-                           allow_fallback=False, fallback_only=fallback, log=discard_line)
-
-    def trainer(self, search: Search) -> Callable[[Task], tuple[Outcome, Optional[float]]]:
-        setup = self.setup(search)
-
-        def train(task: Task) -> tuple[Outcome, Optional[float]]:
-            if setup.threads is not None and torch.get_num_threads() != setup.threads:
-                torch.set_num_threads(setup.threads)
-            c = task.candidate
-            test = True if task.kind == "test" else self._entering_top(search) or False
-            fields, result = train_candidate(search.cfg, setup.model, c.genome, c.seed, setup.data, self.device,
-                                             test=test, stop=self.stop, max_epochs=c.max_epochs)
-            if self.times is not None:
-                self.times.candidate(fields["seconds"], result)
-            return outcome({**fields, "worker": self.name, "provenance": setup.provenance}), fields.get("test_accuracy")
-
-        return train
-
-    def _entering_top(self, search: Search) -> Optional[Callable[[Optional[float]], bool]]:
-        """Whether a network just trained to this validation accuracy is among the search's `top` best so
-        far: it is then scored on the test split at once (its test accuracy kept with its task), so it
-        needs no retraining for it at the end if it stays there (`queue.Driver`). None where the search
-        tests nothing."""
-        if not search.tests_top:
-            return None
-        search_id, training_hash, top = search.stored_id, search.ladder.train_config_hash, search.cfg.top
-
-        def entering(val_accuracy: Optional[float]) -> bool:
-            return val_accuracy is not None and self.store.records.genomes_better(search_id, training_hash, val_accuracy) < top
-        return entering
-
-    def priority(self, search: Search) -> Callable[[Candidate], float]:
-        """Largest first: a generation then ends on small candidates, not on a big one that started last
-        while the other workers sat idle."""
-        setup = self.setup(search)
-        shape, classes = setup.data.input_shape, setup.data.num_classes
-        return lambda c: estimated_cost(search.cfg, setup.model, c.genome, shape, classes, c.max_epochs)
+    def run(self, until: Callable[[], bool] = lambda: False, step: Callable[[], bool] = lambda: False,
+            every: float = 1.0) -> bool:
+        """Watch the workers every `every` seconds (`step()` between looks: whether anything was done) until
+        `until()` holds, then give them LEAVE seconds to leave (stopping those that do not), or until every
+        one has left by itself; whether `until()` held. Ctrl-C or SIGTERM here, or a worker stopped so, is
+        Interrupted; workers that keep dying are CrewFailed."""
+        crew = Crew(work, self.slots, (self.spec, *self.handed), start_method=self.start_method, on_lost=self._lost,
+                    log=self.log)
+        with StopFlag() as stop, crew:
+            # Until `watch` has seen how the last process left: one that died or stopped after the last look
+            # is no end (the loop once ended on `running()`, and said "nothing left to do" with exit status 0
+            # after a Ctrl-C, a crash or an outage).
+            while not crew.ended():
+                if stop.signum:
+                    crew.stop(stop.signum)
+                    raise Interrupted(stop.signum)
+                if until():
+                    if not crew.join(LEAVE):  # one that is stopped (SIGSTOP) or hung lost its task long ago
+                        crew.stop(signal.SIGTERM, grace=LEAVE)
+                    return True
+                crew.watch(every)
+                if step():
+                    crew.progressed()
+            if stop.signum:  # the workers were interrupted
+                raise Interrupted(stop.signum)
+            if crew.stopped is not None:  # the workers were interrupted themselves
+                raise Interrupted(STOP_SIGNALS[crew.stopped])
+        return until()
 
 
 def start_workers(target: str, run: RunConfig, *, per_device: int = 1, search_id: Optional[int] = None,
@@ -268,7 +160,6 @@ def start_workers(target: str, run: RunConfig, *, per_device: int = 1, search_id
     `per_device`) join the searches of the store at `target` (or search `search_id` alone) until
     nothing is left to do (with `wait`, until Ctrl-C, and on a store that no search has made yet, until
     one does); the exit status. `model_files`: the FILE.py:FUNCTION it may import (`--model`)."""
-    from towerlab.distributed.crew import Crew, CrewFailed
     from towerlab.distributed.env import check_capacity, device_type, search_threads, search_workers
     from towerlab.distributed.launch import start_method_for
     from towerlab.search.store.location import is_url, redacted
@@ -295,28 +186,17 @@ def start_workers(target: str, run: RunConfig, *, per_device: int = 1, search_id
                           search_ids=None if search_id is None else (search_id,), wait=wait, speaks=True, tells=True,
                           model_files=model_files)
 
-        def lost(slot: int, pid: int, ended: str) -> None:
-            store.queue.release(worker_name(f"cuda:{slot // per_device}" if kind == "cuda" else "cpu", pid, spec.token), ended)
-
-        method = start_method or start_method_for(kind)
+        crew = SearchCrew(spec, slots, store, start_method=start_method or start_method_for(kind), log=_say)
         try:
-            with StopFlag() as stop, Crew(work, slots, (spec,), start_method=method, on_lost=lost) as crew:
-                # Until `watch` has seen how the last process left: one that died or stopped after the
-                # last look is no clean end (the loop once ended on `running()`, and said "nothing left
-                # to do" with exit status 0 after a Ctrl-C, a crash or an outage).
-                while not crew.ended():
-                    if stop.signum:
-                        crew.stop(stop.signum)
-                        raise Interrupted(stop.signum)
-                    crew.watch(1.0)
-                if stop.signum:  # the workers were interrupted
-                    raise Interrupted(stop.signum)
-                if crew.stopped is not None:
-                    raise Interrupted(STOP_SIGNALS[crew.stopped])
+            crew.run()
         except CrewFailed as exc:
             raise UserError(str(exc)) from None
     print("towerlab search worker: nothing left to do", file=sys.stderr, flush=True)
     return 0
+
+
+def _say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
 
 
 WAIT_FOR_STORE = 2.0  # seconds between looks for a store that no search has made yet (--wait)

@@ -1,7 +1,8 @@
 """The rows of a search store as Python values (`SearchRow`, `Evaluation`, `GenerationRow`, `Task`), and
 what the store's parts share: `Rows`, which reads them from the backend and parses their records (a
 record that no longer parses is damage: one line naming the store); `insert_evaluation`, which writes a
-training's row; and `serving`, the query for the row that serves a genome (the cache's one rule,
+training's row; `set_test_accuracy`, the one write of a test accuracy; and `serving`, the query for the row
+that serves a genome (the cache's one rule,
 `towerlab.search.store.records`). The tables are described in `towerlab.search.store.schema`."""
 
 from __future__ import annotations
@@ -202,3 +203,10 @@ def insert_evaluation(tx: Transaction, candidate: Candidate, outcome: Outcome, t
                  " AND replicate = ?", (search_id, candidate.genome_hash, train_config_hash, candidate.replicate))
     assert row is not None
     return row
+
+
+def set_test_accuracy(tx: Transaction, evaluation_id: int, accuracy: float) -> int:
+    """Attach a test accuracy to a successful evaluation, in `tx` (the one place that writes one: the
+    driver's from a training that scored it as it ended, a test task's on closing); how many rows changed."""
+    return tx.run("UPDATE evaluations SET test_accuracy = ? WHERE id = ? AND status = 'ok'",
+                  (float(accuracy), evaluation_id))

@@ -49,7 +49,7 @@ def test_the_stores_parts_see_only_the_backend_interface(store):
     from towerlab.search.store.queue import TaskQueue
 
     class Counting:
-        dialect, where = store.db.dialect, "a counting double"
+        where = "a counting double"
 
         def __init__(self):
             self.reads = self.writes = 0

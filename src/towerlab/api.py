@@ -261,7 +261,9 @@ def _run(job: Callable[[], int], what: str) -> None:
 
 
 def _json(path: Path) -> dict:
-    return json.loads(path.read_text(encoding="utf-8"))
+    from towerlab.settings import job_record
+
+    return job_record(path.parent, path.name)
 
 
 def _jsonl(path: Path) -> list[dict]:

@@ -82,7 +82,7 @@ def _print_config(**sections: object) -> int:
 def search_worker(args: argparse.Namespace) -> int:
     from towerlab.jobs.search.workers import start_workers
     from towerlab.search.store.location import STORE_ENV
-    from towerlab.search.views.show import store_path
+    from towerlab.search.store.location import store_path
 
     target = args.store or os.environ.get(STORE_ENV, "").strip()
     if not target:
@@ -97,7 +97,8 @@ def search_worker(args: argparse.Namespace) -> int:
 def search_show(args: argparse.Namespace) -> int:
     from towerlab.search import Store, evaluation_records, format_search
     from towerlab.search.store.integrity import records_of
-    from towerlab.search.views.show import records_csv, records_json, store_path
+    from towerlab.search.store.location import store_path
+    from towerlab.search.views.show import records_csv, records_json
 
     if args.plot:
         atomic.refuse_overwriting(args.plot, (store_path(args.path),), (args.path,), option="--plot")
@@ -140,7 +141,7 @@ def _own_module_flag() -> Iterator[None]:
 def search_export(args: argparse.Namespace) -> int:
     from towerlab.search import Store
     from towerlab.search.views.export import export_optuna, printable
-    from towerlab.search.views.show import store_path
+    from towerlab.search.store.location import store_path
 
     path = store_path(args.path)
 

@@ -33,8 +33,7 @@ from towerlab.jobs.handover import handover, load_everywhere, search_data
 from towerlab.jobs.search.identity import VERSIONS, admit, file_digest, recorded, training_hash, versions
 from towerlab.jobs.job import Job, require_out_under_torchrun, resolved_run, start_job
 from towerlab.jobs.provenance import write_config
-from towerlab.jobs.search.place import (open_store, recorded_store, restarted, search_out, store_target,
-                                       store_token, stored_search_id)
+from towerlab.jobs.search.place import open_store, restarted, search_out, store_token, stored_search_id
 from towerlab.jobs.search.record import RecordOptions, Watch, export_best, write_record
 from towerlab.jobs.search.training import FROM_PYTHON
 from towerlab.jobs.search.workers import SearchCrew, WorkerSpec, run_worker, warm_up
@@ -44,10 +43,10 @@ from towerlab.data.load import Dataset
 from towerlab.models.custom import ModelFunction, function_file
 from towerlab.report import Reporter, format_plan
 from towerlab.search import Search, Space, load_space, refuse_unused_settings
-from towerlab.search.store.location import is_url
+from towerlab.search.store.location import STORE_NAME, is_url, recorded_store, store_target
 from towerlab.search.work.worker import lease_seconds, release_the_dead
 from towerlab.search.store.integrity import records_of
-from towerlab.search.store import STORE_NAME, Store
+from towerlab.search.store import Store
 
 # The command of each kind of search job (`towerlab <command>`).
 COMMANDS = {"evolve": "evolve", "grid": "grid", "search": "search run"}
@@ -75,7 +74,7 @@ def start_search(kind: str, cfg: SearchConfig, run: RunConfig, *, data: Optional
     lease_seconds()  # a bad TOWERLAB_LEASE_SECONDS is refused before anything starts
     require_out_under_torchrun(run)
     out = search_out(kind, search.cfg, run, search.space)
-    target = store_target(search.cfg, out)
+    target = store_target(search.cfg.store, out)
     if not is_url(target) and target != str(out / STORE_NAME):  # the folder's own is checked with the folder
         check_writable_file(target, "--store")
     if not under_torchrun():

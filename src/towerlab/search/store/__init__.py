@@ -17,23 +17,20 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Callable
 
-from towerlab.errors import UserError
-from towerlab.search.store.database import Database
-from towerlab.search.store.location import is_url, store_location
+from towerlab.search.store.database import Backend
+from towerlab.search.store.location import STORE_NAME, is_url, opened
 from towerlab.search.store.postgresql import PostgreSQL
 from towerlab.search.store.records import Records
 from towerlab.search.store.rows import Evaluation, GenerationRow, SearchRow, Task
-from towerlab.search.store.schema import NoStore
 from towerlab.search.store.sqlite import SQLite
 from towerlab.search.store.queue import TaskQueue
 
 __all__ = ["STORE_NAME", "Evaluation", "GenerationRow", "SearchRow", "Store", "Task", "connect"]
 
-STORE_NAME = "search.db"  # the store's file name inside a search folder
 
-
-def connect(target: str | os.PathLike) -> Database:
+def connect(target: str | os.PathLike) -> Backend:
     """The backend a store's name means: a postgresql:// URL, or an SQLite file."""
     if is_url(str(target)):
         return PostgreSQL(str(target))
@@ -43,26 +40,15 @@ def connect(target: str | os.PathLike) -> Database:
 class Store:
     """A search store: an SQLite file at `target` (or `target`/search.db when `target` is a folder;
     created, with its folder, unless `create=False`), or the PostgreSQL database a postgresql:// URL
-    names (its tables created unless `create=False`); its `records` and its `queue`."""
+    names (its tables created unless `create=False`), as `location.opened` says; its `records` and its
+    `queue`. `backend` makes the backend of what it opens (`connect`; a test double, say)."""
 
-    def __init__(self, target: str | os.PathLike, *, create: bool = True) -> None:
-        if isinstance(target, str):
-            target = store_location(target)
-        self.url = str(target) if is_url(str(target)) else None
-        if self.url is None:
-            path = Path(target)
-            if path.is_dir():
-                path = path / STORE_NAME
-            if not create and not path.is_file():
-                raise NoStore(f"no search store at {path}: give the search.db of a search "
-                              f"(or the folder holding it)")
-            if create:
-                try:
-                    path.parent.mkdir(parents=True, exist_ok=True)
-                except OSError as exc:
-                    raise UserError(f"cannot create the search store {path}: {exc.strerror or exc}") from None
-        self.db = connect(self.url or path)
-        self.path: Path | str = self.db.where if self.url else path
+    def __init__(self, target: str | os.PathLike, *, create: bool = True,
+                 backend: Callable[[str | Path], Backend] = connect) -> None:
+        where = opened(target, create)
+        self.url = where if isinstance(where, str) else None
+        self.db = backend(where)
+        self.path: Path | str = self.db.where if self.url else where
         try:
             self.db.open_schema(self.path, create)
         except BaseException:

@@ -196,10 +196,7 @@ class Records:
         members = [{"genome_hash": h, "genome": g} for h, g in zip(hashes, genomes, strict=True)]
 
         def begin(tx: Transaction) -> None:
-            if self.db.dialect == "postgresql":
-                # Rows are numbered as they are written, and may commit out of that order: once the
-                # writes under way have committed, every row up to the newest id is there for good.
-                tx.run("LOCK TABLE evaluations IN SHARE MODE")
+            tx.settle("evaluations")  # every row up to the newest id there for good: the watermark
             tx.run("INSERT INTO generations (search_id, generation, members, started, watermark)"
                    " SELECT ?, ?, ?, {stamp}, COALESCE(MAX(id), 0) FROM evaluations WHERE true"
                    " ON CONFLICT (search_id, generation) DO NOTHING",

@@ -37,8 +37,8 @@ def is_damage(error: BaseException) -> bool:
 
 
 class SQLite(Database):
-    dialect = "sqlite"
-    _TOKENS = {"{id}": "INTEGER PRIMARY KEY", "{now}": "towerlab_now()",
+    _TOKENS = {"{id}": "INTEGER PRIMARY KEY",
+               "{now}": "towerlab_now()",  # the kernel's clock of this machine (sqlite_file.KernelClock)
                "{stamp}": "strftime('%Y-%m-%dT%H:%M:%S+00:00', towerlab_now(), 'unixepoch')",
                "{skip_locked}": ""}  # BEGIN IMMEDIATE: one writer at a time holds the whole file
 

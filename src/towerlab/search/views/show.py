@@ -8,12 +8,11 @@ import io
 import json
 import os
 import statistics
-from pathlib import Path
 from typing import Callable, Optional, TypeVar
 
-from towerlab.search.store.location import is_url, store_location, with_password
+from towerlab.search.store.location import store_path
 from towerlab.search.search import Search
-from towerlab.search.store import STORE_NAME, SearchRow, Store
+from towerlab.search.store import SearchRow, Store
 from towerlab.search.store.integrity import records_of
 
 # The columns of `--csv`, in order; the genes follow as gene_<name>.
@@ -34,26 +33,6 @@ def _open(store_or_path: Store | str | os.PathLike, what: Callable[[Store], T]) 
             return what(store_or_path)
     with Store(store_path(store_or_path), create=False) as store, records_of(store):
         return what(store)
-
-
-def store_path(path: str | os.PathLike) -> str | Path:
-    """The store a path means: a postgresql:// URL, or a file itself; a search folder's search.db, or the
-    store its config.json names when the search kept its evaluations elsewhere (a recorded URL gets its
-    password from $TOWERLAB_STORE where that is the same URL)."""
-    if isinstance(path, str):
-        path = store_location(path)
-    if is_url(str(path)):
-        return with_password(str(path))
-    path = Path(path)
-    if not path.is_dir() or (path / STORE_NAME).exists():
-        return path
-    try:
-        named = json.loads((path / "config.json").read_text(encoding="utf-8"))["search"]["store"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return path
-    if not named:
-        return path
-    return with_password(named) if is_url(named) else Path(named)
 
 
 def format_search(store_or_path: Store | str | os.PathLike, search_id: Optional[int] = None) -> str:

@@ -36,8 +36,8 @@ from towerlab.search.history import Generation, GenerationStats, SearchResult, T
 from towerlab.search.pruners import Ladder, Pruner, make_pruner
 from towerlab.search.rounds import Rounds
 from towerlab.search.store.rows import SearchRow
-from towerlab.search.samplers import (InFlight, Sampler, Shape, budget_left, make_sampler, resolved_settings,
-                                      sampler_class, sampler_shape)
+from towerlab.search.samplers import (InFlight, Sampler, Shape, budget_left, resolved_settings, sampler_class,
+                                      sampler_shape)
 from towerlab.search.space import Space, load_space, space_of
 from towerlab.search.store import Store
 from towerlab.search.trainers import Trainer
@@ -114,7 +114,8 @@ class Search:
         a setting it refuses, a budget its generations cannot hold): a UserError, before anything is
         written. Re-measuring and the sampler's own settings are decided here, as the search records them."""
         space = space if space is not None else load_space(cfg.space)
-        return cls(resolved_settings(resolved_remeasure(cfg, sampler_shape(cfg, space))), space)
+        sampler = sampler_class(cfg.sampler)
+        return cls(resolved_settings(resolved_remeasure(cfg, sampler_shape(cfg, space, sampler)), sampler), space)
 
     @classmethod
     def open(cls, store: Store, search_id: int) -> Search:
@@ -143,9 +144,14 @@ class Search:
         return self.id
 
     @functools.cached_property
+    def sampler_type(self) -> type[Sampler]:
+        """Its sampler's class, looked up once by its name."""
+        return sampler_class(self.cfg.sampler)
+
+    @functools.cached_property
     def shape(self) -> Shape:
         """Its sampler's shape (`sampler_shape`: the sampler is not built)."""
-        return sampler_shape(self.cfg, self.space)
+        return sampler_shape(self.cfg, self.space, self.sampler_type)
 
     @functools.cached_property
     def pruner(self) -> Pruner:
@@ -181,7 +187,7 @@ class Search:
 
     def new_sampler(self) -> Sampler:
         """A sampler in its initial state, for one play of the search (samplers keep what they were told)."""
-        return make_sampler(self.cfg, self.space, len(self.pruner.rungs))
+        return self.sampler_type(self.cfg, self.space, len(self.pruner.rungs))
 
     # -- in a store ------------------------------------------------------------------------------------
 
@@ -212,7 +218,7 @@ class Search:
                             f"patience, batch size, device kind, CPU threads per candidate, the model function's "
                             f"source, or an older towerlab's): resume with the same ones")
         config = to_dict(cfg)
-        for name in (*IDENTITY, *sampler_class(cfg.sampler).reads()):
+        for name in (*IDENTITY, *self.sampler_type.reads()):
             if row.config.get(name) != config[name]:
                 raise UserError(f"store {store.path} holds a search with --{name.replace('_', '-')} "
                                 f"{row.config.get(name)}, not {config[name]}: resume with the same setting")

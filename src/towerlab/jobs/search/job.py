@@ -1,12 +1,12 @@
 """One `towerlab evolve`, `towerlab grid` or `towerlab search run` job: the search resolved once, put in
 its store (a new search, or the one to resume), worked on by this machine's workers until it is
-finished, whoever else joins (`towerlab search worker`), then its record written (`search_record`).
+finished, whoever else joins (`towerlab search worker`), then its record written (`record`).
 
 The job's own process trains nothing: it starts the workers (`distributed.crew.Crew`, one per device
 and `--workers-per-device`), replaces one that dies (its task goes back on the queue at once), follows
 the store for the console, and writes the record. Under torchrun, each rank is a worker and rank 0
 writes the record (the ranks agree on the store at the start, then need each other no more). Where its
-folder and its store are is `search_place`'s.
+folder is `place`'s, what its store's name means `towerlab.search.store.location`'s.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """Where a search job's things are: its folder (--resume, else --out, else a new one under runs/; which
 search of its store a resumed folder continues; whether torchrun restarted the very job that made it)
-and its store (--store, else $TOWERLAB_STORE, else the folder's search.db; as config.json and the record
-show it, a URL without its password; opened with one line for what fails; and the token by which
-torchrun's ranks check that they reach the store rank 0 made).
+and its store, as the job opens it (what a store's name means is `towerlab.search.store.location`'s):
+opened with one line for what fails, and the token by which torchrun's ranks check that they reach the
+store rank 0 made.
 """
 
 from __future__ import annotations

@@ -174,7 +174,7 @@ from towerlab.search import Candidate
 from towerlab.search.store import Store
 
 frozen = []
-one = database.Transaction.one
+one = database.Statements.one  # the transactions of a Database
 
 def freezing(tx, sql, args=()):
     row = one(tx, sql, args)
@@ -184,7 +184,7 @@ def freezing(tx, sql, args=()):
         os.kill(os.getpid(), signal.SIGSTOP)  # inside the transaction, its row inserted, not committed
     return row
 
-database.Transaction.one = freezing
+database.Statements.one = freezing
 with Store(sys.argv[1]) as store:
     new = store.queue.enqueue(int(sys.argv[2]), "train", [(Candidate(0, 0, {"neurons": 16}, "a", 1, 1), "tch")])
     print(f"new {len(new)}", flush=True)

@@ -31,7 +31,7 @@ class Recording:
         return self.inner.read(sql, args)
 
     def write(self, work: Callable[[Any], Any], *, lock: Optional[int] = None) -> Any:
-        return self.inner.write(lambda tx: work(_Statements(tx, self.settled)), lock=lock)
+        return self.inner.write(lambda tx: work(_RecordingStatements(tx, self.settled)), lock=lock)
 
     def open_schema(self, where: object, create: bool) -> None:
         self.inner.open_schema(where, create)
@@ -40,7 +40,7 @@ class Recording:
         self.inner.close()
 
 
-class _Statements:
+class _RecordingStatements:
     def __init__(self, tx: Any, settled: list) -> None:
         self.tx, self.settled = tx, settled
 

@@ -31,7 +31,7 @@ import hashlib
 import socket
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Optional, Protocol
+from typing import Any, Callable, Literal, Optional, Protocol
 
 import torch
 
@@ -115,7 +115,7 @@ class Item:
     key: str
     measure: Callable[[Here, Search, Any], Any]
     differs: Callable[[Any, Any, Here, Search], str]
-    on_resume: str = "refuse"
+    on_resume: Literal["refuse", "adopt", "search"] = "refuse"
 
     def stored(self, search: Search) -> Any:
         """What `search` holds of this item (None: recorded before it existed)."""

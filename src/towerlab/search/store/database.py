@@ -198,7 +198,7 @@ class Database(abc.ABC):
     def _transaction(self, connection: Any, work: Callable[[Transaction], T], lock: Optional[int]) -> T:
         self._begin(connection, lock)
         try:
-            result = work(_Statements(self, connection))
+            result = work(Statements(self, connection))
             connection.execute("COMMIT")
         except BaseException:
             with suppress(Exception):  # SQLite may have rolled back already (SQLITE_FULL), a lost link cannot
@@ -277,7 +277,7 @@ class Database(abc.ABC):
         self._lock = threading.RLock()
 
 
-class _Statements:
+class Statements:
     """A `Transaction` on one connection of a `Database`."""
 
     def __init__(self, db: Database, connection: Any) -> None:

@@ -152,7 +152,7 @@ class Records:
         rows = self._rows.read(
             "SELECT MAX(fitness) AS best FROM evaluations WHERE search_id = ? AND train_config_hash = ? AND replicate = 0"
             " AND status = 'ok' GROUP BY genome_hash ORDER BY best DESC LIMIT 1 OFFSET ?",
-            (search_id, train_config_hash, n - 1))
+            (search_id, train_config_hash, min(n, 2**63) - 1))  # a --top past 64 bits: past every genome
         return float(rows[0]["best"]) if rows else None
 
     def evaluations(self, search_id: Optional[int] = None, after: int = 0) -> list[Evaluation]:

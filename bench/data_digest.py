@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     names = [n for n, f in (("mnist", "mnist.npz"), ("cifar10", "cifar10.npz")) if (Path(args.data_dir) / f).exists()]
     if not names:
         raise SystemExit(f"data_digest.py: neither mnist.npz nor cifar10.npz in {args.data_dir}")
-    figures = {}
+    figures = []
     with tempfile.TemporaryDirectory(prefix="towerlab-digest-") as cache:
         for name in names:
             sample(name, args.data_dir, Path(cache), warm=False)  # the page cache holds the file for every side
@@ -126,9 +126,15 @@ def main(argv: list[str] | None = None) -> int:
             assert len(digests) == 1, f"{name}: the cache gave another digest than the arrays: {digests}"
             medians = {side: {key: statistics.median(s[key] for s in runs)
                               for key in ("load_seconds", "digest_seconds")} for side, runs in samples.items()}
-            figures[name] = {"samples": samples, "median": medians,
-                             "digest_over_load": {side: m["digest_seconds"] / m["load_seconds"]
-                                                  for side, m in medians.items()}}
+            label = {"mnist": "MNIST", "cifar10": "CIFAR-10"}[name]
+            figures.append({"id": f"digest_seconds_{name}",
+                            "title": f"{label}'s content digest (its decoded arrays hashed), median seconds with an "
+                                     "empty digest cache",
+                            "value": medians["empty_cache"]["digest_seconds"], "unit": "s",
+                            "detail": {"median": medians,
+                                       "digest_over_load": {side: m["digest_seconds"] / m["load_seconds"]
+                                                            for side, m in medians.items()},
+                                       "samples": samples}})
             print(f"{name}: load {medians['empty_cache']['load_seconds']:.3f} s; digest "
                   f"{medians['empty_cache']['digest_seconds'] * 1000:.1f} ms with an empty cache, "
                   f"{medians['warm_cache']['digest_seconds'] * 1000:.2f} ms from the cache", flush=True)
@@ -148,7 +154,11 @@ def main(argv: list[str] | None = None) -> int:
                     runs[side].append({"round": r, **worker_start(out, str(other), Path(cache),
                                                                   side == "warm_cache", args.data_dir)})
             starts = {side: statistics.median(s["seconds"] for s in samples) for side, samples in runs.items()}
-            figures["worker_start_mnist"] = {"samples": runs, "median_seconds": starts}
+            figures.append({"id": "worker_start_mnist",
+                            "title": "a worker's start to its refusal for other data (MNIST), median seconds with an "
+                                     "empty digest cache",
+                            "value": starts["empty_cache"], "unit": "s",
+                            "detail": {"median_seconds": starts, "samples": runs}})
             print(f"a worker's start to its refusal (MNIST): {starts['empty_cache']:.2f} s with an empty cache, "
                   f"{starts['warm_cache']:.2f} s with a warm one", flush=True)
     record = {"date": measure.now(), "machine": machine.describe(),

@@ -161,7 +161,7 @@ def towerlab_search(args: list[str], data_dir: str, timeout: float = 1800) -> di
     if DRY_RUN:
         from towerlab.cli import build_parser
         from towerlab.commands import resolve_search
-        from towerlab.jobs.worker_times import PARTS
+        from towerlab.jobs.search.worker_times import PARTS
 
         resolve_search(build_parser().parse_args(cmd[3:]))
         shutil.rmtree(out.parent, ignore_errors=True)
@@ -170,7 +170,7 @@ def towerlab_search(args: list[str], data_dir: str, timeout: float = 1800) -> di
         record = {"worker": "dry", "device": "cpu", "tasks": 1, "wall_seconds": 1.0, "seconds": dict.fromkeys(PARTS, 0.125)}
         return {"command": DRY_COMMANDS[-1], "summary": {"generation_stats": stats, "workers": 1},
                 "cpu": {"foreign_cores": 0.0}, "worker_time": worker_breakdown([record])}
-    from towerlab.jobs.worker_times import ENV
+    from towerlab.jobs.search.worker_times import ENV
 
     times = out.parent / "worker-times"
     try:
@@ -185,7 +185,7 @@ def towerlab_search(args: list[str], data_dir: str, timeout: float = 1800) -> di
 
 
 def worker_breakdown(records: list[dict]) -> dict:
-    """The workers' time (towerlab.jobs.worker_times, one record per worker process) in all, and per
+    """The workers' time (towerlab.jobs.search.worker_times, one record per worker process) in all, and per
     trained candidate: each part's seconds summed over the workers and divided by the candidates they
     trained (the search's and its test retrainings), with each part's share of the workers' wall time."""
     parts = list(records[0]["seconds"]) if records else []

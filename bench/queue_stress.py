@@ -17,6 +17,7 @@ bench/results/queue-stress-<date>.json.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import multiprocessing
 import os
@@ -35,7 +36,7 @@ from postgres import Server  # noqa: E402 - the tests' private server
 
 from towerlab.config import SearchConfig  # noqa: E402 - after the path to tests/ is set
 from towerlab.search import Candidate, Outcome, Search, load_space, run_search, serial  # noqa: E402 - idem
-from towerlab.search.queue import Worker, WorkerOptions  # noqa: E402 - after the path to tests/ is set
+from towerlab.search.work.worker import Worker, WorkerOptions  # noqa: E402 - after the path to tests/ is set
 from towerlab.search.store import Store  # noqa: E402 - after the path to tests/ is set
 
 CONFIG = SearchConfig(sampler="random", population=40, generations=15, max_epochs=1, remeasure=0, top=2, seed=7)
@@ -49,9 +50,10 @@ def fitness(c: Candidate) -> Outcome:
 
 
 def _slowly(search):
-    def train(task):
+    def train(assignment):
         time.sleep(0.05 + random.random() * 0.1)
-        return fitness(task.candidate), (0.5 if task.kind == "test" else None)
+        outcome = fitness(assignment.candidate)
+        return dataclasses.replace(outcome, test_accuracy=0.5) if assignment.tests(outcome.fitness) else outcome
     return train
 
 

@@ -135,7 +135,8 @@ def _retrain_one(task: tuple[dict, dict, int, str]) -> dict:
         run = RunConfig(data_dir=data_dir, device="cpu", download=False)
         _DATA[key] = load_data(cfg.dataset, cfg.val_size, run, download=False,
                                log=lambda _line: None).to(torch.device("cpu"))
-    fields, _ = train_candidate(cfg, "mlp", pick, seed, _DATA[key], torch.device("cpu"), test=True)
+    fields, _ = train_candidate(cfg, "mlp", pick, seed, _DATA[key], torch.device("cpu"),
+                                test_from=-math.inf)
     ok = fields["status"] == "ok"
     return {"seed": seed, "val_accuracy": fields["fitness"] if ok else None,
             "test_accuracy": fields["test_accuracy"] if ok else None, "epochs": fields.get("epochs"),

@@ -38,7 +38,7 @@ from postgres import Server  # noqa: E402 - the tests' private server
 
 from towerlab.config import SearchConfig  # noqa: E402 - after the path to tests/ is set
 from towerlab.search import Outcome, Search, load_space  # noqa: E402 - after the path to tests/ is set
-from towerlab.search.queue import Worker, WorkerOptions  # noqa: E402 - after the path to tests/ is set
+from towerlab.search.work.worker import Worker, WorkerOptions  # noqa: E402 - after the path to tests/ is set
 from towerlab.search.store import Store  # noqa: E402 - after the path to tests/ is set
 
 GENES = {"neurons": [16, 32, 64, 128, 256, 512, 768, 1024], "layers": [1, 2, 3, 4],
@@ -57,9 +57,9 @@ def _all_at_once(processes: list) -> float:
 
 
 def _instant(search):
-    def train(task):
-        r = random.Random(task.candidate.genome_hash)
-        return Outcome.ok(r.random(), epochs=1, seconds=0.0), None
+    def train(assignment):
+        r = random.Random(assignment.candidate.genome_hash)
+        return Outcome.ok(r.random(), epochs=1, seconds=0.0)
     return train
 
 

@@ -140,7 +140,7 @@ def search_workers(data_dir: str, repeats: int, quick: bool, log: Log) -> dict:
     """Search evaluations per minute on one GPU over a whole search (3 generations of the mlp space on
     MNIST, one epoch each), with 1, 2 and 4 candidates training at once on the GPU: the default
     `--workers-per-device` is read from these. Each side's workers' time split into its parts
-    (jobs/worker_times.py: start, data, store, build, setup, training, evaluation, idle), in all and
+    (jobs/search/worker_times.py: start, data, store, build, setup, training, evaluation, idle), in all and
     per trained candidate."""
     population, generations = (8, 2) if quick else (24, 3)
     common = measure.flags({"space": "mlp", "dataset": "mnist", "population": population,

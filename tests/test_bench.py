@@ -21,6 +21,22 @@ def _bench(*args: str) -> subprocess.CompletedProcess:
                           cwd=REPO, timeout=120)
 
 
+RECORDS = sorted((REPO / "bench" / "results").rglob("*.json"))
+
+
+@pytest.mark.parametrize("path", RECORDS, ids=lambda path: str(path.relative_to(REPO / "bench" / "results")))
+def test_every_record_holds_its_figures_in_one_shape(path):
+    """A record's figures (where it has any: the oldest records predate them) are a list of objects, each
+    with its `id`, its `value` and, where it has more to say, its `detail` object: one shape for every
+    reader (bench/tables.py, the docs). Four records once held them as a dict keyed by id."""
+    record = json.loads(path.read_text())
+    figures = record.get("figures", [])
+    assert isinstance(figures, list)
+    for figure in figures:
+        assert isinstance(figure, dict) and isinstance(figure.get("id"), str) and "value" in figure, figure
+        assert isinstance(figure.get("detail", {}), dict), figure["id"]
+
+
 @pytest.mark.parametrize("suite, group, data", [("cpu", "mnist_tta", "mnist"), ("gpu", "lenet5_tta", "mnist"),
                                                ("gpu", "search", "mnist"), ("gpu", "cifar94", "cifar10")])
 def test_a_figure_group_needs_only_the_data_it_reads(suite, group, data, tmp_path):
@@ -324,10 +340,11 @@ def test_the_image_folder_bench_records_the_peak_rss_of_both_sides(tmp_path):
     assert done.returncode == 0, done.stderr
     (path,) = tmp_path.glob("image-folder-large-*.json")
     record = json.loads(path.read_text())
-    assert record["figures"]["cache_bytes"]["value"] == 90 * 3 * 24 * 24 + 128  # the .npy's header, then pixels
+    figures = {f["id"]: f for f in record["figures"]}
+    assert figures["cache_bytes"]["value"] == 90 * 3 * 24 * 24 + 128  # the .npy's header, then pixels
     assert {side: (run["release"], run["n_train"], run["n_val"], run["n_test"]) for side, run in record["runs"].items()} \
         == {"released": (True, 72, 9, 9), "kept": (False, 72, 9, 9)}
-    assert all(record["figures"][k]["value"] > 0 for k in ("peak_rss_bytes", "peak_rss_bytes_pages_kept"))
+    assert all(figures[k]["value"] > 0 for k in ("peak_rss_bytes", "peak_rss_bytes_pages_kept"))
 
 
 def _session(*args, env=None, tmp_path):

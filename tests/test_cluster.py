@@ -19,7 +19,7 @@ import pytest
 from test_docs import blocks
 from test_faults_search import wait_for
 from test_search_postgres import SEARCH, SPACE, decisive
-from towerlab.search.schema import NoStore
+from towerlab.search.store.schema import NoStore
 from towerlab.search.store import Store
 from util import REPO, reaped, run_cli, start_towerlab
 

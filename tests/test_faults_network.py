@@ -25,8 +25,8 @@ import os, subprocess, sys, threading
 sys.path.insert(0, sys.argv[2])
 subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
 from postgres import Server
-import towerlab.search.postgresql as pg
-from towerlab.search.database import StoreLost
+import towerlab.search.store.postgresql as pg
+from towerlab.search.store.database import StoreLost
 from towerlab.search.store import Store
 
 # The bounds made short for the test (the shipped ones take some 25 s to see a cut), and one retry.
@@ -100,7 +100,7 @@ def _stop_server(folder: str) -> None:
 
 def test_a_url_that_sets_its_own_keepalives_keeps_them():
     pytest.importorskip("psycopg")
-    from towerlab.search.postgresql import silence_bounds
+    from towerlab.search.store.postgresql import silence_bounds
 
     url = "postgresql://u@db.example/search?keepalives_idle=60&tcp_user_timeout=0"
     assert silence_bounds(url) == {"keepalives": 1, "keepalives_interval": 5, "keepalives_count": 3}

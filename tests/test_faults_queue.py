@@ -28,7 +28,7 @@ from util import ONE_CPU, SEARCH_BASE, reaped, replica_pids, run_cli, small_spac
 from towerlab.config import SearchConfig
 from towerlab.errors import UserError
 from towerlab.search import Candidate, Search, load_space
-from towerlab.search.queue import MAX_ATTEMPTS
+from towerlab.search.work.worker import MAX_ATTEMPTS
 from towerlab.search.store import Store
 
 # About 0.1 s a candidate: 1 epoch on 5,000 synthetic images, 1 thread (the same numbers on any worker).
@@ -168,13 +168,13 @@ def test_a_row_of_the_wrong_form_stops_every_worker_in_one_line(tmp_path, finish
 
 FROZEN = """
 import os, signal, sys
-from towerlab.search import database, postgresql
+from towerlab.search.store import database, postgresql
 postgresql.IDLE_IN_TRANSACTION = 2.0  # the server ends this session 2 s after it froze
 from towerlab.search import Candidate
 from towerlab.search.store import Store
 
 frozen = []
-one = database.Transaction.one
+one = database.Statements.one  # the transactions of a Database
 
 def freezing(tx, sql, args=()):
     row = one(tx, sql, args)
@@ -184,7 +184,7 @@ def freezing(tx, sql, args=()):
         os.kill(os.getpid(), signal.SIGSTOP)  # inside the transaction, its row inserted, not committed
     return row
 
-database.Transaction.one = freezing
+database.Statements.one = freezing
 with Store(sys.argv[1]) as store:
     new = store.queue.enqueue(int(sys.argv[2]), "train", [(Candidate(0, 0, {"neurons": 16}, "a", 1, 1), "tch")])
     print(f"new {len(new)}", flush=True)
@@ -221,7 +221,7 @@ def test_a_worker_frozen_inside_a_postgresql_transaction_stalls_the_others_only_
 def test_an_sqlite_store_locked_by_a_stopped_process_says_so(tmp_path, monkeypatch):
     """The same freeze on SQLite: a process stopped holding the write lock. The wait is bounded, and the
     line says what it is (it said "fix the disk (space, permissions)": the disk was fine)."""
-    from towerlab.search import sqlite
+    from towerlab.search.store import sqlite
 
     monkeypatch.setattr(sqlite, "SQLITE_BUSY", 0.5)
     monkeypatch.setenv("TOWERLAB_DB_RETRY_SECONDS", "1")
@@ -251,34 +251,42 @@ def test_an_sqlite_store_locked_by_a_stopped_process_says_so(tmp_path, monkeypat
 
 def test_a_store_lost_while_a_worker_asks_it_stops_the_worker_and_fails_no_network(postgres_server, postgres_url,
                                                                                  monkeypatch):
-    """The database goes away past the retry window just as a training asks whether its network enters
-    the top (`genomes_better`): the store's error must stop the worker (its task goes back on the queue
-    when its lease lapses), never become the network's failure (it was recorded failed, "lost the search
-    store's database", where the network trains fine)."""
-    import torch
-
-    from towerlab.data.load import load_dataset
-
-    from towerlab.data.synthetic import SyntheticOptions
-    from towerlab.jobs.candidate import train_candidate
+    """The database goes away past the retry window just as a worker asks for the bar of its search's top
+    (`Records.top_bar`, before the network trains): the store's error must stop the worker (its task goes
+    back on the queue when its lease lapses), never become the network's failure (it was recorded failed,
+    "lost the search store's database", where the network trains fine, when the training itself asked)."""
+    from towerlab.search import Outcome
+    from towerlab.search.store.records import Records
+    from towerlab.search.work.worker import Worker, WorkerOptions
 
     monkeypatch.setenv("TOWERLAB_DB_RETRY_SECONDS", "1")
-    data = load_dataset("synthetic", val_size=200, log=lambda line: None, synthetic=SyntheticOptions(train=600, test=200))
-    cfg = SearchConfig(dataset="synthetic", val_size=200, max_epochs=1)
-    with Store(postgres_url) as store:
-        def entering(val_accuracy):
-            postgres_server.stop()
-            return store.records.genomes_better(1, "tch", val_accuracy) < 2
+    search_id = new_search(postgres_url)
+    asked = Records.top_bar
+    trained = []
 
+    def lost(self, *args):
+        postgres_server.stop()
+        return asked(self, *args)
+
+    def train(assignment):
+        trained.append(assignment)
+        return Outcome.ok(0.5, epochs=1)
+
+    monkeypatch.setattr(Records, "top_bar", lost)
+    with Store(postgres_url) as store:
         try:
             with pytest.raises(UserError, match="lost the search store's database"):
-                train_candidate(cfg, "mlp", {"neurons": 16}, 1, data, torch.device("cpu"), test=entering)
+                Worker(store, "w", "cpu", lambda search: train, WorkerOptions(search_ids=[search_id], lease=3.0)).run()
         finally:
             postgres_server.start()
-        # The same network with a store that answers: it trains, and is tested as it enters the top.
-        fields, _ = train_candidate(cfg, "mlp", {"neurons": 16}, 1, data, torch.device("cpu"),
-                                    test=lambda val: store.records.genomes_better(1, "tch", val) < 2)
-        assert fields["status"] == "ok" and "test_accuracy" in fields
+    monkeypatch.setattr(Records, "top_bar", asked)
+    with Store(postgres_url) as store:
+        claimed = [t for t in store.queue.tasks(search_id) if t.state == "claimed"]
+        assert trained == [] and store.records.evaluations(search_id) == [] and len(claimed) == 1
+        # The same worker with a store that answers: it trains, every network scored as it enters the top.
+        Worker(store, "w", "cpu", lambda search: train, WorkerOptions(search_ids=[search_id], lease=3.0)).run()
+        assert trained and all(a.test_from is not None for a in trained)
+        assert store.records.search(search_id).finished is not None
 
 
 # -- 6: `search worker` never ends with 0 after its workers were stopped ---------------------------------------
@@ -307,15 +315,15 @@ UNSHARE = ("unshare", "--pid", "--fork", "--mount-proc")
 
 HOLDER = """
 import os, socket, sys
-from towerlab.search.queue import Worker, WorkerOptions
+from towerlab.search.work.worker import Worker, WorkerOptions
 from towerlab.search.store import Store
 
 def trainer(search):
-    def train(task):
+    def train(assignment):
         print("training", flush=True)
         sys.stdin.readline()  # until the test says
         from towerlab.search import Outcome
-        return Outcome.ok(0.5, epochs=1), None
+        return Outcome.ok(0.5, epochs=1)
     return train
 
 with Store(sys.argv[1]) as store:
@@ -348,7 +356,7 @@ def test_workers_in_separate_pid_namespaces_never_free_each_others_live_tasks(tm
         assert holder.stdout.readline() == "training\n", holder.stderr.read()
         observer = subprocess.run(
             [*UNSHARE, "sh", "-c", '"$0" "$@"; :', sys.executable, "-c",
-             "import sys; from towerlab.search.queue import release_the_dead; from towerlab.search.store import Store;"
+             "import sys; from towerlab.search.work.worker import release_the_dead; from towerlab.search.store import Store;"
              " print(release_the_dead(Store(sys.argv[1], create=False)))", target],
             capture_output=True, text=True, timeout=120)
         assert observer.returncode == 0 and observer.stdout == "0\n", observer.stdout + observer.stderr
@@ -368,7 +376,7 @@ def test_workers_in_separate_pid_namespaces_never_free_each_others_live_tasks(tm
 
 def test_a_dead_worker_of_this_namespace_is_still_freed_at_once(tmp_path):
     """What `release_the_dead` is for: a worker of this host and namespace whose process is gone."""
-    from towerlab.search.queue import pid_space, release_the_dead, worker_name
+    from towerlab.search.work.worker import pid_space, release_the_dead, worker_name
 
     target = str(tmp_path / "search.db")
     search_id = new_search(target)

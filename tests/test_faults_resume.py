@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import torch
 
-import towerlab.jobs.search_workers
+import towerlab.jobs.search.workers
 import towerlab.jobs.train
 from test_custom_dataset import colour_classes
 from towerlab.cli import main
@@ -199,7 +199,7 @@ class StopAfterTwo(StopAtRead):
 def interrupt_search(monkeypatch, out: Path, args: list[str]) -> int:
     """`main(args)`, the search in `out`, with a Ctrl-C in its worker once two evaluations are in."""
     monkeypatch.setattr(StopAfterTwo, "store", out / "search.db")
-    monkeypatch.setattr(towerlab.jobs.search_workers, "StopFlag", StopAfterTwo)
+    monkeypatch.setattr(towerlab.jobs.search.workers, "StopFlag", StopAfterTwo)
     try:
         return main(args)
     finally:

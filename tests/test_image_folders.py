@@ -294,7 +294,8 @@ def _same_parameters(tmp_path: Path, x_train, y_train, x_test, y_test, names, va
 
 def test_a_search_on_a_folder_is_keyed_by_its_content_and_a_joining_worker_checks_it(tmp_path):
     from towerlab.config import RunConfig
-    from towerlab.jobs.search_workers import Trainers, WorkerSpec
+    from towerlab.jobs.search.training import Training
+    from towerlab.jobs.search.workers import WorkerSpec
     from towerlab.search import Search, Store
 
     folder = colour_folder(tmp_path / "set", per_class=20)
@@ -312,10 +313,11 @@ def test_a_search_on_a_folder_is_keyed_by_its_content_and_a_joining_worker_check
     with Store(tmp_path / "grid" / "search.db", create=False) as store:
         search = Search.open(store, 1)
         spec = WorkerSpec(store=str(tmp_path / "grid" / "search.db"), run=RunConfig(device="cpu", data_dir=data))
-        assert Trainers(spec, torch.device("cpu"), "w", None, store).joinable(search) is None  # type: ignore[arg-type]  # no stop needed to join
+        assert callable(Training(spec, torch.device("cpu"), "w", None).objective(search))  # type: ignore[arg-type]  # no stop needed to join
         Image.fromarray(coloured(np.random.default_rng(9), (0, 0, 0), (12, 10))).save(folder / "red" / "001.png")
-        refused = Trainers(spec, torch.device("cpu"), "w", None, store).joinable(search)  # type: ignore[arg-type]  # as above
-        assert refused is not None and "its data differ" in refused and "folder" in refused
+        with pytest.raises(UserError, match="its data differ") as refused:
+            Training(spec, torch.device("cpu"), "w", None).objective(search)  # type: ignore[arg-type]  # as above
+        assert "folder" in str(refused.value)
     hashes.add(train_config_hash(cfg, "cpu", 1, load(folder, tmp_path / "data", image_size=(8, 8)).source))
     assert len(hashes) == 3
 

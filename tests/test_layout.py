@@ -172,6 +172,39 @@ def test_every_noqa_and_type_ignore_says_why():
     assert silent == []
 
 
+# What the store's parts (its records, queue, rows, schema and integrity checks) may take from the database
+# module: the backend interface and the helpers of its SQL, never a backend (`Database` or its subclasses).
+BACKEND_INTERFACE = {"Backend", "Transaction", "CHUNK", "placeholders", "damaged"}
+STORE_PARTS = ("records", "queue", "rows", "schema", "integrity")
+BACKENDS = {"towerlab.search.store.sqlite", "towerlab.search.store.postgresql", "towerlab.search.store.sqlite_file"}
+
+
+def _names_from(module: str, source: str) -> set[str]:
+    """The names `module` imports from `source` (`from source import a, b`)."""
+    return {alias.name for node in ast.walk(ast.parse(MODULES[module].read_text()))
+            if isinstance(node, ast.ImportFrom) and node.module == source for alias in node.names}
+
+
+@pytest.mark.parametrize("part", STORE_PARTS)
+def test_the_store_s_parts_import_only_the_backend_interface(part):
+    module = f"towerlab.search.store.{part}"
+    assert not GRAPH[module] & BACKENDS
+    assert _names_from(module, "towerlab.search.store.database") <= BACKEND_INTERFACE
+
+
+def test_only_search_reads_a_stored_search_s_setup():
+    """A stored search's setup (how its workers train) is read through `Search` alone (`Search.recorded`):
+    no other module touches a `.setup` attribute, except to call a method of that name."""
+    readers = set()
+    for module, path in MODULES.items():
+        tree = ast.parse(path.read_text())
+        called = {id(node.func) for node in ast.walk(tree) if isinstance(node, ast.Call)}
+        if any(isinstance(node, ast.Attribute) and node.attr == "setup" and id(node) not in called
+               for node in ast.walk(tree)):
+            readers.add(module)
+    assert readers == {"towerlab.search.search"}
+
+
 def test_the_search_core_imports_no_torch():
     search = sorted(m for m in MODULES if m == "towerlab.search" or m.startswith("towerlab.search."))
     code = "import sys\n" + "".join(f"import {m}\n" for m in search) + \

@@ -1,6 +1,7 @@
 """`towerlab search export DIR --optuna URL`: a pruned, re-measured search over a typed space written as
 an Optuna study, loaded back with Optuna and compared trial by trial with its store. Fake fitness."""
 
+import dataclasses
 import math
 import subprocess
 import sys
@@ -109,7 +110,7 @@ def test_export_refuses_a_taken_study_name_and_a_bad_storage_in_one_line(tmp_pat
 
 
 def test_the_export_never_imports_torch():
-    code = "import towerlab.search.export, sys; assert 'torch' not in sys.modules"
+    code = "import towerlab.search.views.export, sys; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
@@ -206,9 +207,9 @@ def test_follow_keeps_a_study_in_step_with_a_running_search(tmp_path, monkeypatc
     import time
 
     from towerlab.search import Search
-    from towerlab.search import export as export_module
-    from towerlab.search.export import export_optuna
-    from towerlab.search.queue import Worker, WorkerOptions
+    from towerlab.search.views import export as export_module
+    from towerlab.search.views.export import export_optuna
+    from towerlab.search.work.worker import Worker, WorkerOptions
 
     monkeypatch.setattr(export_module, "FOLLOW_EVERY", 0.05)
     cfg = SearchConfig(space=SPACE, sampler="random", population=4, generations=4, max_epochs=3, remeasure=0, top=2,
@@ -218,9 +219,10 @@ def test_follow_keeps_a_study_in_step_with_a_running_search(tmp_path, monkeypatc
         search_id = Search.resolve(cfg, load_space(SPACE)).create(store, TCH, {"test": True}).id
 
     def slow(search):
-        def train(task):
+        def train(assignment):
             time.sleep(0.05)
-            return fitness(task.candidate), (0.75 if task.kind == "test" else None)
+            outcome = fitness(assignment.candidate)
+            return dataclasses.replace(outcome, test_accuracy=0.75) if assignment.tests(outcome.fitness) else outcome
         return train
 
     def work():

@@ -1,6 +1,6 @@
 """Every sampler's search is pinned to the exact history its store holds (tests/fixtures/pinned_histories.json):
 one small search each of tpe, ga, grid and random, and a pruned one, on a fake fitness, played in one
-process (`run_search` with a serial trainer) and by a worker through the queue (`queue.Worker`), must
+process (`run_search` with a serial trainer) and by a worker through the queue (`worker.Worker`), must
 store the very generations (members, results, statistics), evaluations (genome, seed, rung, replicate,
 status, fitness and loss as stored) and summary that the fixture holds. A change to the search's code
 that is meant to change no result (a refactoring) keeps this test passing unchanged.
@@ -11,6 +11,7 @@ version the fixture was written with, and says so where another is installed."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 import sys
@@ -20,7 +21,7 @@ import pytest
 
 from towerlab.config import SearchConfig
 from towerlab.search import Candidate, Outcome, Search, load_space, run_search, serial
-from towerlab.search.queue import Worker, WorkerOptions
+from towerlab.search.work.worker import Worker, WorkerOptions
 from towerlab.search.store import Store
 
 FIXTURE = Path(__file__).parent / "fixtures" / "pinned_histories.json"
@@ -82,8 +83,9 @@ def through_the_queue(path: Path, name: str) -> dict:
     cfg, space = SEARCHES[name]
 
     def trainer(search):
-        def train(task):
-            return fitness(task.candidate), (0.75 if task.kind == "test" else None)
+        def train(assignment):
+            outcome = fitness(assignment.candidate)
+            return dataclasses.replace(outcome, test_accuracy=0.75) if assignment.tests(outcome.fitness) else outcome
         return train
 
     with Store(path) as store:

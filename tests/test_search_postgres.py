@@ -19,8 +19,8 @@ import pytest
 
 from test_faults_search import history, wait_for
 from towerlab.errors import UserError
-from towerlab.search.postgresql import SCHEMA_LOCK, PostgreSQL, open_postgresql
-from towerlab.search.schema import SCHEMA_VERSION, create_tables
+from towerlab.search.store.postgresql import SCHEMA_LOCK, PostgreSQL, open_postgresql
+from towerlab.search.store.schema import SCHEMA_VERSION, create_tables
 from towerlab.search.store import Store
 from util import ONE_CPU, reaped, replica_pids, run_cli, start_towerlab
 

@@ -13,7 +13,7 @@ from towerlab.search.space import check_genes, gene_rules
 
 
 def test_search_and_store_never_import_torch():
-    code = ("import towerlab.search, towerlab.search.queue, towerlab.search.store, towerlab.search.samplers.tpe, sys; "
+    code = ("import towerlab.search, towerlab.search.work.worker, towerlab.search.store, towerlab.search.samplers.tpe, sys; "
             "assert 'torch' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True)
 

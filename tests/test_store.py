@@ -11,7 +11,7 @@ from towerlab.config import SearchConfig
 from towerlab.fields import to_dict
 from towerlab.errors import UserError
 from towerlab.search import Candidate, Outcome, format_search, genome_hash, load_space, run_search, serial
-from towerlab.search.schema import SCHEMA_VERSION
+from towerlab.search.store.schema import SCHEMA_VERSION
 from towerlab.search.store import Store
 
 TCH = "tch"
@@ -45,11 +45,11 @@ def test_the_stores_parts_see_only_the_backend_interface(store):
     """records and queue are parts over `database.Backend` alone: a test double that provides it (here one
     that counts what it is asked, over the store's own database) serves them as a backend does: what they
     write through it is the store's."""
-    from towerlab.search.records import Records
-    from towerlab.search.tasks import TaskQueue
+    from towerlab.search.store.records import Records
+    from towerlab.search.store.queue import TaskQueue
 
     class Counting:
-        dialect, where = store.db.dialect, "a counting double"
+        where = "a counting double"
 
         def __init__(self):
             self.reads = self.writes = 0

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from towerlab.errors import UserError
-from towerlab.search.location import redacted, shows_a_password, store_location, with_password
+from towerlab.search.store.location import redacted, shows_a_password, store_location, with_password
 from util import SEARCH_BASE, run_cli, small_space_file
 
 

@@ -1,4 +1,4 @@
-"""The breakdown of a search worker's time that the GPU benchmark records (jobs/worker_times.py): written
+"""The breakdown of a search worker's time that the GPU benchmark records (jobs/search/worker_times.py): written
 only when asked for, one file per worker, its parts adding up to the worker's wall time."""
 
 import json
@@ -6,7 +6,7 @@ import json
 import pytest
 
 from towerlab.cli import main
-from towerlab.jobs import worker_times
+from towerlab.jobs.search import worker_times
 from util import SEARCH_BASE, small_space_file, summary
 
 
@@ -41,25 +41,23 @@ def test_nothing_is_measured_or_written_unless_asked(monkeypatch, tmp_path):
     assert worker_times.process_age() > 0.0  # this process started before the test
 
 
-def test_the_timed_store_times_claims_and_completions_and_passes_the_rest_through():
-    class Queue:
-        def claim(self, *args):
-            return "task"
+def test_a_worker_tells_the_seconds_of_its_own_store_calls(tmp_path):
+    from towerlab.config import SearchConfig
+    from towerlab.search import Outcome, Search, load_space
+    from towerlab.search.store import Store
+    from towerlab.search.work.worker import Worker, WorkerOptions
 
-        def complete(self, *args):
-            return True, None
+    cfg = SearchConfig(sampler="random", population=2, generations=1, max_epochs=1, remeasure=0, top=1, seed=3)
+    times = worker_times.WorkerTimes(tmp_path)
+    calls = []
 
-        def tasks(self, search_id):
-            return [search_id]
+    def timed(name, seconds, started):
+        calls.append(name)
+        times.timed(name, seconds, started)
 
-    class Store:
-        path = "here"
-        queue, records = Queue(), object()
-
-    times = worker_times.WorkerTimes(None)
-    plain = Store()
-    store = times.store(plain)
-    assert (store.queue.claim("w"), store.queue.complete("t"), store.queue.tasks(3), store.path) == \
-        ("task", (True, None), [3], "here")
-    assert store.records is plain.records and plain.queue.claim("w") == "task"
+    with Store(tmp_path / "s.db") as store:
+        search_id = Search.resolve(cfg, load_space("mlp")).create(store, "tch", {"test": False}).id
+        Worker(store, "w", "cpu", lambda search: lambda assignment: Outcome.ok(0.5, epochs=1),
+               WorkerOptions(search_ids=[search_id], timed=timed)).run()
+    assert calls.count("complete") == 2 and calls.count("claim") >= 2 and set(calls) == {"claim", "complete"}
     assert times.seconds["store"] > 0.0 and times.first_claim is not None

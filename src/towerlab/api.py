@@ -188,8 +188,8 @@ def search(space: str | os.PathLike | dict | None = None, data: str | os.PathLik
 def _search(kind: str, space: str | os.PathLike | dict | None, data: DataGiven, validation: tuple | None,
             test: tuple | None, model: str | Callable | None, config: ConfigGiven, options: dict) -> SearchRun:
     from towerlab.jobs.job import resolved_run
-    from towerlab.jobs.search import start_search
-    from towerlab.jobs.search_place import search_out
+    from towerlab.jobs.search.job import start_search
+    from towerlab.jobs.search.place import search_out
     from towerlab.settings import resolve_search
 
     options = dict(options)
@@ -261,7 +261,9 @@ def _run(job: Callable[[], int], what: str) -> None:
 
 
 def _json(path: Path) -> dict:
-    return json.loads(path.read_text(encoding="utf-8"))
+    from towerlab.settings import job_record
+
+    return job_record(path.parent, path.name)
 
 
 def _jsonl(path: Path) -> list[dict]:

@@ -301,7 +301,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _warn_of_passwords(words: Sequence[str]) -> None:
     """One line where a URL on the command line holds a password (every user of the machine reads it)."""
     if any("://" in word for word in words):
-        from towerlab.search.location import PASSWORD_WARNING, shows_a_password
+        from towerlab.search.store.location import PASSWORD_WARNING, shows_a_password
 
         if any(shows_a_password(word) for word in words):
             print(PASSWORD_WARNING, file=sys.stderr, flush=True)

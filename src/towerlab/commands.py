@@ -58,7 +58,7 @@ def search(args: argparse.Namespace) -> int:
     if args.print_config:  # the settings this search reads: not other samplers' nor training-only run options
         from towerlab.fields import to_dict
         from towerlab.search import settings_of_others
-        from towerlab.jobs.search import check_settings
+        from towerlab.jobs.search.job import check_settings
 
         check_settings(cfg, run)  # a file the search would refuse is not printed
 
@@ -66,7 +66,7 @@ def search(args: argparse.Namespace) -> int:
         return _print_config(search={k: v for k, v in to_dict(cfg).items() if k not in foreign},
                              run={k: v for k, v in to_dict(run).items() if k not in SEARCH_RUN_SKIP})
     from towerlab.models.custom import load_function
-    from towerlab.jobs.search import start_search
+    from towerlab.jobs.search.job import start_search
 
     function = load_function(args.model_function) if args.model_function else None
     return start_search(args.kind, cfg, run, function=function)
@@ -80,9 +80,9 @@ def _print_config(**sections: object) -> int:
 
 
 def search_worker(args: argparse.Namespace) -> int:
-    from towerlab.jobs.search_workers import start_workers
-    from towerlab.search.location import STORE_ENV
-    from towerlab.search.show import store_path
+    from towerlab.jobs.search.workers import start_workers
+    from towerlab.search.store.location import STORE_ENV
+    from towerlab.search.store.location import store_path
 
     target = args.store or os.environ.get(STORE_ENV, "").strip()
     if not target:
@@ -96,7 +96,9 @@ def search_worker(args: argparse.Namespace) -> int:
 
 def search_show(args: argparse.Namespace) -> int:
     from towerlab.search import Store, evaluation_records, format_search
-    from towerlab.search.show import records_csv, records_json, records_of, store_path
+    from towerlab.search.store.integrity import records_of
+    from towerlab.search.store.location import store_path
+    from towerlab.search.views.show import records_csv, records_json
 
     if args.plot:
         atomic.refuse_overwriting(args.plot, (store_path(args.path),), (args.path,), option="--plot")
@@ -138,8 +140,8 @@ def _own_module_flag() -> Iterator[None]:
 
 def search_export(args: argparse.Namespace) -> int:
     from towerlab.search import Store
-    from towerlab.search.export import export_optuna, printable
-    from towerlab.search.show import store_path
+    from towerlab.search.views.export import export_optuna, printable
+    from towerlab.search.store.location import store_path
 
     path = store_path(args.path)
 

@@ -198,10 +198,21 @@ def _resumed_train(train_given: dict, run_given: dict) -> tuple[TrainConfig, Run
     return cfg, _resumed_run(folder, stored_run, run_given)
 
 
+def job_record(folder: str | os.PathLike, name: str = "config.json") -> dict:
+    """A job folder's JSON record as a dict: its config.json (the one place that opens one), or another
+    of its records (`name`: summary.json, best.json). FileNotFoundError where it is missing, ValueError
+    where it is not a JSON object, OSError where it cannot be read."""
+    path = Path(folder) / name
+    stored = json.loads(path.read_text(encoding="utf-8"))
+    if not isinstance(stored, dict):
+        raise ValueError(f"{path} holds a {type(stored).__name__}, not a JSON object")
+    return stored
+
+
 def read_run_config(folder: Path) -> tuple[TrainConfig, RunConfig]:
     path = folder / "config.json"
     try:
-        stored = json.loads(path.read_text(encoding="utf-8"))
+        stored = job_record(folder)
         return from_dict(TrainConfig, stored["train"], where=path), from_dict(RunConfig, stored["run"], where=path)
     except FileNotFoundError:
         raise UserError(f"{folder} is not a towerlab run (no config.json): check the --resume path") from None
@@ -275,7 +286,7 @@ def resolve_search(kind: str, options: Mapping, config: str | os.PathLike | Mapp
     _check_resume_out(folder, run_given)
     path = folder / "config.json"
     try:
-        stored = json.loads(path.read_text(encoding="utf-8"))
+        stored = job_record(folder)
         search = upgrade_search_config(stored["search"], stored["kind"])
         cfg = from_dict(SearchConfig, search, where=path, extra=_extra("search"))
         stored_run = from_dict(RunConfig, stored["run"], where=path)

@@ -177,12 +177,12 @@ def network(model: CandidateModel, genome: dict, input_shape: tuple[int, int, in
 
 
 def train_candidate(cfg: SearchConfig, model: CandidateModel, genome: dict, seed: int, data: Dataset,
-                    device: torch.device, *, test: bool | Callable[[Optional[float]], bool] = False,
-                    stop: StopFlag | None = None, max_epochs: int | None = None) -> tuple[dict, Optional[TrainResult]]:
+                    device: torch.device, *, test_from: Optional[float] = None, stop: StopFlag | None = None,
+                    max_epochs: int | None = None) -> tuple[dict, Optional[TrainResult]]:
     """Train one genome on this process's device. Returns (the outcome's fields, the TrainResult);
     a candidate that diverges or runs out of memory is a failure with its reason, not a crash. Its
-    test accuracy is among the fields where `test` is True, or a function that holds for its validation
-    accuracy (a worker asks whether the network enters its search's top)."""
+    test accuracy is among the fields where its validation accuracy reaches `test_from` (-inf: whatever
+    it reaches; a worker's bar for a network that may enter its search's top; None: never)."""
     started = time.perf_counter()
     numbers: Optional[dict] = None
     reason: Optional[str]
@@ -195,12 +195,9 @@ def train_candidate(cfg: SearchConfig, model: CandidateModel, genome: dict, seed
             if callable(model) else None
         check_setup(train_cfg, 1, data, source)
         result = train(train_cfg, Context(device=device), data,
-                       LoopOptions(test=test is True, test_if=_asked(test) if callable(test) else None, stop=stop,
-                                   setup_apart=False), source=source)
+                       LoopOptions(test=False, test_from=test_from, stop=stop, setup_apart=False), source=source)
     except Interrupted:
         raise
-    except _NotTheCandidates as exc:  # the caller's own question failed (its store out of reach): not the network
-        raise exc.error from None
     except torch.cuda.OutOfMemoryError:
         _free(device)
         reason = "out of memory"
@@ -222,35 +219,14 @@ def train_candidate(cfg: SearchConfig, model: CandidateModel, genome: dict, seed
     return fields, result
 
 
-class _NotTheCandidates(Exception):
-    """What the caller's `test` function raised, carried past the candidate's own failures."""
-
-    def __init__(self, error: BaseException) -> None:
-        super().__init__(str(error))
-        self.error = error
-
-
-def _asked(test_if: Callable[[Optional[float]], bool]) -> Callable[[Optional[float]], bool]:
-    """`test_if`, whose failure is never the network's: a worker asks its store there, and a store out
-    of reach must stop the worker (its task goes back on the queue), not be recorded as a failed
-    network (it was, with "lost the search store's database" as the reason)."""
-
-    def asked(val_accuracy: Optional[float]) -> bool:
-        try:
-            return test_if(val_accuracy)
-        except BaseException as exc:  # carried out whole, re-raised by train_candidate
-            raise _NotTheCandidates(exc) from exc
-    return asked
-
-
 def _free(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.empty_cache()
 
 
 def outcome(fields: dict) -> Outcome:
-    """The search's Outcome of a worker's result (its test accuracy, if any, is not part of it)."""
-    return Outcome(**{k: v for k, v in fields.items() if k != "test_accuracy"})
+    """The search's Outcome of a worker's result (with its test accuracy, where it was scored)."""
+    return Outcome(**fields)
 
 
 def retrain_command(cfg: SearchConfig, model: CandidateModel, genome: dict, seed: int, max_epochs: int | None = None,

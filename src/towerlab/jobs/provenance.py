@@ -4,7 +4,6 @@ and reading it back.
 
 from __future__ import annotations
 
-import json
 import platform
 import socket
 import subprocess
@@ -16,6 +15,7 @@ import torch
 import towerlab
 from towerlab import atomic
 from towerlab.distributed.env import torchrun_restart
+from towerlab.settings import job_record
 
 
 def code_version() -> dict | None:
@@ -42,7 +42,7 @@ def provenance() -> dict:
 def _without_password(arg: str) -> str:
     """A command-line word as config.json records it: a database URL (`--store URL`, `--store=URL`)
     without its password."""
-    from towerlab.search.location import redacted
+    from towerlab.search.store.location import redacted
 
     flag, equals, value = arg.partition("=") if arg.startswith("--") else ("", "", arg)
     return flag + equals + redacted(value)
@@ -56,7 +56,6 @@ def write_config(out: Path, record: dict) -> None:
 def read_config(out: Path, name: str = "config.json") -> dict | None:
     """config.json (or another JSON record, `name`) of `out`, or None when it is missing or unreadable."""
     try:
-        stored = json.loads((out / name).read_text(encoding="utf-8"))
+        return job_record(out, name)
     except (OSError, ValueError):
         return None
-    return stored if isinstance(stored, dict) else None

@@ -78,7 +78,9 @@ class Candidate:
 @dataclass(frozen=True)
 class Outcome:
     """What training a candidate gave. `fitness` is the validation accuracy (needed when ok);
-    a failed outcome needs a `reason`. A non-finite val_loss is stored as None. `numerics`: what the
+    a failed outcome needs a `reason`. A non-finite val_loss is stored as None. `test_accuracy`: its
+    network's on the test split, where it was scored there (a test task; a training that entered its
+    search's top: `towerlab.search.testing`). `numerics`: what the
     result depends on besides the training's settings and seed (device, threads, precision, torch),
     as the worker that trained it saw it; `provenance`: where it was trained (host, versions, device,
     the data's digest); JSON objects."""
@@ -92,6 +94,7 @@ class Outcome:
     reason: Optional[str] = None
     numerics: Optional[dict] = field(default=None, compare=False)
     provenance: Optional[dict] = field(default=None, compare=False)
+    test_accuracy: Optional[float] = field(default=None, compare=False)  # not what a search ranks by
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:

@@ -18,8 +18,8 @@ from typing import Callable, Optional, Protocol, Sequence
 from towerlab.search.candidates import Candidate, Outcome, candidate_seed
 from towerlab.search.history import rank_key
 from towerlab.search.pruners import Ladder
-from towerlab.search.records import Records
-from towerlab.search.rows import Evaluation
+from towerlab.search.store.records import Records
+from towerlab.search.store.rows import Evaluation
 
 Key = tuple[str, Optional[int], int]  # genome hash, max_epochs, replicate
 
@@ -57,7 +57,7 @@ class Recorder:
 
     def served(self, candidate: Candidate, row: Evaluation) -> None:
         """The candidate's row, which is in the store already (a trainer whose workers write their
-        results themselves: `towerlab.search.queue`)."""
+        results themselves: `towerlab.search.work.worker`)."""
         with self._lock:
             key = key_of(candidate)
             if self._pending.get(key) != candidate:

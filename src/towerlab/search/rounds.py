@@ -34,7 +34,7 @@ from towerlab.search.candidates import Candidate, remeasure_seed
 from towerlab.search.climb import Climb, Key, Recorder, key_of
 from towerlab.search.history import Generation, GenerationStats, Member, TopGenome, rank_key, statistics_of
 from towerlab.search.pruners import Ladder
-from towerlab.search.rows import Evaluation, GenerationRow
+from towerlab.search.store.rows import Evaluation, GenerationRow
 from towerlab.search.space import genome_hash
 from towerlab.search.store import Store
 from towerlab.search.trainers import Prefetching, Trainer

@@ -17,7 +17,7 @@ about to be crowned are re-measured, the sampler is told the outcomes; at the en
 `search.finish` writes the summary, `search.run` does both. Playing is a pure function of the search
 and what its store holds: replaying a search against its store proposes the same generations and
 serves the same rows, which is how a search resumes and how every worker of a search
-(`towerlab.search.queue`) plays it alike, whoever trained what. No torch here: the training protocol
+(`towerlab.search.work.worker`) plays it alike, whoever trained what. No torch here: the training protocol
 is in `towerlab.search.candidates`, the counts in `towerlab.search.history`.
 """
 
@@ -27,7 +27,7 @@ import functools
 import math
 import uuid
 from dataclasses import dataclass, field, replace
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 from towerlab.config import SearchConfig
 from towerlab.errors import UserError
@@ -35,9 +35,9 @@ from towerlab.fields import to_dict
 from towerlab.search.history import Generation, GenerationStats, SearchResult, TopGenome
 from towerlab.search.pruners import Ladder, Pruner, make_pruner
 from towerlab.search.rounds import Rounds
-from towerlab.search.rows import SearchRow
-from towerlab.search.samplers import (InFlight, Sampler, Shape, budget_left, make_sampler, resolved_settings,
-                                      sampler_class, sampler_shape)
+from towerlab.search.store.rows import SearchRow
+from towerlab.search.samplers import (InFlight, Sampler, Shape, budget_left, resolved_settings, sampler_class,
+                                      sampler_shape)
 from towerlab.search.space import Space, load_space, space_of
 from towerlab.search.store import Store
 from towerlab.search.trainers import Trainer
@@ -52,7 +52,7 @@ IDENTITY = ("seed", "remeasure", "min_epochs", "prune_factor", "prune_places")
 LARGE_GENERATION = 10_000
 
 # Settings every stored search records (its sampler's, its budget's, its rungs'): a record without one
-# was edited, and is named as such (`towerlab.search.show.records_of`) rather than read with a default.
+# was edited, and is named as such (`towerlab.search.store.integrity.records_of`) rather than read with a default.
 RECORDED = ("seed", "max_epochs", "top", "generations", "population")
 
 DEFAULT_REMEASURE = 2
@@ -114,7 +114,8 @@ class Search:
         a setting it refuses, a budget its generations cannot hold): a UserError, before anything is
         written. Re-measuring and the sampler's own settings are decided here, as the search records them."""
         space = space if space is not None else load_space(cfg.space)
-        return cls(resolved_settings(resolved_remeasure(cfg, sampler_shape(cfg, space))), space)
+        sampler = sampler_class(cfg.sampler)
+        return cls(resolved_settings(resolved_remeasure(cfg, sampler_shape(cfg, space, sampler)), sampler), space)
 
     @classmethod
     def open(cls, store: Store, search_id: int) -> Search:
@@ -143,9 +144,14 @@ class Search:
         return self.id
 
     @functools.cached_property
+    def sampler_type(self) -> type[Sampler]:
+        """Its sampler's class, looked up once by its name."""
+        return sampler_class(self.cfg.sampler)
+
+    @functools.cached_property
     def shape(self) -> Shape:
         """Its sampler's shape (`sampler_shape`: the sampler is not built)."""
-        return sampler_shape(self.cfg, self.space)
+        return sampler_shape(self.cfg, self.space, self.sampler_type)
 
     @functools.cached_property
     def pruner(self) -> Pruner:
@@ -173,9 +179,15 @@ class Search:
         a search recorded before setups were is tested)."""
         return bool(self.setup.get("test", True))
 
+    def recorded(self, key: str) -> Any:
+        """What it recorded of how its workers train (its setup) under `key`: the device kind, the CPU threads
+        per candidate, the model, the data's format, whether it has a test split, and what identifies its
+        software, data and model file (`towerlab.jobs.search.identity`); None where it recorded none."""
+        return self.setup.get(key)
+
     def new_sampler(self) -> Sampler:
         """A sampler in its initial state, for one play of the search (samplers keep what they were told)."""
-        return make_sampler(self.cfg, self.space, len(self.pruner.rungs))
+        return self.sampler_type(self.cfg, self.space, len(self.pruner.rungs))
 
     # -- in a store ------------------------------------------------------------------------------------
 
@@ -206,7 +218,7 @@ class Search:
                             f"patience, batch size, device kind, CPU threads per candidate, the model function's "
                             f"source, or an older towerlab's): resume with the same ones")
         config = to_dict(cfg)
-        for name in (*IDENTITY, *sampler_class(cfg.sampler).reads()):
+        for name in (*IDENTITY, *self.sampler_type.reads()):
             if row.config.get(name) != config[name]:
                 raise UserError(f"store {store.path} holds a search with --{name.replace('_', '-')} "
                                 f"{row.config.get(name)}, not {config[name]}: resume with the same setting")
@@ -223,6 +235,13 @@ class Search:
             store.records.resume_search(row.id, config)
         return replace(self, id=row.id, train_config_hash=row.train_config_hash, setup=row.setup or {},
                        where=str(store.path))
+
+    def adopt(self, store: Store, setup: dict) -> Search:
+        """This search, recording `setup` besides what it recorded of how its workers train, from now on (a
+        resume by another towerlab or torch records its own)."""
+        merged = {**self.setup, **setup}
+        store.records.update_setup(self.stored_id, merged)
+        return replace(self, setup=merged)
 
     def play(self, store: Store, train: Trainer, on_generation: Optional[Callable[[GenerationStats], None]] = None,
              on_progress: Optional[Callable[[str], None]] = None) -> tuple[list[Generation], list[TopGenome]]:

@@ -16,7 +16,7 @@ trainer may call `record.more()`, which returns the candidates that became train
 possibly none); it then trains them too before it returns, so its workers need not wait for a rung's
 last trainings. A trainer that never asks is called again with them; the history is the same.
 
-A trainer whose workers write their results to the store themselves (`towerlab.search.driver`) hands
+A trainer whose workers write their results to the store themselves (`towerlab.search.work.driver`) hands
 the engine each candidate's row instead (`record.served(candidate, row)`, the row stored under
 `record.train_config_hash(candidate)`); one that can start work before it is asked to wait for it
 (the next generation's first rung, while this one trains) is `Prefetching`.
@@ -30,7 +30,7 @@ from typing import Callable, Protocol, runtime_checkable
 
 from towerlab.errors import UserError
 from towerlab.search.candidates import Candidate, Outcome
-from towerlab.search.rows import Evaluation
+from towerlab.search.store.rows import Evaluation
 
 
 class Record(Protocol):

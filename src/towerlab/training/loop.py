@@ -14,7 +14,7 @@ import copy
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import torch
 from torch import nn
@@ -49,9 +49,10 @@ class LoopOptions:
     options apart from a model's settings. `input_mode`, `strategy`, `step_mode` and `display_step`
     are --input, --strategy, --step and --display-step; `reporter` says and records (None: nothing);
     `checkpoint_path` is saved each epoch and on a stop (None: never); `stop` asks the run to stop,
-    saving first; `test` scores the test split at the end, and so does `test_if` (None: never) when it
-    holds for the final validation accuracy (a search tests a network that enters its top so at
-    once, rather than retraining it for its test accuracy later); `setup_apart` warms the step up before the
+    saving first; `test` scores the test split at the end, and so does `test_from` (None: never) where
+    the final validation accuracy reaches it (a search scores a network that may enter its top so at
+    once, rather than retraining it for its test accuracy later: the bar is decided before the
+    training starts); `setup_apart` warms the step up before the
     clock where that pays, to report setup apart from training (a search candidate reports no setup,
     so it spends warm-up steps only where its step is recorded or compiled, which needs them)."""
 
@@ -63,7 +64,7 @@ class LoopOptions:
     checkpoint_path: Optional[Path] = None
     stop: Optional[StopFlag] = None
     test: bool = True
-    test_if: Optional[Callable[[Optional[float]], bool]] = None
+    test_from: Optional[float] = None
     setup_apart: bool = True
 
     @classmethod
@@ -322,7 +323,8 @@ class _Training:
             module.load_state_dict(progress.best_state)  # the weights of the best validation loss
         val_loss, val_acc = final_val_scores(progress)
         test_loss = test_acc = None
-        tests = self.options.test or (self.options.test_if is not None and self.options.test_if(val_acc))
+        bar = self.options.test_from
+        tests = self.options.test or (bar is not None and val_acc is not None and val_acc >= bar)
         before_test = self.eval_seconds
         if tests and data.n_test > 0:
             test_loss, test_acc = self._scores(f"Testing on {data.n_test:,} images",

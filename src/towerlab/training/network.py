@@ -17,6 +17,7 @@ from towerlab.errors import UserError
 from towerlab.models import build_model
 from towerlab.models.custom import NetworkSource, instantiate
 from towerlab.models.preprocessing import Normalizer
+from towerlab.training.batches import steps_per_epoch
 
 if TYPE_CHECKING:
     from towerlab.data.load import Dataset
@@ -76,7 +77,7 @@ def check_setup(cfg: TrainConfig, world_size: int, data: Dataset, source: Networ
     if cfg.translate >= min(data.input_shape[1:]):
         raise UserError(f"--translate {cfg.translate} shifts images by their whole size "
                         f"{data.input_shape[1]}x{data.input_shape[2]}: use fewer pixels")
-    if (data.n_train // world_size) // cfg.batch_size == 0:
+    if steps_per_epoch(data.n_train, world_size, cfg.batch_size) == 0:
         raise UserError(f"--batch-size {cfg.batch_size} x {world_size} replica(s) is more than the "
                         f"{data.n_train} training examples: lower --batch-size or --devices")
     return module

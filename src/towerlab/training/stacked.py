@@ -34,7 +34,7 @@ from towerlab.config import TrainConfig
 from towerlab.distributed.group import Context
 from towerlab.errors import UserError
 from towerlab.models.preprocessing import Normalizer
-from towerlab.training.batches import Batches, mix_seed
+from towerlab.training.batches import Batches, mix_seed, steps_per_epoch
 from towerlab.training.evaluation import loss_and_accuracy
 from towerlab.training.network import build
 from towerlab.training.optim import Group
@@ -186,8 +186,7 @@ def train_stacked(cfgs: list[TrainConfig], data: Dataset, ctx: Context = Context
     each on the validation split (and the test split, with `test`) as a separate training would.
     `dtype` with a `normalize` that gives it: another precision (the tests' float64)."""
     norm = normalize or Normalizer(data.mean, data.std, ctx.device)
-    steps_per_epoch = (data.n_train // ctx.world_size) // cfgs[0].batch_size
-    total_steps = cfgs[0].steps or cfgs[0].epochs * steps_per_epoch
+    total_steps = cfgs[0].steps or cfgs[0].epochs * steps_per_epoch(data.n_train, ctx.world_size, cfgs[0].batch_size)
     stack = StackedMLPs(cfgs, data, ctx, norm, total_steps, dtype)
     started = time.perf_counter()
     for step in range(total_steps):

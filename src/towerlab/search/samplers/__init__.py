@@ -74,7 +74,8 @@ class Sampler:
     in_flight)`), so that no worker waits at a generation's end; the search then always asks it so,
     which is part of what its history is (a sampler whose proposals do not read the outcomes gives
     the same history either way). Its `shape` is known without building it. `rungs`: how many rungs
-    its search's pruner has (the search's `Ladder` says; a member told at a lower one was pruned)."""
+    its search's pruner has (the search's `Ladder` says; a member told at a lower one was pruned).
+    Its settings are resolved once (`own`), and handed to `shape`."""
 
     default_population = 20
     identity: tuple[str, ...] = ("population",)
@@ -84,16 +85,29 @@ class Sampler:
 
     def __init__(self, cfg: SearchConfig, space: Space, rungs: int) -> None:
         self.cfg, self.space, self.rungs = cfg, space, rungs
-        self.settings = own_settings(cfg)
-        shape = self.shape(cfg, space)
+        self.settings = self.own(cfg)
+        shape = self.shape(cfg, space, self.settings)
         self.population, self.elite = shape.population, shape.elite
 
     @classmethod
-    def shape(cls, cfg: SearchConfig, space: Space) -> Shape:
-        """The shape of its search of `space` under `cfg`, once every setting it would refuse has been
-        (a UserError), without building it: a sampler is built where it proposes. A subclass whose
-        generations or elite differ from --population's and none says so here."""
-        own_settings(cfg)
+    def own(cls, cfg: SearchConfig) -> SamplerSettings:
+        """Its own settings, as `cfg` gives them and at their defaults otherwise. Every setting `cfg` gives is
+        checked by the sampler that declares it, whichever sampler runs, as a SearchConfig field would be (a
+        bad value, or a setting no sampler declares: UserError)."""
+        known = _defaults()
+        unknown = sorted(set(cfg.settings) - set(known))
+        if unknown:
+            raise unknown_keys(unknown, known, "search setting")
+        checked = {settings: settings(**{f.name: cfg.settings[f.name] for f in dataclasses.fields(settings)
+                                         if f.name in cfg.settings})
+                   for settings in settings_classes()}
+        return checked[cls.Settings] if cls.Settings in checked else cls.Settings()
+
+    @classmethod
+    def shape(cls, cfg: SearchConfig, space: Space, settings: SamplerSettings) -> Shape:
+        """The shape of its search of `space` under `cfg` and its own `settings` (`own`), once every setting it
+        would refuse has been (a UserError), without building it: a sampler is built where it proposes. A
+        subclass whose generations or elite differ from --population's and none says so here."""
         return Shape(cfg.population or cls.default_population, 0, cls.one_generation)
 
     @classmethod
@@ -144,26 +158,12 @@ def _defaults() -> dict:
     return {f.name: f.default for cls in classes for f in dataclasses.fields(cls) if not f.metadata.get("flat")}
 
 
-def own_settings(cfg: SearchConfig) -> SamplerSettings:
-    """The own settings of `cfg.sampler`, as `cfg` gives them and at their defaults otherwise. Every
-    setting `cfg` gives is checked by the sampler that declares it, whichever sampler runs, as a
-    SearchConfig field would be (a bad value, or a setting no sampler declares: UserError)."""
-    known = _defaults()
-    unknown = sorted(set(cfg.settings) - set(known))
-    if unknown:
-        raise unknown_keys(unknown, known, "search setting")
-    checked = {settings: settings(**{f.name: cfg.settings[f.name] for f in dataclasses.fields(settings)
-                                     if f.name in cfg.settings})
-               for settings in settings_classes()}
-    own = sampler_class(cfg.sampler).Settings
-    return checked[own] if own in checked else own()
-
-
-def resolved_settings(cfg: SearchConfig) -> SearchConfig:
+def resolved_settings(cfg: SearchConfig, sampler: Optional[type[Sampler]] = None) -> SearchConfig:
     """`cfg` with its sampler's own settings complete (each at its default where not given), as a
     search records them, and the settings of other samplers left out where they are at their
-    defaults (set away from them, they stay for `refuse_unused_settings` to name)."""
-    defaults, own = _defaults(), to_dict(own_settings(cfg))
+    defaults (set away from them, they stay for `refuse_unused_settings` to name). `sampler`: its
+    class, where the caller has it (else looked up by its name)."""
+    defaults, own = _defaults(), to_dict((sampler or sampler_class(cfg.sampler)).own(cfg))
     others = {name: value for name, value in cfg.settings.items() if name not in own and value != defaults[name]}
     return dataclasses.replace(cfg, settings={**own, **others})
 
@@ -194,10 +194,12 @@ def refuse_unused_settings(cfg: SearchConfig) -> None:
                             f"{'s read' if len(users) > 1 else ' reads'} it (drop {flag})")
 
 
-def sampler_shape(cfg: SearchConfig, space: Space) -> Shape:
+def sampler_shape(cfg: SearchConfig, space: Space, sampler: Optional[type[Sampler]] = None) -> Shape:
     """The shape of the search `cfg` describes, once every refusal of its sampler has been made (a bad
-    name or setting, a space it cannot sample, a budget its generations cannot hold: UserError)."""
-    shape = sampler_class(cfg.sampler).shape(cfg, space)
+    name or setting, a space it cannot sample, a budget its generations cannot hold: UserError).
+    `sampler`: its class, where the caller has it (else looked up by its name)."""
+    sampler = sampler or sampler_class(cfg.sampler)
+    shape = sampler.shape(cfg, space, sampler.own(cfg))
     most = shape.population * cfg.generations
     if not shape.one_generation and cfg.max_evaluations is not None and cfg.max_evaluations > most:
         raise UserError(f"--max-evaluations {cfg.max_evaluations} is more than {cfg.generations} "

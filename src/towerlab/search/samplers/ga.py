@@ -19,7 +19,7 @@ from towerlab.fields import to_dict
 from towerlab.errors import UserError
 from towerlab.search.candidates import GENERATION_STREAM, make_rng
 from towerlab.search.history import Generation, rank_key
-from towerlab.search.samplers import INDEXABLE, InFlight, Sampler, Shape, own_settings, random_genome
+from towerlab.search.samplers import INDEXABLE, InFlight, Sampler, Shape, random_genome
 from towerlab.search.space import Range, Space, genome_hash
 
 if TYPE_CHECKING:  # numpy is not imported to build the command line's flags from the samplers' settings
@@ -147,9 +147,8 @@ class GeneticSampler(Sampler):
     settings: GeneticSettings
 
     @classmethod
-    def shape(cls, cfg: SearchConfig, space: Space) -> Shape:
-        shape = super().shape(cfg, space)
-        settings = own_settings(cfg)
+    def shape(cls, cfg: SearchConfig, space: Space, settings: SamplerSettings) -> Shape:
+        shape = super().shape(cfg, space, settings)
         assert isinstance(settings, GeneticSettings)
         elite = settings.elite
         if not 0 <= elite <= shape.population:

@@ -16,7 +16,7 @@ from towerlab.config import MAX_MEMBERS, SamplerSettings, SearchConfig, check_me
 from towerlab.errors import UserError
 from towerlab.search.candidates import GRID_STREAM, make_rng
 from towerlab.search.history import Generation
-from towerlab.search.samplers import InFlight, Sampler, Shape, own_settings
+from towerlab.search.samplers import InFlight, Sampler, Shape
 from towerlab.search.ranges import uniform_below
 from towerlab.search.space import Space
 
@@ -74,11 +74,10 @@ class GridSampler(Sampler):
     one_generation = True
 
     @classmethod
-    def shape(cls, cfg: SearchConfig, space: Space) -> Shape:
-        shape = super().shape(cfg, space)
+    def shape(cls, cfg: SearchConfig, space: Space, settings: SamplerSettings) -> Shape:
+        shape = super().shape(cfg, space, settings)
         # a float range without points is refused here, before any folder or worker
         size = math.prod(space.grid_counts())
-        settings = own_settings(cfg)
         assert isinstance(settings, GridSettings)
         limit = settings.limit
         _check(space, size, limit)

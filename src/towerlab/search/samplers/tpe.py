@@ -65,8 +65,8 @@ class TPESampler(Sampler):
     Settings = TPESettings
 
     @classmethod
-    def shape(cls, cfg: SearchConfig, space: Space) -> Shape:
-        shape = super().shape(cfg, space)
+    def shape(cls, cfg: SearchConfig, space: Space, settings: SamplerSettings) -> Shape:
+        shape = super().shape(cfg, space, settings)
         optuna_module("the tpe sampler", " (or choose --sampler ga, random or grid)")
         return shape
 

@@ -1,14 +1,13 @@
 """Where a search job's things are: its folder (--resume, else --out, else a new one under runs/; which
 search of its store a resumed folder continues; whether torchrun restarted the very job that made it)
-and its store (--store, else $TOWERLAB_STORE, else the folder's search.db; as config.json and the record
-show it, a URL without its password; opened with one line for what fails; and the token by which
-torchrun's ranks check that they reach the store rank 0 made).
+and its store, as the job opens it (what a store's name means is `towerlab.search.store.location`'s):
+opened with one line for what fails, and the token by which torchrun's ranks check that they reach the
+store rank 0 made.
 """
 
 from __future__ import annotations
 
 import json
-import os
 from datetime import datetime
 from pathlib import Path
 from typing import Optional
@@ -18,22 +17,10 @@ from towerlab.config import RunConfig, SearchConfig
 from towerlab.errors import UserError
 from towerlab.fields import replace, to_dict
 from towerlab.jobs.job import restarted_by_torchrun
+from towerlab.settings import job_record
 from towerlab.search import Space, load_space
-from towerlab.search.location import STORE_ENV, is_url, redacted, store_location, with_password
-from towerlab.search.store import STORE_NAME, Store
-
-
-def store_target(cfg: SearchConfig, out: Path) -> str:
-    """What the search's store is: --store (a file, or a postgresql:// URL), else $TOWERLAB_STORE,
-    else the search folder's search.db. A recorded URL has no password (see `recorded_store`): where
-    $TOWERLAB_STORE is that same URL with one, it is taken from there."""
-    given = cfg.store or os.environ.get(STORE_ENV, "").strip() or None
-    return str(out / STORE_NAME) if given is None else with_password(store_location(given))
-
-
-def recorded_store(target: str) -> str:
-    """The store as config.json and the store record it: a URL without its password."""
-    return redacted(target) if is_url(target) else target
+from towerlab.search.store.location import is_url, recorded_store
+from towerlab.search.store import Store
 
 
 def store_token(target: str, search_id: int) -> Optional[str]:
@@ -76,12 +63,11 @@ def default_out(kind: str, cfg: SearchConfig, space: Space) -> Path:
 
 def stored_search_id(out: Path) -> int:
     """Which search of its store a resumed folder continues, as its config.json records it."""
-    path = out / "config.json"
     try:
-        search_id = json.loads(path.read_text(encoding="utf-8"))["search_id"]
+        search_id = job_record(out)["search_id"]
     except (OSError, ValueError, KeyError, TypeError):
         search_id = None
     if type(search_id) is not int:
-        raise UserError(f"{path} names no search of its store (search_id was edited or removed): resume cannot "
+        raise UserError(f"{out / 'config.json'} names no search of its store (search_id was edited or removed): resume cannot "
                         "tell which search to continue; start a new search")
     return search_id

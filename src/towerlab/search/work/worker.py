@@ -7,8 +7,8 @@ A worker is one process with two kinds of thread:
 - its main thread (`Worker`) claims a task (`TaskQueue.claim`: one transaction, a lease on the
   database's clock), trains it while a helper thread renews the lease, and writes the result and closes
   the task in one transaction (`TaskQueue.complete`), only while it still holds the lease (the queue's
-  rules: `towerlab.search.tasks`);
-- one driver thread per search it works on (`towerlab.search.driver.Driver`) plays the search
+  rules: `towerlab.search.store.queue`);
+- one driver thread per search it works on (`towerlab.search.work.driver.Driver`) plays the search
   (`Search.play`) through a `QueueTrainer`: the candidates that the store cannot serve go on the queue,
   and the trainer returns when the store holds a result for each, whoever trained it. When the
   search's top is crowned, the retrainings that give it its test accuracy go on the queue too, and the
@@ -24,7 +24,8 @@ Faults: a worker that dies holding a task stops renewing its lease; after `lease
 claims the task again (a local launcher that sees its worker die puts the task back at once). A worker
 that comes back after its lease lapsed cannot write a result. A task whose workers were lost
 MAX_ATTEMPTS times (an out-of-memory kill that recurs) is recorded as failed, with that reason, and
-the search goes on. No torch here: what trains a task is given by the job (`trainer_for`).
+the search goes on. No torch here: what trains a task is the search's `Objective`, which the job gives
+(`objective_for`: `towerlab.search.work.objective`).
 """
 
 from __future__ import annotations
@@ -37,17 +38,21 @@ import threading
 import time
 from pathlib import Path
 from dataclasses import dataclass
-from typing import Callable, Optional, Sequence
+from typing import Callable, Optional, Sequence, TypeVar
 
 from towerlab.checks import env_number
 from towerlab.distributed.signals import alive
 from towerlab.errors import UserError
 from towerlab.search.candidates import Candidate, Outcome
-from towerlab.search.database import StoreLost
-from towerlab.search.driver import Driver, Poll
+from towerlab.search.store.database import StoreLost
+from towerlab.search.testing import test_from
+from towerlab.search.work.driver import Driver, Poll
+from towerlab.search.work.objective import Assignment, Objective
 from towerlab.search.search import Search
 from towerlab.search.store import Store, Task
-from towerlab.search.tasks import MAX_LEASE
+from towerlab.search.store.queue import MAX_LEASE
+
+T = TypeVar("T")
 
 LEASE_ENV = "TOWERLAB_LEASE_SECONDS"
 DEFAULT_LEASE = 30.0  # seconds a claim holds without renewal; renewed every third of it
@@ -112,21 +117,18 @@ def unusable(task: Task) -> Optional[str]:
     return None
 
 
-TaskTrainer = Callable[[Task], "tuple[Outcome, Optional[float]]"]
-
-
 @dataclass(frozen=True)
 class WorkerOptions:
-    """How a `Worker` works, besides its store, name, device and trainer: `search_ids`, the searches to
-    work on (None: every unfinished search of the store that `joinable(search)` admits; it returns why
-    not, or None); `priority(search)`, a task's rank among its generation's (its cost); `lease`, seconds
+    """How a `Worker` works, besides its store, name, device and objectives: `search_ids`, the searches to
+    work on (None: every unfinished search of the store that admits it); `priority(search)`, a task's rank
+    among its generation's (its cost); `lease`, seconds
     a claim holds (None: `lease_seconds()`); `wait`: stay for new work when there is none; `check_stop`,
     called between tasks, raises to stop; a worker that `speaks` says why a search refused it (and its
     drivers what a large generation is doing), one that `tells` prints a line per task it trained and
-    one when it leaves, through `log` (None: stderr)."""
+    one when it leaves, through `log` (None: stderr); `timed(call, seconds, started)` hears how long each
+    of its own store calls took (claim, complete, put_back: a benchmark's breakdown of its time)."""
 
     search_ids: Optional[Sequence[int]] = None
-    joinable: Callable[[Search], Optional[str]] = lambda search: None
     priority: Callable[[Search], Callable[[Candidate], float]] = lambda search: lambda c: 0.0
     lease: Optional[float] = None
     wait: bool = False
@@ -134,27 +136,30 @@ class WorkerOptions:
     tells: bool = False
     check_stop: Callable[[], None] = lambda: None
     log: Optional[Callable[[str], None]] = None
+    timed: Optional[Callable[[str, float, float], None]] = None
 
 
 class Worker:
-    """One worker process's loop (see the module's docstring). `trainer_for(search)` trains a task of
-    that search in this process, returning its outcome and, for a test task, the test accuracy; a
-    candidate's failure is a failed outcome, an exception escaping it stops the worker. The worker
+    """One worker process's loop (see the module's docstring). `objective_for(search)` is what trains that
+    search's tasks in this process (`towerlab.search.work.objective`), made once per search; a UserError
+    from it says why this worker may not train the search, which it then leaves to others. The worker
     leaves when no search is left to work on (`options`), unless it waits, and between tasks whenever
     its `check_stop` raises; one that joined nothing because every search refused it leaves with a
     UserError giving each reason."""
 
-    def __init__(self, store: Store, name: str, device: str, trainer_for: Callable[[Search], TaskTrainer],
+    def __init__(self, store: Store, name: str, device: str, objective_for: Callable[[Search], Objective],
                  options: WorkerOptions = WorkerOptions()) -> None:
-        self.store, self.name, self.device, self.trainer_for = store, name, device, trainer_for
+        self.store, self.name, self.device, self.objective_for = store, name, device, objective_for
         self.search_ids = None if options.search_ids is None else list(options.search_ids)
-        self.joinable, self.priority = options.joinable, options.priority
+        self.priority = options.priority
         self.lease = lease_seconds() if options.lease is None else options.lease
         self.wait, self.speaks, self.tells, self.check_stop = options.wait, options.speaks, options.tells, \
             options.check_stop
         self.log = options.log or (lambda line: print(line, file=sys.stderr, flush=True))
+        self.timed = options.timed
         self.drivers: dict[int, Driver] = {}
         self.searches: dict[int, Search] = {}
+        self.objectives: dict[int, Objective] = {}
         self.refused: dict[int, str] = {}
         self._unsaid: list[int] = []  # refusals not yet said
         self.trained = 0
@@ -171,7 +176,8 @@ class Worker:
             while True:
                 self.check_stop()
                 self._follow()
-                task = self.store.queue.claim(self.name, list(self.drivers), self.lease, MAX_ATTEMPTS)
+                task = self._timing("claim", lambda: self.store.queue.claim(self.name, list(self.drivers), self.lease,
+                                                                            MAX_ATTEMPTS))
                 if task is None and not self.drivers and not self.wait and self._nothing_to_join():
                     if self.refused and not self.searches:
                         raise UserError(f"worker {self.name} joined no search of {self.store.path}: " + "; ".join(
@@ -191,6 +197,15 @@ class Worker:
             self.store.queue.leave(self.name)
             if self.tells and self.searches:
                 self.log(self._summary(time.monotonic() - started))
+
+    def _timing(self, call: str, do: Callable[[], T]) -> T:
+        """`do()`, one of this worker's own store calls, its seconds told to `timed`."""
+        started = time.perf_counter()
+        try:
+            return do()
+        finally:
+            if self.timed is not None:
+                self.timed(call, time.perf_counter() - started, started)
 
     def _say_refusals(self) -> None:
         for search_id in self._unsaid:
@@ -232,9 +247,10 @@ class Worker:
             if search_id in self.drivers or search_id in self.refused:
                 continue
             search = Search.open(self.store, search_id)
-            why = self.joinable(search)
-            if why is not None:
-                self.refused[search_id] = why
+            try:
+                self.objectives[search_id] = self.objective_for(search)
+            except UserError as exc:
+                self.refused[search_id] = str(exc)
                 self._unsaid.append(search_id)
                 continue
             self.searches[search_id] = search
@@ -249,23 +265,25 @@ class Worker:
                      f"attempt {task.attempts} ({task.lost})")
         problem = unusable(task)
         if problem is not None:
-            outcome, test_accuracy = Outcome.failed(problem, worker=self.name), None
+            outcome = Outcome.failed(problem, worker=self.name)
         else:
             renewing = _Renewal(self.store, task, self.name, self.lease)
             try:
-                outcome, test_accuracy = self.trainer_for(search)(task)
+                # Whether its network is scored on the test split is decided now, before it trains.
+                assignment = Assignment(task.candidate, test_from(self.store, search, task.kind))
+                outcome = self.objectives[task.search_id](assignment)
             except BaseException as exc:
                 renewing.stop()
                 if not isinstance(exc, StoreLost):  # out of reach past its retries: the lease lapses instead
-                    self.store.queue.put_back(task, self.name)
+                    self._timing("put_back", lambda: self.store.queue.put_back(task, self.name))
                 raise
             renewing.stop()
-        done, _ = self.store.queue.complete(task, self.name, outcome, test_accuracy)
+        done, _ = self._timing("complete", lambda: self.store.queue.complete(task, self.name, outcome))
         if done:
             self.trained += 1
             self._outcomes.append(outcome)
             if self.tells:
-                self.log(self._told(task, outcome, test_accuracy))
+                self.log(self._told(task, outcome))
         else:
             self.log(f"towerlab: warning: worker {self.name} lost its lease on a task of search {task.search_id} "
                      f"(generation {task.candidate.generation + 1}, member {task.candidate.index}) while training "
@@ -274,14 +292,14 @@ class Worker:
         if driver is not None:
             driver.wake.set()
 
-    def _told(self, task: Task, outcome: Outcome, test_accuracy: Optional[float]) -> str:
+    def _told(self, task: Task, outcome: Outcome) -> str:
         """A task's line: which search and candidate, its result, its seconds."""
         c = task.candidate
         which = f"member {c.index}" if c.index >= 0 else f"a re-measure (replicate {c.replicate})"
         if outcome.status != "ok":
             result = f"failed ({outcome.reason})"
         elif task.kind == "test":
-            result = f"test accuracy {test_accuracy:.4f}" if test_accuracy is not None else "tested"
+            result = f"test accuracy {outcome.test_accuracy:.4f}" if outcome.test_accuracy is not None else "tested"
         else:
             result = f"validation accuracy {outcome.fitness:.4f} after {outcome.epochs} epoch(s)"
         return (f"towerlab: worker {self.name}: search {task.search_id}, generation {c.generation + 1}, {which}: "

@@ -1,8 +1,9 @@
 """The rows of a search store as Python values (`SearchRow`, `Evaluation`, `GenerationRow`, `Task`), and
 what the store's parts share: `Rows`, which reads them from the backend and parses their records (a
 record that no longer parses is damage: one line naming the store); `insert_evaluation`, which writes a
-training's row; and `serving`, the query for the row that serves a genome (the cache's one rule,
-`towerlab.search.records`). The tables are described in `towerlab.search.schema`."""
+training's row; `set_test_accuracy`, the one write of a test accuracy; and `serving`, the query for the row
+that serves a genome (the cache's one rule,
+`towerlab.search.store.records`). The tables are described in `towerlab.search.store.schema`."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from typing import Any, Optional
 
 from towerlab.config import upgrade_search_config
 from towerlab.search.candidates import Candidate, Outcome
-from towerlab.search.database import Backend, Transaction, damaged
+from towerlab.search.store.database import Backend, Transaction, damaged
 
 
 @dataclass(frozen=True)
@@ -157,7 +158,7 @@ class Rows:
 
     def task(self, row: dict) -> Task:
         genome = self.json(row["genome"])
-        if not isinstance(genome, dict):  # an edited row: never trained (`show.records_of` names it)
+        if not isinstance(genome, dict):  # an edited row: never trained (`integrity.records_of` names it)
             raise TypeError(f"task {row['id']}'s genome is a {type(genome).__name__}, not an object")
         candidate = Candidate(row["generation"], row["idx"], genome, row["genome_hash"],
                               int(row["seed"]), row["max_epochs"], row["replicate"])
@@ -202,3 +203,10 @@ def insert_evaluation(tx: Transaction, candidate: Candidate, outcome: Outcome, t
                  " AND replicate = ?", (search_id, candidate.genome_hash, train_config_hash, candidate.replicate))
     assert row is not None
     return row
+
+
+def set_test_accuracy(tx: Transaction, evaluation_id: int, accuracy: float) -> int:
+    """Attach a test accuracy to a successful evaluation, in `tx` (the one place that writes one: the
+    driver's from a training that scored it as it ended, a test task's on closing); how many rows changed."""
+    return tx.run("UPDATE evaluations SET test_accuracy = ? WHERE id = ? AND status = 'ok'",
+                  (float(accuracy), evaluation_id))

@@ -1,6 +1,6 @@
 """A search store's records: its searches, every evaluation (one row per training) and every
 generation, what resume replays (`towerlab.search.store` puts them beside the queue, over one backend;
-the tables are described in `towerlab.search.schema`). Every write is one transaction.
+the tables are described in `towerlab.search.store.schema`). Every write is one transaction.
 
 The cache: `lookup` serves a search its own row first, whatever its status, and otherwise the oldest
 'ok' row of any search, written before the generation began (its watermark): so every worker of a
@@ -22,8 +22,9 @@ from typing import Optional, Sequence
 
 from towerlab.config import upgrade_search_config
 from towerlab.search.candidates import Candidate, Outcome
-from towerlab.search.database import CHUNK, Backend, Transaction, placeholders
-from towerlab.search.rows import Evaluation, GenerationRow, Rows, SearchRow, insert_evaluation, serving
+from towerlab.search.store.database import CHUNK, Backend, Transaction, placeholders
+from towerlab.search.store.rows import (Evaluation, GenerationRow, Rows, SearchRow, insert_evaluation, serving,
+                                       set_test_accuracy)
 from towerlab.search.space import Space
 
 
@@ -122,8 +123,7 @@ class Records:
 
     def set_test_accuracy(self, evaluation_id: int, accuracy: float) -> None:
         """Attach the test accuracy to a successful evaluation."""
-        changed = self.db.write(lambda tx: tx.run(
-            "UPDATE evaluations SET test_accuracy = ? WHERE id = ? AND status = 'ok'", (float(accuracy), evaluation_id)))
+        changed = self.db.write(lambda tx: set_test_accuracy(tx, evaluation_id, accuracy))
         if changed != 1:
             raise KeyError(f"no successful evaluation {evaluation_id} in {self._rows.where}")
 
@@ -145,11 +145,15 @@ class Records:
                 best.setdefault(row["genome_hash"], self._rows.evaluation(row))
         return sorted(best.values(), key=lambda e: (-(e.fitness or 0.0), e.genome_hash))[:n]  # ok rows: fitness set
 
-    def genomes_better(self, search_id: int, train_config_hash: str, fitness: float) -> int:
-        """How many genomes this search trained (replicate 0) to a validation accuracy above `fitness`."""
-        return int(self._rows.read(
-            "SELECT COUNT(DISTINCT genome_hash) AS n FROM evaluations WHERE search_id = ? AND train_config_hash = ?"
-            " AND replicate = 0 AND status = 'ok' AND fitness > ?", (search_id, train_config_hash, fitness))[0]["n"])
+    def top_bar(self, search_id: int, train_config_hash: str, n: int) -> Optional[float]:
+        """The validation accuracy a network must reach to be among the `n` best genomes this search trained
+        (replicate 0, under `train_config_hash`, each genome by its best row): the `n`-th best's; None where
+        fewer than `n` succeeded (any network enters)."""
+        rows = self._rows.read(
+            "SELECT MAX(fitness) AS best FROM evaluations WHERE search_id = ? AND train_config_hash = ? AND replicate = 0"
+            " AND status = 'ok' GROUP BY genome_hash ORDER BY best DESC LIMIT 1 OFFSET ?",
+            (search_id, train_config_hash, min(n, 2**63) - 1))  # a --top past 64 bits: past every genome
+        return float(rows[0]["best"]) if rows else None
 
     def evaluations(self, search_id: Optional[int] = None, after: int = 0) -> list[Evaluation]:
         """Evaluations in the order they finished (of one search, or all), those after id `after`."""
@@ -192,10 +196,7 @@ class Records:
         members = [{"genome_hash": h, "genome": g} for h, g in zip(hashes, genomes, strict=True)]
 
         def begin(tx: Transaction) -> None:
-            if self.db.dialect == "postgresql":
-                # Rows are numbered as they are written, and may commit out of that order: once the
-                # writes under way have committed, every row up to the newest id is there for good.
-                tx.run("LOCK TABLE evaluations IN SHARE MODE")
+            tx.settle("evaluations")  # every row up to the newest id there for good: the watermark
             tx.run("INSERT INTO generations (search_id, generation, members, started, watermark)"
                    " SELECT ?, ?, ?, {stamp}, COALESCE(MAX(id), 0) FROM evaluations WHERE true"
                    " ON CONFLICT (search_id, generation) DO NOTHING",

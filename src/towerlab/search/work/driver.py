@@ -1,8 +1,8 @@
-"""A worker's driver threads (`towerlab.search.queue`): each plays one search (`Search.play`) through a
+"""A worker's driver threads (`towerlab.search.work.worker`): each plays one search (`Search.play`) through a
 `QueueTrainer`, so that the candidates the store cannot serve go on the queue (each once, whoever puts
 them there first) and the trainer returns when the store holds a result for each, whoever trained it.
 A pruned rung's sure promotions go on the queue as results come in. When the search's top is crowned,
-the retrainings that give it its test accuracy go on the queue too (`Driver._test`), and the first
+the retrainings that give it its test accuracy go on the queue too (`towerlab.search.testing`), and the first
 driver to see them done writes the summary: the search is finished.
 
 Every wait for the store, here and in the worker's own loop, is a `Poll`: woken at once by what this
@@ -17,9 +17,10 @@ from typing import Callable, Optional, Sequence
 
 from towerlab.search.candidates import Candidate
 from towerlab.search.history import TopGenome
-from towerlab.search.rows import Evaluation
+from towerlab.search.store.rows import Evaluation
 from towerlab.search.search import Search
 from towerlab.search.store import Store
+from towerlab.search.testing import retrainings, tested
 from towerlab.search.trainers import Record
 
 POLL = (0.05, 1.0)  # seconds between looks at the store for new results or tasks: first, at most
@@ -137,35 +138,14 @@ class Driver(threading.Thread):
         return Poll(self.wake, self.stopping)
 
     def _test(self, search: Search, top: list[TopGenome], trainer: QueueTrainer) -> None:
-        """Give each top network whose test accuracy is unknown the one its own training took, where it
-        took one (a network is scored on the test split as it ends its training when it enters the top
-        then: `Trainers`); queue the retraining of the others, with the seed of their evaluation (the
-        same network, scored on the test split), and wait until each is done."""
-        if not search.tests_top:
-            return
-        assert search.id is not None
-        untested = [(t, row) for t in top
-                    for row in [self.store.records.lookup(t.genome_hash, t.train_config_hash, search.id)]
-                    if row is not None and row.test_accuracy is None]
-        if not untested:
-            return
-        tested = {(t.candidate.genome_hash, t.train_config_hash, t.candidate.seed, t.candidate.max_epochs):
-                  t.test_accuracy for t in self.store.queue.tasks(search.id, "train") if t.test_accuracy is not None}
-        wanted = []
-        for t, row in untested:
-            early = tested.get((t.genome_hash, t.train_config_hash, t.seed, row.max_epochs))
-            if early is not None:
-                self.store.records.set_test_accuracy(row.id, early)
-            else:
-                wanted.append((Candidate(t.generation, row.index, t.genome, t.genome_hash, t.seed, row.max_epochs),
-                               t.train_config_hash))
+        """Give the crowned networks their test accuracy (`towerlab.search.testing`): queue the retrainings
+        that need one, and wait until each is done."""
+        wanted = retrainings(self.store, search, top)
         if not wanted:
             return
         trainer.put("test", wanted)
-        keys = {(c.genome_hash, training_hash) for c, training_hash in wanted}
         poll = self.poll()
-        while any((t.candidate.genome_hash, t.train_config_hash) in keys and t.state != "done"
-                  for t in self.store.queue.tasks(search.id, "test")):
+        while not tested(self.store, search, wanted):
             poll.wait()
 
     def stop(self) -> None:

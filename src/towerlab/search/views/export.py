@@ -27,7 +27,7 @@ from typing import Any, Callable, Optional
 from towerlab.atomic import require_regular_file
 from towerlab.errors import UserError
 from towerlab.search.search import Search
-from towerlab.search.show import records_of
+from towerlab.search.store.integrity import records_of
 from towerlab.search.samplers.tpe import distribution, optuna_module
 from towerlab.search.store import Evaluation, SearchRow, Store
 

@@ -1,4 +1,4 @@
-"""What an SQLite store needs from its machine beyond SQLite (`towerlab.search.database.SQLite`): one
+"""What an SQLite store needs from its machine beyond SQLite (`towerlab.search.store.database.SQLite`): one
 clock for every process that uses the file (`KernelClock`), and a watch on the file itself
 (`StoreFile`): still the file the connection opened, and still writable. Standard library only."""
 

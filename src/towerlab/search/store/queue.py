@@ -1,6 +1,6 @@
 """The queue of a search store: the tasks that workers claim, hold under a lease and close with their
-result, and the workers themselves (the `tasks` and `workers` tables: `towerlab.search.schema`). Every
-method is one transaction; the workers that use them are `towerlab.search.queue`'s. The queue's rules,
+result, and the workers themselves (the `tasks` and `workers` tables: `towerlab.search.store.schema`). Every
+method is one transaction; the workers that use them are `towerlab.search.work.worker`'s. The queue's rules,
 each where it is enforced:
 
 - a task is one training that a search needs and no evaluation serves (kind 'train': an evaluation, a
@@ -13,7 +13,7 @@ each where it is enforced:
 - `renew` extends the lease while the worker trains; `complete` writes the result and closes the task in
   one transaction, only while the worker still holds it, so a worker that comes back after its lease
   lapsed cannot write a second result. A training task's result is its evaluation row; a test task's
-  is the test accuracy of the row that serves its genome (`towerlab.search.rows.serving`);
+  is the test accuracy of the row that serves its genome (`towerlab.search.store.rows.serving`);
 - `put_back` opens the task of an interrupted worker at once, the claim not counted as a loss;
   `release` opens the tasks of a worker known to be gone, the loss counted;
 - `reopen_failed_tests` puts a search's failed test retrainings back on the queue (a resume retries them:
@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from towerlab.search.candidates import Candidate, Outcome
-from towerlab.search.database import Backend, Transaction, placeholders
-from towerlab.search.rows import Evaluation, Rows, Task, insert_evaluation, serving
+from towerlab.search.store.database import Backend, Transaction, placeholders
+from towerlab.search.store.rows import Evaluation, Rows, Task, insert_evaluation, serving, set_test_accuracy
 
 
 # The longest lease a worker grants itself (seconds): a lease that runs further than this from the
@@ -109,22 +109,21 @@ class TaskQueue:
     def _give_up(self, tx: Transaction, task: Task, worker: str, attempts: int) -> None:
         reason = (f"its worker was lost {attempts} times while training it (last: {task.lost or 'unknown'}); "
                   "killed by the out-of-memory killer?")
-        self._close(tx, task, Outcome.failed(reason, worker=worker), None)
+        self._close(tx, task, Outcome.failed(reason, worker=worker))
 
-    def _close(self, tx: Transaction, task: Task, outcome: Outcome, test_accuracy: Optional[float]) -> Optional[dict]:
+    def _close(self, tx: Transaction, task: Task, outcome: Outcome) -> Optional[dict]:
         """Write the task's result and mark it done (the caller checked it may)."""
         result = {"status": outcome.status, "fitness": outcome.fitness, "reason": outcome.reason,
-                  "seconds": outcome.seconds, "worker": outcome.worker, "test_accuracy": test_accuracy,
+                  "seconds": outcome.seconds, "worker": outcome.worker, "test_accuracy": outcome.test_accuracy,
                   "numerics": outcome.numerics}
         tx.run("UPDATE tasks SET state = 'done', finished = {now}, result = ?, lease_until = NULL WHERE id = ?",
                (json.dumps(result), task.id))
         if task.kind == "train":
             return insert_evaluation(tx, task.candidate, outcome, task.train_config_hash, task.search_id)
-        if outcome.status == "ok" and test_accuracy is not None:
+        if outcome.status == "ok" and outcome.test_accuracy is not None:
             served = tx.one(*serving(task.candidate.genome_hash, task.train_config_hash, task.search_id))
             if served is not None:
-                tx.run("UPDATE evaluations SET test_accuracy = ? WHERE id = ? AND status = 'ok'",
-                       (float(test_accuracy), served["id"]))
+                set_test_accuracy(tx, served["id"], outcome.test_accuracy)
         return None
 
     def renew(self, task: Task, worker: str, lease: float) -> bool:
@@ -137,9 +136,9 @@ class TaskQueue:
             return held == 1
         return self.db.write(extend)
 
-    def complete(self, task: Task, worker: str, outcome: Outcome,
-                 test_accuracy: Optional[float] = None) -> tuple[bool, Optional[Evaluation]]:
-        """Write the result of `task` and close it, in one transaction, if `worker` still holds it:
+    def complete(self, task: Task, worker: str, outcome: Outcome) -> tuple[bool, Optional[Evaluation]]:
+        """Write the result of `task` (with its test accuracy, where its network was scored on the test
+        split) and close it, in one transaction, if `worker` still holds it:
         (True, its evaluation row for a training task). (False, None) when the lease was lost: the result
         is dropped, since the task is another worker's now (or done already)."""
         def close(tx: Transaction) -> tuple[bool, Optional[dict]]:
@@ -147,7 +146,7 @@ class TaskQueue:
             if held is None:
                 return False, None
             tx.run("UPDATE workers SET seen = {now}, task = NULL WHERE id = ?", (worker,))
-            return True, self._close(tx, task, outcome, test_accuracy)
+            return True, self._close(tx, task, outcome)
 
         done, row = self.db.write(close)
         return done, None if row is None else self._rows.evaluation(row)

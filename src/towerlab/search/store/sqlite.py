@@ -1,11 +1,11 @@
-"""The SQLite backend of a search store (`towerlab.search.database`): a file on this machine, the
+"""The SQLite backend of a search store (`towerlab.search.store.database`): a file on this machine, the
 default. One writer at a time holds the whole file (BEGIN IMMEDIATE), and a statement waits
 `SQLITE_BUSY` for another process's write lock before it is tried again; the store's clock is the
-kernel's (`towerlab.search.store_file.KernelClock`), and the file is watched (`StoreFile`): still the one
+kernel's (`towerlab.search.store.sqlite_file.KernelClock`), and the file is watched (`StoreFile`): still the one
 the connection opened, still writable. The store is WAL with synchronous=FULL. A damaged file (a page
 malformed: quick_check when it opens, or any read) is a UserError that names the file and what to do.
 
-Its schema (`towerlab.search.schema`) is versioned by `PRAGMA user_version`; a store of versions 1 to 3
+Its schema (`towerlab.search.store.schema`) is versioned by `PRAGMA user_version`; a store of versions 1 to 3
 (before the queue) is an SQLite file, whose migrations are here: version 1's (before samplers) rebuilds
 its searches table with foreign keys off."""
 
@@ -18,11 +18,11 @@ from typing import Any, Callable, Optional
 
 from towerlab.config import upgrade_search_config
 from towerlab.errors import UserError
-from towerlab.search.database import Database, Transaction, damaged
-from towerlab.search.schema import (EVALUATION_INDEXES, OLD_TABLES, SCHEMA_VERSION, TABLES, V3_SEARCHES, NoStore,
+from towerlab.search.store.database import Database, Transaction, damaged
+from towerlab.search.store.schema import (EVALUATION_INDEXES, OLD_TABLES, SCHEMA_VERSION, TABLES, V3_SEARCHES, NoStore,
                                     create_tables, refuse_newer, statements, upgrade_from_2, upgrade_from_3,
                                     upgrade_from_4)
-from towerlab.search.store_file import KernelClock, StoreFile, never_close
+from towerlab.search.store.sqlite_file import KernelClock, StoreFile, never_close
 
 # How long an SQLite statement waits for another process's write lock before it is tried again (a
 # transaction holds it for milliseconds: one held this long belongs to a process stopped mid-write).
@@ -37,8 +37,8 @@ def is_damage(error: BaseException) -> bool:
 
 
 class SQLite(Database):
-    dialect = "sqlite"
-    _TOKENS = {"{id}": "INTEGER PRIMARY KEY", "{now}": "towerlab_now()",
+    _TOKENS = {"{id}": "INTEGER PRIMARY KEY",
+               "{now}": "towerlab_now()",  # the kernel's clock of this machine (sqlite_file.KernelClock)
                "{stamp}": "strftime('%Y-%m-%dT%H:%M:%S+00:00', towerlab_now(), 'unixepoch')",
                "{skip_locked}": ""}  # BEGIN IMMEDIATE: one writer at a time holds the whole file
 

@@ -4,14 +4,14 @@ before each evaluation's provenance, each in one transaction. Each backend keeps
 and checks it when a store opens (`Backend.open_schema`: SQLite's `PRAGMA user_version`, PostgreSQL's
 `towerlab_schema` table): an empty database gets today's tables, an older store is migrated in place, a
 damaged, foreign or newer one is a UserError that names it and what to do. Stores of versions 1 to 3 are
-SQLite files (their own migrations are `towerlab.search.sqlite`'s); the migrations from 3 and 4 speak
+SQLite files (their own migrations are `towerlab.search.store.sqlite`'s); the migrations from 3 and 4 speak
 what both databases read. The tables:
 
 searches     id, sampler (its name), config (SearchConfig JSON), space (JSON: name, model, genes),
              space_fingerprint, train_config_hash, created, finished (NULL while running or
              interrupted), summary (JSON counts and the top, when finished), setup (JSON: how its
              workers train: device kind, threads, the model, the data, and what a worker checks before
-             it joins, `towerlab.jobs.identity`; NULL before schema 4), token
+             it joins, `towerlab.jobs.search.identity`; NULL before schema 4), token
              (what its creator named it by, so a retried creation makes one search).
 evaluations  one row per training: genome_hash, train_config_hash (of a pruned search's lower rung,
              see `towerlab.search.rounds`), genome (JSON), status ('ok'|'failed'), fitness
@@ -44,7 +44,7 @@ from __future__ import annotations
 
 
 from towerlab.errors import UserError
-from towerlab.search.database import Transaction
+from towerlab.search.store.database import Transaction
 
 SCHEMA_VERSION = 5
 
@@ -53,7 +53,7 @@ class NoStore(UserError):
     """The place names no store yet (no file, an empty database): a search that starts there makes one."""
 
 
-# Version 3's tables, as SQLite stores of versions 1 to 3 hold them (`towerlab.search.sqlite.upgrade_from_1`
+# Version 3's tables, as SQLite stores of versions 1 to 3 hold them (`towerlab.search.store.sqlite.upgrade_from_1`
 # rebuilds this one).
 _SEARCH_COLUMNS = """
     sampler TEXT NOT NULL,

@@ -1,19 +1,26 @@
-"""Where a search store is: what a store's name means (--store, $TOWERLAB_STORE, the STORE of `search worker`,
-`show` and `export`), a PostgreSQL URL or an SQLite file, in the spellings SQLAlchemy and Optuna use as
-well; and a URL's password, kept out of every line and record (`redacted`), warned of where it was typed
-on a command line, and found again for a URL recorded without it (`with_password`: libpq reads
-$PGPASSWORD or ~/.pgpass). Standard library only.
+"""What a store's name means, the one place that decides it: a PostgreSQL URL or an SQLite file, in the
+spellings SQLAlchemy and Optuna use as well (`store_location`); the store a search job uses (--store, else
+$TOWERLAB_STORE, else its folder's search.db: `store_target`) and how its config.json records it
+(`recorded_store`); the store a folder or a file means to `search worker`, `show` and `export` (a search
+folder's search.db, or the store its config.json names: `store_path`); the file that `Store` opens for a
+name (`opened`: a folder's search.db, made where asked). And a URL's password, kept out of every line and
+record (`redacted`), warned of where it was typed on a command line, and found again for a URL recorded
+without it (`with_password`: libpq reads $PGPASSWORD or ~/.pgpass). Standard library only, and the
+store's schema error for a store that is not there (`NoStore`).
 """
 
 from __future__ import annotations
 
 import os
 import re
+from pathlib import Path
 from urllib.parse import quote, unquote, urlsplit
 
 from towerlab.errors import UserError
+from towerlab.search.store.schema import NoStore
 
 POSTGRES_SCHEMES = ("postgresql", "postgres")
+STORE_NAME = "search.db"  # the store's file name inside a search folder
 
 
 def is_url(text: str) -> bool:
@@ -127,3 +134,58 @@ def with_password(url: str) -> str:
     if spans and spans[0][1] == url.rfind("@") and url[spans[0][0]:spans[0][1]] == "***":
         url = url[:spans[0][0] - 1] + url[spans[0][1]:]  # user:***@host -> user@host
     return re.sub(r"([?&])password=\*\*\*(&|$)", lambda m: m.group(1) if m.group(2) else "", url, flags=re.IGNORECASE)
+
+
+def store_target(given: str | None, out: Path) -> str:
+    """The store of a search job whose folder is `out`: `given` (--store: a file, or a postgresql:// URL),
+    else $TOWERLAB_STORE, else the folder's search.db. A recorded URL has no password (`recorded_store`):
+    where $TOWERLAB_STORE is that same URL with one, it is taken from there."""
+    named = given or os.environ.get(STORE_ENV, "").strip() or None
+    return str(out / STORE_NAME) if named is None else with_password(store_location(named))
+
+
+def recorded_store(target: str) -> str:
+    """The store as config.json and the store record it: a URL without its password."""
+    return redacted(target) if is_url(target) else target
+
+
+def store_path(path: str | os.PathLike) -> str | Path:
+    """The store a path means to `search worker`, `show` and `export`: a postgresql:// URL, or a file itself;
+    a search folder's search.db, or the store its config.json names when the search kept its evaluations
+    elsewhere (a recorded URL gets its password from $TOWERLAB_STORE where that is the same URL)."""
+    from towerlab.settings import job_record
+
+    if isinstance(path, str):
+        path = store_location(path)
+    if is_url(str(path)):
+        return with_password(str(path))
+    path = Path(path)
+    if not path.is_dir() or (path / STORE_NAME).exists():
+        return path
+    try:
+        named = job_record(path)["search"]["store"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return path
+    if not named:
+        return path
+    return with_password(named) if is_url(named) else Path(named)
+
+
+def opened(target: str | os.PathLike, create: bool) -> str | Path:
+    """What `Store(target)` opens: a postgresql:// URL, or an SQLite file (a folder's search.db), its folder
+    made where `create`; a file that is not there without `create` is NoStore."""
+    if isinstance(target, str):
+        target = store_location(target)
+    if is_url(str(target)):
+        return str(target)
+    path = Path(target)
+    if path.is_dir():
+        path = path / STORE_NAME
+    if not create and not path.is_file():
+        raise NoStore(f"no search store at {path}: give the search.db of a search (or the folder holding it)")
+    if create:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise UserError(f"cannot create the search store {path}: {exc.strerror or exc}") from None
+    return path

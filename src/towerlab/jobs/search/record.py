@@ -30,7 +30,8 @@ from towerlab.plots import plot_accuracy_time, plot_fitness, pyplot
 from towerlab.report import Reporter, format_cost, format_estimate, format_generation, format_top, require_tensorboard
 from towerlab.search import Search, SearchResult, evaluation_records
 from towerlab.search.history import GenerationStats
-from towerlab.search.store import Evaluation, Store
+from towerlab.search.testing import top_tests
+from towerlab.search.store import Store
 
 # Seconds without a line after which a job without a progress bar says where its search stands.
 STATUS_EVERY = 30.0
@@ -154,26 +155,18 @@ class Watch:
 def test_results(result: SearchResult, store: Store, has_test: bool, reporter: Reporter) -> tuple[list[dict], list[float]]:
     """The top networks as the record lists them, and the seconds of every test retraining the
     search made. A top genome's validation accuracy is the mean over its seeds (the evaluation's, then
-    its re-measures'), listed with their spread; its test accuracy is the evaluation's network's,
-    retrained with its seed by a test task (`towerlab.search.queue`)."""
-    rows: list[dict] = []
-    evaluations: list[Evaluation] = []
-    for t in result.top:
-        evaluation = store.records.lookup(t.genome_hash, t.train_config_hash, result.search_id)
-        if evaluation is None:  # it was crowned from that row: only an edited store lacks it
-            raise KeyError(f"the store holds no evaluation of crowned genome {t.genome_hash[:12]}")
-        evaluations.append(evaluation)
-        rows.append({"genome": t.genome, "genome_hash": t.genome_hash, "val_accuracy": t.fitness,
-                     "val_accuracy_sd": t.spread, "val_accuracies": list(t.fitnesses), "seeds": list(t.seeds),
-                     "val_loss": t.val_loss, "seed": t.seed, "epochs": t.epochs, "rung": t.rung,
-                     "max_epochs": evaluation.max_epochs, "test_accuracy": evaluation.test_accuracy})
-    tasks = {(task.candidate.genome_hash, task.train_config_hash): task
-             for task in store.queue.tasks(result.search_id, "test") if task.state == "done"}
+    its re-measures'), listed with their spread; its test accuracy is the evaluation's network's
+    (`towerlab.search.testing`)."""
+    found = top_tests(store, result)
+    rows = [{"genome": t.genome, "genome_hash": t.genome_hash, "val_accuracy": t.fitness,
+             "val_accuracy_sd": t.spread, "val_accuracies": list(t.fitnesses), "seeds": list(t.seeds),
+             "val_loss": t.val_loss, "seed": t.seed, "epochs": t.epochs, "rung": t.rung,
+             "max_epochs": evaluation.max_epochs, "test_accuracy": evaluation.test_accuracy}
+            for t, evaluation, _ in found]
     if not has_test and rows:  # arrays given without test=: nothing to score a retraining on
         reporter.line("No test split: the top networks are not retrained for a test accuracy (give test= to have "
                       "them tested)")
-    for t, evaluation in zip(result.top, evaluations):
-        task = tasks.get((t.genome_hash, t.train_config_hash))
+    for _, evaluation, task in found:
         outcome = None if task is None else task.result
         if task is None or outcome is None:
             continue
@@ -183,7 +176,8 @@ def test_results(result: SearchResult, store: Store, has_test: bool, reporter: R
         elif outcome["fitness"] != evaluation.fitness:
             reporter.line(f"towerlab: warning: a retrained top network reached validation accuracy "
                           f"{outcome['fitness']:.4f}, not {evaluation.fitness:.4f} (non-deterministic kernels)")
-    seconds = [task.result.get("seconds", 0.0) for task in tasks.values() if task.result]
+    seconds = [task.result.get("seconds", 0.0) for task in store.queue.tasks(result.search_id, "test")
+               if task.state == "done" and task.result]
     return rows, seconds
 
 
@@ -279,7 +273,7 @@ def write_record(search: Search, store: Store, result: SearchResult, reporter: R
         "top": top, "evaluations": result.evaluations, "cache_hits": result.cache_hits,
         "failures": result.failures, "generations": result.generations, "trainings": result.trainings,
         "train_seconds": result.train_seconds, "cost": spent, "numerics": used, "seconds": job.seconds,
-        "workers": job.workers, "device_type": search.setup.get("device"), "search_id": result.search_id,
+        "workers": job.workers, "device_type": search.recorded("device"), "search_id": result.search_id,
         "generation_stats": stats, "seed": cfg.seed, "torch_version": torch.__version__,
         "towerlab_version": towerlab.__version__})
     if not top:
@@ -293,7 +287,7 @@ def export_best(search: Search, model: CandidateModel, best: dict, data: Dataset
     weights of its best epoch), so the file is the network whose accuracies are reported."""
     cfg = search.cfg
     reporter.line("Exporting the best network (retraining it) ...")
-    fields, result = train_candidate(cfg, model, best["genome"], best["seed"], data, device, test=True,
+    fields, result = train_candidate(cfg, model, best["genome"], best["seed"], data, device, test_from=-math.inf,
                                      stop=stop, max_epochs=best["max_epochs"])
     if result is None or fields["status"] != "ok":
         raise UserError(f"retraining the best network failed ({fields.get('reason')}): model.pt not written")

@@ -3,19 +3,17 @@ its spread), or every evaluation as records (`--csv`, `--json`) to take elsewher
 
 from __future__ import annotations
 
-import contextlib
 import csv
 import io
 import json
 import os
 import statistics
-from pathlib import Path
-from typing import Callable, Iterator, Optional, TypeVar
+from typing import Callable, Optional, TypeVar
 
-from towerlab.errors import UserError
-from towerlab.search.location import is_url, store_location, with_password
+from towerlab.search.store.location import store_path
 from towerlab.search.search import Search
-from towerlab.search.store import STORE_NAME, SearchRow, Store
+from towerlab.search.store import SearchRow, Store
+from towerlab.search.store.integrity import records_of
 
 # The columns of `--csv`, in order; the genes follow as gene_<name>.
 RECORD_FIELDS = ("id", "search", "sampler", "generation", "index", "rung", "max_epochs", "replicate", "seed",
@@ -35,105 +33,6 @@ def _open(store_or_path: Store | str | os.PathLike, what: Callable[[Store], T]) 
             return what(store_or_path)
     with Store(store_path(store_or_path), create=False) as store, records_of(store):
         return what(store)
-
-
-@contextlib.contextmanager
-def records_of(store: Store) -> Iterator[None]:
-    """Reading `store`'s records: valid JSON of the wrong form there (a list for a search's settings,
-    a string for a genome: an edited store, or another program's) is one line naming the record,
-    instead of the TypeError or KeyError it meets. An error that the records do not explain is
-    left as it is: our bug, with its traceback."""
-    try:
-        yield
-    except (KeyError, TypeError, AttributeError, ValueError, IndexError):
-        problem = misformed_record(store)
-        if problem is None:
-            raise
-        raise UserError(f"search store {store.path} holds a record of the wrong form ({problem}): it was edited, "
-                        "or written by another program; restore it from a copy") from None
-
-
-_MEMBER = {"genome_hash": str, "genome": dict}
-_RESULT = {**_MEMBER, "status": str, "seed": int, "source": str, "epochs": int, "seconds": (int, float),
-           "fitness": (int, float, type(None)), "val_loss": (int, float, type(None))}
-_STATS = {"evaluated": int, "cached": int, "failed": int, "seconds": (int, float),
-          **{k: (int, float, type(None)) for k in ("best", "mean", "worst")}}
-_SETTINGS = {"seed": int, "max_epochs": int, "top": int, "generations": int, "population": (int, type(None))}
-_TOP = {"genome_hash": str, "train_config_hash": str, "genome": dict, "fitness": (int, float, type(None)),
-        "fitnesses": list}
-
-
-def misformed_record(store: Store) -> str | None:
-    """The first record of `store` that is not of the form towerlab writes, described (None: all are)."""
-    from towerlab.config import SearchConfig
-    from towerlab.fields import from_dict
-    from towerlab.search.samplers import settings_classes
-
-    def lacks(value: object, keys: dict) -> str | None:
-        if not isinstance(value, dict):
-            return f"{type(value).__name__}, not an object"
-        for key, kind in keys.items():
-            if not isinstance(value.get(key), kind) or isinstance(value.get(key), bool) and kind in (int, (int, float)):
-                return f"its {key} is {type(value.get(key)).__name__}" if key in value else f"it lacks {key}"
-        return None
-
-    def rows(value: object, keys: dict) -> str | None:
-        if not isinstance(value, list):
-            return f"{type(value).__name__}, not a list"
-        return next((f"item {i}: {why}" for i, item in enumerate(value) if (why := lacks(item, keys))), None)
-
-    for search in store.records.searches():
-        where = f"search {search.id}"
-        if not isinstance(search.config, dict):
-            return f"{where}'s settings are a {type(search.config).__name__}"
-        try:
-            from_dict(SearchConfig, search.config, where=f"{where}'s settings", extra=settings_classes())
-        except UserError as exc:
-            return str(exc)
-        why = lacks(search.config, _SETTINGS) or lacks(search.space, {"name": str, "model": str, "genes": dict})
-        if why is None and search.summary is not None:
-            why = lacks(search.summary, {"top": list}) or rows(search.summary["top"], _TOP)
-            where += "'s summary"
-        if why:
-            return f"{where}: {why}"
-        for generation in store.records.generations(search.id):
-            where = f"generation {generation.generation + 1} of search {search.id}"
-            why = (rows(generation.members, _MEMBER)  # type: ignore[assignment]  # a str, or False: none
-                   or (generation.results is not None and rows(generation.results, _RESULT))
-                   or (generation.stats is not None and lacks(generation.stats, _STATS)))
-            if why:
-                return f"{where}: {why}"
-        try:
-            tasks = store.queue.tasks(search.id)
-        except TypeError as exc:  # a task's genome (the store reads no task of that form)
-            return f"search {search.id}: {exc}"
-        for task in tasks:
-            if not isinstance(task.result, (dict, type(None))):
-                return f"search {search.id}: task {task.id}'s result is a {type(task.result).__name__}, not an object"
-    for evaluation in store.records.evaluations():
-        if not isinstance(evaluation.genome, dict) or not isinstance(evaluation.numerics, (dict, type(None))):
-            return f"evaluation {evaluation.id}: its genome or numerics are not an object"
-    return None
-
-
-def store_path(path: str | os.PathLike) -> str | Path:
-    """The store a path means: a postgresql:// URL, or a file itself; a search folder's search.db, or the
-    store its config.json names when the search kept its evaluations elsewhere (a recorded URL gets its
-    password from $TOWERLAB_STORE where that is the same URL)."""
-    if isinstance(path, str):
-        path = store_location(path)
-    if is_url(str(path)):
-        return with_password(str(path))
-    path = Path(path)
-    if not path.is_dir() or (path / STORE_NAME).exists():
-        return path
-    try:
-        named = json.loads((path / "config.json").read_text(encoding="utf-8"))["search"]["store"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return path
-    if not named:
-        return path
-    return with_password(named) if is_url(named) else Path(named)
 
 
 def format_search(store_or_path: Store | str | os.PathLike, search_id: Optional[int] = None) -> str:
@@ -304,7 +203,7 @@ def _top(store: Store, search: SearchRow, n: int) -> list[tuple[dict, float, lis
 
 
 def _provenances(evaluations: list) -> list[str]:
-    """A line where a search's rows come from more than one provenance (`towerlab.jobs.identity`): how many
+    """A line where a search's rows come from more than one provenance (`towerlab.jobs.search.identity`): how many
     from each, and what tells them apart."""
     kinds: dict[str, int] = {}
     for e in evaluations:

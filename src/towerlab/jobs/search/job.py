@@ -1,18 +1,17 @@
 """One `towerlab evolve`, `towerlab grid` or `towerlab search run` job: the search resolved once, put in
 its store (a new search, or the one to resume), worked on by this machine's workers until it is
-finished, whoever else joins (`towerlab search worker`), then its record written (`search_record`).
+finished, whoever else joins (`towerlab search worker`), then its record written (`record`).
 
 The job's own process trains nothing: it starts the workers (`distributed.crew.Crew`, one per device
 and `--workers-per-device`), replaces one that dies (its task goes back on the queue at once), follows
 the store for the console, and writes the record. Under torchrun, each rank is a worker and rank 0
 writes the record (the ranks agree on the store at the start, then need each other no more). Where its
-folder and its store are is `search_place`'s.
+folder is `place`'s, what its store's name means `towerlab.search.store.location`'s.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import signal
 import time
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -21,38 +20,37 @@ import torch
 
 from towerlab import atomic
 from towerlab.config import CUSTOM_MODEL, RunConfig, SearchConfig
-from towerlab.distributed.crew import Crew, CrewFailed
+from towerlab.distributed.crew import CrewFailed
 from towerlab.distributed.env import (check_capacity, search_threads, search_workers, torchrun_ranks, under_torchrun)
 from towerlab.distributed.group import broadcast_object, session
 from towerlab.distributed.launch import start_method_for
-from towerlab.distributed.signals import EXIT_SIGINT, Interrupted, StopFlag
+from towerlab.distributed.signals import Interrupted
 from towerlab.errors import UserError
 from towerlab.fields import replace, to_dict
-from towerlab.jobs.candidate import TRAINING_GENES, CandidateModel, model_function, train_config_hash
+from towerlab.jobs.candidate import TRAINING_GENES, CandidateModel, model_function
 from towerlab.jobs.folder import check_writable_file
 from towerlab.jobs.handover import handover, load_everywhere, search_data
-from towerlab.jobs.identity import VERSIONS, data_difference, identity, short, version_difference, versions
+from towerlab.jobs.search.identity import VERSIONS, admit, file_digest, recorded, training_hash, versions
 from towerlab.jobs.job import Job, require_out_under_torchrun, resolved_run, start_job
 from towerlab.jobs.provenance import write_config
-from towerlab.jobs.search_place import (open_store, recorded_store, restarted, search_out, store_target,
-                                       store_token, stored_search_id)
-from towerlab.jobs.search_record import RecordOptions, Watch, export_best, write_record
-from towerlab.jobs.search_workers import FROM_PYTHON, WorkerSpec, run_worker, warm_up, work, worker_name
+from towerlab.jobs.search.place import open_store, restarted, search_out, store_token, stored_search_id
+from towerlab.jobs.search.record import RecordOptions, Watch, export_best, write_record
+from towerlab.jobs.search.training import FROM_PYTHON
+from towerlab.jobs.search.workers import SearchCrew, WorkerSpec, run_worker, warm_up
 from towerlab.catalog.models import not_taken
 from towerlab.data.digest import content_digest
 from towerlab.data.load import Dataset
 from towerlab.models.custom import ModelFunction, function_file
 from towerlab.report import Reporter, format_plan
 from towerlab.search import Search, Space, load_space, refuse_unused_settings
-from towerlab.search.location import is_url
-from towerlab.search.queue import lease_seconds, release_the_dead
-from towerlab.search.show import records_of
-from towerlab.search.store import STORE_NAME, Store
+from towerlab.search.store.location import STORE_NAME, is_url, recorded_store, store_target
+from towerlab.search.work.worker import lease_seconds, release_the_dead
+from towerlab.search.store.integrity import records_of
+from towerlab.search.store import Store
 
 # The command of each kind of search job (`towerlab <command>`).
 COMMANDS = {"evolve": "evolve", "grid": "grid", "search": "search run"}
 WATCH = 0.5  # seconds between looks at the store while the workers work
-LEAVE = 10.0  # seconds the workers of a finished search get to leave before they are stopped
 
 
 def check_settings(cfg: SearchConfig, run: RunConfig) -> Search:
@@ -76,7 +74,7 @@ def start_search(kind: str, cfg: SearchConfig, run: RunConfig, *, data: Optional
     lease_seconds()  # a bad TOWERLAB_LEASE_SECONDS is refused before anything starts
     require_out_under_torchrun(run)
     out = search_out(kind, search.cfg, run, search.space)
-    target = store_target(search.cfg, out)
+    target = store_target(search.cfg.store, out)
     if not is_url(target) and target != str(out / STORE_NAME):  # the folder's own is checked with the folder
         check_writable_file(target, "--store")
     if not under_torchrun():
@@ -155,55 +153,44 @@ class SearchJob(Job):
 
     def _in_store(self, store: Store, data: Dataset, reporter: Optional[Reporter]) -> Search:
         """The search in `store`: created (and config.json written, with what its workers must share:
-        `jobs.identity`), or the one this folder continues, on the same data and model file (another
+        `jobs.search.identity`), or the one this folder continues, admitted as any worker is (another
         towerlab or torch is recorded as the search's from now on, with a warning)."""
-        device = self.run.device
-        digest = content_digest(data)
-        spec = function_file(self.model) if callable(self.model) else None
-        here = identity(digest, spec.rpartition(":")[0] if spec else None)
+        here = _JobSide(self.run.resume is not None, self.run.device, self.run.threads, data, self.model)
         if self.run.resume:
             search_id = stored_search_id(self.out)
             row = store.records.search(search_id)
-            recorded = (row.setup if row is not None else None) or {}
-            why = data_difference(recorded, digest, self.search.cfg.dataset, data.source)
-            if why is None and "model_sha256" in here and recorded.get("model_sha256") not in (None, here["model_sha256"]):
-                why = (f"its model file changed since it started ({spec} holds SHA-256 {short(here['model_sha256'])}, "
-                       f"the search's {short(recorded['model_sha256'])}): resume with the file it started with")
-            if why is not None:
-                raise UserError(f"cannot resume search {search_id} of {store.path}: {why}")
-            training_hash = train_config_hash(self.search.cfg, device, self.run.threads, data.source, self.model,
-                                              digest if "data_digest" in recorded else None)
-            search = self.search.resume(store, search_id, training_hash)
-            changed = version_difference(recorded, here)
-            if recorded and (changed is not None or any(k not in recorded for k in VERSIONS)):
-                if changed is not None and reporter is not None:
-                    reporter.line(f"towerlab: warning: resuming search {search.id} on other software ({changed}): "
+            stored = None if row is None else Search.of_row(row, str(store.path))
+            try:
+                adopted = [] if stored is None else admit(stored, here)
+            except UserError as exc:
+                raise UserError(f"cannot resume search {search_id} of {store.path}: {exc}") from None
+            search = self.search.resume(store, search_id, training_hash(
+                self.search, here, stored is not None and stored.recorded("data_digest") is not None))
+            if search.recorded("device") is not None and (adopted or any(search.recorded(k) is None for k in VERSIONS)):
+                if adopted and reporter is not None:
+                    reporter.line(f"towerlab: warning: resuming search {search.id} on other software ({adopted[0]}): "
                                   "from now on its workers need this machine's, and `search show` tells its rows "
                                   "apart")
-                search = dataclasses.replace(search, setup={**recorded, **versions()})
-                store.records.update_setup(search.stored_id, search.setup)
+                search = search.adopt(store, versions())
             store.queue.reopen_failed_tests(search.stored_id)  # a resume retries them: the machine's fault, as often as not
             release_the_dead(store)  # the tasks of this machine's workers that died with an earlier start
             done = store.records.generations(search.stored_id)
             resuming = (f"resuming search {search.id} of {store.path} ({sum(g.complete for g in done)} generation(s) "
                         f"complete, {len(store.records.evaluations(search.stored_id))} training(s) kept): ")
         else:
-            setup = {"device": device, "threads": self._threads(), "model": _model_spec(self.model),
-                     "data": {"format": data.source.get("format"), "fallback": bool(data.source.get("fallback"))},
-                     "test": data.n_test > 0, **here}
-            training_hash = train_config_hash(self.search.cfg, device, self.run.threads, data.source, self.model,
-                                              digest)
+            setup = {"model": _model_spec(self.model), "test": data.n_test > 0, **recorded(self.search, here),
+                     "data": {"format": data.source.get("format"), "fallback": bool(data.source.get("fallback"))}}
             cfg = replace(self.search.cfg, store=recorded_store(self.target) if self.search.cfg.store else None)
-            search = dataclasses.replace(self.search, cfg=cfg).create(store, training_hash, setup)
+            search = dataclasses.replace(self.search, cfg=cfg).create(store, training_hash(self.search, here), setup)
             write_config(self.out, {"kind": self.kind, "search": to_dict(cfg), "run": to_dict(self.run),
                                     "search_id": search.id, "store": recorded_store(self.target),
-                                    "workers": self.workers, "device_type": device})
+                                    "workers": self.workers, "device_type": self.run.device})
             resuming = ""
         if reporter is not None:
             space = search.space
             reporter.line(f"towerlab {COMMANDS[self.kind]}: {resuming}{search.cfg.sampler} over space {space.name} "
                           f"({space.size_text}, model {space.model}) on {search.cfg.dataset}, {self.workers} "
-                          f"worker(s) on {device} -> {self.out}")
+                          f"worker(s) on {self.run.device} -> {self.out}")
             reporter.line(format_plan(search.plan))
         return search
 
@@ -213,34 +200,13 @@ class SearchJob(Job):
                           threads=self._threads(), search_ids=(search.stored_id,), speaks=True)
         watch = Watch(store, search, self.out, reporter, self.workers, resumed=self.run.resume is not None,
                       tensorboard=self.run.tensorboard)
-        device = "cuda" if self.run.device == "cuda" else "cpu"
-
-        def lost(slot: int, pid: int, ended: str) -> None:
-            name = worker_name(f"cuda:{slot // spec.per_device}" if device == "cuda" else "cpu", pid, spec.token)
-            if store.queue.release(name, ended):
-                reporter.line(f"towerlab: warning: worker {name} {ended} while training; its task is back on the "
-                              "queue")
-
-        crew = Crew(work, self.workers, (spec, *handover(data, self.start_method), self.function),
-                    start_method=self.start_method, on_lost=lost, log=reporter.line)
+        crew = SearchCrew(spec, self.workers, store, handed=(*handover(data, self.start_method), self.function),
+                          start_method=self.start_method, log=reporter.line)
         try:
-            with StopFlag() as stop, crew:
-                while not store.records.finished(search.stored_id):
-                    if stop.signum:
-                        crew.stop(stop.signum)
-                        raise Interrupted(stop.signum)
-                    crew.watch(WATCH)
-                    if watch.step():
-                        crew.progressed()
-                    if not crew.running() and not store.records.finished(search.stored_id):
-                        crew.watch(0.0)  # how the last of them ended
-                        if crew.stopped is not None:  # the workers were interrupted themselves
-                            raise Interrupted(signal.SIGINT if crew.stopped == EXIT_SIGINT else signal.SIGTERM)
-                        raise UserError(f"this machine's workers left search {search.id} before it was finished: "
-                                        f"see `towerlab search show {self.out}`")
-                if not crew.join(LEAVE):  # one that is stopped (SIGSTOP) or hung lost its task long ago
-                    crew.stop(signal.SIGTERM, grace=LEAVE)
-                watch.step()
+            if not crew.run(until=lambda: store.records.finished(search.stored_id), step=watch.step, every=WATCH):
+                raise UserError(f"this machine's workers left search {search.id} before it was finished: "
+                                f"see `towerlab search show {self.out}`")
+            watch.step()
         except Interrupted:
             reporter.line(f"Interrupted: the {watch.trained} evaluation(s) finished since this start are kept in "
                           f"{store.path}, with every earlier one")
@@ -296,6 +262,31 @@ class SearchJob(Job):
                 self._finish(store, search, data, reporter, time.perf_counter() - started, device)
             reporter.close()
         return 0
+
+
+class _JobSide:
+    """The search job's side of its search, as `identity.admit` measures it (`identity.Here`): this machine's
+    numerics, the data it loaded, and its model (a family, or a function: its file's digest)."""
+
+    def __init__(self, resuming: bool, device: str, threads: Optional[int], data: Dataset,
+                 model: CandidateModel) -> None:
+        self.resuming, self.device, self.threads, self._data, self._model = resuming, device, threads, data, model
+        self._digest: Optional[str] = None
+        self.model_path = (function_file(model) or "") if callable(model) else ""
+
+    def data(self) -> Dataset:
+        return self._data
+
+    def digest(self) -> str:
+        if self._digest is None:
+            self._digest = content_digest(self._data)
+        return self._digest
+
+    def model_digest(self, recorded: Optional[str]) -> Optional[str]:
+        return file_digest(self.model_path.rpartition(":")[0]) if self.model_path else None
+
+    def model(self) -> CandidateModel:
+        return self._model
 
 
 def _nothing_to_train(candidates: list, record: Any) -> None:

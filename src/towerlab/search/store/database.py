@@ -1,17 +1,19 @@
-"""The database under a search store, as its parts (`towerlab.search.store`) see it: `Backend`, the
-small interface that names what a backend must provide, and `Database`, what SQLite
-(`towerlab.search.sqlite`, a file on this machine, the default) and PostgreSQL
-(`towerlab.search.postgresql`, a server that workers on many machines reach by URL) share. A third
-backend is one more file with a `Database` subclass (or anything that provides `Backend`: a test
-double), and its line in `towerlab.search.store.connect`.
+"""The database under a search store, as its parts (`towerlab.search.store`: records, queue, rows, schema)
+see it: `Backend` and `Transaction`, the interfaces that name what a backend must provide (typing
+Protocols: a backend provides them without subclassing anything, as a test double does), and `Database`,
+what SQLite (`towerlab.search.store.sqlite`, a file on this machine, the default) and PostgreSQL
+(`towerlab.search.store.postgresql`, a server that workers on many machines reach by URL) share over a
+Python database driver. A third backend is one more file that provides `Backend` (a `Database` subclass
+supplies its connection, its BEGIN and how its driver's errors read), and its line in
+`towerlab.search.store.connect`. The parts import only these interfaces (tests/test_layout.py).
 
 The parts write their queries once, in the SQL both databases understand, with `?` for parameters and
-three tokens: `{id}` (an auto-numbered primary key), `{now}` (the store's clock in seconds since the
-epoch, so that leases never depend on which machine's clock reads them) and `{stamp}` (the same clock
-as text, ISO 8601 in UTC, for the times a store records). A backend turns them into its dialect
-(`_TOKENS`, `_PARAMETER`) and runs them. The store's clock is the database server's (PostgreSQL), or
-the kernel's of the machine that holds an SQLite file: every process reads the same, whatever its own
-clock says (`towerlab.search.store_file`).
+the tokens of TOKENS (each described there), which a backend turns into its dialect (`Database._TOKENS`,
+`_PARAMETER`) and runs. Where the dialects differ beyond a token, the backend does it: a transaction's
+`settle(table)` (PostgreSQL locks the table until the writes under way have committed; SQLite, whose
+writes are serialised, has nothing to wait for). The store's clock is the database server's
+(PostgreSQL), or the kernel's of the machine that holds an SQLite file: every process reads the same,
+whatever its own clock says (`towerlab.search.store.sqlite_file`).
 
 Every write is one transaction, given as a function of a `Transaction` so that it can be run again:
 PostgreSQL's connection may drop (the server restarts, the network blinks), and then the transaction is
@@ -24,7 +26,7 @@ was lost changes nothing twice. `lock=KEY` serialises the transactions that take
 serialises every write anyway (BEGIN IMMEDIATE); PostgreSQL takes a transaction-scoped advisory lock.
 One transaction per write also means a process killed mid-write leaves no half row.
 
-A password in a URL is never printed (`towerlab.search.location`): `redacted(url)` is what messages and
+A password in a URL is never printed (`towerlab.search.store.location`): `redacted(url)` is what messages and
 records show, and a driver's error is scrubbed of it (`secrets`); the password itself may come from the
 URL, from $PGPASSWORD or from ~/.pgpass, as libpq reads them.
 """
@@ -43,6 +45,16 @@ from towerlab.checks import env_number
 from towerlab.errors import UserError
 
 T = TypeVar("T")
+
+# The tokens of the store's SQL, and what each stands for; every backend gives each its dialect's text.
+TOKENS = {
+    "{id}": "an auto-numbered primary key column (its type and constraint)",
+    "{now}": "the store's clock in seconds since the epoch, as a number (leases never depend on which "
+             "machine's clock reads them)",
+    "{stamp}": "the same clock as text, ISO 8601 in UTC, for the times a store records",
+    "{skip_locked}": "after a SELECT that claims a row: rows another transaction holds are passed over, not "
+                     "waited for (empty where one writer holds the whole store at a time)",
+}
 
 # How long a lost PostgreSQL connection is retried, in all, before the store gives up (seconds), and the
 # longest wait between two tries: enough for a server restart or a failover, not for an outage.
@@ -64,31 +76,29 @@ class StoreLost(UserError):
     process that meets it stops (a worker's task goes back on the queue once it can), one line."""
 
 
-class Transaction:
-    """The statements of one transaction; rows come back as dicts."""
-
-    def __init__(self, db: Database, connection: Any) -> None:
-        self._db, self._connection = db, connection
+class Transaction(Protocol):
+    """The statements of one transaction, in the store's SQL (see the module's docstring); rows come back
+    as dicts."""
 
     def run(self, sql: str, args: tuple = ()) -> int:
         """Execute; the number of rows it changed."""
-        return self._db._execute(self._connection, sql, args).rowcount
 
-    def rows(self, sql: str, args: tuple = ()) -> list[dict]:
-        return self._db._fetch(self._db._execute(self._connection, sql, args))
+    def rows(self, sql: str, args: tuple = ()) -> list[dict]: ...
 
-    def one(self, sql: str, args: tuple = ()) -> Optional[dict]:
-        rows = self.rows(sql, args)
-        return rows[0] if rows else None
+    def one(self, sql: str, args: tuple = ()) -> Optional[dict]: ...
+
+    def settle(self, table: str) -> None:
+        """Wait until the writes to `table` under way in other transactions have committed, and hold new
+        ones off until this one ends: rows are numbered as they are written and may commit out of that
+        order, so after this every row of `table` up to its newest id is there for good."""
 
 
 class Backend(Protocol):
-    """What a store needs of its database, and so what a backend must provide: its `dialect` (what a
-    part tells apart: "sqlite" or "postgresql"), `where` it is as messages name it (a file, or a URL
-    without its password), reads, writes run whole or not at all (`work` may be run again, see the
-    module's docstring), and its schema checked when the store opens."""
+    """What a store needs of its database, and so what a backend must provide: `where` it is as messages
+    name it (a file, or a URL without its password), reads, writes run whole or not at all (`work` may be
+    run again, see the module's docstring; `lock`, a key that serialises the writes that take it), and its
+    schema checked when the store opens."""
 
-    dialect: str
     where: str
 
     def read(self, sql: str, args: tuple = ()) -> list[dict]: ...
@@ -96,7 +106,7 @@ class Backend(Protocol):
     def write(self, work: Callable[[Transaction], T], *, lock: Optional[int] = None) -> T: ...
 
     def open_schema(self, where: object, create: bool) -> None:
-        """Check the store's schema before anything is written (`towerlab.search.schema`): its tables made
+        """Check the store's schema before anything is written (`towerlab.search.store.schema`): its tables made
         where `create` and the database is empty, an older store migrated, a damaged, foreign or newer one
         refused (UserError; NoStore where there is no store yet and not `create`)."""
 
@@ -106,9 +116,9 @@ class Backend(Protocol):
 class Database(abc.ABC):
     """A `Backend` over one connection of a Python database driver, shared by this process's threads
     (one at a time): the dialect's tokens, transactions and their retries. A backend supplies its
-    connection, its BEGIN, and how its driver's errors read (`_lost`, `_busy`, `_failed`)."""
+    connection, its BEGIN, how its driver's errors read (`_lost`, `_busy`, `_failed`), and where it must
+    `_settle` a table (nothing to do where its writes are serialised)."""
 
-    dialect: str
     where: str  # the file, or the redacted URL
     secrets: tuple[str, ...] = ()  # what no message may show (a URL's password, as typed and decoded)
 
@@ -119,8 +129,11 @@ class Database(abc.ABC):
 
     # -- what each dialect supplies ----------------------------------------------------------------
 
-    _TOKENS: dict[str, str] = {}
+    _TOKENS: dict[str, str] = {}  # each of TOKENS in this dialect
     _PARAMETER = "?"
+
+    def _settle(self, connection: Any, table: str) -> None:
+        """See `Transaction.settle`: where every write holds the whole database (SQLite), nothing to wait for."""
 
     def _line(self, error: object) -> str:
         """An error in one line, without the secrets (a driver may quote the connection string's parts)."""
@@ -185,7 +198,7 @@ class Database(abc.ABC):
     def _transaction(self, connection: Any, work: Callable[[Transaction], T], lock: Optional[int]) -> T:
         self._begin(connection, lock)
         try:
-            result = work(Transaction(self, connection))
+            result = work(Statements(self, connection))
             connection.execute("COMMIT")
         except BaseException:
             with suppress(Exception):  # SQLite may have rolled back already (SQLITE_FULL), a lost link cannot
@@ -262,6 +275,26 @@ class Database(abc.ABC):
             _ORPHANS.append(self._conn)
         self._conn = None
         self._lock = threading.RLock()
+
+
+class Statements:
+    """A `Transaction` on one connection of a `Database`."""
+
+    def __init__(self, db: Database, connection: Any) -> None:
+        self._db, self._connection = db, connection
+
+    def run(self, sql: str, args: tuple = ()) -> int:
+        return self._db._execute(self._connection, sql, args).rowcount
+
+    def rows(self, sql: str, args: tuple = ()) -> list[dict]:
+        return self._db._fetch(self._db._execute(self._connection, sql, args))
+
+    def one(self, sql: str, args: tuple = ()) -> Optional[dict]:
+        rows = self.rows(sql, args)
+        return rows[0] if rows else None
+
+    def settle(self, table: str) -> None:
+        self._db._settle(self._connection, table)
 
 
 _OPEN: set[Database] = set()

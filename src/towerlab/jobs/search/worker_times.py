@@ -18,7 +18,6 @@ from its process's start to its leaving, split into
 
 from __future__ import annotations
 
-import copy
 import json
 import os
 import time
@@ -27,7 +26,6 @@ from typing import Any, Optional
 
 ENV = "TOWERLAB_WORKER_TIMES"
 PARTS = ("start", "data", "store", "build", "setup", "training", "evaluation", "idle")
-TIMED_CALLS = ("claim", "complete", "put_back")  # the store queue's calls on a worker's own thread
 
 
 def process_age() -> float:
@@ -56,13 +54,8 @@ class WorkerTimes:
         folder = os.environ.get(ENV, "").strip()
         return cls(Path(folder)) if folder else None
 
-    def store(self, store: Any) -> Any:
-        """`store` with its queue's claims and completions timed (its other parts and calls as they are)."""
-        timed = copy.copy(store)
-        timed.queue = _TimedQueue(store.queue, self)
-        return timed
-
-    def timed_call(self, name: str, seconds: float, started: float) -> None:
+    def timed(self, name: str, seconds: float, started: float) -> None:
+        """One of the worker's own store calls (`name`: claim, complete, put_back), its `seconds` from `started`."""
         if name == "claim" and self.first_claim is None:
             self.first_claim = started
         self.seconds["store"] += seconds
@@ -88,24 +81,3 @@ class WorkerTimes:
         self.folder.mkdir(parents=True, exist_ok=True)
         record = {"worker": name, "device": device, "tasks": self.tasks, "wall_seconds": wall, "seconds": self.seconds}
         (self.folder / f"{os.getpid()}.json").write_text(json.dumps(record, indent=1))
-
-
-class _TimedQueue:
-    """A store's queue whose calls in TIMED_CALLS add their seconds to a WorkerTimes; every other attribute is
-    the queue's."""
-
-    def __init__(self, queue: Any, times: WorkerTimes) -> None:
-        self._queue, self._times = queue, times
-
-    def __getattr__(self, name: str) -> Any:
-        attribute = getattr(self._queue, name)
-        if name not in TIMED_CALLS:
-            return attribute
-
-        def timed(*args: Any, **kwargs: Any) -> Any:
-            started = time.perf_counter()
-            try:
-                return attribute(*args, **kwargs)
-            finally:
-                self._times.timed_call(name, time.perf_counter() - started, started)
-        return timed

@@ -1,0 +1,208 @@
+"""What decides a search's results besides its settings and seeds, and the one function that admits a
+process to train a search: `admit`, which a worker that joins calls before it trains anything, and the
+search's own job when it resumes the search.
+
+Each item is one entry of ITEMS: recorded in the search's setup when it starts (`recorded`), measured by
+every process that would train it, and compared the same way (equal, or refused in one line that names the
+item and says what to do; a search recorded before an item existed is not compared on it). In the order
+they are checked: the numerics (the device kind; on a CPU, the threads per candidate, whose count changes a
+float sum's order), the software (towerlab's version, torch's, and a digest of the training code), the
+data's content (`towerlab.data.digest`), the model file's content (for `--model FILE.py:FUNCTION`), and at
+last the search's training-config hash, made again here from all of them. What is cheap comes first: a
+data set is read, and a model file imported, only once every item before it matched. A resume of the
+search's own job records this machine's software as the search's from then on (with a warning) where it
+differs; its training hash is `Search.resume`'s to check, which names the settings.
+
+Which model files a worker imports (the trust boundary): a model file is code, and a store's rows are
+data that anyone who can write the store may change. So a worker imports a model file only where its own
+command names it (`towerlab search worker --model FILE.py:FUNCTION`; a search's own job, and its
+`--resume`, name theirs with --model), never because the store names a path, and only once every other
+check has passed and the named file's SHA-256 is the one the search recorded.
+
+And the provenance that every evaluation row records (`row_provenance`): the host, towerlab's and torch's
+versions, the training code's digest, the device's name, the data's digest; `towerlab search show` says
+when a search's rows come from more than one.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Literal, Optional, Protocol
+
+import torch
+
+import towerlab
+from towerlab.data.load import Dataset
+from towerlab.distributed.env import device_name
+from towerlab.errors import UserError
+from towerlab.jobs.candidate import CandidateModel, train_config_hash
+from towerlab.search import Search
+
+# The source of towerlab that decides a candidate's result, relative to the package: the training loop and
+# its steps, the networks and their catalog, the bridge from a genome to a training, the settings and their
+# defaults, the presets, and the data's normalisation (the data's own content has its own digest).
+TRAINING_CODE = ("training", "models", "catalog/models.py", "catalog/model_options.py", "jobs/candidate.py",
+                 "config.py", "presets.py", "data/load.py")
+
+# What a search records of the software that trains it (its setup's keys), in the order a worker checks them.
+VERSIONS = ("towerlab", "torch", "code")
+
+
+@functools.lru_cache(maxsize=1)
+def code_digest() -> str:
+    """SHA-256 over the files of TRAINING_CODE (their paths and bytes): the same version number with other
+    source (a checkout with changes) has another."""
+    root = Path(towerlab.__file__).resolve().parent
+    digest = hashlib.sha256()
+    for part in TRAINING_CODE:
+        for path in sorted((root / part).rglob("*.py")) if (root / part).is_dir() else [root / part]:
+            digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return f"sha256:{digest.hexdigest()}"
+
+
+def file_digest(path: str | Path) -> str:
+    """`sha256:` and the SHA-256 of a file's bytes (a model file's, read before it is ever imported)."""
+    return f"sha256:{hashlib.sha256(Path(path).read_bytes()).hexdigest()}"
+
+
+def versions() -> dict:
+    """This process's software, as VERSIONS name it."""
+    return {"towerlab": towerlab.__version__, "torch": torch.__version__, "code": code_digest()}
+
+
+def short(digest: str) -> str:
+    return digest.removeprefix("sha256:")[:12]
+
+
+class Here(Protocol):
+    """This process's side of a search, as `admit` measures it: what it trains on (`device`, and on a CPU
+    `threads` per candidate), its data and their digest, the digest of the model file it would import for
+    the search (the one whose digest is `recorded`, of those it may import; None where its networks come
+    from no file: a family, or a function given from Python) and where that file is (`model_path`), the
+    model itself, and whether it is the search's own job resuming it. Each is measured once, when asked."""
+
+    resuming: bool
+    device: str
+    threads: Optional[int]
+
+    def data(self) -> Dataset: ...
+
+    def digest(self) -> str: ...
+
+    def model_digest(self, recorded: Optional[str]) -> Optional[str]: ...
+
+    @property
+    def model_path(self) -> str: ...
+
+    def model(self) -> CandidateModel: ...
+
+
+TRAINING_HASH = "train_config_hash"  # the search's own column, not a key of its setup
+
+
+@dataclass(frozen=True)
+class Item:
+    """One thing that decides a search's results (see the module's docstring), stored under `key`;
+    `measure(here, search, stored)` is this process's (None: it has none to compare); `differs(stored,
+    ours, here, search)` says in one line which differs and what to do; `on_resume`: what the search's own
+    job does where it differs as it resumes ("refuse"; "adopt": record this process's as the search's from
+    then on; "search": left to `Search.resume`)."""
+
+    key: str
+    measure: Callable[[Here, Search, Any], Any]
+    differs: Callable[[Any, Any, Here, Search], str]
+    on_resume: Literal["refuse", "adopt", "search"] = "refuse"
+
+    def stored(self, search: Search) -> Any:
+        """What `search` holds of this item (None: recorded before it existed)."""
+        return search.train_config_hash if self.key == TRAINING_HASH else search.recorded(self.key)
+
+
+def _version(key: str) -> Item:
+    def differs(theirs: Any, ours: Any, here: Here, search: Search) -> str:
+        if key == "code":
+            return (f"towerlab's training code here differs from the search's (digest {short(ours)}, the search's "
+                    f"{short(theirs)}): the same version with other source (a checkout with changes?); run the "
+                    "search's towerlab here")
+        return (f"it was started with {key} {theirs}, and this is {key} {ours}, whose results may differ: "
+                f"install {key} {theirs} here")
+    return Item(key, lambda here, search, stored: versions()[key], differs, on_resume="adopt")
+
+
+def _data_differs(theirs: str, ours: str, here: Here, search: Search) -> str:
+    source = here.data().source
+    files = source.get("files") or []
+    where = f"{source.get('format')}, {files[0]}" + (f" and {len(files) - 1} more" if len(files) > 1 else "") \
+        if files else str(source.get("format"))
+    return (f"its data differ: {search.cfg.dataset} here ({where}) holds content {short(ours)}, the search's "
+            f"{short(theirs)} (another file, a label changed?): use the search's data here (--data-dir)")
+
+
+def _model_differs(theirs: str, ours: str, here: Here, search: Search) -> str:
+    if here.resuming:
+        return (f"its model file changed since it started ({here.model_path} holds SHA-256 {short(ours)}, the "
+                f"search's {short(theirs)}): resume with the file it started with")
+    recorded_file = Path(str(search.recorded("model")).rpartition(":")[0]).name
+    return (f"its model file differs: {here.model_path} here holds SHA-256 {short(ours)}, the search's "
+            f"{recorded_file} {short(theirs)}: give this worker the search's file")
+
+
+def training_hash(search: Search, here: Here, digest_recorded: bool = True) -> str:
+    """The search's training-config hash, made here: its settings, and this process's numerics, data and
+    model, with the data's digest where the search records one (`digest_recorded`; a new search does)."""
+    return train_config_hash(search.cfg, here.device, here.threads, here.data().source, here.model(),
+                             here.digest() if digest_recorded else None)
+
+
+ITEMS: tuple[Item, ...] = (
+    Item("device", lambda here, search, stored: here.device,
+         lambda theirs, ours, here, search: f"it trains on {theirs}, this worker on {ours} (start the worker with "
+                                            f"--device {theirs})"),
+    Item("threads", lambda here, search, stored: here.threads if here.device == "cpu" else None,
+         lambda theirs, ours, here, search: f"it trains each candidate on {theirs} CPU thread(s), this worker on "
+                                            f"{ours}, which sums in another order (leave --threads out)"),
+    *(_version(key) for key in VERSIONS),
+    Item("data_digest", lambda here, search, stored: here.digest(), _data_differs),
+    Item("model_sha256", lambda here, search, stored: here.model_digest(stored), _model_differs),
+    Item(TRAINING_HASH, lambda here, search, stored: training_hash(search, here, search.recorded("data_digest") is not None),
+         lambda theirs, ours, here, search: "its training settings differ from this worker's (the data's content, the "
+                                            "model function's source, or an older towerlab's settings): results here "
+                                            "would not be the search's", on_resume="search"),
+)
+
+
+def recorded(search: Search, here: Here) -> dict:
+    """What a new search (`search`, resolved) records in its setup of the process that starts it: each item
+    of its setup (the training hash is a column of its own), those it has."""
+    found = {item.key: item.measure(here, search, None) for item in ITEMS if item.key != TRAINING_HASH}
+    return {key: value for key, value in found.items() if value is not None}
+
+
+def admit(search: Search, here: Here) -> list[str]:
+    """Whether `here` may train `search`: each item of ITEMS compared, in order; the first that differs is
+    a UserError in one line. Returns what a resume adopts (each adopted item's difference, in words)."""
+    if search.recorded("device") is None and not here.resuming:
+        raise UserError("it was made by an older towerlab, which did not record how its workers train: continue it "
+                        "with `towerlab search run --resume`")
+    adopted = []
+    for item in ITEMS:
+        theirs = item.stored(search)
+        if theirs is None or (here.resuming and item.on_resume == "search"):
+            continue
+        ours = item.measure(here, search, theirs)
+        if ours is None or ours == theirs:
+            continue
+        if here.resuming and item.on_resume == "adopt":
+            adopted.append(item.differs(theirs, ours, here, search))
+            continue
+        raise UserError(item.differs(theirs, ours, here, search))
+    return adopted
+
+
+def row_provenance(device: torch.device, data_digest: Optional[str]) -> dict:
+    """Where an evaluation came from, as its row records it."""
+    return {"host": socket.gethostname(), **versions(), "device": device_name(device), "data": data_digest}

@@ -26,7 +26,11 @@ def resolve_train(args: argparse.Namespace) -> tuple[TrainConfig, RunConfig]:
     """The run's configs from the flags, as `towerlab.api.train` resolves its keyword arguments."""
     from towerlab.settings import resolve_train as resolve
 
-    return resolve({**given(args, TrainConfig), **given(args, RunConfig)}, getattr(args, "config", None))
+    return resolve(_train_options(args), getattr(args, "config", None))
+
+
+def _train_options(args: argparse.Namespace) -> dict:
+    return {**given(args, TrainConfig), **given(args, RunConfig)}
 
 
 def resolve_search(args: argparse.Namespace) -> tuple[SearchConfig, RunConfig]:
@@ -49,8 +53,10 @@ def train(args: argparse.Namespace) -> int:
     if args.print_config:
         return _print_config(train=cfg, run=run)
     from towerlab.jobs.train import start
+    from towerlab.settings import batch_size_chosen
 
-    return start(cfg, run, function=function)
+    return start(cfg, run, function=function,
+                 fit_batch=not batch_size_chosen(_train_options(args), getattr(args, "config", None)))
 
 
 def search(args: argparse.Namespace) -> int:

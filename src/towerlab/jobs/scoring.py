@@ -27,7 +27,8 @@ from towerlab.fields import from_dict, replace
 from towerlab.errors import UserError
 from towerlab.jobs.provenance import read_config
 from towerlab.report import discard_line
-from towerlab.data.load import DataGiven
+from towerlab.data.digest import content_digest
+from towerlab.data.load import DataGiven, Dataset
 from towerlab.models.classifier import Classifier
 from towerlab.models.custom import NetworkSource, user_code_failed
 from towerlab.models.files import load_model
@@ -67,7 +68,7 @@ def score_run(path: str | os.PathLike, data: DataGiven = None, *, split: str = "
         raise UserError(f"unknown split {split!r}: choose one of {', '.join(SPLITS)}")
     file = model_file(path)
     model, record = load_model(file, module=module)
-    source = None
+    dataset = None
     if data is not None and not isinstance(data, (str, os.PathLike)):
         x, y = _pair(data)
         name, split = "arrays", "given"
@@ -82,7 +83,7 @@ def score_run(path: str | os.PathLike, data: DataGiven = None, *, split: str = "
         reading = FolderOptions((height, width), cfg.test_size, channels, model.class_names)
         dataset = train_data(cfg, run, log=log or discard_line, folder=reading)
         x, y = (dataset.x_test, dataset.y_test) if split == "test" else (dataset.x_val, dataset.y_val)
-        name, source = cfg.dataset, dataset.source
+        name = cfg.dataset
     if len(x) == 0:
         raise UserError(f"{name} has no {split} images to evaluate on")
     logits = _of_yours(record, model, lambda: model.logits(x))
@@ -93,7 +94,7 @@ def score_run(path: str | os.PathLike, data: DataGiven = None, *, split: str = "
                  for k in range(model.num_classes) if (labels == k).any()]
     result = {"dataset": name, "split": split, "n": len(labels), "accuracy": float(right.double().mean()),
               "loss": float(F.cross_entropy(logits, labels)), "per_class": per_class}
-    recorded = _recorded(file.parent, source, split)
+    recorded = _recorded(file.parent, dataset, split)
     if recorded is not None:
         result["recorded"] = recorded
     return result
@@ -119,11 +120,11 @@ def _trained_on(record: dict, file: Path) -> TrainConfig:
         raise UserError(f"{file} does not record the config it was trained with: name the data (--dataset)") from None
 
 
-def _recorded(folder: Path, source: dict | None, split: str) -> float | None:
-    """The run's own accuracy on `split`, where it was measured on the very data read now (the same
-    files, or the same fallback: not real MNIST for a run trained offline)."""
+def _recorded(folder: Path, dataset: Dataset | None, split: str) -> float | None:
+    """The run's own accuracy on `split`, where it was measured on the very data read now: arrays of the
+    same digest (`towerlab.data.digest`; not the fallback's digits for a run on real MNIST)."""
     summary = read_config(folder, "summary.json") or {}
-    if source is None or summary.get("data_source") != source:
+    if dataset is None or "data_digest" not in summary or summary["data_digest"] != content_digest(dataset):
         return None
     value = summary.get("test_accuracy" if split == "test" else "val_accuracy")
     return value if isinstance(value, float) else None

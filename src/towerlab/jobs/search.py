@@ -171,7 +171,7 @@ class SearchJob(Job):
                        f"the search's {short(recorded['model_sha256'])}): resume with the file it started with")
             if why is not None:
                 raise UserError(f"cannot resume search {search_id} of {store.path}: {why}")
-            training_hash = train_config_hash(self.search.cfg, device, self.run.threads, data.source, self.model,
+            training_hash = train_config_hash(self.search.cfg, device, self.run.threads, self.model,
                                               digest if "data_digest" in recorded else None)
             search = self.search.resume(store, search_id, training_hash)
             changed = version_difference(recorded, here)
@@ -191,7 +191,7 @@ class SearchJob(Job):
             setup = {"device": device, "threads": self._threads(), "model": _model_spec(self.model),
                      "data": {"format": data.source.get("format"), "fallback": bool(data.source.get("fallback"))},
                      "test": data.n_test > 0, **here}
-            training_hash = train_config_hash(self.search.cfg, device, self.run.threads, data.source, self.model,
+            training_hash = train_config_hash(self.search.cfg, device, self.run.threads, self.model,
                                               digest)
             cfg = replace(self.search.cfg, store=recorded_store(self.target) if self.search.cfg.store else None)
             search = dataclasses.replace(self.search, cfg=cfg).create(store, training_hash, setup)

@@ -172,7 +172,7 @@ class Trainers:
             raise UserError(why)
         data_seconds = time.perf_counter() - started
         model = self._model(search)
-        if train_config_hash(search.cfg, self.device.type, threads, data.source, model,
+        if train_config_hash(search.cfg, self.device.type, threads, model,
                              digest if "data_digest" in recorded else None) != search.train_config_hash:
             raise UserError("its training settings differ from this worker's (the data's content, the model "
                             "function's source, or an older towerlab's settings): results here would not be the "

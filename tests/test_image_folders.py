@@ -54,7 +54,8 @@ def test_three_class_folders_of_jpegs_train_and_predict_names_a_class(tmp_path, 
     assert main(["predict", str(out), str(image)]) == 0
     printed = capsys.readouterr().out.strip().splitlines()
     assert printed[0].split("\t")[:2] == [str(image), "red"]
-    with open(folder / "red" / "007-predictions.csv", newline="") as stream:
+    assert not (folder / "red" / "007-predictions.csv").exists()  # never where it would become training data
+    with open(out / "predictions" / "007-predictions.csv", newline="") as stream:
         rows = list(csv.DictReader(stream))
     assert rows[0]["class"] == "red" and float(rows[0]["probability"]) == pytest.approx(float(printed[0].split("\t")[2]),
                                                                                          abs=1e-4)

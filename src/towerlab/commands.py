@@ -167,17 +167,21 @@ def evaluate(args: argparse.Namespace) -> int:
     with _own_module_flag():
         result = score_run(args.run, args.dataset, split=args.split, data_dir=args.data_dir,
                            module=_user_module(args.module), log=lambda line: print(line, file=sys.stderr, flush=True))
+    from towerlab.report import printable
+
     recorded = f" (the run recorded {result['recorded']:.4f})" if "recorded" in result else ""
-    print(f"{args.run}: {result['split']} accuracy {result['accuracy']:.4f}, loss {result['loss']:.4f} on "
-          f"{result['n']} images of {result['dataset']}{recorded}")
-    width = max(len(row["class"]) for row in result["per_class"])
-    for row in result["per_class"]:
-        print(f"  {row['class']:<{width}}  accuracy {row['accuracy']:.4f} on {row['n']} images")
+    print(f"{printable(args.run)}: {result['split']} accuracy {result['accuracy']:.4f}, loss {result['loss']:.4f} on "
+          f"{result['n']} images of {printable(result['dataset'])}{recorded}")
+    names = [printable(row["class"]) for row in result["per_class"]]
+    width = max(len(name) for name in names)
+    for name, row in zip(names, result["per_class"]):
+        print(f"  {name:<{width}}  accuracy {row['accuracy']:.4f} on {row['n']} images")
     return 0
 
 
 def predict(args: argparse.Namespace) -> int:
     from towerlab.jobs.scoring import predict_file, predict_images
+    from towerlab.report import printable
 
     npz = [path for path in args.images if str(path).lower().endswith(".npz")]
     if npz and len(args.images) > 1:
@@ -193,11 +197,12 @@ def predict(args: argparse.Namespace) -> int:
             from towerlab.data.folders import skip_summary
 
             print(f"towerlab: skipped {skip_summary(result['skipped'])}", file=sys.stderr, flush=True)
-        print(f"Predicted {result['n']} images -> {result['out']}", file=sys.stderr, flush=True)
+        print(f"Predicted {result['n']} images -> {printable(result['out'])}", file=sys.stderr, flush=True)
         return 0
     accuracy = (f"; accuracy {result['accuracy']:.4f} against its labels ({result['labels']})"
                 if result["accuracy"] is not None else "")
-    print(f"Predicted {result['n']} images of {npz[0]} ({result['images']}) -> {result['out']}{accuracy}")
+    print(f"Predicted {result['n']} images of {printable(npz[0])} ({result['images']}) -> {printable(result['out'])}"
+          f"{accuracy}")
     return 0
 
 

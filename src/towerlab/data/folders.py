@@ -36,6 +36,7 @@ from towerlab.data import folder_cache, folder_decode, locate
 from towerlab.data.folder_files import Listing, list_folder
 from towerlab.data.pages import register, release_pages
 from towerlab.errors import UserError
+from towerlab.report import printable
 
 CACHE = "image-cache"
 DEFAULT_SIZE = (64, 64)  # the size where the folder's most common one is larger than LARGEST_COMMON
@@ -155,7 +156,7 @@ def load_folder(path: str | os.PathLike, data_dir: str | os.PathLike | None, val
                        arrays["x_train"], stats)
     skipped = listing.skipped + [tuple(pair) for pair in meta["failed"]]
     if skipped:
-        log(f"{listing.root}: skipped {skip_summary(skipped)}")
+        log(f"{printable(listing.root)}: skipped {skip_summary(skipped)}")
     source = {"format": "folder", "files": [str(listing.root)], "fallback": False, "note": note,
               "content": scan.content, "cache": str(root / folder_cache.entry_name(scan.content, size, channels)),
               "classes": list(classes), "skipped": len(skipped), "skipped_files": [list(pair) for pair in skipped[:100]]}
@@ -175,7 +176,7 @@ def _entry(listing: Listing, scan: Scan, root: Path, size: tuple[int, int], chan
         try:
             entry = folder_cache.open_entry(where, expected)
         except folder_cache.Damaged as why:
-            log(f"towerlab: the image cache entry {where} is damaged ({why}): decoding {listing.root} again")
+            log(f"towerlab: the image cache entry {where} is damaged ({why}): decoding {printable(listing.root)} again")
             folder_cache.remove_entry(where)
             entry = None
         if entry is None:
@@ -252,5 +253,5 @@ def _checksum(cuts: object) -> str:
 def skip_summary(skipped: list) -> str:
     """'N file(s) (how many for each reason; e.g. the first and its reason)'."""
     reasons = Counter(why.split(" (")[0] for _, why in skipped)
-    first = f"{skipped[0][0]}: {skipped[0][1]}"
+    first = f"{printable(skipped[0][0])}: {printable(skipped[0][1])}"
     return f"{len(skipped):,} file(s) ({'; '.join(f'{n:,} {why}' for why, n in reasons.most_common())}; e.g. {first})"

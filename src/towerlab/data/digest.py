@@ -26,15 +26,12 @@ from __future__ import annotations
 import concurrent.futures
 import hashlib
 import json
-from typing import TYPE_CHECKING, Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Protocol, Sequence
 
 import numpy as np
 
 from towerlab.data.folder_decode import cores
 from towerlab.data.pages import release_pages
-
-if TYPE_CHECKING:
-    from towerlab.data.load import Dataset
 
 VERSION = 2  # of what the digest covers and how: another version is another digest
 PIECE = 16 * 2**20  # bytes hashed as one piece, by one thread
@@ -43,7 +40,24 @@ WAVE = 4  # pieces per core hashed before a memory-mapped cache's pages are give
 Stream = Sequence[np.ndarray]
 
 
-def content_digest(data: Dataset) -> str:
+class Splits(Protocol):
+    """What a digest reads of a dataset (`towerlab.data.load.Dataset`): its splits' images and labels."""
+
+    @property
+    def x_train(self) -> Any: ...
+    @property
+    def y_train(self) -> Any: ...
+    @property
+    def x_val(self) -> Any: ...
+    @property
+    def y_val(self) -> Any: ...
+    @property
+    def x_test(self) -> Any: ...
+    @property
+    def y_test(self) -> Any: ...
+
+
+def content_digest(data: Splits) -> str:
     """`sha256:` and the digest of what `data` holds (see the module's docstring), from its arrays."""
     images = [_flat(t) for t in (data.x_train, data.x_val, data.x_test)]
     labels = [_flat(t) for t in (data.y_train, data.y_val, data.y_test)]

@@ -136,8 +136,7 @@ def open_entry(where: Path, expected: dict) -> Optional[Entry]:
             not all(type(n) is int and n >= 0 for n in blocks.values()):
         raise Damaged("its meta.json's blocks are not counts of train/, val/ and test/")
     failed = meta.get("failed")
-    if not isinstance(failed, list) or not all(isinstance(f, list) and len(f) == 2 and all(isinstance(v, str) for v in f)
-                                               for f in failed):
+    if not isinstance(failed, list) or not all(isinstance(f, list) and [type(v) for v in f] == [str, str] for f in failed):
         raise Damaged("its meta.json's failed files are not a list of (path, why)")
     rows = sum(blocks.values())
     x, y = (_mapped(where / name) for name in ("x.npy", "y.npy"))
@@ -157,8 +156,7 @@ def open_entry(where: Path, expected: dict) -> Optional[Entry]:
 
 
 def _shown(value: object) -> str:
-    text = json.dumps(value)
-    return text if len(text) <= 40 else text[:37] + "..."
+    return json.dumps(value)[:40]
 
 
 def _mapped(path: Path) -> np.ndarray:
@@ -189,12 +187,12 @@ def read_json(path: Path) -> object:
         raise Damaged(f"its {path.name} cannot be read as JSON ({err})") from None
 
 
-def _meta_of(entry: Path) -> Optional[dict]:
-    """An entry's meta.json as it says, whatever its version (None where it cannot be read)."""
+def _meta_of(entry: Path) -> dict:
+    """An entry's meta.json as it says, whatever its version ({} where it cannot be read)."""
     with contextlib.suppress(Damaged):
         meta = read_json(entry / "meta.json")
-        return meta if isinstance(meta, dict) else None
-    return None
+        return meta if isinstance(meta, dict) else {}
+    return {}
 
 
 def remove_entry(where: Path) -> None:
@@ -302,7 +300,7 @@ def forget_earlier(where: Path, meta: dict, log: Log) -> None:
         if entry == where or entry.name.startswith(".") or not entry.is_dir():
             continue
         earlier = _meta_of(entry)
-        if earlier is None or earlier.get("folder") != meta["folder"] or \
+        if earlier.get("folder") != meta["folder"] or \
                 (earlier.get("content") == meta["content"] and earlier.get("version") == VERSION):
             continue
         size = sum(f.stat().st_size for f in entry.iterdir() if f.is_file())

@@ -153,10 +153,11 @@ class TrainJob(Job):
         cfg = self.cfg
         if self.fit_batch and (data.n_train // world_size) // cfg.batch_size == 0:
             cfg = replace(cfg, batch_size=fitted_batch_size(data.n_train // world_size))
+        network = check_setup(cfg, world_size, data, self.network_source(data))
+        if cfg.batch_size != self.cfg.batch_size:
             say(f"towerlab: the default --batch-size {self.cfg.batch_size} x {world_size} replica(s) is more than the "
                 f"{data.n_train} training examples: training with --batch-size {cfg.batch_size} (give --batch-size "
                 "to choose)")
-        network = check_setup(cfg, world_size, data, self.network_source(data))
         return dataclasses.replace(self, cfg=cfg, checkpoint_bytes=checkpoint.size_limit(network))
 
     def replica(self, rank: int, world_size: int, store_path: Optional[str], data: Optional[Dataset],

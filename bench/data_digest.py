@@ -211,7 +211,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"image folder: first {json.dumps({k: round(v['load_seconds'], 1) for k, v in first.items()})} s; "
               f"again {medians(again, 'load_seconds')} s; digest {medians(again, 'digest_seconds')} s; GB/s " +
               ", ".join(f"{k} {v:.2f}" for k, v in speeds["gb_per_second"].items()), flush=True)
-        del loaded, x, y
     record = {"date": measure.now(), "machine": machine.describe(), "note": args.note,
               "command": ["python", "bench/data_digest.py", *(argv if argv is not None else sys.argv[1:])],
               "rounds": args.rounds, "figures": figures}

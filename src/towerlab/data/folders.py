@@ -7,7 +7,7 @@ The content key (`Scan.content`) is a SHA-256 over every image's path, size and 
 added or removed image makes another key, hence another cache entry. Pass 1 reads every byte of the
 folder each time it is loaded (nothing is recognised by paths, sizes and times); pass 2 decodes every
 image into the cache from the very bytes pass 1 hashed (folder_decode.py has the rules); what cannot
-be decoded is skipped and counted. An entry is checked each time it is opened (`folder_cache.
+be decoded is skipped and counted. An entry is checked each time it is opened (`folder_entry.
 open_entry`); what identifies the dataset for a search or a resume is the digest of the arrays it
 trains on (`towerlab.data.digest`), as for every dataset.
 
@@ -32,9 +32,9 @@ import numpy as np
 
 from towerlab import atomic
 from towerlab.catalog.datasets import parse_image_size
-from towerlab.data import folder_cache, folder_decode, locate
+from towerlab.data import folder_cache, folder_decode, folder_entry, locate
 from towerlab.data.folder_files import Listing, list_folder
-from towerlab.data.pages import register, release_pages
+from towerlab.data.pages import release_pages
 from towerlab.errors import UserError
 from towerlab.report import printable
 
@@ -145,45 +145,43 @@ def load_folder(path: str | os.PathLike, data_dir: str | os.PathLike | None, val
     size, channels = scan.size(options.image_size), options.channels or scan.channels
     entry = _entry(listing, scan, root, size, channels, log)
     meta = entry.meta
-    register(entry.x)
-    register(entry.y)
     ranges, note = _cuts(listing, meta, val_size, options.test_size)
     classes, y = _labelled(listing, entry.y, options.classes)
     arrays = {}
     for split, (lo, hi) in ranges.items():
         arrays[f"x_{split}"], arrays[f"y_{split}"] = entry.x[lo:hi], y[lo:hi]
-    mean, std = _stats(root / folder_cache.entry_name(scan.content, size, channels), meta["digest"], ranges["train"],
+    mean, std = _stats(root / folder_entry.entry_name(scan.content, size, channels), meta["digest"], ranges["train"],
                        arrays["x_train"], stats)
     skipped = listing.skipped + [tuple(pair) for pair in meta["failed"]]
     if skipped:
         log(f"{printable(listing.root)}: skipped {skip_summary(skipped)}")
     source = {"format": "folder", "files": [str(listing.root)], "fallback": False, "note": note,
-              "content": scan.content, "cache": str(root / folder_cache.entry_name(scan.content, size, channels)),
+              "content": scan.content, "cache": str(root / folder_entry.entry_name(scan.content, size, channels)),
               "classes": list(classes), "skipped": len(skipped), "skipped_files": [list(pair) for pair in skipped[:100]]}
     return Loaded(arrays, source, classes, tuple(mean), tuple(std))
 
 
-def _entry(listing: Listing, scan: Scan, root: Path, size: tuple[int, int], channels: int, log: Log) -> folder_cache.Entry:
-    """The folder's cache entry at `size` and `channels`, checked (`folder_cache.open_entry`): decoded
+def _entry(listing: Listing, scan: Scan, root: Path, size: tuple[int, int], channels: int, log: Log) -> folder_entry.Entry:
+    """The folder's cache entry at `size` and `channels`, checked (`folder_entry.open_entry`): decoded
     first where there is none, or decoded again where the one there fails a check (one line says which)."""
-    where = root / folder_cache.entry_name(scan.content, size, channels)
-    expected = folder_cache.expected_meta(listing, scan.content, size, channels)
-    with contextlib.suppress(folder_cache.Damaged):
-        entry = folder_cache.open_entry(where, expected)
+    where = root / folder_entry.entry_name(scan.content, size, channels)
+    expected = folder_entry.expected_meta(listing, scan.content, size, channels)
+    with contextlib.suppress(folder_entry.Damaged):
+        entry = folder_entry.open_entry(where, expected)
         if entry is not None:
             return entry
     with folder_cache.locked(root / f"{where.name}.lock"):
         try:
-            entry = folder_cache.open_entry(where, expected)
-        except folder_cache.Damaged as why:
+            entry = folder_entry.open_entry(where, expected)
+        except folder_entry.Damaged as why:
             log(f"towerlab: the image cache entry {where} is damaged ({why}): decoding {printable(listing.root)} again")
-            folder_cache.remove_entry(where)
+            folder_entry.remove_entry(where)
             entry = None
         if entry is None:
             folder_cache.decode_folder(listing, scan.content, scan.file_digests, where, size, channels, log)
             try:
-                entry = folder_cache.open_entry(where, expected)
-            except folder_cache.Damaged as why:
+                entry = folder_entry.open_entry(where, expected)
+            except folder_entry.Damaged as why:
                 raise UserError(f"the image cache entry {where} just written fails its check ({why}): is another "
                                 "process writing into the data folder?") from None
     assert entry is not None, "an entry decoded and checked"
@@ -233,8 +231,8 @@ def _stats(where: Path, digest: str, train: tuple[int, int], x_train: np.ndarray
     where that holds them for the entry's arrays (`digest`) and its own checksum holds."""
     path, key = where / "stats.json", f"{train[0]}:{train[1]}"
     cuts: dict = {}
-    with contextlib.suppress(folder_cache.Damaged):
-        known = folder_cache.read_json(path)
+    with contextlib.suppress(folder_entry.Damaged):
+        known = folder_entry.read_json(path)
         if isinstance(known, dict) and isinstance(known.get("cuts"), dict) and known.get("digest") == digest \
                 and known.get("sha256") == _checksum(known["cuts"]):
             cuts = known["cuts"]

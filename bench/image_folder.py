@@ -8,7 +8,9 @@ the resident memory of a training over a cache larger than it.
 under --folder (default: a folder in the system's temporary folder; never in the repository), then,
 each round in fresh processes and a fresh data folder: the first `load_dataset` (listing, pass 1 reading
 and hashing every file, pass 2 decoding every image into the cache, the channel statistics), then
---reopens more (listing and stat of every file, the index, the memory map, the cached statistics).
+--reopens more (the listing, pass 1 again, the memory map and its check: the entry's arrays read
+and their digest compared, the cached statistics; records before 2026-11-28 recognised a folder by its
+files' stats alone).
 The files are in the page cache throughout (they were just written), for both.
 
 `large` writes --images JPEG files of --side x --side pixels in 3 class folders (--held of them in

@@ -50,7 +50,7 @@ def test_train_returns_the_run_with_its_record_and_a_model_that_predicts_raw_ima
     assert run.out == tmp_path / "run" and run.summary == summary(run.out)
     assert (run.n_train, run.n_val, run.n_test, run.steps) == (1000, 200, 300, 30)
     assert run.model_options == {} and run.config["train"]["model"] == "custom"
-    assert run.data_source["format"] == "arrays" and len(run.data_source["sha256"]) == 64
+    assert run.data_source["format"] == "arrays" and run.summary["data_digest"].startswith("sha256:")
     assert [h["step"] for h in run.history] == [20, 30] and all(h["kind"] == "epoch" for h in run.history)
     assert [m["step"] for m in run.metrics if m["kind"] == "test"] == [30]
     assert run.test_accuracy > 0.5  # learnable synthetic data, chance is 0.1

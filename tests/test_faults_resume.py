@@ -118,8 +118,8 @@ def test_a_custom_file_replaced_under_a_resume_is_refused_or_recorded(tmp_path, 
             "--no-progress", "--threads", "1", *ONE_CPU]
     out = tmp_path / "run"
     assert interrupt(towerlab.jobs.train, monkeypatch, [*args, "--out", str(out)], reads=12) == 130
-    started_on = json.loads((out / "config.json").read_text())["data_sha256"]
-    assert list(started_on) == [str(data)] and len(started_on[str(data)]) == 64
+    started_on = json.loads((out / "config.json").read_text())["data_digest"]
+    assert started_on.startswith("sha256:") and len(started_on) == 71
     colour_classes(data, seed=1)  # the same path, other images
     capsys.readouterr()
     assert main(["train", "--resume", str(out)]) == 2
@@ -129,7 +129,7 @@ def test_a_custom_file_replaced_under_a_resume_is_refused_or_recorded(tmp_path, 
     assert main(["train", "--resume", str(out), "--allow-changed-data"]) == 0
     assert "warning: the data changed since this run started" in capsys.readouterr().err
     record = summary(out)
-    assert record["data_sha256_at_start"] == started_on and record["data_sha256"] != started_on
+    assert record["data_digest_at_start"] == started_on and record["data_digest"] != started_on
 
 
 def fake_mnist(folder, seed=0):
@@ -152,7 +152,7 @@ def test_a_built_in_dataset_moved_resumes_and_replaced_is_refused(tmp_path, monk
     assert main(["train", "--resume", str(out)]) == 2
     assert "the data changed since this run started" in capsys.readouterr().err
     assert main(["train", "--resume", str(out), "--data-dir", str(tmp_path / "moved")]) == 0
-    assert "data_sha256_at_start" not in summary(out)
+    assert "data_digest_at_start" not in summary(out)
 
 
 # ---------------------------------------------------------------------------- how to continue

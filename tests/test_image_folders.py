@@ -21,7 +21,8 @@ from towerlab.cli import main
 from towerlab.config import SearchConfig, TrainConfig
 from towerlab.data import folders
 from towerlab.data.folder_cache import stratified_order
-from towerlab.data.folders import FolderOptions, content_key
+from towerlab.data.digest import content_digest
+from towerlab.data.folders import FolderOptions
 from towerlab.data.load import load_dataset
 from towerlab.errors import UserError
 from towerlab.jobs.candidate import train_config_hash
@@ -53,7 +54,8 @@ def test_three_class_folders_of_jpegs_train_and_predict_names_a_class(tmp_path, 
     assert main(["predict", str(out), str(image)]) == 0
     printed = capsys.readouterr().out.strip().splitlines()
     assert printed[0].split("\t")[:2] == [str(image), "red"]
-    with open(folder / "red" / "007-predictions.csv", newline="") as stream:
+    assert not (folder / "red" / "007-predictions.csv").exists()  # never where it would become training data
+    with open(out / "predictions" / "007-predictions.csv", newline="") as stream:
         rows = list(csv.DictReader(stream))
     assert rows[0]["class"] == "red" and float(rows[0]["probability"]) == pytest.approx(float(printed[0].split("\t")[2]),
                                                                                          abs=1e-4)
@@ -143,20 +145,22 @@ def test_the_cache_is_keyed_by_content_reopened_without_decoding_and_decoded_aga
     first = load(folder, data_dir, val_size=3, log=said.append)
     assert any(line.startswith("Decoding") for line in said)
     key = first.source["content"]
-    assert key == content_key(folder, data_dir) and key.startswith("sha256:")
+    assert key.startswith("sha256:")
     said.clear()
     again = load(folder, data_dir, val_size=3, log=said.append)
-    assert said == [] and torch.equal(again.x_train, first.x_train) and again.source == first.source
-    os.utime(folder / "red" / "001.png", ns=(1, 1))  # touched, not changed: read and hashed again, no decode
+    assert said == [f"Reading the 18 images of {folder}"] and torch.equal(again.x_train, first.x_train)
+    assert again.source == first.source and content_digest(again) == content_digest(first)
+    os.utime(folder / "red" / "001.png", ns=(1, 1))  # touched, not changed: read and hashed, no decode
     assert load(folder, data_dir, val_size=3, log=said.append).source["content"] == key
-    assert not any(line.startswith("Decoding") for line in said) and said[0].startswith("Reading")
+    assert not any(line.startswith("Decoding") for line in said)
     moved = folder.rename(tmp_path / "moved")
     said.clear()
-    assert load(moved, data_dir, val_size=3, log=said.append).source["content"] == key and said == []
+    assert load(moved, data_dir, val_size=3, log=said.append).source["content"] == key
+    assert not any(line.startswith("Decoding") for line in said)
     Image.fromarray(coloured(np.random.default_rng(9), (0, 0, 0), (12, 10))).save(moved / "red" / "001.png")
     edited = load(moved, data_dir, val_size=3, log=said.append)
     assert edited.source["content"] != key and any(line.startswith("Decoding") for line in said)
-    assert sorted(p.name for p in (data_dir / folders.CACHE).iterdir() if not p.name.startswith(("index", "."))
+    assert sorted(p.name for p in (data_dir / folders.CACHE).iterdir() if not p.name.startswith(".")
                   and p.suffix != ".lock") == sorted(Path(s).name for s in (first.source["cache"],
                                                                              edited.source["cache"]))
 
@@ -172,7 +176,7 @@ def test_a_folder_edited_in_place_leaves_no_cache_of_its_earlier_content(tmp_pat
     Image.fromarray(coloured(np.random.default_rng(9), (0, 0, 0), (12, 10))).save(folder / "red" / "001.png")
     said: list[str] = []
     edited = load(folder, data_dir, val_size=3, log=said.append)
-    entries = sorted(p.name for p in (data_dir / folders.CACHE).iterdir() if not p.name.startswith(("index", ".")))
+    entries = sorted(p.name for p in (data_dir / folders.CACHE).iterdir() if not p.name.startswith("."))
     assert entries == sorted([Path(other.source["cache"]).name, Path(other.source["cache"]).name + ".lock",
                               Path(edited.source["cache"]).name, Path(edited.source["cache"]).name + ".lock"])
     removed = [line for line in said if line.startswith("Removed")]
@@ -307,9 +311,11 @@ def test_a_search_on_a_folder_is_keyed_by_its_content_and_a_joining_worker_check
     assert summary["evaluations"] == 2 and summary["failures"] == 0
     assert "--image-size 8x8" in json.loads((tmp_path / "grid" / "best.json").read_text())["command"]
     cfg = SearchConfig(dataset=f"{folder}/", image_size="8x8", batch_size=8)
-    source = load(folder, tmp_path / "data", image_size=(8, 8)).source
-    hashes = {train_config_hash(cfg, "cpu", 1, source)}
-    hashes.add(train_config_hash(SearchConfig(dataset=f"{folder}/", image_size="9x9", batch_size=8), "cpu", 1, source))
+    digest = content_digest(load(folder, tmp_path / "data", image_size=(8, 8)))
+    hashes = {train_config_hash(cfg, "cpu", 1, data_digest=digest)}
+    nine = content_digest(load(folder, tmp_path / "data", image_size=(9, 9)))
+    hashes.add(train_config_hash(SearchConfig(dataset=f"{folder}/", image_size="9x9", batch_size=8), "cpu", 1,
+                                 data_digest=nine))
     with Store(tmp_path / "grid" / "search.db", create=False) as store:
         search = Search.open(store, 1)
         spec = WorkerSpec(store=str(tmp_path / "grid" / "search.db"), run=RunConfig(device="cpu", data_dir=data))
@@ -318,7 +324,8 @@ def test_a_search_on_a_folder_is_keyed_by_its_content_and_a_joining_worker_check
         with pytest.raises(UserError, match="its data differ") as refused:
             Training(spec, torch.device("cpu"), "w", None).objective(search)  # type: ignore[arg-type]  # as above
         assert "folder" in str(refused.value)
-    hashes.add(train_config_hash(cfg, "cpu", 1, load(folder, tmp_path / "data", image_size=(8, 8)).source))
+    hashes.add(train_config_hash(cfg, "cpu", 1, data_digest=content_digest(load(folder, tmp_path / "data",
+                                                                                 image_size=(8, 8)))))
     assert len(hashes) == 3
 
 
@@ -351,11 +358,11 @@ def test_a_resume_refuses_a_folder_edited_since_the_run_started(tmp_path, monkey
         patch.setattr(towerlab.jobs.train, "StopFlag", StopAtRead)
         assert main(["train", "--model", "mlp", "--dataset", f"{folder}/", "--data-dir", str(tmp_path / "data"),
                      "--epochs", "3", "--batch-size", "8", *FAST, "--out", str(out)]) == 130
-    started_on = json.loads((out / "config.json").read_text())["data_sha256"]
-    assert list(started_on.values()) == [content_key(folder, tmp_path / "data")]
+    started_on = json.loads((out / "config.json").read_text())["data_digest"]
+    assert started_on == content_digest(load(folder, tmp_path / "data", val_size=5000))
     Image.fromarray(coloured(np.random.default_rng(9), (0, 0, 0), (12, 10))).save(folder / "red" / "001.png")
     capsys.readouterr()
     assert main(["train", "--resume", str(out)]) == 2
     err = capsys.readouterr().err
-    assert "the data changed since this run started" in err and f"{folder} has SHA-256 sha256:" in err
+    assert f"the data changed since this run started ({folder}/ now holds arrays of digest " in err
     assert not (out / "summary.json").exists()

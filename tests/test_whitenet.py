@@ -341,12 +341,12 @@ def test_a_changed_recipe_changes_its_family_s_training_settings_and_no_other(mo
     from towerlab.jobs import candidate
 
     cfg = SearchConfig(dataset="cifar10")
-    before = {m: candidate.train_config_hash(cfg, "cpu", 1, None, m) for m in ("whitenet", "mlp", "cnn")}
-    assert candidate.training_settings(cfg, "cpu", 1, None, "whitenet")["recipe"] == candidate.recipe("whitenet")
+    before = {m: candidate.train_config_hash(cfg, "cpu", 1, m) for m in ("whitenet", "mlp", "cnn")}
+    assert candidate.training_settings(cfg, "cpu", 1, "whitenet")["recipe"] == candidate.recipe("whitenet")
     preset = presets.PRESETS["cifar-94"]
     monkeypatch.setitem(presets.PRESETS, "cifar-94", dataclasses.replace(preset, train={**preset.train,
                                                                                         "weight_decay": 0.1}))
-    after = {m: candidate.train_config_hash(cfg, "cpu", 1, None, m) for m in ("whitenet", "mlp", "cnn")}
+    after = {m: candidate.train_config_hash(cfg, "cpu", 1, m) for m in ("whitenet", "mlp", "cnn")}
     assert after["whitenet"] != before["whitenet"]
     assert (after["mlp"], after["cnn"]) == (before["mlp"], before["cnn"])
 

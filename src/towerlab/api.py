@@ -118,7 +118,7 @@ def train(model: str | Any | Callable[[], Any] | None = None, data: str | os.Pat
     """
     from towerlab.jobs.job import resolved_run
     from towerlab.jobs.train import default_out, start
-    from towerlab.settings import resolve_train
+    from towerlab.settings import batch_size_chosen, resolve_train
 
     options = dict(options)
     module = None
@@ -136,7 +136,8 @@ def train(model: str | Any | Callable[[], Any] | None = None, data: str | os.Pat
     out = Path(run.resume or run.out or default_out(cfg))
     if run.resume is None and run.out is None:
         run = replace(run, out=str(out))
-    _run(lambda: start(cfg, run, data=dataset, module=module), "training")
+    fit_batch = not batch_size_chosen(options, config)
+    _run(lambda: start(cfg, run, data=dataset, module=module, fit_batch=fit_batch), "training")
 
     metrics = _jsonl(out / "metrics.jsonl")
     return TrainRun(out=out, summary=_json(out / "summary.json"), config=_json(out / "config.json"),

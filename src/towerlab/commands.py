@@ -26,7 +26,11 @@ def resolve_train(args: argparse.Namespace) -> tuple[TrainConfig, RunConfig]:
     """The run's configs from the flags, as `towerlab.api.train` resolves its keyword arguments."""
     from towerlab.settings import resolve_train as resolve
 
-    return resolve({**given(args, TrainConfig), **given(args, RunConfig)}, getattr(args, "config", None))
+    return resolve(_train_options(args), getattr(args, "config", None))
+
+
+def _train_options(args: argparse.Namespace) -> dict:
+    return {**given(args, TrainConfig), **given(args, RunConfig)}
 
 
 def resolve_search(args: argparse.Namespace) -> tuple[SearchConfig, RunConfig]:
@@ -49,8 +53,10 @@ def train(args: argparse.Namespace) -> int:
     if args.print_config:
         return _print_config(train=cfg, run=run)
     from towerlab.jobs.train import start
+    from towerlab.settings import batch_size_chosen
 
-    return start(cfg, run, function=function)
+    return start(cfg, run, function=function,
+                 fit_batch=not batch_size_chosen(_train_options(args), getattr(args, "config", None)))
 
 
 def search(args: argparse.Namespace) -> int:
@@ -163,17 +169,21 @@ def evaluate(args: argparse.Namespace) -> int:
     with _own_module_flag():
         result = score_run(args.run, args.dataset, split=args.split, data_dir=args.data_dir,
                            module=_user_module(args.module), log=lambda line: print(line, file=sys.stderr, flush=True))
+    from towerlab.report import printable
+
     recorded = f" (the run recorded {result['recorded']:.4f})" if "recorded" in result else ""
-    print(f"{args.run}: {result['split']} accuracy {result['accuracy']:.4f}, loss {result['loss']:.4f} on "
-          f"{result['n']} images of {result['dataset']}{recorded}")
-    width = max(len(row["class"]) for row in result["per_class"])
-    for row in result["per_class"]:
-        print(f"  {row['class']:<{width}}  accuracy {row['accuracy']:.4f} on {row['n']} images")
+    print(f"{printable(args.run)}: {result['split']} accuracy {result['accuracy']:.4f}, loss {result['loss']:.4f} on "
+          f"{result['n']} images of {printable(result['dataset'])}{recorded}")
+    names = [printable(row["class"]) for row in result["per_class"]]
+    width = max(len(name) for name in names)
+    for name, row in zip(names, result["per_class"]):
+        print(f"  {name:<{width}}  accuracy {row['accuracy']:.4f} on {row['n']} images")
     return 0
 
 
 def predict(args: argparse.Namespace) -> int:
     from towerlab.jobs.scoring import predict_file, predict_images
+    from towerlab.report import printable
 
     npz = [path for path in args.images if str(path).lower().endswith(".npz")]
     if npz and len(args.images) > 1:
@@ -189,11 +199,12 @@ def predict(args: argparse.Namespace) -> int:
             from towerlab.data.folders import skip_summary
 
             print(f"towerlab: skipped {skip_summary(result['skipped'])}", file=sys.stderr, flush=True)
-        print(f"Predicted {result['n']} images -> {result['out']}", file=sys.stderr, flush=True)
+        print(f"Predicted {result['n']} images -> {printable(result['out'])}", file=sys.stderr, flush=True)
         return 0
     accuracy = (f"; accuracy {result['accuracy']:.4f} against its labels ({result['labels']})"
                 if result["accuracy"] is not None else "")
-    print(f"Predicted {result['n']} images of {npz[0]} ({result['images']}) -> {result['out']}{accuracy}")
+    print(f"Predicted {result['n']} images of {printable(npz[0])} ({result['images']}) -> {printable(result['out'])}"
+          f"{accuracy}")
     return 0
 
 

@@ -34,6 +34,31 @@ def stderr_line(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
 
+_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t", "\\": "\\\\"}
+
+
+def printable(name: object) -> str:
+    """`name` (a file's path, a class folder's, a host's: what comes from outside) as a line for people
+    may show it: control characters (a terminal's escape codes, newlines, tabs), undecodable bytes of a
+    file name and backslashes written as Python writes them in a string (\\x1b, \\n, \\xff, \\\\), the rest
+    as it is (accents and other scripts included). CSV and JSON escape names their own way."""
+    text = str(name)
+    if text.isprintable() and "\\" not in text:
+        return text
+    out = []
+    for char in text:
+        code = ord(char)
+        if char in _ESCAPES:
+            out.append(_ESCAPES[char])
+        elif 0xDC80 <= code <= 0xDCFF:  # a byte that was not UTF-8 (os.fsdecode's surrogateescape)
+            out.append(f"\\x{code - 0xDC00:02x}")
+        elif not char.isprintable() and char != " ":
+            out.append(f"\\x{code:02x}" if code <= 0xFF else f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}")
+        else:
+            out.append(char)
+    return "".join(out)
+
+
 def discard_line(_line: str) -> None:
     """A log that says nothing (for the processes that must not repeat what rank 0 says)."""
 

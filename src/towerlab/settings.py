@@ -172,6 +172,16 @@ def resolve_train(options: Mapping, config: str | os.PathLike | Mapping | None =
             RunConfig(**{**preset_run, **file_run, **run_given}))
 
 
+def batch_size_chosen(options: Mapping, config: str | os.PathLike | Mapping | None = None) -> bool:
+    """Whether a run's batch size is its user's (a flag or keyword, a config file, a resumed run's), not
+    towerlab's (TrainConfig's default, or a preset's): only towerlab's is fitted to data too small for it
+    (`jobs.train`); the user's is refused there."""
+    train_given, run_given = split_options(options, "train")
+    if "resume" in run_given or "batch_size" in train_given:
+        return True
+    return config is not None and "batch_size" in read_config_file(config, "train")[0]
+
+
 def _preset_layers(name: str | None, device: str) -> tuple[dict, dict]:
     """A preset's settings for the device type the run will use."""
     if name is None:

@@ -3,32 +3,36 @@ uint8 arrays written aside and renamed into place whole), found again by its nam
 stratified order that lets a test or validation split be cut from train/ as a contiguous block.
 
 An entry is a folder holding x.npy (N, C, H, W uint8), y.npy (N, int64) and meta.json (classes,
-size, the blocks of train/, val/ and test/, what could not be decoded and why); stats.json beside
-them keeps the channel statistics of each training cut (`folders._stats`).
+size, the blocks of train/, val/ and test/, what could not be decoded and why, and the digest of its
+arrays); stats.json beside them keeps the channel statistics of each training cut (`folders._stats`).
+Its name and its check each time it is opened are folder_entry.py's.
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
-import json
 import os
+import resource
 import shutil
 import sys
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Callable, Iterator, Optional
+from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
 from towerlab import atomic
 from towerlab.data import folder_decode
+from towerlab.data.digest import entry_digest
+from towerlab.data.folder_entry import VERSION, expected_meta, meta_of, remove_entry
 from towerlab.data.folder_files import SPLITS, Listing
+from towerlab.data.pages import register
 from towerlab.errors import UserError
 from towerlab.report import SILENCE_SECONDS, discard_line, format_progress
 
-VERSION = 1  # of the cache's layout and of the decoding rules: another version decodes again
+SPACE_MARGIN = 64 * 2**20  # free space left on a disk after a decode's files
 SPLIT_SEED = 0  # the stratified order's: one split for every run, seed and search worker
 
 Log = Callable[[str], object]
@@ -84,17 +88,14 @@ def locked(path: Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def read_meta(where: Path) -> Optional[dict]:
-    with contextlib.suppress(OSError, ValueError):
-        meta = json.loads((where / "meta.json").read_text(encoding="utf-8"))
-        if isinstance(meta, dict) and meta.get("version") == VERSION:
-            return meta
-    return None
-
-
-def decode_folder(listing: Listing, content: str, where: Path, size: tuple[int, int], channels: int, log: Log) -> dict:
-    """Pass 2: every image decoded into `where` (x.npy, y.npy, meta.json), written aside and renamed
-    into place whole, so that no reader ever sees half a cache."""
+def decode_folder(listing: Listing, content: str, file_digests: Sequence[str], where: Path, size: tuple[int, int],
+                  channels: int, log: Log) -> dict:
+    """Pass 2: every image decoded into `where` (x.npy, y.npy, meta.json with the arrays' digest), from the
+    bytes whose SHA-256 pass 1 found (`file_digests`, in the listing's order) and only from those, written
+    aside and renamed into place whole, so that no reader ever sees half a cache. The caller holds the
+    entry's lock. The space it needs is checked first and reserved (a full disk is one line, never a
+    bus error halfway), and what it leaves where it fails is removed, with the leftovers of a process
+    killed while decoding this entry before."""
     started = time.perf_counter()
     files = listing.files
     labels = np.fromiter((f.label for f in files), np.int64, len(files))
@@ -103,28 +104,40 @@ def decode_folder(listing: Listing, content: str, where: Path, size: tuple[int, 
     order = np.arange(len(files))
     if stratified:
         order[:blocks["train"]] = stratified_order(labels[:blocks["train"]])
+    for leftover in where.parent.glob(f".{where.name}.tmp-*"):
+        shutil.rmtree(leftover, ignore_errors=True)
+    need = len(files) * channels * size[0] * size[1]
+    check_space(where.parent, need + 8 * len(files))
     tmp = where.with_name(f".{where.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
     try:
+        tmp.mkdir()
         target = tmp / "x-all.npy"
         np.lib.format.open_memmap(target, "w+", np.uint8, (len(files), channels, *size)).flush()
+        _reserve(target)
         base = os.path.join(str(listing.root), "")
-        items = [(position, base + files[index].path) for position, index in enumerate(order.tolist())]
+        items = [(position, base + files[index].path, file_digests[index])
+                 for position, index in enumerate(order.tolist())]
         failed: dict[int, str] = {}
         with progress(log, len(items), f"Decoding them into {size[0]}x{size[1]}x{channels} on "
                                         f"{min(folder_decode.cores(), len(items))} core(s)") as advance:
-            for _, part in folder_decode.parallel(folder_decode.decode_into, items, (str(target), size, channels),
-                                               advance=advance):
+            for _, (part, changed) in folder_decode.parallel(folder_decode.decode_into, items,
+                                                              (str(target), size, channels), advance=advance):
+                if changed:
+                    raise UserError(f"{listing.root / files[order[changed[0]]].path} changed while {listing.root} was "
+                                    "being decoded: run again once nothing writes into the folder")
                 failed.update(part)
         kept = np.array([p not in failed for p in range(len(files))], bool)
         _check_every_class(listing, order, kept, failed)
         _write_kept(target, tmp / "x.npy", kept)
         np.save(tmp / "y.npy", labels[order][kept])
         counts = {split: int(kept[lo:hi].sum()) for split, (lo, hi) in ranges(blocks).items()}
+        written = np.load(tmp / "x.npy", mmap_mode="r")
+        register(written)
+        digest = entry_digest(written, np.load(tmp / "y.npy"))
+        del written
         seconds = time.perf_counter() - started
-        meta = {"version": VERSION, "content": content, "folder": str(listing.root), "classes": list(listing.classes),
-                "size": list(size), "channels": channels, "blocks": counts, "stratified": stratified,
+        meta = {**expected_meta(listing, content, size, channels), "folder": str(listing.root),
+                "blocks": counts, "stratified": stratified, "digest": digest,
                 "failed": sorted([files[order[p]].path, why] for p, why in failed.items()),
                 "decode_seconds": seconds, "cores": folder_decode.cores()}
         atomic.write_json(tmp / "meta.json", meta)
@@ -132,6 +145,10 @@ def decode_folder(listing: Listing, content: str, where: Path, size: tuple[int, 
             tmp.rename(where)
         except OSError:  # another machine's process wrote it first (a cache on a shared file system)
             shutil.rmtree(tmp, ignore_errors=True)
+    except OSError as err:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise UserError(f"cannot write the image cache entry {where} ({err.strerror or err}): free space in "
+                        f"{where.parent}, or pass --data-dir DIR on a larger disk") from None
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -140,19 +157,42 @@ def decode_folder(listing: Listing, content: str, where: Path, size: tuple[int, 
     return meta
 
 
+def check_space(folder: Path, need: int) -> None:
+    """Refuse, in one line, to write `need` bytes into `folder` where its disk has less free (with
+    SPACE_MARGIN to spare) or the file-size limit (`ulimit -f`) is lower."""
+    free = shutil.disk_usage(folder).free
+    if free < need + SPACE_MARGIN:
+        raise UserError(f"decoding the images needs {need / 2**20:,.1f} MiB in {folder}, whose disk has "
+                        f"{free / 2**20:,.1f} MiB free: free space there, pass --data-dir DIR on a larger disk, "
+                        "or a smaller --image-size")
+    limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    if limit != resource.RLIM_INFINITY and limit < need:
+        raise UserError(f"decoding the images writes a file of {need / 2**20:,.1f} MiB, over this shell's file-size "
+                        f"limit of {limit / 2**20:,.1f} MiB (ulimit -f): raise it, or pass a smaller --image-size")
+
+
+def _reserve(path: Path) -> None:
+    """The blocks of the .npy `path` (just made) reserved on the disk: writing its memory map then never
+    meets a full disk (a bus error); a disk without room says so here, as an OSError."""
+    with open(path, "r+b") as stream:
+        os.posix_fallocate(stream.fileno(), 0, os.fstat(stream.fileno()).st_size)
+
+
 def forget_earlier(where: Path, meta: dict, log: Log) -> None:
     """Remove the entries beside `where` (whose `meta` was just written) that hold an earlier content
-    of its folder (the same path, other images: an edited folder would otherwise leave a full copy of
-    itself behind at each edit), whatever their size. An entry decoded from another path is kept, even
-    of the same images."""
+    of its folder, or were written by another version of the cache (the same path, other images, or
+    an older layout: an edited folder would otherwise leave a full copy of itself behind at each edit),
+    whatever their size. An entry decoded from another path is kept, even of the same images, and so is
+    one of another decoder (another towerlab may share the data folder)."""
     for entry in where.parent.iterdir():
         if entry == where or entry.name.startswith(".") or not entry.is_dir():
             continue
-        earlier = read_meta(entry)
-        if earlier is None or earlier.get("folder") != meta["folder"] or earlier.get("content") == meta["content"]:
+        earlier = meta_of(entry)
+        if earlier.get("folder") != meta["folder"] or \
+                (earlier.get("content") == meta["content"] and earlier.get("version") == VERSION):
             continue
         size = sum(f.stat().st_size for f in entry.iterdir() if f.is_file())
-        shutil.rmtree(entry, ignore_errors=True)
+        remove_entry(entry)
         with contextlib.suppress(OSError):
             entry.with_name(f"{entry.name}.lock").unlink()
         log(f"Removed {entry} ({size / 2**20:,.1f} MiB), the cache of an earlier content of {meta['folder']}")
@@ -184,7 +224,10 @@ def _write_kept(source: Path, target: Path, kept: np.ndarray) -> None:
         source.rename(target)
         return
     rows = np.load(source, mmap_mode="r")
-    out = np.lib.format.open_memmap(target, "w+", np.uint8, (int(kept.sum()), *rows.shape[1:]))
+    check_space(target.parent, int(kept.sum()) * rows[0].nbytes)
+    np.lib.format.open_memmap(target, "w+", np.uint8, (int(kept.sum()), *rows.shape[1:])).flush()
+    _reserve(target)
+    out = np.load(target, mmap_mode="r+")
     positions = np.flatnonzero(kept)
     step = max(1, 2**26 // max(1, rows[0].nbytes))  # 64 MB at a time
     for start in range(0, len(positions), step):

@@ -12,22 +12,32 @@ The rules, the same for training, evaluate and predict:
   then cropped to it about its centre; an image of the target size is taken as it is, pixel for
   pixel. A JPEG is decoded at a reduced scale first where that still covers the target (Pillow's
   draft mode), which is much faster for photos and changes the result by less than a pixel's rounding.
+- Orientation: an image is turned as the EXIF orientation tag in its header says (phones store photos
+  sideways and tag them; Pillow's `ImageOps.exif_transpose`), before it is scaled, and its size is the
+  turned one.
 - A decompression bomb (more pixels than Pillow's limit, MAX_PIXELS) is not decoded.
+
+What decodes an image (this module's source, Pillow's version and its codecs') is part of a cache entry's
+name (`decoder_key`): another decoder's pixels land in another entry.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import hashlib
 import io
+import json
 import multiprocessing
 import os
 import signal
 import warnings
+from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
-from PIL import Image
+import PIL
+from PIL import Image, ImageOps, features
 
 FORMATS = ("JPEG", "PNG", "BMP", "WEBP", "GIF")
 MAX_PIXELS = 89_478_485  # Pillow's MAX_IMAGE_PIXELS: its limit against decompression bombs
@@ -35,6 +45,10 @@ GREY_MODES = frozenset({"1", "L", "LA", "La", "I", "I;16", "I;16B", "I;16L", "I;
 WHOLE_READ = 64 * 2**20  # files up to this size are read in one go; larger ones streamed
 SERIAL_BELOW = 512  # fewer files than this are read in this process: starting workers would cost more
 CHUNK = 256  # files a worker reads per task (the progress bar moves by tasks)
+
+
+TURNED = frozenset({5, 6, 7, 8})  # EXIF orientations that swap an image's width and height
+ORIENTATION = 0x0112  # the EXIF tag
 
 
 class BadImage(Exception):
@@ -68,6 +82,24 @@ def is_grey(mode: str) -> bool:
     return mode in GREY_MODES
 
 
+def _orientation(image: Image.Image) -> int:
+    """The EXIF orientation (1 to 8) that the file's header carries (1: none, or one that cannot be read;
+    a PNG whose EXIF follows its pixels is not decoded to find it)."""
+    if "exif" not in image.info:
+        return 1
+    try:
+        orientation = image.getexif().get(ORIENTATION, 1)
+    except Exception:  # noqa: BLE001 - a malformed EXIF block is a photo without an orientation, not a broken file
+        return 1
+    return orientation if isinstance(orientation, int) and 1 <= orientation <= 8 else 1
+
+
+def shown_size(image: Image.Image) -> tuple[int, int]:
+    """(width, height) of `image` as it is shown: turned by its EXIF orientation."""
+    width, height = image.size
+    return (height, width) if _orientation(image) in TURNED else (width, height)
+
+
 def fitted(image: Image.Image, size: tuple[int, int]) -> Image.Image:
     """`image` scaled to cover `size` (height, width), keeping its aspect ratio, and cropped to it about
     its centre; itself where it has that size already."""
@@ -95,11 +127,14 @@ def decode(source: Any, size: tuple[int, int], channels: int) -> np.ndarray:
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # Pillow's notes on odd files (EXIF, palettes): the file decodes
+                orientation = _orientation(image)
                 if image.format == "JPEG":
-                    w0, h0 = image.size
+                    w0, h0 = shown_size(image)
                     scale = max(size[0] / h0, size[1] / w0)
-                    image.draft("L" if channels == 1 else "RGB",
-                                (max(1, round(w0 * scale)), max(1, round(h0 * scale))))
+                    wanted = (max(1, round(w0 * scale)), max(1, round(h0 * scale)))
+                    image.draft("L" if channels == 1 else "RGB", wanted[::-1] if orientation in TURNED else wanted)
+                if orientation != 1:
+                    image = ImageOps.exif_transpose(image)
                 pixels = np.asarray(fitted(_as_mode(image, channels), size))
         except Exception as exc:  # noqa: BLE001 - a broken file is that file's fault
             raise BadImage(_reason(exc)) from None
@@ -131,7 +166,8 @@ def scan(items: Sequence[tuple[str, int]]) -> list[tuple[str, str, int, int, str
             continue
         try:
             with _open(io.BytesIO(data) if isinstance(data, bytes) else data) as image:
-                out.append((digest, image.mode, image.size[1], image.size[0], ""))
+                width, height = shown_size(image)
+                out.append((digest, image.mode, height, width, ""))
         except BadImage as err:
             out.append((digest, "", 0, 0, str(err)))
     return out
@@ -150,19 +186,40 @@ def decode_many(paths: Sequence[str], size: tuple[int, int], channels: int) -> l
     return out
 
 
-def decode_into(items: Sequence[tuple[int, str]], target: str, size: tuple[int, int],
-                channels: int) -> list[tuple[int, str]]:
-    """Pass 2: each (position, path) decoded into row `position` of the .npy `target` (opened here,
-    memory-mapped); returns (position, why) of those that cannot be decoded."""
+def decode_into(items: Sequence[tuple[int, str, str]], target: str, size: tuple[int, int],
+                channels: int) -> tuple[list[tuple[int, str]], list[int]]:
+    """Pass 2: each (position, path, the SHA-256 pass 1 read) decoded into row `position` of the .npy
+    `target` (opened here, memory-mapped), from the bytes it reads now, and only where they are those
+    pass 1 hashed: the cache's key names what it holds. Returns ((position, why) of those that cannot be
+    decoded, the positions of files whose bytes changed since pass 1)."""
     images = np.load(target, mmap_mode="r+")
-    failed = []
-    for (position, _), image in zip(items, decode_many([path for _, path in items], size, channels)):
-        if isinstance(image, str):
-            failed.append((position, image))
-        else:
-            images[position] = image
+    failed, changed = [], []
+    for position, path, expected in items:
+        try:
+            with open(path, "rb") as stream:
+                data = stream.read()
+        except OSError as err:
+            failed.append((position, f"unreadable ({err.strerror or err})"))
+            continue
+        if hashlib.sha256(data).hexdigest() != expected:
+            changed.append(position)
+            continue
+        try:
+            images[position] = decode(data, size, channels)
+        except BadImage as err:
+            failed.append((position, str(err)))
     images.flush()
-    return failed
+    return failed, changed
+
+
+@functools.lru_cache(maxsize=1)
+def decoder_key() -> str:
+    """What decides the pixels a file decodes to, in 16 hexadecimal digits: this module's source, Pillow's
+    version and the versions of the codecs it was built with."""
+    versions = {"pillow": PIL.__version__, **{name: features.version(name) for name in ("jpg", "zlib", "webp")}}
+    digest = hashlib.sha256(Path(__file__).read_bytes())
+    digest.update(json.dumps(versions, sort_keys=True).encode())
+    return digest.hexdigest()[:16]
 
 
 def cores() -> int:
@@ -179,8 +236,8 @@ def _quiet_worker() -> None:
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
-def parallel(function: Callable[..., list], items: Sequence, args: tuple = (), *,
-             advance: Callable[[int], None] = lambda n: None) -> Iterable[tuple[Sequence, list]]:
+def parallel(function: Callable[..., Any], items: Sequence, args: tuple = (), *,
+             advance: Callable[[int], None] = lambda n: None) -> Iterable[tuple[Sequence, Any]]:
     """`function(chunk, *args)` over `items` in chunks, on every core (forked worker processes, where
     the system forks; spawned elsewhere), yielding (each chunk, its results) in order; `advance(n)`
     as chunks of n items finish. Few items are read here, in this process."""

@@ -17,7 +17,6 @@ val/ that train/ lacks.
 from __future__ import annotations
 
 import functools
-import hashlib
 import os
 import stat
 from dataclasses import dataclass, field
@@ -33,19 +32,18 @@ MAX_CLASSES = 1000  # as for your own .npz
 
 class ImageFile(NamedTuple):
     """One image file: its split, its label (an index into `Listing.classes`), its path relative to the
-    folder ('/'-separated), its size and modification time. A tuple: a folder may list millions."""
+    folder ('/'-separated) and its size. A tuple: a folder may list millions."""
 
     split: str
     label: int
     path: str
     size: int
-    mtime_ns: int
 
 
 @dataclass
 class Listing:
     """What a folder holds: `classes` (train/'s, sorted), its class folders (`found`: (split, class,
-    [(path within the class folder, size, modification time) of each image, in the order the folder
+    [(path within the class folder, size) of each image, in the order the folder
     lists them])), where each split lies in the folder (`prefixes`) and `skipped` ((path, reason) of
     every file that is not read). `splits`: the split folders present (("train",) for a folder of
     class folders)."""
@@ -53,18 +51,9 @@ class Listing:
     root: Path
     splits: tuple[str, ...]
     classes: tuple[str, ...]
-    found: list[tuple[str, str, list[tuple[str, int, int]]]]
+    found: list[tuple[str, str, list[tuple[str, int]]]]
     prefixes: dict[str, str]
     skipped: list[tuple[str, str]] = field(default_factory=list)
-
-    def stat_key(self) -> str:
-        """A digest of every image's path, size and modification time, as the folders list them: equal
-        for an untouched folder, so a known folder is recognised without reading its files
-        (`folders.content_key`; a folder that lists its files in another order is only read again).
-        Of the listing's repr, which Python writes at C speed, and nothing sorted: a reopening costs
-        little more than the stat of every file."""
-        text = repr([(self.prefixes[split], name, rows) for split, name, rows in self.found])
-        return hashlib.sha256(text.encode("utf-8", "surrogateescape")).hexdigest()
 
     @functools.cached_property
     def files(self) -> list[ImageFile]:
@@ -73,10 +62,9 @@ class Listing:
         label = {name: k for k, name in enumerate(self.classes)}
         files = []
         for split in self.splits:
-            rows = sorted((rel, name, size, mtime) for s, name, found in self.found if s == split
-                          for rel, size, mtime in found)
-            files += [ImageFile(split, label[name], f"{self.prefixes[split]}{name}/{rel}", size, mtime)
-                      for rel, name, size, mtime in rows]
+            rows = sorted((rel, name, size) for s, name, found in self.found if s == split for rel, size in found)
+            files += [ImageFile(split, label[name], f"{self.prefixes[split]}{name}/{rel}", size)
+                      for rel, name, size in rows]
         return files
 
     def count(self, split: str) -> int:
@@ -124,7 +112,8 @@ def list_folder(root: str | os.PathLike) -> Listing:
     classes = tuple(sorted(found["train"]))
     _check_classes(root, classes, found, where)
     cut = len(os.path.join(str(root), ""))
-    files = [(split, name, _class_files(where[split] / name, cut, skipped)) for split in splits
+    above = {split: frozenset(_identity(p) for p in {root, where[split]}) for split in splits}
+    files = [(split, name, _class_files(where[split] / name, cut, skipped, above[split])) for split in splits
              for name in sorted(found[split])]
     prefixes = {split: os.path.join(str(where[split]), "")[cut:] for split in splits}
     return Listing(root, splits, classes, files, prefixes, skipped)
@@ -155,10 +144,18 @@ def _check_classes(root: Path, classes: tuple[str, ...], found: dict[str, list[s
                             "must be one the network learns from train/ (add it there, or remove it)")
 
 
-def _class_files(folder: Path, cut: int, skipped: list[tuple[str, str]]) -> list[tuple[str, int, int]]:
-    """`_walk` of a class folder; the paths it skips named from the image folder (`cut`: its length)."""
+def _identity(folder: Path) -> tuple[int, int]:
+    info = os.stat(folder)
+    return info.st_dev, info.st_ino
+
+
+def _class_files(folder: Path, cut: int, skipped: list[tuple[str, str]],
+                 above: frozenset[tuple[int, int]]) -> list[tuple[str, int]]:
+    """`_walk` of a class folder; the paths it skips named from the image folder (`cut`: its length);
+    `above`: the folders it lies in (the image folder, its split's), which a link inside it must not
+    lead back to (the other classes' images would take this class's label)."""
     try:
-        found = _walk(str(folder), lambda path: path[cut:], skipped)
+        found = _walk(str(folder), lambda path: path[cut:], skipped, above)
     except OSError as err:
         raise UserError(f"cannot read class folder {folder}: {err.strerror or err}") from None
     if not found:
@@ -167,16 +164,18 @@ def _class_files(folder: Path, cut: int, skipped: list[tuple[str, str]]) -> list
     return found
 
 
-def _walk(folder: str, shown: Callable[[str], str], skipped: list[tuple[str, str]]) -> list[tuple[str, int, int]]:
-    """(path within `folder`, size, modification time) of every image file under `folder`, in the
-    order the folders list them, walked depth first, following links to folders except those that lead back to a folder they
-    lie in; what is not read goes to `skipped`, named by `shown(its path)`. OSError where `folder`
-    itself cannot be read. (Names and stats through each folder's descriptor, and the least Python a
-    file can cost: the stat of every file is most of a cache's reopening.)"""
+def _walk(folder: str, shown: Callable[[str], str], skipped: list[tuple[str, str]],
+          above: frozenset[tuple[int, int]] = frozenset()) -> list[tuple[str, int]]:
+    """(path within `folder`, size) of every image file under `folder`, in the
+    order the folders list them, walked depth first, following links to folders except those that lead
+    back to a folder they lie in (`folder` itself, and those of `above`, the folders `folder` lies in);
+    what is not read goes to `skipped`, named by `shown(its path)`. OSError where `folder` itself cannot
+    be read. (Names and stats through each folder's descriptor, and the least Python a file can cost:
+    the stat of every file is much of a folder's listing.)"""
     top = os.stat(folder)
-    out: list[tuple[str, int, int]] = []
+    out: list[tuple[str, int]] = []
     append, stat_of, is_file = out.append, os.stat, stat.S_ISREG  # bound once: this loop runs per file
-    pending = [("", frozenset({(top.st_dev, top.st_ino)}))]
+    pending = [("", above | {(top.st_dev, top.st_ino)})]
     while pending:
         prefix, ancestors = pending.pop()
         here = os.path.join(folder, prefix)
@@ -198,7 +197,7 @@ def _walk(folder: str, shown: Callable[[str], str], skipped: list[tuple[str, str
                     continue
                 if is_file(info.st_mode):
                     if name.lower().endswith(IMAGE_SUFFIXES):
-                        append((prefix + name, info.st_size, info.st_mtime_ns))
+                        append((prefix + name, info.st_size))
                     else:
                         skipped.append((shown(here + name),
                                         f"not an image file ({os.path.splitext(name)[1] or 'no extension'})"))

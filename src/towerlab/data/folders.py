@@ -3,12 +3,13 @@ data folder (`<data folder>/image-cache/`), keyed by the folder's content; memor
 on, so a folder larger than memory trains with batches read from the cache (`release_pages` lets
 the reader give back what a batch mapped in).
 
-The content key (`content_key`) is a SHA-256 over every image's path, size and SHA-256: an edited,
-added or removed image makes another key, hence another decode, and a search's workers compare it
-to be sure they train on the same images. Reading every byte is pass 1 of a decode; a folder seen
-before is recognised by its files' paths, sizes and modification times alone (`index/`), which is
-what lets a cache reopen in a fraction of the decode's time. Pass 2 decodes every image into the
-cache (folder_decode.py has the rules); what cannot be decoded is skipped and counted.
+The content key (`Scan.content`) is a SHA-256 over every image's path, size and SHA-256: an edited,
+added or removed image makes another key, hence another cache entry. Pass 1 reads every byte of the
+folder each time it is loaded (nothing is recognised by paths, sizes and times); pass 2 decodes every
+image into the cache from the very bytes pass 1 hashed (folder_decode.py has the rules); what cannot
+be decoded is skipped and counted. An entry is checked each time it is opened (`folder_entry.
+open_entry`); what identifies the dataset for a search or a resume is the digest of the arrays it
+trains on (`towerlab.data.digest`), as for every dataset.
 
 The cache holds train/'s images, then val/'s, then test/'s. Where a split must be cut from train/
 (no test/: --test-size; no val/: --val-size), train/'s images are kept in a stratified order
@@ -21,9 +22,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import mmap
 import os
-import weakref
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,10 +32,11 @@ import numpy as np
 
 from towerlab import atomic
 from towerlab.catalog.datasets import parse_image_size
-from towerlab.data import folder_cache, folder_decode, locate
+from towerlab.data import folder_cache, folder_decode, folder_entry, locate
 from towerlab.data.folder_files import Listing, list_folder
+from towerlab.data.pages import release_pages
 from towerlab.errors import UserError
-from towerlab.report import discard_line
+from towerlab.report import printable
 
 CACHE = "image-cache"
 DEFAULT_SIZE = (64, 64)  # the size where the folder's most common one is larger than LARGEST_COMMON
@@ -68,11 +68,13 @@ class FolderOptions:
 
 @dataclass(frozen=True)
 class Scan:
-    """Pass 1 of a folder: its content key, and the channel count and most common size of its images."""
+    """Pass 1 of a folder: its content key, the channel count and most common size of its images, and the
+    SHA-256 of each file (the listing's order; "" for one that could not be read)."""
 
     content: str
     channels: int
     common_size: tuple[int, int]
+    file_digests: tuple[str, ...]
 
     def size(self, given: Optional[tuple[int, int]]) -> tuple[int, int]:
         if given is not None:
@@ -83,25 +85,17 @@ class Scan:
 def cache_root(data_dir: str | os.PathLike | None) -> Path:
     root = locate.resolve_data_dir(data_dir) / CACHE
     try:
-        (root / "index").mkdir(parents=True, exist_ok=True)
+        root.mkdir(parents=True, exist_ok=True)
     except OSError as err:
         raise UserError(f"cannot write the image cache in {root} ({err.strerror or err}): pass --data-dir DIR, "
                         "a folder you can write") from None
     return root
 
 
-def content_key(path: str | os.PathLike, data_dir: str | os.PathLike | None = None, log: Log = discard_line) -> str:
-    """The content key of the image folder `path` ("sha256:..."): what a search identifies it by."""
-    return scan_folder(list_folder(path), cache_root(data_dir), log).content
-
-
-def scan_folder(listing: Listing, root: Path, log: Log) -> Scan:
-    """Pass 1 (every file read and hashed, every header parsed), or what the index recorded of it."""
-    index = root / "index" / f"{listing.stat_key()}.json"
-    with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
-        known = json.loads(index.read_text(encoding="utf-8"))
-        height, width = known["common_size"]
-        return Scan(str(known["content"]), int(known["channels"]), (int(height), int(width)))
+def scan_folder(listing: Listing, log: Log) -> Scan:
+    """Pass 1: every file read and hashed, every header parsed, each time a folder is loaded (nothing
+    recognises a folder by its files' paths, sizes and times: a file edited with its time put back, or
+    two of one size swapped, would not be seen)."""
     base = os.path.join(str(listing.root), "")
     items = [(base + f.path, f.size) for f in listing.files]
     results: list[tuple[str, str, int, int, str]] = []
@@ -113,10 +107,7 @@ def scan_folder(listing: Listing, root: Path, log: Log) -> Scan:
     sizes = Counter((h, w) for _, _, h, w, _ in readable)
     common = min(sizes, key=lambda s: (-sizes[s], s[0] * s[1], s)) if sizes else DEFAULT_SIZE
     channels = 1 if readable and all(folder_decode.is_grey(r[1]) for r in readable) else 3
-    scan = Scan("sha256:" + digest, channels, common)
-    atomic.write_json(index, {"content": scan.content, "channels": channels, "common_size": list(common),
-                              "folder": str(listing.root)})
-    return scan
+    return Scan("sha256:" + digest, channels, common, tuple(r[0] for r in results))
 
 
 def _sha256_lines(lines: Iterator[str]) -> str:
@@ -142,37 +133,59 @@ class Loaded:
 
 def load_folder(path: str | os.PathLike, data_dir: str | os.PathLike | None, val_size: int, options: FolderOptions,
                 log: Log, stats: Stats) -> Loaded:
-    """The image folder `path`, decoded first where the cache lacks it. `stats(x_train, release=...)`
-    gives the training part's channel statistics, computed once per cut and kept beside the arrays."""
+    """The image folder `path`, decoded first where the cache lacks it (or holds it damaged).
+    `stats(x_train, release=...)` gives the training part's channel statistics, computed once per cut
+    and kept beside the arrays."""
     listing = list_folder(path)
     if "test" in listing.splits and options.test_size is not None:
         raise UserError(f"--test-size cuts a test set out of train/, and {listing.root} has test/ of its own: leave "
                         "--test-size out")
     root = cache_root(data_dir)
-    scan = scan_folder(listing, root, log)
+    scan = scan_folder(listing, log)
     size, channels = scan.size(options.image_size), options.channels or scan.channels
-    where = root / f"{scan.content.removeprefix('sha256:')}-{size[0]}x{size[1]}x{channels}"
-    meta = folder_cache.read_meta(where)
-    if meta is None:
-        with folder_cache.locked(root / f"{where.name}.lock"):
-            meta = folder_cache.read_meta(where) or folder_cache.decode_folder(listing, scan.content, where, size,
-                                                                                channels, log)
-    x, y = (np.load(where / name, mmap_mode="c") for name in ("x.npy", "y.npy"))
-    _register(x)
-    _register(y)
+    entry = _entry(listing, scan, root, size, channels, log)
+    meta = entry.meta
     ranges, note = _cuts(listing, meta, val_size, options.test_size)
-    classes, y = _labelled(listing, y, options.classes)
+    classes, y = _labelled(listing, entry.y, options.classes)
     arrays = {}
     for split, (lo, hi) in ranges.items():
-        arrays[f"x_{split}"], arrays[f"y_{split}"] = x[lo:hi], y[lo:hi]
-    mean, std = _stats(where, ranges["train"], arrays["x_train"], stats)
+        arrays[f"x_{split}"], arrays[f"y_{split}"] = entry.x[lo:hi], y[lo:hi]
+    mean, std = _stats(root / folder_entry.entry_name(scan.content, size, channels), meta["digest"], ranges["train"],
+                       arrays["x_train"], stats)
     skipped = listing.skipped + [tuple(pair) for pair in meta["failed"]]
     if skipped:
-        log(f"{listing.root}: skipped {skip_summary(skipped)}")
+        log(f"{printable(listing.root)}: skipped {skip_summary(skipped)}")
     source = {"format": "folder", "files": [str(listing.root)], "fallback": False, "note": note,
-              "content": scan.content, "cache": str(where), "classes": list(classes),
-              "skipped": len(skipped), "skipped_files": [list(pair) for pair in skipped[:100]]}
+              "content": scan.content, "cache": str(root / folder_entry.entry_name(scan.content, size, channels)),
+              "classes": list(classes), "skipped": len(skipped), "skipped_files": [list(pair) for pair in skipped[:100]]}
     return Loaded(arrays, source, classes, tuple(mean), tuple(std))
+
+
+def _entry(listing: Listing, scan: Scan, root: Path, size: tuple[int, int], channels: int, log: Log) -> folder_entry.Entry:
+    """The folder's cache entry at `size` and `channels`, checked (`folder_entry.open_entry`): decoded
+    first where there is none, or decoded again where the one there fails a check (one line says which)."""
+    where = root / folder_entry.entry_name(scan.content, size, channels)
+    expected = folder_entry.expected_meta(listing, scan.content, size, channels)
+    with contextlib.suppress(folder_entry.Damaged):
+        entry = folder_entry.open_entry(where, expected)
+        if entry is not None:
+            return entry
+    with folder_cache.locked(root / f"{where.name}.lock"):
+        try:
+            entry = folder_entry.open_entry(where, expected)
+        except folder_entry.Damaged as why:
+            log(f"towerlab: the image cache entry {where} is damaged ({why}): decoding {printable(listing.root)} again")
+            folder_entry.remove_entry(where)
+            entry = None
+        if entry is None:
+            folder_cache.decode_folder(listing, scan.content, scan.file_digests, where, size, channels, log)
+            try:
+                entry = folder_entry.open_entry(where, expected)
+            except folder_entry.Damaged as why:
+                raise UserError(f"the image cache entry {where} just written fails its check ({why}): is another "
+                                "process writing into the data folder?") from None
+    assert entry is not None, "an entry decoded and checked"
+    return entry
 
 
 def _cuts(listing: Listing, meta: dict, val_size: int, test_size: Optional[float]) -> tuple[dict, str]:
@@ -213,45 +226,30 @@ def _labelled(listing: Listing, y: np.ndarray, classes: Optional[tuple[str, ...]
     return tuple(classes), np.array([classes.index(name) for name in listing.classes], np.int64)[y]
 
 
-def _stats(where: Path, train: tuple[int, int], x_train: np.ndarray, stats: Stats) -> tuple[list, list]:
-    """The training part's channel mean and std: computed once per cut, then read from stats.json."""
+def _stats(where: Path, digest: str, train: tuple[int, int], x_train: np.ndarray, stats: Stats) -> tuple[list, list]:
+    """The training part's channel mean and std: computed once per cut, then read from stats.json,
+    where that holds them for the entry's arrays (`digest`) and its own checksum holds."""
     path, key = where / "stats.json", f"{train[0]}:{train[1]}"
-    known: dict = {}
-    with contextlib.suppress(OSError, ValueError):
-        known = json.loads(path.read_text(encoding="utf-8"))
-    if not isinstance(known.get(key), dict):
+    cuts: dict = {}
+    with contextlib.suppress(folder_entry.Damaged):
+        known = folder_entry.read_json(path)
+        if isinstance(known, dict) and isinstance(known.get("cuts"), dict) and known.get("digest") == digest \
+                and known.get("sha256") == _checksum(known["cuts"]):
+            cuts = known["cuts"]
+    if not isinstance(cuts.get(key), dict):
         mean, std = stats(x_train, release=lambda: release_pages(x_train.__array_interface__["data"][0]))
-        known[key] = {"mean": list(mean), "std": list(std)}
+        cuts[key] = {"mean": list(mean), "std": list(std)}
         with contextlib.suppress(UserError):  # a cache we cannot write to is only slower next time
-            atomic.write_json(path, known)
-    return known[key]["mean"], known[key]["std"]
+            atomic.write_json(path, {"digest": digest, "cuts": cuts, "sha256": _checksum(cuts)})
+    return cuts[key]["mean"], cuts[key]["std"]
+
+
+def _checksum(cuts: object) -> str:
+    return hashlib.sha256(json.dumps(cuts, sort_keys=True).encode()).hexdigest()
 
 
 def skip_summary(skipped: list) -> str:
     """'N file(s) (how many for each reason; e.g. the first and its reason)'."""
     reasons = Counter(why.split(" (")[0] for _, why in skipped)
-    first = f"{skipped[0][0]}: {skipped[0][1]}"
+    first = f"{printable(skipped[0][0])}: {printable(skipped[0][1])}"
     return f"{len(skipped):,} file(s) ({'; '.join(f'{n:,} {why}' for why, n in reasons.most_common())}; e.g. {first})"
-
-
-# --------------------------------------------------------------------------------- resident memory
-
-_MAPPED: list[tuple[int, int, weakref.ref]] = []
-
-
-def _register(array: np.ndarray) -> None:
-    _MAPPED[:] = [entry for entry in _MAPPED if entry[2]() is not None]
-    start = array.__array_interface__["data"][0]
-    _MAPPED.append((start, start + array.nbytes, weakref.ref(array)))
-
-
-def release_pages(address: int) -> None:
-    """Unmap from this process the pages of the memory-mapped cache that holds `address` (a tensor's
-    data_ptr()): they stay in the system's page cache, and a later read maps them in again. Called
-    after each batch is gathered, so a training's resident memory stays at what its batches need
-    however large the cache is; nothing for memory that is not a cache's."""
-    for start, end, ref in _MAPPED:
-        array = ref()
-        if array is not None and start <= address < end:
-            getattr(array, "_mmap").madvise(mmap.MADV_DONTNEED)  # np.memmap keeps its mmap there
-            return

@@ -1,4 +1,5 @@
-"""Datasets as uint8 tensors: loading, the validation split, normalisation statistics, fingerprints.
+"""Datasets as uint8 tensors: loading, the validation split, normalisation statistics (what identifies
+one: towerlab.data.digest).
 
 Names: those of the catalog (towerlab.catalog.datasets: mnist, fashion-mnist, cifar10, found in the data
 folder and downloaded when missing; synthetic, generated), or the path of your own `.npz` in the
@@ -13,7 +14,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import gzip
-import hashlib
 import io
 import os
 import sys
@@ -89,44 +89,6 @@ class Dataset:
         return len(self.x_test)
 
 
-@functools.lru_cache(maxsize=8)
-def _file_sha256(path: str, size: int, mtime_ns: int) -> str:
-    # size and mtime are part of the cache key: a file replaced in place is hashed again.
-    digest = hashlib.sha256()
-    with open(path, "rb") as stream:
-        for block in iter(lambda: stream.read(2**20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def _sha256(path: Path) -> str:
-    try:
-        stat = path.stat()
-        return _file_sha256(str(path), stat.st_size, stat.st_mtime_ns)
-    except OSError as err:
-        raise UserError(f"cannot read dataset file {path}: {err.strerror or err}") from None
-
-
-def content_sha256(source: dict) -> dict[str, str]:
-    """The SHA-256 of every file a dataset was read from (`Dataset.source["files"]`), by path; of
-    arrays given from Python, their own digest; empty for generated data. A run records it, so that
-    a resume notices data replaced under it."""
-    if source.get("format") == "arrays":
-        return {"in memory": source["sha256"]}
-    if source.get("format") == "folder":
-        return {source["files"][0]: source["content"]}
-    return {path: _sha256(Path(path)) for path in source.get("files", [])}
-
-
-def fingerprint(name: str, source: dict | None = None) -> str:
-    """What identifies a dataset's content: its name for the catalog's, the file's SHA-256 for a
-    custom .npz, an image folder's content key (`folders.content_key`; from `source`, the data's as
-    loaded, where given), so a search cache never serves fitnesses computed on data since changed."""
-    if is_image_folder(name):
-        return source["content"] if source and source.get("format") == "folder" else folders.content_key(name)
-    return "sha256:" + _sha256(_custom_path(name)) if is_custom_dataset(name) else name
-
-
 def _custom_path(name: str) -> Path:
     path = Path(name).expanduser()
     if not path.is_file():
@@ -142,8 +104,7 @@ def _load_custom(name: str, val_size: int) -> Dataset:
     if num_classes < 2:
         raise UserError(f"{path}: every label is 0; a classifier needs at least 2 classes (labels 0..K-1)")
     source = {"format": "npz", "files": [str(path.absolute())], "fallback": False,
-              "note": f"custom: {num_classes} classes, images {'x'.join(map(str, arrays['x_train'].shape[1:]))}",
-              "sha256": _sha256(path)}
+              "note": f"custom: {num_classes} classes, images {'x'.join(map(str, arrays['x_train'].shape[1:]))}"}
     return _assemble(name, arrays, val_size, source, num_classes)
 
 
@@ -245,10 +206,7 @@ def from_arrays(train: tuple, validation: tuple | None = None, test: tuple | Non
     num_classes = int(max(y_train.max(), y_test.max(initial=0))) + 1
     if num_classes < 2:
         raise UserError("every label is 0: a classifier needs at least 2 classes (labels 0..K-1)")
-    digest = hashlib.sha256()
-    for a in (x_train, y_train, x_test, y_test):
-        digest.update(np.ascontiguousarray(a).data)
-    source = {"format": "arrays", "files": [], "fallback": False, "sha256": digest.hexdigest(),
+    source = {"format": "arrays", "files": [], "fallback": False,
               "note": f"in memory: {num_classes} classes, images {'x'.join(map(str, x_train.shape[1:]))}"}
     return _assemble(ARRAYS_DATASET, {"x_train": x_train, "y_train": y_train, "x_test": x_test, "y_test": y_test},
                      val_size, source, num_classes)

@@ -22,9 +22,8 @@ from typing import Callable, Optional, Union
 import torch
 
 from towerlab.config import CUSTOM_MODEL, SearchConfig, TrainConfig
-from towerlab.checks import ARRAYS_DATASET, is_custom_dataset, is_image_folder
 from towerlab.fields import to_flags
-from towerlab.data.load import Dataset, fingerprint
+from towerlab.data.load import Dataset
 from towerlab.distributed.env import device_name
 from towerlab.distributed.group import Context
 from towerlab.distributed.signals import Interrupted, StopFlag
@@ -64,25 +63,19 @@ def recipe(model: str, optimizer: str | None = None) -> dict:
     return settings
 
 
-def training_settings(cfg: SearchConfig, device_type: str, threads: Optional[int], source: dict | None = None,
+def training_settings(cfg: SearchConfig, device_type: str, threads: Optional[int],
                       model: Optional[CandidateModel] = None, data_digest: Optional[str] = None) -> dict:
     """Everything besides the genome and the seed that decides a candidate's fitness: the search's
     settings, and the numerics of its workers that the search chooses (the device kind, and on a CPU
-    the threads per candidate, whose count changes a float sum's order and so the result). A catalog
-    dataset's content is its `data_digest` (`data.digest`), where given: a search records it (since
-    schema 5), so that its cache never serves rows trained on other data under the same name (the
-    offline fallback's digits are "mnist" too); one recorded before is identified by its name."""
+    the threads per candidate, whose count changes a float sum's order and so the result). The data's
+    content is its `data_digest` (`towerlab.data.digest`: of the arrays trained on, whatever the dataset
+    is), where given: a search records it (since schema 5), so that its cache never serves rows trained on
+    other data under the same name (the offline fallback's digits are "mnist" too, an edited .npz or image
+    folder keeps its path); one recorded before is identified by its settings alone."""
     settings = {"dataset": cfg.dataset, "val_size": cfg.val_size, "max_epochs": cfg.max_epochs,
                 "patience": cfg.patience, "batch_size": cfg.batch_size, "fitness_version": FITNESS_VERSION,
                 "numerics": {"device": device_type, **({"threads": threads} if device_type == "cpu" else {})}}
-    if is_custom_dataset(cfg.dataset):
-        settings["dataset_content"] = fingerprint(cfg.dataset)  # a replaced file invalidates the cache
-    elif is_image_folder(cfg.dataset):  # an edited folder too, and its images' size or test split
-        settings.update(dataset_content=fingerprint(cfg.dataset, source), image_size=cfg.image_size,
-                        test_size=cfg.test_size)
-    elif cfg.dataset == ARRAYS_DATASET:
-        settings["dataset_content"] = source["sha256"]  # type: ignore[index]  # arrays come with their source
-    elif data_digest is not None:
+    if data_digest is not None:
         settings["dataset_content"] = data_digest
     if callable(model):
         settings["model_function"] = function_identity(model)
@@ -110,12 +103,11 @@ def function_identity(function: Callable) -> str:
     return f"{name}:{hashlib.sha256(text.encode()).hexdigest()}"
 
 
-def train_config_hash(cfg: SearchConfig, device_type: str, threads: Optional[int], source: dict | None = None,
+def train_config_hash(cfg: SearchConfig, device_type: str, threads: Optional[int],
                       model: Optional[CandidateModel] = None, data_digest: Optional[str] = None) -> str:
-    """`device_type`, `threads`: the workers' device kind and CPU threads per candidate; `source`: the
-    data's (`Dataset.source`), needed for arrays given from Python; `model`: a model function of
-    yours (see `Model`); `data_digest`: see `training_settings`."""
-    return genome_hash(training_settings(cfg, device_type, threads, source, model, data_digest))
+    """`device_type`, `threads`: the workers' device kind and CPU threads per candidate; `model`: a model
+    function of yours (see `Model`); `data_digest`: see `training_settings`."""
+    return genome_hash(training_settings(cfg, device_type, threads, model, data_digest))
 
 
 def model_function(model: CandidateModel) -> Callable[..., torch.nn.Module]:

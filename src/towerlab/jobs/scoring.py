@@ -26,8 +26,9 @@ from towerlab.checks import is_image_folder
 from towerlab.fields import from_dict, replace
 from towerlab.errors import UserError
 from towerlab.jobs.provenance import read_config
-from towerlab.report import discard_line
-from towerlab.data.load import DataGiven
+from towerlab.report import discard_line, printable
+from towerlab.data.digest import content_digest
+from towerlab.data.load import DataGiven, Dataset
 from towerlab.models.classifier import Classifier
 from towerlab.models.custom import NetworkSource, user_code_failed
 from towerlab.models.files import load_model
@@ -38,6 +39,7 @@ T = TypeVar("T")
 SPLITS = ("test", "val")
 IMAGE_KEYS = ("x", "images", "x_test")
 LABEL_KEYS = ("y", "labels", "y_test")
+PREDICTIONS = "predictions"  # the folder of a run where predict writes an image's predictions by default
 
 
 def model_file(path: str | os.PathLike) -> Path:
@@ -67,7 +69,7 @@ def score_run(path: str | os.PathLike, data: DataGiven = None, *, split: str = "
         raise UserError(f"unknown split {split!r}: choose one of {', '.join(SPLITS)}")
     file = model_file(path)
     model, record = load_model(file, module=module)
-    source = None
+    dataset = None
     if data is not None and not isinstance(data, (str, os.PathLike)):
         x, y = _pair(data)
         name, split = "arrays", "given"
@@ -82,7 +84,7 @@ def score_run(path: str | os.PathLike, data: DataGiven = None, *, split: str = "
         reading = FolderOptions((height, width), cfg.test_size, channels, model.class_names)
         dataset = train_data(cfg, run, log=log or discard_line, folder=reading)
         x, y = (dataset.x_test, dataset.y_test) if split == "test" else (dataset.x_val, dataset.y_val)
-        name, source = cfg.dataset, dataset.source
+        name = cfg.dataset
     if len(x) == 0:
         raise UserError(f"{name} has no {split} images to evaluate on")
     logits = _of_yours(record, model, lambda: model.logits(x))
@@ -93,7 +95,7 @@ def score_run(path: str | os.PathLike, data: DataGiven = None, *, split: str = "
                  for k in range(model.num_classes) if (labels == k).any()]
     result = {"dataset": name, "split": split, "n": len(labels), "accuracy": float(right.double().mean()),
               "loss": float(F.cross_entropy(logits, labels)), "per_class": per_class}
-    recorded = _recorded(file.parent, source, split)
+    recorded = _recorded(file.parent, dataset, split)
     if recorded is not None:
         result["recorded"] = recorded
     return result
@@ -119,11 +121,11 @@ def _trained_on(record: dict, file: Path) -> TrainConfig:
         raise UserError(f"{file} does not record the config it was trained with: name the data (--dataset)") from None
 
 
-def _recorded(folder: Path, source: dict | None, split: str) -> float | None:
-    """The run's own accuracy on `split`, where it was measured on the very data read now (the same
-    files, or the same fallback: not real MNIST for a run trained offline)."""
+def _recorded(folder: Path, dataset: Dataset | None, split: str) -> float | None:
+    """The run's own accuracy on `split`, where it was measured on the very data read now: arrays of the
+    same digest (`towerlab.data.digest`; not the fallback's digits for a run on real MNIST)."""
     summary = read_config(folder, "summary.json") or {}
-    if source is None or summary.get("data_source") != source:
+    if dataset is None or "data_digest" not in summary or summary["data_digest"] != content_digest(dataset):
         return None
     value = summary.get("test_accuracy" if split == "test" else "val_accuracy")
     return value if isinstance(value, float) else None
@@ -186,12 +188,18 @@ def predict_file(path: str | os.PathLike, images_path: str | os.PathLike, out: s
     return {"out": str(out), "n": len(predictions), "accuracy": accuracy, "images": image_key, "labels": label_key}
 
 
-def _images_out(out: str | os.PathLike | None, first: str | os.PathLike) -> Path:
+def _images_out(out: str | os.PathLike | None, first: str | os.PathLike, run: Path) -> Path:
     """Where predict writes an image's or a folder's predictions: `out` (a file: .json for JSON, else
-    CSV; or a folder), else <name of the first input>-predictions.csv beside it."""
+    CSV; or a folder), else <name of the first input>-predictions.csv in the folder `predictions` of the
+    run `run` (never beside the images: a CSV in a class folder would be skipped by the next training,
+    and a run's folder is no image folder)."""
     name = f"{Path(os.path.normpath(first)).stem}-predictions.csv"
     if out is None:
-        return Path(os.path.normpath(first)).with_name(name)
+        try:
+            (run / PREDICTIONS).mkdir(exist_ok=True)
+        except OSError as err:
+            raise UserError(f"cannot write {run / PREDICTIONS} ({err.strerror or err}): pass --out FILE") from None
+        return run / PREDICTIONS / name
     if str(out).endswith(("/", os.sep)) and not Path(out).is_dir():
         raise UserError(f"--out {out} names a folder that does not exist: make it first, or give a file name")
     return Path(out) / name if Path(out).is_dir() else Path(out)
@@ -204,13 +212,13 @@ def predict_images(path: str | os.PathLike, inputs: list[str], out: str | os.Pat
     decoded at the model's size and channels by the rule its training read its images with
     (towerlab.data.folder_decode), and gets the class name (and probability) the model gives it
     most; `say(line)` for each image as it is labelled. Writes `out` (CSV, or JSON where it ends in
-    .json; default: beside the first input) and returns {"out", "n", "skipped", "rows"}; a file that
+    .json; default: in the run's folder `predictions`) and returns {"out", "n", "skipped", "rows"}; a file that
     cannot be decoded is skipped and counted, and none at all is an error."""
     from towerlab.data.folder_decode import decode_many, parallel
     from towerlab.data.folder_files import image_files
 
     file = model_file(path)
-    out = _images_out(out, inputs[0])
+    out = _images_out(out, inputs[0], file.parent)
     atomic.refuse_overwriting(out, (file, *inputs), (file.parent,))
     model, record = load_model(file, module=module)
     paths, skipped = image_files(inputs)
@@ -228,7 +236,7 @@ def predict_images(path: str | os.PathLike, inputs: list[str], out: str | os.Pat
             rows.append({"path": str(p), "class": model.class_names[best], "probability": float(row[best]),
                          "probabilities": [float(v) for v in row]})
             if say is not None:
-                say(f"{p}\t{model.class_names[best]}\t{row[best]:.4f}")
+                say(f"{printable(p)}\t{printable(model.class_names[best])}\t{row[best]:.4f}")
     if not rows:
         raise UserError(f"no image among {', '.join(map(str, inputs))} could be decoded"
                         + (f" ({skipped[0][0]}: {skipped[0][1]})" if skipped else ""))

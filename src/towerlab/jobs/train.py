@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import torch
 
@@ -30,7 +30,8 @@ from towerlab import atomic
 from towerlab.catalog.models import keyword_options, not_taken
 from towerlab.config import CUSTOM_MODEL, RunConfig, TrainConfig
 from towerlab.checks import dataset_label
-from towerlab.data.load import Dataset, content_sha256
+from towerlab.data.digest import content_digest
+from towerlab.data.load import Dataset
 from towerlab.distributed.env import (check_capacity, default_threads, local_processes, sharing_cores,
                                      torchrun_world_size, under_torchrun)
 from towerlab.distributed.group import Context, barrier, broadcast_object, session
@@ -44,11 +45,15 @@ from towerlab.jobs.provenance import read_config, write_config
 from towerlab.jobs.train_resume import CHECKPOINT, check_same_data, decide_start, resumes_from
 from towerlab.models.custom import ModelFunction, NetworkSource, network_name
 from towerlab.models.files import save_model
-from towerlab.report import Reporter, format_final, phase, require_tensorboard, stderr_line, truncate_metrics
+from towerlab.report import (Reporter, discard_line, format_final, phase, require_tensorboard, stderr_line,
+                             truncate_metrics)
 from towerlab.training import checkpoint
 from towerlab.training.loop import LoopOptions, TrainResult, train
 from towerlab.training.network import check_setup
 from towerlab.training.step import resolve_step
+
+FITTED_STEPS = 4  # the fewest steps an epoch a batch size fitted to small data gives each replica
+
 
 def train_data(cfg: TrainConfig, run: RunConfig, **loading: Any) -> Dataset:
     """The data `cfg` trains on (`loading`: as `handover.load_data` takes it)."""
@@ -64,13 +69,13 @@ def default_out(cfg: TrainConfig) -> Path:
 
 
 def start(cfg: TrainConfig, run: RunConfig, *, data: Optional[Dataset] = None, module: Optional[NetworkSource] = None,
-          function: Optional[ModelFunction] = None,
-          start_method: str | None = None) -> int:
+          function: Optional[ModelFunction] = None, start_method: str | None = None, fit_batch: bool = False) -> int:
     """Run the job; returns its exit status. `data` (a towerlab.data.Dataset) replaces loading
     `cfg.dataset`; `module` (an nn.Module or a factory of one), or `function` (a model function,
     `function(input_shape, num_classes) -> nn.Module`, called with the data's) trains in place of
     `cfg.model` ("custom"); `start_method` as in `distributed.launch` (None:
-    `distributed.start_method_for` the run's device)."""
+    `distributed.start_method_for` the run's device); `fit_batch`: the batch size is towerlab's, not
+    the user's (`settings.batch_size_chosen`), and is lowered where the data is too small for it."""
     started = time.time()  # the summary's wall_seconds run from here to its writing
     if run.tensorboard:
         require_tensorboard()
@@ -92,7 +97,7 @@ def start(cfg: TrainConfig, run: RunConfig, *, data: Optional[Dataset] = None, m
     # Under torchrun, rank 0 decides in train_resume.decide_start whether the folder is its own restart.
     return start_job(TrainJob(out=out, resume=run.resume is not None, new=not under_torchrun(), processes=devices,
                               start_method=start_method, timeout=run.timeout, cfg=cfg, run=run, data=data,
-                              module=module, function=function, started=started))
+                              module=module, function=function, started=started, fit_batch=fit_batch))
 
 
 @dataclass(kw_only=True)
@@ -111,6 +116,7 @@ class TrainJob(Job):
     started: float
     # The largest checkpoint this run's model can have (`checkpoint.size_limit`), set by `checked`.
     checkpoint_bytes: Optional[int] = None
+    fit_batch: bool = False  # the batch size is towerlab's default: `checked` fits it to the data
 
     def run_here(self) -> int:
         self.replica(0, torchrun_world_size(), None, self.data, None)
@@ -123,7 +129,7 @@ class TrainJob(Job):
         if data is None:
             with phase(f"Setup: reading {self.cfg.dataset}", stdout_line):
                 data = train_data(self.cfg, self.run)
-        return (dataclasses.replace(self.checked(data, self.processes), data=None),
+        return (dataclasses.replace(self.checked(data, self.processes, stderr_line), data=None),
                 *handover(data, self.start_method))
 
     @staticmethod
@@ -141,10 +147,18 @@ class TrainJob(Job):
     def network_source(self, data: Dataset) -> Optional[NetworkSource]:
         return network_source(self.module, self.function, data, self.cfg.model_options)
 
-    def checked(self, data: Dataset, world_size: int) -> TrainJob:
-        """This job with its setup checked for `world_size` replicas on `data` (`check_setup`)."""
-        network = check_setup(self.cfg, world_size, data, self.network_source(data))
-        return dataclasses.replace(self, checkpoint_bytes=checkpoint.size_limit(network))
+    def checked(self, data: Dataset, world_size: int, say: Callable[[str], None]) -> TrainJob:
+        """This job with its setup checked for `world_size` replicas on `data` (`check_setup`), its batch
+        size fitted to the data where it is towerlab's default and too large for it (`say`s so)."""
+        cfg = self.cfg
+        if self.fit_batch and (data.n_train // world_size) // cfg.batch_size == 0:
+            cfg = replace(cfg, batch_size=fitted_batch_size(data.n_train // world_size))
+        network = check_setup(cfg, world_size, data, self.network_source(data))
+        if cfg.batch_size != self.cfg.batch_size:
+            say(f"towerlab: the default --batch-size {self.cfg.batch_size} x {world_size} replica(s) is more than the "
+                f"{data.n_train} training examples: training with --batch-size {cfg.batch_size} (give --batch-size "
+                "to choose)")
+        return dataclasses.replace(self, cfg=cfg, checkpoint_bytes=checkpoint.size_limit(network))
 
     def replica(self, rank: int, world_size: int, store_path: Optional[str], data: Optional[Dataset],
                 fallback: Optional[bool]) -> None:
@@ -158,7 +172,8 @@ class TrainJob(Job):
             with phase(f"Setup: reading {self.cfg.dataset}", stdout_line) if ctx.is_main and data is None \
                     else contextlib.nullcontext():
                 data = worker_data(ctx, functools.partial(train_data, self.cfg, run), data, fallback)
-            job = self if self.checkpoint_bytes is not None else self.checked(data, ctx.world_size)
+            job = self if self.checkpoint_bytes is not None else \
+                self.checked(data, ctx.world_size, stderr_line if ctx.is_main else discard_line)
             job.fitted_to(data, ctx)._train(ctx, data, stop)
 
     def fitted_to(self, data: Dataset, ctx: Context) -> TrainJob:
@@ -178,13 +193,13 @@ class TrainJob(Job):
 
     def _train(self, ctx: Context, data: Dataset, stop: StopFlag) -> None:
         out, run = self.out, self.run
-        digests = content_sha256(data.source) if ctx.is_main else {}  # read once: start, resume check, summary
-        resume_state = self._start_state(ctx, digests)
+        digest = content_digest(data) if ctx.is_main else ""  # of the arrays: start, resume check, summary
+        resume_state = self._start_state(ctx, digest)
         if ctx.is_main:
             out.mkdir(parents=True, exist_ok=True)
             if resume_state is None:
                 (out / "metrics.jsonl").unlink(missing_ok=True)  # left by a restarted attempt, if any
-                self._write_config(ctx, digests, data.class_names)
+                self._write_config(ctx, digest, data.class_names)
             else:
                 truncate_metrics(out / "metrics.jsonl", resume_state["step"])
         barrier(ctx)
@@ -196,7 +211,7 @@ class TrainJob(Job):
             options = LoopOptions.of(run, reporter=reporter, checkpoint_path=out / CHECKPOINT, stop=stop)
             result = train(self.cfg, ctx, data, options, source=self.network_source(data), resume_state=resume_state)
             if ctx.is_main:
-                self._record(ctx, data, digests, result, reporter)
+                self._record(ctx, data, digest, result, reporter)
         finally:
             reporter.close()
 
@@ -208,10 +223,10 @@ class TrainJob(Job):
                 f"{data.n_test} test), {ctx.world_size} x {ctx.device.type} replica(s), strategy {run.strategy}, "
                 f"input {run.input}, global batch {cfg.batch_size * ctx.world_size} -> {self.out}")
 
-    def _record(self, ctx: Context, data: Dataset, digests: dict, result: TrainResult, reporter: Reporter) -> None:
+    def _record(self, ctx: Context, data: Dataset, digest: str, result: TrainResult, reporter: Reporter) -> None:
         """model.pt and summary.json (rank 0), and the run's last lines."""
         out = self.out
-        summary = self._summary(ctx, data, digests, result)
+        summary = self._summary(ctx, data, digest, result)
         assert result.model is not None  # train() returns the model it trained
         save_model(out / "model.pt", result.model, self.cfg, data, function=self.function)
         atomic.write_json(out / "summary.json", summary)
@@ -219,7 +234,7 @@ class TrainJob(Job):
         reporter.line(format_final(summary))
         reporter.line(f"Wrote {out / 'summary.json'} and {out / 'model.pt'}")
 
-    def _start_state(self, ctx: Context, digests: dict) -> dict | None:
+    def _start_state(self, ctx: Context, digest: str) -> dict | None:
         """The checkpoint this run continues from, or None for a new run. Rank 0 decides (only it may
         see the folder); every rank gets the same answer, or the same UserError."""
         decision: dict = {}
@@ -227,7 +242,7 @@ class TrainJob(Job):
             try:
                 decision["state"] = decide_start(self.cfg, self.run, ctx, self.out, self.checkpoint_bytes)
                 if decision["state"] is not None:
-                    check_same_data(self.out, digests, self.run.allow_changed_data)
+                    check_same_data(self.out, digest, self.run.allow_changed_data)
             except UserError as exc:
                 decision["error"] = str(exc)
         decision = broadcast_object(ctx, decision)
@@ -235,19 +250,18 @@ class TrainJob(Job):
             raise UserError(decision["error"])
         return decision["state"]
 
-    def _write_config(self, ctx: Context, data_sha256: dict, class_names: tuple[str, ...]) -> None:
+    def _write_config(self, ctx: Context, data_digest: str, class_names: tuple[str, ...]) -> None:
         cfg = self.cfg
         write_config(self.out, {"train": to_dict(cfg), "run": to_dict(self.run), "world_size": ctx.world_size,
                                 "device_type": ctx.device.type, "global_batch_size": cfg.batch_size * ctx.world_size,
-                                "data_sha256": data_sha256, **({"class_names": list(class_names)} if class_names else {})})
+                                "data_digest": data_digest, **({"class_names": list(class_names)} if class_names else {})})
 
-    def _summary(self, ctx: Context, data: Dataset, data_sha256: dict, result: TrainResult) -> dict:
+    def _summary(self, ctx: Context, data: Dataset, data_digest: str, result: TrainResult) -> dict:
         cfg, run, out = self.cfg, self.run, self.out
         wall_seconds = time.time() - self.started
-        started_on = (read_config(out) or {}).get("data_sha256", data_sha256)
-        changed = ({"data_sha256_at_start": started_on}
-                   if sorted(started_on.values()) != sorted(data_sha256.values()) else {})
-        return {**changed, "data_sha256": data_sha256,
+        started_on = (read_config(out) or {}).get("data_digest", data_digest)
+        changed = {"data_digest_at_start": started_on} if started_on != data_digest else {}
+        return {**changed, "data_digest": data_digest,
             "dataset": cfg.dataset, "data_source": data.source, "data_fallback": bool(data.source.get("fallback")),
             "n_train": data.n_train, "n_val": data.n_val, "n_test": data.n_test,
             "model": cfg.model, "model_options": cfg.model_options, "strategy": run.strategy, "input": run.input,
@@ -264,6 +278,12 @@ class TrainJob(Job):
             "seed": cfg.seed, "threads_per_process": torch.get_num_threads(),
             "torch_version": torch.__version__, "towerlab_version": towerlab.__version__, "out": str(out),
         }
+
+
+def fitted_batch_size(share: int) -> int:
+    """A batch size for a replica's `share` of the training examples: the largest power of two that
+    gives it FITTED_STEPS steps an epoch (1 for a share smaller than that)."""
+    return 1 << max(0, (share // FITTED_STEPS).bit_length() - 1)
 
 
 def stdout_line(text: str) -> None:

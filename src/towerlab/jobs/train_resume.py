@@ -15,6 +15,7 @@ from towerlab.distributed.group import Context
 from towerlab.errors import UserError
 from towerlab.fields import from_dict, to_dict
 from towerlab.jobs.folder import OutputFolder
+from towerlab.jobs.search.identity import short
 from towerlab.jobs.job import restarted_by_torchrun
 from towerlab.jobs.provenance import read_config
 from towerlab.report import stderr_line
@@ -75,18 +76,19 @@ def resume_state(cfg: TrainConfig, ctx: Context, out: Path, max_bytes: int | Non
     return state
 
 
-def check_same_data(out: Path, now: dict, allowed: bool) -> None:
-    """Refuse to continue a run on data other than it started on (`now`: the SHA-256 of the files
-    read; by content, so a moved data folder is fine), unless --allow-changed-data; then warn
-    (summary.json records both)."""
-    started_on = (read_config(out) or {}).get("data_sha256")
-    if started_on is None or sorted(started_on.values()) == sorted(now.values()):
-        return  # the same files (or a run recorded before towerlab hashed its data)
-    changed = next((path for path, digest in now.items() if digest not in started_on.values()), None)
-    what = f"{changed} has SHA-256 {now[changed][:16]}..." if changed else f"the files are now {', '.join(now)}"
+def check_same_data(out: Path, now: str, allowed: bool) -> None:
+    """Refuse to continue a run on data other than it started on (`now`: the digest of the arrays it
+    trains on, `towerlab.data.digest`; by content, so a moved data folder is fine), unless
+    --allow-changed-data; then warn (summary.json records both)."""
+    recorded = read_config(out) or {}
+    started_on = recorded.get("data_digest")
+    if started_on is None or started_on == now:
+        return  # the same data (or a run recorded before towerlab took this digest of its data)
+    dataset = (recorded.get("train") or {}).get("dataset", "the dataset")
+    what = f"{dataset} now holds arrays of digest {short(now)}, not {short(started_on)}"
     if not allowed:
-        raise UserError(f"the data changed since this run started ({what}, not one it started on): resume with "
-                        "the files it started on, or pass --allow-changed-data to continue on these (the result "
-                        "will not equal an uninterrupted run)")
+        raise UserError(f"the data changed since this run started ({what}): resume with the data it started on, "
+                        "or pass --allow-changed-data to continue on these (the result will not equal an "
+                        "uninterrupted run)")
     stderr_line(f"towerlab: warning: the data changed since this run started ({what}); continuing on it as "
-                "--allow-changed-data asks: summary.json records both SHA-256 sets")
+                "--allow-changed-data asks: summary.json records both digests")

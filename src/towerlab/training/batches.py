@@ -21,7 +21,7 @@ from typing import Iterator, Sequence, Union
 
 import torch
 
-from towerlab.data.folders import release_pages
+from towerlab.data.pages import release_pages
 from towerlab.distributed.group import Context
 from towerlab.models.preprocessing import Normalizer
 

@@ -154,7 +154,7 @@ def _model_differs(theirs: str, ours: str, here: Here, search: Search) -> str:
 def training_hash(search: Search, here: Here, digest_recorded: bool = True) -> str:
     """The search's training-config hash, made here: its settings, and this process's numerics, data and
     model, with the data's digest where the search records one (`digest_recorded`; a new search does)."""
-    return train_config_hash(search.cfg, here.device, here.threads, here.data().source, here.model(),
+    return train_config_hash(search.cfg, here.device, here.threads, here.model(),
                              here.digest() if digest_recorded else None)
 
 

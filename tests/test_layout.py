@@ -23,7 +23,7 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 LAYERS = (
     (1, r"towerlab(\.(config|checks|fields|presets|errors|atomic|proof|catalog(\..+)?))?"),
     (2, r"towerlab\.(report|plots|models(\..+)?|data(\..+)?|distributed(\..+)?)"),
-    (3, r"towerlab\.(settings|training(\..+)?|search(\..+)?)"),
+    (3, r"towerlab\.(settings|training(\..+)?|search(\..+)?|objective(\..+)?)"),
     (4, r"towerlab\.jobs(\..+)?"),
     (5, r"towerlab\.(cli|commands|api|__main__)"),
 )

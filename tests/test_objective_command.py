@@ -229,3 +229,22 @@ def test_a_program_that_cannot_start_fails_its_trial(tmp_path):
     result = CommandObjective("{program} --fast", ["program"]).run(trial(tmp_path, {"program": str(tmp_path / "script.sh")}))
     assert (result.status, result.reason) == ("failed", f"cannot start {str(tmp_path / 'script.sh')!r}: "
                                                         f"{os.strerror(13)}")
+
+
+def test_without_a_pidfd_the_program_is_waited_for_and_ended_the_same(tmp_path, monkeypatch):
+    monkeypatch.delattr(os, "pidfd_open")  # not Linux, or a kernel before 5.3: waitid(WNOWAIT) instead
+    exits = CommandObjective("sh -c 'sleep 60 & echo $! > {folder}/pid; echo 0.25'", [])
+    assert exits.run(trial(tmp_path, {})).metrics == {"value": 0.25}
+    assert gone(int((tmp_path / "trial" / "pid").read_text()))
+    runs_on = CommandObjective("sh -c 'sleep 60 & echo $! > {folder}/pid; wait'", [], timeout=0.5)
+    assert runs_on.run(trial(tmp_path, {})).reason == "timed out after 0.5 s, and was stopped"
+    assert gone(int((tmp_path / "trial" / "pid").read_text()))
+
+
+def test_a_program_that_ignores_sigterm_is_killed_after_the_grace(tmp_path, monkeypatch):
+    import towerlab.objective.process as process
+
+    monkeypatch.setattr(process, "GRACE", 0.3)
+    objective = CommandObjective("sh -c 'trap \"\" TERM; sleep 60 & echo $! > {folder}/pid; wait'", [], timeout=0.5)
+    assert objective.run(trial(tmp_path, {})).reason == "timed out after 0.5 s, and was stopped"
+    assert gone(int((tmp_path / "trial" / "pid").read_text()))

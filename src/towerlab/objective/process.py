@@ -100,12 +100,12 @@ class Child:
             pass  # no process of the group is left
 
     def _end(self, signum: int) -> None:
-        """End the program: `signum` to its group, SIGKILL after GRACE seconds; then reap it."""
+        """End the program: `signum` to its group, GRACE seconds for its leader to exit, then SIGKILL to
+        the group and reap it."""
         if self.process.returncode is not None:
             return
         self._signal(signum)
-        if not self._exited(GRACE):
-            self._signal(signal.SIGKILL)
+        self._exited(GRACE)
         self._reap()
 
     def _reap(self) -> None:

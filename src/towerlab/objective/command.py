@@ -97,6 +97,11 @@ def _text(value: Any) -> str:
     return value if isinstance(value, str) else str(value) if isinstance(value, Path) else json.dumps(value)
 
 
+def _device_given(device: str) -> str:
+    """The device as the program names it: "cuda" for a GPU (the one CUDA_VISIBLE_DEVICES leaves it), else as it is."""
+    return "cuda" if device.partition(":")[0] == "cuda" else device
+
+
 def _cuda_visible(device: str, ours: Optional[str]) -> str:
     """CUDA_VISIBLE_DEVICES for a trial on `device`: the GPU's index ("cuda" is the first), as the worker
     sees them (`ours`, its own CUDA_VISIBLE_DEVICES, where set: the trial's entry of it); empty where
@@ -136,7 +141,7 @@ class CommandObjective:
     def argv(self, trial: Trial) -> list[str]:
         values = {**{name: _text(value) for name, value in trial.genes.items()},
                   **{name: _text(value) for name, value in trial.extras().items()},
-                  "device": "cuda" if trial.device.partition(":")[0] == "cuda" else trial.device,
+                  "device": _device_given(trial.device),
                   "genes": json.dumps(dict(trial.genes), sort_keys=True)}
         return ["".join(text if name is None else values[name] for text, name in pieces) for pieces in self.arguments]
 
@@ -144,7 +149,7 @@ class CommandObjective:
         env = dict(os.environ)
         env.update(CUDA_VISIBLE_DEVICES=_cuda_visible(trial.device, os.environ.get("CUDA_VISIBLE_DEVICES")),
                    TOWERLAB_SEED=str(trial.seed), TOWERLAB_EPOCHS=str(trial.epochs),
-                   TOWERLAB_DEVICE="cuda" if trial.device.partition(":")[0] == "cuda" else trial.device,
+                   TOWERLAB_DEVICE=_device_given(trial.device),
                    TOWERLAB_FOLDER=str(trial.folder))
         return env
 

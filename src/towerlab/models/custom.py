@@ -17,6 +17,7 @@ from typing import Any, Callable, Sequence, Union
 from torch import nn
 
 from towerlab.errors import UserError
+from towerlab.proof import Proof, code_proof, install
 
 _LOADED: dict[str, str] = {}  # module name -> the file load_function imported it from
 _FOLDERS: list[str] = []  # the folders load_function put on sys.path, the latest first
@@ -34,7 +35,8 @@ def load_function(spec: str, flag: str = "--model", what: str = "FUNCTION") -> A
     workers, which get this process's sys.path, import it by name as well. Its folder goes at the
     end of sys.path, never first: a file beside it named like a module towerlab imports (an
     optuna.py) must not replace that module. `flag` and `what` word the errors: `--model
-    FILE.py:FUNCTION` for a search's model function, `--module FILE.py:NAME` for a run's."""
+    FILE.py:FUNCTION` for a search's model function, `--module FILE.py:NAME` for a run's. The file, and
+    the modules of yours it imports, run from the bytes that `file_proof` proves (`towerlab.proof`)."""
     path_text, _, name = spec.rpartition(":")
     path = Path(path_text)
     if not path_text or not name.isidentifier() or (path.suffix != ".py" and not path.is_file()):
@@ -48,6 +50,7 @@ def load_function(spec: str, flag: str = "--model", what: str = "FUNCTION") -> A
     if _LOADED.get(path.stem, os.path.realpath(path)) != os.path.realpath(path):
         sys.modules.pop(path.stem, None)  # a file of the same name that this function loaded before
         importlib.invalidate_caches()
+    install()
     try:
         module = importlib.import_module(path.stem)
     except SystemExit as exc:  # a script's top level that parses its own argv, or calls sys.exit()
@@ -64,6 +67,12 @@ def load_function(spec: str, flag: str = "--model", what: str = "FUNCTION") -> A
     if not callable(found):
         raise UserError(f"{flag} {spec}: {path_text} defines no {name}")
     return found
+
+
+def file_proof(spec: str) -> Proof:
+    """The proof of what `load_function(spec)` loaded: the file's bytes as they ran, and those of every
+    module of yours it imports (a neighbour `blocks.py`), by module name (`towerlab.proof`)."""
+    return code_proof(Path(spec.rpartition(":")[0]).stem)
 
 
 def function_file(function: Any) -> str | None:

@@ -1,0 +1,214 @@
+"""A command of yours as the objective (`--command 'python train.py --lr {lr} --epochs {epochs}'`): any
+program, in any language, run once per trial.
+
+The command is split into arguments first (shlex, as a POSIX shell splits words, quotes included) and
+then each `{name}` inside an argument is replaced by the trial's value, so that a value is one
+argument's text and never reaches a shell: there is none (`1; rm -rf x` is a string). A name is a gene
+of the space, or what the search gives (`{seed}`, `{epochs}`, `{device}`, `{folder}`), or `{genes}`,
+all the genes as one JSON object; `{{` and `}}` are braces. A string gene's value is its text, any
+other value is written as JSON writes it (0.001, 1e-05, true). Checked before any trial runs, each a
+UserError of one line: a name that is none of those, a gene that reaches the program neither by its
+name nor through {genes}, a program that is not there.
+
+The protocol: what the program prints on stdout, one line at a time. The last line that is a JSON
+object or a bare number is the result (`towerlab.objective.result`); the JSON objects before it that
+hold an "epoch" are its learning curve. stdout and stderr are kept in the trial's folder (stdout.txt,
+stderr.txt). A non-zero exit, a signal, or no result fails the trial with the tail of stderr; so does a
+trial that runs past the timeout. The program runs in a session of its own, and every process of it is
+ended with it: on a timeout, on Ctrl-C (KeyboardInterrupt here) and on a worker's stop (`Trial.stop`),
+with SIGTERM (SIGINT on a Ctrl-C), then SIGKILL after GRACE seconds; and whatever it leaves running once
+it exits. Its device is given as programs expect it: CUDA_VISIBLE_DEVICES is the one GPU of a cuda
+trial (an index into the worker's own CUDA_VISIBLE_DEVICES where that is set), empty for any other;
+TOWERLAB_SEED, TOWERLAB_EPOCHS, TOWERLAB_DEVICE and TOWERLAB_FOLDER say the rest, and the environment is
+otherwise the worker's.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shlex
+import shutil
+import signal
+import string
+import time
+from pathlib import Path
+from typing import Any, Mapping, Optional, Sequence
+
+from towerlab.errors import UserError, did_you_mean
+from towerlab.objective.result import Goal, Result, number
+from towerlab.objective.trial import EXTRAS, Trial
+from towerlab.objective.process import start
+from towerlab.proof import Proof, file_digest
+
+GIVEN = (*EXTRAS, "genes")
+TAIL_LINES = 5  # of stderr, in a failed trial's reason
+TAIL_CHARS = 600
+
+# An argument as pieces: literal text, or a placeholder's name.
+Piece = tuple[str, Optional[str]]
+
+
+def parse(command: str, genes: Sequence[str]) -> list[list[Piece]]:
+    """The command's arguments, each as pieces (text, or a name to fill in); refuses what a trial could
+    not run (see the module's docstring)."""
+    try:
+        words = shlex.split(command)
+    except ValueError as exc:
+        raise UserError(f"--command {command!r}: {exc} (quote as a POSIX shell does)") from None
+    if not words:
+        raise UserError("--command: give the program to run and its arguments, e.g. "
+                        "--command 'python train.py --lr {lr}'")
+    arguments = []
+    for word in words:
+        try:
+            fields = list(string.Formatter().parse(word))
+        except ValueError as exc:
+            raise UserError(f"--command: the argument {word!r}: {exc} (a brace of its own is written {{{{ or }}}})") \
+                from None
+        pieces: list[Piece] = []
+        for text, name, spec, conversion in fields:
+            if text:
+                pieces.append((text, None))
+            if name is None:
+                continue
+            if not name.isidentifier() or spec or conversion:
+                raise UserError(f"--command: the argument {word!r} holds {{{name}{'!' + conversion if conversion else ''}"
+                                f"{':' + spec if spec else ''}}}: a placeholder is a name alone, as {{lr}}")
+            known = [*genes, *GIVEN]
+            if name not in known:
+                raise UserError(f"--command: {{{name}}} names neither a gene of the space ({', '.join(genes) or 'none'}) "
+                                f"nor what the search gives ({', '.join(GIVEN)}){did_you_mean(name, known)}")
+            pieces.append(("", name))
+        arguments.append(pieces)
+    named = {name for pieces in arguments for _, name in pieces}
+    unused = [gene for gene in genes if gene not in named]
+    if unused and "genes" not in named:
+        raise UserError(f"--command: the gene {unused[0]!r} reaches the program nowhere: add {{{unused[0]}}} to the "
+                        "command, or {genes} (every gene as one JSON object)")
+    program = arguments[0]
+    if all(name is None for _, name in program) and shutil.which(words[0]) is None:
+        raise UserError(f"--command: no program {words[0]!r} here (not on PATH, or not executable)")
+    return arguments
+
+
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else str(value) if isinstance(value, Path) else json.dumps(value)
+
+
+def _device_given(device: str) -> str:
+    """The device as the program names it: "cuda" for a GPU (the one CUDA_VISIBLE_DEVICES leaves it), else as it is."""
+    return "cuda" if device.partition(":")[0] == "cuda" else device
+
+
+def _cuda_visible(device: str, ours: Optional[str]) -> str:
+    """CUDA_VISIBLE_DEVICES for a trial on `device`: the GPU's index ("cuda" is the first), as the worker
+    sees them (`ours`, its own CUDA_VISIBLE_DEVICES, where set: the trial's entry of it); empty where
+    the device is not a GPU."""
+    kind, _, index = device.partition(":")
+    if kind != "cuda":
+        return ""
+    at = int(index or 0)
+    visible = [entry.strip() for entry in (ours or "").split(",") if entry.strip()]
+    return visible[at] if at < len(visible) else str(at)
+
+
+class CommandObjective:
+    """A command run per trial (see the module's docstring); `timeout`, in seconds, per trial (None: none)."""
+
+    kind = "command"
+
+    def __init__(self, command: str, genes: Sequence[str], goal: Goal = Goal(), timeout: Optional[float] = None):
+        if timeout is not None and not (number(timeout) or 0) > 0:
+            raise UserError(f"--timeout {timeout!r}: give a number of seconds above 0")
+        self.spec, self.goal, self.timeout = command, goal, timeout
+        self.arguments = parse(command, list(genes))
+
+    def proof(self) -> Proof:
+        """The command's text, and each file that an argument names as it is written (train.py,
+        --config=run.yaml), relative to this process's folder, hashed now."""
+        parts = {"command": f"sha256:{hashlib.sha256(self.spec.encode()).hexdigest()}"}
+        for pieces in self.arguments:
+            if any(name is not None for _, name in pieces):
+                continue
+            word = "".join(text for text, _ in pieces)
+            for named in {word, word.partition("=")[2]} - {""}:
+                if os.path.isfile(named):
+                    parts[named] = file_digest(named)
+        return Proof(parts)
+
+    def argv(self, trial: Trial) -> list[str]:
+        values = {**{name: _text(value) for name, value in trial.genes.items()},
+                  **{name: _text(value) for name, value in trial.extras().items()},
+                  "device": _device_given(trial.device),
+                  "genes": json.dumps(dict(trial.genes), sort_keys=True)}
+        return ["".join(text if name is None else values[name] for text, name in pieces) for pieces in self.arguments]
+
+    def environment(self, trial: Trial) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update(CUDA_VISIBLE_DEVICES=_cuda_visible(trial.device, os.environ.get("CUDA_VISIBLE_DEVICES")),
+                   TOWERLAB_SEED=str(trial.seed), TOWERLAB_EPOCHS=str(trial.epochs),
+                   TOWERLAB_DEVICE=_device_given(trial.device),
+                   TOWERLAB_FOLDER=str(trial.folder))
+        return env
+
+    def run(self, trial: Trial) -> Result:
+        trial.folder.mkdir(parents=True, exist_ok=True)
+        out, err = trial.folder / "stdout.txt", trial.folder / "stderr.txt"
+        argv = self.argv(trial)
+        started = time.perf_counter()
+        try:
+            child = start(argv, self.environment(trial), out, err)
+        except OSError as exc:
+            return self.goal.failed(f"cannot start {argv[0]!r}: {exc.strerror or exc}",
+                                    seconds=time.perf_counter() - started)
+        ended = child.finish(self.timeout, trial.stop)
+        seconds = time.perf_counter() - started
+        if ended.timed_out:
+            return self.goal.failed(f"timed out after {self.timeout:g} s, and was stopped{_tail(err)}", seconds=seconds)
+        if ended.signal:
+            return self.goal.failed(f"killed by {signal.Signals(ended.signal).name}{_tail(err)}", seconds=seconds)
+        if ended.status:
+            return self.goal.failed(f"exit status {ended.status}{_tail(err)}", seconds=seconds)
+        returned, curve = read_stdout(out)
+        if returned is None:
+            return self.goal.failed("it printed no result (the last line of stdout that is a JSON object or a number)"
+                                    f"{_tail(err)}", curve, seconds)
+        return self.goal.result(returned, curve, seconds)
+
+
+def read_stdout(path: Path) -> tuple[Any, tuple[Mapping[str, Any], ...]]:
+    """The result in a program's stdout (its last line that is a JSON object or a number; None where no
+    line is) and the curve before it (the JSON objects that hold an "epoch")."""
+    found: list[Any] = []
+    with open(path, encoding="utf-8", errors="replace") as lines:
+        for line in lines:
+            line = line.strip()
+            if not line or line[0] not in "{-+.0123456789NI":
+                continue
+            try:
+                value = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(value, dict) or number(value) is not None:
+                found.append(value)
+    if not found:
+        return None, ()
+    curve = tuple(point for point in found[:-1] if isinstance(point, dict) and "epoch" in point)
+    return found[-1], curve
+
+
+def _tail(path: Path) -> str:
+    """`; stderr ends: ...` with the last TAIL_LINES lines of a file (at most TAIL_CHARS, control
+    characters escaped), or nothing where it is empty."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, os.fstat(f.fileno()).st_size - 64 * 1024))
+            text = f.read().decode("utf-8", errors="replace")
+    except OSError:
+        return ""
+    lines = [line.strip() for line in text.splitlines() if line.strip()][-TAIL_LINES:]
+    said = " | ".join(lines)
+    said = "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in said)
+    return f"; stderr ends: {'...' + said[-TAIL_CHARS:] if len(said) > TAIL_CHARS else said}" if said else ""

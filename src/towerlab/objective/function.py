@@ -1,0 +1,110 @@
+"""A function of yours as the objective (`--objective FILE.py:FUNCTION`, or the function itself from
+Python): it gets a trial's genes as keyword arguments and, where it takes them by name, `seed`, `epochs`,
+`device` (a string: "cpu", "cuda:0"), `folder` (a pathlib.Path of its own, made before it is called) and
+`report`, a function to report a learning curve with: `report(epoch, **metrics)`, each metric a number.
+
+Checked before any trial runs, each a UserError of one line: the function exists, it takes every gene of
+the space by name (or **kwargs), no gene is named as what the search gives, and every parameter it
+requires is a gene or one of those. It returns a number or a dict of numbers (`towerlab.objective.result`).
+An exception it raises fails the trial, with the exception's type, message and line in your file as the
+reason, and so does `sys.exit()`: a trial cannot end the search. KeyboardInterrupt, towerlab's
+Interrupted and a UserError (a mistake of towerlab's own functions, which every trial would make) stop it.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import time
+from typing import Any, Callable, Sequence, Union
+
+from towerlab.distributed.signals import Interrupted
+from towerlab.errors import UserError, did_you_mean
+from towerlab.models.custom import file_proof, function_file, load_function, user_code_failed
+from towerlab.objective.result import Goal, Result, number
+from towerlab.objective.trial import EXTRAS, Trial
+from towerlab.proof import Proof, code_proof
+
+# What a function may take by name besides its genes.
+GIVEN = (*EXTRAS, "report")
+
+
+class FunctionObjective:
+    """`function(**genes, [seed=, epochs=, device=, folder=, report=])` (see the module's docstring);
+    `function` is FILE.py:FUNCTION, loaded here, or the function itself."""
+
+    kind = "function"
+
+    def __init__(self, function: Union[str, Callable[..., Any]], genes: Sequence[str], goal: Goal = Goal()):
+        self._loaded = isinstance(function, str)  # from its file, here: file_proof knows what it imported
+        if isinstance(function, str):
+            self.spec, where = function, f"--objective {function}"
+            self.function = load_function(function, "--objective")
+        else:
+            self.spec = function_file(function) or str(getattr(function, "__qualname__", type(function).__name__))
+            self.function, where = function, f"your objective {getattr(function, '__qualname__', self.spec)}"
+        self.goal = goal
+        self.given = _check(self.function, list(genes), where)
+
+    def proof(self) -> Proof:
+        """The function's file and the modules of yours it imports, as they run (`towerlab.proof`)."""
+        return file_proof(self.spec) if self._loaded else code_proof(getattr(self.function, "__module__", "__main__"))
+
+    def run(self, trial: Trial) -> Result:
+        trial.folder.mkdir(parents=True, exist_ok=True)
+        curve: list[dict[str, Any]] = []
+
+        def report(epoch: int, **metrics: Any) -> None:
+            """Records a point of the learning curve: the epoch (a whole number) and metrics (numbers)."""
+            at = number(epoch)
+            if at is None or not at.is_integer() or at < 0:
+                raise TypeError(f"report(epoch, **metrics): the epoch must be a whole number, got {epoch!r}")
+            point: dict[str, Any] = {"epoch": int(at)}
+            for name, value in metrics.items():
+                found = number(value)
+                if found is None:
+                    raise TypeError(f"report(epoch, **metrics): {name} must be a number, got {type(value).__name__}")
+                point[name] = found if math.isfinite(found) else None
+            curve.append(point)
+
+        given = {**trial.extras(), "report": report}
+        started = time.perf_counter()
+        try:
+            returned = self.function(**trial.genes, **{name: given[name] for name in self.given})
+        except (UserError, Interrupted):
+            raise
+        except (Exception, SystemExit) as exc:  # noqa: BLE001 - whatever your function raises fails its trial
+            return self.goal.failed(str(user_code_failed(exc, self.function, "with these genes")), tuple(curve),
+                                    time.perf_counter() - started)
+        return self.goal.result(returned, tuple(curve), time.perf_counter() - started)
+
+
+def _check(function: Callable[..., Any], genes: list[str], where: str) -> tuple[str, ...]:
+    """The names of GIVEN that `function` takes, once it is sure to take every gene and to need nothing
+    else; else a UserError that says what is wrong."""
+    clash = [gene for gene in genes if gene in GIVEN]
+    if clash:
+        raise UserError(f"{where}: the space's gene {clash[0]!r} has the name of what the search gives every trial "
+                        f"({', '.join(GIVEN)}): rename the gene")
+    try:
+        parameters = list(inspect.signature(function).parameters.values())
+    except (TypeError, ValueError):
+        raise UserError(f"{where}: its parameters cannot be read (a builtin?): give a function defined in Python") \
+            from None
+    for p in parameters:
+        if p.default is p.empty and p.kind is p.POSITIONAL_ONLY:
+            raise UserError(f"{where}: its parameter {p.name!r} is positional-only, and a trial gives everything by "
+                            "name: make it a keyword parameter (drop the /)")
+    named = [p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    if not any(p.kind is p.VAR_KEYWORD for p in parameters):
+        missing = [gene for gene in genes if gene not in named]
+        if missing:
+            raise UserError(f"{where} takes no gene {missing[0]!r}{did_you_mean(missing[0], named)} (its parameters: "
+                            f"{', '.join(named) or 'none'}): add it as a parameter, or take **genes")
+    for p in parameters:
+        if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) \
+                and p.name not in genes and p.name not in GIVEN:
+            raise UserError(f"{where}: its parameter {p.name!r} is neither a gene of the space "
+                            f"({', '.join(genes) or 'none'}) nor what the search gives ({', '.join(GIVEN)}): "
+                            "give it a default, or add the gene to the space")
+    return tuple(name for name in GIVEN if name in named)

@@ -1,0 +1,60 @@
+"""What trains a candidate, as a plug-in the search never looks inside: an `Objective` runs a `Trial` (the
+genes, and what the search gives it) and returns a `Result` (`towerlab.objective.result`). Three kinds:
+towerlab's own training, a function of yours (`towerlab.objective.function`), a command of yours
+(`towerlab.objective.command`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Mapping, Optional, Protocol
+
+from towerlab.objective.result import Goal, Result
+from towerlab.proof import Proof
+
+# What a search gives every trial besides its genes, by these names (a function's parameters, a command's
+# placeholders): the trial's seed, its epochs (its rung's budget in a pruned search, the full budget
+# otherwise), its device ("cpu", "cuda:0", ...) and a folder of its own (for checkpoints and output).
+EXTRAS = ("seed", "epochs", "device", "folder")
+
+
+@dataclass(frozen=True)
+class Trial:
+    """One training of a candidate: its `genes` (JSON values by name), `seed`, `epochs`, `device` and
+    `folder` (see EXTRAS); `stop`, where given, says at any moment whether the worker was asked to stop
+    (the signal's number, else 0), for an objective that waits on something it must end first."""
+
+    genes: Mapping[str, Any]
+    seed: int
+    epochs: int
+    device: str
+    folder: Path
+    stop: Optional[Callable[[], int]] = None
+
+    def extras(self) -> dict[str, Any]:
+        """EXTRAS by name."""
+        return {"seed": self.seed, "epochs": self.epochs, "device": self.device, "folder": self.folder}
+
+
+class Objective(Protocol):
+    """What trains a candidate: `run(trial) -> Result`, a failure of the trial being a failed Result, never
+    an exception (an exception is a mistake every trial would make, or a stop: KeyboardInterrupt,
+    towerlab's Interrupted). `kind` ("training", "function", "command") and `spec` (FILE.py:FUNCTION, the
+    command's text) say what it is, `goal` what its results are ranked by, `proof()` what runs (for a
+    worker to compare with a search's before it joins)."""
+
+    kind: str
+    spec: str
+    goal: Goal
+
+    def run(self, trial: Trial) -> Result: ...
+
+    def proof(self) -> Proof: ...
+
+
+def setup(objective: Objective) -> dict[str, Any]:
+    """What a search records of its objective, and a worker compares: its kind, its spec, its goal and
+    the proof of what runs (JSON)."""
+    return {"kind": objective.kind, "spec": objective.spec, "metric": objective.goal.metric,
+            "direction": objective.goal.direction, "proof": dict(objective.proof().parts)}

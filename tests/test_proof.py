@@ -1,0 +1,141 @@
+"""The proof of what runs from your files (towerlab.proof), through the loader that `--model` and
+`--objective FILE.py:FUNCTION` share (towerlab.models.custom.load_function): the file and every module of
+yours it imports, by name, from the bytes Python executed. Each case runs in a fresh interpreter, as a
+worker does."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from towerlab.proof import Proof
+
+# Loads FILE.py:NAME as a worker would, calls it, and prints what it returned and the proof before and after.
+LOAD = """
+import json, sys
+from towerlab.models.custom import file_proof, load_function
+spec = sys.argv[1]
+function = load_function(spec)
+before = dict(file_proof(spec).parts)
+print(json.dumps({"value": function(), "before": before, "after": dict(file_proof(spec).parts)}))
+"""
+
+
+def load(spec: str, cwd: Path | None = None) -> dict:
+    done = subprocess.run([sys.executable, "-c", LOAD, spec], capture_output=True, text=True, cwd=cwd, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def sha(path: Path) -> str:
+    return f"sha256:{hashlib.sha256(path.read_bytes()).hexdigest()}"
+
+
+def write(folder: Path, files: dict[str, str]) -> None:
+    for name, text in files.items():
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_text(text)
+
+
+MODEL = {
+    "net.py": "import json\nimport blocks\nfrom pkg import layers\n\ndef make():\n    return blocks.WIDTH + layers.DEPTH\n",
+    "blocks.py": "WIDTH = 16\n",
+    "pkg/__init__.py": "",
+    "pkg/layers.py": "from . import util\nDEPTH = util.TWO\n",
+    "pkg/util.py": "TWO = 2\n",
+    "unused.py": "NOT = 'imported'\n",
+}
+
+
+def test_the_proof_is_the_file_and_every_module_of_yours_it_imports(tmp_path):
+    write(tmp_path, MODEL)
+    found = load(f"{tmp_path / 'net.py'}:make")
+    assert found["value"] == 18
+    assert found["before"] == {"net": sha(tmp_path / "net.py"), "blocks": sha(tmp_path / "blocks.py"),
+                               "pkg": sha(tmp_path / "pkg/__init__.py"), "pkg.layers": sha(tmp_path / "pkg/layers.py"),
+                               "pkg.util": sha(tmp_path / "pkg/util.py")}
+
+
+def test_a_changed_neighbour_changes_the_proof_and_is_named(tmp_path):
+    write(tmp_path, MODEL)
+    before = Proof(load(f"{tmp_path / 'net.py'}:make")["before"])
+    (tmp_path / "blocks.py").write_text("WIDTH = 32\n")
+    after = load(f"{tmp_path / 'net.py'}:make")
+    assert after["value"] == 34
+    assert Proof(after["before"]).digest != before.digest
+    assert Proof(after["before"]).difference(before.parts).startswith("blocks differs (")
+    (tmp_path / "unused.py").write_text("NOT = 'imported either'\n")  # a file it does not import: the same proof
+    assert load(f"{tmp_path / 'net.py'}:make")["before"] == after["before"]
+
+
+def test_the_same_files_elsewhere_give_the_same_proof(tmp_path):
+    write(tmp_path / "here", MODEL)
+    shutil.copytree(tmp_path / "here", tmp_path / "another machine")
+    assert load(f"{tmp_path / 'here' / 'net.py'}:make")["before"] == \
+        load(f"{tmp_path / 'another machine' / 'net.py'}:make")["before"]
+
+
+def _put_back(path: Path, text: str) -> None:
+    """Write `text` over `path`, of the same size, and put its modification time back."""
+    stat = path.stat()
+    assert len(text.encode()) == stat.st_size
+    path.write_text(text)
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+
+
+def test_a_stale_pyc_beside_a_changed_source_does_not_fool_it(tmp_path):
+    write(tmp_path, {"net.py": "import mod\nOWN = 1\n\ndef make():\n    return OWN * 10 + mod.VALUE\n",
+                     "mod.py": "VALUE = 1\n"})
+    plain = [sys.executable, "-c", "import net; print(net.make())"]
+    writing = {name: value for name, value in os.environ.items() if name != "PYTHONDONTWRITEBYTECODE"}
+    assert subprocess.run(plain, capture_output=True, text=True, cwd=tmp_path, check=True, env=writing).stdout == "11\n"
+    assert sorted(p.name.split(".")[0] for p in (tmp_path / "__pycache__").iterdir()) == ["mod", "net"]
+    _put_back(tmp_path / "net.py", "import mod\nOWN = 2\n\ndef make():\n    return OWN * 10 + mod.VALUE\n")
+    _put_back(tmp_path / "mod.py", "VALUE = 2\n")
+    # Python's own import runs the stale .pyc files: the sources say 22, the code that runs 11.
+    assert subprocess.run(plain, capture_output=True, text=True, cwd=tmp_path, check=True).stdout == "11\n"
+    found = load(f"{tmp_path / 'net.py'}:make")
+    assert found["value"] == 22
+    assert found["before"] == {"net": sha(tmp_path / "net.py"), "mod": sha(tmp_path / "mod.py")}
+
+
+def test_a_module_imported_inside_the_function_is_proven_once_imported(tmp_path):
+    write(tmp_path, {"net.py": "def make():\n    import late\n    return late.X\n", "late.py": "X = 5\n"})
+    found = load(f"{tmp_path / 'net.py'}:make")
+    assert found["value"] == 5
+    assert sorted(found["before"]) == ["net"] and found["after"] == {"net": sha(tmp_path / "net.py"),
+                                                                     "late": sha(tmp_path / "late.py")}
+
+
+def test_a_module_already_imported_by_another_file_is_still_in_the_proof(tmp_path):
+    write(tmp_path, {"first.py": "import shared\ndef make():\n    return 1\n",
+                     "second.py": "import shared\ndef make():\n    return 2\n", "shared.py": "S = 1\n"})
+    script = ("import json, sys\nfrom towerlab.models.custom import file_proof, load_function\n"
+              "for spec in sys.argv[1:]:\n    load_function(spec)\n"
+              "print(json.dumps([sorted(file_proof(spec).parts) for spec in sys.argv[1:]]))\n")
+    done = subprocess.run([sys.executable, "-c", script, f"{tmp_path / 'first.py'}:make",
+                           f"{tmp_path / 'second.py'}:make"], capture_output=True, text=True, check=True)
+    assert json.loads(done.stdout) == [["first", "shared"], ["second", "shared"]]
+
+
+def test_a_function_objective_proves_its_file_and_neighbours(tmp_path):
+    write(tmp_path, {"objective.py": "import helpers\ndef train(x):\n    return helpers.square(x)\n",
+                     "helpers.py": "def square(x):\n    return x * x\n"})
+    script = ("import json, sys\nfrom towerlab.objective import FunctionObjective, setup\n"
+              "print(json.dumps(setup(FunctionObjective(sys.argv[1], ['x']))))\n")
+    done = subprocess.run([sys.executable, "-c", script, f"{tmp_path / 'objective.py'}:train"], capture_output=True,
+                          text=True, check=True)
+    assert json.loads(done.stdout)["proof"] == {"objective": sha(tmp_path / "objective.py"),
+                                                "helpers": sha(tmp_path / "helpers.py")}
+
+
+def test_a_difference_names_what_is_missing_and_what_is_new():
+    recorded = {"net": "sha256:aa", "blocks": "sha256:bb", "old": "sha256:cc"}
+    here = Proof({"net": "sha256:aa", "blocks": "sha256:dd", "new": "sha256:ee"})
+    assert here.difference(recorded) == "blocks differs (dd here, bb recorded); new only here; old missing here"
+    assert Proof(recorded).difference(recorded) is None

@@ -271,3 +271,76 @@ def test_a_worker_is_refused_what_is_not_the_search_s_objective(reference, tmp_p
             with pytest.raises(UserError, match="this worker runs towerlab's training: start it with"):
                 towerlab_worker.setup(found)
     assert not marker.exists()
+
+
+def quadratic(x, width, seed):
+    """An objective given from Python (test_the_api_searches_a_function_given_from_python)."""
+    return {"loss": (x - 0.3) ** 2 + 0.01 * width, "acc": 1 - x}
+
+
+def test_the_api_searches_a_function_given_from_python_and_every_view_names_its_metric(tmp_path):
+    """A function passed to towerlab.api.search (not FILE.py:FUNCTION): its rows, its record, TensorBoard, and
+    the Optuna export (a minimized study whose values are the losses)."""
+    pytest.importorskip("tensorboard")
+    optuna = pytest.importorskip("optuna")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from towerlab import api
+
+    out = tmp_path / "api"
+    run = api.search({"x": {"low": 0.0, "high": 1.0}, "width": [1, 2]}, objective=quadratic, metric="loss",
+                     direction="minimize", sampler="random", population=4, generations=2, max_epochs=2, remeasure=0,
+                     device="cpu", devices=1, threads=1, progress=False, tensorboard=True, out=str(out))
+    losses = [json.loads(r[8])["loss"] for r in rows(out / "search.db")]
+    assert len(losses) == 8 and run.summary["best_value"] == run.best["value"] == min(losses)
+    assert run.config["search"]["objective"].endswith("test_objective_search.py:quadratic")
+    events = EventAccumulator(str(out / "tb")).Reload()
+    assert {"search/loss", "search/best_loss"} <= set(events.Tags()["scalars"])
+    assert events.Scalars("search/best_loss")[-1].value == pytest.approx(min(losses))
+    assert main(["search", "export", str(out), "--optuna", f"sqlite:///{tmp_path / 'study.db'}"]) == 0
+    study = optuna.load_study(study_name="api", storage=f"sqlite:///{tmp_path / 'study.db'}")
+    assert study.direction == optuna.study.StudyDirection.MINIMIZE
+    assert sorted(t.value for t in study.trials) == sorted(losses) and study.best_value == min(losses)
+    assert study.trials[0].user_attrs["metrics"]["acc"] == 1 - study.trials[0].params["x"]
+
+
+@pytest.mark.slow
+def test_the_page_s_example_runs_as_a_command_as_a_function_on_two_machines_and_on_a_budget(tmp_path, postgres_url):
+    """docs/objectives.md, run as a reader runs it: its train.py and space.toml written out, then each of its
+    towerlab commands in order (the PostgreSQL URL the tests' own server's), the two machines being two
+    folders and the worker started once the search is under way."""
+    from test_docs import blocks, towerlab_commands
+    from util import REPO
+
+    page = [(language, code) for language, code, _ in blocks(REPO / "docs" / "objectives.md")]
+    script = next(code for language, code in page if language == "python" and "def train(" in code)
+    space = next(code for language, code in page if language == "toml")
+    commands = [argv for language, code in page if language == "bash" for argv in towerlab_commands(code)]
+    one, two = tmp_path / "one", tmp_path / "two"
+    for folder in (one, two):
+        folder.mkdir()
+        (folder / "train.py").write_text(script)
+        (folder / "space.toml").write_text(space)
+    # the page's commands run `python`, the interpreter on PATH: this one's, here
+    env = {"PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    shown = []
+    for argv in commands:
+        argv = [postgres_url if word == "postgresql://towerlab@db-host/towerlab" else word for word in argv]
+        if argv[:2] == ["search", "worker"]:
+            worker = start(two, *argv, "--devices", "1", log=tmp_path / "worker.log", env=env)
+            with reaped(worker):
+                assert job.wait(timeout=300) == 0, (tmp_path / "job.log").read_text()
+                assert worker.wait(timeout=120) == 0, (tmp_path / "worker.log").read_text()
+        elif "--store" in argv:  # the first machine's search: under way while the second machine joins it
+            job = start(one, *argv, log=tmp_path / "job.log", env=env)
+            wait_for(lambda: (one / "runs" / "two" / "config.json").exists(), timeout=120, what="the search")
+        else:
+            done = run_cli(*argv, cwd=one, env=env)
+            assert done.returncode == 0, (argv, done.stderr)
+            shown.append(done.stdout)
+    command, function = rows(one / "runs" / "command" / "search.db"), rows(one / "runs" / "function" / "search.db")
+    assert [r[:7] for r in command] == [r[:7] for r in function] and len(command) == 8
+    assert [r[7] for r in command] == pytest.approx([r[7] for r in function], rel=1e-5)
+    summary = json.loads((one / "runs" / "budget" / "summary.json").read_text())
+    assert summary["ended_by"] == "budget_epochs" and summary["metric"] == "accuracy"
+    assert any(text.startswith("id,search,sampler,") and "metric_accuracy" in text.splitlines()[0] for text in shown)

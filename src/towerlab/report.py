@@ -297,10 +297,11 @@ def format_generation(stats: Any, generations: int) -> str:
 def format_plan(plan: dict) -> str:
     """What a search's budget holds (`towerlab.search.plan.planned_trainings`), said before it starts."""
     promotions = f", {plan['rungs']} promotions to longer rungs" if plan["rungs"] else ""
+    tests = (f" and at most {plan['test']} to test the top (none where each was tested as it trained)"
+             if plan["test"] else "")  # a search of your own objective tests nothing
     return (f"Budget: at most {plan['search']} trainings for the search{promotions}, then about "
-            f"{plan['remeasure']} to re-measure the networks about to be crowned (more when that reorders them) and "
-            f"at most {plan['test']} to test the top (none where each was tested as it trained): about "
-            f"{plan['epochs']} epochs of training")
+            f"{plan['remeasure']} to re-measure the networks about to be crowned (more when that reorders them)"
+            f"{tests}: about {plan['epochs']} epochs of training")
 
 
 def format_estimate(seconds: float, epochs: int, plan: dict, workers: int) -> str:

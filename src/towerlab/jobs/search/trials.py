@@ -31,7 +31,8 @@ from towerlab.fields import replace
 from towerlab.jobs.search.identity import admit, row_provenance
 from towerlab.jobs.search.training import FROM_PYTHON
 from towerlab.jobs.search.worker_times import WorkerTimes
-from towerlab.objective import DEFAULT_METRIC, CommandObjective, FunctionObjective, Goal, Objective, Trial
+from towerlab.objective import (DEFAULT_METRIC, CommandObjective, FunctionObjective, Goal, Objective, Trial,
+                                setup)
 from towerlab.proof import file_digest
 from towerlab.search import Candidate, Outcome, Search
 from towerlab.search.work.objective import Assignment
@@ -88,13 +89,6 @@ def build(own: Own, search: Search, function: Optional[Callable[..., Any]] = Non
     return FunctionObjective(function if function is not None else own.spec, genes, goal)
 
 
-def _goal_setup(objective: Objective) -> dict:
-    """What a search records of its objective, and a worker compares (`towerlab.objective.setup` less the spec,
-    which names a file where it is on this machine)."""
-    return {"kind": objective.kind, "metric": objective.goal.metric, "direction": objective.goal.direction,
-            "proof": dict(objective.proof().parts)}
-
-
 class OwnSide:
     """A process's side of a search of your own objective, as `identity.admit` measures it (`identity.Here`):
     its numerics (device kind; on a CPU, a function's threads), and its objective, built here from `own` (or
@@ -127,7 +121,7 @@ class OwnSide:
         if metric != search.cfg.metric or direction != search.cfg.direction:
             return {"kind": own.kind, "metric": metric, "direction": direction, "proof": {}}
         self.built = build(own, search, self.function)
-        self._setup = _goal_setup(self.built)
+        self._setup = setup(self.built)
         return self._setup
 
     def data(self) -> Dataset:

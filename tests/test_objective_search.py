@@ -323,12 +323,13 @@ def test_the_page_s_example_runs_as_a_command_as_a_function_on_two_machines_and_
         (folder / "space.toml").write_text(space)
     # the page's commands run `python`, the interpreter on PATH: this one's, here
     env = {"PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
-    shown = []
+    shown, job = [], None
     for argv in commands:
         argv = [postgres_url if word == "postgresql://towerlab@db-host/towerlab" else word for word in argv]
         if argv[:2] == ["search", "worker"]:
+            assert job is not None, "the page starts the search before its worker"
             worker = start(two, *argv, "--devices", "1", log=tmp_path / "worker.log", env=env)
-            with reaped(worker):
+            with reaped(worker), reaped(job):
                 assert job.wait(timeout=300) == 0, (tmp_path / "job.log").read_text()
                 assert worker.wait(timeout=120) == 0, (tmp_path / "worker.log").read_text()
         elif "--store" in argv:  # the first machine's search: under way while the second machine joins it
@@ -344,3 +345,17 @@ def test_the_page_s_example_runs_as_a_command_as_a_function_on_two_machines_and_
     summary = json.loads((one / "runs" / "budget" / "summary.json").read_text())
     assert summary["ended_by"] == "budget_epochs" and summary["metric"] == "accuracy"
     assert any(text.startswith("id,search,sampler,") and "metric_accuracy" in text.splitlines()[0] for text in shown)
+
+
+def test_grid_runs_a_command_and_a_trial_past_its_timeout_fails_alone(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    Path("naps.toml").write_text("[genes]\nnap = [0, 30]\n")
+    nap = shlex.join([sys.executable, "-c", "import sys, time; time.sleep(float(sys.argv[1])); print(1.5)", "{nap}"])
+    assert main(["grid", "--command", nap, "--trial-timeout", "2", "--space", "naps.toml", "--remeasure", "0",
+                 *ONE_CPU, "--out", "out"]) == 0
+    with contextlib.closing(sqlite3.connect("out/search.db")) as db:
+        by_nap = {json.loads(genome)["nap"]: (status, reason)
+                  for genome, status, reason in db.execute("SELECT genome, status, reason FROM evaluations")}
+    assert by_nap[0] == ("ok", None) and by_nap[30][0] == "failed"
+    assert by_nap[30][1].startswith("timed out after 2 s, and was stopped")
+    assert json.loads(Path("out/summary.json").read_text())["best_value"] == 1.5

@@ -336,6 +336,8 @@ def test_a_postgresql_store_of_schema_4_gains_provenance_and_keeps_its_rows(post
         genome = {"neurons": 64, "layers": 1, "activation": "relu", "optimizer": "adam"}
         store.records.record(Candidate(0, 0, genome, genome_hash(genome), 1), Outcome.ok(0.5, worker="w"), "tch", sid)
     with psycopg.connect(postgres_url, autocommit=True) as db:
+        db.execute("ALTER TABLE evaluations DROP COLUMN metrics")
+        db.execute("ALTER TABLE evaluations DROP COLUMN curve")
         db.execute("ALTER TABLE evaluations DROP COLUMN provenance")
         db.execute("UPDATE towerlab_schema SET version = 4")
     with Store(postgres_url, create=False) as store, Store(postgres_url, create=False):
@@ -347,4 +349,33 @@ def test_a_postgresql_store_of_schema_4_gains_provenance_and_keeps_its_rows(post
                              "tch", sid)
         assert again.provenance == where
     with psycopg.connect(postgres_url) as db:
-        assert db.execute("SELECT version FROM towerlab_schema").fetchall() == [(SCHEMA_VERSION,)] == [(5,)]
+        assert db.execute("SELECT version FROM towerlab_schema").fetchall() == [(SCHEMA_VERSION,)] == [(6,)]
+
+
+def test_a_schema_5_store_gains_an_objective_s_metrics_and_keeps_its_rows(postgres_url):
+    """A store made before an objective's metrics (schema 5) is migrated when opened, under the schema lock;
+    its rows stay, without metrics."""
+    import psycopg
+
+    from towerlab.config import SearchConfig
+    from towerlab.fields import to_dict
+    from towerlab.search import Candidate, Outcome, genome_hash, load_space
+
+    with Store(postgres_url) as store:
+        sid = store.records.begin_search("random", to_dict(SearchConfig()), load_space("mlp"), "tch", {"device": "cpu"})
+        genome = {"neurons": 64, "layers": 1, "activation": "relu", "optimizer": "adam"}
+        store.records.record(Candidate(0, 0, genome, genome_hash(genome), 1), Outcome.ok(0.5, worker="w"), "tch", sid)
+    with psycopg.connect(postgres_url, autocommit=True) as db:
+        db.execute("ALTER TABLE evaluations DROP COLUMN metrics")
+        db.execute("ALTER TABLE evaluations DROP COLUMN curve")
+        db.execute("UPDATE towerlab_schema SET version = 5")
+    with Store(postgres_url, create=False) as store, Store(postgres_url, create=False):
+        [row] = store.records.evaluations()
+        assert (row.fitness, row.metrics, row.curve) == (0.5, None, None)
+        genome = {**genome, "neurons": 32}
+        again = store.records.record(Candidate(0, 1, genome, genome_hash(genome), 2),
+                                     Outcome.ok(-0.2, metrics={"loss": 0.2}, curve=[{"epoch": 1, "loss": 0.3}]),
+                                     "tch", sid)
+        assert (again.metrics, again.curve) == ({"loss": 0.2}, [{"epoch": 1, "loss": 0.3}])
+    with psycopg.connect(postgres_url) as db:
+        assert db.execute("SELECT version FROM towerlab_schema").fetchall() == [(6,)]

@@ -383,10 +383,10 @@ class SearchConfig:
 def _check_objective(cfg: SearchConfig) -> None:
     if cfg.objective is not None and cfg.trial_command is not None:
         raise UserError("--objective and --command both say what a trial runs: give one of them")
-    own = cfg.objective or cfg.trial_command
+    own, command = cfg.objective or cfg.trial_command, cfg.trial_command
     for name, goes_with, given in (("metric", "--objective or --command (towerlab's own training searches validation "
                                               "accuracy)", own), ("direction", "--objective or --command", own),
-                                   ("trial_timeout", "--command (a function runs inside its worker)", cfg.trial_command)):
+                                   ("trial_timeout", "--command (a function runs inside its worker)", command)):
         if getattr(cfg, name) is not None and given is None:
             raise UserError(f"--{name.replace('_', '-')} goes with {goes_with}")
     if cfg.direction is not None:

@@ -332,16 +332,14 @@ def format_top(rows: list[dict], metric: str | None = None) -> str:
     """The final table: rank, validation accuracy (the mean over its seeds) and its spread, test
     accuracy, genome; or for the `metric` of an objective of yours ("loss, minimized"), its value (the
     rows' "value", the mean over its seeds) and spread, and no test accuracy."""
-    if metric is not None:
-        name = metric.partition(",")[0][:10]
-        lines = [f"Top {len(rows)} (fitness = {metric}, the mean over its seeds):",
-                 f"  {'#':>2}  {name:>10}  {'+-':>6}  {'seeds':>5}  genome"]
-    else:
-        lines = [f"Top {len(rows)} networks (fitness = validation accuracy, the mean over its seeds):",
-                 f"  {'#':>2}  {'val acc':>7}  {'+-':>6}  {'seeds':>5}  {'test acc':>8}  genome"]
+    named = None if metric is None else metric.partition(",")[0][:10]
+    lines = [f"Top {len(rows)} (fitness = {metric}, the mean over its seeds):" if named else
+             f"Top {len(rows)} networks (fitness = validation accuracy, the mean over its seeds):",
+             f"  {'#':>2}  {named:>10}  {'+-':>6}  {'seeds':>5}  genome" if named else
+             f"  {'#':>2}  {'val acc':>7}  {'+-':>6}  {'seeds':>5}  {'test acc':>8}  genome"]
     for i, row in enumerate(rows, 1):
         genome = ", ".join(f"{k}={v}" for k, v in row["genome"].items())
-        if metric is not None:
+        if named:
             spread = "-" if row.get("value_sd") is None else f"{row['value_sd']:.4g}"
             lines.append(f"  {i:>2}  {row['value']:>10.6g}  {spread:>6}  {len(row['seeds']):>5}  {genome}")
             continue

@@ -1,5 +1,6 @@
 """What a search's history is made of: members, generations, their statistics, the crowned top and
-the result (and a play of the search: `Played`), and the one order every part of the search ranks networks by.
+the result (and a play of the search: `Played`), and the one order every part of the search ranks
+networks by.
 
 Counting (per generation; `SearchResult` sums them)
 ---------------------------------------------------

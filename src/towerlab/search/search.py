@@ -77,8 +77,8 @@ class Search:
         sampler = sampler_class(cfg.sampler)
         cfg = resolved_remeasure(cfg, sampler_shape(cfg, space, sampler))
         if cfg.budget_epochs is not None and cfg.budget_epochs <= crowning_epochs(cfg):
-            raise UserError(f"--budget-epochs {cfg.budget_epochs} leaves the search nothing once its top is re-measured "
-                            f"(--remeasure {cfg.remeasure} x --top {cfg.top} x {cfg.max_epochs} epochs = "
+            raise UserError(f"--budget-epochs {cfg.budget_epochs} leaves the search nothing once its top is "
+                            f"re-measured (--remeasure {cfg.remeasure} x --top {cfg.top} x {cfg.max_epochs} epochs = "
                             f"{crowning_epochs(cfg)}): raise it, or lower --remeasure")
         return cls(resolved_settings(cfg, sampler), space)
 

@@ -174,7 +174,8 @@ def _objective_differs(theirs: dict, ours: dict, here: Here, search: Search) -> 
                 f"(the search's: {search.cfg.objective or search.cfg.trial_command})")
     if (ours["metric"], ours["direction"]) != (theirs["metric"], theirs["direction"]):
         return (f"it searches {theirs['metric']} ({theirs['direction']}), this worker {ours['metric']} "
-                f"({ours['direction']}): give --metric {theirs['metric']} --direction {theirs['direction']}, or neither")
+                f"({ours['direction']}): give --metric {theirs['metric']} --direction {theirs['direction']}, or "
+                "neither")
     named = Proof(ours["proof"]).difference({k: v for k, v in theirs["proof"].items() if k in ours["proof"]})
     return (f"its objective's code differs here: {named or Proof(ours['proof']).difference(theirs['proof'])}: "
             + ("resume with the files it started with" if here.resuming else "give this worker the search's files"))

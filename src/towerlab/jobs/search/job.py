@@ -211,8 +211,9 @@ class SearchJob(Job):
             resuming = ""
         if reporter is not None:
             space = search.space
-            trains = (f"{space.size_text}) for your {self.own.kind} {self.own.spec} ({search.metric}, {search.cfg.direction})"
-                      if self.own else f"{space.size_text}, model {space.model}) on {search.cfg.dataset}")
+            trains = (f"{space.size_text}) for your {self.own.kind} {self.own.spec} ({search.metric}, "
+                      f"{search.cfg.direction})" if self.own else
+                      f"{space.size_text}, model {space.model}) on {search.cfg.dataset}")
             reporter.line(f"towerlab {COMMANDS[self.kind]}: {resuming}{search.cfg.sampler} over space {space.name} "
                           f"({trains}, {self.workers} worker(s) on {self.run.device} -> {self.out}")
             reporter.line(format_plan(search.plan))
@@ -220,8 +221,8 @@ class SearchJob(Job):
 
     def _spec(self, search_id: int, **more: Any) -> WorkerSpec:
         """What this job's workers need besides their device (`more`: WorkerSpec's other fields)."""
-        return WorkerSpec(store=self.target, run=self.run, threads=self._threads(), search_ids=(search_id,), own=self.own,
-                          trials=str(self.out / TRIALS), **more)
+        return WorkerSpec(store=self.target, run=self.run, threads=self._threads(), search_ids=(search_id,),
+                          own=self.own, trials=str(self.out / TRIALS), **more)
 
     def _work(self, store: Store, search: Search, data: Optional[Dataset], reporter: Reporter) -> None:
         """This machine's workers on the search until it is finished (whoever else works on it)."""

@@ -197,8 +197,9 @@ def cost(store: Store, search: Search, tested: list[float]) -> dict:
         return {"trainings": len(seconds), "train_seconds": math.fsum(seconds),
                 "epochs": sum(e or search.cfg.max_epochs for e in epochs)}
 
-    return {"search": part([e.seconds for e in rows if e.replicate == 0], [e.max_epochs for e in rows if e.replicate == 0]),
-            "remeasure": part([e.seconds for e in rows if e.replicate > 0], [e.max_epochs for e in rows if e.replicate > 0]),
+    searched, remeasured = [e for e in rows if e.replicate == 0], [e for e in rows if e.replicate > 0]
+    return {"search": part([e.seconds for e in searched], [e.max_epochs for e in searched]),
+            "remeasure": part([e.seconds for e in remeasured], [e.max_epochs for e in remeasured]),
             "test": part(tested, list(tests))}
 
 
@@ -277,21 +278,22 @@ def write_record(search: Search, store: Store, result: SearchResult, reporter: R
     best = top[0] if top else None
     stats = [search.shown(g.stats).record() for g in result.history]
     records = [r for r in evaluation_records(store) if r["search"] == result.search_id]
-    common = {"kind": job.kind, "sampler": cfg.sampler, "space": space.name, "best_genome": best["genome"] if best else None,
-              "top": top, "evaluations": result.evaluations, "cache_hits": result.cache_hits,
-              "failures": result.failures, "generations": result.generations, "trainings": result.trainings,
-              "train_seconds": result.train_seconds, "cost": spent, "ended_by": result.ended,
-              "numerics": used, "seconds": job.seconds, "workers": job.workers,
+    common = {"kind": job.kind, "sampler": cfg.sampler, "space": space.name,
+              "best_genome": best["genome"] if best else None, "top": top, "evaluations": result.evaluations,
+              "cache_hits": result.cache_hits, "failures": result.failures, "generations": result.generations,
+              "trainings": result.trainings, "train_seconds": result.train_seconds, "cost": spent,
+              "ended_by": result.ended, "numerics": used, "seconds": job.seconds, "workers": job.workers,
               "device_type": search.recorded("device"), "search_id": result.search_id, "generation_stats": stats,
               "seed": cfg.seed, "torch_version": torch.__version__, "towerlab_version": towerlab.__version__}
     if data is None:
         goal_of = {"metric": search.metric, "direction": cfg.direction, "objective": cfg.objective or cfg.trial_command}
         if best is not None:
-            atomic.write_json(out / "best.json", {**{k: best[k] for k in ("genome", "value", "value_sd", "values", "seeds",
-                                                                          "seed", "metrics")}, **goal_of})
+            kept = ("genome", "value", "value_sd", "values", "seeds", "seed", "metrics")
+            atomic.write_json(out / "best.json", {**{k: best[k] for k in kept}, **goal_of})
         title = f"{cfg.sampler}: {Path(space.name).stem}, {goal}"
         summary = {**common, **goal_of, "best_value": best["value"] if best else None,
-                   "best_value_sd": best["value_sd"] if best else None, "best_metrics": best["metrics"] if best else None}
+                   "best_value_sd": best["value_sd"] if best else None,
+                   "best_metrics": best["metrics"] if best else None}
     else:
         if best is not None:
             assert job.model is not None, "towerlab's training builds its networks with a model"

@@ -69,7 +69,7 @@ class WorkerSpec:
     token: str = field(default_factory=lambda: secrets.token_hex(3))  # in each worker's name (`worker_name`)
     tells: bool = False
     model_files: tuple[str, ...] = ()  # FILE.py:FUNCTION that `search worker --model` names: the only ones it imports
-    own: Optional[Own] = None  # the objective of yours its command names: it runs trials of that, never towerlab's training
+    own: Optional[Own] = None  # the objective of yours its command names: it runs that, never towerlab's training
     trials: str = "trials"  # the folder where the trials of an objective of yours keep theirs
 
 

@@ -144,7 +144,8 @@ def _progress(store: Store, search_id: int) -> dict:
         stored = Search.of_row(search, str(store.path))
         for entry in search.summary.get("top", []):
             row = store.records.lookup(entry["genome_hash"], entry["train_config_hash"], search_id)
-            top.append({"genome": entry["genome"], "value" if stored.own else "val_accuracy": stored.value(entry["fitness"]),
+            top.append({"genome": entry["genome"],
+                        "value" if stored.own else "val_accuracy": stored.value(entry["fitness"]),
                         "test_accuracy": None if row is None else row.test_accuracy})
         attrs["towerlab_top"] = top
     return attrs

@@ -140,7 +140,8 @@ def _trains(search: Search) -> str:
     """What a search trains, as its header says: towerlab's model, or your objective and what it ranks by."""
     if not search.own:
         return f"model {search.space.model}, {search.space.size_text}"
-    kind, spec = ("command", search.cfg.trial_command) if search.cfg.trial_command is not None else ("function", search.cfg.objective)
+    cfg = search.cfg
+    kind, spec = ("command", cfg.trial_command) if cfg.trial_command is not None else ("function", cfg.objective)
     return f"your {kind} {spec}, {search.space.size_text}; {search.metric} {search.cfg.direction}d"
 
 

@@ -142,12 +142,19 @@ def test_a_version_3_store_gains_the_queue_and_keeps_its_rows_and_searches(tmp_p
         assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 6
 
 
-def test_a_version_4_store_gains_provenance_and_keeps_its_rows(tmp_path):
+def old_store(tmp_path, version: int) -> tuple:
+    """A store of schema `version` (`downgrade`) holding one search and its row of genome {"a": 1}, fitness
+    0.9: its path and the search's id."""
     path = tmp_path / "search.db"
     with Store(path) as s:
         sid = new_search(s)
         s.records.record(candidate({"a": 1}), Outcome.ok(0.9), TCH, sid)
-    downgrade(path, 4)
+    downgrade(path, version)
+    return path, sid
+
+
+def test_a_version_4_store_gains_provenance_and_keeps_its_rows(tmp_path):
+    path, sid = old_store(tmp_path, 4)
     where = {"host": "a", "towerlab": "0.1.0", "torch": "2.13.0", "device": "cpu", "data": "sha256:1"}
     with Store(path) as s:
         assert (s.records.lookup(genome_hash({"a": 1}), TCH).fitness, s.records.lookup(genome_hash({"a": 1}), TCH).provenance) == (
@@ -158,11 +165,7 @@ def test_a_version_4_store_gains_provenance_and_keeps_its_rows(tmp_path):
 
 
 def test_a_version_5_store_gains_metrics_and_keeps_its_rows(tmp_path):
-    path = tmp_path / "search.db"
-    with Store(path) as s:
-        sid = new_search(s)
-        s.records.record(candidate({"a": 1}), Outcome.ok(0.9), TCH, sid)
-    downgrade(path, 5)
+    path, sid = old_store(tmp_path, 5)
     with Store(path) as s:
         old = s.records.lookup(genome_hash({"a": 1}), TCH)
         assert (old.fitness, old.metrics, old.curve) == (0.9, None, None)
@@ -174,11 +177,7 @@ def test_a_version_5_store_gains_metrics_and_keeps_its_rows(tmp_path):
 
 
 def test_a_version_2_store_gains_the_numerics_column_and_keeps_its_rows(tmp_path):
-    path = tmp_path / "search.db"
-    with Store(path) as s:
-        sid = new_search(s)
-        s.records.record(candidate({"a": 1}), Outcome.ok(0.9), TCH, sid)
-    downgrade(path, 2)
+    path, sid = old_store(tmp_path, 2)
     with Store(path) as s:
         row = s.records.lookup(genome_hash({"a": 1}), TCH)
         assert (row.fitness, row.numerics) == (0.9, None)

@@ -29,8 +29,9 @@ from util import reaped, run_cli
 QUAD = '''import os, random, time
 
 
-def train(x, width, seed, epochs, report):
+def train(x, width, seed, epochs, folder, report):
     time.sleep(float(os.environ.get("QUAD_SLEEP", "0")))
+    (folder / "seed.txt").write_text(str(seed))
     r = random.Random(seed)
     loss = (x - 0.3) ** 2 + 0.01 * width + 0.001 * r.random()
     for epoch in range(1, epochs + 1):
@@ -130,9 +131,9 @@ def test_an_objective_searches_30_trainings_whose_rows_carry_its_metric(referenc
     best = json.loads((out / "best.json").read_text())
     assert (best["value"], best["metric"], best["direction"]) == (summary["best_value"], "loss", "minimize")
     # each trial ran in a folder of its own, kept under the search's folder
-    assert len(list((out / "trials" / "search-1").iterdir())) == 30
-    if kind == "command":
-        assert all((trial / "stdout.txt").is_file() for trial in (out / "trials" / "search-1").iterdir())
+    trials = list((out / "trials" / "search-1").iterdir())
+    assert len(trials) == 30 and all((trial / ("stdout.txt" if kind == "command" else "seed.txt")).is_file()
+                                     for trial in trials)
 
 
 def test_the_views_name_the_metric_and_its_direction(reference, capsys, monkeypatch):

@@ -104,8 +104,7 @@ def search_worker(args: argparse.Namespace) -> int:
 def _own_objective(args: argparse.Namespace) -> Any:
     """The objective of yours that `search worker --objective` / `--command` names (None: towerlab's training),
     its --metric and --direction checked."""
-    from towerlab.jobs.search.trials import Own
-    from towerlab.objective import DEFAULT_METRIC, Goal
+    from towerlab.jobs.search.trials import Own, goal_of
 
     if args.objective is None and args.trial_command is None:
         if args.metric is not None or args.direction is not None:
@@ -115,7 +114,7 @@ def _own_objective(args: argparse.Namespace) -> Any:
     if args.model_files:
         raise UserError("--model builds towerlab's networks; a worker of your own objective runs --objective or "
                         "--command alone: drop --model")
-    Goal(args.metric or DEFAULT_METRIC, args.direction or "maximize")
+    goal_of(args.metric, args.direction)  # a --metric that is no name is refused here, before any worker starts
     return Own("command", args.trial_command, args.metric, args.direction) if args.trial_command is not None else \
         Own("function", args.objective, args.metric, args.direction)
 

@@ -60,6 +60,11 @@ class Own:
         return None if cfg.objective is None else cls("function", cfg.objective, cfg.metric, cfg.direction)
 
 
+def goal_of(metric: Optional[str], direction: Optional[str]) -> Goal:
+    """The goal that --metric (value where none is given) and --direction (maximize) name, checked."""
+    return Goal(metric or DEFAULT_METRIC, direction or "maximize")
+
+
 def own_settings(cfg: SearchConfig, model_function: object = None) -> SearchConfig:
     """A search of your own objective's settings with its goal decided (--metric value and --direction
     maximize where not given, checked), once those that only towerlab's training reads were refused."""
@@ -71,7 +76,7 @@ def own_settings(cfg: SearchConfig, model_function: object = None) -> SearchConf
     if model_function is not None:
         raise UserError("--model builds towerlab's networks; a search of your own objective trains whatever it trains: "
                         "drop --model")
-    goal = Goal(cfg.metric or DEFAULT_METRIC, cfg.direction or "maximize")
+    goal = goal_of(cfg.metric, cfg.direction)
     return replace(cfg, metric=goal.metric, direction=goal.direction)
 
 
@@ -79,8 +84,7 @@ def build(own: Own, search: Search, function: Optional[Callable[..., Any]] = Non
     """The objective that runs `search`'s trials here, with its goal: a function (`function` given from
     Python, or `own`'s FILE.py:FUNCTION, imported here) or a command, checked against the space's genes
     (each refusal a UserError of one line)."""
-    genes, cfg = list(search.space.genes), search.cfg
-    goal = Goal(cfg.metric or DEFAULT_METRIC, cfg.direction or "maximize")
+    genes, cfg, goal = list(search.space.genes), search.cfg, goal_of(search.cfg.metric, search.cfg.direction)
     if own.kind == "command":
         return CommandObjective(own.spec, genes, goal, timeout=cfg.trial_timeout)
     if function is None and own.spec == FROM_PYTHON:

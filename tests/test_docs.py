@@ -138,7 +138,10 @@ PYTHON_PAGES = sorted({page for page, _, _ in of_language("python")})
 
 @pytest.mark.slow
 @pytest.mark.parametrize("page", PYTHON_PAGES, ids=lambda p: p.name)
-def test_python_blocks_run(page, small_mnist):
+def test_python_blocks_run(page, small_mnist, monkeypatch):
+    # As a reader's own session: a block that is a script of its own (docs/objectives.md's train.py) reads an
+    # empty command line, not pytest's.
+    monkeypatch.setattr(sys, "argv", [page.name])
     namespace = {"__name__": "__main__"}
     for lang, code, line in blocks(page):
         if lang == "python":

@@ -35,7 +35,7 @@ HOSTILE = {float: ["nan", "inf", "-inf", "1e400", "-1", ""], int: ["-1", HUGE_IN
 SKIP = {"preset", "resume"}  # --preset's names and --resume's folders have tests of their own
 # Legal, whatever they look like (test_huge_budgets_are_legal runs them), or legal and endless.
 TRAIN_BUDGETS = ("epochs", "display_step", "eval_every", "patience", "lookahead")
-SEARCH_BUDGETS = ("generations", "top", "max_evaluations")  # (a grid refuses the ga's --elite; --prune-factor
+SEARCH_BUDGETS = ("generations", "top", "max_evaluations", "budget_epochs")  # (a grid refuses the ga's --elite; --prune-factor
 # needs --min-epochs, below this grid's one epoch: test_the_rungs gives it a huge one)
 LEGAL = {(name, HUGE_INT) for name in (*TRAIN_BUDGETS, *SEARCH_BUDGETS, "steps")}
 

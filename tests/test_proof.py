@@ -139,3 +139,31 @@ def test_a_difference_names_what_is_missing_and_what_is_new():
     here = Proof({"net": "sha256:aa", "blocks": "sha256:dd", "new": "sha256:ee"})
     assert here.difference(recorded) == "blocks differs (dd here, bb recorded); new only here; old missing here"
     assert Proof(recorded).difference(recorded) is None
+
+
+def _proof_in_a_spawned_child(function, answer) -> None:
+    from towerlab.proof import code_proof
+
+    answer.put((function(3), sorted(code_proof(function.__module__).parts)))
+
+
+def test_a_spawned_process_imports_a_function_of_yours_through_the_loader(tmp_path):
+    """`portable`: a spawned worker gets a function of yours by name and imports it through the loader that
+    proves what runs (so the modules it imports are part of its proof there too); pickled as it is, the
+    child would import it before the loader is installed, and prove its file alone."""
+    import multiprocessing
+
+    from towerlab.models.custom import load_function
+    from towerlab.proof import portable
+
+    write(tmp_path, {"spawned_objective.py": "import spawned_helpers\ndef train(x):\n    return spawned_helpers.f(x)\n",
+                     "spawned_helpers.py": "def f(x):\n    return x * x\n"})
+    function = load_function(f"{tmp_path / 'spawned_objective.py'}:train", "--objective")
+    context = multiprocessing.get_context("spawn")
+    answer = context.Queue()
+    child = context.Process(target=_proof_in_a_spawned_child, args=(portable(function), answer))
+    child.start()
+    found = answer.get(timeout=120)
+    child.join(timeout=60)
+    assert found == (9, ["spawned_helpers", "spawned_objective"]) and child.exitcode == 0
+    assert portable(len) is len and portable(Path) is Path  # not a function of yours: as it is

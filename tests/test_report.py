@@ -21,9 +21,11 @@ def test_fitness_plot_ticks_whole_generations(generations):
         plt.close(fig)
 
 
-def _record(search, max_epochs, seconds, val, replicate=0, status="ok", sampler="ga"):
+def _record(search, max_epochs, seconds, val, replicate=0, status="ok", sampler="ga", metric="val_accuracy",
+            direction="maximize"):
     return {"search": search, "sampler": sampler, "max_epochs": max_epochs, "replicate": replicate,
-            "seconds": seconds, "status": status, "val_accuracy": val if status == "ok" else None}
+            "seconds": seconds, "status": status, "metric": metric, "direction": direction,
+            "value": val if status == "ok" else None}
 
 
 def test_accuracy_time_line_holds_the_best_to_the_end_of_each_search():
@@ -45,5 +47,18 @@ def test_accuracy_time_line_holds_the_best_to_the_end_of_each_search():
         assert list(second.get_ydata()) == [0.70, 0.75]
         points = [line for line in ax.get_lines() if line.get_marker() == "."]
         assert [list(p.get_ydata()) for p in points] == [[0.80, 0.90, 0.85, 0.95, 0.88], [0.70, 0.75]]
+    finally:
+        plt.close(fig)
+
+
+def test_accuracy_time_of_a_minimized_metric_holds_its_lowest_and_names_it():
+    records = [_record(1, 2, 1.0, 0.5, metric="loss", direction="minimize"),
+               _record(1, 2, 1.0, 0.3, metric="loss", direction="minimize"),
+               _record(1, 2, 1.0, 0.4, metric="loss", direction="minimize")]
+    fig = accuracy_time_figure(records, "loss")
+    try:
+        ax = fig.axes[0]
+        line = next(line for line in ax.get_lines() if line.get_label() == "search 1: ga")
+        assert list(line.get_ydata()) == [0.5, 0.3, 0.3] and ax.get_ylabel() == "loss"
     finally:
         plt.close(fig)

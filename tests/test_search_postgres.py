@@ -321,30 +321,61 @@ def test_a_worker_with_other_data_is_refused_and_the_search_ends_as_on_sqlite(tm
     assert decisive(postgres_url) == decisive(tmp_path / "reference" / "search.db")
 
 
-def test_a_postgresql_store_of_schema_4_gains_provenance_and_keeps_its_rows(postgres_url):
-    """A store made before each evaluation recorded its provenance (schema 4) is migrated when opened,
-    once, under the schema lock; its rows stay, without provenance."""
+def old_postgresql_store(url: str, version: int, dropped: tuple[str, ...]) -> tuple[int, dict]:
+    """A store at `url` holding one search and its row (fitness 0.5), made to look as towerlab of schema
+    `version` wrote it (its `dropped` columns of evaluations dropped): the search's id and the row's genome."""
     import psycopg
 
     from towerlab.config import SearchConfig
     from towerlab.fields import to_dict
     from towerlab.search import Candidate, Outcome, genome_hash, load_space
 
-    with Store(postgres_url) as store:
-        space = load_space("mlp")
-        sid = store.records.begin_search("random", to_dict(SearchConfig()), space, "tch", {"device": "cpu"})
+    with Store(url) as store:
+        sid = store.records.begin_search("random", to_dict(SearchConfig()), load_space("mlp"), "tch", {"device": "cpu"})
         genome = {"neurons": 64, "layers": 1, "activation": "relu", "optimizer": "adam"}
         store.records.record(Candidate(0, 0, genome, genome_hash(genome), 1), Outcome.ok(0.5, worker="w"), "tch", sid)
-    with psycopg.connect(postgres_url, autocommit=True) as db:
-        db.execute("ALTER TABLE evaluations DROP COLUMN provenance")
-        db.execute("UPDATE towerlab_schema SET version = 4")
+    with psycopg.connect(url, autocommit=True) as db:
+        for column in dropped:
+            db.execute(f"ALTER TABLE evaluations DROP COLUMN {column}")
+        db.execute(f"UPDATE towerlab_schema SET version = {version}")
+    return sid, genome
+
+
+def test_a_postgresql_store_of_schema_4_gains_provenance_and_keeps_its_rows(postgres_url):
+    """A store made before each evaluation recorded its provenance (schema 4) is migrated when opened,
+    once, under the schema lock; its rows stay, without provenance."""
+    import psycopg
+
+    from towerlab.search import Candidate, Outcome, genome_hash
+
+    sid, genome = old_postgresql_store(postgres_url, 4, ("metrics", "curve", "provenance"))
     with Store(postgres_url, create=False) as store, Store(postgres_url, create=False):
         [row] = store.records.evaluations()
         assert (row.fitness, row.provenance) == (0.5, None)
         where = {"host": "h"}
         genome = {**genome, "neurons": 32}
         again = store.records.record(Candidate(0, 1, genome, genome_hash(genome), 2), Outcome.ok(0.6, provenance=where),
-                             "tch", sid)
+                                     "tch", sid)
         assert again.provenance == where
     with psycopg.connect(postgres_url) as db:
-        assert db.execute("SELECT version FROM towerlab_schema").fetchall() == [(SCHEMA_VERSION,)] == [(5,)]
+        assert db.execute("SELECT version FROM towerlab_schema").fetchall() == [(SCHEMA_VERSION,)] == [(6,)]
+
+
+def test_a_schema_5_store_gains_an_objective_s_metrics_and_keeps_its_rows(postgres_url):
+    """A store made before an objective's metrics (schema 5) is migrated when opened, under the schema lock;
+    its rows stay, without metrics."""
+    import psycopg
+
+    from towerlab.search import Candidate, Outcome, genome_hash
+
+    sid, genome = old_postgresql_store(postgres_url, 5, ("metrics", "curve"))
+    with Store(postgres_url, create=False) as store, Store(postgres_url, create=False):
+        [row] = store.records.evaluations()
+        assert (row.fitness, row.metrics, row.curve) == (0.5, None, None)
+        genome = {**genome, "neurons": 32}
+        again = store.records.record(Candidate(0, 1, genome, genome_hash(genome), 2),
+                                     Outcome.ok(-0.2, metrics={"loss": 0.2}, curve=[{"epoch": 1, "loss": 0.3}]),
+                                     "tch", sid)
+        assert (again.metrics, again.curve) == ({"loss": 0.2}, [{"epoch": 1, "loss": 0.3}])
+    with psycopg.connect(postgres_url) as db:
+        assert db.execute("SELECT version FROM towerlab_schema").fetchall() == [(6,)]

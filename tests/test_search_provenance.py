@@ -230,18 +230,17 @@ def test_a_store_rewritten_to_a_model_file_of_its_choosing_runs_none_of_it(tmp_p
 FIXTURES = Path(__file__).parent / "fixtures"
 
 
-def test_a_search_of_schema_4_opens_resumes_and_ends_as_a_search_run_whole_today(tmp_path):
-    """A search folder as towerlab wrote it before provenance (schema 4, made by e4ff269:
-    fixtures/store_v4.sql and search_v4.json, its config.json; random, seed 4, one generation of 3 on
-    synthetic data): it opens, migrated to schema 5, its rows without provenance; resumed to two
-    generations, it ends with the rows of the same search run whole today, and `search show` tells the
-    rows written before provenance from the new ones."""
+def resumed_as_today(tmp_path: Path, version: int) -> Path:
+    """A search folder as towerlab of schema `version` wrote it (fixtures/store_vN.sql and search_vN.json, its
+    config.json; random, seed 4, one generation of 3 on synthetic data), resumed to two generations: its
+    rows are those of the same search run whole today (asserted), and its store is today's schema. The
+    folder."""
     old = tmp_path / "old"
     old.mkdir()
     with sqlite3.connect(old / "search.db") as db:
-        db.executescript((FIXTURES / "store_v4.sql").read_text())
-        db.execute("PRAGMA user_version = 4")
-    recorded = (FIXTURES / "search_v4.json").read_text().replace("{OUT}", str(old))
+        db.executescript((FIXTURES / f"store_v{version}.sql").read_text())
+        db.execute(f"PRAGMA user_version = {version}")
+    recorded = (FIXTURES / f"search_v{version}.json").read_text().replace("{OUT}", str(old))
     (old / "config.json").write_text(recorded)
     done = run_cli("search", "run", "--resume", str(old), "--generations", "2")
     assert done.returncode == 0 and "resuming search 1" in done.stderr + done.stdout, done.stderr
@@ -253,9 +252,33 @@ def test_a_search_of_schema_4_opens_resumes_and_ends_as_a_search_run_whole_today
     decisive = "SELECT generation, idx, replicate, genome_hash, seed, status, fitness FROM evaluations ORDER BY 1, 2, 3"
     with sqlite3.connect(old / "search.db") as a, sqlite3.connect(tmp_path / "today" / "search.db") as b:
         assert a.execute(decisive).fetchall() == b.execute(decisive).fetchall()
-        assert a.execute("PRAGMA user_version").fetchone()[0] == 5
+        assert a.execute("PRAGMA user_version").fetchone()[0] == 6  # today's
+    return old
+
+
+def test_a_search_of_schema_4_opens_resumes_and_ends_as_a_search_run_whole_today(tmp_path):
+    """A search of schema 4 (made by e4ff269: `resumed_as_today`), before provenance: it opens, migrated to
+    today's schema, its rows without provenance; resumed to two generations, it ends with the rows of the
+    same search run whole today, and `search show` tells the rows written before provenance from the new
+    ones."""
+    old = resumed_as_today(tmp_path, 4)
+    with sqlite3.connect(old / "search.db") as a:
         where = [p for (p,) in a.execute("SELECT provenance FROM evaluations ORDER BY id")]
     assert where[:3] == [None] * 3 and all(json.loads(p)["towerlab"] == "0.1.0" for p in where[3:]), where
     shown = run_cli("search", "show", str(old))
     assert shown.returncode == 0 and "its rows come from 2 provenances: 3 from no record of it (rows written before " \
         "towerlab kept one, " in shown.stdout, shown.stdout
+
+
+def test_a_search_of_schema_5_opens_resumes_and_ends_as_a_search_run_whole_today(tmp_path):
+    """A search of schema 5 (made by 90df90d: `resumed_as_today`), before an objective's metrics: it opens,
+    migrated to schema 6, its rows without metrics; resumed to two generations, it ends with the rows of the
+    same search run whole today, and its settings read as today's (no objective of yours, no budget in
+    epochs)."""
+    old = resumed_as_today(tmp_path, 5)
+    with sqlite3.connect(old / "search.db") as a:
+        assert a.execute("SELECT COUNT(*) FROM evaluations WHERE metrics IS NULL AND curve IS NULL").fetchone()[0] == 6
+        config = json.loads(a.execute("SELECT config FROM searches").fetchone()[0])
+    summary = json.loads((old / "summary.json").read_text())
+    assert (summary["ended_by"], summary["generations"], summary["evaluations"]) == ("generations", 2, 6)
+    assert (config["objective"], config["trial_command"], config["budget_epochs"]) == (None, None, None)

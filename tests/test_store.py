@@ -112,9 +112,11 @@ def test_an_evaluation_keeps_the_numerics_it_was_trained_with(store):
 
 
 def downgrade(path, version: int) -> None:
-    """Make the store at `path` look as the towerlab of schema `version` (2, 3 or 4) wrote it."""
+    """Make the store at `path` look as the towerlab of schema `version` (2 to 5) wrote it."""
     with contextlib.closing(sqlite3.connect(path)) as db, db:
-        db.execute("ALTER TABLE evaluations DROP COLUMN provenance")
+        db.executescript("ALTER TABLE evaluations DROP COLUMN metrics; ALTER TABLE evaluations DROP COLUMN curve")
+        if version <= 4:
+            db.execute("ALTER TABLE evaluations DROP COLUMN provenance")
         if version <= 3:
             db.executescript("DROP TABLE tasks; DROP TABLE workers; DROP INDEX searches_token;"
                              "ALTER TABLE searches DROP COLUMN setup; ALTER TABLE searches DROP COLUMN token;"
@@ -137,37 +139,52 @@ def test_a_version_3_store_gains_the_queue_and_keeps_its_rows_and_searches(tmp_p
         s.queue.enqueue(sid, "train", [(candidate({"b": 1}), TCH)])
         assert s.queue.claim("w", [sid], lease=30, max_attempts=3).candidate.genome == {"b": 1}
     with contextlib.closing(sqlite3.connect(path)) as db:
-        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 5
+        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 6
 
 
-def test_a_version_4_store_gains_provenance_and_keeps_its_rows(tmp_path):
+def old_store(tmp_path, version: int) -> tuple:
+    """A store of schema `version` (`downgrade`) holding one search and its row of genome {"a": 1}, fitness
+    0.9: its path and the search's id."""
     path = tmp_path / "search.db"
     with Store(path) as s:
         sid = new_search(s)
         s.records.record(candidate({"a": 1}), Outcome.ok(0.9), TCH, sid)
-    downgrade(path, 4)
+    downgrade(path, version)
+    return path, sid
+
+
+def test_a_version_4_store_gains_provenance_and_keeps_its_rows(tmp_path):
+    path, sid = old_store(tmp_path, 4)
     where = {"host": "a", "towerlab": "0.1.0", "torch": "2.13.0", "device": "cpu", "data": "sha256:1"}
     with Store(path) as s:
         assert (s.records.lookup(genome_hash({"a": 1}), TCH).fitness, s.records.lookup(genome_hash({"a": 1}), TCH).provenance) == (
             0.9, None)
         assert s.records.record(candidate({"b": 1}), Outcome.ok(0.5, provenance=where), TCH, sid).provenance == where
     with contextlib.closing(sqlite3.connect(path)) as db:
-        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 5
+        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 6
+
+
+def test_a_version_5_store_gains_metrics_and_keeps_its_rows(tmp_path):
+    path, sid = old_store(tmp_path, 5)
+    with Store(path) as s:
+        old = s.records.lookup(genome_hash({"a": 1}), TCH)
+        assert (old.fitness, old.metrics, old.curve) == (0.9, None, None)
+        new = s.records.record(candidate({"b": 1}), Outcome.ok(-0.25, metrics={"loss": 0.25, "acc": None},
+                                                               curve=[{"epoch": 1, "loss": 0.5}]), TCH, sid)
+        assert (new.fitness, new.metrics, new.curve) == (-0.25, {"loss": 0.25, "acc": None}, [{"epoch": 1, "loss": 0.5}])
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 6
 
 
 def test_a_version_2_store_gains_the_numerics_column_and_keeps_its_rows(tmp_path):
-    path = tmp_path / "search.db"
-    with Store(path) as s:
-        sid = new_search(s)
-        s.records.record(candidate({"a": 1}), Outcome.ok(0.9), TCH, sid)
-    downgrade(path, 2)
+    path, sid = old_store(tmp_path, 2)
     with Store(path) as s:
         row = s.records.lookup(genome_hash({"a": 1}), TCH)
         assert (row.fitness, row.numerics) == (0.9, None)
         assert s.records.record(candidate({"b": 1}), Outcome.ok(0.5, numerics={"threads": 1}), TCH, sid).numerics == {
             "threads": 1}
     with sqlite3.connect(path) as db:
-        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 5
+        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 6
     db.close()
 
 

@@ -158,36 +158,65 @@ def _array_dataset(data: tuple, validation: tuple | None, test: tuple | None, va
     return from_arrays(data, validation, test, val_size if chosen else min(val_size, len(data[1]) // 10))
 
 
+# An objective of yours (`objective=`): FILE.py:FUNCTION, or the function itself.
+ObjectiveGiven = Union[str, os.PathLike, Callable[..., Any], None]
+
+
 def evolve(space: str | os.PathLike | dict | None = None, data: str | os.PathLike | tuple | None = None, *,
            validation: tuple | None = None, test: tuple | None = None, model: str | Callable | None = None,
-           config: str | os.PathLike | dict | None = None, **options: Any) -> SearchRun:
+           objective: ObjectiveGiven = None, config: str | os.PathLike | dict | None = None,
+           **options: Any) -> SearchRun:
     """A genetic search, as `towerlab evolve` does: `space` ("mlp", "cnn", "whitenet", a TOML file,
     or the same as a dict: `{"model": "mlp", "genes": {"neurons": {"low": 16, "high": 512, "log":
     True}, "activation": ["relu", "tanh"]}}`), `data` (a dataset name, an .npz path, or arrays
     `(images, labels)` with `validation=` and `test=` as `train` takes them), `config` a config file,
     `options` the flags by their names (`population=10`, `generations=5`, `devices=2`,
-    `export_best=True`)."""
-    return _search("evolve", space, data, validation, test, model, config, options)
+    `export_best=True`). Or a search of your own training (docs/objectives.md): `objective=` a function
+    of yours (or "FILE.py:FUNCTION"), or `command="python train.py --lr {lr}"`, with `metric=` and
+    `direction=`, over a space of genes alone (a dict of them, or a file holding [genes]), without data."""
+    return _search("evolve", space, data, validation, test, model, objective, config, options)
 
 
 def grid(space: str | os.PathLike | dict | None = None, data: str | os.PathLike | tuple | None = None, *,
          validation: tuple | None = None, test: tuple | None = None, model: str | Callable | None = None,
-         config: str | os.PathLike | dict | None = None, **options: Any) -> SearchRun:
+         objective: ObjectiveGiven = None, config: str | os.PathLike | dict | None = None,
+         **options: Any) -> SearchRun:
     """Every genome of a space (or a random `limit` of them), as `towerlab grid` does; arguments as
     for `evolve`."""
-    return _search("grid", space, data, validation, test, model, config, options)
+    return _search("grid", space, data, validation, test, model, objective, config, options)
 
 
 def search(space: str | os.PathLike | dict | None = None, data: str | os.PathLike | tuple | None = None, *,
            validation: tuple | None = None, test: tuple | None = None, model: str | Callable | None = None,
-           config: str | os.PathLike | dict | None = None, **options: Any) -> SearchRun:
+           objective: ObjectiveGiven = None, config: str | os.PathLike | dict | None = None,
+           **options: Any) -> SearchRun:
     """A search with the sampler of your choice (`sampler="tpe"`, ...), as `towerlab search run`
     does; arguments as for `evolve`."""
-    return _search("search", space, data, validation, test, model, config, options)
+    return _search("search", space, data, validation, test, model, objective, config, options)
+
+
+def _objective_option(options: dict, objective: ObjectiveGiven, data: DataGiven, model: object) -> Optional[Callable]:
+    """`objective` into `options` (FILE.py:FUNCTION, or what a search records of a function given from
+    Python); the function itself, where one was given."""
+    if objective is None:
+        return None
+    if data is not None or model is not None:
+        raise UserError("objective= trains whatever it trains: it goes without data= and model=")
+    if isinstance(objective, (str, os.PathLike)):
+        options["objective"] = os.fspath(objective)
+        return None
+    if not callable(objective):
+        raise UserError(f"objective= is a function of yours, or \"FILE.py:FUNCTION\"; got {type(objective).__name__}")
+    from towerlab.jobs.search.training import FROM_PYTHON
+    from towerlab.models.custom import function_file
+
+    options["objective"] = function_file(objective) or FROM_PYTHON
+    return objective
 
 
 def _search(kind: str, space: str | os.PathLike | dict | None, data: DataGiven, validation: tuple | None,
-            test: tuple | None, model: str | Callable | None, config: ConfigGiven, options: dict) -> SearchRun:
+            test: tuple | None, model: str | Callable | None, objective: ObjectiveGiven, config: ConfigGiven,
+            options: dict) -> SearchRun:
     from towerlab.jobs.job import resolved_run
     from towerlab.jobs.search.job import start_search
     from towerlab.jobs.search.place import search_out
@@ -195,6 +224,9 @@ def _search(kind: str, space: str | os.PathLike | dict | None, data: DataGiven, 
 
     options = dict(options)
     function = model if model is not None and not isinstance(model, str) else None
+    own = _objective_option(options, objective, data, model)
+    if isinstance(space, dict) and "genes" not in space and ({"objective", "command", "trial_command"} & set(options)):
+        space = {"genes": space}  # the genes of your own objective
     if isinstance(space, dict) and "genes" not in space:  # the genes alone: the model is model=
         if model is None:
             raise UserError("a space given as its genes alone needs model=: a model name (\"mlp\", \"cnn\", "
@@ -221,7 +253,7 @@ def _search(kind: str, space: str | os.PathLike | dict | None, data: DataGiven, 
     out = search_out(kind, cfg, run)
     if run.resume is None and run.out is None:
         run = replace(run, out=str(out))
-    _run(lambda: start_search(kind, cfg, run, data=dataset, function=function), kind)
+    _run(lambda: start_search(kind, cfg, run, data=dataset, function=function, objective=own), kind)
     best = out / "best.json"
     return SearchRun(out=out, summary=_json(out / "summary.json"), config=_json(out / "config.json"),
                      generations=_jsonl(out / "generations.jsonl"), best=_json(best) if best.exists() else None,

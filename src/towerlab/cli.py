@@ -19,7 +19,7 @@ os.environ.setdefault("MPLBACKEND", "Agg")
 
 from towerlab import __version__, commands
 from towerlab.catalog import datasets
-from towerlab.config import RunConfig, SearchConfig, TrainConfig
+from towerlab.config import DIRECTIONS, RunConfig, SearchConfig, TrainConfig
 from towerlab.fields import add_arguments
 from towerlab.distributed.signals import EXIT_PEER_LOST, EXIT_SIGPIPE, EXIT_USER_ERROR, Interrupted
 from towerlab.errors import UserError
@@ -228,6 +228,17 @@ def _search_parsers(sub: argparse._SubParsersAction) -> None:
                         "imports only the model files named here, and only where its content is the search's")
     p.add_argument("--workers-per-device", type=int, default=1, metavar="N",
                    help="candidates trained at once on each device")
+    own = p.add_mutually_exclusive_group()
+    own.add_argument("--objective", metavar="FILE.py:FUNCTION", default=None,
+                     help="join the searches of your own function objective, running this file's function (imported "
+                          "only where its bytes are the search's; see docs/objectives.md)")
+    own.add_argument("--command", dest="trial_command", metavar="COMMAND", default=None,
+                     help="join the searches of your own command objective, running this command (the search's)")
+    p.add_argument("--metric", default=None, help="the metric of your objective (default: the search's)")
+    p.add_argument("--direction", default=None, choices=DIRECTIONS, help="maximize or minimize it (default: the "
+                                                                          "search's)")
+    p.add_argument("--trials", default="trials", metavar="DIR",
+                   help="where the trials of your objective keep their folders (default: ./trials)")
     add_arguments(p, RunConfig, skip=tuple(f for f in RunConfig.__dataclass_fields__
                                            if f not in ("device", "devices", "threads", "data_dir", "download")),
                   helps={"devices": "local devices, one worker each (None: every GPU, or one per core without one)",

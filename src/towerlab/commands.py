@@ -60,13 +60,13 @@ def train(args: argparse.Namespace) -> int:
 
 
 def search(args: argparse.Namespace) -> int:
+    from towerlab.jobs.search.job import check_settings
+
     cfg, run = resolve_search(args)
+    check_settings(cfg, run, args.model_function)  # a file the search would refuse is not printed, nor imported
     if args.print_config:  # the settings this search reads: not other samplers' nor training-only run options
         from towerlab.fields import to_dict
         from towerlab.search import settings_of_others
-        from towerlab.jobs.search.job import check_settings
-
-        check_settings(cfg, run)  # a file the search would refuse is not printed
 
         foreign = settings_of_others(cfg.sampler)
         return _print_config(search={k: v for k, v in to_dict(cfg).items() if k not in foreign},
@@ -97,7 +97,26 @@ def search_worker(args: argparse.Namespace) -> int:
         raise UserError(f"--workers-per-device must be at least 1, got {args.workers_per_device}")
     run = RunConfig(**{k: v for k, v in given(args, RunConfig).items()})
     return start_workers(str(store_path(target)), run, per_device=args.workers_per_device, search_id=args.search,
-                         wait=args.wait, model_files=tuple(args.model_files))
+                         wait=args.wait, model_files=tuple(args.model_files), own=_own_objective(args),
+                         trials=args.trials)
+
+
+def _own_objective(args: argparse.Namespace) -> Any:
+    """The objective of yours that `search worker --objective` / `--command` names (None: towerlab's training),
+    its --metric and --direction checked."""
+    from towerlab.jobs.search.trials import Own, goal_of
+
+    if args.objective is None and args.trial_command is None:
+        if args.metric is not None or args.direction is not None:
+            raise UserError("--metric and --direction go with --objective or --command (towerlab's own training "
+                            "searches validation accuracy)")
+        return None
+    if args.model_files:
+        raise UserError("--model builds towerlab's networks; a worker of your own objective runs --objective or "
+                        "--command alone: drop --model")
+    goal_of(args.metric, args.direction)  # a --metric that is no name is refused here, before any worker starts
+    return Own("command", args.trial_command, args.metric, args.direction) if args.trial_command is not None else \
+        Own("function", args.objective, args.metric, args.direction)
 
 
 def search_show(args: argparse.Namespace) -> int:

@@ -35,6 +35,7 @@ PRECISIONS = ("fp32", "bf16")
 TTA = ("none", "flip", "flip-translate")
 PRUNE_PLACES = ("all", "new")  # whom a pruned rung's places are counted over: every member, or those still to train
 DEVICE_KINDS = ("auto", "cpu", "cuda")
+DIRECTIONS = ("maximize", "minimize")  # of a search's metric (towerlab.objective's Goal)
 # A network given from Python (an nn.Module or a factory of one: towerlab.api.train(model=...)): the model
 # name a config records for it (towerlab.checks.ARRAYS_DATASET is images given so).
 CUSTOM_MODEL = "custom"
@@ -52,8 +53,6 @@ def _check_folder_options(cfg: TrainConfig | SearchConfig) -> None:
         raise UserError(f"--test-size is the share of the images held out for testing, in [0, 1), got {cfg.test_size}")
     if (cfg.image_size is not None or cfg.test_size is not None) and not is_image_folder(cfg.dataset):
         raise UserError(f"--image-size and --test-size say how an image folder (PATH/) is read; {cfg.dataset} is none")
-
-
 
 
 IMAGE_SIZE_HELP = ("image folder only: the size HxW every image is scaled to cover and cropped to about its centre "
@@ -253,8 +252,6 @@ class RunConfig:
                             f"every evaluation and checkpoint) and {MAX_TIMEOUT:g} (a week), got {self.timeout}")
 
 
-
-
 # A generation is held in memory and recorded as one row of the search store; a grid is one generation.
 MAX_MEMBERS = 1_000_000
 MAX_REMEASURE = 100
@@ -293,6 +290,13 @@ class SearchConfig:
                         "`towerlab evolve` is ga and `towerlab grid` is grid")
     space: str = _opt("mlp", "search space: mlp, cnn, whitenet, a TOML file giving each gene's values "
                      "(a list, or a range {low, high, log, step}), or the same as JSON text")
+    objective: Optional[str] = _opt(None, "FILE.py:FUNCTION: search your own training, a function given the genes "
+                                    "as keywords that returns a number or a dict of them (docs/objectives.md)")
+    trial_command: Optional[str] = _opt(None, "search your own training as a command run per trial ('python train.py "
+                                        "--lr {lr}'; its last JSON line is its result)", flag="command")
+    metric: Optional[str] = _opt(None, "the objective's metric searched, its name in the result (None: value)")
+    direction: Optional[str] = _opt(None, "maximize or minimize --metric (None: maximize)", choices=DIRECTIONS)
+    trial_timeout: Optional[float] = _opt(None, "seconds a --command trial may run, then it is stopped and fails")
     dataset: str = _opt("mnist", "dataset the candidates train on: one of the names, the path of your own "
                         ".npz, or a folder of images (PATH/)", choices=datasets.names())
     val_size: int = _opt(5000, "validation images (the fitness is validation accuracy)")
@@ -303,6 +307,8 @@ class SearchConfig:
     generations: int = _opt(10, "generations (rounds of --population candidates) at most")
     max_evaluations: Optional[int] = _opt(None, "stop after training this many distinct networks, whatever the "
                                           "sampler (None: no limit; re-measures and higher rungs not counted)")
+    budget_epochs: Optional[int] = _opt(None, "stop once the trainings were given this many epochs in all (every "
+                                        "rung and re-measure counted; None: no limit)")
     seed: int = _opt(0, "seed of the search; candidate seeds derive from (seed, generation, index)")
     remeasure: Optional[int] = _opt(None, "fresh seeds a network about to be crowned (ga's elite, the final top) is "
                                     "trained with again; such networks rank by their mean (0: every network is "
@@ -356,7 +362,7 @@ class SearchConfig:
             raise UserError(f"--population must be at least 2, got {self.population}")
         for name in ("generations", "max_epochs", "patience", "top", "workers_per_device"):
             check_positive(name, getattr(self, name))
-        for name in ("batch_size", "max_evaluations", "min_epochs"):
+        for name in ("batch_size", "max_evaluations", "min_epochs", "budget_epochs", "trial_timeout"):
             check_positive(name, getattr(self, name), allow_none=True)
         if self.val_size <= 0:
             raise UserError("--val-size must be positive: the fitness is validation accuracy")
@@ -368,31 +374,26 @@ class SearchConfig:
         if self.prune_factor < 2:
             raise UserError(f"--prune-factor must be at least 2, got {self.prune_factor}")
         check_choice("--prune-places", self.prune_places, PRUNE_PLACES)
+        _check_objective(self)
         if self.min_epochs is None and self.prune_places != "all":
             raise UserError(f"--prune-places {self.prune_places} does nothing without --min-epochs: "
                             "the search is not pruned (add --min-epochs, or drop --prune-places)")
+
+
+def _check_objective(cfg: SearchConfig) -> None:
+    if cfg.objective is not None and cfg.trial_command is not None:
+        raise UserError("--objective and --command both say what a trial runs: give one of them")
+    own, command = cfg.objective or cfg.trial_command, cfg.trial_command
+    for name, goes_with, given in (("metric", "--objective or --command (towerlab's own training searches validation "
+                                              "accuracy)", own), ("direction", "--objective or --command", own),
+                                   ("trial_timeout", "--command (a function runs inside its worker)", command)):
+        if getattr(cfg, name) is not None and given is None:
+            raise UserError(f"--{name.replace('_', '-')} goes with {goes_with}")
+    if cfg.direction is not None:
+        check_choice("--direction", cfg.direction, DIRECTIONS)
 
 
 def check_members(name: str, value: Optional[int]) -> None:
     if value is not None and value > MAX_MEMBERS:
         raise UserError(f"--{name} {value} is more than a generation can hold: at most {MAX_MEMBERS} "
                         "(a generation is kept in memory and recorded as one row of the store)")
-
-
-# What a search recorded before these settings existed ran with: no re-measuring, budget or pruning.
-_BEFORE_SAMPLERS = {"remeasure": 0, "max_evaluations": None, "min_epochs": None, "prune_factor": 3}
-
-
-# Settings added since, with the value every search recorded before them ran with.
-_ADDED_SINCE = {"prune_places": "all", "image_size": None, "test_size": None}
-# A sampler's own settings added since, with the value its searches recorded before them ran with.
-_SAMPLER_ADDED_SINCE = {"tpe": {"overlap": False}}
-
-
-def upgrade_search_config(data: dict, kind: str) -> dict:
-    """A search's stored settings (a store's row, a config.json) in today's fields. One written before
-    samplers existed gets the sampler its `kind` meant (evolve: ga, grid: grid); every one gets the
-    settings it ran with where it lacks them, so that it resumes and replays as it ran."""
-    if "sampler" not in data:
-        data = {**_BEFORE_SAMPLERS, **data, "sampler": "ga" if kind == "evolve" else kind}
-    return {**_ADDED_SINCE, **_SAMPLER_ADDED_SINCE.get(str(data.get("sampler")), {}), **data}

@@ -1,5 +1,6 @@
 """The search's figures: fitness.png (best, mean and worst validation accuracy per generation) and
-accuracy_time.png (validation accuracy against training time), drawn off-screen and written atomically.
+accuracy_time.png (validation accuracy against training time), drawn off-screen and written atomically;
+for a search of your own objective, its metric's values, by its name.
 matplotlib is imported when a figure is drawn, not before.
 """
 
@@ -39,24 +40,26 @@ def plot_accuracy_time(records: list[dict], path: Path, title: str) -> None:
 
 
 def accuracy_time_figure(records: list[dict], title: str) -> Any:
-    """Validation accuracy against training time, one colour per search of `records` (as
-    `towerlab.search.evaluation_records` gives them): each training is a point at the training
-    seconds its search had spent when it finished (every rung and re-measure counted); the line is
-    the best accuracy so far of the evaluations at the search's longest training, held to the
-    training seconds the search spent in all (a matplotlib Figure; the caller closes it)."""
+    """Validation accuracy (or the metric of your objective: each record's "value") against training time,
+    one colour per search of `records` (as `towerlab.search.evaluation_records` gives them): each training
+    is a point at the training seconds its search had spent when it finished (every rung and re-measure
+    counted); the line is the best so far (the highest, the lowest of a minimized metric) of the
+    evaluations at the search's longest training, held to the training seconds the search spent in all (a
+    matplotlib Figure; the caller closes it)."""
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 4), dpi=120)
     for search in sorted({r["search"] for r in records}):
         rows = [r for r in records if r["search"] == search]
         longest = max(r["max_epochs"] or 0 for r in rows)
+        better = min if rows[0]["direction"] == "minimize" else max
         spent, points, best, curve = 0.0, [], None, []
         for r in rows:
             spent += r["seconds"]
             if r["status"] != "ok":
                 continue
-            points.append((spent, r["val_accuracy"]))
+            points.append((spent, r["value"]))
             if (r["max_epochs"] or 0) == longest and r["replicate"] == 0:
-                best = r["val_accuracy"] if best is None else max(best, r["val_accuracy"])
+                best = r["value"] if best is None else better(best, r["value"])
                 curve.append((spent, best))
         if curve and curve[-1][0] < spent:  # the best held while the rest trained: lower rungs, re-measures
             curve.append((spent, best))
@@ -65,16 +68,19 @@ def accuracy_time_figure(records: list[dict], title: str) -> Any:
         if points:
             ax.plot(*zip(*points), ".", alpha=0.4, color=line.get_color() if line else None,
                     label=None if line else label)
-    _label_axes(ax, "training seconds spent", title)
+    metrics = sorted({r["metric"] for r in records})
+    _label_axes(ax, "training seconds spent", title,
+                "validation accuracy" if metrics == ["val_accuracy"] else metrics[0] if len(metrics) == 1 else "value")
     return fig
 
 
-def plot_fitness(stats: list[dict], path: Path, title: str) -> None:
-    """fitness.png: best, mean and worst validation accuracy per generation (written atomically)."""
-    _save_figure(fitness_figure(stats, title), path)
+def plot_fitness(stats: list[dict], path: Path, title: str, label: str = "validation accuracy") -> None:
+    """fitness.png: best, mean and worst validation accuracy (what `label` names) per generation (written
+    atomically)."""
+    _save_figure(fitness_figure(stats, title, label), path)
 
 
-def fitness_figure(stats: list[dict], title: str) -> Any:
+def fitness_figure(stats: list[dict], title: str, label: str = "validation accuracy") -> Any:
     """The figure of fitness.png (a matplotlib Figure; the caller closes it)."""
     plt = pyplot()
     from matplotlib.ticker import MaxNLocator
@@ -86,14 +92,14 @@ def fitness_figure(stats: list[dict], title: str) -> Any:
         if points:
             ax.plot(*zip(*points), style, label=key)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # generations are whole: no tick at 1.5
-    _label_axes(ax, "generation", title)
+    _label_axes(ax, "generation", title, label)
     return fig
 
 
-def _label_axes(ax: Any, xlabel: str, title: str) -> None:
-    """A search plot's axes: validation accuracy over `xlabel`, a grid, and a legend where a line has a label."""
+def _label_axes(ax: Any, xlabel: str, title: str, ylabel: str) -> None:
+    """A search plot's axes: `ylabel` over `xlabel`, a grid, and a legend where a line has a label."""
     ax.set_xlabel(xlabel)
-    ax.set_ylabel("validation accuracy")
+    ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.grid(alpha=0.3)
     if ax.get_legend_handles_labels()[0]:  # not when every candidate failed

@@ -207,3 +207,34 @@ def code_proof(name: str) -> Proof:
         parts[current] = ran[1] if ran is not None and ran[0] == path else file_digest(path)
         todo.extend(_IMPORTS.get(current, ()))
     return Proof(parts)
+
+
+def portable(value: Any) -> Any:
+    """`value` as a spawned process should get it: a function of a module of yours by its names, so that the
+    process imports it through `install`'s loader (from the bytes its proof names) when it unpickles it,
+    rather than pickle importing the module before the loader is there; anything else as it is."""
+    module, name = getattr(value, "__module__", None), getattr(value, "__qualname__", "")
+    if not callable(value) or isinstance(value, type) or module in (None, "__main__") or "<" in name:
+        return value
+    path = _file_of(sys.modules.get(module))
+    return _ByName(module, name) if path is not None and is_local(path) else value
+
+
+class _ByName:
+    """A function of yours, pickled by its module's and its own name (`portable`)."""
+
+    def __init__(self, module: str, name: str) -> None:
+        self.module, self.name = module, name
+
+    def __reduce__(self) -> tuple:
+        return imported, (self.module, self.name)
+
+
+def imported(module: str, name: str) -> Any:
+    """What module `module` names `name` (a dotted name: Class.method), the module imported through
+    `install`'s loader where it is one of yours."""
+    install()
+    found: Any = importlib.import_module(module)
+    for part in name.split("."):
+        found = getattr(found, part)
+    return found

@@ -295,12 +295,13 @@ def format_generation(stats: Any, generations: int) -> str:
 
 
 def format_plan(plan: dict) -> str:
-    """What a search's budget holds (`towerlab.search.search.planned_trainings`), said before it starts."""
+    """What a search's budget holds (`towerlab.search.plan.planned_trainings`), said before it starts."""
     promotions = f", {plan['rungs']} promotions to longer rungs" if plan["rungs"] else ""
+    tests = (f" and at most {plan['test']} to test the top (none where each was tested as it trained)"
+             if plan["test"] else "")  # a search of your own objective tests nothing
     return (f"Budget: at most {plan['search']} trainings for the search{promotions}, then about "
-            f"{plan['remeasure']} to re-measure the networks about to be crowned (more when that reorders them) and "
-            f"at most {plan['test']} to test the top (none where each was tested as it trained): about "
-            f"{plan['epochs']} epochs of training")
+            f"{plan['remeasure']} to re-measure the networks about to be crowned (more when that reorders them)"
+            f"{tests}: about {plan['epochs']} epochs of training")
 
 
 def format_estimate(seconds: float, epochs: int, plan: dict, workers: int) -> str:
@@ -324,17 +325,25 @@ def format_cost(cost: dict) -> str:
     """The trainings a search made, by purpose (its summary's "cost")."""
     names = {"search": "for the search", "remeasure": "for re-measuring", "test": "for testing"}
     parts = [f"{cost[k]['trainings']} {name} ({cost[k]['train_seconds']:.1f} s)" for k, name in names.items()]
-    return "Trainings: " + ", ".join(parts)
+    return "Trainings: " + ", ".join(parts) + f": {sum(cost[k]['epochs'] for k in names)} epochs given in all"
 
 
-def format_top(rows: list[dict]) -> str:
+def format_top(rows: list[dict], metric: str | None = None) -> str:
     """The final table: rank, validation accuracy (the mean over its seeds) and its spread, test
-    accuracy, genome."""
-    lines = [f"Top {len(rows)} networks (fitness = validation accuracy, the mean over its seeds):",
+    accuracy, genome; or for the `metric` of an objective of yours ("loss, minimized"), its value (the
+    rows' "value", the mean over its seeds) and spread, and no test accuracy."""
+    named = None if metric is None else metric.partition(",")[0][:10]
+    lines = [f"Top {len(rows)} (fitness = {metric}, the mean over its seeds):" if named else
+             f"Top {len(rows)} networks (fitness = validation accuracy, the mean over its seeds):",
+             f"  {'#':>2}  {named:>10}  {'+-':>6}  {'seeds':>5}  genome" if named else
              f"  {'#':>2}  {'val acc':>7}  {'+-':>6}  {'seeds':>5}  {'test acc':>8}  genome"]
     for i, row in enumerate(rows, 1):
+        genome = ", ".join(f"{k}={v}" for k, v in row["genome"].items())
+        if named:
+            spread = "-" if row.get("value_sd") is None else f"{row['value_sd']:.4g}"
+            lines.append(f"  {i:>2}  {row['value']:>10.6g}  {spread:>6}  {len(row['seeds']):>5}  {genome}")
+            continue
         test = "-" if row.get("test_accuracy") is None else f"{row['test_accuracy']:.4f}"
         spread = "-" if row.get("val_accuracy_sd") is None else f"{row['val_accuracy_sd']:.4f}"
-        genome = ", ".join(f"{k}={v}" for k, v in row["genome"].items())
         lines.append(f"  {i:>2}  {row['val_accuracy']:.4f}  {spread:>6}  {len(row['seeds']):>5}  {test:>8}  {genome}")
     return "\n".join(lines)

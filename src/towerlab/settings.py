@@ -22,7 +22,8 @@ import os
 from pathlib import Path
 from typing import Any, Mapping
 
-from towerlab.config import RunConfig, SearchConfig, TrainConfig, upgrade_search_config
+from towerlab.config import RunConfig, SearchConfig, TrainConfig
+from towerlab.upgrades import upgrade_search_config
 from towerlab.fields import checked_values, from_dict, json_loads, replace, to_dict, unknown_keys
 from towerlab.errors import UserError
 from towerlab.atomic import require_regular_file
@@ -102,7 +103,8 @@ def read_config_file(config: str | os.PathLike | Mapping, main: str) -> tuple[di
     if other in data and main not in data:
         raise UserError(f"{where} holds {other} settings (a [{other}] section): towerlab "
                         f"{'train' if main == 'train' else 'evolve or grid'} takes [{main}] settings")
-    is_record = any(k in data for k in RECORD_MARKERS)
+    # (a record's "command" is its argv, a list; a search's --command is its trials' text)
+    is_record = any(k in data for k in RECORD_MARKERS if k != "command") or isinstance(data.get("command"), list)
     top = {k: v for k, v in data.items() if k not in (main, "run", other)}
     main_values, run_values = ({}, {}) if is_record else split_options(top, main, what=f"{where} key")
     for section, cls, into in ((main, MAIN[main], main_values), ("run", RunConfig, run_values)):

@@ -53,6 +53,10 @@ Piece = tuple[str, Optional[str]]
 def parse(command: str, genes: Sequence[str]) -> list[list[Piece]]:
     """The command's arguments, each as pieces (text, or a name to fill in); refuses what a trial could
     not run (see the module's docstring)."""
+    clash = [gene for gene in genes if gene in GIVEN]
+    if clash:
+        raise UserError(f"--command: the space's gene {clash[0]!r} has the name of what the search gives every trial "
+                        f"({', '.join(GIVEN)}): rename the gene")
     try:
         words = shlex.split(command)
     except ValueError as exc:

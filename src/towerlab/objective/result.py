@@ -16,9 +16,9 @@ import numbers
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional
 
+from towerlab.config import DIRECTIONS
 from towerlab.errors import UserError
 
-DIRECTIONS = ("maximize", "minimize")
 DEFAULT_METRIC = "value"
 
 

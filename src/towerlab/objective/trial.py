@@ -54,7 +54,8 @@ class Objective(Protocol):
 
 
 def setup(objective: Objective) -> dict[str, Any]:
-    """What a search records of its objective, and a worker compares: its kind, its spec, its goal and
-    the proof of what runs (JSON)."""
-    return {"kind": objective.kind, "spec": objective.spec, "metric": objective.goal.metric,
-            "direction": objective.goal.direction, "proof": dict(objective.proof().parts)}
+    """What a search records of its objective, and a worker compares: its kind, its goal and the proof of
+    what runs (JSON); not its spec, which names a file where it is on one machine (the same file elsewhere,
+    the same proof)."""
+    return {"kind": objective.kind, "metric": objective.goal.metric, "direction": objective.goal.direction,
+            "proof": dict(objective.proof().parts)}

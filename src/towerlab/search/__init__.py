@@ -15,7 +15,8 @@ workers, by replaying it against its store.
 from towerlab.search.candidates import Candidate, Outcome, candidate_seed, make_rng, remeasure_seed
 from towerlab.search.history import Generation, GenerationStats, Member, SearchResult, TopGenome, rank_key
 from towerlab.search.pruners import Ladder, Pruner, SuccessiveHalving, make_pruner, rung_epochs, rung_hash
-from towerlab.search.search import Search, planned_trainings, resolved_remeasure, run_search
+from towerlab.search.plan import planned_trainings, resolved_remeasure
+from towerlab.search.search import Search, run_search
 from towerlab.search.samplers import (SAMPLERS, Sampler, Shape, make_sampler, random_genome,
                                       refuse_unused_settings, resolved_settings, sampler_class, sampler_shape,
                                       settings_classes, settings_of_others)

@@ -83,7 +83,8 @@ class Outcome:
     search's top: `towerlab.search.testing`). `numerics`: what the
     result depends on besides the training's settings and seed (device, threads, precision, torch),
     as the worker that trained it saw it; `provenance`: where it was trained (host, versions, device,
-    the data's digest); JSON objects."""
+    the data's digest); JSON objects. An objective of yours gives its `metrics` by name (the fitness is
+    the searched one, negated where it is minimized) and the `curve` it reported."""
 
     status: str
     fitness: Optional[float] = None
@@ -95,6 +96,8 @@ class Outcome:
     numerics: Optional[dict] = field(default=None, compare=False)
     provenance: Optional[dict] = field(default=None, compare=False)
     test_accuracy: Optional[float] = field(default=None, compare=False)  # not what a search ranks by
+    metrics: Optional[dict] = field(default=None, compare=False)
+    curve: Optional[list] = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:

@@ -1,5 +1,6 @@
 """What a search's history is made of: members, generations, their statistics, the crowned top and
-the result, and the one order every part of the search ranks networks by.
+the result (and a play of the search: `Played`), and the one order every part of the search ranks
+networks by.
 
 Counting (per generation; `SearchResult` sums them)
 ---------------------------------------------------
@@ -24,7 +25,7 @@ import dataclasses
 import math
 import statistics
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import NamedTuple, Optional
 
 from towerlab.search.space import canonical
 
@@ -164,3 +165,13 @@ class SearchResult:
     train_seconds: float = field(compare=False)
     seconds: float = field(compare=False)
     search_id: int = field(compare=False)
+    ended: str = field(default="", compare=False)  # which limit ended it (`Played`)
+
+
+class Played(NamedTuple):
+    """A search played (`Search.play`): its history, its crowned top, and what ended it: "generations",
+    "max_evaluations", "budget_epochs", or "sampler" (it had nothing left to propose)."""
+
+    history: list[Generation]
+    top: list[TopGenome]
+    ended: str

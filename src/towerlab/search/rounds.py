@@ -12,8 +12,9 @@ with that many epochs makes, whichever worker runs it, so it is cached and repla
 evaluation and no weights travel between workers or sit in the store. Each rung's trainings are
 stored under their own training-config hash (`towerlab.search.pruners.Ladder`).
 
-A generation's members are cut where --max-evaluations' budget of new trainings is reached (`begin`);
-a generation the store holds keeps the members it was recorded with.
+A generation's members are cut where --max-evaluations' budget of new trainings is reached, or the
+first rungs that --budget-epochs leaves it (`begin`, `epochs_left`); a generation the store holds keeps
+the members it was recorded with.
 
 Re-measuring (`--remeasure K`): a network about to be crowned (the genetic algorithm's elite, the
 final top) is trained again with K fresh seeds (`remeasure_seed`) at its rung and ranked by the
@@ -33,6 +34,7 @@ from towerlab.errors import UserError
 from towerlab.search.candidates import Candidate, remeasure_seed
 from towerlab.search.climb import Climb, Key, Recorder, key_of
 from towerlab.search.history import Generation, GenerationStats, Member, TopGenome, rank_key, statistics_of
+from towerlab.search.plan import crowning_epochs
 from towerlab.search.pruners import Ladder
 from towerlab.search.store.rows import Evaluation, GenerationRow
 from towerlab.search.space import genome_hash
@@ -61,6 +63,7 @@ class Rounds:
         self.records, self.where = store.records, store.path
         self.search_id, self.seed, self.remeasure, self.train = search_id, cfg.seed, cfg.remeasure, train
         self.ladder = ladder
+        self.budget_epochs = None if cfg.budget_epochs is None else cfg.budget_epochs - crowning_epochs(cfg)
         # What other searches' rows may serve each generation (and the re-measures after it): those up
         # to its watermark (None: any, as in generations recorded before watermarks), so that every
         # worker replaying the search, whenever it looks, serves it the same rows.
@@ -108,6 +111,18 @@ class Rounds:
                     return index
                 new.add(h)
         return len(hashes)
+
+    def epochs_left(self, generation: int, in_flight: int = 0) -> Optional[int]:
+        """How many new first rungs --budget-epochs leaves `generation` (None: no such budget): what is
+        left of it, less what crowning the top takes (`crowning_epochs`), once the search's own trainings of
+        the generations before were charged (each the epochs it was given, its whole rung whatever it
+        trained: every rung and re-measure) and, where the generation before is still `in_flight`, its
+        `in_flight` new first rungs, in first rungs (the last one may pass the budget)."""
+        if self.budget_epochs is None:
+            return None
+        first = self.ladder.epochs[0]
+        given = self.records.epochs_given(self.search_id, generation, self.ladder.epochs[-1]) + in_flight * first
+        return max(0, -(-(self.budget_epochs - given) // first))
 
     # -- a generation -----------------------------------------------------------------------------
 

@@ -32,8 +32,9 @@ from typing import Any, Callable, Optional
 from towerlab.config import SearchConfig
 from towerlab.errors import UserError
 from towerlab.fields import to_dict
-from towerlab.search.history import Generation, GenerationStats, SearchResult, TopGenome
+from towerlab.search.history import Generation, GenerationStats, Played, SearchResult, TopGenome
 from towerlab.search.pruners import Ladder, Pruner, make_pruner
+from towerlab.search.plan import crowning_epochs, least, planned_trainings, resolved_remeasure
 from towerlab.search.rounds import Rounds
 from towerlab.search.store.rows import SearchRow
 from towerlab.search.samplers import (InFlight, Sampler, Shape, budget_left, resolved_settings, sampler_class,
@@ -55,47 +56,6 @@ LARGE_GENERATION = 10_000
 # was edited, and is named as such (`towerlab.search.store.integrity.records_of`) rather than read with a default.
 RECORDED = ("seed", "max_epochs", "top", "generations", "population")
 
-DEFAULT_REMEASURE = 2
-# Of a search's trainings, the most that default re-measuring may add: a quarter, because the
-# networks it re-measures are the largest ones as often as not, and races re-measure more (a quick
-# search of 8 one-epoch MNIST trainings with 2 seeds for its top 2 spent 98 s re-measuring against 92 s
-# searching: bench/results/quick-search-mnist-2026-11-25.json).
-REMEASURE_SHARE = 0.25
-
-
-def planned_trainings(cfg: SearchConfig, shape: Shape) -> dict:
-    """The most trainings the search's budget holds, by purpose, and their epochs: `search`, members
-    trained for the first time (population x generations, or --max-evaluations); `rungs`, a pruned
-    search's promotions to its higher rungs (as many as its pruner's `most_promoted`);
-    `remeasure`, --remeasure K for the final top and for each later generation's elite; `test`, the
-    top once each. A store that serves some of them, early stopping and failures make fewer."""
-    generations = 1 if shape.one_generation else cfg.generations
-    search = shape.population * generations
-    if cfg.max_evaluations is not None:
-        search = min(search, cfg.max_evaluations)
-        # the generations the budget reaches, each with its promotions and elites (not --generations')
-        generations = min(generations, math.ceil(search / shape.population))
-    pruner = make_pruner(cfg)
-    ladder = pruner.rungs
-    promoted = [n * generations for n in pruner.most_promoted(shape.population)]
-    top = min(cfg.top, search)
-    remeasure = (cfg.remeasure or 0) * (top + min(shape.elite, shape.population) * (generations - 1))
-    return {"search": search, "rungs": sum(promoted), "remeasure": remeasure, "test": top,
-            "epochs": (search * ladder[0] + sum(n * e for n, e in zip(promoted, ladder[1:]))
-                       + (remeasure + top) * cfg.max_epochs)}
-
-
-def resolved_remeasure(cfg: SearchConfig, shape: Shape) -> SearchConfig:
-    """`cfg` with --remeasure decided: as given, else DEFAULT_REMEASURE fresh seeds, fewer (down to
-    none) where those would be more than REMEASURE_SHARE of the search's own trainings: a small
-    search should not spend longer re-measuring its winners than finding them."""
-    if cfg.remeasure is not None:
-        return cfg
-    per_seed = planned_trainings(replace(cfg, remeasure=1), shape)
-    most = int(per_seed["search"] * REMEASURE_SHARE // max(1, per_seed["remeasure"]))
-    return replace(cfg, remeasure=min(DEFAULT_REMEASURE, most))
-
-
 @dataclass(frozen=True)
 class Search:
     """One search (see the module's docstring). `cfg` is resolved; `id`, `train_config_hash` and
@@ -115,7 +75,12 @@ class Search:
         written. Re-measuring and the sampler's own settings are decided here, as the search records them."""
         space = space if space is not None else load_space(cfg.space)
         sampler = sampler_class(cfg.sampler)
-        return cls(resolved_settings(resolved_remeasure(cfg, sampler_shape(cfg, space, sampler)), sampler), space)
+        cfg = resolved_remeasure(cfg, sampler_shape(cfg, space, sampler))
+        if cfg.budget_epochs is not None and cfg.budget_epochs <= crowning_epochs(cfg):
+            raise UserError(f"--budget-epochs {cfg.budget_epochs} leaves the search nothing once its top is "
+                            f"re-measured (--remeasure {cfg.remeasure} x --top {cfg.top} x {cfg.max_epochs} epochs = "
+                            f"{crowning_epochs(cfg)}): raise it, or lower --remeasure")
+        return cls(resolved_settings(cfg, sampler), space)
 
     @classmethod
     def open(cls, store: Store, search_id: int) -> Search:
@@ -166,7 +131,7 @@ class Search:
     @functools.cached_property
     def plan(self) -> dict:
         """`planned_trainings` of this search."""
-        return planned_trainings(self.cfg, self.shape)
+        return planned_trainings(self.cfg, self.shape, self.tests_top)
 
     @property
     def generations(self) -> int:
@@ -176,8 +141,34 @@ class Search:
     @property
     def tests_top(self) -> bool:
         """Whether its top networks get a test accuracy: its data has a test split (as its setup records;
-        a search recorded before setups were is tested)."""
-        return bool(self.setup.get("test", True))
+        a search recorded before setups were is tested). A search of your own objective has none."""
+        return bool(self.setup.get("test", not self.own))
+
+    @property
+    def own(self) -> bool:
+        """Whether it searches an objective of yours (--objective, --command), not towerlab's own training."""
+        return self.cfg.objective is not None or self.cfg.trial_command is not None
+
+    @property
+    def metric(self) -> str:
+        """The name of what it ranks by: its objective's --metric, or towerlab's validation accuracy."""
+        return (self.cfg.metric or "value") if self.own else "val_accuracy"
+
+    @property
+    def minimizes(self) -> bool:
+        """Whether its metric is minimized (its fitness, higher is better, is then the metric negated)."""
+        return self.cfg.direction == "minimize"
+
+    def value(self, fitness: Optional[float]) -> Optional[float]:
+        """Its metric's value for a `fitness` (the fitness itself, or negated where the metric is minimized)."""
+        return None if fitness is None else -fitness if self.minimizes else fitness
+
+    def shown(self, stats: GenerationStats) -> GenerationStats:
+        """A generation's `stats` with best, mean and worst as values of its metric (a minimized one's best is
+        its lowest), as its records show them."""
+        if not self.minimizes:
+            return stats
+        return replace(stats, best=self.value(stats.best), mean=self.value(stats.mean), worst=self.value(stats.worst))
 
     def recorded(self, key: str) -> Any:
         """What it recorded of how its workers train (its setup) under `key`: the device kind, the CPU threads
@@ -231,6 +222,10 @@ class Search:
         if cfg.max_evaluations is not None and cfg.max_evaluations < trained:
             raise UserError(f"store {store.path} already holds {trained} evaluations of this search: "
                             f"resume with --max-evaluations {trained} or more")
+        given = store.records.epochs_given(row.id, len(done), cfg.max_epochs)
+        if cfg.budget_epochs is not None and cfg.budget_epochs < given:
+            raise UserError(f"store {store.path} holds trainings of this search given {given} epochs: resume with "
+                            f"--budget-epochs {given} or more")
         if row.config != config or row.finished is None:
             store.records.resume_search(row.id, config)
         return replace(self, id=row.id, train_config_hash=row.train_config_hash, setup=row.setup or {},
@@ -244,9 +239,18 @@ class Search:
         return replace(self, setup=merged)
 
     def play(self, store: Store, train: Trainer, on_generation: Optional[Callable[[GenerationStats], None]] = None,
-             on_progress: Optional[Callable[[str], None]] = None) -> tuple[list[Generation], list[TopGenome]]:
-        """Play the search (in `store`) for at most its generations and --max-evaluations distinct
-        trainings, or until the sampler has nothing left; the history and the crowned top.
+             on_progress: Optional[Callable[[str], None]] = None) -> Played:
+        """Play the search (in `store`) for at most its generations, --max-evaluations distinct
+        trainings and --budget-epochs epochs, or until the sampler has nothing left; the history, the
+        crowned top, and which of those ended it.
+
+        --budget-epochs is decided as --max-evaluations is, from what replaying the search from its store
+        gives alike: before a generation is proposed, the epochs its earlier generations' trainings were
+        given (`Rounds.epochs_left`: every rung and re-measure, each charged its whole length) leave it
+        so many new first rungs, and it is cut there; a generation begun while the one before trained
+        counts that one's first rung, and the crowning at the end keeps what its re-measures take at least
+        (`crowning_epochs`). A generation once begun is played whole: its promotions, and a crowning that
+        races (re-measures more where they reorder the top), may pass the budget by what they need.
 
         `train(candidates, record)` trains what the store cannot serve. `on_generation(stats)` is called
         after each generation, replayed ones included (`stats.replayed`); `on_progress(line)` hears what
@@ -258,25 +262,33 @@ class Search:
         rounds = Rounds(store, self.id, cfg, self.ladder, train)
         history: list[Generation] = []
         ahead: Optional[InFlight] = None  # the next generation, begun while the one before trained
+        ended = "generations"
         while len(history) < cfg.generations:
             g = len(history)
             budget = budget_left(cfg, history)
             if budget == 0:
+                ended = "max_evaluations"
                 break
             if history and sampler.elite:
                 history[-1] = rounds.crowned(history[-1], sampler.elite)
             queued = ahead is not None  # its first rung is on the queue already
-            if ahead is not None:
+            if ahead is not None:  # begun within the budgets as they stood then: it is played whole
                 current, ahead = ahead, None
             else:
+                budget = least(budget, rounds.epochs_left(g))  # the elite's re-measures are charged by now
+                if budget == 0:
+                    ended = "budget_epochs"
+                    break
                 if on_progress is not None and sampler.population >= LARGE_GENERATION:
                     on_progress(f"Generation {g + 1}: proposing {sampler.population} candidates and looking "
                                 "them up in the store ...")
                 genomes = sampler.propose(history)
                 if not genomes:
+                    ended = "sampler"
                     break
                 current = InFlight(tuple(genomes), rounds.begin(g, genomes, budget))
-            if sampler.overlaps and not sampler.elite and g + 1 < cfg.generations and (budget is None or budget > current.new):
+            after = least(budget_left(cfg, history, current), rounds.epochs_left(g, current.new))
+            if sampler.overlaps and not sampler.elite and g + 1 < cfg.generations and (after is None or after > 0):
                 # The next generation is proposed now, with this one in flight, and its first rung goes on
                 # the queue: a worker that finishes before this generation's last training takes it. This
                 # one's first rung goes there first, so that no worker takes the next one's before it.
@@ -284,16 +296,16 @@ class Search:
                     rounds.prefetch(g)
                 following = sampler.propose(history, current)
                 if following:
-                    ahead = InFlight(tuple(following), rounds.begin(g + 1, following, budget_left(cfg, history, current)))
+                    ahead = InFlight(tuple(following), rounds.begin(g + 1, following, after))
                     rounds.prefetch(g + 1)
             generation = rounds.finish(g)
             sampler.tell(generation)
             history.append(generation)
             if on_generation is not None:
                 on_generation(generation.stats)
-        return history, rounds.top(history, cfg.top)
+        return Played(history, rounds.top(history, cfg.top), ended)
 
-    def finish(self, store: Store, history: list[Generation], top: list[TopGenome]) -> SearchResult:
+    def finish(self, store: Store, history: list[Generation], top: list[TopGenome], ended: str = "") -> SearchResult:
         """The result, also written to the store as the search's summary (by the first process to finish
         it, and only under the settings it was played with: a resume that changed them has it played again)."""
         assert self.id is not None
@@ -310,6 +322,7 @@ class Search:
             train_seconds=math.fsum(e.seconds for e in trainings),
             seconds=math.fsum(g.stats.seconds for g in history),
             search_id=self.id,
+            ended=ended,
         )
         store.records.finish_search(self.id, {
             "evaluations": result.evaluations, "cache_hits": result.cache_hits, "failures": result.failures,
@@ -321,8 +334,7 @@ class Search:
     def run(self, store: Store, train: Trainer, on_generation: Optional[Callable[[GenerationStats], None]] = None,
             on_progress: Optional[Callable[[str], None]] = None) -> SearchResult:
         """`play`, then `finish`."""
-        history, top = self.play(store, train, on_generation, on_progress)
-        return self.finish(store, history, top)
+        return self.finish(store, *self.play(store, train, on_generation, on_progress))
 
 def run_search(cfg: SearchConfig, space: Space, train: Trainer, store: Store, train_config_hash: str,
                on_generation: Optional[Callable[[GenerationStats], None]] = None,

@@ -14,7 +14,9 @@ A space comes from a built-in name (`mlp`, `cnn`, `whitenet`), a TOML file or a 
 Python API makes of a dict). A space's model is a family of the model catalog (`towerlab.models`)
 or "custom" (a function of yours): the training genes' rules are here, a family's declared options'
 rules are in its catalog entry (`gene_rules`), and every other gene is a keyword of the model's
-function, which the search job checks against the function before anything trains.
+function, which the search job checks against the function before anything trains. A space searched
+with an objective of your own (`--objective`, `--command`) is its `[genes]` alone, which towerlab
+does not interpret: its model is recorded as OBJECTIVE, and its genes are checked by the objective.
 """
 
 from __future__ import annotations
@@ -51,13 +53,18 @@ _TRAINING_GENES = {
 # family's builder, or a function of yours), which the search job checks against the function's
 # signature before anything trains.
 _OPTION_GENE = GeneRule("any")
+# The model a space of your own objective's genes records (it has none: `load_space(..., objective=True)`).
+OBJECTIVE = "objective"
 
 
 def gene_rules(model: str, where: str) -> tuple[dict[str, GeneRule], bool]:
     """The rules of a space's genes for `model`, and whether they are all its genes: a catalog
     family that declares the options a search varies (`towerlab.catalog.models.ModelEntry.genes`) takes those
     and the training genes only; any other model (a family without the declaration, or a function
-    of yours: model "custom") takes the training genes and any keyword of its function."""
+    of yours: model "custom") takes the training genes and any keyword of its function; an objective's
+    space (OBJECTIVE) takes any gene, with no rule of towerlab's."""
+    if model == OBJECTIVE:
+        return {}, False
     if model not in _model_names():
         raise UserError(f"{where}: unknown model {model!r}: use one of {', '.join(_model_names())}")
     declared = CATALOG[model].genes if model in CATALOG else None
@@ -239,7 +246,7 @@ def check_genes(model: str, genes: Mapping[str, Any], where: str) -> dict[str, G
     rules, complete = gene_rules(model, where)
     if not genes:
         raise UserError(f"{where}: no genes: list at least one under [genes], "
-                        f"e.g. {next(iter(rules))} = [...]")
+                        f"e.g. {next(iter(rules), 'lr')} = [...]")
     checked: dict[str, Gene] = {}
     for gene, values in genes.items():
         if gene not in rules and complete:
@@ -267,11 +274,15 @@ def check_genes(model: str, genes: Mapping[str, Any], where: str) -> dict[str, G
     return checked
 
 
-def load_space(name_or_path: str | Path) -> Space:
+def load_space(name_or_path: str | Path, objective: bool = False) -> Space:
     """A built-in space by name, a TOML file (`model = "mlp"` and a `[genes]` table: a list of
-    values or a range table per gene), or the same as a JSON text (it starts with `{`)."""
+    values or a range table per gene), or the same as a JSON text (it starts with `{`). For an
+    `objective` of yours, a file or text holding its `[genes]` alone."""
     text = str(name_or_path)
     if text in BUILTIN_SPACES:
+        if objective:
+            raise UserError(f"space {text} is of towerlab's {BUILTIN_SPACES[text].model} networks; a search of your "
+                            "own objective takes a space of its genes alone (--space FILE.toml holding [genes])")
         return BUILTIN_SPACES[text]
     if text.lstrip().startswith("{"):
         try:
@@ -280,7 +291,7 @@ def load_space(name_or_path: str | Path) -> Space:
             raise UserError(f"the search space given as JSON is not valid JSON: {e}") from None
         if not isinstance(data, dict):
             raise UserError("the search space given as JSON must be an object: {\"model\": ..., \"genes\": {...}}")
-        return space_of(data, "inline", "search space (JSON)")
+        return space_of(data, "inline", "search space (JSON)", objective)
     path = Path(text)
     where = f"search space {text}"
     if not path.exists():
@@ -296,11 +307,16 @@ def load_space(name_or_path: str | Path) -> Space:
         raise UserError(f"{where} is not valid TOML: {e}") from None
     except UnicodeDecodeError:
         raise UserError(f"{where} is not valid TOML: not UTF-8 text") from None
-    return space_of(data, text, where)
+    return space_of(data, text, where, objective)
 
 
-def space_of(data: Mapping[str, Any], name: str, where: str) -> Space:
-    """The space a parsed file (or dict) describes, checked."""
+def space_of(data: Mapping[str, Any], name: str, where: str, objective: bool = False) -> Space:
+    """The space a parsed file (or dict) describes, checked (an `objective`'s: its genes alone)."""
+    if objective or data.get("model") == OBJECTIVE:
+        if data.get("model", OBJECTIVE) != OBJECTIVE:
+            raise UserError(f"{where} says model = {data['model']!r}: the space of your own objective is its [genes] "
+                            "alone (the objective trains whatever it trains): drop the model")
+        data = {**data, "model": OBJECTIVE}
     unknown = sorted(set(data) - set(_TOP_LEVEL_KEYS))
     if unknown:
         raise UserError(f"{where}: unknown key(s) {', '.join(map(str, unknown))}: a space file holds only "

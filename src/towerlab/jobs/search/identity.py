@@ -6,7 +6,8 @@ Each item is one entry of ITEMS: recorded in the search's setup when it starts (
 every process that would train it, and compared the same way (equal, or refused in one line that names the
 item and says what to do; a search recorded before an item existed is not compared on it). In the order
 they are checked: the numerics (the device kind; on a CPU, the threads per candidate, whose count changes a
-float sum's order), the software (towerlab's version, torch's, and a digest of the training code), the
+float sum's order), the software (towerlab's version, torch's, and a digest of the training code), a search
+of your own objective's objective (its kind, metric, direction and proof: `towerlab.jobs.search.trials`), the
 data's content (`towerlab.data.digest`), the model file's content (for `--model FILE.py:FUNCTION`), and at
 last the search's training-config hash, made again here from all of them. What is cheap comes first: a
 data set is read, and a model file imported, only once every item before it matched. A resume of the
@@ -39,8 +40,10 @@ import towerlab
 from towerlab.data.load import Dataset
 from towerlab.distributed.env import device_name
 from towerlab.errors import UserError
+from towerlab.config import SearchConfig
 from towerlab.jobs.candidate import CandidateModel, train_config_hash
-from towerlab.search import Search
+from towerlab.proof import Proof
+from towerlab.search import Search, genome_hash
 
 # The source of towerlab that decides a candidate's result, relative to the package: the training loop and
 # its steps, the networks and their catalog, the bridge from a genome to a training, the settings and their
@@ -80,7 +83,8 @@ def short(digest: str) -> str:
 
 class Here(Protocol):
     """This process's side of a search, as `admit` measures it: what it trains on (`device`, and on a CPU
-    `threads` per candidate), its data and their digest, the digest of the model file it would import for
+    `threads` per candidate), its data and their digest (None: it has none, an objective of yours trains on
+    its own), the digest of the model file it would import for
     the search (the one whose digest is `recorded`, of those it may import; None where its networks come
     from no file: a family, or a function given from Python) and where that file is (`model_path`), the
     model itself, and whether it is the search's own job resuming it. Each is measured once, when asked."""
@@ -91,7 +95,7 @@ class Here(Protocol):
 
     def data(self) -> Dataset: ...
 
-    def digest(self) -> str: ...
+    def digest(self) -> Optional[str]: ...
 
     def model_digest(self, recorded: Optional[str]) -> Optional[str]: ...
 
@@ -99,6 +103,10 @@ class Here(Protocol):
     def model_path(self) -> str: ...
 
     def model(self) -> CandidateModel: ...
+
+    def objective(self, recorded: Optional[dict]) -> Optional[dict]:
+        """The objective of yours it would run (kind, metric, direction, proof), measured against the search's
+        `recorded` one where there is one; None where it runs towerlab's own training."""
 
 
 TRAINING_HASH = "train_config_hash"  # the search's own column, not a key of its setup
@@ -151,9 +159,44 @@ def _model_differs(theirs: str, ours: str, here: Here, search: Search) -> str:
             f"{recorded_file} {short(theirs)}: give this worker the search's file")
 
 
+def _objective(here: Here, search: Search, recorded: Optional[dict]) -> Optional[dict]:
+    """The objective item's measure: this process's objective; towerlab's training ("training") where the search
+    `recorded` one of yours, so that a worker of towerlab's networks is refused it."""
+    ours = here.objective(recorded)
+    return {"kind": "training"} if ours is None and recorded is not None else ours
+
+
+def _objective_differs(theirs: dict, ours: dict, here: Here, search: Search) -> str:
+    if ours["kind"] != theirs["kind"]:
+        runs = "towerlab's training" if ours["kind"] == "training" else f"a {ours['kind']}"
+        flag = {"function": "--objective FILE.py:FUNCTION", "command": "--command '...'"}.get(theirs["kind"], "")
+        return (f"it searches your own {theirs['kind']} objective, and this worker runs {runs}: start it with {flag} "
+                f"(the search's: {search.cfg.objective or search.cfg.trial_command})")
+    if (ours["metric"], ours["direction"]) != (theirs["metric"], theirs["direction"]):
+        return (f"it searches {theirs['metric']} ({theirs['direction']}), this worker {ours['metric']} "
+                f"({ours['direction']}): give --metric {theirs['metric']} --direction {theirs['direction']}, or "
+                "neither")
+    named = Proof(ours["proof"]).difference({k: v for k, v in theirs["proof"].items() if k in ours["proof"]})
+    return (f"its objective's code differs here: {named or Proof(ours['proof']).difference(theirs['proof'])}: "
+            + ("resume with the files it started with" if here.resuming else "give this worker the search's files"))
+
+
+def objective_hash(cfg: SearchConfig, device: str, threads: Optional[int], objective: dict) -> str:
+    """The training-config hash of a search of your own objective: what decides a trial's result besides its
+    genes and seed (the objective's kind, metric, direction and proof, the last rung's epochs, a command's
+    timeout, and the numerics: device kind, a function's CPU threads)."""
+    return genome_hash({"objective": {key: objective[key] for key in ("kind", "metric", "direction")},
+                        "proof": Proof(objective["proof"]).digest, "max_epochs": cfg.max_epochs,
+                        "trial_timeout": cfg.trial_timeout, "numerics": {"device": device, "threads": threads}})
+
+
 def training_hash(search: Search, here: Here, digest_recorded: bool = True) -> str:
     """The search's training-config hash, made here: its settings, and this process's numerics, data and
-    model, with the data's digest where the search records one (`digest_recorded`; a new search does)."""
+    model, with the data's digest where the search records one (`digest_recorded`; a new search does); or
+    those of the objective of yours it runs (`objective_hash`)."""
+    own = here.objective(search.recorded("objective"))
+    if own is not None:
+        return objective_hash(search.cfg, here.device, here.threads, own)
     return train_config_hash(search.cfg, here.device, here.threads, here.model(),
                              here.digest() if digest_recorded else None)
 
@@ -166,6 +209,7 @@ ITEMS: tuple[Item, ...] = (
          lambda theirs, ours, here, search: f"it trains each candidate on {theirs} CPU thread(s), this worker on "
                                             f"{ours}, which sums in another order (leave --threads out)"),
     *(_version(key) for key in VERSIONS),
+    Item("objective", _objective, _objective_differs),
     Item("data_digest", lambda here, search, stored: here.digest(), _data_differs),
     Item("model_sha256", lambda here, search, stored: here.model_digest(stored), _model_differs),
     Item(TRAINING_HASH, lambda here, search, stored: training_hash(search, here, search.recorded("data_digest") is not None),

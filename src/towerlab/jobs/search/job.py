@@ -14,12 +14,12 @@ from __future__ import annotations
 import dataclasses
 import time
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 
 from towerlab import atomic
-from towerlab.config import CUSTOM_MODEL, RunConfig, SearchConfig
+from towerlab.config import RunConfig, SearchConfig
 from towerlab.distributed.crew import CrewFailed
 from towerlab.distributed.env import (check_capacity, search_threads, search_workers, torchrun_ranks, under_torchrun)
 from towerlab.distributed.group import broadcast_object, session
@@ -27,22 +27,21 @@ from towerlab.distributed.launch import start_method_for
 from towerlab.distributed.signals import Interrupted
 from towerlab.errors import UserError
 from towerlab.fields import replace, to_dict
-from towerlab.jobs.candidate import TRAINING_GENES, CandidateModel, model_function
+from towerlab.jobs.candidate import CandidateModel
 from towerlab.jobs.folder import check_writable_file
 from towerlab.jobs.handover import handover, load_everywhere, search_data
-from towerlab.jobs.search.identity import VERSIONS, admit, file_digest, recorded, training_hash, versions
+from towerlab.jobs.search.identity import VERSIONS, Here, admit, recorded, training_hash, versions
 from towerlab.jobs.job import Job, require_out_under_torchrun, resolved_run, start_job
 from towerlab.jobs.provenance import write_config
 from towerlab.jobs.search.place import open_store, restarted, search_out, store_token, stored_search_id
 from towerlab.jobs.search.record import RecordOptions, Watch, export_best, write_record
-from towerlab.jobs.search.training import FROM_PYTHON
+from towerlab.jobs.search.training import JobSide, check_function, model_spec
+from towerlab.jobs.search.trials import Own, OwnSide, build, own_settings
 from towerlab.jobs.search.workers import SearchCrew, WorkerSpec, run_worker, warm_up
-from towerlab.catalog.models import not_taken
-from towerlab.data.digest import content_digest
 from towerlab.data.load import Dataset
-from towerlab.models.custom import ModelFunction, function_file
+from towerlab.models.custom import ModelFunction
 from towerlab.report import Reporter, format_plan
-from towerlab.search import Search, Space, load_space, refuse_unused_settings
+from towerlab.search import Search, load_space, refuse_unused_settings
 from towerlab.search.store.location import STORE_NAME, is_url, recorded_store, store_target
 from towerlab.search.work.worker import lease_seconds, release_the_dead
 from towerlab.search.store.integrity import records_of
@@ -51,26 +50,38 @@ from towerlab.search.store import Store
 # The command of each kind of search job (`towerlab <command>`).
 COMMANDS = {"evolve": "evolve", "grid": "grid", "search": "search run"}
 WATCH = 0.5  # seconds between looks at the store while the workers work
+TRIALS = "trials"  # the folder in the job's where the trials of your own objective keep theirs
 
 
-def check_settings(cfg: SearchConfig, run: RunConfig) -> Search:
+def check_settings(cfg: SearchConfig, run: RunConfig, model_function: object = None) -> Search:
     """The search, resolved once every setting it would refuse has been: an unknown sampler, a
-    setting it refuses or one only other samplers read (a UserError; before any folder or worker)."""
-    search = Search.resolve(cfg, load_space(cfg.space))
+    setting it refuses or one only other samplers read, one that only towerlab's training reads in a
+    search of your own objective (whose goal is decided here: `trials.own_settings`), a model function
+    with one (a UserError; before any folder or worker)."""
+    own = Own.of(cfg) is not None
+    if own:
+        cfg = own_settings(cfg, model_function)
+    search = Search.resolve(cfg, load_space(cfg.space, objective=own))
     if run.resume is None:  # a search started before this check keeps what it recorded
         refuse_unused_settings(cfg)
     return search
 
 
 def start_search(kind: str, cfg: SearchConfig, run: RunConfig, *, data: Optional[Dataset] = None,
-                 function: Optional[ModelFunction] = None,
+                 function: Optional[ModelFunction] = None, objective: Optional[Callable[..., Any]] = None,
                  start_method: str | None = None) -> int:
     """Run the search job; returns its exit status. `data` (a towerlab.data.Dataset, arrays from
     Python) replaces loading `cfg.dataset`; `function` builds the networks of a space of model
-    "custom" (see `towerlab.jobs.candidate.Model`); `start_method` as in `distributed.launch` (None:
-    `distributed.start_method_for` the run's device)."""
-    search = check_settings(cfg, run)
-    check_function(search.space, function)
+    "custom" (see `towerlab.jobs.candidate.Model`); `objective`, a function of yours given from Python,
+    is the objective that `cfg.objective` names (`towerlab.jobs.search.trials`); `start_method` as in
+    `distributed.launch` (None: `distributed.start_method_for` the run's device)."""
+    search = check_settings(cfg, run, function)
+    own = Own.of(search.cfg)
+    if own is not None:  # imported and checked against the genes now: a mistake of yours before anything is written
+        build(own, search, objective)
+        function = objective
+    else:
+        check_function(search.space, function)
     lease_seconds()  # a bad TOWERLAB_LEASE_SECONDS is refused before anything starts
     require_out_under_torchrun(run)
     out = search_out(kind, search.cfg, run, search.space)
@@ -92,7 +103,7 @@ def start_search(kind: str, cfg: SearchConfig, run: RunConfig, *, data: Optional
         check_capacity(workers, threads, f"--devices {run.devices} x --workers-per-device "
                                          f"{search.cfg.workers_per_device}")
     return start_job(SearchJob(out=out, resume=run.resume is not None, kind=kind, search=search, run=run,
-                               target=target, data=data, function=function, workers=workers,
+                               target=target, data=data, function=function, workers=workers, own=own,
                                start_method=start_method or start_method_for(run.device)))
 
 
@@ -105,8 +116,9 @@ class SearchJob(Job):
     run: RunConfig
     target: str
     data: Optional[Dataset] = None
-    function: Optional[ModelFunction] = None
+    function: Optional[Callable[..., Any]] = None  # the model function, or an objective of yours given from Python
     workers: int = 1
+    own: Optional[Own] = None  # an objective of yours, which trains whatever it trains (no data of towerlab's)
 
     def run_here(self) -> int:
         if under_torchrun():
@@ -116,7 +128,7 @@ class SearchJob(Job):
         # A database out of reach is refused before the data is read; a file is made once the data is
         # found (bad data leaves no store behind).
         first = open_store(self.target) if is_url(self.target) else None
-        data = self.data if self.data is not None else _load(self.search.cfg, self.run)
+        data = self.data if self.data is not None or self.own else _load(self.search.cfg, self.run)
         with first or open_store(self.target) as store, records_of(store):
             search = self._in_store(store, data, reporter)
             started = time.perf_counter()
@@ -146,16 +158,26 @@ class SearchJob(Job):
 
     @property
     def model(self) -> CandidateModel:
+        assert self.own is None, "a search of your own objective has no model of towerlab's"
         return self.function or self.search.space.model
 
     def _threads(self) -> Optional[int]:
         return self.run.threads if self.run.device == "cpu" else None
 
-    def _in_store(self, store: Store, data: Dataset, reporter: Optional[Reporter]) -> Search:
+    def _side(self, data: Optional[Dataset]) -> Here:
+        """The job's side of its search (`identity.Here`): its numerics, and its data and model, or its objective."""
+        resuming = self.run.resume is not None
+        if self.own is not None:
+            return OwnSide(self.own, self.search, self.run.device, self.run.threads, resuming=resuming,
+                           function=self.function)
+        assert data is not None, "towerlab's own training trains on data"
+        return JobSide(resuming, self.run.device, self.run.threads, data, self.model)
+
+    def _in_store(self, store: Store, data: Optional[Dataset], reporter: Optional[Reporter]) -> Search:
         """The search in `store`: created (and config.json written, with what its workers must share:
         `jobs.search.identity`), or the one this folder continues, admitted as any worker is (another
         towerlab or torch is recorded as the search's from now on, with a warning)."""
-        here = _JobSide(self.run.resume is not None, self.run.device, self.run.threads, data, self.model)
+        here = self._side(data)
         if self.run.resume:
             search_id = stored_search_id(self.out)
             row = store.records.search(search_id)
@@ -178,8 +200,9 @@ class SearchJob(Job):
             resuming = (f"resuming search {search.id} of {store.path} ({sum(g.complete for g in done)} generation(s) "
                         f"complete, {len(store.records.evaluations(search.stored_id))} training(s) kept): ")
         else:
-            setup = {"model": _model_spec(self.model), "test": data.n_test > 0, **recorded(self.search, here),
-                     "data": {"format": data.source.get("format"), "fallback": bool(data.source.get("fallback"))}}
+            setup = {"test": False, **recorded(self.search, here)} if data is None else {  # data None: yours
+                "model": model_spec(self.model), "test": data.n_test > 0, **recorded(self.search, here),
+                "data": {"format": data.source.get("format"), "fallback": bool(data.source.get("fallback"))}}
             cfg = replace(self.search.cfg, store=recorded_store(self.target) if self.search.cfg.store else None)
             search = dataclasses.replace(self.search, cfg=cfg).create(store, training_hash(self.search, here), setup)
             write_config(self.out, {"kind": self.kind, "search": to_dict(cfg), "run": to_dict(self.run),
@@ -188,19 +211,26 @@ class SearchJob(Job):
             resuming = ""
         if reporter is not None:
             space = search.space
+            trains = (f"{space.size_text}) for your {self.own.kind} {self.own.spec} ({search.metric}, "
+                      f"{search.cfg.direction})" if self.own else
+                      f"{space.size_text}, model {space.model}) on {search.cfg.dataset}")
             reporter.line(f"towerlab {COMMANDS[self.kind]}: {resuming}{search.cfg.sampler} over space {space.name} "
-                          f"({space.size_text}, model {space.model}) on {search.cfg.dataset}, {self.workers} "
-                          f"worker(s) on {self.run.device} -> {self.out}")
+                          f"({trains}, {self.workers} worker(s) on {self.run.device} -> {self.out}")
             reporter.line(format_plan(search.plan))
         return search
 
-    def _work(self, store: Store, search: Search, data: Dataset, reporter: Reporter) -> None:
+    def _spec(self, search_id: int, **more: Any) -> WorkerSpec:
+        """What this job's workers need besides their device (`more`: WorkerSpec's other fields)."""
+        return WorkerSpec(store=self.target, run=self.run, threads=self._threads(), search_ids=(search_id,),
+                          own=self.own, trials=str(self.out / TRIALS), **more)
+
+    def _work(self, store: Store, search: Search, data: Optional[Dataset], reporter: Reporter) -> None:
         """This machine's workers on the search until it is finished (whoever else works on it)."""
-        spec = WorkerSpec(store=self.target, run=self.run, per_device=search.cfg.workers_per_device,
-                          threads=self._threads(), search_ids=(search.stored_id,), speaks=True)
+        spec = self._spec(search.stored_id, per_device=search.cfg.workers_per_device, speaks=True)
         watch = Watch(store, search, self.out, reporter, self.workers, resumed=self.run.resume is not None,
                       tensorboard=self.run.tensorboard)
-        crew = SearchCrew(spec, self.workers, store, handed=(*handover(data, self.start_method), self.function),
+        handed = (None, None) if data is None else handover(data, self.start_method)
+        crew = SearchCrew(spec, self.workers, store, handed=(*handed, self.function),
                           start_method=self.start_method, log=reporter.line)
         try:
             if not crew.run(until=lambda: store.records.finished(search.stored_id), step=watch.step, every=WATCH):
@@ -217,15 +247,17 @@ class SearchJob(Job):
         finally:
             watch.close()
 
-    def _finish(self, store: Store, search: Search, data: Dataset, reporter: Reporter, seconds: float,
+    def _finish(self, store: Store, search: Search, data: Optional[Dataset], reporter: Reporter, seconds: float,
                 device: torch.device) -> None:
         """The record, from the store: the search played once more here (every result is there)."""
         result = search.run(store, _nothing_to_train)
+        model = None if self.own else self.model
         top = write_record(search, store, result, reporter,
-                           RecordOptions(kind=self.kind, out=self.out, model=self.model, data=data, workers=self.workers,
+                           RecordOptions(kind=self.kind, out=self.out, model=model, data=data, workers=self.workers,
                                          cpu_threads=self._threads(), seconds=seconds))
         if search.cfg.export_best:
-            export_best(search, self.model, top[0], data.to(device), device, self.out, reporter)
+            assert data is not None and model is not None, "--export-best is refused in a search of your own objective"
+            export_best(search, model, top[0], data.to(device), device, self.out, reporter)
 
     # -- under torchrun ---------------------------------------------------------------------------------
 
@@ -234,7 +266,8 @@ class SearchJob(Job):
         process group serves for that alone); every rank then works on it; rank 0 writes the record."""
         rank = torchrun_ranks()[0]
         with session(timeout=self.run.timeout, backend="gloo", device=self.run.device) as ctx:
-            data = load_everywhere(ctx, lambda **loading: search_data(self.search.cfg, self.run, **loading))
+            data = None if self.own else load_everywhere(ctx, lambda **loading: search_data(self.search.cfg, self.run,
+                                                                                             **loading))
             told: dict = {}
             if ctx.is_main:
                 try:
@@ -251,8 +284,7 @@ class SearchJob(Job):
             raise UserError(f"rank {rank} cannot reach the search store {recorded_store(self.target)} that rank 0 "
                             "made (it lies on rank 0's machine): give --store postgresql://... that every machine "
                             "reaches, or start `towerlab search worker` on the other machines")
-        spec = WorkerSpec(store=self.target, run=self.run, threads=self._threads(), search_ids=(told["search"],),
-                          speaks=rank == 0)
+        spec = self._spec(told["search"], speaks=rank == 0)
         started = time.perf_counter()
         run_worker(spec, device, data, None, self.function, speaks=rank == 0)
         if rank == 0:
@@ -264,65 +296,12 @@ class SearchJob(Job):
         return 0
 
 
-class _JobSide:
-    """The search job's side of its search, as `identity.admit` measures it (`identity.Here`): this machine's
-    numerics, the data it loaded, and its model (a family, or a function: its file's digest)."""
-
-    def __init__(self, resuming: bool, device: str, threads: Optional[int], data: Dataset,
-                 model: CandidateModel) -> None:
-        self.resuming, self.device, self.threads, self._data, self._model = resuming, device, threads, data, model
-        self._digest: Optional[str] = None
-        self.model_path = (function_file(model) or "") if callable(model) else ""
-
-    def data(self) -> Dataset:
-        return self._data
-
-    def digest(self) -> str:
-        if self._digest is None:
-            self._digest = content_digest(self._data)
-        return self._digest
-
-    def model_digest(self, recorded: Optional[str]) -> Optional[str]:
-        return file_digest(self.model_path.rpartition(":")[0]) if self.model_path else None
-
-    def model(self) -> CandidateModel:
-        return self._model
-
-
 def _nothing_to_train(candidates: list, record: Any) -> None:
     raise RuntimeError(f"the search's record found {len(candidates)} training(s) that its workers did not make, "
                        f"e.g. {candidates[0]}")
-
-
-def _model_spec(model: CandidateModel) -> str:
-    """What a search records of its model for the workers that join it: a family's name, a model
-    function's FILE.py:FUNCTION, or that it was given from Python (no other process can load it)."""
-    if isinstance(model, str):
-        return model
-    return function_file(model) or FROM_PYTHON
 
 
 def _load(cfg: SearchConfig, run: RunConfig) -> Any:
     # Every data problem (and the download, or the offline fallback) once, before any worker
     # starts; the workers get this data, so every one of them reads the very same.
     return search_data(cfg, run)
-
-
-def check_function(space: Space, function: object) -> None:
-    """A space of model "custom" goes with a model function given from Python, and only it; each
-    gene of a space must be a training gene or a keyword its model function takes (a family's
-    builder, or yours): refused before anything trains, in one line naming the gene."""
-    if (space.model == CUSTOM_MODEL) != (function is not None):
-        raise UserError(f"space {space.name} has model {CUSTOM_MODEL!r}: its networks come from a function of yours, "
-                        "given from Python (towerlab.api.search(space, data, model=make))" if function is None else
-                        f"model= (a function of yours) goes with a space of model {CUSTOM_MODEL!r} (a dict space "
-                        f"without \"model\" gets it), not with space {space.name} of model {space.model}")
-    if function is not None and (not callable(function) or isinstance(function, torch.nn.Module)):
-        raise UserError(f"model= of a search must be a function (input_shape, num_classes, **genes) returning a new "
-                        f"nn.Module, got {type(function).__name__}")
-    builder = model_function(function or space.model)
-    unknown = not_taken(builder, [gene for gene in space.genes if gene not in TRAINING_GENES])
-    if unknown:
-        name = getattr(builder, "__name__", "your function")
-        raise UserError(f"gene {unknown[0]!r} is neither a training gene ({', '.join(TRAINING_GENES)}) nor a keyword "
-                        f"argument of {name}(input_shape, num_classes, ...): add it to {name}, or rename the gene")

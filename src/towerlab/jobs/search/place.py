@@ -48,7 +48,8 @@ def open_store(target: str) -> Store:
 
 def search_out(kind: str, cfg: SearchConfig, run: RunConfig, space: Space | None = None) -> Path:
     """The job's output folder: --resume, else --out, else a new one under runs/."""
-    return Path(run.resume or run.out or default_out(kind, cfg, space or load_space(cfg.space)))
+    own = cfg.objective is not None or cfg.trial_command is not None
+    return Path(run.resume or run.out or default_out(kind, cfg, space or load_space(cfg.space, objective=own)))
 
 
 def restarted(out: Path, kind: str, cfg: SearchConfig) -> bool:
@@ -58,7 +59,9 @@ def restarted(out: Path, kind: str, cfg: SearchConfig) -> bool:
 
 
 def default_out(kind: str, cfg: SearchConfig, space: Space) -> Path:
-    return Path("runs") / f"{datetime.now():%Y%m%d-%H%M%S}-{kind}-{Path(space.name).stem}-{dataset_label(cfg.dataset)}"
+    """runs/<time>-<kind>-<space>-<dataset>, or -objective for a search of your own objective."""
+    trains = "objective" if cfg.objective is not None or cfg.trial_command is not None else dataset_label(cfg.dataset)
+    return Path("runs") / f"{datetime.now():%Y%m%d-%H%M%S}-{kind}-{Path(space.name).stem}-{trains}"
 
 
 def stored_search_id(out: Path) -> int:

@@ -27,7 +27,8 @@ from towerlab.errors import UserError
 from towerlab.jobs.candidate import CandidateModel, candidate_config, retrain_command, train_candidate
 from towerlab.models.files import save_model
 from towerlab.plots import plot_accuracy_time, plot_fitness, pyplot
-from towerlab.report import Reporter, format_cost, format_estimate, format_generation, format_top, require_tensorboard
+from towerlab.report import (Reporter, format_cost, format_estimate, format_generation, format_top,
+                             require_tensorboard)
 from towerlab.search import Search, SearchResult, evaluation_records
 from towerlab.search.history import GenerationStats
 from towerlab.search.testing import top_tests
@@ -86,7 +87,7 @@ class Watch:
         for gen in self.store.records.generations(self.search.stored_id)[self.shown:]:
             if not gen.complete:
                 break
-            stats = GenerationStats(**gen.final_stats, replayed=gen.generation in self.replayed)
+            stats = self.search.shown(GenerationStats(**gen.final_stats, replayed=gen.generation in self.replayed))
             self._line(format_generation(stats, self.search.generations))
             if self.tb is not None:
                 for key in ("best", "mean", "worst", "evaluated", "cached", "failed", "seconds"):
@@ -116,21 +117,23 @@ class Watch:
 
     def _plot_evaluations(self) -> None:
         """TensorBoard points of the evaluations not plotted yet, in the order they were numbered: each
-        one's validation accuracy and the best so far, against the trainings made. (A database may
-        commit rows a little out of their numbering: the last ones are looked at again.)"""
+        one's validation accuracy (the metric of your objective, by its name) and the best so far, against
+        the trainings made. (A database may commit rows a little out of their numbering: the last ones are
+        looked at again.)"""
         assert self.tb is not None
         after = max(0, max(self.plotted, default=0) - 256)
-        for row in self.store.records.evaluations(self.search.stored_id, after=after):
+        search, metric = self.search, self.search.metric
+        for row in self.store.records.evaluations(search.stored_id, after=after):
             if row.id in self.plotted:
                 continue
             self.plotted.add(row.id)
             step = len(self.plotted)
             if row.status == "ok" and row.fitness is not None:
                 kind = "search" if row.replicate == 0 else "remeasure"
-                self.tb.add_scalar(f"{kind}/val_accuracy", row.fitness, step)
+                self.tb.add_scalar(f"{kind}/{metric}", search.value(row.fitness), step)
                 if row.replicate == 0:
                     self.best = row.fitness if self.best is None else max(self.best, row.fitness)
-                    self.tb.add_scalar("search/best_val_accuracy", self.best, step)
+                    self.tb.add_scalar(f"search/best_{metric}", search.value(self.best), step)
             self.tb.add_scalar("search/train_seconds", row.seconds, step)
         self.tb.flush()
 
@@ -181,17 +184,23 @@ def test_results(result: SearchResult, store: Store, has_test: bool, reporter: R
     return rows, seconds
 
 
-def cost(store: Store, search_id: int, tested: list[float]) -> dict:
-    """The trainings the search made, by purpose, each with its seconds of training: the search's own
-    (every rung of every candidate it trained), the re-measures of the networks it was about to
-    crown, and the retrainings that gave the top networks their test accuracy."""
-    rows = store.records.evaluations(search_id)
+def cost(store: Store, search: Search, tested: list[float]) -> dict:
+    """The trainings the search made, by purpose, each with its seconds of training and the epochs it
+    was given (--budget-epochs' count): the search's own (every rung of every candidate it trained), the
+    re-measures of the networks it was about to crown, and the retrainings that gave the top networks
+    their test accuracy."""
+    rows = store.records.evaluations(search.stored_id)
+    tests = [t.candidate.max_epochs or search.cfg.max_epochs for t in store.queue.tasks(search.stored_id, "test")
+             if t.state == "done" and t.result]
 
-    def part(seconds: list[float]) -> dict:
-        return {"trainings": len(seconds), "train_seconds": math.fsum(seconds)}
+    def part(seconds: list[float], epochs: list[Optional[int]]) -> dict:
+        return {"trainings": len(seconds), "train_seconds": math.fsum(seconds),
+                "epochs": sum(e or search.cfg.max_epochs for e in epochs)}
 
-    return {"search": part([e.seconds for e in rows if e.replicate == 0]),
-            "remeasure": part([e.seconds for e in rows if e.replicate > 0]), "test": part(tested)}
+    searched, remeasured = [e for e in rows if e.replicate == 0], [e for e in rows if e.replicate > 0]
+    return {"search": part([e.seconds for e in searched], [e.max_epochs for e in searched]),
+            "remeasure": part([e.seconds for e in remeasured], [e.max_epochs for e in remeasured]),
+            "test": part(tested, list(tests))}
 
 
 def numerics_used(store: Store, result: SearchResult) -> list[dict]:
@@ -213,7 +222,7 @@ def all_failed(result: SearchResult, out: Path) -> str:
     """The line that ends a search in which no candidate succeeded: the search failed, whatever it wrote."""
     genomes = {m.genome_hash: m for g in result.history for m in g.members}
     reason = next((m.reason for m in genomes.values() if m.reason), "unknown")
-    return (f"all {len(genomes)} candidates failed (the first: {reason}), so there is no network to report: "
+    return (f"all {len(genomes)} candidates failed (the first: {reason}), so there is no winner to report: "
             f"`towerlab search show {out}` lists each failure")
 
 
@@ -226,56 +235,85 @@ class RecordOptions:
 
     kind: str
     out: Path
-    model: CandidateModel
-    data: Dataset
+    model: Optional[CandidateModel]  # None, with no data: a search of your own objective
+    data: Optional[Dataset]
     workers: int
     cpu_threads: Optional[int]
     seconds: float
 
 
+def own_top(search: Search, store: Store, result: SearchResult) -> list[dict]:
+    """The top of a search of your own objective as its record lists it: each crowned genome's metric (`value`,
+    the mean over its seeds, as your objective returned it), its spread and values, and every metric its
+    evaluation returned."""
+    return [{"genome": t.genome, "genome_hash": t.genome_hash, "value": search.value(t.fitness), "value_sd": t.spread,
+             "values": [search.value(f) for f in t.fitnesses], "seeds": list(t.seeds), "metrics": evaluation.metrics,
+             "seed": t.seed, "epochs": t.epochs, "rung": t.rung, "max_epochs": evaluation.max_epochs}
+            for t, evaluation, _ in top_tests(store, result)]
+
+
 def write_record(search: Search, store: Store, result: SearchResult, reporter: Reporter,
                  job: RecordOptions) -> list[dict]:
     """Print the top and the cost, and write best.json, the plots and summary.json; the top's rows."""
-    cfg, space, out, data_source = search.cfg, search.space, job.out, job.data.source
-    top, tested = test_results(result, store, job.data.n_test > 0, reporter)
-    if top:
-        reporter.line(format_top(top))
-    spent = cost(store, result.search_id, tested)
+    cfg, space, out, data = search.cfg, search.space, job.out, job.data
+    tested: list[float] = []
+    if data is None:  # a search of your own objective: no test split
+        top = own_top(search, store, result)
+        goal = f"{search.metric}, {cfg.direction}d"
+        reporter.line(format_top(top, goal) if top else f"No trial gave its {search.metric}")
+    else:
+        top, tested = test_results(result, store, data.n_test > 0, reporter)
+        if top:
+            reporter.line(format_top(top))
+    spent = cost(store, search, tested)
     reporter.line(format_cost(spent))
     used = numerics_used(store, result)
     if len(used) > 1:
         reporter.line(f"towerlab: warning: this search's results were computed on {len(used)} kinds of "
                       f"device or torch ({'; '.join(numerics_text(n) for n in used)}): results that differ "
                       f"in their last digits are compared; `towerlab search show {out} --csv` says which is which")
-    if data_source.get("fallback"):  # on the last lines, where it cannot scroll away
+    if data is not None and data.source.get("fallback"):  # on the last lines, where it cannot scroll away
         reporter.line("Trained on the OFFLINE FALLBACK DATA, not the full dataset: not comparable with "
                       "MNIST results")
     best = top[0] if top else None
-    if best is not None:
-        atomic.write_json(out / "best.json", {
-            "genome": best["genome"], "val_accuracy": best["val_accuracy"], "val_accuracy_sd": best["val_accuracy_sd"],
-            "val_accuracies": best["val_accuracies"], "seeds": best["seeds"], "test_accuracy": best["test_accuracy"],
-            "seed": best["seed"], "model": space.model, "dataset": cfg.dataset,
-            "command": retrain_command(cfg, job.model, best["genome"], best["seed"], best["max_epochs"],
-                                       job.cpu_threads)})
-    stats = [g.stats.record() for g in result.history]
-    title = f"{cfg.sampler}: {Path(space.name).stem} on {dataset_label(cfg.dataset)}"
-    plot_fitness(stats, out / "fitness.png", title)
-    plot_accuracy_time([r for r in evaluation_records(store) if r["search"] == result.search_id],
-                       out / "accuracy_time.png", title)
-    atomic.write_json(out / "summary.json", {
-        "kind": job.kind, "sampler": cfg.sampler, "space": space.name, "model": space.model, "dataset": cfg.dataset,
-        "data_source": data_source, "data_fallback": bool(data_source.get("fallback")),
-        "best_genome": best["genome"] if best else None,
-        "best_val_accuracy": best["val_accuracy"] if best else None,
-        "best_val_accuracy_sd": best["val_accuracy_sd"] if best else None,
-        "best_test_accuracy": best["test_accuracy"] if best else None,
-        "top": top, "evaluations": result.evaluations, "cache_hits": result.cache_hits,
-        "failures": result.failures, "generations": result.generations, "trainings": result.trainings,
-        "train_seconds": result.train_seconds, "cost": spent, "numerics": used, "seconds": job.seconds,
-        "workers": job.workers, "device_type": search.recorded("device"), "search_id": result.search_id,
-        "generation_stats": stats, "seed": cfg.seed, "torch_version": torch.__version__,
-        "towerlab_version": towerlab.__version__})
+    stats = [search.shown(g.stats).record() for g in result.history]
+    records = [r for r in evaluation_records(store) if r["search"] == result.search_id]
+    common = {"kind": job.kind, "sampler": cfg.sampler, "space": space.name,
+              "best_genome": best["genome"] if best else None, "top": top, "evaluations": result.evaluations,
+              "cache_hits": result.cache_hits, "failures": result.failures, "generations": result.generations,
+              "trainings": result.trainings, "train_seconds": result.train_seconds, "cost": spent,
+              "ended_by": result.ended, "numerics": used, "seconds": job.seconds, "workers": job.workers,
+              "device_type": search.recorded("device"), "search_id": result.search_id, "generation_stats": stats,
+              "seed": cfg.seed, "torch_version": torch.__version__, "towerlab_version": towerlab.__version__}
+    if data is None:
+        goal_of = {"metric": search.metric, "direction": cfg.direction, "objective": cfg.objective or cfg.trial_command}
+        if best is not None:
+            kept = ("genome", "value", "value_sd", "values", "seeds", "seed", "metrics")
+            atomic.write_json(out / "best.json", {**{k: best[k] for k in kept}, **goal_of})
+        title = f"{cfg.sampler}: {Path(space.name).stem}, {goal}"
+        summary = {**common, **goal_of, "best_value": best["value"] if best else None,
+                   "best_value_sd": best["value_sd"] if best else None,
+                   "best_metrics": best["metrics"] if best else None}
+    else:
+        if best is not None:
+            assert job.model is not None, "towerlab's training builds its networks with a model"
+            atomic.write_json(out / "best.json", {
+                "genome": best["genome"], "val_accuracy": best["val_accuracy"],
+                "val_accuracy_sd": best["val_accuracy_sd"], "val_accuracies": best["val_accuracies"],
+                "seeds": best["seeds"], "test_accuracy": best["test_accuracy"], "seed": best["seed"],
+                "model": space.model, "dataset": cfg.dataset,
+                "command": retrain_command(cfg, job.model, best["genome"], best["seed"], best["max_epochs"],
+                                           job.cpu_threads)})
+        title = f"{cfg.sampler}: {Path(space.name).stem} on {dataset_label(cfg.dataset)}"
+        summary = {**common, "model": space.model, "dataset": cfg.dataset, "data_source": data.source,
+                   "data_fallback": bool(data.source.get("fallback")),
+                   "best_val_accuracy": best["val_accuracy"] if best else None,
+                   "best_val_accuracy_sd": best["val_accuracy_sd"] if best else None,
+                   "best_test_accuracy": best["test_accuracy"] if best else None}
+    label = search.metric.replace("val_accuracy", "validation accuracy")
+    plot_fitness(stats, out / "fitness.png", title, label)
+    plot_accuracy_time(records, out / "accuracy_time.png", title)
+    atomic.write_json(out / "summary.json", summary)
     if not top:
         raise UserError(all_failed(result, out))
     return top

@@ -5,7 +5,9 @@ A worker makes one objective per search it joins (`Training.objective`): the sea
 handed over, or read here as the search records them: `Search.recorded`) and its model (a family's
 name, the job's own function, or the model file this worker's command names), once `identity.admit` has
 compared every item that decides the search's results (`WorkerSide`: this worker's side of them).
-Otherwise it says which differs, once, and leaves that search to others.
+Otherwise it says which differs, once, and leaves that search to others. The search job's side of the
+same items is `JobSide`; `check_function` checks a space's genes against the model function that
+builds its networks, and `model_spec` is what a search records of that model.
 """
 
 from __future__ import annotations
@@ -19,22 +21,24 @@ from typing import Callable, Optional, Protocol
 import torch
 
 from towerlab.checks import ARRAYS_DATASET
+from towerlab.catalog.models import not_taken
 from towerlab.config import CUSTOM_MODEL, RunConfig
 from towerlab.data.digest import content_digest
 from towerlab.data.load import Dataset
 from towerlab.distributed.signals import StopFlag
 from towerlab.errors import UserError
-from towerlab.jobs.candidate import CandidateModel, estimated_cost, outcome, train_candidate
+from towerlab.jobs.candidate import (TRAINING_GENES, CandidateModel, estimated_cost, model_function, outcome,
+                                     train_candidate)
 from towerlab.jobs.handover import search_data
 from towerlab.jobs.search.identity import admit, file_digest, row_provenance
 from towerlab.jobs.search.worker_times import WorkerTimes
-from towerlab.models.custom import ModelFunction
+from towerlab.models.custom import ModelFunction, function_file
 from towerlab.report import discard_line
-from towerlab.search import Candidate, Outcome, Search
+from towerlab.search import Candidate, Outcome, Search, Space
 from towerlab.search.work.objective import Assignment
 
-# What a search records of its model in its setup when the model is a function given from Python, which
-# no other process can load.
+# What a search records of its model in its setup (of its objective, in its settings: --objective) when it
+# is a function given from Python that no file defines, which no other process can load.
 FROM_PYTHON = "a function given from Python"
 
 
@@ -127,6 +131,9 @@ class WorkerSide:
     def model_path(self) -> str:
         return (self._model_file or "").rpartition(":")[0]
 
+    def objective(self, recorded: Optional[dict]) -> None:
+        return None  # towerlab's own training
+
     def model(self) -> CandidateModel:
         """The search's model: a family's name, the job's own function, or the model file this worker's command
         names where its content is the search's (imported only here, once every check before has passed)."""
@@ -200,3 +207,59 @@ class Training:
         setup = self.setup(search)
         shape, classes = setup.data.input_shape, setup.data.num_classes
         return lambda c: estimated_cost(search.cfg, setup.model, c.genome, shape, classes, c.max_epochs)
+
+
+class JobSide:
+    """The search job's side of its search, as `identity.admit` measures it (`identity.Here`): this machine's
+    numerics, the data it loaded, and its model (a family, or a function: its file's digest)."""
+
+    def __init__(self, resuming: bool, device: str, threads: Optional[int], data: Dataset,
+                 model: CandidateModel) -> None:
+        self.resuming, self.device, self.threads, self._data, self._model = resuming, device, threads, data, model
+        self._digest: Optional[str] = None
+        self.model_path = (function_file(model) or "") if callable(model) else ""
+
+    def data(self) -> Dataset:
+        return self._data
+
+    def digest(self) -> str:
+        if self._digest is None:
+            self._digest = content_digest(self._data)
+        return self._digest
+
+    def model_digest(self, recorded: Optional[str]) -> Optional[str]:
+        return file_digest(self.model_path.rpartition(":")[0]) if self.model_path else None
+
+    def model(self) -> CandidateModel:
+        return self._model
+
+    def objective(self, recorded: Optional[dict]) -> None:
+        return None  # towerlab's own training
+
+
+def model_spec(model: CandidateModel) -> str:
+    """What a search records of its model for the workers that join it: a family's name, a model
+    function's FILE.py:FUNCTION, or that it was given from Python (no other process can load it)."""
+    if isinstance(model, str):
+        return model
+    return function_file(model) or FROM_PYTHON
+
+
+def check_function(space: Space, function: object) -> None:
+    """A space of model "custom" goes with a model function given from Python, and only it; each
+    gene of a space must be a training gene or a keyword its model function takes (a family's
+    builder, or yours): refused before anything trains, in one line naming the gene."""
+    if (space.model == CUSTOM_MODEL) != (function is not None):
+        raise UserError(f"space {space.name} has model {CUSTOM_MODEL!r}: its networks come from a function of yours, "
+                        "given from Python (towerlab.api.search(space, data, model=make))" if function is None else
+                        f"model= (a function of yours) goes with a space of model {CUSTOM_MODEL!r} (a dict space "
+                        f"without \"model\" gets it), not with space {space.name} of model {space.model}")
+    if function is not None and (not callable(function) or isinstance(function, torch.nn.Module)):
+        raise UserError(f"model= of a search must be a function (input_shape, num_classes, **genes) returning a new "
+                        f"nn.Module, got {type(function).__name__}")
+    builder = model_function(function or space.model)
+    unknown = not_taken(builder, [gene for gene in space.genes if gene not in TRAINING_GENES])
+    if unknown:
+        name = getattr(builder, "__name__", "your function")
+        raise UserError(f"gene {unknown[0]!r} is neither a training gene ({', '.join(TRAINING_GENES)}) nor a keyword "
+                        f"argument of {name}(input_shape, num_classes, ...): add it to {name}, or rename the gene")

@@ -16,7 +16,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -27,8 +27,9 @@ from towerlab.distributed.signals import STOP_SIGNALS, Interrupted, StopFlag
 from towerlab.errors import UserError
 from towerlab.fields import replace
 from towerlab.jobs.search.training import Training
+from towerlab.jobs.search.trials import Own, Trials
 from towerlab.jobs.search.worker_times import WorkerTimes
-from towerlab.models.custom import ModelFunction
+from towerlab.proof import portable
 from towerlab.search.store.integrity import records_of
 from towerlab.search.store.schema import NoStore
 from towerlab.search.store import Store
@@ -68,6 +69,8 @@ class WorkerSpec:
     token: str = field(default_factory=lambda: secrets.token_hex(3))  # in each worker's name (`worker_name`)
     tells: bool = False
     model_files: tuple[str, ...] = ()  # FILE.py:FUNCTION that `search worker --model` names: the only ones it imports
+    own: Optional[Own] = None  # the objective of yours its command names: it runs that, never towerlab's training
+    trials: str = "trials"  # the folder where the trials of an objective of yours keep theirs
 
 
 def slot_device(spec: WorkerSpec, slot: int) -> str:
@@ -76,16 +79,19 @@ def slot_device(spec: WorkerSpec, slot: int) -> str:
 
 
 def work(slot: int, _slots: int, _reports: str, spec: WorkerSpec, data: Optional[Dataset] = None,
-         fallback: Optional[bool] = None, function: Optional[ModelFunction] = None) -> None:
+         fallback: Optional[bool] = None, function: Optional[Callable[..., Any]] = None) -> None:
     """A Crew's worker process: slot `slot` on its device."""
     run_worker(spec, torch.device(slot_device(spec, slot)), data, fallback, function, speaks=spec.speaks and slot == 0)
 
 
 def run_worker(spec: WorkerSpec, device: torch.device, data: Optional[Dataset] = None,
-               fallback: Optional[bool] = None, function: Optional[ModelFunction] = None, speaks: bool = False) -> int:
+               fallback: Optional[bool] = None, function: Optional[Callable[..., Any]] = None,
+               speaks: bool = False) -> int:
     """Work on the store's searches on `device` until none is left (or Ctrl-C / SIGTERM: the task in
     flight goes back on the queue). `data`, `fallback`, `function`: what the search's own job hands its
-    workers (the data it loaded, or whether it fell back offline; its model function)."""
+    workers (the data it loaded, or whether it fell back offline; its model function, or its objective
+    given from Python). A worker whose command names an objective of yours (`spec.own`) runs trials of it
+    (`trials.Trials`), any other towerlab's training."""
     if device.type == "cuda":
         torch.cuda.set_device(device)
     name = worker_name(str(device), os.getpid(), spec.token)
@@ -97,7 +103,9 @@ def run_worker(spec: WorkerSpec, device: torch.device, data: Optional[Dataset] =
             if stop.signum:
                 raise Interrupted(stop.signum)
 
-        training = Training(spec, device, name, stop, data, fallback, function, times)
+        training: Training | Trials = (
+            Training(spec, device, name, stop, data, fallback, function, times) if spec.own is None else
+            Trials(spec.own, device, name, stop, Path(spec.trials), spec.threads, function, times))
         options = WorkerOptions(search_ids=spec.search_ids, priority=training.priority, wait=spec.wait,
                                 speaks=speaks, tells=spec.tells, check_stop=check_stop,
                                 timed=None if times is None else times.timed)
@@ -130,7 +138,10 @@ class SearchCrew:
         `until()` holds, then give them LEAVE seconds to leave (stopping those that do not), or until every
         one has left by itself; whether `until()` held. Ctrl-C or SIGTERM here, or a worker stopped so, is
         Interrupted; workers that keep dying are CrewFailed."""
-        crew = Crew(work, self.slots, (self.spec, *self.handed), start_method=self.start_method, on_lost=self._lost,
+        # A spawned worker imports a function of yours by name, through the loader that proves what runs
+        # (`towerlab.proof.portable`), never while unpickling it.
+        handed = self.handed if self.start_method == "fork" else tuple(portable(value) for value in self.handed)
+        crew = Crew(work, self.slots, (self.spec, *handed), start_method=self.start_method, on_lost=self._lost,
                     log=self.log)
         with StopFlag() as stop, crew:
             # Until `watch` has seen how the last process left: one that died or stopped after the last look
@@ -155,11 +166,14 @@ class SearchCrew:
 
 
 def start_workers(target: str, run: RunConfig, *, per_device: int = 1, search_id: Optional[int] = None,
-                  wait: bool = False, start_method: Optional[str] = None, model_files: tuple[str, ...] = ()) -> int:
+                  wait: bool = False, start_method: Optional[str] = None, model_files: tuple[str, ...] = (),
+                  own: Optional[Own] = None, trials: str = "trials") -> int:
     """`towerlab search worker`: this machine's workers (one per device, or per core on a CPU, times
     `per_device`) join the searches of the store at `target` (or search `search_id` alone) until
     nothing is left to do (with `wait`, until Ctrl-C, and on a store that no search has made yet, until
-    one does); the exit status. `model_files`: the FILE.py:FUNCTION it may import (`--model`)."""
+    one does); the exit status. `model_files`: the FILE.py:FUNCTION it may import (`--model`); `own`: the
+    objective of yours it runs instead of towerlab's training (`--objective`, `--command`), its trials in
+    folders under `trials`."""
     from towerlab.distributed.env import check_capacity, device_type, search_threads, search_workers
     from towerlab.distributed.launch import start_method_for
     from towerlab.search.store.location import is_url, redacted
@@ -170,8 +184,8 @@ def start_workers(target: str, run: RunConfig, *, per_device: int = 1, search_id
     check_capacity(slots, search_threads(run.threads, kind, slots), f"--devices {devices} x --workers-per-device "
                                                                       f"{per_device}")
     lease_seconds()  # a bad TOWERLAB_LEASE_SECONDS is refused before anything starts
-    for named in model_files:
-        check_model_file(named)
+    for named in (*model_files, *([own.spec] if own is not None and own.kind == "function" else [])):
+        check_model_file(named, "--model" if named in model_files else "--objective")
     where = redacted(target) if is_url(target) else target
     with _store_once_made(target, wait, where) as store:
         release_the_dead(store)
@@ -184,7 +198,7 @@ def start_workers(target: str, run: RunConfig, *, per_device: int = 1, search_id
               flush=True)
         spec = WorkerSpec(store=target, run=replace(run, device=kind), per_device=per_device, threads=run.threads,
                           search_ids=None if search_id is None else (search_id,), wait=wait, speaks=True, tells=True,
-                          model_files=model_files)
+                          model_files=model_files, own=own, trials=trials)
 
         crew = SearchCrew(spec, slots, store, start_method=start_method or start_method_for(kind), log=_say)
         try:
@@ -219,11 +233,12 @@ def _store_once_made(target: str, wait: bool, where: str) -> Store:
         time.sleep(WAIT_FOR_STORE)
 
 
-def check_model_file(spec: str) -> None:
-    """A `--model` of `search worker`: FILE.py:FUNCTION, a file that is there (read, never imported here)."""
+def check_model_file(spec: str, flag: str = "--model") -> None:
+    """A `--model` (`--objective`) of `search worker`: FILE.py:FUNCTION, a file that is there (read, never
+    imported here)."""
     path, _, name = spec.rpartition(":")
     if not path or not name.isidentifier() or not path.endswith(".py"):
-        raise UserError(f"--model {spec}: give FILE.py:FUNCTION, the model file a search of the store trains with "
-                        "and its function's name")
+        what = "model file a search of the store trains with" if flag == "--model" else "file of the objective"
+        raise UserError(f"{flag} {spec}: give FILE.py:FUNCTION, the {what} and its function's name")
     if not Path(path).is_file():
-        raise UserError(f"--model {spec}: no file {path}")
+        raise UserError(f"{flag} {spec}: no file {path}")

@@ -20,7 +20,7 @@ import uuid
 from pathlib import Path
 from typing import Optional, Sequence
 
-from towerlab.config import upgrade_search_config
+from towerlab.upgrades import upgrade_search_config
 from towerlab.search.candidates import Candidate, Outcome
 from towerlab.search.store.database import CHUNK, Backend, Transaction, placeholders
 from towerlab.search.store.rows import (Evaluation, GenerationRow, Rows, SearchRow, insert_evaluation, serving,
@@ -168,6 +168,12 @@ class Records:
         """How many evaluations the search holds with an id above `after`."""
         return int(self._rows.read("SELECT COUNT(*) AS n FROM evaluations WHERE search_id = ? AND id > ?",
                               (search_id, after))[0]["n"])
+
+    def epochs_given(self, search_id: int, before: int, max_epochs: int) -> int:
+        """The epochs the search's own trainings of generations before `before` were given (each the budget it
+        trained under, `max_epochs` where a row predates budgets: every rung and re-measure counted)."""
+        return int(self._rows.read("SELECT COALESCE(SUM(COALESCE(max_epochs, ?)), 0) AS n FROM evaluations"
+                                   " WHERE search_id = ? AND generation < ?", (max_epochs, search_id, before))[0]["n"])
 
     def newest_evaluation(self) -> int:
         """The id of the newest evaluation (0 in an empty store)."""

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-from towerlab.config import upgrade_search_config
+from towerlab.upgrades import upgrade_search_config
 from towerlab.search.candidates import Candidate, Outcome
 from towerlab.search.store.database import Backend, Transaction, damaged
 
@@ -90,6 +90,8 @@ class Evaluation:
     replicate: int
     numerics: Optional[dict] = None
     provenance: Optional[dict] = None
+    metrics: Optional[dict] = None
+    curve: Optional[list] = None
 
 
 @dataclass(frozen=True)
@@ -145,7 +147,8 @@ class Rows:
         data = dict(row)
         data["genome"] = self.json(data["genome"])
         data["numerics"] = self.json(data["numerics"])
-        data["provenance"] = self.json(data.get("provenance"))
+        for key in ("provenance", "metrics", "curve"):
+            data[key] = self.json(data.get(key))
         data["index"] = data.pop("idx")
         return Evaluation(**data)
 
@@ -190,15 +193,16 @@ def insert_evaluation(tx: Transaction, candidate: Candidate, outcome: Outcome, t
     val_loss = outcome.val_loss if outcome.val_loss is None or math.isfinite(outcome.val_loss) else None
     tx.run("INSERT INTO evaluations (genome_hash, train_config_hash, genome, status, fitness, val_loss,"
            " test_accuracy, epochs, seconds, worker, reason, search_id, generation, idx, seed, finished_at,"
-           " max_epochs, replicate, numerics, provenance)"
-           " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, {stamp}, ?, ?, ?, ?)"
+           " max_epochs, replicate, numerics, provenance, metrics, curve)"
+           " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, {stamp}, ?, ?, ?, ?, ?, ?)"
            " ON CONFLICT (search_id, genome_hash, train_config_hash, replicate) DO NOTHING",
            (candidate.genome_hash, train_config_hash, json.dumps(candidate.genome), outcome.status, fitness,
             val_loss, None, outcome.epochs, outcome.seconds, outcome.worker, outcome.reason, search_id,
             candidate.generation, candidate.index, candidate.seed, candidate.max_epochs,
             candidate.replicate,
             None if outcome.numerics is None else json.dumps(outcome.numerics, sort_keys=True),
-            None if outcome.provenance is None else json.dumps(outcome.provenance, sort_keys=True)))
+            *(None if value is None else json.dumps(value, sort_keys=True)
+              for value in (outcome.provenance, outcome.metrics, outcome.curve))))
     row = tx.one("SELECT * FROM evaluations WHERE search_id = ? AND genome_hash = ? AND train_config_hash = ?"
                  " AND replicate = ?", (search_id, candidate.genome_hash, train_config_hash, candidate.replicate))
     assert row is not None

@@ -1,11 +1,12 @@
 """The search store's schema, version SCHEMA_VERSION, in the SQL that SQLite and PostgreSQL both read,
 and the migrations of older stores to it: 1, before samplers; 2, before numerics; 3, before the queue; 4,
-before each evaluation's provenance, each in one transaction. Each backend keeps the version its own way
-and checks it when a store opens (`Backend.open_schema`: SQLite's `PRAGMA user_version`, PostgreSQL's
-`towerlab_schema` table): an empty database gets today's tables, an older store is migrated in place, a
-damaged, foreign or newer one is a UserError that names it and what to do. Stores of versions 1 to 3 are
-SQLite files (their own migrations are `towerlab.search.store.sqlite`'s); the migrations from 3 and 4 speak
-what both databases read. The tables:
+before each evaluation's provenance; 5, before an objective's metrics; each in one transaction. Each
+backend keeps the version its own way and checks it when a store opens (`Backend.open_schema`: SQLite's
+`PRAGMA user_version`, PostgreSQL's `towerlab_schema` table): an empty database gets today's tables, an
+older store is migrated in place, a damaged, foreign or newer one is a UserError that names it and what
+to do. Stores of versions 1 to 3 are SQLite files (their own migrations are
+`towerlab.search.store.sqlite`'s); the migrations from 3, 4 and 5 speak what both databases read. The
+tables:
 
 searches     id, sampler (its name), config (SearchConfig JSON), space (JSON: name, model, genes),
              space_fingerprint, train_config_hash, created, finished (NULL while running or
@@ -22,8 +23,11 @@ evaluations  one row per training: genome_hash, train_config_hash (of a pruned s
              (JSON: what the result depends on besides its settings and seed, as the worker saw it:
              device, threads, precision, torch; NULL before schema 3), provenance (JSON: where it was
              trained: host, towerlab, torch, code (the training code's digest), device (its name), data
-             (the data's digest); NULL before schema 5). Unique per (search_id,
-             genome_hash, train_config_hash, replicate): writing a row a search already has is a no-op
+             (the data's digest); NULL before schema 5), metrics (JSON: an objective's numbers by name, the
+             searched one among them, as it returned them; `fitness` is that one as higher-is-better, negated
+             where it is minimized) and curve (JSON list: the points it reported on the way, each
+             {"epoch": N, name: value, ...}), NULL for towerlab's own trainings and before schema 6. Unique
+             per (search_id, genome_hash, train_config_hash, replicate): writing a row a search already has is a no-op
              that returns the row.
 generations  (search_id, generation) key, members (JSON list of {genome_hash, genome} in population
              order, written when the generation begins, with `watermark`, the newest evaluation id
@@ -46,7 +50,7 @@ from __future__ import annotations
 from towerlab.errors import UserError
 from towerlab.search.store.database import Transaction
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 
 class NoStore(UserError):
@@ -100,7 +104,9 @@ CREATE TABLE evaluations (
     max_epochs INTEGER,
     replicate INTEGER NOT NULL DEFAULT 0,
     numerics TEXT,
-    provenance TEXT
+    provenance TEXT,
+    metrics TEXT,
+    curve TEXT
 );""" + EVALUATION_INDEXES + """;
 CREATE TABLE generations (
     search_id BIGINT NOT NULL REFERENCES searches (id),
@@ -184,6 +190,13 @@ def upgrade_from_4(tx: Transaction) -> None:
     """Version 4 to 5: evaluations gain their provenance (JSON: host, versions, device, data digest),
     NULL (unknown) in the rows written before."""
     tx.run("ALTER TABLE evaluations ADD COLUMN provenance TEXT")
+
+
+def upgrade_from_5(tx: Transaction) -> None:
+    """Version 5 to 6: evaluations gain an objective's metrics and curve (JSON), NULL in the rows written
+    before (towerlab's own trainings: their metric is the fitness, validation accuracy)."""
+    tx.run("ALTER TABLE evaluations ADD COLUMN metrics TEXT")
+    tx.run("ALTER TABLE evaluations ADD COLUMN curve TEXT")
 
 
 def upgrade_from_2(tx: Transaction) -> None:

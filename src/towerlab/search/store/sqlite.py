@@ -16,12 +16,12 @@ import sqlite3
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from towerlab.config import upgrade_search_config
+from towerlab.upgrades import upgrade_search_config
 from towerlab.errors import UserError
 from towerlab.search.store.database import Database, Transaction, damaged
 from towerlab.search.store.schema import (EVALUATION_INDEXES, OLD_TABLES, SCHEMA_VERSION, TABLES, V3_SEARCHES, NoStore,
                                     create_tables, refuse_newer, statements, upgrade_from_2, upgrade_from_3,
-                                    upgrade_from_4)
+                                    upgrade_from_4, upgrade_from_5)
 from towerlab.search.store.sqlite_file import KernelClock, StoreFile, never_close
 
 # How long an SQLite statement waits for another process's write lock before it is tried again (a
@@ -138,8 +138,10 @@ def _check_sqlite(db: SQLite, where: object, create: bool) -> None:
     refuse_newer(version, where)
     if version == SCHEMA_VERSION and TABLES <= tables:
         return
-    if version == 4 and TABLES <= tables:
-        _migrate(db, 4, upgrade_from_4)
+    if version in (4, 5) and TABLES <= tables:
+        if version == 4:
+            _migrate(db, 4, upgrade_from_4)
+        _migrate(db, 5, upgrade_from_5)
         return
     if version in (1, 2, 3) and OLD_TABLES <= tables:
         if version == 1:
@@ -148,6 +150,7 @@ def _check_sqlite(db: SQLite, where: object, create: bool) -> None:
             _migrate(db, 2, upgrade_from_2)
         _migrate(db, 3, upgrade_from_3)
         _migrate(db, 4, upgrade_from_4)
+        _migrate(db, 5, upgrade_from_5)
         return
     if version == 0 and not tables and not create:  # made, and its tables not yet (a search just starting)
         raise NoStore(f"{where} holds no search yet: an empty database (a search that is starting writes its "

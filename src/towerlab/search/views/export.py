@@ -1,14 +1,16 @@
 """`towerlab search export DIR --optuna STORAGE_URL`: a store's searches as Optuna studies, so that
 optuna-dashboard and `optuna.visualization` read a towerlab search.
 
-One study per search (maximised: the value is the validation accuracy), one trial per genome the
-search's generations hold, in the order they first appear, at the highest rung it reached (as the
+One study per search (maximised: the value is the validation accuracy; a search of your own objective's
+study has its direction, and the value is its metric as your objective returned it), one trial per genome
+the search's generations hold, in the order they first appear, at the highest rung it reached (as the
 search ranks it): params with their distributions (a list gene categorical, a range Optuna's int or
 float distribution), the value and state (COMPLETE; PRUNED below a pruned search's last rung; FAIL),
-the fitness at each rung it trained as intermediate values (step = the rung's epochs), and in the
+the value at each rung it trained as intermediate values (step = the rung's epochs), and in the
 user attributes its seed, where it came from (trained by this search, or served by the cache), its
-re-measures (`val_accuracies` and `seeds`: the evaluation's first), its test accuracy when the search
-tested it, and why it failed. Only complete generations are exported.
+re-measures (`val_accuracies`, or your objective's `values`, and `seeds`: the evaluation's first), its
+test accuracy when the search tested it, every metric your objective returned (`metrics`), and why it
+failed. Only complete generations are exported.
 
 `--follow` keeps the studies in step with a running search, so that optuna-dashboard follows it: each
 generation's new genomes are added as it completes, until the search is finished.
@@ -65,7 +67,8 @@ def export_optuna(store: Store, storage_url: str, study_name: str,
     written: list[tuple[str, int]] = []
     try:
         for search, trials in studies:
-            study = optuna.create_study(storage=storage, study_name=names[search.id], direction="maximize")
+            study = optuna.create_study(storage=storage, study_name=names[search.id],
+                                        direction=search.config.get("direction") or "maximize")
             written.append((names[search.id], 0))
             study.set_user_attr("towerlab_search", {"id": search.id, "store": printable(str(store.path)),
                                                     "sampler": search.sampler, "space": search.space,
@@ -129,7 +132,7 @@ def _follow(optuna: Any, store: Store, storage: Any, names: dict[int, str], expo
 def _progress(store: Store, search_id: int) -> dict:
     """A study's attributes that say where its search stands: `towerlab_progress` (generations complete,
     when it finished) and, once finished, `towerlab_top`, its crowned top (genome, validation accuracy
-    over its seeds, test accuracy)."""
+    over its seeds, or your objective's `value`, test accuracy)."""
     search = store.records.search(search_id)
     if search is None:
         return {}
@@ -138,9 +141,11 @@ def _progress(store: Store, search_id: int) -> dict:
                                                    "finished": search.finished}}
     if search.summary is not None:
         top = []
+        stored = Search.of_row(search, str(store.path))
         for entry in search.summary.get("top", []):
             row = store.records.lookup(entry["genome_hash"], entry["train_config_hash"], search_id)
-            top.append({"genome": entry["genome"], "val_accuracy": entry["fitness"],
+            top.append({"genome": entry["genome"],
+                        "value" if stored.own else "val_accuracy": stored.value(entry["fitness"]),
                         "test_accuracy": None if row is None else row.test_accuracy})
         attrs["towerlab_top"] = top
     return attrs
@@ -227,18 +232,21 @@ def search_trials(optuna: Any, store: Store, search: SearchRow) -> list[Any]:
                  optuna.trial.TrialState.PRUNED if rung < len(ladder) - 1 else optuna.trial.TrialState.COMPLETE)
         attrs = {"genome_hash": h, "seed": m["seed"], "source": m["source"], "generation": m["generation"] + 1,
                  "epochs": m["epochs"], "rung": rung, "seconds": m["seconds"], "val_loss": m["val_loss"],
-                 "val_accuracies": [m["fitness"], *[r.fitness for r in remeasures]],
+                 "values" if stored.own else "val_accuracies": [stored.value(m["fitness"]),
+                                                                 *[stored.value(r.fitness) for r in remeasures]],
                  "seeds": [m["seed"], *[r.seed for r in remeasures]]}
         if row is not None and row.test_accuracy is not None:
             attrs["test_accuracy"] = row.test_accuracy
+        if row is not None and row.metrics:
+            attrs["metrics"] = row.metrics
         if m.get("reason"):
             attrs["reason"] = m["reason"]
         finished = _finished(row)
         trials.append(optuna.trial.FrozenTrial(
-            number=0, trial_id=0, state=state, value=m["fitness"] if m["status"] == "ok" else None,
+            number=0, trial_id=0, state=state, value=stored.value(m["fitness"]) if m["status"] == "ok" else None,
             datetime_start=finished - timedelta(seconds=m["seconds"]), datetime_complete=finished,
             params=dict(m["genome"]), distributions=dict(distributions), user_attrs=attrs, system_attrs={},
-            intermediate_values={ladder[r]: e.fitness for r, e in enumerate(rows)
+            intermediate_values={ladder[r]: stored.value(e.fitness) for r, e in enumerate(rows)
                                  if e is not None and e.status == "ok" and e.fitness is not None
                                  and math.isfinite(e.fitness)}))
     return trials

@@ -1,5 +1,8 @@
 """`towerlab search show DIR`: a store's searches as text (generations, counts, the crowned top with
-its spread), or every evaluation as records (`--csv`, `--json`) to take elsewhere."""
+its spread), or every evaluation as records (`--csv`, `--json`) to take elsewhere. A search of your own
+objective is shown by its metric's name and direction: its values as your objective returned them (the
+fitness, higher is better, is the metric negated where it is minimized), and every other metric it
+returned (`metric_<name>` columns in CSV)."""
 
 from __future__ import annotations
 
@@ -50,17 +53,23 @@ def evaluation_records(store_or_path: Store | str | os.PathLike) -> list[dict]:
     replicate (0: the evaluation, 1..: re-measures), the seed, the outcome (validation and test
     accuracy, loss, epochs trained, seconds), the worker and its numerics (device, threads,
     precision, torch version) and provenance (host, towerlab version, the digests of the training
-    code and of the data), None where the store predates them, and the genome."""
+    code and of the data), None where the store predates them, and the genome; and what it ranks by: its
+    search's `metric` and `direction`, its `value` (validation accuracy, or the metric of your objective as
+    it returned it: the fitness negated where it is minimized) and every metric it returned (`metrics`)."""
     def records(store: Store) -> list[dict]:
         searches = {row.id: Search.of_row(row, str(store.path)) for row in store.records.searches()}
         rows = []
         for e in store.records.evaluations():
             search = searches[e.search_id]
+            value = search.value(e.fitness) if e.status == "ok" else None
             rows.append({"id": e.id, "search": e.search_id, "sampler": search.cfg.sampler,
+                         "metric": search.metric, "direction": search.cfg.direction or "maximize", "value": value,
+                         "metrics": e.metrics,
                          "generation": e.generation + 1, "index": e.index,  # from 1, as the console counts
                          "rung": search.ladder.rung_of(e.max_epochs),
                          "max_epochs": e.max_epochs, "replicate": e.replicate, "seed": e.seed, "status": e.status,
-                         "val_accuracy": e.fitness, "val_loss": e.val_loss, "test_accuracy": e.test_accuracy,
+                         "val_accuracy": None if search.own else e.fitness, "val_loss": e.val_loss,
+                         "test_accuracy": e.test_accuracy,
                          "epochs": e.epochs, "seconds": e.seconds, "worker": e.worker,
                          **{field: (e.numerics or {}).get(key) for field, key in _NUMERICS.items()},
                          "finished_at": e.finished_at, "reason": e.reason, "genome_hash": e.genome_hash,
@@ -72,15 +81,20 @@ def evaluation_records(store_or_path: Store | str | os.PathLike) -> list[dict]:
 
 
 def records_csv(records: list[dict]) -> str:
-    """The records as CSV: RECORD_FIELDS, then one gene_<name> column per gene of any genome."""
+    """The records as CSV: RECORD_FIELDS, then one metric_<name> column per metric an objective of yours
+    returned in any row (its values as returned), then one gene_<name> column per gene of any genome."""
     genes: dict[str, None] = {}
+    metrics: dict[str, None] = {}
     for r in records:
         genes.update(dict.fromkeys(r["genome"]))
+        metrics.update(dict.fromkeys(r["metrics"] or {}))
     text = io.StringIO()
     writer = csv.writer(text, lineterminator="\n")
-    writer.writerow([*RECORD_FIELDS, *(f"gene_{g}" for g in genes)])
+    writer.writerow([*RECORD_FIELDS, *(f"metric_{m}" for m in metrics), *(f"gene_{g}" for g in genes)])
     for r in records:
+        given = r["metrics"] or {}
         writer.writerow([("" if r[k] is None else r[k]) for k in RECORD_FIELDS]
+                        + [("" if given.get(m) is None else given[m]) for m in metrics]
                         + [r["genome"].get(g, "") for g in genes])
     return text.getvalue()
 
@@ -122,6 +136,15 @@ def _acc(x: Optional[float]) -> str:
     return "-" if x is None else f"{x:.4f}"
 
 
+def _trains(search: Search) -> str:
+    """What a search trains, as its header says: towerlab's model, or your objective and what it ranks by."""
+    if not search.own:
+        return f"model {search.space.model}, {search.space.size_text}"
+    cfg = search.cfg
+    kind, spec = ("command", cfg.trial_command) if cfg.trial_command is not None else ("function", cfg.objective)
+    return f"your {kind} {spec}, {search.space.size_text}; {search.metric} {search.cfg.direction}d"
+
+
 def _shape(search: Search, generations: list) -> str:
     cfg = search.cfg
     if cfg.sampler == "grid":
@@ -147,9 +170,8 @@ def _format_one(store: Store, row: SearchRow) -> str:
              "not finished, and no worker is at it (continue it with `towerlab search run --resume DIR`, or start "
              "`towerlab search worker`)")
     generations = store.records.generations(row.id)
-    lines = [f"search {row.id}: {search.cfg.sampler} over space {space.name} (model {space.model}, "
-             f"{space.size_text}), seed {search.cfg.seed}, {_shape(search, generations)}; "
-             f"started {row.created}, {state}",
+    lines = [f"search {row.id}: {search.cfg.sampler} over space {space.name} ({_trains(search)}), "
+             f"seed {search.cfg.seed}, {_shape(search, generations)}; started {row.created}, {state}",
              f"  {'gen':>4} {'evaluated':>9} {'cached':>7} {'failed':>6} {'best':>7} {'mean':>7} "
              f"{'worst':>7} {'seconds':>9}"]
     totals = {"evaluated": 0, "cached": 0, "failed": 0, "seconds": 0.0}
@@ -163,8 +185,8 @@ def _format_one(store: Store, row: SearchRow) -> str:
         s = gen.final_stats
         for key in totals:
             totals[key] += s[key]
-        lines.append(f"  {gen.generation + 1:>4} {s['evaluated']:>9} {s['cached']:>7} {s['failed']:>6} "
-                     f"{_acc(s['best']):>7} {_acc(s['mean']):>7} {_acc(s['worst']):>7} "
+        values = " ".join(f"{_acc(search.value(s[key])):>7}" for key in ("best", "mean", "worst"))  # the metric's
+        lines.append(f"  {gen.generation + 1:>4} {s['evaluated']:>9} {s['cached']:>7} {s['failed']:>6} {values} "
                      f"{s['seconds']:>9.1f}")
     top = _top(store, row, search.cfg.top)
     if row.finished:
@@ -175,18 +197,21 @@ def _format_one(store: Store, row: SearchRow) -> str:
         closed = [t for t in queue if t.state == "done"]
         held = sorted({t.worker for t in queue if t.state == "claimed" and t.worker})
         failed = sum((t.result or {}).get("status") == "failed" for t in closed)
-        best = f"; best validation accuracy so far {_acc(top[0][1])}" if top else ""
+        named = search.metric.replace("val_accuracy", "validation accuracy")
+        best = f"; best {named} so far {_acc(search.value(top[0][1]))}" if top else ""
         lines.append(f"  so far: {len(closed)} training(s) done ({failed} failed), "
                      f"{sum(t.state == 'claimed' for t in queue)} in progress" + (f" ({', '.join(held)})" if held else "")
                      + f", {sum(t.state == 'open' for t in queue)} waiting{best}")
     lines += _provenances(store.records.evaluations(search.id))
     if top:
         lines.append(f"  top {len(top)}:" if row.finished else f"  top {len(top)} so far (measured once):")
-        lines.append(f"  {'rank':>4} {'val acc':>8} {'+-':>7} {'seeds':>5} {'test acc':>8}  genome")
+        metric = search.metric[:8] if search.own else "val acc"
+        lines.append(f"  {'rank':>4} {metric:>8} {'+-':>7} {'seeds':>5} {'test acc':>8}  genome")
         for rank, (genome, fitness, fitnesses, test) in enumerate(top, 1):
             spread = f"{statistics.stdev(fitnesses):.4f}" if len(fitnesses) > 1 else "-"
             text = " ".join(f"{k}={v}" for k, v in genome.items())
-            lines.append(f"  {rank:>4} {_acc(fitness):>8} {spread:>7} {len(fitnesses):>5} {_acc(test):>8}  {text}")
+            lines.append(f"  {rank:>4} {_acc(search.value(fitness)):>8} {spread:>7} {len(fitnesses):>5} "
+                         f"{_acc(test):>8}  {text}")
     return "\n".join(lines)
 
 

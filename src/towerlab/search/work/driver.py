@@ -120,11 +120,11 @@ class Driver(threading.Thread):
             while not self.store.records.finished(self.search_id):
                 search = Search.open(self.store, self.search_id)
                 trainer = QueueTrainer(self.store, search, self.priority(search), self)
-                history, top = search.play(self.store, trainer, on_progress=self.log)
-                self._test(search, top, trainer)
+                played = search.play(self.store, trainer, on_progress=self.log)
+                self._test(search, played.top, trainer)
                 # Written only under the settings it was played with: a resume that changed them
                 # (more generations) has the search played again.
-                search.finish(self.store, history, top)
+                search.finish(self.store, *played)
             self.done = True
         except Stopping:
             pass

@@ -301,7 +301,11 @@ class Worker:
         elif task.kind == "test":
             result = f"test accuracy {outcome.test_accuracy:.4f}" if outcome.test_accuracy is not None else "tested"
         else:
-            result = f"validation accuracy {outcome.fitness:.4f} after {outcome.epochs} epoch(s)"
+            search = self.searches[task.search_id]
+            named = search.metric.replace("val_accuracy", "validation accuracy")
+            value = search.value(outcome.fitness)
+            shown = f"{value:.6g}" if search.own else f"{value:.4f}"
+            result = f"{named} {shown} after {outcome.epochs} epoch(s)"
         return (f"towerlab: worker {self.name}: search {task.search_id}, generation {c.generation + 1}, {which}: "
                 f"{result} in {outcome.seconds:.1f} s")
 

@@ -1,0 +1,75 @@
+"""What a search's budget holds, decided before it starts: the most trainings (and epochs) its settings
+plan for each purpose (`planned_trainings`, which the job says before it starts), the default number of
+fresh seeds its crowned networks are re-measured with (`resolved_remeasure`), and what re-measuring the
+final top takes of a budget in epochs (`crowning_epochs`, which --budget-epochs keeps for it). No store, no
+clock: the settings and the sampler's shape alone decide them.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from typing import Optional
+
+from towerlab.config import SearchConfig
+from towerlab.search.pruners import make_pruner
+from towerlab.search.samplers import Shape
+
+DEFAULT_REMEASURE = 2
+# Of a search's trainings, the most that default re-measuring may add: a quarter, because the
+# networks it re-measures are the largest ones as often as not, and races re-measure more (a quick
+# search of 8 one-epoch MNIST trainings with 2 seeds for its top 2 spent 98 s re-measuring against 92 s
+# searching: bench/results/quick-search-mnist-2026-11-25.json).
+REMEASURE_SHARE = 0.25
+
+
+def planned_trainings(cfg: SearchConfig, shape: Shape, tests: bool = True) -> dict:
+    """The most trainings the search's budget holds, by purpose, and their epochs: `search`, members
+    trained for the first time (population x generations, or --max-evaluations, or as many first rungs
+    as --budget-epochs holds); `rungs`, a pruned search's promotions to its higher rungs (as many as its
+    pruner's `most_promoted`); `remeasure`, --remeasure K for the final top and for each later
+    generation's elite; `test`, the top once each (none where it `tests` nothing). A store that serves
+    some of them, early stopping and failures make fewer."""
+    generations = 1 if shape.one_generation else cfg.generations
+    search = shape.population * generations
+    pruner = make_pruner(cfg)
+    ladder = pruner.rungs
+    first_rungs = None if cfg.budget_epochs is None else -(-cfg.budget_epochs // ladder[0])  # the most it holds
+    budgets = [budget for budget in (cfg.max_evaluations, first_rungs) if budget is not None]
+    if budgets:
+        search = min(search, *budgets)
+        # the generations the budget reaches, each with its promotions and elites (not --generations')
+        generations = min(generations, math.ceil(search / shape.population))
+    promoted = [n * generations for n in pruner.most_promoted(shape.population)]
+    top = min(cfg.top, search)
+    remeasure = (cfg.remeasure or 0) * (top + min(shape.elite, shape.population) * (generations - 1))
+    test = top if tests else 0
+    return {"search": search, "rungs": sum(promoted), "remeasure": remeasure, "test": test,
+            "epochs": (search * ladder[0] + sum(n * e for n, e in zip(promoted, ladder[1:]))
+                       + (remeasure + test) * cfg.max_epochs)}
+
+
+def resolved_remeasure(cfg: SearchConfig, shape: Shape) -> SearchConfig:
+    """`cfg` with --remeasure decided: as given, else DEFAULT_REMEASURE fresh seeds, fewer (down to
+    none) where those would be more than REMEASURE_SHARE of the search's own trainings: a small
+    search should not spend longer re-measuring its winners than finding them (nor, under --budget-epochs,
+    more than that share of its epochs)."""
+    if cfg.remeasure is not None:
+        return cfg
+    per_seed = planned_trainings(replace(cfg, remeasure=1), shape)
+    most = int(per_seed["search"] * REMEASURE_SHARE // max(1, per_seed["remeasure"]))
+    if cfg.budget_epochs is not None:  # and at most that share of a budget in epochs (each at --max-epochs)
+        most = min(most, int(cfg.budget_epochs * REMEASURE_SHARE // (max(1, per_seed["remeasure"]) * cfg.max_epochs)))
+    return replace(cfg, remeasure=min(DEFAULT_REMEASURE, most))
+
+
+def crowning_epochs(cfg: SearchConfig) -> int:
+    """The epochs that re-measuring the final top takes at least (--remeasure K fresh seeds for each of the
+    --top networks, each at --max-epochs): what --budget-epochs keeps for it."""
+    return (cfg.remeasure or 0) * cfg.top * cfg.max_epochs
+
+
+def least(*budgets: Optional[int]) -> Optional[int]:
+    """The smallest of the budgets that are set (None: none is)."""
+    known = [budget for budget in budgets if budget is not None]
+    return min(known) if known else None

@@ -30,7 +30,7 @@ from towerlab.fields import replace, to_dict
 from towerlab.jobs.candidate import TRAINING_GENES, CandidateModel, model_function
 from towerlab.jobs.folder import check_writable_file
 from towerlab.jobs.handover import handover, load_everywhere, search_data
-from towerlab.jobs.search.identity import VERSIONS, admit, file_digest, recorded, training_hash, versions
+from towerlab.jobs.search.identity import VERSIONS, admit, model_proof, recorded, training_hash, versions
 from towerlab.jobs.job import Job, require_out_under_torchrun, resolved_run, start_job
 from towerlab.jobs.provenance import write_config
 from towerlab.jobs.search.place import open_store, restarted, search_out, store_token, stored_search_id
@@ -38,7 +38,7 @@ from towerlab.jobs.search.record import RecordOptions, Watch, export_best, write
 from towerlab.jobs.search.training import FROM_PYTHON
 from towerlab.jobs.search.workers import SearchCrew, WorkerSpec, run_worker, warm_up
 from towerlab.catalog.models import not_taken
-from towerlab.data.digest import content_digest
+from towerlab.data.digest import digest_as
 from towerlab.data.load import Dataset
 from towerlab.models.custom import ModelFunction, function_file
 from towerlab.report import Reporter, format_plan
@@ -47,6 +47,7 @@ from towerlab.search.store.location import STORE_NAME, is_url, recorded_store, s
 from towerlab.search.work.worker import lease_seconds, release_the_dead
 from towerlab.search.store.integrity import records_of
 from towerlab.search.store import Store
+from towerlab.proof import file_digest
 
 # The command of each kind of search job (`towerlab <command>`).
 COMMANDS = {"evolve": "evolve", "grid": "grid", "search": "search run"}
@@ -164,8 +165,7 @@ class SearchJob(Job):
                 adopted = [] if stored is None else admit(stored, here)
             except UserError as exc:
                 raise UserError(f"cannot resume search {search_id} of {store.path}: {exc}") from None
-            search = self.search.resume(store, search_id, training_hash(
-                self.search, here, stored is not None and stored.recorded("data_digest") is not None))
+            search = self.search.resume(store, search_id, training_hash(self.search, here, stored))
             if search.recorded("device") is not None and (adopted or any(search.recorded(k) is None for k in VERSIONS)):
                 if adopted and reporter is not None:
                     reporter.line(f"towerlab: warning: resuming search {search.id} on other software ({adopted[0]}): "
@@ -277,9 +277,9 @@ class _JobSide:
     def data(self) -> Dataset:
         return self._data
 
-    def digest(self) -> str:
+    def digest(self, recorded: Optional[str] = None) -> str:
         if self._digest is None:
-            self._digest = content_digest(self._data)
+            self._digest = digest_as(self._data, recorded)
         return self._digest
 
     def model_digest(self, recorded: Optional[str]) -> Optional[str]:
@@ -287,6 +287,9 @@ class _JobSide:
 
     def model(self) -> CandidateModel:
         return self._model
+
+    def model_proof(self) -> Optional[dict]:
+        return model_proof(self._model)
 
 
 def _nothing_to_train(candidates: list, record: Any) -> None:

@@ -146,7 +146,8 @@ def _own_module_flag() -> Iterator[None]:
 
 def search_export(args: argparse.Namespace) -> int:
     from towerlab.search import Store
-    from towerlab.search.views.export import export_optuna, printable
+    from towerlab.report import printable
+    from towerlab.search.views.export import export_optuna
     from towerlab.search.store.location import store_path
 
     path = store_path(args.path)

@@ -29,6 +29,7 @@ from towerlab.fields import replace
 from towerlab.jobs.search.training import Training
 from towerlab.jobs.search.worker_times import WorkerTimes
 from towerlab.models.custom import ModelFunction
+from towerlab.report import printable
 from towerlab.search.store.integrity import records_of
 from towerlab.search.store.schema import NoStore
 from towerlab.search.store import Store
@@ -122,7 +123,7 @@ class SearchCrew:
     def _lost(self, slot: int, pid: int, ended: str) -> None:
         name = worker_name(slot_device(self.spec, slot), pid, self.spec.token)
         if self.store.queue.release(name, ended):
-            self.log(f"towerlab: warning: worker {name} {ended} while training; its task is back on the queue")
+            self.log(f"towerlab: warning: worker {printable(name)} {ended} while training; its task is back on the queue")
 
     def run(self, until: Callable[[], bool] = lambda: False, step: Callable[[], bool] = lambda: False,
             every: float = 1.0) -> bool:
@@ -172,7 +173,7 @@ def start_workers(target: str, run: RunConfig, *, per_device: int = 1, search_id
     lease_seconds()  # a bad TOWERLAB_LEASE_SECONDS is refused before anything starts
     for named in model_files:
         check_model_file(named)
-    where = redacted(target) if is_url(target) else target
+    where = printable(redacted(target) if is_url(target) else target)
     with _store_once_made(target, wait, where) as store:
         release_the_dead(store)
         if search_id is not None and store.records.search(search_id) is None:

@@ -37,6 +37,11 @@ def stderr_line(text: str) -> None:
 _ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t", "\\": "\\\\"}
 
 
+def counted(n: int, noun: str) -> str:
+    """`n` and `noun`, plural but for one: "1 image", "2 images"."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
 def printable(name: object) -> str:
     """`name` (a file's path, a class folder's, a host's: what comes from outside) as a line for people
     may show it: control characters (a terminal's escape codes, newlines, tabs), undecodable bytes of a

@@ -285,21 +285,21 @@ def test_a_store_rewritten_to_a_model_file_of_its_choosing_runs_none_of_it(tmp_p
 FIXTURES = Path(__file__).parent / "fixtures"
 
 
-def test_a_search_of_schema_4_opens_resumes_and_ends_as_a_search_run_whole_today(tmp_path):
-    """A search folder as towerlab wrote it before provenance (schema 4, made by e4ff269:
-    fixtures/store_v4.sql and search_v4.json, its config.json; random, seed 4, one generation of 3 on
-    synthetic data): it opens, migrated to schema 5, its rows without provenance; resumed to two
-    generations, it ends with the rows of the same search run whole today, and `search show` tells the
-    rows written before provenance from the new ones."""
+def resumed_as_today(tmp_path: Path, schema: int) -> tuple[Path, tuple, str]:
+    """The search folder of fixtures/store_v{schema}.sql and search_v{schema}.json (random, seed 4, one generation
+    of 3 on synthetic data, as an older towerlab wrote it) in tmp_path/old, resumed to two generations, which
+    end with the rows of the same search run whole today (in tmp_path/today): the old folder, its search's
+    (setup, training hash) as the fixture holds them, and what the resume printed."""
     old = tmp_path / "old"
     old.mkdir()
     with sqlite3.connect(old / "search.db") as db:
-        db.executescript((FIXTURES / "store_v4.sql").read_text())
-        db.execute("PRAGMA user_version = 4")
-    recorded = (FIXTURES / "search_v4.json").read_text().replace("{OUT}", str(old))
+        db.executescript((FIXTURES / f"store_v{schema}.sql").read_text())
+        db.execute(f"PRAGMA user_version = {schema}")
+        stored = db.execute("SELECT setup, train_config_hash FROM searches").fetchone()
+    recorded = (FIXTURES / f"search_v{schema}.json").read_text().replace("{OUT}", str(old))
     (old / "config.json").write_text(recorded)
-    done = run_cli("search", "run", "--resume", str(old), "--generations", "2")
-    assert done.returncode == 0 and "resuming search 1" in done.stderr + done.stdout, done.stderr
+    resumed = run_cli("search", "run", "--resume", str(old), "--generations", "2")
+    assert resumed.returncode == 0 and "resuming search 1" in resumed.stderr + resumed.stdout, resumed.stderr
     flags = json.loads(recorded)["command"][1:]
     flags[flags.index("--generations") + 1] = "2"
     flags[flags.index("--out") + 1] = str(tmp_path / "today")
@@ -308,6 +308,15 @@ def test_a_search_of_schema_4_opens_resumes_and_ends_as_a_search_run_whole_today
     decisive = "SELECT generation, idx, replicate, genome_hash, seed, status, fitness FROM evaluations ORDER BY 1, 2, 3"
     with sqlite3.connect(old / "search.db") as a, sqlite3.connect(tmp_path / "today" / "search.db") as b:
         assert a.execute(decisive).fetchall() == b.execute(decisive).fetchall()
+    return old, stored, resumed.stdout
+
+
+def test_a_search_of_schema_4_opens_resumes_and_ends_as_a_search_run_whole_today(tmp_path):
+    """A search folder as towerlab wrote it before provenance (schema 4, made by e4ff269): it opens, migrated
+    to schema 5, its rows without provenance; resumed to two generations, it ends with the rows of the same
+    search run whole today, and `search show` tells the rows written before provenance from the new ones."""
+    old, _, _ = resumed_as_today(tmp_path, 4)
+    with sqlite3.connect(old / "search.db") as a:
         assert a.execute("PRAGMA user_version").fetchone()[0] == 5
         where = [p for (p,) in a.execute("SELECT provenance FROM evaluations ORDER BY id")]
     assert where[:3] == [None] * 3 and all(json.loads(p)["towerlab"] == "0.1.0" for p in where[3:]), where
@@ -317,31 +326,13 @@ def test_a_search_of_schema_4_opens_resumes_and_ends_as_a_search_run_whole_today
 
 
 def test_a_search_of_schema_5_by_the_previous_towerlab_resumes_on_its_data(tmp_path):
-    """A search folder as the previous towerlab wrote it (da77368: fixtures/store_v5.sql and search_v5.json,
-    its config.json; random, seed 4, one generation of 3 on synthetic data): its data's digest is of the
-    first formula (one SHA-256 over the arrays), and `--resume` said "its data differ" of the same data. It
+    """A search folder as the previous towerlab wrote it (schema 5, made by da77368): its data's digest is of
+    the first formula (one SHA-256 over the arrays), and `--resume` said "its data differ" of the same data. It
     resumes (towerlab's code, which differs, adopted with a warning), its data's digest and training hash
     kept, and ends with the rows of the same search run whole today."""
-    old = tmp_path / "old"
-    old.mkdir()
-    with sqlite3.connect(old / "search.db") as db:
-        db.executescript((FIXTURES / "store_v5.sql").read_text())
-        db.execute("PRAGMA user_version = 5")
-        setup, stored_hash = db.execute("SELECT setup, train_config_hash FROM searches").fetchone()
-    recorded = (FIXTURES / "search_v5.json").read_text().replace("{OUT}", str(old))
-    (old / "config.json").write_text(recorded)
-    done = run_cli("search", "run", "--resume", str(old), "--generations", "2")
-    assert done.returncode == 0 and "resuming search 1" in done.stderr + done.stdout, done.stderr
-    assert "towerlab: warning: resuming search 1 on other software (towerlab's code here differs" in done.stdout, \
-        done.stdout
-    flags = json.loads(recorded)["command"][1:]
-    flags[flags.index("--generations") + 1] = "2"
-    flags[flags.index("--out") + 1] = str(tmp_path / "today")
-    done = run_cli(*flags)
-    assert done.returncode == 0, done.stderr
-    decisive = "SELECT generation, idx, replicate, genome_hash, seed, status, fitness FROM evaluations ORDER BY 1, 2, 3"
+    old, (setup, stored_hash), said = resumed_as_today(tmp_path, 5)
+    assert "towerlab: warning: resuming search 1 on other software (towerlab's code here differs" in said, said
     with sqlite3.connect(old / "search.db") as a, sqlite3.connect(tmp_path / "today" / "search.db") as b:
-        assert a.execute(decisive).fetchall() == b.execute(decisive).fetchall()
         assert a.execute("SELECT train_config_hash FROM searches").fetchone()[0] == stored_hash
         resumed = json.loads(a.execute("SELECT setup FROM searches").fetchone()[0])
         where = [json.loads(p) for (p,) in a.execute("SELECT provenance FROM evaluations ORDER BY id")]

@@ -23,8 +23,8 @@ check has passed and the named file's SHA-256 is the one the search recorded; wh
 compared once it is loaded, before anything trains.
 
 And the provenance that every evaluation row records (`row_provenance`): the host, towerlab's and torch's
-versions, towerlab's code digest, the device's name (on a CPU, torch's kernels), the data's digest; `towerlab search show` says
-when a search's rows come from more than one.
+versions, towerlab's code digest, the device's name (on a CPU, torch's kernels), the data's digest;
+`towerlab search show` says when a search's rows come from more than one.
 """
 
 from __future__ import annotations
@@ -37,8 +37,8 @@ from typing import Any, Callable, Literal, Optional, Protocol
 import torch
 
 import towerlab
-from towerlab.proof.package import package_proof
 from towerlab.proof import Proof, short
+from towerlab.proof.package import package_proof
 from towerlab.data.load import Dataset
 from towerlab.distributed.env import cpu_capability, device_name
 from towerlab.errors import UserError
@@ -52,9 +52,10 @@ VERSIONS = ("towerlab", "torch", "code")
 
 def code_digest() -> str:
     """The digest of towerlab's code as this process runs it: every source file of the installed package,
-    by its path in it, from the bytes its modules ran from (`towerlab.proof.package.package_proof`: never a stale
-    .pyc's word). Whatever decides a result (the seed a worker derives, the process group, a reader, a
-    decoder) is in it, not a list of what might; the same package installed elsewhere has the same."""
+    by its path in it, from the bytes its modules ran from (`towerlab.proof.package.package_proof`: never
+    a stale .pyc's word). Whatever decides a result (the seed a worker derives, the process group, a
+    reader, a decoder) is in it, not a list of what might; the same package installed elsewhere has the
+    same."""
     return package_proof("towerlab").digest
 
 
@@ -163,9 +164,9 @@ def training_hash(search: Search, here: Here, stored: Optional[Search] = None) -
     def where(key: str, measure: Callable[[], Any]) -> Any:
         return measure() if stored is None or stored.recorded(key) is not None else None
 
-    model_proof = where("model_proof", here.model_proof)
+    proven = where("model_proof", here.model_proof)
     return train_config_hash(search.cfg, here.device, here.threads, here.model(), where("data_digest", here.digest),
-                             None if model_proof is None else Proof(model_proof).digest)
+                             None if proven is None else Proof(proven).digest)
 
 
 def _capability_differs(theirs: str, ours: str, here: Here, search: Search) -> str:

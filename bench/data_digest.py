@@ -211,10 +211,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"image folder: first {json.dumps({k: round(v['load_seconds'], 1) for k, v in first.items()})} s; "
               f"again {medians(again, 'load_seconds')} s; digest {medians(again, 'digest_seconds')} s; GB/s " +
               ", ".join(f"{k} {v:.2f}" for k, v in speeds["gb_per_second"].items()), flush=True)
+    return write_rounds(args, "data_digest.py", "data-digest-proof", figures, argv)
+
+
+def write_rounds(args: argparse.Namespace, script: str, name: str, figures: list[dict], argv: Optional[list[str]],
+                 ) -> int:
+    """The record of a script of sides measured in rounds (`args`: its --note, --rounds, --out-dir), as
+    results/`name`-<date>.json; its path printed."""
     record = {"date": measure.now(), "machine": machine.describe(), "note": args.note,
-              "command": ["python", "bench/data_digest.py", *(argv if argv is not None else sys.argv[1:])],
+              "command": ["python", f"bench/{script}", *(argv if argv is not None else sys.argv[1:])],
               "rounds": args.rounds, "figures": figures}
-    print(machine.write_record(args.out_dir, f"data-digest-proof-{time.strftime('%Y-%m-%d')}.json", record))
+    print(machine.write_record(args.out_dir, f"{name}-{time.strftime('%Y-%m-%d')}.json", record))
     return 0
 
 

@@ -13,11 +13,13 @@ import socket
 import sys
 import time
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 
 from test_docs import blocks
 from test_faults_search import wait_for
+from test_search_provenance import mnist_files
 from test_search_postgres import SEARCH, SPACE, decisive
 from towerlab.search.store.schema import NoStore
 from towerlab.search.store import Store
@@ -118,13 +120,29 @@ def training(url: str, skip: set[str]) -> dict[str, str]:
     return found
 
 
+class ArrayLogs:
+    """The logs of a submitted job array's tasks (`name`: their file name with JOB and TASK for the ids), once
+    each of its workers waits for a search: `said(task, what)` counts `what` in a task's log."""
+
+    def __init__(self, folder: Path, name: str, job: str, tasks: str) -> None:
+        self.files = {task: folder / name.replace("JOB", job).replace("TASK", task) for task in tasks}
+        wait_for(lambda: all(self.said(task, "waiting for a search to start") for task in self.files), timeout=180,
+                 what="the array's workers to wait for a search")
+
+    def said(self, task: str, what: str) -> int:
+        return self.files[task].read_text().count(what) if self.files[task].exists() else 0
+
+    def text(self) -> str:
+        return "".join(log.read_text() for log in self.files.values())
+
+
 def test_the_docs_job_array_of_workers_runs_a_search_through_a_cancel_and_a_requeue(
         tmp_path, reference, postgres_url, slurm_cluster):
     """The job array of docs/distributed-search.md (3 tasks of one CPU worker each here), submitted before
     the search: its workers wait for it, join it, one array task is cancelled and another requeued while
     each trains a candidate (their tasks go back on the queue), the requeued task joins again, and the
     search ends with the rows of the same search run alone on SQLite."""
-    text = script("distributed-search.md", "#SBATCH --array", {
+    text = script("distributed-search.md", "#SBATCH --gres", {
         "#SBATCH --array=0-7 ": "#SBATCH --array=0-2 ",
         "#SBATCH --gres=gpu:4\n": "",
         "postgresql://towerlab@db.example.org/towerlab": postgres_url,
@@ -133,13 +151,7 @@ def test_the_docs_job_array_of_workers_runs_a_search_through_a_cancel_and_a_requ
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
            "TOWERLAB_LEASE_SECONDS": "5"}
     job = submit(slurm_cluster, tmp_path, text, env)
-    logs = {task: tmp_path / f"towerlab-worker-{job}_{task}.log" for task in "012"}
-
-    def said(task: str, what: str) -> int:
-        return logs[task].read_text().count(what) if logs[task].exists() else 0
-
-    wait_for(lambda: all(said(task, "waiting for a search to start") for task in logs), timeout=180,
-             what="the array's workers to wait for a search")
+    logs = ArrayLogs(tmp_path, "towerlab-worker-JOB_TASK.log", job, "012")
     (tmp_path / "space.toml").write_text(SPACE)
     search = start_towerlab(*LONG_SEARCH, "--space", str(tmp_path / "space.toml"), "--store", postgres_url,
                             "--out", str(tmp_path / "search"), log=tmp_path / "search.log")
@@ -156,23 +168,73 @@ def test_the_docs_job_array_of_workers_runs_a_search_through_a_cancel_and_a_requ
         wait_for(lambda: slurm_cluster.run("squeue", "-h", "-j", f"{job}_{requeued}", "-o", "%T").stdout.strip()
                  in ("PENDING", "RUNNING"), timeout=60, what="the requeued task to be queued again")
         slurm_cluster.run("scontrol", "update", f"JobId={job}_{requeued}", "StartTime=now")
-        wait_for(lambda: said(requeued, "towerlab search worker: 1 worker(s)") == 2, timeout=120,
+        wait_for(lambda: logs.said(requeued, "towerlab search worker: 1 worker(s)") == 2, timeout=120,
                  what="the requeued task to start again")
         assert search.wait(timeout=600) == 0, (tmp_path / "search.log").read_text()
-    again = logs[requeued].read_text().rpartition("towerlab search worker: 1 worker(s)")[2]
-    assert again.startswith(" on cpu joining its 1 unfinished search(es)"), logs[requeued].read_text()
+    again = logs.files[requeued].read_text().rpartition("towerlab search worker: 1 worker(s)")[2]
+    assert again.startswith(" on cpu joining its 1 unfinished search(es)"), logs.files[requeued].read_text()
     assert decisive(postgres_url) == decisive(reference / "search" / "search.db")
     assert cancelled not in running(slurm_cluster, job)
     slurm_cluster.run("scancel", job)
     wait_for(lambda: not running(slurm_cluster, job), timeout=60, what="the array to end")
     # the cancelled worker handed its candidate back and left saying what it did; every one that joined
     # trained with the search's data and software, as the rows record
-    assert said(cancelled, "leaving after") == 1, logs[cancelled].read_text()
+    assert logs.said(cancelled, "leaving after") == 1, logs.files[cancelled].read_text()
     with Store(postgres_url, create=False) as store:
         rows = store.records.evaluations()
         task = [t for t in store.queue.tasks(1) if t.state == "done" and t.result and t.result.get("worker") != worker]
     assert task and len({(e.provenance["data"], e.provenance["code"]) for e in rows}) == 1
-    assert "Traceback" not in "".join(log.read_text() for log in logs.values())
+    assert "Traceback" not in logs.text()
+
+
+def test_the_docs_cpu_node_script_finds_towerlab_its_data_and_password_as_written(
+        tmp_path, postgres_server, slurm_cluster, monkeypatch):
+    """Issue 65, defect 18: the recipe worked on GPU nodes only, and said nowhere where a worker finds towerlab,
+    the data, the password, or how many CPU workers a task runs. The CPU-node script of
+    docs/distributed-search.md, its paths and sizes made this machine's, is submitted with an environment
+    that holds none of those (no venv on PATH, no $TOWERLAB_DATA, no password: a home with a .pgpass): its
+    tasks' workers (2 each, --devices from the task's CPUs) join a search of an MNIST of files on a store
+    whose user has a password, and train it to its end."""
+    password = "pa55 word"
+    url = postgres_server.password_database(password)
+    where = urlsplit(url)
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / ".pgpass").write_text(f"{where.hostname}:{where.port}:{where.path[1:]}:{where.username}:{password}\n")
+    (home / ".pgpass").chmod(0o600)
+    data = mnist_files(tmp_path / "data")
+    venv = Path(sys.prefix)
+    text = script("distributed-search.md", "#SBATCH --cpus-per-task", {
+        "#SBATCH --array=0-15 ": "#SBATCH --array=0-1 ",
+        "#SBATCH --cpus-per-task=32 ": "#SBATCH --cpus-per-task=2 ",
+        "/shared/towerlab/venv": str(venv),
+        "/shared/towerlab/data": str(data),
+        "postgresql://towerlab@db.example.org/towerlab": url,
+    })
+    assert (venv / "bin" / "activate").is_file(), "the tests run in a virtual environment"
+    hidden = ("VIRTUAL_ENV", "TOWERLAB_DATA", "TOWERLAB_STORE", "PGPASSWORD", "PGPASSFILE", "PYTHONPATH")
+    env = {**{k: v for k, v in os.environ.items() if k not in hidden}, "HOME": str(home), "TOWERLAB_LEASE_SECONDS": "5",
+           "PATH": os.pathsep.join(p for p in os.environ["PATH"].split(os.pathsep) if not p.startswith(str(venv)))}
+    job = submit(slurm_cluster, tmp_path, text, env)
+    logs = ArrayLogs(tmp_path, "towerlab-cpu-worker-JOB_TASK.log", job, "01")
+    (tmp_path / "space.toml").write_text(SPACE)
+    monkeypatch.setenv("TOWERLAB_DATA", str(data))
+    monkeypatch.setenv("PGPASSWORD", password)
+    search = start_towerlab("search", "run", "--sampler", "random", "--dataset", "mnist", "--val-size", "1000",
+                            "--max-epochs", "2", "--threads", "1", "--no-progress", "--population", "4",
+                            "--generations", "10", "--seed", "5", "--top", "2", "--device", "cpu", "--devices", "1",
+                            "--space", str(tmp_path / "space.toml"), "--store", url, "--out", str(tmp_path / "search"),
+                            log=tmp_path / "search.log")
+    with reaped(search):
+        assert search.wait(timeout=600) == 0, (tmp_path / "search.log").read_text()
+    slurm_cluster.run("scancel", job)
+    wait_for(lambda: not running(slurm_cluster, job), timeout=60, what="the array to end")
+    assert all(logs.said(task, "towerlab search worker: 2 worker(s) on cpu joining") for task in logs.files)
+    told = logs.text()
+    assert told.count(": search 1, generation ") >= 1 and "not joining" not in told and "Traceback" not in told, told
+    with Store(url, create=False) as store:
+        rows = store.records.evaluations()
+    assert len({(e.provenance["data"], e.provenance["code"]) for e in rows}) == 1
 
 
 def test_the_docs_torchrun_script_trains_over_slurm(tmp_path, slurm_cluster):

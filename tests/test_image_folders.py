@@ -52,7 +52,9 @@ def test_three_class_folders_of_jpegs_train_and_predict_names_a_class(tmp_path, 
     capsys.readouterr()
     image = folder / "red" / "007.jpg"
     assert main(["predict", str(out), str(image)]) == 0
-    printed = capsys.readouterr().out.strip().splitlines()
+    said = capsys.readouterr()
+    printed = said.out.strip().splitlines()
+    assert said.err == f"Predicted 1 image -> {out / 'predictions' / '007-predictions.csv'}\n"  # not "1 images"
     assert printed[0].split("\t")[:2] == [str(image), "red"]
     assert not (folder / "red" / "007-predictions.csv").exists()  # never where it would become training data
     with open(out / "predictions" / "007-predictions.csv", newline="") as stream:

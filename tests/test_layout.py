@@ -21,7 +21,7 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 # two arrows up that a per-module exception hid). The catalogs (stdlib only) sit beside config, which
 # takes its --dataset and --model choices from them.
 LAYERS = (
-    (1, r"towerlab(\.(config|checks|fields|presets|errors|atomic|proof|upgrades|catalog(\..+)?))?"),
+    (1, r"towerlab(\.(config|checks|fields|presets|errors|atomic|proof(\..+)?|upgrades|catalog(\..+)?))?"),
     (2, r"towerlab\.(report|plots|models(\..+)?|data(\..+)?|distributed(\..+)?)"),
     (3, r"towerlab\.(settings|training(\..+)?|search(\..+)?|objective(\..+)?)"),
     (4, r"towerlab\.jobs(\..+)?"),

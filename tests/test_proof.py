@@ -141,29 +141,41 @@ def test_a_difference_names_what_is_missing_and_what_is_new():
     assert Proof(recorded).difference(recorded) is None
 
 
-def _proof_in_a_spawned_child(function, answer) -> None:
-    from towerlab.proof import code_proof
+# Loads FILE.py:NAME, then hands the function to a spawned worker process (as `train --devices 2` and a
+# search's crew do), which prints what it returns there and its proof there.
+SPAWNED = """
+import json, sys
+from towerlab.distributed.launch import LaunchOptions, launch
+from towerlab.models.custom import file_proof, function_proof, load_function
 
-    answer.put((function(3), sorted(code_proof(function.__module__).parts)))
+
+def child(rank, world_size, store_path, function, out):
+    proven = function_proof(function)
+    with open(out, "w") as file:
+        json.dump({"value": function(), "proof": None if proven is None else dict(proven.parts)}, file)
 
 
-def test_a_spawned_process_imports_a_function_of_yours_through_the_loader(tmp_path):
-    """`portable`: a spawned worker gets a function of yours by name and imports it through the loader that
-    proves what runs (so the modules it imports are part of its proof there too); pickled as it is, the
-    child would import it before the loader is installed, and prove its file alone."""
-    import multiprocessing
+if __name__ == "__main__":
+    function = load_function(sys.argv[1])
+    status = launch(child, 1, (function, sys.argv[2]), LaunchOptions(start_method="spawn"))
+    print(json.dumps({"status": status, "value": function(), "proof": dict(file_proof(sys.argv[1]).parts)}))
+"""
 
-    from towerlab.models.custom import load_function
-    from towerlab.proof import portable
 
-    write(tmp_path, {"spawned_objective.py": "import spawned_helpers\ndef train(x):\n    return spawned_helpers.f(x)\n",
-                     "spawned_helpers.py": "def f(x):\n    return x * x\n"})
-    function = load_function(f"{tmp_path / 'spawned_objective.py'}:train", "--objective")
-    context = multiprocessing.get_context("spawn")
-    answer = context.Queue()
-    child = context.Process(target=_proof_in_a_spawned_child, args=(portable(function), answer))
-    child.start()
-    found = answer.get(timeout=120)
-    child.join(timeout=60)
-    assert found == (9, ["spawned_helpers", "spawned_objective"]) and child.exitcode == 0
-    assert portable(len) is len and portable(Path) is Path  # not a function of yours: as it is
+def test_a_spawned_process_imports_a_function_of_yours_through_the_proof_s_loader(tmp_path):
+    """A spawned worker unpickled the model function by Python's own import, which ran the stale .pyc: the
+    launcher proved 22 and its worker trained 11."""
+    write(tmp_path, {"net.py": "import mod\nOWN = 1\n\ndef make():\n    return OWN * 10 + mod.VALUE\n",
+                     "mod.py": "VALUE = 1\n"})
+    writing = {name: value for name, value in os.environ.items() if name != "PYTHONDONTWRITEBYTECODE"}
+    subprocess.run([sys.executable, "-c", "import net"], cwd=tmp_path, check=True, env=writing)
+    _put_back(tmp_path / "net.py", "import mod\nOWN = 2\n\ndef make():\n    return OWN * 10 + mod.VALUE\n")
+    _put_back(tmp_path / "mod.py", "VALUE = 2\n")
+    (tmp_path / "spawned.py").write_text(SPAWNED)
+    done = subprocess.run([sys.executable, str(tmp_path / "spawned.py"), f"{tmp_path / 'net.py'}:make",
+                           str(tmp_path / "child.json")], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    here = json.loads(done.stdout)
+    there = json.loads((tmp_path / "child.json").read_text())
+    assert here["status"] == 0 and here["value"] == there["value"] == 22
+    assert there["proof"] == here["proof"] == {"net": sha(tmp_path / "net.py"), "mod": sha(tmp_path / "mod.py")}

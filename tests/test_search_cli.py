@@ -345,3 +345,51 @@ def test_a_search_writes_tensorboard_curves_as_it_goes(tmp_path, space_file, cap
         round(summary["best_val_accuracy"], 6) == round(max(accuracies), 6)
     assert [(e.step, round(e.value, 6)) for e in events.Scalars("generation/best")] == \
         [(s["generation"], round(s["best"], 6)) for s in summary["generation_stats"]]
+
+
+def test_a_search_kept_in_towerlab_store_opens_from_its_folder(tmp_path, space_file, capsys, monkeypatch):
+    """Issue 65, defects 16 and 19: a search started with only $TOWERLAB_STORE set (the docs' recipe) could not
+    be opened from its folder (`no search store at runs/E/search.db`); `search show` took no $TOWERLAB_STORE
+    and no --search; the folder of a search in a shared store showed every search of the store."""
+    shared = tmp_path / "shared.db"
+    monkeypatch.setenv("TOWERLAB_STORE", str(shared))
+    for name, seed in (("A", "1"), ("B", "2")):
+        assert main(["search", "run", "--sampler", "random", *BASE, "--space", space_file, "--population", "2",
+                     "--max-evaluations", "2", "--seed", seed, "--out", str(tmp_path / name)]) == 0
+    assert shared.is_file() and not (tmp_path / "A" / "search.db").exists()
+    monkeypatch.delenv("TOWERLAB_STORE")
+    capsys.readouterr()
+    assert main(["search", "show", str(tmp_path / "B")]) == 0
+    text = capsys.readouterr().out
+    assert text.startswith("search 2: random over space") and "search 1:" not in text, text
+    assert main(["search", "show", str(tmp_path / "A"), "--csv"]) == 0
+    assert {r["search"] for r in csv.DictReader(io.StringIO(capsys.readouterr().out))} == {"1"}
+    assert main(["search", "export", str(tmp_path / "A"), "--optuna", f"sqlite:///{tmp_path / 'studies.db'}"]) == 0
+    assert "study A-1: 2 trials -> " in capsys.readouterr().out
+    assert main(["search", "show"]) == 2
+    assert capsys.readouterr().err == ("towerlab: error: give the search to show (a search's folder, its search.db "
+                                       "or a postgresql:// URL), or set $TOWERLAB_STORE\n")
+    monkeypatch.setenv("TOWERLAB_STORE", str(shared))
+    assert main(["search", "show"]) == 0
+    text = capsys.readouterr().out
+    assert "search 1: random" in text and "search 2: random" in text
+    assert main(["search", "show", "--search", "1"]) == 0
+    text = capsys.readouterr().out
+    assert text.startswith("search 1: random") and "search 2:" not in text
+    assert main(["search", "show", "--search", "3"]) == 2
+    assert f"store {shared} holds no search 3" in capsys.readouterr().err
+
+
+def test_the_status_after_the_last_generation_names_no_generation_past_it(tmp_path, space_file, capsys):
+    """Issue 65, defect 20: the status line read `Generation 3/2` while the top was re-measured and tested."""
+    from towerlab.jobs.search.record import Watch
+    from towerlab.report import Reporter
+    from towerlab.search import Search
+
+    out = tmp_path / "search"
+    assert main(["search", "run", "--sampler", "random", *BASE, "--space", space_file, "--population", "2",
+                 "--generations", "2", "--remeasure", "1", "--top", "1", "--out", str(out)]) == 0
+    with Store(out / "search.db", create=False) as store:
+        watch = Watch(store, Search.open(store, 1), out, Reporter(None, progress=False), workers=1, resumed=False)
+        watch.step()
+        assert watch.shown == 2 and " the top after generation 2/2: " in watch.status(), watch.status()

@@ -360,3 +360,78 @@ def test_show_says_when_a_search_s_rows_come_from_more_than_one_provenance(tmp_p
     assert ("its rows come from 3 provenances, which differ in data, host: 2 from data da7a, host a; 1 from data "
             "bad, host b; 1 from no record of it (rows written before towerlab kept one, or failed when their workers "
             "were lost)") in text, text
+
+
+def test_show_names_no_worker_as_training_a_task_another_worker_took_over(tmp_path):
+    """Issue 65, defect 22: a worker killed with SIGKILL was shown training the member that another worker
+    trained since its lease lapsed."""
+    with Store(tmp_path / "search.db") as store:
+        sid = new_search(store)
+        store.records.begin_generation(sid, 0, [{"a": 1}], [genome_hash({"a": 1})])
+        store.queue.enqueue(sid, "train", [(candidate({"a": 1}), TCH)])
+        for worker in ("w1", "w2"):
+            store.queue.join(worker, "host", 1, "cpu")
+        store.queue.claim("w1", [sid], lease=-1, max_attempts=3)  # its lease lapsed at once: killed
+        store.queue.claim("w2", [sid], lease=30, max_attempts=3)
+        text = format_search(store)
+    assert "  w1: holds no task (its last went to another worker)\n  w2: training search 1, generation 1, member 0" \
+        in text, text
+
+
+def test_a_worker_waiting_for_work_is_not_called_silent(tmp_path):
+    """Defect 22: an idle `--wait` worker read as "silent for 144 s": only a claim told the store it lived."""
+    from towerlab.search.work.worker import Worker, WorkerOptions
+
+    class Enough(Exception):
+        pass
+
+    ages = []
+
+    def check_stop():
+        if not ages:  # idle for long already
+            store.db.write(lambda tx: tx.run("UPDATE workers SET seen = seen - 144"))
+        ages.append({w["id"]: w["age"] for w in store.queue.workers()})
+        if len(ages) == 6:
+            raise Enough
+
+    with Store(tmp_path / "search.db") as store:
+        worker = Worker(store, "w1", "cpu", lambda search: None, WorkerOptions(wait=True, lease=0.03,
+                                                                              check_stop=check_stop))
+        with pytest.raises(Enough):
+            worker.run()
+    assert ages[0]["w1"] >= 144 and ages[-1]["w1"] < 60, ages
+
+
+def test_show_escapes_the_names_it_prints(tmp_path):
+    """Defect 14: a worker's name and host (a host name is the machine's word) with a terminal's escape codes
+    and a newline were printed raw by `search show`."""
+    evil = "evil\x1b]0;owned\x07\nhost"
+    here = {"host": evil, "towerlab": "0.1.0", "torch": "2.13.0", "code": "sha256:c0de", "device": "cpu"}
+    with Store(tmp_path / "search.db") as store:
+        sid = new_search(store)
+        store.records.record(candidate({"a": 1}), Outcome.ok(0.5, provenance=here), TCH, sid)
+        store.records.record(candidate({"a": 2}), Outcome.ok(0.5, provenance={**here, "host": "b"}), TCH, sid)
+        store.records.begin_generation(sid, 1, [{"a": 3}], [genome_hash({"a": 3})])
+        store.queue.enqueue(sid, "train", [(candidate({"a": 3}, generation=1), TCH)])
+        store.queue.join(f"{evil}:1:cpu:t", evil, 1, "cpu")
+        store.queue.claim(f"{evil}:1:cpu:t", [sid], lease=30, max_attempts=3)
+        text = format_search(store)
+    assert "\x1b" not in text and "\x07" not in text and "\nhost" not in text, text
+    assert "1 in progress (evil\\x1b]0;owned\\x07\\nhost:1:cpu:t)" in text
+    assert "  evil\\x1b]0;owned\\x07\\nhost:1:cpu:t: training search 1, generation 2, member 0" in text
+    assert "1 from host evil\\x1b]0;owned\\x07\\nhost; 1 from host b" in text
+
+
+def test_a_worker_s_lines_escape_its_name(tmp_path):
+    """Defect 14: a worker's lines name it by its host's name, which was printed raw."""
+    from towerlab.search.work.worker import Worker, WorkerOptions
+
+    def refuse(search):
+        raise UserError("not this one")
+
+    with Store(tmp_path / "search.db") as store:
+        new_search(store)
+        worker = Worker(store, "evil\x1b[2J\nhost:1:cpu:t", "cpu", refuse, WorkerOptions(speaks=True))
+        with pytest.raises(UserError) as refused:
+            worker.run()
+    assert str(refused.value).startswith("worker evil\\x1b[2J\\nhost:1:cpu:t joined no search of "), refused.value

@@ -2,6 +2,12 @@
 
 import os
 
+from towerlab.proof.package import install_package
+
+# towerlab's own modules run from the bytes its code digest is of (`towerlab.proof.package.package_proof`): every
+# module imported from here on, never from a stale .pyc.
+install_package(__name__, os.path.dirname(__file__))
+
 # OpenMP's idle threads spin-wait by default (GNU libgomp: some 300,000 spins before they sleep). On
 # a CPU where another job holds a core, a spinning thread burns the time slice its partner needs:
 # mnist-fast with 2 threads took 3.95x its quiet time while one core was taken, 1.47x with passive

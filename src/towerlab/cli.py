@@ -247,7 +247,10 @@ def _search_parsers(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=commands.search_worker)
     p = search_sub.add_parser("show", help="the generations and top genomes of a stored search, or every "
                                            "evaluation as CSV or JSON")
-    p.add_argument("path", help="a search's output folder, its search.db, or a postgresql:// URL")
+    p.add_argument("path", nargs="?", default=None,
+                   help="a search's output folder (its search), its search.db, or a postgresql:// URL (every "
+                        "search of the store; default: $TOWERLAB_STORE)")
+    p.add_argument("--search", type=int, default=None, metavar="ID", help="show this search of the store only")
     form = p.add_mutually_exclusive_group()
     form.add_argument("--csv", action="store_true", help="print every evaluation as CSV (genes as gene_<name>)")
     form.add_argument("--json", action="store_true", help="print every evaluation as JSON")

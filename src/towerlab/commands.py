@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
 import shlex
 import sys
 from pathlib import Path
@@ -87,12 +86,9 @@ def _print_config(**sections: object) -> int:
 
 def search_worker(args: argparse.Namespace) -> int:
     from towerlab.jobs.search.workers import start_workers
-    from towerlab.search.store.location import STORE_ENV
-    from towerlab.search.store.location import store_path
+    from towerlab.search.store.location import store_named, store_path
 
-    target = args.store or os.environ.get(STORE_ENV, "").strip()
-    if not target:
-        raise UserError(f"give the store to join (a postgresql:// URL or a search.db), or set ${STORE_ENV}")
+    target = store_named(args.store, "the store to join")
     if args.workers_per_device < 1:
         raise UserError(f"--workers-per-device must be at least 1, got {args.workers_per_device}")
     run = RunConfig(**{k: v for k, v in given(args, RunConfig).items()})
@@ -122,19 +118,26 @@ def _own_objective(args: argparse.Namespace) -> Any:
 def search_show(args: argparse.Namespace) -> int:
     from towerlab.search import Store, evaluation_records, format_search
     from towerlab.search.store.integrity import records_of
-    from towerlab.search.store.location import store_path
+    from towerlab.report import printable
+    from towerlab.search.store.location import folder_search, store_named, store_path
     from towerlab.search.views.show import records_csv, records_json
 
+    path = store_named(args.path, "the search to show")
+    search_id = args.search if args.search is not None else folder_search(path)
     if args.plot:
-        atomic.refuse_overwriting(args.plot, (store_path(args.path),), (args.path,), option="--plot")
-    with Store(store_path(args.path), create=False) as store, records_of(store):
+        atomic.refuse_overwriting(args.plot, (store_path(path),), (path,), option="--plot")
+    with Store(store_path(path), create=False) as store, records_of(store):
+        if search_id is not None and store.records.search(search_id) is None:
+            raise UserError(f"store {printable(store.path)} holds no search {search_id}: `towerlab search show "
+                            f"{printable(store.path)}` lists them")
         if args.csv or args.json or args.plot:
-            records = evaluation_records(store)
+            records = [r for r in evaluation_records(store) if search_id is None or r["search"] == search_id]
             if args.plot:
                 from towerlab.plots import plot_accuracy_time
 
                 plot_accuracy_time(records, Path(args.plot), f"searches of {store.path}")
-        text = records_csv(records) if args.csv else records_json(records) if args.json else format_search(store)
+        text = (records_csv(records) if args.csv else records_json(records) if args.json
+                else format_search(store, search_id))
     sys.stdout.write(text if text.endswith("\n") else text + "\n")
     return 0
 
@@ -165,7 +168,8 @@ def _own_module_flag() -> Iterator[None]:
 
 def search_export(args: argparse.Namespace) -> int:
     from towerlab.search import Store
-    from towerlab.search.views.export import export_optuna, printable
+    from towerlab.report import printable
+    from towerlab.search.views.export import export_optuna
     from towerlab.search.store.location import store_path
 
     path = store_path(args.path)
@@ -202,7 +206,7 @@ def evaluate(args: argparse.Namespace) -> int:
 
 def predict(args: argparse.Namespace) -> int:
     from towerlab.jobs.scoring import predict_file, predict_images
-    from towerlab.report import printable
+    from towerlab.report import counted, printable
 
     npz = [path for path in args.images if str(path).lower().endswith(".npz")]
     if npz and len(args.images) > 1:
@@ -218,12 +222,12 @@ def predict(args: argparse.Namespace) -> int:
             from towerlab.data.folders import skip_summary
 
             print(f"towerlab: skipped {skip_summary(result['skipped'])}", file=sys.stderr, flush=True)
-        print(f"Predicted {result['n']} images -> {printable(result['out'])}", file=sys.stderr, flush=True)
+        print(f"Predicted {counted(result['n'], 'image')} -> {printable(result['out'])}", file=sys.stderr, flush=True)
         return 0
     accuracy = (f"; accuracy {result['accuracy']:.4f} against its labels ({result['labels']})"
                 if result["accuracy"] is not None else "")
-    print(f"Predicted {result['n']} images of {printable(npz[0])} ({result['images']}) -> {printable(result['out'])}"
-          f"{accuracy}")
+    print(f"Predicted {counted(result['n'], 'image')} of {printable(npz[0])} ({result['images']}) -> "
+          f"{printable(result['out'])}{accuracy}")
     return 0
 
 

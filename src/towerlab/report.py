@@ -37,6 +37,11 @@ def stderr_line(text: str) -> None:
 _ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t", "\\": "\\\\"}
 
 
+def counted(n: int, noun: str) -> str:
+    """`n` and `noun`, plural but for one: "1 image", "2 images"."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
 def printable(name: object) -> str:
     """`name` (a file's path, a class folder's, a host's: what comes from outside) as a line for people
     may show it: control characters (a terminal's escape codes, newlines, tabs), undecodable bytes of a
@@ -285,12 +290,10 @@ def format_final(summary: dict) -> str:
 
 def format_generation(stats: Any, generations: int) -> str:
     """`stats` is a towerlab.search GenerationStats."""
-    def acc(x: float | None) -> str:
-        return "-" if x is None else f"{x:.4f}"
-
+    best, mean, worst = ("-" if x is None else f"{x:.4f}" for x in (stats.best, stats.mean, stats.worst))
     replayed = " (from the store)" if getattr(stats, "replayed", False) else ""
     return (f"Generation {stats.generation + 1}/{generations}: evaluated {stats.evaluated}, cached {stats.cached}, "
-            f"failed {stats.failed} | best {acc(stats.best)} mean {acc(stats.mean)} worst {acc(stats.worst)} | "
+            f"failed {stats.failed} | best {best} mean {mean} worst {worst} | "
             f"{stats.seconds:.1f} s{replayed}")
 
 
@@ -314,11 +317,8 @@ def format_estimate(seconds: float, epochs: int, plan: dict, workers: int) -> st
 
 def duration(seconds: float) -> str:
     """60 s -> "1 min", 5400 s -> "1.5 h": the unit a reader plans with."""
-    if seconds < 90:
-        return f"{seconds:.0f} s"
-    if seconds < 5400:
-        return f"{seconds / 60:.0f} min"
-    return f"{seconds / 3600:.1f} h"
+    return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.0f} min" if seconds < 5400 else \
+        f"{seconds / 3600:.1f} h"
 
 
 def format_cost(cost: dict) -> str:

@@ -68,6 +68,26 @@ def content_digest(data: Splits) -> str:
                                                                      for a in (*images, *labels)]))
 
 
+def digest_as(data: Splits, recorded: Optional[str]) -> str:
+    """`content_digest(data)`; or `recorded` (a digest a search holds) where that is not it but is what
+    towerlab's first formula (before VERSION 2: one SHA-256 over a header and the arrays' bytes, which the
+    searches of an older towerlab hold) gives of the same arrays: those are the search's data."""
+    digest = content_digest(data)
+    if recorded is None or recorded == digest or recorded != _first_formula(data):
+        return digest
+    return recorded
+
+
+def _first_formula(data: Splits) -> str:
+    """The digest of `data` as towerlab's first formula made it (searches of schema 5 before VERSION 2)."""
+    header = {"train": [len(data.x_train) + len(data.x_val), *data.x_train.shape[1:]], "test": list(data.x_test.shape),
+              "images": str(data.x_train.dtype), "labels": str(data.y_train.dtype)}
+    digest = hashlib.sha256(json.dumps(header, sort_keys=True).encode())
+    for tensor in (data.x_train, data.x_val, data.y_train, data.y_val, data.x_test, data.y_test):
+        digest.update(_flat(tensor).data)
+    return f"sha256:{digest.hexdigest()}"
+
+
 def entry_digest(x: np.ndarray, y: np.ndarray) -> str:
     """The digest an image folder's cache entry records of its arrays (x.npy, y.npy), and is checked by."""
     header = {"version": VERSION, "x": [*x.shape, str(x.dtype)], "y": [*y.shape, str(y.dtype)]}

@@ -32,12 +32,13 @@ import multiprocessing
 import os
 import signal
 import warnings
-from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 import PIL
 from PIL import Image, ImageOps, features
+
+from towerlab.proof.package import module_digest
 
 FORMATS = ("JPEG", "PNG", "BMP", "WEBP", "GIF")
 MAX_PIXELS = 89_478_485  # Pillow's MAX_IMAGE_PIXELS: its limit against decompression bombs
@@ -214,10 +215,11 @@ def decode_into(items: Sequence[tuple[int, str, str]], target: str, size: tuple[
 
 @functools.lru_cache(maxsize=1)
 def decoder_key() -> str:
-    """What decides the pixels a file decodes to, in 16 hexadecimal digits: this module's source, Pillow's
-    version and the versions of the codecs it was built with."""
+    """What decides the pixels a file decodes to, in 16 hexadecimal digits: this module's code as it runs
+    (`towerlab.proof.package.module_digest`: the bytes it ran from, not its file now), Pillow's version and the
+    versions of the codecs it was built with."""
     versions = {"pillow": PIL.__version__, **{name: features.version(name) for name in ("jpg", "zlib", "webp")}}
-    digest = hashlib.sha256(Path(__file__).read_bytes())
+    digest = hashlib.sha256(module_digest(__name__).encode())
     digest.update(json.dumps(versions, sort_keys=True).encode())
     return digest.hexdigest()[:16]
 

@@ -23,6 +23,7 @@ from towerlab.distributed.launch import (RDZV_PREFIX, ForkingThread, describe_ex
                                          signal_alive, start_spawned, sweep_rendezvous, worker_entry)
 from towerlab.distributed.signals import EXIT_STOPPED, EXIT_USER_ERROR
 from towerlab.errors import UserError
+from towerlab.proof import LoaderThere
 
 
 class Crew:
@@ -63,8 +64,8 @@ class Crew:
 
     def _start(self, slot: int) -> None:
         p = self._ctx.Process(target=worker_entry, daemon=False,
-                              args=(self.fn, slot, self.slots, os.path.join(self._reports, "store"), self.args,
-                                    os.getpid(), self._beats))
+                              args=(self.fn, slot, self.slots, os.path.join(self._reports, "store"), LoaderThere(),
+                                    self.args, os.getpid(), self._beats))
         self._procs[slot] = p
         if self.start_method == "fork":
             if self._forker is None:

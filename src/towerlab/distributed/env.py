@@ -125,6 +125,14 @@ def search_threads(threads: int | None, device: str, workers: int) -> int:
     return 1 if device_type(device) == "cpu" else default_threads(workers)
 
 
+def cpu_capability() -> str:
+    """The CPU kernels torch runs here (AVX512, AVX2, DEFAULT, ...; $ATEN_CPU_CAPABILITY lowers them), whose
+    sums round otherwise: `ATEN_CPU_CAPABILITY=default` changes a loss's last digits."""
+    import torch
+
+    return str(torch.backends.cpu.get_cpu_capability())
+
+
 def device_name(device: torch.device) -> str:
     """The device's model (the GPU's name; the CPU's, from /proc/cpuinfo where there is one), which
     picks the kernels and so, in the last bits, the results."""

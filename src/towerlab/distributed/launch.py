@@ -32,6 +32,7 @@ from towerlab.distributed.group import peer_lost
 from towerlab.distributed.signals import (EXIT_PEER_LOST, EXIT_SIGINT, EXIT_SIGTERM, EXIT_STOPPED, EXIT_USER_ERROR,
                                           Interrupted, alive, handle_stop_signals, interrupt_once)
 from towerlab.errors import UserError
+from towerlab.proof import LoaderThere
 
 
 def _signal_name(exitcode: int) -> str:
@@ -69,8 +70,10 @@ def _beat(beats: Any, rank: int) -> None:
     threading.Thread(target=run, name="towerlab-heartbeat", daemon=True).start()
 
 
-def worker_entry(fn: Callable[..., None], rank: int, world_size: int, store_path: str,
+def worker_entry(fn: Callable[..., None], rank: int, world_size: int, store_path: str, _loader: object,
                   args: tuple, launcher_pid: int, beats: Any) -> None:
+    # `_loader`: towerlab.proof's loader, installed in a spawned process before `args` are unpickled
+    # (proof.LoaderThere), where the launcher has it.
     # Each worker exits with a status the launcher understands. A user error's message goes to the
     # launcher (a file beside the rendezvous store), which reports the first one, whichever rank had it.
     _die_with(launcher_pid)
@@ -163,8 +166,8 @@ def launch(fn: Callable[..., None], world_size: int, args: tuple = (), options: 
     store_path = os.path.join(rdzv, "store")
     ctx: Any = mp.get_context(start_method)  # a fork or spawn context: Process, Array
     beats = ctx.Array("d", world_size, lock=False)  # each process's last heartbeat (time.monotonic)
-    procs = [ctx.Process(target=worker_entry, args=(fn, rank, world_size, store_path, args, os.getpid(), beats),
-                         daemon=False)
+    procs = [ctx.Process(target=worker_entry, args=(fn, rank, world_size, store_path, LoaderThere(), args, os.getpid(),
+                                                    beats), daemon=False)
              for rank in range(world_size)]
     received: list[int] = []
 

@@ -64,14 +64,17 @@ def recipe(model: str, optimizer: str | None = None) -> dict:
 
 
 def training_settings(cfg: SearchConfig, device_type: str, threads: Optional[int],
-                      model: Optional[CandidateModel] = None, data_digest: Optional[str] = None) -> dict:
+                      model: Optional[CandidateModel] = None, data_digest: Optional[str] = None,
+                      model_proof: Optional[str] = None) -> dict:
     """Everything besides the genome and the seed that decides a candidate's fitness: the search's
     settings, and the numerics of its workers that the search chooses (the device kind, and on a CPU
     the threads per candidate, whose count changes a float sum's order and so the result). The data's
     content is its `data_digest` (`towerlab.data.digest`: of the arrays trained on, whatever the dataset
     is), where given: a search records it (since schema 5), so that its cache never serves rows trained on
     other data under the same name (the offline fallback's digits are "mnist" too, an edited .npz or image
-    folder keeps its path); one recorded before is identified by its settings alone."""
+    folder keeps its path); one recorded before is identified by its settings alone. A model function's
+    file and the modules of yours it imports are its `model_proof` (`towerlab.proof.Proof.digest`), where
+    given (a search records it since issue 65: a neighbour `blocks.py` edited is other networks)."""
     settings = {"dataset": cfg.dataset, "val_size": cfg.val_size, "max_epochs": cfg.max_epochs,
                 "patience": cfg.patience, "batch_size": cfg.batch_size, "fitness_version": FITNESS_VERSION,
                 "numerics": {"device": device_type, **({"threads": threads} if device_type == "cpu" else {})}}
@@ -79,6 +82,8 @@ def training_settings(cfg: SearchConfig, device_type: str, threads: Optional[int
         settings["dataset_content"] = data_digest
     if callable(model):
         settings["model_function"] = function_identity(model)
+        if model_proof is not None:
+            settings["model_proof"] = model_proof
     elif model in RECIPES:
         settings["recipe"] = recipe(model)
     return settings
@@ -104,10 +109,11 @@ def function_identity(function: Callable) -> str:
 
 
 def train_config_hash(cfg: SearchConfig, device_type: str, threads: Optional[int],
-                      model: Optional[CandidateModel] = None, data_digest: Optional[str] = None) -> str:
+                      model: Optional[CandidateModel] = None, data_digest: Optional[str] = None,
+                      model_proof: Optional[str] = None) -> str:
     """`device_type`, `threads`: the workers' device kind and CPU threads per candidate; `model`: a model
-    function of yours (see `Model`); `data_digest`: see `training_settings`."""
-    return genome_hash(training_settings(cfg, device_type, threads, model, data_digest))
+    function of yours (see `Model`); `data_digest`, `model_proof`: see `training_settings`."""
+    return genome_hash(training_settings(cfg, device_type, threads, model, data_digest, model_proof))
 
 
 def model_function(model: CandidateModel) -> Callable[..., torch.nn.Module]:

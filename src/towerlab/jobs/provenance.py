@@ -14,7 +14,7 @@ import torch
 
 import towerlab
 from towerlab import atomic
-from towerlab.distributed.env import torchrun_restart
+from towerlab.distributed.env import cpu_capability, torchrun_restart
 from towerlab.settings import job_record
 
 
@@ -33,8 +33,9 @@ def code_version() -> dict | None:
 
 
 def provenance() -> dict:
-    """What config.json records besides the configuration: versions, code, host, command."""
-    return {"torch_version": torch.__version__, "towerlab_version": towerlab.__version__,
+    """What config.json records besides the configuration: versions, code, host, the CPU kernels torch runs,
+    command."""
+    return {"torch_version": torch.__version__, "towerlab_version": towerlab.__version__, "cpu_capability": cpu_capability(),
             "python_version": platform.python_version(), "code": code_version(), "host": socket.gethostname(),
             "torchelastic_run_id": torchrun_restart()[0], "command": [Path(sys.argv[0]).name, *map(_without_password, sys.argv[1:])]}
 

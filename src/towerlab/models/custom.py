@@ -17,7 +17,7 @@ from typing import Any, Callable, Sequence, Union
 from torch import nn
 
 from towerlab.errors import UserError
-from towerlab.proof import Proof, code_proof, install
+from towerlab.proof import Proof, code_proof, install, proven
 
 _LOADED: dict[str, str] = {}  # module name -> the file load_function imported it from
 _FOLDERS: list[str] = []  # the folders load_function put on sys.path, the latest first
@@ -73,6 +73,14 @@ def file_proof(spec: str) -> Proof:
     """The proof of what `load_function(spec)` loaded: the file's bytes as they ran, and those of every
     module of yours it imports (a neighbour `blocks.py`), by module name (`towerlab.proof`)."""
     return code_proof(Path(spec.rpartition(":")[0]).stem)
+
+
+def function_proof(function: Any) -> Proof | None:
+    """The proof of the file that defines `function` and of the modules of yours it imports, where that file
+    was loaded through towerlab.proof (`load_function`, or a spawned worker's import of it by name); None
+    otherwise (a module imported otherwise is proven by its file alone, its imports unseen)."""
+    module = getattr(function, "__module__", None)
+    return code_proof(module) if isinstance(module, str) and proven(module) else None
 
 
 def function_file(function: Any) -> str | None:

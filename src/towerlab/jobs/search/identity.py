@@ -6,9 +6,11 @@ Each item is one entry of ITEMS: recorded in the search's setup when it starts (
 every process that would train it, and compared the same way (equal, or refused in one line that names the
 item and says what to do; a search recorded before an item existed is not compared on it). In the order
 they are checked: the numerics (the device kind; on a CPU, the threads per candidate, whose count changes a
-float sum's order), the software (towerlab's version, torch's, and a digest of the training code), a search
-of your own objective's objective (its kind, metric, direction and proof: `towerlab.jobs.search.trials`), the
-data's content (`towerlab.data.digest`), the model file's content (for `--model FILE.py:FUNCTION`), and at
+float sum's order, and the CPU kernels torch runs, whose sums round otherwise), the software (towerlab's
+version, torch's, and the digest of towerlab's code as it runs: `code_digest`), a search of your own
+objective's objective (its kind, metric, direction and proof: `towerlab.jobs.search.trials`), the data's
+content (`towerlab.data.digest`), the model file's content (for `--model FILE.py:FUNCTION`) and, once it
+is imported, its proof (the file and the modules of yours it imports, as they ran: `towerlab.proof`), and at
 last the search's training-config hash, made again here from all of them. What is cheap comes first: a
 data set is read, and a model file imported, only once every item before it matched. A resume of the
 search's own job records this machine's software as the search's from then on (with a warning) where it
@@ -18,17 +20,16 @@ Which model files a worker imports (the trust boundary): a model file is code, a
 data that anyone who can write the store may change. So a worker imports a model file only where its own
 command names it (`towerlab search worker --model FILE.py:FUNCTION`; a search's own job, and its
 `--resume`, name theirs with --model), never because the store names a path, and only once every other
-check has passed and the named file's SHA-256 is the one the search recorded.
+check has passed and the named file's SHA-256 is the one the search recorded; what it imports in turn is
+compared once it is loaded, before anything trains.
 
 And the provenance that every evaluation row records (`row_provenance`): the host, towerlab's and torch's
-versions, the training code's digest, the device's name, the data's digest; `towerlab search show` says
-when a search's rows come from more than one.
+versions, towerlab's code digest, the device's name (on a CPU, torch's kernels), the data's digest;
+`towerlab search show` says when a search's rows come from more than one.
 """
 
 from __future__ import annotations
 
-import functools
-import hashlib
 import socket
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,39 +38,27 @@ from typing import Any, Callable, Literal, Optional, Protocol
 import torch
 
 import towerlab
+from towerlab.proof import Proof, short
+from towerlab.proof.package import package_proof
 from towerlab.data.load import Dataset
-from towerlab.distributed.env import device_name
+from towerlab.distributed.env import cpu_capability, device_name
 from towerlab.errors import UserError
 from towerlab.config import SearchConfig
 from towerlab.jobs.candidate import CandidateModel, train_config_hash
-from towerlab.proof import Proof
+from towerlab.models.custom import function_proof
 from towerlab.search import Search, genome_hash
-
-# The source of towerlab that decides a candidate's result, relative to the package: the training loop and
-# its steps, the networks and their catalog, the bridge from a genome to a training, the settings and their
-# defaults, the presets, and the data's normalisation (the data's own content has its own digest).
-TRAINING_CODE = ("training", "models", "catalog/models.py", "catalog/model_options.py", "jobs/candidate.py",
-                 "config.py", "presets.py", "data/load.py")
 
 # What a search records of the software that trains it (its setup's keys), in the order a worker checks them.
 VERSIONS = ("towerlab", "torch", "code")
 
 
-@functools.lru_cache(maxsize=1)
 def code_digest() -> str:
-    """SHA-256 over the files of TRAINING_CODE (their paths and bytes): the same version number with other
-    source (a checkout with changes) has another."""
-    root = Path(towerlab.__file__).resolve().parent
-    digest = hashlib.sha256()
-    for part in TRAINING_CODE:
-        for path in sorted((root / part).rglob("*.py")) if (root / part).is_dir() else [root / part]:
-            digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
-    return f"sha256:{digest.hexdigest()}"
-
-
-def file_digest(path: str | Path) -> str:
-    """`sha256:` and the SHA-256 of a file's bytes (a model file's, read before it is ever imported)."""
-    return f"sha256:{hashlib.sha256(Path(path).read_bytes()).hexdigest()}"
+    """The digest of towerlab's code as this process runs it: every source file of the installed package,
+    by its path in it, from the bytes its modules ran from (`towerlab.proof.package.package_proof`: never
+    a stale .pyc's word). Whatever decides a result (the seed a worker derives, the process group, a
+    reader, a decoder) is in it, not a list of what might; the same package installed elsewhere has the
+    same."""
+    return package_proof("towerlab").digest
 
 
 def versions() -> dict:
@@ -77,17 +66,16 @@ def versions() -> dict:
     return {"towerlab": towerlab.__version__, "torch": torch.__version__, "code": code_digest()}
 
 
-def short(digest: str) -> str:
-    return digest.removeprefix("sha256:")[:12]
-
-
 class Here(Protocol):
     """This process's side of a search, as `admit` measures it: what it trains on (`device`, and on a CPU
-    `threads` per candidate), its data and their digest (None: it has none, an objective of yours trains on
-    its own), the digest of the model file it would import for
-    the search (the one whose digest is `recorded`, of those it may import; None where its networks come
-    from no file: a family, or a function given from Python) and where that file is (`model_path`), the
-    model itself, and whether it is the search's own job resuming it. Each is measured once, when asked."""
+    `threads` per candidate), its data and their digest (`towerlab.data.digest.digest_as`: the `recorded`
+    one where an older towerlab's formula gives it of these data; None: it has none, an objective of yours
+    trains on its own), the digest of the model file it would import for the search (the one whose digest
+    is `recorded`, of those it may import; None where its networks come from no file: a family, or a
+    function given from Python) and where that file is (`model_path`), the model itself and its proof
+    (`model_proof`: the parts of `towerlab.proof.Proof`, the file and the modules of yours it imports, as
+    they ran; None where no file of yours was loaded through towerlab.proof), and whether it is the
+    search's own job resuming it. Each is measured once, when asked."""
 
     resuming: bool
     device: str
@@ -95,7 +83,7 @@ class Here(Protocol):
 
     def data(self) -> Dataset: ...
 
-    def digest(self) -> Optional[str]: ...
+    def digest(self, recorded: Optional[str] = None) -> Optional[str]: ...
 
     def model_digest(self, recorded: Optional[str]) -> Optional[str]: ...
 
@@ -107,6 +95,8 @@ class Here(Protocol):
     def objective(self, recorded: Optional[dict]) -> Optional[dict]:
         """The objective of yours it would run (kind, metric, direction, proof), measured against the search's
         `recorded` one where there is one; None where it runs towerlab's own training."""
+
+    def model_proof(self) -> Optional[dict]: ...
 
 
 TRAINING_HASH = "train_config_hash"  # the search's own column, not a key of its setup
@@ -133,9 +123,9 @@ class Item:
 def _version(key: str) -> Item:
     def differs(theirs: Any, ours: Any, here: Here, search: Search) -> str:
         if key == "code":
-            return (f"towerlab's training code here differs from the search's (digest {short(ours)}, the search's "
-                    f"{short(theirs)}): the same version with other source (a checkout with changes?); run the "
-                    "search's towerlab here")
+            return (f"towerlab's code here differs from the search's (digest {short(ours)}, the search's "
+                    f"{short(theirs)}): the same version with other source (a checkout with changes, a stale .pyc?); "
+                    "run the search's towerlab here")
         return (f"it was started with {key} {theirs}, and this is {key} {ours}, whose results may differ: "
                 f"install {key} {theirs} here")
     return Item(key, lambda here, search, stored: versions()[key], differs, on_resume="adopt")
@@ -190,15 +180,41 @@ def objective_hash(cfg: SearchConfig, device: str, threads: Optional[int], objec
                         "trial_timeout": cfg.trial_timeout, "numerics": {"device": device, "threads": threads}})
 
 
-def training_hash(search: Search, here: Here, digest_recorded: bool = True) -> str:
+def model_proof(model: CandidateModel) -> Optional[dict]:
+    """What `Here.model_proof` is of `model` (loaded): its function's proof's parts (`function_proof`)."""
+    found = function_proof(model) if callable(model) else None
+    return None if found is None else dict(found.parts)
+
+
+def _model_proof_differs(theirs: dict, ours: dict, here: Here, search: Search) -> str:
+    difference = Proof(ours).difference(theirs)
+    if here.resuming:
+        return (f"the modules of yours that its model file imports changed since it started ({difference}): "
+                "resume with the files it started with")
+    return (f"the modules of yours that its model file imports differ here ({difference}): give this worker the "
+            "search's files (those beside its model file, and the packages of yours it imports)")
+
+
+def training_hash(search: Search, here: Here, stored: Optional[Search] = None) -> str:
     """The search's training-config hash, made here: its settings, and this process's numerics, data and
-    model, with the data's digest where the search records one (`digest_recorded`; a new search does); or
-    those of the objective of yours it runs (`objective_hash`)."""
+    model, with the data's digest and the model's proof where `stored` (the search as its store holds it)
+    records them (None: a new search, which records both); or those of the objective of yours it runs
+    (`objective_hash`)."""
     own = here.objective(search.recorded("objective"))
     if own is not None:
         return objective_hash(search.cfg, here.device, here.threads, own)
-    return train_config_hash(search.cfg, here.device, here.threads, here.model(),
-                             here.digest() if digest_recorded else None)
+
+    def where(key: str, measure: Callable[[], Any]) -> Any:
+        return measure() if stored is None or stored.recorded(key) is not None else None
+
+    proven = where("model_proof", here.model_proof)
+    return train_config_hash(search.cfg, here.device, here.threads, here.model(), where("data_digest", here.digest),
+                             None if proven is None else Proof(proven).digest)
+
+
+def _capability_differs(theirs: str, ours: str, here: Here, search: Search) -> str:
+    return (f"its CPU workers' torch runs {theirs} kernels, this one's {ours}, whose sums round otherwise: run it "
+            f"where torch runs {theirs} (ATEN_CPU_CAPABILITY={theirs.lower()} lowers a CPU's to that)")
 
 
 ITEMS: tuple[Item, ...] = (
@@ -208,11 +224,14 @@ ITEMS: tuple[Item, ...] = (
     Item("threads", lambda here, search, stored: here.threads if here.device == "cpu" else None,
          lambda theirs, ours, here, search: f"it trains each candidate on {theirs} CPU thread(s), this worker on "
                                             f"{ours}, which sums in another order (leave --threads out)"),
+    Item("cpu_capability", lambda here, search, stored: cpu_capability() if here.device == "cpu" else None,
+         _capability_differs),
     *(_version(key) for key in VERSIONS),
     Item("objective", _objective, _objective_differs),
-    Item("data_digest", lambda here, search, stored: here.digest(), _data_differs),
+    Item("data_digest", lambda here, search, stored: here.digest(stored), _data_differs),
     Item("model_sha256", lambda here, search, stored: here.model_digest(stored), _model_differs),
-    Item(TRAINING_HASH, lambda here, search, stored: training_hash(search, here, search.recorded("data_digest") is not None),
+    Item("model_proof", lambda here, search, stored: here.model_proof(), _model_proof_differs),
+    Item(TRAINING_HASH, lambda here, search, stored: training_hash(search, here, search),
          lambda theirs, ours, here, search: "its training settings differ from this worker's (the data's content, the "
                                             "model function's source, or an older towerlab's settings): results here "
                                             "would not be the search's", on_resume="search"),
@@ -248,5 +267,6 @@ def admit(search: Search, here: Here) -> list[str]:
 
 
 def row_provenance(device: torch.device, data_digest: Optional[str]) -> dict:
-    """Where an evaluation came from, as its row records it."""
-    return {"host": socket.gethostname(), **versions(), "device": device_name(device), "data": data_digest}
+    """Where an evaluation came from, as its row records it (on a CPU, the kernels torch runs as well)."""
+    return {"host": socket.gethostname(), **versions(), "device": device_name(device), "data": data_digest,
+            **({"cpu": cpu_capability()} if device.type == "cpu" else {})}

@@ -186,8 +186,7 @@ class SearchJob(Job):
                 adopted = [] if stored is None else admit(stored, here)
             except UserError as exc:
                 raise UserError(f"cannot resume search {search_id} of {store.path}: {exc}") from None
-            search = self.search.resume(store, search_id, training_hash(
-                self.search, here, stored is not None and stored.recorded("data_digest") is not None))
+            search = self.search.resume(store, search_id, training_hash(self.search, here, stored))
             if search.recorded("device") is not None and (adopted or any(search.recorded(k) is None for k in VERSIONS)):
                 if adopted and reporter is not None:
                     reporter.line(f"towerlab: warning: resuming search {search.id} on other software ({adopted[0]}): "

@@ -138,10 +138,14 @@ class Watch:
         self.tb.flush()
 
     def status(self) -> str:
-        """Where the search stands: its generation, its queue, its workers."""
+        """Where the search stands: its generation (or, its generations shown, the top's re-measures and
+        tests), its queue, its workers."""
         counts = self.store.queue.queue_counts(self.search.stored_id)
         active = sum(1 for w in self.store.queue.workers() if w["left_at"] is None and w["search_id"] == self.search.stored_id)
-        return (f"Generation {self.shown + 1}/{self.search.generations}: {self.trained} training(s) done since this "
+        generations = self.search.generations
+        stage = (f"Generation {self.shown + 1}/{generations}" if self.shown < generations else
+                 f"{'Testing' if self.testing else 'Re-measuring'} the top after generation {generations}/{generations}")
+        return (f"{stage}: {self.trained} training(s) done since this "
                 f"start, {counts['claimed']} in progress on {active} worker(s), {counts['open']} waiting "
                 f"({time.monotonic() - self.started:.0f} s)")
 

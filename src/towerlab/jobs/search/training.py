@@ -23,19 +23,20 @@ import torch
 from towerlab.checks import ARRAYS_DATASET
 from towerlab.catalog.models import not_taken
 from towerlab.config import CUSTOM_MODEL, RunConfig
-from towerlab.data.digest import content_digest
+from towerlab.data.digest import digest_as
 from towerlab.data.load import Dataset
 from towerlab.distributed.signals import StopFlag
 from towerlab.errors import UserError
 from towerlab.jobs.candidate import (TRAINING_GENES, CandidateModel, estimated_cost, model_function, outcome,
                                      train_candidate)
 from towerlab.jobs.handover import search_data
-from towerlab.jobs.search.identity import admit, file_digest, row_provenance
+from towerlab.jobs.search.identity import admit, model_proof, row_provenance
 from towerlab.jobs.search.worker_times import WorkerTimes
 from towerlab.models.custom import ModelFunction, function_file
 from towerlab.report import discard_line
 from towerlab.search import Candidate, Outcome, Search, Space
 from towerlab.search.work.objective import Assignment
+from towerlab.proof import file_digest
 
 # What a search records of its model in its setup (of its objective, in its settings: --objective) when it
 # is a function given from Python that no file defines, which no other process can load.
@@ -91,11 +92,11 @@ class WorkerSide:
                            fallback_only=fallback if fallback is not None else bool(recorded.get("fallback")),
                            log=discard_line)
 
-    def digest(self) -> str:
+    def digest(self, recorded: Optional[str] = None) -> str:
         if self._digest is None:
             data = self.data()
             started = time.perf_counter()
-            self._digest = content_digest(data)
+            self._digest = digest_as(data, recorded)
             self.data_seconds += time.perf_counter() - started
         return self._digest
 
@@ -146,6 +147,10 @@ class WorkerSide:
         from towerlab.models.custom import load_function
 
         return load_function(self._model_file)
+
+    def model_proof(self) -> Optional[dict]:
+        """The proof of the model's file and the modules of yours it imports, once loaded (`model`)."""
+        return model_proof(self.model())
 
 
 @dataclass
@@ -222,9 +227,9 @@ class JobSide:
     def data(self) -> Dataset:
         return self._data
 
-    def digest(self) -> str:
+    def digest(self, recorded: Optional[str] = None) -> str:
         if self._digest is None:
-            self._digest = content_digest(self._data)
+            self._digest = digest_as(self._data, recorded)
         return self._digest
 
     def model_digest(self, recorded: Optional[str]) -> Optional[str]:
@@ -235,6 +240,9 @@ class JobSide:
 
     def objective(self, recorded: Optional[dict]) -> None:
         return None  # towerlab's own training
+
+    def model_proof(self) -> Optional[dict]:
+        return model_proof(self._model)
 
 
 def model_spec(model: CandidateModel) -> str:

@@ -131,7 +131,7 @@ class OwnSide:
     def data(self) -> Dataset:
         raise TypeError("a search of your own objective has no data of towerlab's")
 
-    def digest(self) -> None:
+    def digest(self, recorded: Optional[str] = None) -> None:
         return None  # no data of towerlab's
 
     def model_digest(self, recorded: Optional[str]) -> None:
@@ -139,6 +139,9 @@ class OwnSide:
 
     def model(self) -> Any:
         raise TypeError("a search of your own objective has no model of towerlab's")
+
+    def model_proof(self) -> None:
+        return None  # its proof is the objective's (`objective`)
 
 
 @dataclass

@@ -29,7 +29,7 @@ from towerlab.fields import replace
 from towerlab.jobs.search.training import Training
 from towerlab.jobs.search.trials import Own, Trials
 from towerlab.jobs.search.worker_times import WorkerTimes
-from towerlab.proof import portable
+from towerlab.report import printable
 from towerlab.search.store.integrity import records_of
 from towerlab.search.store.schema import NoStore
 from towerlab.search.store import Store
@@ -130,7 +130,7 @@ class SearchCrew:
     def _lost(self, slot: int, pid: int, ended: str) -> None:
         name = worker_name(slot_device(self.spec, slot), pid, self.spec.token)
         if self.store.queue.release(name, ended):
-            self.log(f"towerlab: warning: worker {name} {ended} while training; its task is back on the queue")
+            self.log(f"towerlab: warning: worker {printable(name)} {ended} while training; its task is back on the queue")
 
     def run(self, until: Callable[[], bool] = lambda: False, step: Callable[[], bool] = lambda: False,
             every: float = 1.0) -> bool:
@@ -138,10 +138,7 @@ class SearchCrew:
         `until()` holds, then give them LEAVE seconds to leave (stopping those that do not), or until every
         one has left by itself; whether `until()` held. Ctrl-C or SIGTERM here, or a worker stopped so, is
         Interrupted; workers that keep dying are CrewFailed."""
-        # A spawned worker imports a function of yours by name, through the loader that proves what runs
-        # (`towerlab.proof.portable`), never while unpickling it.
-        handed = self.handed if self.start_method == "fork" else tuple(portable(value) for value in self.handed)
-        crew = Crew(work, self.slots, (self.spec, *handed), start_method=self.start_method, on_lost=self._lost,
+        crew = Crew(work, self.slots, (self.spec, *self.handed), start_method=self.start_method, on_lost=self._lost,
                     log=self.log)
         with StopFlag() as stop, crew:
             # Until `watch` has seen how the last process left: one that died or stopped after the last look
@@ -186,7 +183,7 @@ def start_workers(target: str, run: RunConfig, *, per_device: int = 1, search_id
     lease_seconds()  # a bad TOWERLAB_LEASE_SECONDS is refused before anything starts
     for named in (*model_files, *([own.spec] if own is not None and own.kind == "function" else [])):
         check_model_file(named, "--model" if named in model_files else "--objective")
-    where = redacted(target) if is_url(target) else target
+    where = printable(redacted(target) if is_url(target) else target)
     with _store_once_made(target, wait, where) as store:
         release_the_dead(store)
         if search_id is not None and store.records.search(search_id) is None:

@@ -149,12 +149,21 @@ def recorded_store(target: str) -> str:
     return redacted(target) if is_url(target) else target
 
 
+def store_named(given: str | None, what: str) -> str:
+    """The store a command that reads or joins one means (`search worker`, `search show`): `given` (its
+    STORE or DIR), else $TOWERLAB_STORE, as a search job takes it; none is a UserError saying so (`what`:
+    the command's own word for what it wants)."""
+    named = given or os.environ.get(STORE_ENV, "").strip()
+    if not named:
+        raise UserError(f"give {what} (a search's folder, its search.db or a postgresql:// URL), or set ${STORE_ENV}")
+    return named
+
+
 def store_path(path: str | os.PathLike) -> str | Path:
     """The store a path means to `search worker`, `show` and `export`: a postgresql:// URL, or a file itself;
     a search folder's search.db, or the store its config.json names when the search kept its evaluations
-    elsewhere (a recorded URL gets its password from $TOWERLAB_STORE where that is the same URL)."""
-    from towerlab.settings import job_record
-
+    elsewhere (--store, or $TOWERLAB_STORE: a recorded URL gets its password from $TOWERLAB_STORE where that
+    is the same URL)."""
     if isinstance(path, str):
         path = store_location(path)
     if is_url(str(path)):
@@ -162,13 +171,34 @@ def store_path(path: str | os.PathLike) -> str | Path:
     path = Path(path)
     if not path.is_dir() or (path / STORE_NAME).exists():
         return path
-    try:
-        named = job_record(path)["search"]["store"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return path
-    if not named:
+    named = _record(path).get("store")
+    if not isinstance(named, str) or not named:
         return path
     return with_password(named) if is_url(named) else Path(named)
+
+
+def folder_search(path: str | os.PathLike) -> int | None:
+    """The search a search's folder holds (its config.json's): in a store shared by searches, the folder
+    means that one; None for a store itself (a file, a URL) or a folder that is no search's."""
+    if isinstance(path, str) and is_url(store_location(path)):
+        return None
+    found = _record(Path(path)).get("search_id") if Path(path).is_dir() else None
+    return found if isinstance(found, int) and not isinstance(found, bool) else None
+
+
+def _record(folder: Path) -> dict:
+    """What a search job's config.json says of its store (`store`: where its search was kept, whichever way
+    it was named; a record older than that names only --store's, under `search`) and its `search_id`; {}
+    where the folder holds no readable record."""
+    from towerlab.settings import job_record
+
+    try:
+        record = job_record(folder)
+    except (OSError, ValueError):
+        return {}
+    search = record.get("search")
+    store = record.get("store") or (search.get("store") if isinstance(search, dict) else None)
+    return {"store": store, "search_id": record.get("search_id")}
 
 
 def opened(target: str | os.PathLike, create: bool) -> str | Path:

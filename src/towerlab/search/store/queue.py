@@ -212,11 +212,17 @@ class TaskQueue:
             "INSERT INTO workers (id, host, pid, device, started, seen) VALUES (?, ?, ?, ?, {now}, {now})"
             " ON CONFLICT (id) DO UPDATE SET seen = excluded.seen, left_at = NULL", (worker, host, pid, device)))
 
+    def seen(self, worker: str) -> None:
+        """`worker` is alive, holding no task (one that waits for work says so now and then)."""
+        self.db.write(lambda tx: tx.run("UPDATE workers SET seen = {now} WHERE id = ?", (worker,)))
+
     def leave(self, worker: str) -> None:
         self.db.write(lambda tx: tx.run("UPDATE workers SET left_at = {now}, task = NULL WHERE id = ?", (worker,)))
 
     def workers(self) -> list[dict]:
-        """Every worker that joined, with `age` (seconds since it was last seen, on the database's clock)."""
+        """Every worker that joined, with `age` (seconds since it was last seen, on the database's clock) and the
+        task it holds (`search_id`, `generation`, `idx`, `kind`; None where it holds none: the last it claimed
+        may have gone to another worker since, its lease lapsed)."""
         return self._rows.read("SELECT w.*, {now} - w.seen AS age, t.search_id AS search_id, t.generation AS generation,"
-                          " t.idx AS idx, t.kind AS kind FROM workers w LEFT JOIN tasks t ON t.id = w.task"
-                          " ORDER BY w.started")
+                               " t.idx AS idx, t.kind AS kind FROM workers w LEFT JOIN tasks t ON t.id = w.task"
+                               " AND t.state = 'claimed' AND t.worker = w.id ORDER BY w.started")

@@ -13,6 +13,7 @@ import os
 import statistics
 from typing import Callable, Optional, TypeVar
 
+from towerlab.report import printable
 from towerlab.search.store.location import store_path
 from towerlab.search.search import Search
 from towerlab.search.store import SearchRow, Store
@@ -106,7 +107,7 @@ def records_json(records: list[dict]) -> str:
 def _format(store: Store, search_id: Optional[int]) -> str:
     searches = store.records.searches() if search_id is None else [s for s in store.records.searches() if s.id == search_id]
     if not searches:
-        return f"{store.path}: no searches yet"
+        return f"{printable(store.path)}: no searches yet"
     return "\n\n".join([*(_format_one(store, search) for search in searches), *_format_workers(store)])
 
 
@@ -124,11 +125,13 @@ def _format_workers(store: Store) -> list[str]:
     here = [w for w in workers if w["left_at"] is None]
     lines = [f"workers: {len(here)} joined and not left, {len(workers) - len(here)} left"]
     for w in here:
-        doing = ("idle" if w["task"] is None else
-                 f"{'testing' if w['kind'] == 'test' else 'training'} search {w['search_id']}, "
-                 f"generation {w['generation'] + 1}" + (f", member {w['idx']}" if w["idx"] >= 0 else ", a re-measure"))
+        if w["search_id"] is not None:
+            doing = (f"{'testing' if w['kind'] == 'test' else 'training'} search {w['search_id']}, generation "
+                     f"{w['generation'] + 1}" + (f", member {w['idx']}" if w["idx"] >= 0 else ", a re-measure"))
+        else:  # its last task may be another worker's now: its lease lapsed (a worker killed, say)
+            doing = "idle" if w["task"] is None else "holds no task (its last went to another worker)"
         silent = f", silent for {w['age']:.0f} s" if w["age"] > SILENT else ""
-        lines.append(f"  {w['id']}: {doing}{silent}")
+        lines.append(f"  {printable(w['id'])}: {doing}{silent}")
     return ["\n".join(lines)]
 
 
@@ -170,7 +173,7 @@ def _format_one(store: Store, row: SearchRow) -> str:
              "not finished, and no worker is at it (continue it with `towerlab search run --resume DIR`, or start "
              "`towerlab search worker`)")
     generations = store.records.generations(row.id)
-    lines = [f"search {row.id}: {search.cfg.sampler} over space {space.name} ({_trains(search)}), "
+    lines = [f"search {row.id}: {search.cfg.sampler} over space {printable(space.name)} ({printable(_trains(search))}), "
              f"seed {search.cfg.seed}, {_shape(search, generations)}; started {row.created}, {state}",
              f"  {'gen':>4} {'evaluated':>9} {'cached':>7} {'failed':>6} {'best':>7} {'mean':>7} "
              f"{'worst':>7} {'seconds':>9}"]
@@ -200,7 +203,8 @@ def _format_one(store: Store, row: SearchRow) -> str:
         named = search.metric.replace("val_accuracy", "validation accuracy")
         best = f"; best {named} so far {_acc(search.value(top[0][1]))}" if top else ""
         lines.append(f"  so far: {len(closed)} training(s) done ({failed} failed), "
-                     f"{sum(t.state == 'claimed' for t in queue)} in progress" + (f" ({', '.join(held)})" if held else "")
+                     f"{sum(t.state == 'claimed' for t in queue)} in progress"
+                     + (f" ({', '.join(map(printable, held))})" if held else "")
                      + f", {sum(t.state == 'open' for t in queue)} waiting{best}")
     lines += _provenances(store.records.evaluations(search.id))
     if top:
@@ -209,7 +213,7 @@ def _format_one(store: Store, row: SearchRow) -> str:
         lines.append(f"  {'rank':>4} {metric:>8} {'+-':>7} {'seeds':>5} {'test acc':>8}  genome")
         for rank, (genome, fitness, fitnesses, test) in enumerate(top, 1):
             spread = f"{statistics.stdev(fitnesses):.4f}" if len(fitnesses) > 1 else "-"
-            text = " ".join(f"{k}={v}" for k, v in genome.items())
+            text = printable(" ".join(f"{k}={v}" for k, v in genome.items()))
             lines.append(f"  {rank:>4} {_acc(search.value(fitness)):>8} {spread:>7} {len(fitnesses):>5} "
                          f"{_acc(test):>8}  {text}")
     return "\n".join(lines)
@@ -244,7 +248,7 @@ def _provenances(evaluations: list) -> list[str]:
     def named(where: dict) -> str:
         if not where:
             return "no record of it (rows written before towerlab kept one, or failed when their workers were lost)"
-        return ", ".join(f"{k} {_short(where.get(k))}" for k in named_by)
+        return ", ".join(f"{k} {printable(_short(where.get(k)))}" for k in named_by)
 
     return [f"  its rows come from {len(kinds)} provenances"
             + (f", which differ in {', '.join(differing)}" if differing else "") + ": "

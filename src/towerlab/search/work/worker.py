@@ -43,6 +43,7 @@ from typing import Callable, Optional, Sequence, TypeVar
 from towerlab.checks import env_number
 from towerlab.distributed.signals import alive
 from towerlab.errors import UserError
+from towerlab.report import printable
 from towerlab.search.candidates import Candidate, Outcome
 from towerlab.search.store.database import StoreLost
 from towerlab.search.testing import test_from
@@ -166,6 +167,8 @@ class Worker:
         self._outcomes: list[Outcome] = []
         self._wake = threading.Event()
         self._looked = -math.inf
+        self._seen = time.monotonic()  # when the store last heard from this worker
+        self.shown = printable(name)  # its name in lines (a host's name may hold a terminal's escape codes)
 
     def run(self) -> int:
         """Work until nothing is left; returns how many tasks this worker trained."""
@@ -180,14 +183,16 @@ class Worker:
                                                                             MAX_ATTEMPTS))
                 if task is None and not self.drivers and not self.wait and self._nothing_to_join():
                     if self.refused and not self.searches:
-                        raise UserError(f"worker {self.name} joined no search of {self.store.path}: " + "; ".join(
+                        raise UserError(f"worker {self.shown} joined no search of {printable(self.store.path)}: " + "; ".join(
                             f"search {i}: {why}" for i, why in self.refused.items()))
                     return self.trained
                 self._say_refusals()
                 if task is not None:
                     self._work(task)
+                    self._seen = time.monotonic()
                     poll.found()
                     continue
+                self._idle()
                 poll.wait()
         finally:
             for driver in self.drivers.values():
@@ -197,6 +202,13 @@ class Worker:
             self.store.queue.leave(self.name)
             if self.tells and self.searches:
                 self.log(self._summary(time.monotonic() - started))
+
+    def _idle(self) -> None:
+        """Holding no task (waiting for work, or for a search's next generation): tell the store now and
+        then that this worker is alive, so that `search show` does not call it silent (a claim says so too)."""
+        if time.monotonic() - self._seen > self.lease / 3:
+            self.store.queue.seen(self.name)
+            self._seen = time.monotonic()
 
     def _timing(self, call: str, do: Callable[[], T]) -> T:
         """`do()`, one of this worker's own store calls, its seconds told to `timed`."""
@@ -210,14 +222,14 @@ class Worker:
     def _say_refusals(self) -> None:
         for search_id in self._unsaid:
             if self.speaks:
-                self.log(f"towerlab: worker {self.name}: not joining search {search_id} of {self.store.path}: "
-                         f"{self.refused[search_id]}")
+                self.log(f"towerlab: worker {self.shown}: not joining search {search_id} of "
+                         f"{printable(self.store.path)}: {self.refused[search_id]}")
         self._unsaid.clear()
 
     def _summary(self, seconds: float) -> str:
         """The line a worker that `tells` leaves with: what it trained, of which searches, in how long."""
         failed = sum(o.status == "failed" for o in self._outcomes)
-        return (f"towerlab: worker {self.name}: leaving after {len(self._outcomes)} task(s) ({failed} failed) of "
+        return (f"towerlab: worker {self.shown}: leaving after {len(self._outcomes)} task(s) ({failed} failed) of "
                 f"search(es) {', '.join(map(str, sorted(self.searches)))}: "
                 f"{math.fsum(o.seconds for o in self._outcomes):.1f} s training in {seconds:.1f} s")
 
@@ -261,8 +273,8 @@ class Worker:
     def _work(self, task: Task) -> None:
         search = self.searches[task.search_id]
         if task.lost:
-            self.log(f"towerlab: worker {self.name}: training a task of search {task.search_id} again, "
-                     f"attempt {task.attempts} ({task.lost})")
+            self.log(f"towerlab: worker {self.shown}: training a task of search {task.search_id} again, "
+                     f"attempt {task.attempts} ({printable(task.lost)})")
         problem = unusable(task)
         if problem is not None:
             outcome = Outcome.failed(problem, worker=self.name)
@@ -285,7 +297,7 @@ class Worker:
             if self.tells:
                 self.log(self._told(task, outcome))
         else:
-            self.log(f"towerlab: warning: worker {self.name} lost its lease on a task of search {task.search_id} "
+            self.log(f"towerlab: warning: worker {self.shown} lost its lease on a task of search {task.search_id} "
                      f"(generation {task.candidate.generation + 1}, member {task.candidate.index}) while training "
                      "it: another worker took it over, and this result is dropped")
         driver = self.drivers.get(task.search_id)
@@ -305,8 +317,8 @@ class Worker:
             named = search.metric.replace("val_accuracy", "validation accuracy")
             value = search.value(outcome.fitness)
             shown = f"{value:.6g}" if search.own else f"{value:.4f}"
-            result = f"{named} {shown} after {outcome.epochs} epoch(s)"
-        return (f"towerlab: worker {self.name}: search {task.search_id}, generation {c.generation + 1}, {which}: "
+            result = f"{printable(named)} {shown} after {outcome.epochs} epoch(s)"
+        return (f"towerlab: worker {self.shown}: search {task.search_id}, generation {c.generation + 1}, {which}: "
                 f"{result} in {outcome.seconds:.1f} s")
 
 

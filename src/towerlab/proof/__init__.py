@@ -18,6 +18,10 @@ followed no further. Measured (bench/objective_proof.py, results/objective-proof
 file and 5 neighbours of 1,864 lines load in 13 ms where their .pyc files take 0.8 ms: what compiling
 costs, the digests 1%; an import statement run again inside a function costs 0.2 microseconds more;
 torch, numpy, matplotlib and optuna import as fast with the finder installed (1.01x).
+
+A process spawned by towerlab (a replica, a search's worker) gets this loader before the functions and
+classes of your files that it is handed (`LoaderThere`), which it imports by name as it unpickles them.
+towerlab's own code has its proof apart: `towerlab.proof.package`.
 """
 
 from __future__ import annotations
@@ -109,7 +113,7 @@ def is_local(path: str) -> bool:
     return not real.startswith(_system_folders())
 
 
-def _file_of(module: Optional[ModuleType]) -> Optional[str]:
+def module_file(module: Optional[ModuleType]) -> Optional[str]:
     path = getattr(module, "__file__", None)
     return path if isinstance(path, str) and os.path.isfile(path) else None
 
@@ -125,7 +129,7 @@ def _note(importer: str, name: str, globals_: Optional[Mapping[str, Any]], froml
     names.update(f"{name}.{item}" for item in fromlist or () if item != "*")
     found = _IMPORTS.setdefault(importer, set())
     for imported in names - found:
-        path = _file_of(sys.modules.get(imported))
+        path = module_file(sys.modules.get(imported))
         if path is not None and is_local(path):
             found.add(imported)
 
@@ -189,6 +193,29 @@ def install() -> None:
     sys.meta_path.insert(at, _LocalFinder)
 
 
+class LoaderThere:
+    """Sent to a spawned process among its arguments, before any function or class of your files (a model
+    function, a module class: pickled by name, imported where they are unpickled): unpickled there, it
+    installs this module's loader where it is installed here, so that those are imported through it (the
+    bytes proven, never a stale .pyc) and their proof follows their imports. It unpickles as None."""
+
+    def __init__(self) -> None:
+        self.installed = _LocalFinder in sys.meta_path
+
+    def __reduce__(self) -> tuple:
+        return _install_if, (self.installed,)
+
+
+def _install_if(installed: bool) -> None:
+    if installed:
+        install()
+
+
+def proven(name: str) -> bool:
+    """Whether module `name` was loaded by SourceLoader (its proof follows what it imports)."""
+    return name in _RAN
+
+
 def code_proof(name: str) -> Proof:
     """The proof of module `name` (in sys.modules) and of every local module it imported, and they in
     turn: each the digest of the bytes SourceLoader compiled, or, for one it did not load, of its file
@@ -200,41 +227,10 @@ def code_proof(name: str) -> Proof:
         current = todo.pop()
         if current in parts:
             continue
-        path = _file_of(sys.modules.get(current))
+        path = module_file(sys.modules.get(current))
         if path is None:
             continue
         ran = _RAN.get(current)
         parts[current] = ran[1] if ran is not None and ran[0] == path else file_digest(path)
         todo.extend(_IMPORTS.get(current, ()))
     return Proof(parts)
-
-
-def portable(value: Any) -> Any:
-    """`value` as a spawned process should get it: a function of a module of yours by its names, so that the
-    process imports it through `install`'s loader (from the bytes its proof names) when it unpickles it,
-    rather than pickle importing the module before the loader is there; anything else as it is."""
-    module, name = getattr(value, "__module__", None), getattr(value, "__qualname__", "")
-    if not callable(value) or isinstance(value, type) or module in (None, "__main__") or "<" in name:
-        return value
-    path = _file_of(sys.modules.get(module))
-    return _ByName(module, name) if path is not None and is_local(path) else value
-
-
-class _ByName:
-    """A function of yours, pickled by its module's and its own name (`portable`)."""
-
-    def __init__(self, module: str, name: str) -> None:
-        self.module, self.name = module, name
-
-    def __reduce__(self) -> tuple:
-        return imported, (self.module, self.name)
-
-
-def imported(module: str, name: str) -> Any:
-    """What module `module` names `name` (a dotted name: Class.method), the module imported through
-    `install`'s loader where it is one of yours."""
-    install()
-    found: Any = importlib.import_module(module)
-    for part in name.split("."):
-        found = getattr(found, part)
-    return found

@@ -141,9 +141,9 @@ def test_the_views_name_the_metric_and_its_direction(reference, capsys, monkeypa
     monkeypatch.chdir(folder)
     assert main(["search", "show", "a"]) == 0
     text = capsys.readouterr().out
-    assert f"(your {kind} " in text and "; loss minimized)" in text and "rank     loss" in text
+    assert f"(your {kind} " in text and "; loss minimized)" in text and "rank       loss      +- seeds  genome" in text
     best = min(json.loads(r[8])["loss"] for r in found if r[6] == "ok")
-    assert f"     1 {best:8.4f}" in text
+    assert f"     1 {best:10.6g}       -     1  x=" in text and "test acc" not in text  # its metric, no test
     assert main(["search", "show", "a", "--csv"]) == 0
     records = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
     assert {"metric_loss", "metric_acc", "gene_x", "gene_width"} <= set(records[0]) and len(records) == 30

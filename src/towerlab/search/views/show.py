@@ -217,12 +217,13 @@ def _format_one(store: Store, row: SearchRow) -> str:
         lines.append(f"  top {len(top)}:" if row.finished else f"  top {len(top)} so far (measured once):")
         # An objective of yours has its metric and no test accuracy: towerlab tests nothing of it.
         metric, tested = (printable(search.metric)[:10], "") if search.own else ("val acc", f" {'test acc':>8}")
-        lines.append(f"  {'rank':>4} {metric:>10} {'+-':>7} {'seeds':>5}{tested}  genome")
+        width = 10 if search.own else 8
+        lines.append(f"  {'rank':>4} {metric:>{width}} {'+-':>7} {'seeds':>5}{tested}  genome")
         for rank, (genome, fitness, fitnesses, test) in enumerate(top, 1):
             spread = "-" if len(fitnesses) < 2 else f"{statistics.stdev(fitnesses):.4g}" if search.own else \
                 f"{statistics.stdev(fitnesses):.4f}"
             text = printable(" ".join(f"{k}={v}" for k, v in genome.items()))
-            lines.append(f"  {rank:>4} {_value(search, fitness):>10} {spread:>7} {len(fitnesses):>5}"
+            lines.append(f"  {rank:>4} {_value(search, fitness):>{width}} {spread:>7} {len(fitnesses):>5}"
                          f"{'' if search.own else f' {_acc(test):>8}'}  {text}")
     return "\n".join(lines)
 

@@ -230,6 +230,9 @@ class Records:
                           (search_id, generation))
         return self._rows.generation(rows[0]) if rows else None
 
-    def generations(self, search_id: int) -> list[GenerationRow]:
-        rows = self._rows.read("SELECT * FROM generations WHERE search_id = ? ORDER BY generation", (search_id,))
+    def generations(self, search_id: int, since: int = 0) -> list[GenerationRow]:
+        """The search's generations from number `since` on (a watcher reads only those it has not shown:
+        each holds its members and results, and a long search has thousands)."""
+        rows = self._rows.read("SELECT * FROM generations WHERE search_id = ? AND generation >= ? ORDER BY generation",
+                               (search_id, since))
         return [self._rows.generation(r) for r in rows]

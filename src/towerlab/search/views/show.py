@@ -175,7 +175,7 @@ def _format_one(store: Store, row: SearchRow) -> str:
              f"  {'gen':>4} {'evaluated':>9} {'cached':>7} {'failed':>6} {'best':>7} {'mean':>7} "
              f"{'worst':>7} {'seconds':>9}"]
     totals = {"evaluated": 0, "cached": 0, "failed": 0, "seconds": 0.0}
-    counts = store.records.generation_counts(search.id) if not all(g.complete for g in generations) else {}
+    counts = store.records.generation_counts(row.id) if not all(g.complete for g in generations) else {}
     for gen in generations:
         if not gen.complete:
             done = counts.get(gen.generation, 0)
@@ -202,7 +202,7 @@ def _format_one(store: Store, row: SearchRow) -> str:
         lines.append(f"  so far: {len(closed)} training(s) done ({failed} failed), "
                      f"{sum(t.state == 'claimed' for t in queue)} in progress" + (f" ({', '.join(held)})" if held else "")
                      + f", {sum(t.state == 'open' for t in queue)} waiting{best}")
-    lines += _provenances(store.records.provenances(search.id))
+    lines += _provenances(store.records.provenances(row.id))
     if top:
         lines.append(f"  top {len(top)}:" if row.finished else f"  top {len(top)} so far (measured once):")
         metric = search.metric[:8] if search.own else "val acc"

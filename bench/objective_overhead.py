@@ -396,7 +396,7 @@ def optuna_rdb(fresh: str, url: str, trials: int, window: int, seconds: float, w
 NAMES = {"sqlite": "SQLite", "postgresql": "PostgreSQL", "inmemory": "in memory", "rdb_sqlite": "RDBStorage on SQLite",
          "rdb_postgresql": "RDBStorage on PostgreSQL"}
 NOTES = ("The machine is a 2-core CPU box shared with other jobs running at the same time (its load average "
-         "stood at 4 to 6 during the run): the sides' ratios, measured in one run, count; absolute figures are "
+         "stood at 4 to 8 during the run): the sides' ratios, measured in one run, count; absolute figures are "
          "indicative. Every side runs the same objective, f(x, y) = (x - 0.3)^2 + (y - 0.7)^2 over two uniform "
          "floats in [0, 1], with the random sampler (towerlab's random, Optuna's RandomSampler): what is measured "
          "is what the store and the queue cost a trial. A window's rate: its trials after the first over the time "
@@ -462,6 +462,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--label", default="", help="added to the record's name (objective-overhead-LABEL-<date>)")
     parser.add_argument("--out-dir", default=str(BENCH / "results"))
     args = parser.parse_args(argv)
+    head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=BENCH).stdout.strip()
     optuna = _quiet()
     folder = Path(tempfile.mkdtemp(prefix="towerlab-overhead-"))
     server = Server() if "postgresql" in [*args.backends, *args.optuna] else None
@@ -488,7 +489,6 @@ def main(argv: list[str] | None = None) -> int:
         if server is not None:
             server.close()
         shutil.rmtree(folder, ignore_errors=True)
-    head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=BENCH).stdout.strip()
     record = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "machine": describe(),
               "command": ["python", "bench/objective_overhead.py", *(argv if argv is not None else sys.argv[1:])],
               "git_head": head, "pythonpath": os.environ.get("PYTHONPATH"), "optuna_version": optuna.__version__,

@@ -441,6 +441,27 @@ OBJECTIVE_OVERHEAD_STORE = Table(
     ),
 )
 
+BEFORE_20K, AFTER_20K = "objective-overhead-before-fixes-20k-2026-11-28.json", "objective-overhead-after-fixes-20k-2026-11-28.json"
+
+
+def _fixes_row(what: str, fid: str, fmt: str, field: str = "value") -> tuple[Cell, ...]:
+    return (what, _fig(BEFORE_20K, fid, fmt, field), _fig(AFTER_20K, fid, fmt, field))
+
+
+OBJECTIVE_OVERHEAD_FIXES = Table(
+    ("towerlab, SQLite, 1 worker, a search of 22,000 trials", "before the fixes (d8dd5d4)", "after them"),
+    (
+        _fixes_row("CPU ms a trial, the first 2,000 trials", "objective_cpu_ms_per_trial_sqlite_1w_start", "p2"),
+        _fixes_row("CPU ms a trial, 2,000 trials once the search holds 20,000", "objective_cpu_ms_per_trial_sqlite_1w_20k",
+                   "p2"),
+        _fixes_row("trials/s, the first 2,000 trials", "objective_trials_per_s_sqlite_1w_start", "num"),
+        _fixes_row("trials/s, 2,000 trials once the search holds 20,000", "objective_trials_per_s_sqlite_1w_20k", "num"),
+        _fixes_row("`towerlab search show DIR` (median of 3)", "search_show_seconds_sqlite_20k", "s"),
+        _fixes_row("peak RSS of the worker whose driver thread played the search, MB", "driver_peak_rss_mb_sqlite_20k",
+                   "int"),
+    ),
+)
+
 TABLES: dict[str, Table] = {
     "headline": HEADLINE,
     "cpu-suite": CPU_SUITE,
@@ -457,13 +478,14 @@ TABLES: dict[str, Table] = {
     "image-folders": IMAGE_FOLDERS,
     "objective-overhead": OBJECTIVE_OVERHEAD,
     "objective-overhead-store": OBJECTIVE_OVERHEAD_STORE,
+    "objective-overhead-fixes": OBJECTIVE_OVERHEAD_FIXES,
 }
 
 PAGES: dict[str, tuple[str, ...]] = {
     "README.md": ("headline",),
     "docs/benchmarks.md": ("cpu-suite", "changes", "image-folders", "gpu", "gpu-step", "samplers-mnist",
                            "samplers-cifar10", "search-headline", "seed-examples", "pruning", "objective-overhead",
-                           "objective-overhead-store"),
+                           "objective-overhead-store", "objective-overhead-fixes"),
     "docs/distributed-search.md": ("queue", "search-workers"),
 }
 

@@ -58,6 +58,7 @@ FORMATS = {
     "ms": lambda v: f"{v:.2f} ms",
     "int": lambda v: f"{v:,.0f}",
     "num": lambda v: f"{v:.1f}",
+    "p2": lambda v: f"{v:.2f}",
     "p": lambda v: f"{v:.1f}",
     # {mean, sd} of accuracies: the mean in percent, the spread in points
     "pct_sd": lambda v: f"{100 * v['mean']:.2f}% ± {100 * v['sd']:.2f}",
@@ -380,6 +381,87 @@ IMAGE_FOLDERS = Table(
     ),
 )
 
+OVERHEAD = "objective-overhead-2026-11-28.json"
+
+
+def _overhead_row(what: str, prefix: str, cpu: str = "") -> tuple[Cell, ...]:
+    """A side's trials a second over the first window and once the history holds 100,000, their ratio,
+    and, where `cpu` names its figures, the CPU milliseconds a trial took over each window."""
+    rates = (what, _fig(OVERHEAD, f"{prefix}_start", "num"), _fig(OVERHEAD, f"{prefix}_100k", "num"),
+             Ref(OVERHEAD, f"figures/{prefix}_100k/value", "x", over=f"figures/{prefix}_start/value"))
+    if not cpu:
+        return (*rates, "", "")
+    return (*rates, _fig(OVERHEAD, f"{cpu}_start", "p2"), _fig(OVERHEAD, f"{cpu}_100k", "p2"))
+
+
+def _towerlab_overhead(what: str, side: str) -> tuple[Cell, ...]:
+    return _overhead_row(what, f"objective_trials_per_s_{side}", f"objective_cpu_ms_per_trial_{side}")
+
+
+OBJECTIVE_OVERHEAD = Table(
+    ("a trivial objective, random sampler, the shared 2-core CPU machine", "trials/s, the first 2,000",
+     "trials/s once the history holds 100,000", "the second over the first", "CPU ms a trial, the first 2,000",
+     "CPU ms a trial at 100,000"),
+    (
+        _towerlab_overhead("towerlab, SQLite, 1 worker", "sqlite_1w"),
+        _towerlab_overhead("towerlab, SQLite, 4 workers", "sqlite_4w"),
+        _towerlab_overhead("towerlab, PostgreSQL, 1 worker", "postgresql_1w"),
+        _towerlab_overhead("towerlab, PostgreSQL, 4 workers", "postgresql_4w"),
+        _overhead_row("Optuna 5 in memory, 1 thread", "optuna_inmemory_trials_per_s_1w"),
+        _overhead_row("Optuna 5 in memory, 4 threads (`n_jobs=4`)", "optuna_inmemory_trials_per_s_4w"),
+        _overhead_row("Optuna 5 RDBStorage, SQLite, 1 process", "optuna_rdb_sqlite_trials_per_s_1w"),
+        _overhead_row("Optuna 5 RDBStorage, SQLite, 4 processes", "optuna_rdb_sqlite_trials_per_s_4w"),
+        _overhead_row("Optuna 5 RDBStorage, PostgreSQL, 1 process", "optuna_rdb_postgresql_trials_per_s_1w"),
+        _overhead_row("Optuna 5 RDBStorage, PostgreSQL, 4 processes", "optuna_rdb_postgresql_trials_per_s_4w"),
+    ),
+)
+
+AFTER_FIXES = "objective-overhead-after-fixes-2026-11-28.json"
+
+
+def _store_row(what: str, fid: str, fmt: str, field: str = "value") -> tuple[Cell, ...]:
+    """A figure of the grown search on SQLite (the main run, and the run after the fixes) and PostgreSQL."""
+    return (what, _fig(OVERHEAD, f"{fid.format('sqlite')}", fmt, field),
+            _fig(AFTER_FIXES, f"{fid.format('sqlite')}", fmt, field), _fig(OVERHEAD, f"{fid.format('postgresql')}", fmt, field))
+
+
+OBJECTIVE_OVERHEAD_STORE = Table(
+    ("towerlab, a search of 102,000 trials", "SQLite, the run above", "SQLite, after the fixes",
+     "PostgreSQL, the run above"),
+    (
+        _store_row("`towerlab search show DIR` (median of 3)", "search_show_seconds_{}_100k", "s"),
+        _store_row("`towerlab search show DIR --csv` (median of 3)", "search_show_csv_seconds_{}_100k", "s"),
+        _store_row("peak RSS of the worker whose driver thread played the search, MB", "driver_peak_rss_mb_{}_100k", "int"),
+        _store_row("peak RSS of the job's own process (it follows the store, then plays the search once more for "
+                   "its record), MB", "driver_peak_rss_mb_{}_100k", "int", "detail/job_mb"),
+        ("the grown search resumed on 4 workers: seconds to its first new trial (each replays the history)",
+         _fig(OVERHEAD, "objective_trials_per_s_sqlite_4w_100k", "s", "detail/resume_to_first_trial_seconds"),
+         "not run", _fig(OVERHEAD, "objective_trials_per_s_postgresql_4w_100k", "s",
+                         "detail/resume_to_first_trial_seconds")),
+    ),
+)
+
+BEFORE_20K, AFTER_20K = "objective-overhead-before-fixes-20k-2026-11-28.json", "objective-overhead-after-fixes-20k-2026-11-28.json"
+
+
+def _fixes_row(what: str, fid: str, fmt: str, field: str = "value") -> tuple[Cell, ...]:
+    return (what, _fig(BEFORE_20K, fid, fmt, field), _fig(AFTER_20K, fid, fmt, field))
+
+
+OBJECTIVE_OVERHEAD_FIXES = Table(
+    ("towerlab, SQLite, 1 worker, a search of 22,000 trials", "before the fixes (d8dd5d4)", "after them"),
+    (
+        _fixes_row("CPU ms a trial, the first 2,000 trials", "objective_cpu_ms_per_trial_sqlite_1w_start", "p2"),
+        _fixes_row("CPU ms a trial, 2,000 trials once the search holds 20,000", "objective_cpu_ms_per_trial_sqlite_1w_20k",
+                   "p2"),
+        _fixes_row("trials/s, the first 2,000 trials", "objective_trials_per_s_sqlite_1w_start", "num"),
+        _fixes_row("trials/s, 2,000 trials once the search holds 20,000", "objective_trials_per_s_sqlite_1w_20k", "num"),
+        _fixes_row("`towerlab search show DIR` (median of 3)", "search_show_seconds_sqlite_20k", "s"),
+        _fixes_row("peak RSS of the worker whose driver thread played the search, MB", "driver_peak_rss_mb_sqlite_20k",
+                   "int"),
+    ),
+)
+
 TABLES: dict[str, Table] = {
     "headline": HEADLINE,
     "cpu-suite": CPU_SUITE,
@@ -394,12 +476,16 @@ TABLES: dict[str, Table] = {
     "queue": QUEUE_TABLE,
     "search-workers": SEARCH_WORKERS,
     "image-folders": IMAGE_FOLDERS,
+    "objective-overhead": OBJECTIVE_OVERHEAD,
+    "objective-overhead-store": OBJECTIVE_OVERHEAD_STORE,
+    "objective-overhead-fixes": OBJECTIVE_OVERHEAD_FIXES,
 }
 
 PAGES: dict[str, tuple[str, ...]] = {
     "README.md": ("headline",),
     "docs/benchmarks.md": ("cpu-suite", "changes", "image-folders", "gpu", "gpu-step", "samplers-mnist",
-                           "samplers-cifar10", "search-headline", "seed-examples", "pruning"),
+                           "samplers-cifar10", "search-headline", "seed-examples", "pruning", "objective-overhead",
+                           "objective-overhead-store", "objective-overhead-fixes"),
     "docs/distributed-search.md": ("queue", "search-workers"),
 }
 

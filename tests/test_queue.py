@@ -167,6 +167,37 @@ def test_a_lapsed_lease_hands_the_task_on_and_a_late_result_is_dropped(target):
         assert store.queue.queue_counts(search_id) == {"open": 0, "claimed": 0, "done": 1}
 
 
+
+def test_a_claim_reads_the_tasks_not_done_not_every_task_the_search_had(tmp_path):
+    """What a claim costs does not grow with the tasks its search has done (issue 64: a trial's cost stays
+    flat as the history grows), counted in SQLite's virtual-machine steps, not in seconds: the same with
+    20 tasks done and with 2,000. Its query once read every task of the search, through an OR of states."""
+    target = str(tmp_path / "steps.db")
+    search_id = new_search(target, SEARCHES["random"])
+    with Store(target) as store:
+        raw = store.db.raw
+
+        def claim_steps(done: int) -> int:
+            start = raw.execute("SELECT COUNT(*) FROM tasks").fetchone()[0]
+            store.queue.enqueue(search_id, "train", [(Candidate(0, i, {"neurons": i}, f"h{i}", i, 3), "tch")
+                                                     for i in range(start, start + done + 1)])
+            raw.execute("UPDATE tasks SET state = 'done' WHERE id <= ?", (start + done,))
+            steps = [0]
+
+            def count() -> int:
+                steps[0] += 1
+                return 0
+            raw.set_progress_handler(count, 10)
+            task = store.queue.claim("w", [search_id], lease=30, max_attempts=MAX_ATTEMPTS)
+            raw.set_progress_handler(None, 10)
+            assert task is not None and task.candidate.genome_hash == f"h{start + done}"
+            store.queue.complete(task, "w", Outcome.ok(0.5, worker="w"))
+            return steps[0]
+
+        few, many = claim_steps(20), claim_steps(2000)
+        assert many < 2 * few, (few, many)
+
+
 def test_a_task_whose_workers_are_lost_again_and_again_is_recorded_failed(target):
     """An out-of-memory kill recurs whoever trains the candidate: after MAX_ATTEMPTS losses the next
     claim records it as failed and hands out the next task instead."""

@@ -116,6 +116,32 @@ def test_random_in_a_large_space_draws_distinct_genomes(tmp_path):
                                             for g in result.history for m in g.members)
 
 
+
+def test_the_genomes_proposed_are_counted_as_the_history_grows_and_anew_for_another_history(tmp_path):
+    """`Sampler.proposed` adds only the generations new since its last count (rebuilt whole each
+    generation, the set cost a trial time in proportion to the history): at every length of a growing
+    history, for another history, and with a generation in flight, it is every member's hash."""
+    from towerlab.search.samplers import InFlight
+
+    cfg = SearchConfig(sampler="random", population=5, generations=4, remeasure=0, seed=2)
+    history = search(tmp_path / "a.db", cfg).history
+    other = search(tmp_path / "b.db", SearchConfig(sampler="random", population=5, generations=4, remeasure=0,
+                                                   seed=3)).history
+    sampler = make_sampler(cfg, load_space("mlp"), 1)
+
+    def every(generations, *genomes):
+        return {m.genome_hash for g in generations for m in g.members} | {genome_hash(g) for g in genomes}
+
+    for n in range(len(history) + 1):
+        assert sampler.proposed(history[:n]) == every(history[:n])
+    assert sampler.proposed(other[:2]) == every(other[:2])  # not the counted one grown: counted anew
+    mixed = [*history[:1], *other[1:3]]  # the counted history's first generation, then another's
+    assert sampler.proposed(mixed) == every(mixed)
+    flying = other[3].members[0].genome
+    assert sampler.proposed(mixed, InFlight((flying,), 1)) == every(mixed, flying)
+    assert sampler.proposed(history[:1]) == every(history[:1])  # shorter than the counted one
+
+
 def tpe_config(**changes):
     return SearchConfig(**{"sampler": "tpe", "population": 4, "generations": 6, "remeasure": 0, "seed": 5,
                            **changes})

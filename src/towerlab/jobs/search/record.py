@@ -84,7 +84,7 @@ class Watch:
                 self._line(format_estimate(row.seconds, row.epochs, self.search.plan, self.workers))
         if self.tb is not None and (new or not self.plotted):
             self._plot_evaluations()
-        for gen in self.store.records.generations(self.search.stored_id)[self.shown:]:
+        for gen in self.store.records.generations(self.search.stored_id, since=self.shown):
             if not gen.complete:
                 break
             stats = self.search.shown(GenerationStats(**gen.final_stats, replayed=gen.generation in self.replayed))

@@ -10,7 +10,7 @@ from typing import Optional, Sequence
 from towerlab.config import MAX_MEMBERS
 from towerlab.search.candidates import sampler_rng
 from towerlab.search.history import Generation
-from towerlab.search.samplers import INDEXABLE, InFlight, Sampler, proposed_hashes, random_genome
+from towerlab.search.samplers import INDEXABLE, InFlight, Sampler, random_genome
 from towerlab.search.space import genome_hash
 
 
@@ -19,7 +19,7 @@ class RandomSampler(Sampler):
     overlaps = True
 
     def propose(self, history: Sequence[Generation], in_flight: Optional[InFlight] = None) -> list[dict]:
-        seen = proposed_hashes(history, in_flight)
+        seen = self.proposed(history, in_flight)
         size = self.space.size
         n = min(self.population, size - len(seen))
         if n <= 0:

@@ -29,7 +29,7 @@ from towerlab.config import SamplerSettings, SearchConfig, setting
 from towerlab.errors import UserError
 from towerlab.search.candidates import sampler_rng
 from towerlab.search.history import Generation
-from towerlab.search.samplers import InFlight, Sampler, Shape, budget_left, proposed_hashes
+from towerlab.search.samplers import InFlight, Sampler, Shape, budget_left
 from towerlab.search.space import Gene, Range, Space, genome_hash
 
 
@@ -92,7 +92,7 @@ class TPESampler(Sampler):
         asks 3 trials, not a million (quadratic: 20,000 took 127 s). The trials asked first are the
         same however many follow, so a generation's members do not change."""
         budget = budget_left(self.cfg, history, in_flight)
-        seen = proposed_hashes(history, in_flight)
+        seen = self.proposed(history, in_flight)
         asked: list[Any] = []
         self._asked.append(asked)
         genomes: list[dict] = []

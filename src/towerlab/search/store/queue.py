@@ -84,9 +84,11 @@ class TaskQueue:
 
         def take(tx: Transaction) -> Optional[dict]:
             while True:
+                # `state IN (...)` first: the index then reads only the tasks not done (a generation or
+                # two), where an OR over the states read every task the search ever had, per claim.
                 row = tx.one(f"SELECT *, {{now}} AS clock FROM tasks WHERE search_id IN ({placeholders(len(ids))}) AND"
-                             " (state = 'open' OR (state = 'claimed' AND (lease_until IS NULL OR lease_until < {now}"
-                             " OR lease_until > {now} + ?)))"
+                             " state IN ('open', 'claimed') AND (state = 'open' OR lease_until IS NULL"
+                             " OR lease_until < {now} OR lease_until > {now} + ?)"
                              " ORDER BY search_id, generation, priority DESC, id LIMIT 1{skip_locked}", (*ids, MAX_LEASE))
                 if row is None:
                     return None

@@ -164,6 +164,23 @@ class Records:
                               (search_id, after))
         return [self._rows.evaluation(r) for r in rows]
 
+    def provenances(self, search_id: int) -> dict[str, int]:
+        """How many of the search's evaluations come from each provenance (its JSON, keys sorted; "null"
+        where a row has none), the first found first: counted by the database, where reading every row
+        took `search show` 17 s at 100,000 rows."""
+        kinds: dict[str, int] = {}
+        for row in self._rows.read("SELECT provenance, COUNT(*) AS n, MIN(id) AS first FROM evaluations"
+                                   " WHERE search_id = ? GROUP BY provenance ORDER BY first", (search_id,)):
+            key = json.dumps(self._rows.json(row["provenance"]), sort_keys=True)
+            kinds[key] = kinds.get(key, 0) + int(row["n"])
+        return kinds
+
+    def generation_counts(self, search_id: int) -> dict[int, int]:
+        """Each generation's evaluations of replicate 0 that the search holds, counted by the database."""
+        return {int(row["generation"]): int(row["n"]) for row in self._rows.read(
+            "SELECT generation, COUNT(*) AS n FROM evaluations WHERE search_id = ? AND replicate = 0"
+            " GROUP BY generation", (search_id,))}
+
     def count_evaluations(self, search_id: int, after: int = 0) -> int:
         """How many evaluations the search holds with an id above `after`."""
         return int(self._rows.read("SELECT COUNT(*) AS n FROM evaluations WHERE search_id = ? AND id > ?",
@@ -230,6 +247,9 @@ class Records:
                           (search_id, generation))
         return self._rows.generation(rows[0]) if rows else None
 
-    def generations(self, search_id: int) -> list[GenerationRow]:
-        rows = self._rows.read("SELECT * FROM generations WHERE search_id = ? ORDER BY generation", (search_id,))
+    def generations(self, search_id: int, since: int = 0) -> list[GenerationRow]:
+        """The search's generations from number `since` on (a watcher reads only those it has not shown:
+        each holds its members and results, and a long search has thousands)."""
+        rows = self._rows.read("SELECT * FROM generations WHERE search_id = ? AND generation >= ? ORDER BY generation",
+                               (search_id, since))
         return [self._rows.generation(r) for r in rows]

@@ -184,10 +184,10 @@ def _format_one(store: Store, row: SearchRow) -> str:
              f"  {'gen':>4} {'evaluated':>9} {'cached':>7} {'failed':>6} {'best':>7} {'mean':>7} "
              f"{'worst':>7} {'seconds':>9}"]
     totals = {"evaluated": 0, "cached": 0, "failed": 0, "seconds": 0.0}
-    trained = store.records.evaluations(search.id)
+    counts = store.records.generation_counts(row.id) if not all(g.complete for g in generations) else {}
     for gen in generations:
         if not gen.complete:
-            done = sum(e.generation == gen.generation and e.replicate == 0 for e in trained)
+            done = counts.get(gen.generation, 0)
             lines.append(f"  {gen.generation + 1:>4} incomplete: {done} evaluation(s) recorded of "
                          f"{len(gen.members)} members")
             continue
@@ -212,7 +212,7 @@ def _format_one(store: Store, row: SearchRow) -> str:
                      f"{sum(t.state == 'claimed' for t in queue)} in progress"
                      + (f" ({', '.join(map(printable, held))})" if held else "")
                      + f", {sum(t.state == 'open' for t in queue)} waiting{best}")
-    lines += _provenances(store.records.evaluations(search.id))
+    lines += _provenances(store.records.provenances(row.id))
     if top:
         lines.append(f"  top {len(top)}:" if row.finished else f"  top {len(top)} so far (measured once):")
         # An objective of yours has its metric and no test accuracy: towerlab tests nothing of it.
@@ -240,13 +240,9 @@ def _top(store: Store, search: SearchRow, n: int) -> list[tuple[dict, float, lis
     return top
 
 
-def _provenances(evaluations: list) -> list[str]:
-    """A line where a search's rows come from more than one provenance (`towerlab.jobs.search.identity`): how many
-    from each, and what tells them apart."""
-    kinds: dict[str, int] = {}
-    for e in evaluations:
-        key = json.dumps(e.provenance, sort_keys=True)
-        kinds[key] = kinds.get(key, 0) + 1
+def _provenances(kinds: dict[str, int]) -> list[str]:
+    """A line where a search's rows come from more than one provenance (`towerlab.jobs.search.identity`; `kinds`:
+    how many rows each, by its JSON): how many from each, and what tells them apart."""
     if len(kinds) < 2:
         return []
     found = [json.loads(key) or {} for key in kinds]

@@ -164,7 +164,7 @@ class Worker:
         self.refused: dict[int, str] = {}
         self._unsaid: list[int] = []  # refusals not yet said
         self.trained = 0
-        self._outcomes: list[Outcome] = []
+        self._failed, self._seconds = 0, 0.0  # of the tasks trained: the leaving line's (no outcome is kept)
         self._wake = threading.Event()
         self._looked = -math.inf
         self._seen = time.monotonic()  # when the store last heard from this worker
@@ -228,10 +228,9 @@ class Worker:
 
     def _summary(self, seconds: float) -> str:
         """The line a worker that `tells` leaves with: what it trained, of which searches, in how long."""
-        failed = sum(o.status == "failed" for o in self._outcomes)
-        return (f"towerlab: worker {self.shown}: leaving after {len(self._outcomes)} task(s) ({failed} failed) of "
+        return (f"towerlab: worker {self.shown}: leaving after {self.trained} task(s) ({self._failed} failed) of "
                 f"search(es) {', '.join(map(str, sorted(self.searches)))}: "
-                f"{math.fsum(o.seconds for o in self._outcomes):.1f} s training in {seconds:.1f} s")
+                f"{self._seconds:.1f} s training in {seconds:.1f} s")
 
     def _nothing_to_join(self) -> bool:
         """Whether every search this worker would join is finished (or refused it)."""
@@ -293,7 +292,8 @@ class Worker:
         done, _ = self._timing("complete", lambda: self.store.queue.complete(task, self.name, outcome))
         if done:
             self.trained += 1
-            self._outcomes.append(outcome)
+            self._failed += outcome.status == "failed"
+            self._seconds += outcome.seconds
             if self.tells:
                 self.log(self._told(task, outcome))
         else:

@@ -88,6 +88,15 @@ def rows(store: Path) -> list[tuple]:
                                  " metrics, curve, reason FROM evaluations"))
 
 
+def trials_in(store: Path) -> int:
+    """The rows a running search's store holds so far: none while its file or its tables are not there yet
+    (the file exists a moment before the transaction that writes its schema commits)."""
+    try:
+        return len(rows(store)) if store.exists() else 0
+    except sqlite3.OperationalError:
+        return 0
+
+
 def search(folder: Path, kind: str, out: str, *more: str, env: dict | None = None) -> subprocess.CompletedProcess:
     done = run_cli(*SEARCH, *KINDS[kind], "--out", out, *more, cwd=folder, env=env)
     assert done.returncode == 0, done.stderr
@@ -163,7 +172,7 @@ def test_a_worker_on_a_second_machine_joins_and_writes_the_rows_of_one_process(r
     store = one / "out" / "search.db"
     job = start(one, *SEARCH, *KINDS[kind], "--out", "out", log=tmp_path / "job.log", env=slow)
     with reaped(job):
-        wait_for(lambda: store.exists() and len(rows(store)) > 0, timeout=120, what="the first trial")
+        wait_for(lambda: trials_in(store) > 0, timeout=120, what="the first trial")
         worker = start(two, "search", "worker", str(store), *KINDS[kind], "--device", "cpu", "--devices", "1",
                        log=tmp_path / "worker.log", env={**slow, "HOME": str(two / "home")})
         with reaped(worker):
@@ -184,7 +193,7 @@ def test_an_objective_search_resumes_to_the_rows_of_one_run(reference, tmp_path)
     store = folder / "out" / "search.db"
     job = start(folder, *SEARCH, *KINDS[kind], "--out", "out", log=tmp_path / "job.log", env={"QUAD_SLEEP": "0.2"})
     with reaped(job):
-        wait_for(lambda: store.exists() and len(rows(store)) >= 5, timeout=120, what="5 trials")
+        wait_for(lambda: trials_in(store) >= 5, timeout=120, what="5 trials")
         os.killpg(job.pid, signal.SIGTERM)
         assert job.wait(timeout=60) == 143, (tmp_path / "job.log").read_text()
     assert len(rows(store)) < 30

@@ -5,6 +5,7 @@ failed or was pruned, asks no more than the budget trains, and refuses in one li
 run. Fake fitness; the sampler imports torch (through Optuna) only when it proposes."""
 
 import builtins
+import dataclasses
 import json
 import math
 import sys
@@ -17,7 +18,7 @@ from towerlab.config import SearchConfig
 from towerlab.errors import UserError
 from towerlab.search import Outcome, Search, Store, genome_hash, load_space, make_sampler, run_search, serial
 from towerlab.search.history import Generation, GenerationStats, Member
-from towerlab.search.queue import Worker, WorkerOptions
+from towerlab.search.work.worker import Worker, WorkerOptions
 
 pytest.importorskip("optuna")
 pytest.importorskip("scipy")
@@ -115,9 +116,10 @@ def test_two_workers_through_the_queue_store_the_one_process_history(tmp_path):
     alone = search(tmp_path / "a.db", cfg)
 
     def trainer(search_):
-        def train(task):
-            time.sleep(0.01 * (task.candidate.index + 1))  # the workers' results come back out of order
-            return peak(task.candidate), (0.75 if task.kind == "test" else None)
+        def train(assignment):
+            time.sleep(0.01 * (assignment.candidate.index + 1))  # the workers' results come back out of order
+            outcome = peak(assignment.candidate)
+            return dataclasses.replace(outcome, test_accuracy=0.75) if assignment.tests(outcome.fitness) else outcome
         return train
 
     def work(name, search_id):

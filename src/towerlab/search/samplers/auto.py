@@ -24,7 +24,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional, Sequence
 
-from towerlab.config import SearchConfig
+from towerlab.config import SamplerSettings, SearchConfig
 from towerlab.search.history import Generation
 from towerlab.search.samplers import InFlight, Sampler, Shape, sampler_class
 from towerlab.search.samplers.gp import GPSampler
@@ -50,9 +50,9 @@ def _inner(cfg: SearchConfig, space: Space) -> tuple[type[Sampler], SearchConfig
 
 class AutoSampler(Sampler):
     @classmethod
-    def shape(cls, cfg: SearchConfig, space: Space) -> Shape:
+    def shape(cls, cfg: SearchConfig, space: Space, settings: SamplerSettings) -> Shape:
         inner, inner_cfg = _inner(cfg, space)
-        return inner.shape(inner_cfg, space)
+        return inner.shape(inner_cfg, space, inner.own(inner_cfg))
 
     def __init__(self, cfg: SearchConfig, space: Space, rungs: int) -> None:
         super().__init__(cfg, space, rungs)

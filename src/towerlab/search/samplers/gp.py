@@ -27,7 +27,7 @@ from __future__ import annotations
 import warnings
 from typing import Any, Optional, Sequence
 
-from towerlab.config import SearchConfig
+from towerlab.config import SamplerSettings, SearchConfig
 from towerlab.errors import UserError
 from towerlab.search.candidates import sampler_rng
 from towerlab.search.history import Generation, Member
@@ -65,8 +65,8 @@ class GPSampler(Sampler):
     tpe_after: Optional[int] = None
 
     @classmethod
-    def shape(cls, cfg: SearchConfig, space: Space) -> Shape:
-        shape = super().shape(cfg, space)
+    def shape(cls, cfg: SearchConfig, space: Space, settings: SamplerSettings) -> Shape:
+        shape = super().shape(cfg, space, settings)
         optuna_for_gp()
         planned = shape.population * cfg.generations
         planned = planned if cfg.max_evaluations is None else min(planned, cfg.max_evaluations)

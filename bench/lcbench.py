@@ -23,12 +23,14 @@ import os
 os.environ.setdefault("OMP_NUM_THREADS", "1")  # before torch (Optuna's GPSampler) reads it: one core a run
 
 import argparse
+import itertools
 import json
 import multiprocessing
 import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 import lcbench_arms
 import lcbench_problem as problem
@@ -36,7 +38,7 @@ from lcbench_problem import BUDGET, FULL, TASKS
 
 RUNS = problem.BENCH / "results" / "lcbench-runs"
 POINTS = (0.25, 0.5, 1.0)
-SLOW = ("gp", "towerlab", "towerlab-gp-p1", "towerlab-gp-p2", "towerlab-gp-p4")  # a Gaussian process proposes
+SLOW = ("gp", "towerlab-serial", "towerlab-p1")  # a Gaussian process proposes
 _surrogates: dict[str, problem.Surrogate] = {}
 
 
@@ -58,21 +60,27 @@ def _path(runs: Path, arm: str, task: str, seed: int) -> Path:
 
 
 def run_all(arms: list[str], tasks: tuple[str, ...], seeds: list[int], budget: int, jobs: int, runs: Path,
-            rerun: set[str]) -> list[dict]:
+            rerun: set[str], kept_only: bool = False) -> list[dict]:
     """Every (arm, task, seed) run, from `runs` where kept there (same budget), else run now."""
     runs.mkdir(parents=True, exist_ok=True)
     wanted = [(a, t, s, budget) for a in arms for t in tasks for s in seeds]
     todo = [j for j in wanted if j[0] in rerun or not _path(runs, *j[:3]).exists()
             or json.loads(_path(runs, *j[:3]).read_text())["budget"] != budget]
+    if kept_only:  # the record of what is kept: an arm measured on fewer seeds counts its own runs
+        wanted, todo = [j for j in wanted if j not in todo], []
     print(f"{len(wanted)} runs, {len(todo)} to run on {jobs} processes", flush=True)
     # the slow arms first, so that the pool's last minutes are not one long run
-    todo.sort(key=lambda j: (j[0] not in SLOW, j))
+    todo.sort(key=lambda j: (j[0] not in SLOW, j[2], j[1], j[0]))  # seed by seed: a partial record pairs its arms
+    # an arm that starts worker processes of its own runs here, one run at a time (a pool's processes
+    # are daemons, which may not start any)
+    here = [j for j in todo if j[0] in lcbench_arms.OWN_WORKERS]
     with multiprocessing.get_context("fork").Pool(jobs) as pool:
-        for n, result in enumerate(pool.imap_unordered(_run, todo), 1):
+        done = pool.imap_unordered(_run, [j for j in todo if j not in here])
+        for n, result in enumerate(itertools.chain(map(_run, here), done), 1):
             _path(runs, result["arm"], result["task"], result["seed"]).write_text(json.dumps(result))
             best = max((a for _, a in result["trace"]), default=None)
             print(f"[{n}/{len(todo)}] {result['arm']} task {result['task']} seed {result['seed']}: best {best}, "
-                  f"{result['trainings']} trainings, {result['sampler_seconds']:.1f} s proposing", flush=True)
+                  f"{result['trainings']} trainings, {result['wall_seconds']:.0f} s", flush=True)
     return [json.loads(_path(runs, *j[:3]).read_text()) for j in wanted]
 
 
@@ -95,17 +103,34 @@ def regrets(results: list[dict], reference: dict, budget: int) -> dict:
             "per_seed": {str(p): {str(s): statistics.fmean(at(r, p * budget) for r in rs) for s, rs in by_seed.items()}
                          for p in POINTS},
             "per_task": {str(p): {t: statistics.fmean(at(r, p * budget) for r in mine if r["task"] == t)
-                                  for t in reference} for p in POINTS},
+                                  for t in reference if any(r["task"] == t for r in mine)} for p in POINTS},
             "curve": [statistics.fmean(at(r, e) for r in mine) for e in range(FULL, budget + 1, FULL)],
             "no_full_training": {str(p): sum(problem.incumbent(r["trace"], p * budget) is None for r in mine)
                                  for p in POINTS},
-            "sampler_seconds": statistics.fmean(r["sampler_seconds"] for r in mine),
+            # the CPU its proposing took (None where the search runs in processes of its own: its wall time instead)
+            "sampler_seconds": None if mine[0]["sampler_seconds"] is None else
+            statistics.fmean(r["sampler_seconds"] for r in mine),
+            "wall_seconds": statistics.fmean(r["wall_seconds"] for r in mine),
             "trainings": statistics.fmean(r["trainings"] for r in mine),
             "full_trainings": statistics.fmean(r["full_trainings"] for r in mine),
             "runs": len(mine),
             **({"resolved": mine[0]["resolved"]} if "resolved" in mine[0] else {}),
         }
-    return {"arms": out, "best_known": best_known}
+    return {"arms": out, "best_known": best_known, "same": same_history(results, at, budget)}
+
+
+def same_history(results: list[dict], at: Callable[[dict, float], float], budget: int) -> dict | None:
+    """The runs of the default through its workers (towerlab) beside the same task and seed played in one process
+    (towerlab-serial): how many, and on how many the genomes proposed, and the regrets at POINTS (`at`), are equal.
+    (The workers' trace is their rows in the order they finished, the one process's in the order it trained
+    them: two members of a generation may swap.)"""
+    played = {(r["task"], r["seed"]): r for r in results if r["arm"] == "towerlab-serial"}
+    pairs = [(r, played[r["task"], r["seed"]]) for r in results
+             if r["arm"] == "towerlab" and (r["task"], r["seed"]) in played]
+    if not pairs:
+        return None
+    return {"runs": len(pairs), "same_genomes": sum(a["genomes"] == b["genomes"] for a, b in pairs),
+            "same_regrets": sum(all(abs(at(a, p * budget) - at(b, p * budget)) < 1e-9 for p in POINTS) for a, b in pairs)}
 
 
 def figures(measured: dict) -> list[dict]:
@@ -115,11 +140,15 @@ def figures(measured: dict) -> list[dict]:
                        "sampler_seconds_per_run": arms[arm]["sampler_seconds"]}}
            for arm in arms for p, value in arms[arm]["points"].items()]
     anchors = [a for a in lcbench_arms.ANCHORS if a in arms]
+    # The default's figure: its 30 runs played in one process, whose histories are those of its default workers
+    # (towerlab-serial; `same` says on how many runs the two were compared and found equal).
+    default = "towerlab-serial" if "towerlab-serial" in arms else "towerlab"
     for p in ("0.5", "1.0"):
         pct = round(100 * float(p))
-        if "towerlab" in arms:
-            out.append({"id": f"lcbench_regret_default_{pct}", "value": arms["towerlab"]["points"][p],
-                        "detail": {"what": "towerlab's default search", **arms["towerlab"].get("resolved", {})}})
+        if default in arms:
+            out.append({"id": f"lcbench_regret_default_{pct}", "value": arms[default]["points"][p],
+                        "detail": {"what": "towerlab's default search", "arm": default, "runs": arms[default]["runs"],
+                                   "same_as_its_workers": measured.get("same"), **arms[default].get("resolved", {})}})
         if anchors:
             best = min(anchors, key=lambda a: arms[a]["points"][p])
             out.append({"id": f"lcbench_regret_best_anchor_{pct}", "value": arms[best]["points"][p],
@@ -128,10 +157,12 @@ def figures(measured: dict) -> list[dict]:
 
 
 def table(measured: dict) -> str:
-    lines = ["| arm | 25% | 50% | 100% | trainings | sampler CPU s a run |", "| --- | --- | --- | --- | --- | --- |"]
+    lines = ["| arm | 25% | 50% | 100% | trainings | sampler CPU s a run | runs |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
     for arm, m in measured["arms"].items():
         cells = " | ".join(f"{m['points'][str(p)]:.3f}" for p in POINTS)
-        lines.append(f"| {lcbench_arms.ARMS[arm][0]} | {cells} | {m['trainings']:.0f} | {m['sampler_seconds']:.1f} |")
+        cpu = "-" if m["sampler_seconds"] is None else f"{m['sampler_seconds']:.1f}"
+        lines.append(f"| {lcbench_arms.ARMS[arm][0]} | {cells} | {m['trainings']:.0f} | {cpu} | {m['runs']} |")
     return "\n".join(lines)
 
 
@@ -162,6 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget", type=int, default=BUDGET, help="epochs a run may give its trainings")
     parser.add_argument("--jobs", type=int, default=2, help="runs at a time, one process each")
     parser.add_argument("--rerun", nargs="*", default=[], help="arms whose kept runs are run again")
+    parser.add_argument("--kept-only", action="store_true", help="run nothing: the record of the kept runs")
     parser.add_argument("--record", default=None, help="the record's name (default lcbench-<date>); none with --smoke")
     parser.add_argument("--smoke", action="store_true", help="task 3945, seed 0, 520 epochs; no record")
     args = parser.parse_args(argv)
@@ -169,7 +201,8 @@ def main(argv: list[str] | None = None) -> int:
         args.tasks, args.seeds, args.budget = [TASKS[0]], [0], BUDGET // 10
     runs = RUNS / ("smoke" if args.smoke else "")
     reference = problem.reference(tuple(args.tasks))
-    results = run_all(args.arms, tuple(args.tasks), args.seeds, args.budget, args.jobs, runs, set(args.rerun))
+    results = run_all(args.arms, tuple(args.tasks), args.seeds, args.budget, args.jobs, runs, set(args.rerun),
+                      args.kept_only)
     measured = regrets(results, reference, args.budget)
     print(table(measured))
     if args.smoke:

@@ -169,15 +169,55 @@ def towerlab_arm(settings: dict, gp_population: int | None = None) -> Arm:
             return Outcome.ok(fitness=accuracy / 100, epochs=epochs)
 
         training, started = _Clock(), time.process_time()
-        cfg = SearchConfig(**{"max_epochs": FULL, "generations": 10_000, "seed": seed, **settings})
+        cfg = SearchConfig(**{"max_epochs": FULL, "generations": 10_000, "seed": seed, "budget_epochs": ledger.budget,
+                              **settings})
         search = Search.resolve(cfg, SPACE)
         with tempfile.TemporaryDirectory() as folder, Store(Path(folder) / "search.db") as store:
+            stored = search.create(store, f"lcbench-{surrogate.task}")
             try:
-                search.create(store, f"lcbench-{surrogate.task}").run(store, serial(fitness))
+                stored.run(store, serial(fitness))
             except BudgetSpent:
                 pass
-        return {"sampler_seconds": time.process_time() - started - training.seconds,
+            genomes = [r.genome for r in sorted(store.records.evaluations(stored.id), key=lambda r: (r.generation, r.index))
+                       if r.replicate == 0]
+        return {"sampler_seconds": time.process_time() - started - training.seconds, "genomes": genomes,
                 "resolved": {k: v for k, v in vars(search.cfg).items() if k in ("sampler", "population", "settings")}}
+
+    return run
+
+
+def towerlab_api_arm(settings: dict) -> Arm:
+    """towerlab's search run as a user runs it: `towerlab.api.search(GENES, objective=...,
+    budget_epochs=..., max_epochs=52, seed=..., generations=10_000)`, every other setting at its
+    default, on its default workers (2 CPU processes here, forked, each playing the search through
+    the store). The objective is the surrogate queried at the `epochs` the search gives it.
+    --generations is the only setting raised: its default (10) would end the search long before
+    the budget. The trace is read back from the store: every row in the order it finished, charged
+    the epochs it was given."""
+
+    def run(surrogate: Surrogate, seed: int, ledger: Ledger) -> dict:
+        from towerlab import api
+        from towerlab.search.store import Store
+
+        def objective(epochs: int, **genes: Any) -> float:  # runs in the workers, forked with the surrogate
+            return surrogate.at(genes, epochs) / 100
+
+        started = time.time()
+        with tempfile.TemporaryDirectory() as folder:
+            found = api.search(GENES, objective=objective, budget_epochs=ledger.budget, max_epochs=FULL, seed=seed,
+                               generations=10_000, out=str(Path(folder) / "search"), progress=False,
+                               **settings)
+            with Store(found.out) as store:
+                rows = store.records.evaluations()
+        for row in rows:
+            ledger.spent += row.max_epochs or FULL
+            ledger.trainings += 1
+            if (row.max_epochs or FULL) == FULL and row.status == "ok" and row.fitness is not None:
+                ledger.trace.append((ledger.spent, 100 * row.fitness))
+        members = sorted((r.generation, r.index, r.genome) for r in rows if r.replicate == 0)
+        return {"sampler_seconds": None, "search_wall_seconds": time.time() - started,
+                "workers": found.config["run"].get("devices"), "genomes": [g for *_, g in members],
+                "resolved": {k: found.config["search"].get(k) for k in ("sampler", "population")}}
 
     return run
 
@@ -213,10 +253,10 @@ ARMS: dict[str, tuple[str, Arm]] = {
     "ga": ("the original's GA (towerlab's ga sampler, population 20)", towerlab_arm({"sampler": "ga", "population": 20})),
     "towerlab-tpe": ("towerlab tpe, population 4, overlapping (the default before this change)",
                      towerlab_arm({"sampler": "tpe"})),
-    "towerlab": ("towerlab's default search", towerlab_arm({})),
-    "towerlab-gp-p1": ("towerlab gp, population 1", towerlab_arm({"sampler": "gp"}, gp_population=1)),
-    "towerlab-gp-p2": ("towerlab gp, population 2", towerlab_arm({"sampler": "gp", "population": 2})),
-    "towerlab-gp-p4": ("towerlab gp, population 4", towerlab_arm({"sampler": "gp", "population": 4})),
+    "towerlab": ("towerlab's default search (towerlab.api.search on its default 2 workers)", towerlab_api_arm({})),
+    "towerlab-serial": ("towerlab's default search, played in one process", towerlab_arm({})),
+    "towerlab-p1": ("towerlab's default with population 1, played in one process", towerlab_arm({}, gp_population=1)),
 }
+OWN_WORKERS = ("towerlab",)  # arms whose search starts its own worker processes
 ANCHORS = ("random", "tpe", "tpe-hyperband", "tpe-sha", "gp", "dehb", "ga")
-RECORDED = (*ANCHORS, "towerlab-tpe", "towerlab")
+RECORDED = (*ANCHORS, "towerlab-tpe", "towerlab-serial", "towerlab-p1", "towerlab")

@@ -100,6 +100,9 @@ def regrets(results: list[dict], reference: dict, budget: int) -> dict:
         out[arm] = {
             "what": lcbench_arms.ARMS[arm][0],
             "points": {str(p): statistics.fmean(at(r, p * budget) for r in mine) for p in POINTS},
+            # the standard error of that mean (runs differ by task and seed: the spread a comparison is up against)
+            "standard_error": {str(p): statistics.stdev([at(r, p * budget) for r in mine]) / len(mine) ** 0.5
+                               if len(mine) > 1 else None for p in POINTS},
             "per_seed": {str(p): {str(s): statistics.fmean(at(r, p * budget) for r in rs) for s, rs in by_seed.items()}
                          for p in POINTS},
             "per_task": {str(p): {t: statistics.fmean(at(r, p * budget) for r in mine if r["task"] == t)
@@ -116,7 +119,23 @@ def regrets(results: list[dict], reference: dict, budget: int) -> dict:
             "runs": len(mine),
             **({"resolved": mine[0]["resolved"]} if "resolved" in mine[0] else {}),
         }
-    return {"arms": out, "best_known": best_known, "same": same_history(results, at, budget)}
+    return {"arms": out, "best_known": best_known, "same": same_history(results, at, budget),
+            "population_1": paired(results, at, budget, "towerlab-p1", "towerlab-serial")}
+
+
+def paired(results: list[dict], at: Callable[[dict, float], float], budget: int, arm: str, against: str) -> dict | None:
+    """`arm`'s regret minus `against`'s on the same tasks and seeds, at POINTS: the mean, its standard error, and
+    on how many runs `arm` was lower and higher."""
+    theirs = {(r["task"], r["seed"]): r for r in results if r["arm"] == against}
+    pairs = [(r, theirs[r["task"], r["seed"]]) for r in results if r["arm"] == arm and (r["task"], r["seed"]) in theirs]
+    if len(pairs) < 2:
+        return None
+    out: dict = {"arm": arm, "against": against, "runs": len(pairs)}
+    for p in POINTS:
+        d = [at(a, p * budget) - at(b, p * budget) for a, b in pairs]
+        out[str(p)] = {"difference": statistics.fmean(d), "standard_error": statistics.stdev(d) / len(d) ** 0.5,
+                       "lower": sum(x < 0 for x in d), "higher": sum(x > 0 for x in d)}
+    return out
 
 
 def same_history(results: list[dict], at: Callable[[dict, float], float], budget: int) -> dict | None:

@@ -6,9 +6,9 @@ others train:
   process, 2 a generation), for its first GP_OUTCOMES outcomes; past them Optuna's TPE proposes from
   the same history. A Gaussian process is the most sample-efficient model of a few numeric
   hyperparameters, where a search has some hundreds of trainings at most: on LCBench (7 numeric
-  genes, 100 trainings) it reached a regret 5 to 10 times lower than TPE's at the same budget
+  genes, 100 trainings) it reached a regret 4 to 8 times lower than TPE's at the same budget
   (docs/benchmarks.md). Its cost grows with the cube of the outcomes (CPU seconds a proposal: about
-  0.3 at 100 outcomes, see gp's module), TPE's linearly: past some hundreds, the model's gain no
+  0.7 at 100 outcomes, see gp's module), TPE's linearly: past some hundreds, the model's gain no
   longer pays for its time, which is where Optuna's AutoSampler leaves it too (250).
 - a space with a listed gene (categorical values: a model's name, an activation, a list of sizes), or
   a pruned search (--min-epochs): tpe, as before this sampler existed. TPE models each categorical

@@ -213,6 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=2, help="runs at a time, one process each")
     parser.add_argument("--rerun", nargs="*", default=[], help="arms whose kept runs are run again")
     parser.add_argument("--kept-only", action="store_true", help="run nothing: the record of the kept runs")
+    parser.add_argument("--notes", default="", help="what the record should say of how it was measured")
     parser.add_argument("--record", default=None, help="the record's name (default lcbench-<date>); none with --smoke")
     parser.add_argument("--smoke", action="store_true", help="task 3945, seed 0, 520 epochs; no record")
     args = parser.parse_args(argv)
@@ -229,7 +230,8 @@ def main(argv: list[str] | None = None) -> int:
     name = args.record or f"lcbench-{time.strftime('%Y-%m-%d')}"
     record = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "command": ["python", "bench/lcbench.py", *sys.argv[1:]],
               "tasks": args.tasks, "seeds": args.seeds, "budget_epochs": args.budget, "full_epochs": FULL,
-              "points": list(POINTS), "reference": reference, **measured, "figures": figures(measured)}
+              "points": list(POINTS), "notes": args.notes, "reference": reference, **measured,
+              "figures": figures(measured)}
     (problem.BENCH / "results" / f"{name}.json").write_text(json.dumps(record, indent=1) + "\n")
     plot(measured, args.budget, problem.BENCH / "results" / f"{name}.png")
     print(f"wrote bench/results/{name}.json and {name}.png")

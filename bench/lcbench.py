@@ -193,9 +193,12 @@ def plot(measured: dict, budget: int, path: Path) -> None:
 
     fig, ax = plt.subplots(figsize=(8, 5))
     epochs = list(range(FULL, budget + 1, FULL))
+    default = "towerlab-serial" if "towerlab-serial" in measured["arms"] else "towerlab"
     for arm, m in measured["arms"].items():
-        style = {"linewidth": 2.5, "color": "black"} if arm == "towerlab" else {"linewidth": 1.2}
-        ax.plot(epochs, m["curve"], label=lcbench_arms.ARMS[arm][0], **style)
+        style = {"linewidth": 2.5, "color": "black"} if arm == default else {"linewidth": 1.2}
+        if arm == "towerlab" and arm != default:
+            style["linestyle"] = ":"
+        ax.plot(epochs, m["curve"], label=f"{lcbench_arms.ARMS[arm][0]} ({m['runs']} runs)", **style)
     ax.set(xlabel="epochs spent (all trainings)", ylabel="normalised regret (mean over tasks and seeds)",
            yscale="log", title="LCBench (YAHPO Gym), 10 open tasks, 3 seeds")
     ax.grid(True, which="both", alpha=0.3)

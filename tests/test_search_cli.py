@@ -73,7 +73,7 @@ def test_search_run_with_a_sampler_writes_its_record_and_every_evaluation_comes_
 @pytest.mark.parametrize("args, fragment", [
     (["--population", "10000000000"], "--population 10000000000 is more than a generation can hold: at most 1000000"),
     (["--limit", "2000000"], "--limit 2000000 is more than a generation can hold"),
-    (["--sampler", "annealing"], "unknown sampler 'annealing': choose one of ga, grid, random, tpe"),
+    (["--sampler", "annealing"], "unknown sampler 'annealing': choose one of auto, ga, gp, grid, random, tpe"),
     (["--max-evaluations", "0"], "--max-evaluations must be positive"),
     (["--remeasure", "1000"], "--remeasure must be between 0 and 100"),
     (["--min-epochs", "3", "--max-epochs", "3"], "--min-epochs (3) must be below --max-epochs (3)"),

@@ -291,7 +291,7 @@ def test_bad_search_settings(args, fragment, tmp_path, capsys):
 
 @pytest.mark.parametrize("command, args, fragment", [
     ("evolve", ["--limit", "5"], "--limit does nothing in a ga search: only the grid sampler reads it (drop --limit)"),
-    ("grid", ["--population", "5"], "--population does nothing in a grid search: only the ga, random and tpe samplers"),
+    ("grid", ["--population", "5"], "--population does nothing in a grid search: only the auto, ga, gp, random and tpe samplers"),
     ("grid", ["--mutate-chance", "0.5"], "--mutate-chance does nothing in a grid search: only the ga sampler reads it"),
 ])
 def test_settings_of_another_sampler_are_refused(command, args, fragment, tmp_path, capsys):

@@ -254,7 +254,7 @@ def test_tpe_without_optuna_is_one_clear_line(monkeypatch):
 
 
 def test_an_unknown_sampler_is_refused():
-    with pytest.raises(UserError, match="unknown sampler 'annealing': choose one of ga, grid, random, tpe"):
+    with pytest.raises(UserError, match="unknown sampler 'annealing': choose one of auto, ga, gp, grid, random, tpe"):
         make_sampler(SearchConfig(sampler="annealing"), load_space("mlp"), 1)
 
 

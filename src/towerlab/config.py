@@ -285,9 +285,9 @@ class SearchConfig:
     none of its fields are the sampler's own settings (its `SamplerSettings`), kept in `settings`
     and checked by the sampler (towerlab.search.samplers); `to_dict` writes them among the fields."""
 
-    sampler: str = _opt("tpe", "how candidates are proposed: ga (the original's genetic algorithm), grid, "
-                        "random (without replacement) or tpe (Optuna's TPE, needs the tpe extra); "
-                        "`towerlab evolve` is ga and `towerlab grid` is grid")
+    sampler: str = _opt("auto", "how candidates are proposed: auto (gp for numeric ranges alone, unpruned; else "
+                        "tpe), ga (the original's GA), gp (Optuna's Gaussian process), grid, random (without "
+                        "replacement) or tpe (Optuna's TPE); auto, gp and tpe need the tpe extra")
     space: str = _opt("mlp", "search space: mlp, cnn, whitenet, a TOML file giving each gene's values "
                      "(a list, or a range {low, high, log, step}), or the same as JSON text")
     objective: Optional[str] = _opt(None, "FILE.py:FUNCTION: search your own training, a function given the genes "
@@ -303,7 +303,7 @@ class SearchConfig:
     image_size: Optional[str] = _opt(None, IMAGE_SIZE_HELP)
     test_size: Optional[float] = _opt(None, TEST_SIZE_HELP)
     population: Optional[int] = _opt(None, "candidates per generation (None: the sampler's own: ga and random 20; "
-                                     "tpe 4, the candidates it proposes before any of their outcomes is told)")
+                                     "tpe 4 and gp 2, proposed before any of their outcomes is told; auto, its choice's)")
     generations: int = _opt(10, "generations (rounds of --population candidates) at most")
     max_evaluations: Optional[int] = _opt(None, "stop after training this many distinct networks, whatever the "
                                           "sampler (None: no limit; re-measures and higher rungs not counted)")

@@ -33,7 +33,9 @@ if TYPE_CHECKING:  # numpy is not imported to build the command line's flags fro
     from towerlab.search.history import Generation
 
 SAMPLERS = {
+    "auto": "towerlab.search.samplers.auto:AutoSampler",
     "ga": "towerlab.search.samplers.ga:GeneticSampler",
+    "gp": "towerlab.search.samplers.gp:GPSampler",
     "grid": "towerlab.search.samplers.grid:GridSampler",
     "random": "towerlab.search.samplers.random:RandomSampler",
     "tpe": "towerlab.search.samplers.tpe:TPESampler",

@@ -78,4 +78,7 @@ def test_the_plan_and_default_remeasuring_keep_to_the_budget():
     search = Search.resolve(SearchConfig(sampler="random", budget_epochs=60, **PRUNED), SPACE)
     # 2 fresh seeds x top 2 x 9 epochs = 36, more than a quarter of 60: 0; the first rungs it holds: 60
     assert search.cfg.remeasure == 0 and search.plan["search"] == 60
-    assert Search.resolve(SearchConfig(sampler="random", budget_epochs=400, **PRUNED), SPACE).cfg.remeasure == 2
+    held = Search.resolve(SearchConfig(sampler="random", budget_epochs=400, **PRUNED), SPACE)
+    assert held.cfg.remeasure == 2
+    # the epochs kept for crowning the top (2 seeds x top 2 x 9 = 36) are not the search's: 364 first rungs
+    assert held.plan["search"] == 364 and held.plan["remeasure"] >= 4

@@ -34,7 +34,8 @@ def planned_trainings(cfg: SearchConfig, shape: Shape, tests: bool = True) -> di
     search = shape.population * generations
     pruner = make_pruner(cfg)
     ladder = pruner.rungs
-    first_rungs = None if cfg.budget_epochs is None else -(-cfg.budget_epochs // ladder[0])  # the most it holds
+    # the most first rungs a budget in epochs holds, less what it keeps for crowning the top (`crowning_epochs`)
+    first_rungs = None if cfg.budget_epochs is None else -(-(cfg.budget_epochs - crowning_epochs(cfg)) // ladder[0])
     budgets = [budget for budget in (cfg.max_evaluations, first_rungs) if budget is not None]
     if budgets:
         search = min(search, *budgets)

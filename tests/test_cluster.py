@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import socket
 import sys
 import time
@@ -69,8 +70,9 @@ def test_search_run_s_help_names_both_stores_and_the_variable():
     assert done.returncode == 0 and "PostgreSQL" in text and "$TOWERLAB_STORE" in text and "SQLite store" not in text
 
 
-# test_search_postgres's search, longer: the requeued array task starts again while it runs
-LONG_SEARCH = [*SEARCH, "--generations", "10"]
+# test_search_postgres's search, longer: the requeued array task starts again while it runs (Slurm takes
+# seconds to start a requeued task: at 3 epochs a training, the whole search once ended in 10 s, before it)
+LONG_SEARCH = [*SEARCH, "--generations", "20", "--max-epochs", "12"]
 
 
 @pytest.fixture(scope="module")
@@ -164,12 +166,18 @@ def test_the_docs_job_array_of_workers_runs_a_search_through_a_cancel_and_a_requ
         wait_for(lambda: held.update(training(postgres_url, {cancelled})) or set(held) - {cancelled}, timeout=180,
                  what="another array task's worker to train")
         requeued = next(task for task in held if task != cancelled)
-        slurm_cluster.run("scontrol", "requeue", f"{job}_{requeued}")
-        wait_for(lambda: slurm_cluster.run("squeue", "-h", "-j", f"{job}_{requeued}", "-o", "%T").stdout.strip()
-                 in ("PENDING", "RUNNING"), timeout=60, what="the requeued task to be queued again")
-        slurm_cluster.run("scontrol", "update", f"JobId={job}_{requeued}", "StartTime=now")
-        wait_for(lambda: logs.said(requeued, "towerlab search worker: 1 worker(s)") == 2, timeout=120,
-                 what="the requeued task to start again")
+        # the search job (and its own worker, with the task it holds) stands still until the requeued task is
+        # back: Slurm takes seconds to start it again, and the others once ended the search before that
+        os.killpg(search.pid, signal.SIGSTOP)
+        try:
+            slurm_cluster.run("scontrol", "requeue", f"{job}_{requeued}")
+            wait_for(lambda: slurm_cluster.run("squeue", "-h", "-j", f"{job}_{requeued}", "-o", "%T").stdout.strip()
+                     in ("PENDING", "RUNNING"), timeout=60, what="the requeued task to be queued again")
+            slurm_cluster.run("scontrol", "update", f"JobId={job}_{requeued}", "StartTime=now")
+            wait_for(lambda: logs.said(requeued, "towerlab search worker: 1 worker(s)") == 2, timeout=120,
+                     what="the requeued task to start again")
+        finally:
+            os.killpg(search.pid, signal.SIGCONT)
         assert search.wait(timeout=600) == 0, (tmp_path / "search.log").read_text()
     again = logs.files[requeued].read_text().rpartition("towerlab search worker: 1 worker(s)")[2]
     assert again.startswith(" on cpu joining its 1 unfinished search(es)"), logs.files[requeued].read_text()

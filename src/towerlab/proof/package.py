@@ -6,10 +6,10 @@ the very bytes it hashed: from a .pyc only where that .pyc holds those bytes' so
 .pyc, Python's own format; the ones it writes are checked ones, which Python's own import checks too),
 never from a .pyc stamped with its source's size and modification time. A stale one of those, its source
 edited back with both put back (`cp -p`, `rsync -a`, `touch -r`), runs other code than its source says, and
-a digest of the source would vouch for code that never ran. The two modules imported before the loader is
-in place (towerlab's `__init__`, `towerlab.proof` and this module) are checked once the proof is taken: where Python ran
-a .pyc of theirs whose code is not their source's, the part is that .pyc's digest, which no other process
-has. A module imported after the proof is taken must be what the proof holds (an edit on disk since is
+a digest of the source would vouch for code that never ran. The modules imported before the loader is in
+place (towerlab's `__init__`, `towerlab.proof` and this module) are checked once the proof is taken: where
+Python ran a .pyc of theirs whose code is not their source's, the part is that .pyc's digest, which no
+other process has. A module imported after the proof is taken must be what the proof holds (an edit on disk since is
 refused: one process runs one towerlab). Names are paths inside the package, so another install of the
 same files (another machine's venv) has the same proof.
 

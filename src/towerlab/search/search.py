@@ -19,6 +19,9 @@ and what its store holds: replaying a search against its store proposes the same
 serves the same rows, which is how a search resumes and how every worker of a search
 (`towerlab.search.work.worker`) plays it alike, whoever trained what. No torch here: the training protocol
 is in `towerlab.search.candidates`, the counts in `towerlab.search.history`.
+
+It is over 350 lines: it is also the one place that says what a search ranks by (`metric`, `value`,
+`metric_label`, `reads`, `shown`), which its views, its record and its workers' lines take from it.
 """
 
 from __future__ import annotations
@@ -162,6 +165,17 @@ class Search:
     def value(self, fitness: Optional[float]) -> Optional[float]:
         """Its metric's value for a `fitness` (the fitness itself, or negated where the metric is minimized)."""
         return None if fitness is None else -fitness if self.minimizes else fitness
+
+    @property
+    def metric_label(self) -> str:
+        """Its metric as a line names it: towerlab's "validation accuracy", or your metric's own name."""
+        return self.metric.replace("val_accuracy", "validation accuracy")
+
+    def reads(self, fitness: Optional[float]) -> str:
+        """A `fitness` as its metric's value reads in a line ("-" for none): an accuracy to 4 places, a metric
+        of yours (a loss of 1e-5, a reward of 2,000) to 6 significant digits."""
+        value = self.value(fitness)
+        return "-" if value is None else f"{value:.6g}" if self.own else f"{value:.4f}"
 
     def shown(self, stats: GenerationStats) -> GenerationStats:
         """A generation's `stats` with best, mean and worst as values of its metric (a minimized one's best is

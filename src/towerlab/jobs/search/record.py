@@ -314,8 +314,7 @@ def write_record(search: Search, store: Store, result: SearchResult, reporter: R
                    "best_val_accuracy": best["val_accuracy"] if best else None,
                    "best_val_accuracy_sd": best["val_accuracy_sd"] if best else None,
                    "best_test_accuracy": best["test_accuracy"] if best else None}
-    label = search.metric.replace("val_accuracy", "validation accuracy")
-    plot_fitness(stats, out / "fitness.png", title, label)
+    plot_fitness(stats, out / "fitness.png", title, search.metric_label)
     plot_accuracy_time(records, out / "accuracy_time.png", title)
     atomic.write_json(out / "summary.json", summary)
     if not top:

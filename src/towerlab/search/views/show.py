@@ -139,12 +139,6 @@ def _acc(x: Optional[float]) -> str:
     return "-" if x is None else f"{x:.4f}"
 
 
-def _value(search: Search, x: Optional[float]) -> str:
-    """A fitness as the search's metric: an accuracy to 4 places, an objective's metric (a loss of 1e-5, a
-    reward of 2,000) to 6 significant digits."""
-    return "-" if x is None else f"{search.value(x):.6g}" if search.own else _acc(search.value(x))
-
-
 def _trains(search: Search) -> str:
     """What a search trains, as its header says: towerlab's model, or your objective and what it ranks by."""
     if not search.own:
@@ -194,7 +188,7 @@ def _format_one(store: Store, row: SearchRow) -> str:
         s = gen.final_stats
         for key in totals:
             totals[key] += s[key]
-        values = " ".join(f"{_value(search, s[key]):>7}" for key in ("best", "mean", "worst"))  # the metric's
+        values = " ".join(f"{search.reads(s[key]):>7}" for key in ("best", "mean", "worst"))  # the metric's
         lines.append(f"  {gen.generation + 1:>4} {s['evaluated']:>9} {s['cached']:>7} {s['failed']:>6} {values} "
                      f"{s['seconds']:>9.1f}")
     top = _top(store, row, search.cfg.top)
@@ -206,8 +200,7 @@ def _format_one(store: Store, row: SearchRow) -> str:
         closed = [t for t in queue if t.state == "done"]
         held = sorted({t.worker for t in queue if t.state == "claimed" and t.worker})
         failed = sum((t.result or {}).get("status") == "failed" for t in closed)
-        named = search.metric.replace("val_accuracy", "validation accuracy")
-        best = f"; best {named} so far {_value(search, top[0][1])}" if top else ""
+        best = f"; best {printable(search.metric_label)} so far {search.reads(top[0][1])}" if top else ""
         lines.append(f"  so far: {len(closed)} training(s) done ({failed} failed), "
                      f"{sum(t.state == 'claimed' for t in queue)} in progress"
                      + (f" ({', '.join(map(printable, held))})" if held else "")
@@ -223,7 +216,7 @@ def _format_one(store: Store, row: SearchRow) -> str:
             spread = "-" if len(fitnesses) < 2 else f"{statistics.stdev(fitnesses):.4g}" if search.own else \
                 f"{statistics.stdev(fitnesses):.4f}"
             text = printable(" ".join(f"{k}={v}" for k, v in genome.items()))
-            lines.append(f"  {rank:>4} {_value(search, fitness):>{width}} {spread:>7} {len(fitnesses):>5}"
+            lines.append(f"  {rank:>4} {search.reads(fitness):>{width}} {spread:>7} {len(fitnesses):>5}"
                          f"{'' if search.own else f' {_acc(test):>8}'}  {text}")
     return "\n".join(lines)
 

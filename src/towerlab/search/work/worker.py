@@ -314,10 +314,7 @@ class Worker:
             result = f"test accuracy {outcome.test_accuracy:.4f}" if outcome.test_accuracy is not None else "tested"
         else:
             search = self.searches[task.search_id]
-            named = search.metric.replace("val_accuracy", "validation accuracy")
-            value = search.value(outcome.fitness)
-            shown = f"{value:.6g}" if search.own else f"{value:.4f}"
-            result = f"{printable(named)} {shown} after {outcome.epochs} epoch(s)"
+            result = f"{printable(search.metric_label)} {search.reads(outcome.fitness)} after {outcome.epochs} epoch(s)"
         return (f"towerlab: worker {self.shown}: search {task.search_id}, generation {c.generation + 1}, {which}: "
                 f"{result} in {outcome.seconds:.1f} s")
 

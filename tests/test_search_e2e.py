@@ -274,7 +274,8 @@ def test_a_search_served_results_computed_elsewhere_says_so(tmp_path, space_file
 
 
 @pytest.mark.parametrize("args, fragment", [
-    (["--population", "1"], "--population must be at least 2"),
+    (["--population", "0"], "--population must be at least 1"),
+    (["--population", "1"], "the ga sampler breeds each child from two parents: --population must be at least 2"),
     (["--retain", "1.5"], "--retain is a probability"),
     (["--random-select", "-0.1"], "--random-select is a probability"),
     (["--mutate-chance", "2"], "--mutate-chance is a probability"),

@@ -42,7 +42,7 @@ def peak(candidate):
 
 
 def gp_config(**changes):
-    return SearchConfig(**{"sampler": "gp", "generations": 9, "remeasure": 0, "top": 2, "seed": 3, **changes})
+    return SearchConfig(**{"sampler": "gp", "generations": 18, "remeasure": 0, "top": 2, "seed": 3, **changes})
 
 
 def search(path, cfg, fitness=peak, evaluate=None, **kw):
@@ -57,18 +57,28 @@ def genomes(result):
 def test_gp_is_seeded_and_learns_from_what_it_is_told(tmp_path):
     a = search(tmp_path / "a.db", gp_config())
     assert a == search(tmp_path / "b.db", gp_config())
-    assert all(len(g.members) == 2 for g in a.history)  # its default population
+    assert all(len(g.members) == 1 for g in a.history)  # its default population
     other = search(tmp_path / "c.db", gp_config(seed=4, generations=1))
     assert genomes(other)[0] != genomes(a)[0]
-    start = [m.fitness for g in a.history[:5] for m in g.members]  # its 10 random start-up trials
-    model = [m.fitness for g in a.history[6:] for m in g.members]
+    start = [m.fitness for g in a.history[:10] for m in g.members]  # its 10 random start-up trials
+    model = [m.fitness for g in a.history[10:] for m in g.members]
     assert sum(model) / len(model) > sum(start) / len(start) + 0.1
+
+
+def test_the_model_proposes_once_the_start_up_s_10_trials_are_proposed():
+    """A generation is asked while the one before trains: Optuna's rule (10 complete trials) would draw
+    the generation in flight at random too. GPSampler is told to start from 10 - population complete."""
+    for population, complete in ((1, 9), (2, 8), (4, 6)):
+        sampler = make_sampler(gp_config(population=population), NUMERIC, 1)
+        assert sampler._gp._n_startup_trials == complete
+        asked = -(-10 // population)  # the generation asked with `complete` outcomes in and one in flight
+        assert population * (asked - 1) >= complete > population * (asked - 2)
 
 
 def test_gp_keeps_each_gene_s_kind_and_bounds_and_rounds_floats_to_its_digits(tmp_path):
     from towerlab.search.samplers.gp import DIGITS
 
-    result = search(tmp_path / "s.db", gp_config(generations=7))
+    result = search(tmp_path / "s.db", gp_config(generations=14))
     members = [m.genome for g in result.history for m in g.members]
     assert all(SPACE.contains(g) for g in members)
     assert all(type(g["depth"]) is int and type(g["units"]) is int and g["act"] in ("relu", "tanh", "gelu")
@@ -90,11 +100,11 @@ def test_gp_never_proposes_a_genome_twice_and_ends_when_the_space_is_used_up(tmp
     with Store(tmp_path / "s.db") as store:
         result = run_search(gp_config(generations=20), small, serial(near_corner), store, TCH)
     proposed = [genome_hash(m.genome) for g in result.history for m in g.members]
-    assert len(proposed) == len(set(proposed)) == 12 and result.cache_hits == 0 and result.generations == 6
+    assert len(proposed) == len(set(proposed)) == 12 and result.cache_hits == 0 and result.generations == 12
 
 
 def test_gp_resumes_mid_generation_to_the_uninterrupted_history(tmp_path):
-    reference = search(tmp_path / "ref.db", gp_config(generations=8))
+    reference = search(tmp_path / "ref.db", gp_config(generations=14, population=2))
     trained = []
 
     def crash(candidates, record):  # dies in generation 6, after the model has proposed
@@ -105,14 +115,14 @@ def test_gp_resumes_mid_generation_to_the_uninterrupted_history(tmp_path):
             record(c, peak(c))
 
     with pytest.raises(KeyboardInterrupt):
-        search(tmp_path / "s.db", gp_config(generations=8), evaluate=crash)
-    assert search(tmp_path / "s.db", gp_config(generations=8), resume=True) == reference
+        search(tmp_path / "s.db", gp_config(generations=14, population=2), evaluate=crash)
+    assert search(tmp_path / "s.db", gp_config(generations=14, population=2), resume=True) == reference
 
 
 def test_two_workers_through_the_queue_store_the_one_process_history(tmp_path):
     """A CPU machine's default: 2 workers, each of whose drivers plays the search (so each proposes
     while the other trains); the generations they record are the one-process search's."""
-    cfg = gp_config(generations=7)
+    cfg = gp_config(generations=14)
     alone = search(tmp_path / "a.db", cfg)
 
     def trainer(search_):
@@ -165,21 +175,37 @@ def test_gp_asks_no_more_trials_than_the_budget_can_train(tmp_path):
 
 def test_a_gp_search_larger_than_its_model_affords_is_refused_in_one_line_and_auto_takes_it():
     with pytest.raises(UserError, match=r"^the gp sampler fits its Gaussian process to every outcome, .* it takes at "
-                                        r"most 2,000 trainings, and this search plans 2,002 \(2 x --generations 1001, "
+                                        r"most 2,000 trainings, and this search plans 2,001 \(1 x --generations 2001, "
                                         r"or --max-evaluations\): give fewer, or choose --sampler auto") as caught:
-        Search.resolve(gp_config(generations=1001), SPACE)
+        Search.resolve(gp_config(generations=2001), SPACE)
     assert "\n" not in str(caught.value)
-    assert Search.resolve(gp_config(generations=1001, max_evaluations=2000), SPACE).shape.population == 2
-    assert Search.resolve(gp_config(sampler="auto", generations=5000), NUMERIC).shape.population == 2
+    assert Search.resolve(gp_config(generations=2001, max_evaluations=2000), SPACE).shape.population == 1
+    assert Search.resolve(gp_config(sampler="auto", generations=5000), NUMERIC).shape.population == 1
+
+
+def test_gp_runs_20_trainings_by_default_and_2_a_generation_when_pruned_and_one_is_refused_there():
+    """One a generation: --generations' default is then the sampler's 20 (the start-up's 10 and 10 of
+    the model's), as many trainings as 10 generations of 2. A pruned generation's members race each
+    other: 2 by default there, and a --population of 1 is refused in one line."""
+    unset = dict(generations=None)
+    assert Search.resolve(gp_config(**unset), NUMERIC).cfg.generations == 20
+    assert Search.resolve(gp_config(sampler="auto", **unset), NUMERIC).cfg.generations == 20
+    assert Search.resolve(gp_config(sampler="auto", **unset), SPACE).cfg.generations == 10  # tpe's
+    assert Search.resolve(gp_config(generations=7), NUMERIC).cfg.generations == 7
+    pruned = dict(max_epochs=3, min_epochs=1)
+    assert Search.resolve(gp_config(**pruned), NUMERIC).shape.population == 2
+    with pytest.raises(UserError, match=r"^--min-epochs prunes the members of a generation against each other: it "
+                                        r"needs a --population of 2 or more, got 1$"):
+        Search.resolve(gp_config(population=1, **pruned), NUMERIC)
 
 
 def test_auto_runs_gp_on_numeric_ranges_unpruned_and_tpe_on_a_listed_gene_or_a_pruned_search(tmp_path):
     def history(sampler, space, **changes):
         with Store(tmp_path / f"{sampler}-{space.fingerprint[:6]}-{len(changes)}.db") as store:
-            cfg = gp_config(**{"sampler": sampler, "generations": 7, **changes})
+            cfg = gp_config(**{"sampler": sampler, "generations": 13, **changes})
             return genomes(run_search(cfg, space, serial(peak), store, TCH))
 
-    assert history("auto", NUMERIC) == history("gp", NUMERIC)  # 2 a generation, the model from the 6th
+    assert history("auto", NUMERIC) == history("gp", NUMERIC)  # 1 a generation, the model from the 11th
     listed = history("auto", SPACE, generations=2)
     assert listed == history("tpe", SPACE, generations=2) and len(listed[0]) == 4
     pruned = dict(generations=2, max_epochs=3, min_epochs=1)

@@ -303,8 +303,9 @@ class SearchConfig:
     image_size: Optional[str] = _opt(None, IMAGE_SIZE_HELP)
     test_size: Optional[float] = _opt(None, TEST_SIZE_HELP)
     population: Optional[int] = _opt(None, "candidates per generation (None: the sampler's own: ga and random 20; "
-                                     "tpe 4 and gp 2, proposed before any of their outcomes is told; auto, its choice's)")
-    generations: int = _opt(10, "generations (rounds of --population candidates) at most")
+                                     "tpe 4, gp 1 (2 pruned), proposed before their outcomes are told; auto, its choice's)")
+    generations: Optional[int] = _opt(None, "generations (rounds of --population candidates) at most "
+                                      "(None: the sampler's own: 10, gp's 20; auto, its choice's)")
     max_evaluations: Optional[int] = _opt(None, "stop after training this many distinct networks, whatever the "
                                           "sampler (None: no limit; re-measures and higher rungs not counted)")
     budget_epochs: Optional[int] = _opt(None, "stop once the trainings were given this many epochs in all (every "
@@ -358,11 +359,11 @@ class SearchConfig:
         object.__setattr__(self, "dataset", check_dataset(self.dataset))
         _check_folder_options(self)
         check_members("population", self.population)
-        if self.population is not None and self.population < 2:
-            raise UserError(f"--population must be at least 2, got {self.population}")
-        for name in ("generations", "max_epochs", "patience", "top", "workers_per_device"):
+        if self.population is not None and self.population < 1:
+            raise UserError(f"--population must be at least 1, got {self.population}")
+        for name in ("max_epochs", "patience", "top", "workers_per_device"):
             check_positive(name, getattr(self, name))
-        for name in ("batch_size", "max_evaluations", "min_epochs", "budget_epochs", "trial_timeout"):
+        for name in ("generations", "batch_size", "max_evaluations", "min_epochs", "budget_epochs", "trial_timeout"):
             check_positive(name, getattr(self, name), allow_none=True)
         if self.val_size <= 0:
             raise UserError("--val-size must be positive: the fitness is validation accuracy")

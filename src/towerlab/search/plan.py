@@ -30,7 +30,7 @@ def planned_trainings(cfg: SearchConfig, shape: Shape, tests: bool = True) -> di
     pruner's `most_promoted`); `remeasure`, --remeasure K for the final top and for each later
     generation's elite; `test`, the top once each (none where it `tests` nothing). A store that serves
     some of them, early stopping and failures make fewer."""
-    generations = 1 if shape.one_generation else cfg.generations
+    generations = 1 if shape.one_generation else generations_of(cfg)
     search = shape.population * generations
     pruner = make_pruner(cfg)
     ladder = pruner.rungs
@@ -62,6 +62,12 @@ def resolved_remeasure(cfg: SearchConfig, shape: Shape) -> SearchConfig:
     if cfg.budget_epochs is not None:  # and at most that share of a budget in epochs (each at --max-epochs)
         most = min(most, int(cfg.budget_epochs * REMEASURE_SHARE // (max(1, per_seed["remeasure"]) * cfg.max_epochs)))
     return replace(cfg, remeasure=min(DEFAULT_REMEASURE, most))
+
+
+def generations_of(cfg: SearchConfig) -> int:
+    """A resolved search's --generations (`Search.resolve` gives an unset one its sampler's default)."""
+    assert cfg.generations is not None, "a search's --generations is resolved before it is planned or played"
+    return cfg.generations
 
 
 def crowning_epochs(cfg: SearchConfig) -> int:

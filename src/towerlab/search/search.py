@@ -37,7 +37,7 @@ from towerlab.errors import UserError
 from towerlab.fields import to_dict
 from towerlab.search.history import Generation, GenerationStats, Played, SearchResult, TopGenome
 from towerlab.search.pruners import Ladder, Pruner, make_pruner
-from towerlab.search.plan import crowning_epochs, least, planned_trainings, resolved_remeasure
+from towerlab.search.plan import crowning_epochs, generations_of, least, planned_trainings, resolved_remeasure
 from towerlab.search.rounds import Rounds
 from towerlab.search.store.rows import SearchRow
 from towerlab.search.samplers import (InFlight, Sampler, Shape, budget_left, resolved_settings, sampler_class,
@@ -75,10 +75,16 @@ class Search:
     def resolve(cls, cfg: SearchConfig, space: Optional[Space] = None) -> Search:
         """The search `cfg` describes, once every setting it would refuse has been (an unknown sampler,
         a setting it refuses, a budget its generations cannot hold): a UserError, before anything is
-        written. Re-measuring and the sampler's own settings are decided here, as the search records them."""
+        written. --generations, re-measuring and the sampler's own settings are decided here, as the search
+        records them."""
         space = space if space is not None else load_space(cfg.space)
         sampler = sampler_class(cfg.sampler)
-        cfg = resolved_remeasure(cfg, sampler_shape(cfg, space, sampler))
+        cfg = replace(cfg, generations=sampler.generations(cfg, space))
+        shape = sampler_shape(cfg, space, sampler)
+        if cfg.min_epochs is not None and shape.population < 2 and not shape.one_generation:
+            raise UserError(f"--min-epochs prunes the members of a generation against each other: it needs a "
+                            f"--population of 2 or more, got {shape.population}")
+        cfg = resolved_remeasure(cfg, shape)
         if cfg.budget_epochs is not None and cfg.budget_epochs <= crowning_epochs(cfg):
             raise UserError(f"--budget-epochs {cfg.budget_epochs} leaves the search nothing once its top is "
                             f"re-measured (--remeasure {cfg.remeasure} x --top {cfg.top} x {cfg.max_epochs} epochs = "
@@ -139,7 +145,7 @@ class Search:
     @property
     def generations(self) -> int:
         """The generations it may run (1 for a sampler that proposes everything at once)."""
-        return 1 if self.shape.one_generation else self.cfg.generations
+        return 1 if self.shape.one_generation else generations_of(self.cfg)
 
     @property
     def tests_top(self) -> bool:
@@ -229,7 +235,7 @@ class Search:
                                 f"{row.config.get(name)}, not {config[name]}: resume with the same setting")
         done = store.records.generations(row.id)
         complete = sum(g.complete for g in done)
-        if cfg.generations < complete:
+        if generations_of(cfg) < complete:
             raise UserError(f"store {store.path} already holds {complete} complete generations: "
                             f"resume with --generations {complete} or more")
         trained = sum(g.final_stats["evaluated"] for g in done if g.complete)
@@ -277,7 +283,7 @@ class Search:
         history: list[Generation] = []
         ahead: Optional[InFlight] = None  # the next generation, begun while the one before trained
         ended = "generations"
-        while len(history) < cfg.generations:
+        while len(history) < generations_of(cfg):
             g = len(history)
             budget = budget_left(cfg, history)
             if budget == 0:
@@ -302,7 +308,7 @@ class Search:
                     break
                 current = InFlight(tuple(genomes), rounds.begin(g, genomes, budget))
             after = least(budget_left(cfg, history, current), rounds.epochs_left(g, current.new))
-            if sampler.overlaps and not sampler.elite and g + 1 < cfg.generations and (after is None or after > 0):
+            if sampler.overlaps and not sampler.elite and g + 1 < generations_of(cfg) and (after is None or after > 0):
                 # The next generation is proposed now, with this one in flight, and its first rung goes on
                 # the queue: a worker that finishes before this generation's last training takes it. This
                 # one's first rung goes there first, so that no worker takes the next one's before it.

@@ -80,6 +80,7 @@ class Sampler:
     Its settings are resolved once (`own`), and handed to `shape`."""
 
     default_population = 20
+    default_generations = 10
     identity: tuple[str, ...] = ("population",)
     Settings: type[SamplerSettings] = SamplerSettings
     one_generation = False
@@ -113,6 +114,11 @@ class Sampler:
         would refuse has been (a UserError), without building it: a sampler is built where it proposes. A
         subclass whose generations or elite differ from --population's and none says so here."""
         return Shape(cfg.population or cls.default_population, 0, cls.one_generation)
+
+    @classmethod
+    def generations(cls, cfg: SearchConfig, space: Space) -> int:
+        """The generations a search of `space` under `cfg` runs at most: --generations, or its own default."""
+        return cfg.generations or cls.default_generations
 
     @classmethod
     def reads(cls) -> tuple[str, ...]:
@@ -218,10 +224,11 @@ def sampler_shape(cfg: SearchConfig, space: Space, sampler: Optional[type[Sample
     `sampler`: its class, where the caller has it (else looked up by its name)."""
     sampler = sampler or sampler_class(cfg.sampler)
     shape = sampler.shape(cfg, space, sampler.own(cfg))
-    most = shape.population * cfg.generations
+    generations = sampler.generations(cfg, space)
+    most = shape.population * generations
     if not shape.one_generation and cfg.max_evaluations is not None and cfg.max_evaluations > most:
-        raise UserError(f"--max-evaluations {cfg.max_evaluations} is more than {cfg.generations} "
-                        f"generation{'' if cfg.generations == 1 else 's'} of "
+        raise UserError(f"--max-evaluations {cfg.max_evaluations} is more than {generations} "
+                        f"generation{'' if generations == 1 else 's'} of "
                         f"{shape.population} can train: pass --generations "
                         f"{-(-cfg.max_evaluations // shape.population)} (or more) with it")
     return shape

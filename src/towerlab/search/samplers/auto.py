@@ -3,7 +3,7 @@ own AutoSampler (OptunaHub's samplers/auto_sampler), adapted to a search whose w
 others train:
 
 - a space whose genes are all numeric ranges, in a search that is not pruned: gp (Optuna's Gaussian
-  process, 2 a generation), for its first GP_OUTCOMES outcomes; past them Optuna's TPE proposes from
+  process, 1 a generation), for its first GP_OUTCOMES outcomes; past them Optuna's TPE proposes from
   the same history. A Gaussian process is the most sample-efficient model of a few numeric
   hyperparameters, where a search has some hundreds of trainings at most: on LCBench (7 numeric
   genes, 100 trainings) it reached a regret 4 to 8 times lower than TPE's at the same budget
@@ -53,6 +53,11 @@ class AutoSampler(Sampler):
     def shape(cls, cfg: SearchConfig, space: Space, settings: SamplerSettings) -> Shape:
         inner, inner_cfg = _inner(cfg, space)
         return inner.shape(inner_cfg, space, inner.own(inner_cfg))
+
+    @classmethod
+    def generations(cls, cfg: SearchConfig, space: Space) -> int:
+        inner, inner_cfg = _inner(cfg, space)
+        return inner.generations(inner_cfg, space)
 
     def __init__(self, cfg: SearchConfig, space: Space, rungs: int) -> None:
         super().__init__(cfg, space, rungs)

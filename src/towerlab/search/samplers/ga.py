@@ -150,6 +150,9 @@ class GeneticSampler(Sampler):
     def shape(cls, cfg: SearchConfig, space: Space, settings: SamplerSettings) -> Shape:
         shape = super().shape(cfg, space, settings)
         assert isinstance(settings, GeneticSettings)
+        if shape.population < 2:
+            raise UserError(f"the ga sampler breeds each child from two parents: --population must be at least 2, "
+                            f"got {shape.population}")
         elite = settings.elite
         if not 0 <= elite <= shape.population:
             raise UserError(f"--elite must be between 0 and --population ({shape.population}), got {elite}")

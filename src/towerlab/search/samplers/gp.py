@@ -3,15 +3,24 @@ fitness fitted to every outcome so far, and each proposal the genome that maximi
 improvement (log EI; proposals asked while others train maximise the batch's, qLogEI, over those
 others as trials still running, so that two workers are not sent the same way).
 
-Each generation (`--population`, 2 by default) is asked while the one before still trains, its genomes
-running trials of the model: so two workers each train while the sampler proposes for the next, and
-the history is one whoever trains. The sampler is seeded from the search seed and each proposal is
+Each generation (`--population`: 1 by default, 2 in a pruned search, whose generation's members race
+each other) is asked while the one before still trains, its genomes running trials of the model: so
+two workers each train while the sampler proposes for the next, and the history is one whoever
+trains. One a generation is asynchronous Bayesian optimisation on 2 workers: each proposal is made
+with one training in flight, the fewest that keeps two workers busy (one with 2 a generation misses
+2 or 3 outcomes; bench/lcbench.py measures the difference). The sampler is seeded from the search seed and each proposal is
 made from the history alone (a study rebuilt from the members and the genomes in flight, asked by one
 GPSampler kept from the first generation on), so replaying a stored search proposes the same
 generations: a gp search resumes exactly, with the same Optuna and the same numerics. A float gene's
 value is rounded to DIGITS significant digits: the model is told the value the candidate trained
 with, and a replay whose floating point differs in its last bits (another machine's BLAS, greenlet
 installed or not) still proposes the same genome (bench/lcbench_gp.py numerics measures it).
+
+The model proposes once STARTUP trials (Optuna's default count) have been drawn at random: the
+start-up design. Optuna's rule counts the trials complete when it is asked, and a generation is
+asked while the one before trains, so GPSampler is told to start from STARTUP - population
+complete ones: with its own rule, the generation in flight would be drawn at random again (12
+random trials at 2 a generation, 11 at 1).
 
 A listed gene is categorical, a range gene Optuna's int or float distribution, as for tpe. A
 failed candidate is told FAIL, one a pruned search stopped early PRUNED (the model reads only the
@@ -24,6 +33,7 @@ hands such searches to TPE after 250 outcomes.
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from typing import Any, Optional, Sequence
 
@@ -36,6 +46,7 @@ from towerlab.search.samplers.tpe import distribution, optuna_module
 from towerlab.search.space import Range, Space, genome_hash
 
 DIGITS = 8
+STARTUP = 10
 REPEATS, DRAWS = 3, 1000
 MOST_TRAININGS = 2000
 
@@ -57,7 +68,8 @@ def optuna_for_gp() -> Any:
 
 
 class GPSampler(Sampler):
-    default_population = 2
+    default_population = 1
+    default_generations = 20  # as many trainings as 10 of 2: the start-up's 10 and 10 of the model's
     # Asked with the generation before in flight: its genomes are running trials of the model.
     overlaps = True
     # From this many outcomes on, Optuna's TPE proposes (constant liar over the trials in flight)
@@ -67,14 +79,17 @@ class GPSampler(Sampler):
     @classmethod
     def shape(cls, cfg: SearchConfig, space: Space, settings: SamplerSettings) -> Shape:
         shape = super().shape(cfg, space, settings)
+        if cfg.population is None and cfg.min_epochs is not None:  # a pruned generation's members race each other
+            shape = dataclasses.replace(shape, population=2)
         optuna_for_gp()
-        planned = shape.population * cfg.generations
+        generations = cls.generations(cfg, space)
+        planned = shape.population * generations
         planned = planned if cfg.max_evaluations is None else min(planned, cfg.max_evaluations)
         if cls.tpe_after is None and planned > MOST_TRAININGS:
             raise UserError(f"the gp sampler fits its Gaussian process to every outcome, whose cost grows with "
                             f"their number (4.7 s of CPU a proposal at 2,000): it takes at most {MOST_TRAININGS:,} "
                             f"trainings, and this search plans {planned:,} ({shape.population} x --generations "
-                            f"{cfg.generations}, or --max-evaluations): give fewer, or choose --sampler auto, "
+                            f"{generations}, or --max-evaluations): give fewer, or choose --sampler auto, "
                             f"whose proposals are TPE's after 250 outcomes")
         return shape
 
@@ -84,7 +99,8 @@ class GPSampler(Sampler):
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         with warnings.catch_warnings():  # GPSampler is "experimental" in some Optuna versions
             warnings.simplefilter("ignore")
-            self._gp = optuna.samplers.GPSampler(seed=int(sampler_rng(cfg.seed, "gp").integers(2**32)))
+            self._gp = optuna.samplers.GPSampler(seed=int(sampler_rng(cfg.seed, "gp").integers(2**32)),
+                                                 n_startup_trials=max(1, STARTUP - self.population))
         self._tpe: Any = None
         self._distributions = {name: distribution(optuna, values) for name, values in space.genes.items()}
 

@@ -137,7 +137,7 @@ def dehb(surrogate: Surrogate, seed: int, ledger: Ledger) -> dict:
             return {"sampler_seconds": clock.seconds}
 
 
-def towerlab_arm(settings: dict, gp_population: int | None = None) -> Arm:
+def towerlab_arm(settings: dict, gp_startup: int | None = None) -> Arm:
     """towerlab's search with `settings` (SearchConfig's fields and its sampler's own; the rest at their
     defaults), its candidates trained by the surrogate: `fitness(candidate)` trains the candidate's
     epochs (a pruned rung's, else the full 52), charged to the ledger, which ends the search when the
@@ -148,15 +148,15 @@ def towerlab_arm(settings: dict, gp_population: int | None = None) -> Arm:
     from towerlab.search.store import Store
 
     def run(surrogate: Surrogate, seed: int, ledger: Ledger) -> dict:
-        from towerlab.search.samplers.gp import GPSampler
+        from towerlab.search.samplers import gp
 
-        before = GPSampler.default_population
-        if gp_population is not None:  # a default --population cannot give (it must be 2 or more)
-            GPSampler.default_population = gp_population
+        before = gp.STARTUP
+        if gp_startup is not None:  # the random trials before the model proposes (towerlab.search.samplers.gp)
+            gp.STARTUP = gp_startup
         try:
             return _play(settings, surrogate, seed, ledger)
         finally:
-            GPSampler.default_population = before
+            gp.STARTUP = before
 
     def _play(settings: dict, surrogate: Surrogate, seed: int, ledger: Ledger) -> dict:
         def fitness(candidate: Candidate) -> Outcome:
@@ -255,8 +255,12 @@ ARMS: dict[str, tuple[str, Arm]] = {
                      towerlab_arm({"sampler": "tpe"})),
     "towerlab": ("towerlab's default search (towerlab.api.search on its default 2 workers)", towerlab_api_arm({})),
     "towerlab-serial": ("towerlab's default search, played in one process", towerlab_arm({})),
-    "towerlab-p1": ("towerlab's default with population 1, played in one process", towerlab_arm({}, gp_population=1)),
+    "towerlab-p2": ("towerlab's default with 2 a generation, played in one process", towerlab_arm({"population": 2})),
+    # 2 a generation, and GPSampler's own start-up rule (10 complete trials, with a generation in flight: 12 random)
+    "towerlab-before": ("towerlab's default before its start-up counted the trials in flight (2 a generation, the "
+                        "model from the 13th training), played in one process",
+                        towerlab_arm({"population": 2}, gp_startup=12)),
 }
 OWN_WORKERS = ("towerlab",)  # arms whose search starts its own worker processes
 ANCHORS = ("random", "tpe", "tpe-hyperband", "tpe-sha", "gp", "dehb", "ga")
-RECORDED = (*ANCHORS, "towerlab-tpe", "towerlab-serial", "towerlab-p1", "towerlab")
+RECORDED = (*ANCHORS, "towerlab-tpe", "towerlab-before", "towerlab-p2", "towerlab-serial", "towerlab")

@@ -3,16 +3,18 @@ OpenML task (7 hyperparameters, 1 to 52 epochs, validation accuracy in percent),
 and Optuna take it, the epochs a run may spend (`Ledger`), and each task's reference: the median and the
 best of 20,000 random configurations at 52 epochs, cached in bench/results/lcbench-random-20000.json.
 
-Only the 10 tasks of ../shared/data/lcbench/OPEN.md are measured (the other 24 are kept for an
-independent check). The surrogate (yahpo-gym, onnxruntime) is a benchmark dependency, not towerlab's:
+The 10 tasks of ../shared/data/lcbench/OPEN.md are measured and tuned on (`TASKS`); the other 24
+(`held_out`) only check a change made on those, in a record of their own. The surrogate (yahpo-gym, onnxruntime) is a benchmark dependency, not towerlab's:
 its module is imported where a task is opened.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import io
 import json
+import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
@@ -46,6 +48,13 @@ def data_dir() -> Path:
     return (BENCH.parent.parent / "shared" / "data").resolve()
 
 
+def held_out() -> tuple[str, ...]:
+    """The surrogate's tasks outside TASKS (from its configuration space: the 24 kept for an independent check)."""
+    space = json.loads((data_dir() / "lcbench" / "config_space.json").read_text())
+    tasks = next(p["choices"] for p in space["hyperparameters"] if p["name"] == "OpenML_task_id")
+    return tuple(t for t in tasks if t not in TASKS)
+
+
 class Surrogate:
     """One task's surrogate. A configuration's whole curve (epochs 1..52) is one query, remembered, so
     that a value never depends on which other epochs were asked with it."""
@@ -53,7 +62,10 @@ class Surrogate:
     def __init__(self, task: str) -> None:
         from yahpo_gym import benchmark_set, local_config
 
-        with contextlib.redirect_stdout(io.StringIO()):  # its request to cite, once a task: see docs/benchmarks.md
+        # its request to cite, once a task: see docs/benchmarks.md. The runs' processes take turns: each
+        # rewrites yahpo's one configuration file (~/.config/yahpo_gym), and one read it half-written.
+        with contextlib.redirect_stdout(io.StringIO()), open(Path(tempfile.gettempdir()) / "yahpo_gym.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
             local_config.init_config()
             local_config.set_data_path(str(data_dir()))
             # check=False: its check refuses the bounds themselves (learning_rate 1e-4 is below the

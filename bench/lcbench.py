@@ -123,7 +123,8 @@ def regrets(results: list[dict], reference: dict, budget: int) -> dict:
         }
     return {"arms": out, "best_known": best_known, "same": same_history(results, at, budget),
             "against_before": paired(results, at, budget, "towerlab-serial", "towerlab-before"),
-            "against_p2": paired(results, at, budget, "towerlab-serial", "towerlab-p2")}
+            "against_p2": paired(results, at, budget, "towerlab-serial", "towerlab-p2"),
+            "against_gp": paired(results, at, budget, "towerlab-serial", "gp")}
 
 
 def paired(results: list[dict], at: Callable[[dict, float], float], budget: int, arm: str, against: str) -> dict | None:

@@ -65,14 +65,21 @@ def test_gp_is_seeded_and_learns_from_what_it_is_told(tmp_path):
     assert sum(model) / len(model) > sum(start) / len(start) + 0.1
 
 
-def test_the_model_proposes_once_the_start_up_s_10_trials_are_proposed():
+def test_the_model_proposes_once_the_start_up_s_10_trials_are_proposed(tmp_path, monkeypatch):
     """A generation is asked while the one before trains: Optuna's rule (10 complete trials) would draw
-    the generation in flight at random too. GPSampler is told to start from 10 - population complete."""
-    for population, complete in ((1, 9), (2, 8), (4, 6)):
-        sampler = make_sampler(gp_config(population=population), NUMERIC, 1)
-        assert sampler._gp._n_startup_trials == complete
-        asked = -(-10 // population)  # the generation asked with `complete` outcomes in and one in flight
-        assert population * (asked - 1) >= complete > population * (asked - 2)
+    the generation in flight at random too. The 11th proposal is the model's whatever the population:
+    the first 10 are those of a search that never leaves its start-up, the 11th is not."""
+    from towerlab.search.samplers import gp
+
+    def proposed(population, startup):
+        monkeypatch.setattr(gp, "STARTUP", startup)
+        cfg = gp_config(population=population, generations=-(-11 // population))
+        return [g for gen in genomes(search(tmp_path / f"{population}-{startup}.db", cfg)) for g in gen][:11]
+
+    startup = gp.STARTUP
+    for population in (1, 2):
+        model, random_only = proposed(population, startup), proposed(population, 1000)
+        assert model[:10] == random_only[:10] and model[10] != random_only[10]
 
 
 def test_gp_keeps_each_gene_s_kind_and_bounds_and_rounds_floats_to_its_digits(tmp_path):

@@ -156,7 +156,7 @@ def parse_range(gene: str, spec: Mapping[str, Any], rule: GeneRule, where: str) 
     unknown = sorted(set(spec) - set(RANGE_KEYS))
     if unknown:
         raise UserError(f"{where}: unknown key(s) {', '.join(map(str, unknown))} in its range: "
-                        f"a range takes {', '.join(RANGE_KEYS)}")
+                        f"a range takes {', '.join(RANGE_KEYS)} (and when, for a conditional gene)")
     if "low" not in spec or "high" not in spec:
         raise UserError(f"{where}: a range needs low and high, e.g. {{low = 1, high = 8}}")
     low, high = spec["low"], spec["high"]

@@ -1,19 +1,21 @@
 """Search spaces: which genes a genome has and which values each may take.
 
-A gene is categorical (a list of values) or a numeric `Range` (`{low = A, high = B}`: ints when
-both bounds are ints, floats otherwise, with `log = true` and `step = N` as wished: see
+A gene is categorical (a list of values, or `{values = [...]}`) or a numeric `Range` (`{low = A, high =
+B}`: ints when both bounds are ints, floats otherwise, with `log = true` and `step = N` as wished: see
 towerlab.search.ranges); a range is never listed out, so a search draws from a space of any size
-without materialising it.
+without materialising it. Either may be conditional (`when = {booster = "dart"}`: active only where
+the genes it names hold those values; towerlab.search.conditions).
 
-A genome is a plain dict gene name -> value (ints, floats and strings only), in the space's gene
-order. Its identity is `canonical(genome)` (compact JSON, sorted keys) and `genome_hash` (sha256 of
-that text): the store caches evaluations by this hash, so two dicts with equal items are the same
+A genome is a plain dict gene name -> value (ints, floats and strings only) of its active genes, in
+the space's gene order. Its identity is `canonical(genome)` (compact JSON, sorted keys) and
+`genome_hash` (sha256 of that text): the store caches evaluations by this hash, so two dicts with equal items are the same
 genome whatever their key order.
 
 A space comes from a built-in name (`mlp`, `cnn`, `whitenet`), a TOML file or a JSON text (what the
 Python API makes of a dict). A space's model is a family of the model catalog (`towerlab.models`)
-or "custom" (a function of yours): the training genes' rules are here, a family's declared options'
-rules are in its catalog entry (`gene_rules`), and every other gene is a keyword of the model's
+or "custom" (a function of yours): the training genes' rules are in towerlab.search.genes (the one
+reader of a [genes] table), a family's declared options' rules in its catalog entry (`gene_rules`),
+and every other gene is a keyword of the model's
 function, which the search job checks against the function before anything trains. A space searched
 with an objective of your own (`--objective`, `--command`) is its `[genes]` alone, which towerlab
 does not interpret: its model is recorded as OBJECTIVE, and its genes are checked by the objective.
@@ -27,55 +29,23 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Union
+from typing import Any, Callable, Iterator, Mapping
 
 from towerlab.atomic import require_regular_file
-from towerlab.config import CUSTOM_MODEL, OPTIMIZERS
 from towerlab.errors import UserError
 from towerlab.fields import json_loads
-from towerlab.catalog.models import CATALOG
-from towerlab.catalog.model_options import FRACTION, POSITIVE_INT, GeneRule
-from towerlab.search.ranges import Range, parse_range
+from towerlab.search.conditions import Conditions, Gene, When, check_when
+from towerlab.search.genes import OBJECTIVE, check_genes, gene_rules, model_names, parse_genes
+from towerlab.search.ranges import Range
+
+# Read from here too (a space and the rules its genes are read by): the names of towerlab.search.genes.
+__all__ = ["BUILTIN_SPACES", "OBJECTIVE", "Gene", "Range", "Space", "canonical", "check_genes", "gene_rules",
+           "genome_hash", "load_space", "space_of"]
 
 try:
     import tomllib
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib  # type: ignore[no-redef]  # tomllib's backport, the same API
-
-_TRAINING_GENES = {
-    "optimizer": GeneRule("choice", choices=OPTIMIZERS),
-    "lr": GeneRule("float", low=0.0, low_open=True),
-    "batch_size": POSITIVE_INT,
-    "epochs": POSITIVE_INT,
-    "label_smoothing": FRACTION,
-}
-# A gene that is no training gene and no declared option: a keyword of the model's function (a
-# family's builder, or a function of yours), which the search job checks against the function's
-# signature before anything trains.
-_OPTION_GENE = GeneRule("any")
-# The model a space of your own objective's genes records (it has none: `load_space(..., objective=True)`).
-OBJECTIVE = "objective"
-
-
-def gene_rules(model: str, where: str) -> tuple[dict[str, GeneRule], bool]:
-    """The rules of a space's genes for `model`, and whether they are all its genes: a catalog
-    family that declares the options a search varies (`towerlab.catalog.models.ModelEntry.genes`) takes those
-    and the training genes only; any other model (a family without the declaration, or a function
-    of yours: model "custom") takes the training genes and any keyword of its function; an objective's
-    space (OBJECTIVE) takes any gene, with no rule of towerlab's."""
-    if model == OBJECTIVE:
-        return {}, False
-    if model not in _model_names():
-        raise UserError(f"{where}: unknown model {model!r}: use one of {', '.join(_model_names())}")
-    declared = CATALOG[model].genes if model in CATALOG else None
-    return {**(declared or {}), **_TRAINING_GENES}, declared is not None
-
-
-def _model_names() -> tuple[str, ...]:
-    return (*CATALOG, CUSTOM_MODEL)
-
-
-Gene = Union[tuple, Range]
 
 
 def canonical(genome: Mapping[str, Any]) -> str:
@@ -89,16 +59,21 @@ def genome_hash(genome: Mapping[str, Any]) -> str:
 
 @dataclass(frozen=True)
 class Space:
-    """An ordered set of genes, each a tuple of allowed values or a `Range`. Treat `genes` as read-only.
+    """An ordered set of genes, each a tuple of allowed values or a `Range`, and the conditions of
+    those that are conditional (`when`: gene -> {gene it names: the values under which it is active}).
+    Treat `genes` and `when` as read-only.
 
     The gene order and the value order are part of the space: the search draws by position, so
-    `fingerprint` covers both (and the model), but not `name`: a copied file is the same space.
+    `fingerprint` covers both (and the model, and the conditions), but not `name`: a copied file is
+    the same space.
     """
 
     name: str
     model: str
     genes: dict[str, Gene]
+    when: Mapping[str, When] = field(default_factory=dict)
     fingerprint: str = field(init=False, compare=False)
+    conditions: Conditions = field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         genes = {str(k): v if isinstance(v, Range) else tuple(v) for k, v in dict(self.genes).items()}
@@ -113,7 +88,13 @@ class Space:
             if len({(type(v), repr(v)) for v in values}) != len(values):
                 raise ValueError(f"space {self.name!r}: gene {gene!r} lists a value twice")
         object.__setattr__(self, "genes", genes)
-        content = json.dumps({"model": self.model, "genes": [[k, _gene_json(v)] for k, v in genes.items()]},
+        try:  # the checks a file's conditions had, for a space made in Python
+            when = check_when({k: v for k, v in dict(self.when).items() if v}, genes, {}, f"space {self.name!r}")
+        except UserError as e:
+            raise ValueError(str(e)) from None
+        object.__setattr__(self, "when", when)
+        object.__setattr__(self, "conditions", Conditions(genes, when))
+        content = json.dumps({"model": self.model, "genes": [[k, _gene_json(v, when.get(k))] for k, v in genes.items()]},
                              separators=(",", ":"))
         object.__setattr__(self, "fingerprint", hashlib.sha256(content.encode()).hexdigest())
 
@@ -126,8 +107,34 @@ class Space:
         return any(isinstance(v, Range) for v in self.genes.values())
 
     @property
+    def conditional(self) -> bool:
+        """Whether a gene is conditional: a genome then holds its active genes only."""
+        return bool(self.when)
+
+    @property
+    def drawn_by_gene(self) -> bool:
+        """Whether the samplers draw a genome gene by gene (each from its distribution, an inactive one
+        left out, as Optuna's samplers do) rather than by its position: a range, or a conditional gene."""
+        return self.typed or self.conditional
+
+    def active(self, name: str, genome: Mapping[str, Any]) -> bool:
+        """Whether gene `name` is active in `genome` (or in the genes decided so far, in `order`)."""
+        return self.conditions.active(name, genome)
+
+    @property
+    def order(self) -> tuple[str, ...]:
+        """The genes in the order a genome is decided: each after those its conditions name."""
+        return self.conditions.order
+
+    def settled(self, genome: Mapping[str, Any], fill: Callable[[str], Any]) -> dict:
+        """`genome` with its active genes (`fill(name)` gives one it lacks) and no other, in gene order."""
+        return self.conditions.settled(genome, fill)
+
+    @property
     def size(self) -> float:
         """Number of distinct genomes (math.inf with an unstepped float range)."""
+        if self.conditional:
+            return self.conditions.count({k: _count(v) for k, v in self.genes.items()})
         return math.prod(_count(v) for v in self.genes.values())
 
     @property
@@ -139,6 +146,9 @@ class Space:
 
     def all_genomes(self) -> Iterator[dict]:
         """Every genome once, the last gene varying fastest (`itertools.product` order). A finite space only."""
+        if self.conditional:
+            yield from self.conditions.every(lambda name: tuple(_values(self.genes[name])))
+            return
         names = list(self.genes)
         for values in itertools.product(*(_values(v) for v in self.genes.values())):
             yield dict(zip(names, values))
@@ -149,6 +159,8 @@ class Space:
             raise ValueError(f"space {self.name!r} has a float range: its genomes have no positions")
         if not 0 <= index < self.size:
             raise IndexError(f"genome index {index} outside space of {self.size}")
+        if self.conditional:
+            return self.conditions.at(index, {k: int(_count(v)) for k, v in self.genes.items()}, self._value_at)
         genome = {}
         for name, values in reversed(list(self.genes.items())):
             index, digit = divmod(index, int(_count(values)))
@@ -156,13 +168,13 @@ class Space:
         return {name: genome[name] for name in self.genes}
 
     def contains(self, genome: Mapping[str, Any]) -> bool:
-        """Whether the genome has exactly this space's genes, each with an allowed value (type
+        """Whether the genome has exactly this space's active genes, each with an allowed value (type
         included: True is not 1, 1 is not 1.0)."""
-        if set(genome) != set(self.genes):
+        if set(genome) != {k for k in self.genes if self.active(k, genome)}:
             return False
         return all(values.holds(genome[k]) if isinstance(values, Range)
                    else any(type(v) is type(genome[k]) and v == genome[k] for v in values)
-                   for k, values in self.genes.items())
+                   for k, values in self.genes.items() if k in genome)
 
     def grid_counts(self) -> list[int]:
         """How many values a grid tries of each gene: a list's, and a range's `grid_count` (UserError
@@ -176,17 +188,31 @@ class Space:
             counts.append(count)
         return counts
 
+    def grid_size(self, counts: list[int] | None = None) -> int:
+        """How many genomes the grid holds (`counts`: `grid_counts()`, where the caller has them): a
+        conditional gene counts only where it is active."""
+        counts = counts or self.grid_counts()
+        return int(self.conditions.count(dict(zip(self.genes, counts)))) if self.conditional else math.prod(counts)
+
     def grid_genome_at(self, index: int, counts: list[int] | None = None) -> dict:
         """The genome at position `index` of the grid, the last gene varying fastest, as `genome_at`
         numbers a space's genomes (`counts`: `grid_counts()`, where the caller has them)."""
+        if self.conditional:
+            return self.conditions.at(index, dict(zip(self.genes, counts or self.grid_counts())),
+                                      lambda name, i: _grid_value_at(self.genes[name], i))
         genome = {}
         for (name, values), count in zip(reversed(list(self.genes.items())), reversed(counts or self.grid_counts())):
             index, digit = divmod(index, count)
             genome[name] = values.grid_value_at(digit) if isinstance(values, Range) else values[digit]
         return {name: genome[name] for name in self.genes}
 
+    def _value_at(self, name: str, index: int) -> Any:
+        gene = self.genes[name]
+        return gene.value_at(index) if isinstance(gene, Range) else gene[index]
+
     def to_dict(self) -> dict:
-        return {"name": self.name, "model": self.model, "genes": {k: _gene_json(v) for k, v in self.genes.items()}}
+        return {"name": self.name, "model": self.model,
+                "genes": {k: _gene_json(v, self.when.get(k)) for k, v in self.genes.items()}}
 
 
 def _count(gene: Gene) -> float:
@@ -201,8 +227,16 @@ def _values(gene: Gene) -> Any:
     return (gene.value_at(i) for i in range(int(gene.count)))
 
 
-def _gene_json(gene: Gene) -> Any:
-    return gene.to_dict() if isinstance(gene, Range) else list(gene)
+def _grid_value_at(gene: Gene, index: int) -> Any:
+    return gene.grid_value_at(index) if isinstance(gene, Range) else gene[index]
+
+
+def _gene_json(gene: Gene, when: When | None = None) -> Any:
+    """A gene as its file writes it: a list, or a range's table; a conditional one with its `when`."""
+    if not when:
+        return gene.to_dict() if isinstance(gene, Range) else list(gene)
+    return {**(gene.to_dict() if isinstance(gene, Range) else {"values": list(gene)}),
+            "when": {parent: list(values) for parent, values in when.items()}}
 
 
 BUILTIN_SPACES: dict[str, Space] = {
@@ -238,40 +272,6 @@ BUILTIN_SPACES: dict[str, Space] = {
 }
 
 _TOP_LEVEL_KEYS = ("model", "genes")
-
-
-def check_genes(model: str, genes: Mapping[str, Any], where: str) -> dict[str, Gene]:
-    """Validate genes (lists of values, or range tables) against `gene_rules`; return them
-    normalized. `where` names the source in the messages ("search space FILE")."""
-    rules, complete = gene_rules(model, where)
-    if not genes:
-        raise UserError(f"{where}: no genes: list at least one under [genes], "
-                        f"e.g. {next(iter(rules), 'lr')} = [...]")
-    checked: dict[str, Gene] = {}
-    for gene, values in genes.items():
-        if gene not in rules and complete:
-            raise UserError(f"{where}: unknown gene {gene!r} for model {model}: "
-                            f"known genes are {', '.join(rules)}")
-        rule = rules.get(gene, _OPTION_GENE)
-        if isinstance(values, dict):
-            checked[gene] = parse_range(gene, values, rule, f"{where}: gene {gene!r}")
-            continue
-        if not isinstance(values, list) or not values:
-            raise UserError(f"{where}: gene {gene!r} must be a non-empty list of values or a range "
-                            f"{{low = A, high = B}}, got {values!r}")
-        seen = set()
-        normalized = []
-        for value in values:
-            ok = rule.normalize(value)
-            if ok is None:
-                raise UserError(f"{where}: gene {gene!r} has value {value!r}, "
-                                f"expected {rule.describe()}")
-            if (type(ok), ok) in seen:  # with its type: 1 == True, yet [1, true] are two values, as in a genome
-                raise UserError(f"{where}: gene {gene!r} lists {value!r} twice: list each value once")
-            seen.add((type(ok), ok))
-            normalized.append(ok)
-        checked[gene] = tuple(normalized)
-    return checked
 
 
 def load_space(name_or_path: str | Path, objective: bool = False) -> Space:
@@ -320,14 +320,14 @@ def space_of(data: Mapping[str, Any], name: str, where: str, objective: bool = F
     unknown = sorted(set(data) - set(_TOP_LEVEL_KEYS))
     if unknown:
         raise UserError(f"{where}: unknown key(s) {', '.join(map(str, unknown))}: a space file holds only "
-                        f"model = \"NAME\" ({', '.join(_model_names())}) and a [genes] table")
+                        f"model = \"NAME\" ({', '.join(model_names())}) and a [genes] table")
     if "model" not in data:
-        choices = " or ".join(f'model = "{m}"' for m in _model_names())
+        choices = " or ".join(f'model = "{m}"' for m in model_names())
         raise UserError(f"{where}: missing model: add {choices}")
     model = data["model"]
     if not isinstance(model, str):
-        raise UserError(f"{where}: model must be a string, one of {', '.join(_model_names())}")
+        raise UserError(f"{where}: model must be a string, one of {', '.join(model_names())}")
     genes = data.get("genes", {})
     if not isinstance(genes, dict):
         raise UserError(f"{where}: genes must be a table: write [genes] and one list per gene under it")
-    return Space(name, model, check_genes(model, genes, where))
+    return Space(name, model, *parse_genes(model, genes, where))

@@ -20,12 +20,12 @@ from __future__ import annotations
 import dataclasses
 import importlib
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 from towerlab.config import SamplerSettings, SearchConfig
 from towerlab.fields import to_dict, unknown_keys
 from towerlab.errors import UserError
-from towerlab.search.space import Range, Space, genome_hash
+from towerlab.search.space import Gene, Range, Space, genome_hash
 
 if TYPE_CHECKING:  # numpy is not imported to build the command line's flags from the samplers' settings
     import numpy as np
@@ -252,6 +252,13 @@ def budget_left(cfg: SearchConfig, history: Sequence[Generation], in_flight: Opt
 
 def random_genome(rng: np.random.Generator, space: Space) -> dict:
     """Each gene drawn from its distribution: uniformly among a list's values, from a range as
-    `Range.draw` says."""
-    return {name: values.draw(rng) if isinstance(values, Range) else values[int(rng.integers(len(values)))]
-            for name, values in space.genes.items()}
+    `Range.draw` says; in a conditional space each active gene in turn (`Space.order`), an inactive
+    one left out, as Optuna's RandomSampler draws a define-by-run trial."""
+    if space.conditional:
+        return space.settled({}, lambda name: draw_gene(rng, space.genes[name]))
+    return {name: draw_gene(rng, values) for name, values in space.genes.items()}
+
+
+def draw_gene(rng: np.random.Generator, gene: Gene) -> Any:
+    """A value of one gene, drawn from its distribution."""
+    return gene.draw(rng) if isinstance(gene, Range) else gene[int(rng.integers(len(gene)))]

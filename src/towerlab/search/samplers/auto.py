@@ -10,10 +10,15 @@ others train:
   (docs/benchmarks.md). Its cost grows with the cube of the outcomes (CPU seconds a proposal: about
   0.7 at 100 outcomes, see gp's module), TPE's linearly: past some hundreds, the model's gain no
   longer pays for its time, which is where Optuna's AutoSampler leaves it too (250).
-- a space with a listed gene (categorical values: a model's name, an activation, a list of sizes), or
-  a pruned search (--min-epochs): tpe, as before this sampler existed. TPE models each categorical
-  value's density; the Gaussian process's kernel only says whether two values are equal, and it
-  reads only the trainings that reached the last rung, where TPE learns from the pruned ones too.
+- a space with a listed gene (categorical values: a model's name, an activation, a list of sizes), a
+  conditional gene (`when`), or a pruned search (--min-epochs): tpe, as before this sampler existed.
+  TPE models each categorical value's density, and each conditional gene from the trials of its
+  branch; the Gaussian process's kernel only says whether two values are equal, it models only the
+  genes every trial holds (a conditional gene is drawn at random: towerlab.search.samplers.optuna_params),
+  and it reads only the trainings that reached the last rung, where TPE learns from the pruned ones too.
+
+`choice` says which and why, in words that `search run`'s first lines and `search show` print
+(`described`).
 
 The choice reads the space and --min-epochs alone, which a resumed search keeps (its budget may
 grow): every worker and every resume of an auto search makes the same choice, from the store's record.
@@ -39,8 +44,28 @@ class _GaussianThenTPE(GPSampler):
 
 def chosen(cfg: SearchConfig, space: Space) -> str:
     """The sampler an auto search of `space` under `cfg` runs: gp or tpe (see the module's docstring)."""
-    numeric = all(isinstance(gene, Range) for gene in space.genes.values())
-    return "gp" if numeric and cfg.min_epochs is None else "tpe"
+    return choice(cfg, space)[0]
+
+
+def choice(cfg: SearchConfig, space: Space) -> tuple[str, str]:
+    """The sampler an auto search of `space` under `cfg` runs, and why, in a few words."""
+    listed = next((name for name, gene in space.genes.items() if not isinstance(gene, Range)), None)
+    if listed is not None:
+        return "tpe", f"gene {listed!r} is a list of values, which TPE models value by value"
+    if space.conditional:
+        return "tpe", f"gene {next(iter(space.when))!r} is conditional, which TPE models from the trials it is in"
+    if cfg.min_epochs is not None:
+        return "tpe", "the search is pruned by --min-epochs, and TPE learns from the pruned trainings too"
+    return "gp", (f"every gene is a numeric range and the search is not pruned: a Gaussian process, TPE after "
+                  f"{GP_OUTCOMES} outcomes")
+
+
+def described(cfg: SearchConfig, space: Space) -> str:
+    """The sampler a search runs, as its first lines and `search show` name it: auto's choice with its reason."""
+    if cfg.sampler != "auto":
+        return cfg.sampler
+    name, why = choice(cfg, space)
+    return f"auto (chose {name}: {why})"
 
 
 def _inner(cfg: SearchConfig, space: Space) -> tuple[type[Sampler], SearchConfig]:

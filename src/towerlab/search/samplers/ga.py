@@ -19,7 +19,7 @@ from towerlab.fields import to_dict
 from towerlab.errors import UserError
 from towerlab.search.candidates import GENERATION_STREAM, make_rng
 from towerlab.search.history import Generation, rank_key
-from towerlab.search.samplers import INDEXABLE, InFlight, Sampler, Shape, random_genome
+from towerlab.search.samplers import INDEXABLE, InFlight, Sampler, Shape, draw_gene, random_genome
 from towerlab.search.space import Range, Space, genome_hash
 
 if TYPE_CHECKING:  # numpy is not imported to build the command line's flags from the samplers' settings
@@ -30,8 +30,20 @@ if TYPE_CHECKING:  # numpy is not imported to build the command line's flags fro
 _CHILD_TRIES = 32
 
 
-def breed(rng: np.random.Generator, mother: dict, father: dict) -> dict:
-    """A child taking each gene from the mother or the father, with even odds."""
+def breed(rng: np.random.Generator, mother: dict, father: dict, space: Optional[Space] = None) -> dict:
+    """A child taking each gene from the mother or the father, with even odds. In a conditional
+    `space`, the child's genes are decided in order (`Space.order`): an active gene from the parent
+    its coin names where that parent has it, else from the other, else (active in neither, as where
+    the child's genes that decide it came from both) drawn from its distribution; an inactive gene
+    is left out. So a child is always a genome of the space, whichever branches its parents took."""
+    if space is not None and space.conditional:
+        coins = dict(zip(space.genes, rng.random(len(space.genes)) < 0.5))  # one coin a gene, as below
+
+        def inherited(name: str) -> object:
+            first, second = (mother, father) if coins[name] else (father, mother)
+            return first[name] if name in first else second[name] if name in second \
+                else draw_gene(rng, space.genes[name])
+        return space.settled({}, inherited)
     if set(mother) != set(father):
         raise ValueError(f"parents have different genes: {sorted(mother)} vs {sorted(father)}")
     from_mother = rng.random(len(mother)) < 0.5
@@ -45,8 +57,10 @@ def _same(a: object, b: object) -> bool:
 def mutate(rng: np.random.Generator, space: Space, genome: dict) -> dict:
     """A copy with exactly one gene changed: a listed gene to another of its values, drawn
     uniformly; a range gene by a bounded random step on its scale (`Range.moved`). Genes with a
-    single allowed value are never picked; when no gene can change, the genome comes back unchanged."""
-    changeable = [name for name in space.genes if space.gene_size(name) > 1]
+    single allowed value are never picked; when no gene can change, the genome comes back unchanged.
+    In a conditional space, one of its active genes changes; where that activates a gene, it is drawn
+    from its distribution, and a gene it deactivates is left out."""
+    changeable = [name for name in space.genes if name in genome and space.gene_size(name) > 1]
     child = dict(genome)
     if not changeable:
         return child
@@ -54,17 +68,17 @@ def mutate(rng: np.random.Generator, space: Space, genome: dict) -> dict:
     gene = space.genes[name]
     if isinstance(gene, Range):
         child[name] = gene.moved(rng, genome[name])
-        return child
-    others = [v for v in gene if not _same(v, genome[name])]
-    child[name] = others[int(rng.integers(len(others)))]
-    return child
+    else:
+        others = [v for v in gene if not _same(v, genome[name])]
+        child[name] = others[int(rng.integers(len(others)))]
+    return space.settled(child, lambda name: draw_gene(rng, space.genes[name])) if space.conditional else child
 
 
 def initial_population(rng: np.random.Generator, space: Space, population: int) -> list[dict]:
     """`population` distinct random genomes; when the space is smaller, every genome (in random
     order) and then random repeats."""
     size = space.size
-    if size > INDEXABLE or (space.typed and size >= population):
+    if size > INDEXABLE or (space.drawn_by_gene and size >= population):
         genomes: dict[str, dict] = {}
         while len(genomes) < population:
             genome = random_genome(rng, space)
@@ -115,7 +129,7 @@ def _child(rng: np.random.Generator, space: Space, parents: list[dict], mutate_c
     for _ in range(_CHILD_TRIES):
         if len(parents) >= 2:
             mother, father = rng.choice(len(parents), size=2, replace=False)
-            child = breed(rng, parents[int(mother)], parents[int(father)])
+            child = breed(rng, parents[int(mother)], parents[int(father)], space)
             if rng.random() < mutate_chance:
                 child = mutate(rng, space, child)
         else:

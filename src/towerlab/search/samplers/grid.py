@@ -3,12 +3,12 @@ seeded random subset) as one generation, through the same store, cache and resum
 A range gene contributes every value it holds (an int or stepped range) or its `points` values (a
 float range); a float range without either is refused. Nothing is listed out: a genome is built
 from its position in the grid (`Space.grid_genome_at`), so `--limit 1` of a range of 10**18 values
-costs what it costs of a list of two."""
+costs what it costs of a list of two. A conditional gene adds its values only where it is active: a
+space of a booster (3 values) and a rate (4 values) active for one booster holds 2 + 4 genomes, not 12."""
 
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
@@ -34,7 +34,7 @@ def grid_genomes(space: Space, limit: Optional[int], seed: int) -> list[dict]:
     """All genomes of the grid in `Space.grid_genome_at` order or, with a `limit` below its size,
     that many drawn without replacement by the search RNG, kept in the same order."""
     counts = space.grid_counts()
-    size = math.prod(counts)
+    size = space.grid_size(counts)
     _check(space, size, limit)
     if limit is None or limit >= size:
         return [space.grid_genome_at(i, counts) for i in range(size)]
@@ -77,7 +77,7 @@ class GridSampler(Sampler):
     def shape(cls, cfg: SearchConfig, space: Space, settings: SamplerSettings) -> Shape:
         shape = super().shape(cfg, space, settings)
         # a float range without points is refused here, before any folder or worker
-        size = math.prod(space.grid_counts())
+        size = space.grid_size()
         assert isinstance(settings, GridSettings)
         limit = settings.limit
         _check(space, size, limit)

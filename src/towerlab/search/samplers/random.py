@@ -1,6 +1,7 @@
 """`--sampler random`: genomes drawn without replacement (never one the search has proposed
 before), `--population` at a time, until the space is exhausted: uniformly from a space of lists,
-from each gene's distribution (`random_genome`) when a gene is a range. It proposes each generation
+from each gene's distribution (`random_genome`) when a gene is a range or conditional (an inactive gene
+left out). It proposes each generation
 while the one before still trains (no outcome is read), so no worker waits at a generation's end."""
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ class RandomSampler(Sampler):
             return [rest[int(i)] for i in rng.choice(len(rest), size=n, replace=False)]  # type: ignore[call-overload]  # n: whole (a finite space)
         picks: dict[str, dict] = {}
         while len(picks) < n:
-            genome = (self.space.genome_at(int(rng.integers(size))) if size <= INDEXABLE and not self.space.typed  # type: ignore[call-overload]  # whole here
+            genome = (self.space.genome_at(int(rng.integers(size))) if size <= INDEXABLE and not self.space.drawn_by_gene  # type: ignore[call-overload]  # whole here
                       else random_genome(rng, self.space))
             h = genome_hash(genome)
             if h not in seen:

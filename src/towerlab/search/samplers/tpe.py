@@ -7,7 +7,8 @@ means a better-informed TPE and less parallel work. The sampler is seeded from t
 replaying the tells of a stored search asks the same trials again: a TPE search resumes exactly,
 with the same Optuna version. A listed gene is categorical (each value a choice, as in the
 baselines the sampler was measured against); a range gene is Optuna's int or float distribution,
-with its log scale or step. A failed candidate is told FAIL; one a pruned search stopped
+with its log scale or step; a conditional gene is suggested only where it is active (define-by-run:
+towerlab.search.samplers.optuna_params). A failed candidate is told FAIL; one a pruned search stopped
 early is told PRUNED with its fitness at the rung it reached.
 
 With `--overlap` (the default), a generation's trials are asked while the generation before still
@@ -30,6 +31,7 @@ from towerlab.errors import UserError
 from towerlab.search.candidates import sampler_rng
 from towerlab.search.history import Generation
 from towerlab.search.samplers import InFlight, Sampler, Shape, budget_left
+from towerlab.search.samplers.optuna_params import ask_genome
 from towerlab.search.space import Gene, Range, Space, genome_hash
 
 
@@ -98,9 +100,9 @@ class TPESampler(Sampler):
         genomes: list[dict] = []
         new: set[str] = set()
         for _ in range(self.population):
-            trial = self._study.ask(self._distributions)
+            trial, genome = ask_genome(self._study, self.space, self._distributions)
             asked.append(trial)
-            genomes.append({name: trial.params[name] for name in self.space.genes})
+            genomes.append(genome)
             if budget is not None:
                 h = genome_hash(genomes[-1])
                 if h not in seen:

@@ -5,7 +5,8 @@ One study per search (maximised: the value is the validation accuracy; a search 
 study has its direction, and the value is its metric as your objective returned it), one trial per genome
 the search's generations hold, in the order they first appear, at the highest rung it reached (as the
 search ranks it): params with their distributions (a list gene categorical, a range Optuna's int or
-float distribution), the value and state (COMPLETE; PRUNED below a pruned search's last rung; FAIL),
+float distribution; a conditional gene inactive in the genome is neither, as Optuna records a
+parameter a trial did not suggest), the value and state (COMPLETE; PRUNED below a pruned search's last rung; FAIL),
 the value at each rung it trained as intermediate values (step = the rung's epochs), and in the
 user attributes its seed, where it came from (trained by this search, or served by the cache), its
 re-measures (`val_accuracies`, or your objective's `values`, and `seeds`: the evaluation's first), its
@@ -31,6 +32,7 @@ from towerlab.errors import UserError
 from towerlab.search.search import Search
 from towerlab.search.store.integrity import records_of
 from towerlab.search.samplers.tpe import distribution, optuna_module
+from towerlab.search.samplers.optuna_params import own_distributions
 from towerlab.search.store import Evaluation, SearchRow, Store
 
 
@@ -245,7 +247,8 @@ def search_trials(optuna: Any, store: Store, search: SearchRow) -> list[Any]:
         trials.append(optuna.trial.FrozenTrial(
             number=0, trial_id=0, state=state, value=stored.value(m["fitness"]) if m["status"] == "ok" else None,
             datetime_start=finished - timedelta(seconds=m["seconds"]), datetime_complete=finished,
-            params=dict(m["genome"]), distributions=dict(distributions), user_attrs=attrs, system_attrs={},
+            params=dict(m["genome"]), distributions=own_distributions(distributions, m["genome"]),  # an inactive gene: none
+            user_attrs=attrs, system_attrs={},
             intermediate_values={ladder[r]: stored.value(e.fitness) for r, e in enumerate(rows)
                                  if e is not None and e.status == "ok" and e.fitness is not None
                                  and math.isfinite(e.fitness)}))

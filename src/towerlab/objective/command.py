@@ -8,7 +8,15 @@ of the space, or what the search gives (`{seed}`, `{epochs}`, `{device}`, `{fold
 all the genes as one JSON object; `{{` and `}}` are braces. A string gene's value is its text, any
 other value is written as JSON writes it (0.001, 1e-05, true). Checked before any trial runs, each a
 UserError of one line: a name that is none of those, a gene that reaches the program neither by its
-name nor through {genes}, a program that is not there.
+name nor through {genes}, a program that is not there, an argument that names a conditional gene and
+anything else that is not its own (another gene, the program).
+
+A conditional gene inactive in a trial is left out, as a script's option it does not get: the
+argument that names it is dropped, and with it the flag just before it (an argument of its own that
+starts with `-` and is not a number: `--rate-drop {rate_drop}` goes whole, as `--rate-drop={rate_drop}`
+does), so that the program takes the option's default, as argparse gives one; {genes} leaves it out.
+Passing a placeholder (an empty string, "None") instead would make each program parse a value that
+means "absent", and an argparse `type=float` would fail on it.
 
 The protocol: what the program prints on stdout, one line at a time. The last line that is a JSON
 object or a bare number is the result (`towerlab.objective.result`); the JSON objects before it that
@@ -50,9 +58,9 @@ TAIL_CHARS = 600
 Piece = tuple[str, Optional[str]]
 
 
-def parse(command: str, genes: Sequence[str]) -> list[list[Piece]]:
+def parse(command: str, genes: Sequence[str], conditional: Sequence[str] = ()) -> list[list[Piece]]:
     """The command's arguments, each as pieces (text, or a name to fill in); refuses what a trial could
-    not run (see the module's docstring)."""
+    not run (see the module's docstring). `conditional`: the genes a trial may leave out."""
     clash = [gene for gene in genes if gene in GIVEN]
     if clash:
         raise UserError(f"--command: the space's gene {clash[0]!r} has the name of what the search gives every trial "
@@ -91,10 +99,30 @@ def parse(command: str, genes: Sequence[str]) -> list[list[Piece]]:
     if unused and "genes" not in named:
         raise UserError(f"--command: the gene {unused[0]!r} reaches the program nowhere: add {{{unused[0]}}} to the "
                         "command, or {genes} (every gene as one JSON object)")
+    for at, (word, pieces) in enumerate(zip(words, arguments)):
+        names = {name for _, name in pieces if name is not None}
+        left_out = sorted(names & set(conditional))
+        if left_out and (at == 0 or len(names) > 1):
+            others = "the program" if at == 0 else ", ".join(f"{{{n}}}" for n in sorted(names - {left_out[0]}))
+            raise UserError(f"--command: the argument {word!r} names the conditional gene {left_out[0]!r}, which a "
+                            f"trial leaves out where it is inactive, and {others} with it: give "
+                            f"{{{left_out[0]}}} an argument of its own")
     program = arguments[0]
     if all(name is None for _, name in program) and shutil.which(words[0]) is None:
         raise UserError(f"--command: no program {words[0]!r} here (not on PATH, or not executable)")
     return arguments
+
+
+def _flag(pieces: list[Piece]) -> bool:
+    """Whether an argument is an option's flag: literal text starting with `-`, not a number, not `-` or `--`."""
+    if any(name is not None for _, name in pieces):
+        return False
+    word = "".join(text for text, _ in pieces)
+    try:
+        float(word)
+    except ValueError:
+        return word.startswith("-") and word not in ("-", "--")
+    return False
 
 
 def _text(value: Any) -> str:
@@ -123,11 +151,13 @@ class CommandObjective:
 
     kind = "command"
 
-    def __init__(self, command: str, genes: Sequence[str], goal: Goal = Goal(), timeout: Optional[float] = None):
+    def __init__(self, command: str, genes: Sequence[str], goal: Goal = Goal(), timeout: Optional[float] = None,
+                 conditional: Sequence[str] = ()):
         if timeout is not None and not (number(timeout) or 0) > 0:
             raise UserError(f"--timeout {timeout!r}: give a number of seconds above 0")
         self.spec, self.goal, self.timeout = command, goal, timeout
-        self.arguments = parse(command, list(genes))
+        self.arguments = parse(command, list(genes), conditional)
+        self.conditional = frozenset(conditional)
 
     def proof(self) -> Proof:
         """The command's text, and each file that an argument names as it is written (train.py,
@@ -147,7 +177,18 @@ class CommandObjective:
                   **{name: _text(value) for name, value in trial.extras().items()},
                   "device": _device_given(trial.device),
                   "genes": json.dumps(dict(trial.genes), sort_keys=True)}
-        return ["".join(text if name is None else values[name] for text, name in pieces) for pieces in self.arguments]
+        return ["".join(text if name is None else values[name] for text, name in pieces)
+                for pieces in self._given(trial.genes)]
+
+    def _given(self, genes: Mapping[str, Any]) -> list[list[Piece]]:
+        """The arguments a trial's program gets: those naming a conditional gene it leaves out dropped, each
+        with the flag before it."""
+        dropped = [any(name in self.conditional and name not in genes for _, name in pieces)
+                   for pieces in self.arguments]
+        for at in range(1, len(dropped)):
+            if dropped[at] and _flag(self.arguments[at - 1]):
+                dropped[at - 1] = True
+        return [pieces for pieces, drop in zip(self.arguments, dropped) if not drop]
 
     def environment(self, trial: Trial) -> dict[str, str]:
         env = dict(os.environ)

@@ -4,8 +4,9 @@ Python): it gets a trial's genes as keyword arguments and, where it takes them b
 `report`, a function to report a learning curve with: `report(epoch, **metrics)`, each metric a number.
 
 Checked before any trial runs, each a UserError of one line: the function exists, it takes every gene of
-the space by name (or **kwargs), no gene is named as what the search gives, and every parameter it
-requires is a gene or one of those. It returns a number or a dict of numbers (`towerlab.objective.result`).
+the space by name (or **kwargs), no gene is named as what the search gives, every parameter it
+requires is a gene or one of those, and a conditional gene's parameter has a default: a trial where the
+gene is inactive leaves it out (as Optuna's trial has no such parameter), so the function gets its default. It returns a number or a dict of numbers (`towerlab.objective.result`).
 An exception it raises fails the trial, with the exception's type, message and line in your file as the
 reason, and so does `sys.exit()`: a trial cannot end the search. KeyboardInterrupt, towerlab's
 Interrupted and a UserError (a mistake of towerlab's own functions, which every trial would make) stop it.
@@ -35,7 +36,8 @@ class FunctionObjective:
 
     kind = "function"
 
-    def __init__(self, function: Union[str, Callable[..., Any]], genes: Sequence[str], goal: Goal = Goal()):
+    def __init__(self, function: Union[str, Callable[..., Any]], genes: Sequence[str], goal: Goal = Goal(),
+                 conditional: Sequence[str] = ()):
         self._loaded = isinstance(function, str)  # from its file, here: file_proof knows what it imported
         if isinstance(function, str):
             self.spec, where = function, f"--objective {function}"
@@ -44,7 +46,7 @@ class FunctionObjective:
             self.spec = function_file(function) or str(getattr(function, "__qualname__", type(function).__name__))
             self.function, where = function, f"your objective {getattr(function, '__qualname__', self.spec)}"
         self.goal = goal
-        self.given = _check(self.function, list(genes), where)
+        self.given = _check(self.function, list(genes), where, conditional)
 
     def proof(self) -> Proof:
         """The function's file and the modules of yours it imports, as they run (`towerlab.proof`)."""
@@ -80,9 +82,10 @@ class FunctionObjective:
         return self.goal.result(returned, tuple(curve), time.perf_counter() - started)
 
 
-def _check(function: Callable[..., Any], genes: list[str], where: str) -> tuple[str, ...]:
-    """The names of GIVEN that `function` takes, once it is sure to take every gene and to need nothing
-    else; else a UserError that says what is wrong."""
+def _check(function: Callable[..., Any], genes: list[str], where: str, conditional: Sequence[str] = ()) \
+        -> tuple[str, ...]:
+    """The names of GIVEN that `function` takes, once it is sure to take every gene, to need nothing
+    else, and to have a default for each `conditional` gene it names; else a UserError that says what is wrong."""
     clash = [gene for gene in genes if gene in GIVEN]
     if clash:
         raise UserError(f"{where}: the space's gene {clash[0]!r} has the name of what the search gives every trial "
@@ -108,4 +111,9 @@ def _check(function: Callable[..., Any], genes: list[str], where: str) -> tuple[
             raise UserError(f"{where}: its parameter {p.name!r} is neither a gene of the space "
                             f"({', '.join(genes) or 'none'}) nor what the search gives ({', '.join(GIVEN)}): "
                             "give it a default, or add the gene to the space")
+    required = [p.name for p in parameters if p.default is p.empty and p.name in conditional
+                and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    if required:
+        raise UserError(f"{where}: its parameter {required[0]!r} has no default, and the gene is conditional (a trial "
+                        f"where it is inactive leaves it out): give it one, e.g. {required[0]}=None")
     return tuple(name for name in GIVEN if name in named)

@@ -85,12 +85,13 @@ def build(own: Own, search: Search, function: Optional[Callable[..., Any]] = Non
     Python, or `own`'s FILE.py:FUNCTION, imported here) or a command, checked against the space's genes
     (each refusal a UserError of one line)."""
     genes, cfg, goal = list(search.space.genes), search.cfg, goal_of(search.cfg.metric, search.cfg.direction)
+    conditional = list(search.space.when)  # left out of a trial where inactive
     if own.kind == "command":
-        return CommandObjective(own.spec, genes, goal, timeout=cfg.trial_timeout)
+        return CommandObjective(own.spec, genes, goal, timeout=cfg.trial_timeout, conditional=conditional)
     if function is None and own.spec == FROM_PYTHON:
         raise UserError("its objective is a function given from Python, which only its own process has: give the "
                         "function again (objective=), or its file (--objective FILE.py:FUNCTION)")
-    return FunctionObjective(function if function is not None else own.spec, genes, goal)
+    return FunctionObjective(function if function is not None else own.spec, genes, goal, conditional)
 
 
 class OwnSide:

@@ -42,6 +42,7 @@ from towerlab.data.load import Dataset
 from towerlab.models.custom import ModelFunction
 from towerlab.report import Reporter, format_plan
 from towerlab.search import Search, load_space, refuse_unused_settings
+from towerlab.search.samplers.auto import described
 from towerlab.search.store.location import STORE_NAME, is_url, recorded_store, store_target
 from towerlab.search.work.worker import lease_seconds, release_the_dead
 from towerlab.search.store.integrity import records_of
@@ -213,7 +214,8 @@ class SearchJob(Job):
             trains = (f"{space.size_text}) for your {self.own.kind} {self.own.spec} ({search.metric}, "
                       f"{search.cfg.direction})" if self.own else
                       f"{space.size_text}, model {space.model}) on {search.cfg.dataset}")
-            reporter.line(f"towerlab {COMMANDS[self.kind]}: {resuming}{search.cfg.sampler} over space {space.name} "
+            reporter.line(f"towerlab {COMMANDS[self.kind]}: {resuming}{described(search.cfg, space)} over space "
+                          f"{space.name} "
                           f"({trains}, {self.workers} worker(s) on {self.run.device} -> {self.out}")
             reporter.line(format_plan(search.plan))
         return search

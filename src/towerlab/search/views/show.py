@@ -16,6 +16,7 @@ from typing import Callable, Optional, TypeVar
 from towerlab.report import printable
 from towerlab.search.store.location import store_path
 from towerlab.search.search import Search
+from towerlab.search.samplers.auto import described
 from towerlab.search.store import SearchRow, Store
 from towerlab.search.store.integrity import records_of
 
@@ -173,7 +174,7 @@ def _format_one(store: Store, row: SearchRow) -> str:
              "not finished, and no worker is at it (continue it with `towerlab search run --resume DIR`, or start "
              "`towerlab search worker`)")
     generations = store.records.generations(row.id)
-    lines = [f"search {row.id}: {search.cfg.sampler} over space {printable(space.name)} ({printable(_trains(search))}), "
+    lines = [f"search {row.id}: {described(search.cfg, space)} over space {printable(space.name)} ({printable(_trains(search))}), "
              f"seed {search.cfg.seed}, {_shape(search, generations)}; started {row.created}, {state}",
              f"  {'gen':>4} {'evaluated':>9} {'cached':>7} {'failed':>6} {'best':>7} {'mean':>7} "
              f"{'worst':>7} {'seconds':>9}"]

@@ -84,8 +84,8 @@ def test_search_run_with_a_sampler_writes_its_record_and_every_evaluation_comes_
     (["--sampler", "random", "--limit", "3"], "--limit does nothing in a random search: only the grid sampler reads it"),
     # pruning's factor without its first rung: the search would not be pruned
     (["--prune-factor", "4"], "--prune-factor 4 does nothing without --min-epochs: the search is not pruned"),
-    # tpe proposes 4 a generation by default: 10 generations cannot reach 100 trainings
-    (["--sampler", "tpe", "--max-evaluations", "100"],
+    # in generations of 4, 10 generations cannot reach 100 trainings (without --population, a budget alone does)
+    (["--sampler", "tpe", "--population", "4", "--max-evaluations", "100"],
      "--max-evaluations 100 is more than 10 generations of 4 can train: pass --generations 25 (or more) with it"),
 ])
 def test_bad_search_settings_are_one_line_and_leave_nothing(args, fragment, tmp_path, capsys):
@@ -183,7 +183,7 @@ def test_a_cpu_search_runs_a_worker_per_core_each_training_on_one_thread(monkeyp
 @pytest.mark.parametrize("settings, remeasure", [
     ({"sampler": "ga"}, 2),  # 200 trainings; 2 seeds for the top 5 and 9 elites cost 28
     ({"sampler": "tpe"}, 2),  # 40 trainings; 2 seeds for the top 5 cost 10
-    ({"sampler": "tpe", "max_evaluations": 8, "generations": 2, "top": 2}, 1),  # 2 seeds would cost 4 of 8
+    ({"sampler": "tpe", "max_evaluations": 8, "top": 2}, 1),  # 2 seeds would cost 4 of 8
     ({"sampler": "random", "population": 8, "generations": 1, "top": 4}, 0),  # 1 seed would cost 4 of 8
     ({"sampler": "grid", "limit": 4}, 0),  # the top is the whole search: 1 seed each would cost 4 of 4
     ({"sampler": "grid", "limit": 4, "remeasure": 3}, 3),  # as given

@@ -127,9 +127,9 @@ def test_gp_resumes_mid_generation_to_the_uninterrupted_history(tmp_path):
 
 
 def test_two_workers_through_the_queue_store_the_one_process_history(tmp_path):
-    """A CPU machine's default: 2 workers, each of whose drivers plays the search (so each proposes
-    while the other trains); the generations they record are the one-process search's."""
-    cfg = gp_config(generations=14)
+    """In generations (--population 1: each proposed while the one before trains), 2 workers, one of whose
+    drivers leads the search, record the one-process search's generations."""
+    cfg = gp_config(generations=14, population=1)
     alone = search(tmp_path / "a.db", cfg)
 
     def trainer(search_):
@@ -167,8 +167,10 @@ def test_gp_tells_the_model_complete_pruned_and_failed_trials():
     first = sampler.propose([])
     members = (_member(0, first[0], rung=2, score=0.7), _member(1, first[1], rung=0, score=0.4),
                _member(2, first[2], status="failed"))
+    from towerlab.search.samplers.tpe import told
+
     states = sampler._optuna.trial.TrialState
-    trials = [sampler._told(m) for m in members]
+    trials = [told(sampler._optuna, m, sampler._distributions, sampler.rungs) for m in members]
     assert [t.state for t in trials] == [states.COMPLETE, states.PRUNED, states.FAIL]
     assert trials[0].value == pytest.approx(0.7) and trials[1].intermediate_values == {0: pytest.approx(0.4)}
     history = [Generation(0, members, GenerationStats(0, 3, 3, 0, 1, 0.7, 0.55, 0.4, 3.0))]
@@ -197,7 +199,7 @@ def test_gp_runs_20_trainings_by_default_and_2_a_generation_when_pruned_and_one_
     unset = dict(generations=None)
     assert Search.resolve(gp_config(**unset), NUMERIC).cfg.generations == 20
     assert Search.resolve(gp_config(sampler="auto", **unset), NUMERIC).cfg.generations == 20
-    assert Search.resolve(gp_config(sampler="auto", **unset), SPACE).cfg.generations == 10  # tpe's
+    assert Search.resolve(gp_config(sampler="auto", **unset), SPACE).cfg.generations == 40  # tpe's 4 x 10 trainings
     assert Search.resolve(gp_config(generations=7), NUMERIC).cfg.generations == 7
     pruned = dict(max_epochs=3, min_epochs=1)
     assert Search.resolve(gp_config(**pruned), NUMERIC).shape.population == 2
@@ -214,7 +216,7 @@ def test_auto_runs_gp_on_numeric_ranges_unpruned_and_tpe_on_a_listed_gene_or_a_p
 
     assert history("auto", NUMERIC) == history("gp", NUMERIC)  # 1 a generation, the model from the 11th
     listed = history("auto", SPACE, generations=2)
-    assert listed == history("tpe", SPACE, generations=2) and len(listed[0]) == 4
+    assert listed == history("tpe", SPACE, generations=2) and len(listed[0]) == 1  # one at a time, as gp
     pruned = dict(generations=2, max_epochs=3, min_epochs=1)
     assert history("auto", NUMERIC, **pruned) == history("tpe", NUMERIC, **pruned)
 

@@ -191,24 +191,29 @@ def test_tpe_tells_optuna_pruned_below_the_search_s_last_rung_and_complete_at_it
     pytest.importorskip("optuna")
     from towerlab.search.history import Generation, GenerationStats, Member
 
+    from towerlab.search.samplers.tpe import study_of
+
     sampler = make_sampler(tpe_config(population=3), load_space("mlp"), 3)
     genomes = sampler.propose([])
     members = tuple(Member(i, g, genome_hash(g), "ok", 0.5 + i / 10, 1.0, 1, 1.0, 0, "evaluated", rung=rung,
                            score=0.5 + i / 10) for i, (g, rung) in enumerate(zip(genomes, (0, 1, 2))))
-    sampler.tell(Generation(0, members, GenerationStats(0, 3, 3, 0, 0, 0.7, 0.6, 0.5, 3.0)))
+    history = [Generation(0, members, GenerationStats(0, 3, 3, 0, 0, 0.7, 0.6, 0.5, 3.0))]
+    study = study_of(sampler._optuna, None, sampler._distributions, sampler.rungs, history, None)
     states = sampler._optuna.trial.TrialState
-    assert [t.state for t in sampler._study.trials] == [states.PRUNED, states.PRUNED, states.COMPLETE]
-    assert sampler._study.trials[2].value == pytest.approx(0.7)
+    assert [t.state for t in study.trials] == [states.PRUNED, states.PRUNED, states.COMPLETE]
+    assert study.trials[2].value == pytest.approx(0.7)
 
 
 def test_tpe_asks_no_more_trials_than_the_budget_can_train(tmp_path, monkeypatch):
     """issue 50: --population 1,000,000 with --max-evaluations 2 was still asking Optuna for trials after
     13.5 minutes (each ask costs time in proportion to the trials before it)."""
     pytest.importorskip("optuna")
+    import optuna
+
     sampler = make_sampler(tpe_config(population=300, generations=1, max_evaluations=2), load_space("mlp"), 1)
     asked = []
-    ask = sampler._study.ask
-    monkeypatch.setattr(sampler._study, "ask", lambda *a: asked.append(1) or ask(*a))
+    ask = optuna.study.Study.ask
+    monkeypatch.setattr(optuna.study.Study, "ask", lambda *a, **k: asked.append(1) or ask(*a, **k))
     assert len(sampler.propose([])) == len(asked) <= 3
     result = search(tmp_path / "s.db", tpe_config(population=1_000_000, generations=1, max_evaluations=2),
                     fitness=smooth)
@@ -221,10 +226,17 @@ def test_tpe_proposing_within_the_budget_keeps_every_generation_it_made_before(t
     pytest.importorskip("optuna")
     from towerlab.search.samplers.tpe import TPESampler
 
+    from towerlab.search.candidates import sampler_rng
+    from towerlab.search.samplers import generation_number
+    from towerlab.search.samplers.optuna_params import ask_genome
+    from towerlab.search.samplers.tpe import study_of
+
     def asking_everything(self, history, in_flight=None):  # the sampler before issue 50: the whole population
-        asked = [self._study.ask(self._distributions) for _ in range(self.population)]
-        self._asked.append(asked)
-        return [{name: t.params[name] for name in self.space.genes} for t in asked]
+        number = generation_number(history, in_flight)
+        engine = self._optuna.samplers.TPESampler(
+            seed=int(sampler_rng(self.cfg.seed, "tpe", number).integers(2**32)), constant_liar=True)
+        study = study_of(self._optuna, engine, self._distributions, self.rungs, history, in_flight)
+        return [ask_genome(study, self.space, self._distributions)[1] for _ in range(self.population)]
 
     space = Space("tiny", "mlp", {"neurons": (16, 32), "layers": (1, 2), "activation": ("relu", "tanh")})
     cfg = tpe_config(population=12, generations=4, max_evaluations=7)

@@ -112,9 +112,12 @@ def test_an_evaluation_keeps_the_numerics_it_was_trained_with(store):
 
 
 def downgrade(path, version: int) -> None:
-    """Make the store at `path` look as the towerlab of schema `version` (2 to 5) wrote it."""
+    """Make the store at `path` look as the towerlab of schema `version` (2 to 6) wrote it."""
     with contextlib.closing(sqlite3.connect(path)) as db, db:
-        db.executescript("ALTER TABLE evaluations DROP COLUMN metrics; ALTER TABLE evaluations DROP COLUMN curve")
+        db.executescript("ALTER TABLE searches DROP COLUMN leader; ALTER TABLE searches DROP COLUMN leader_until;"
+                         "ALTER TABLE searches DROP COLUMN activity; ALTER TABLE generations DROP COLUMN proposed")
+        if version <= 5:
+            db.executescript("ALTER TABLE evaluations DROP COLUMN metrics; ALTER TABLE evaluations DROP COLUMN curve")
         if version <= 4:
             db.execute("ALTER TABLE evaluations DROP COLUMN provenance")
         if version <= 3:
@@ -139,7 +142,7 @@ def test_a_version_3_store_gains_the_queue_and_keeps_its_rows_and_searches(tmp_p
         s.queue.enqueue(sid, "train", [(candidate({"b": 1}), TCH)])
         assert s.queue.claim("w", [sid], lease=30, max_attempts=3).candidate.genome == {"b": 1}
     with contextlib.closing(sqlite3.connect(path)) as db:
-        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 6
+        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 7
 
 
 def old_store(tmp_path, version: int) -> tuple:
@@ -161,7 +164,7 @@ def test_a_version_4_store_gains_provenance_and_keeps_its_rows(tmp_path):
             0.9, None)
         assert s.records.record(candidate({"b": 1}), Outcome.ok(0.5, provenance=where), TCH, sid).provenance == where
     with contextlib.closing(sqlite3.connect(path)) as db:
-        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 6
+        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 7
 
 
 def test_a_version_5_store_gains_metrics_and_keeps_its_rows(tmp_path):
@@ -173,7 +176,19 @@ def test_a_version_5_store_gains_metrics_and_keeps_its_rows(tmp_path):
                                                                curve=[{"epoch": 1, "loss": 0.5}]), TCH, sid)
         assert (new.fitness, new.metrics, new.curve) == (-0.25, {"loss": 0.25, "acc": None}, [{"epoch": 1, "loss": 0.5}])
     with contextlib.closing(sqlite3.connect(path)) as db:
-        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 6
+        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 7
+
+
+def test_a_version_6_store_gains_its_leader_and_each_generation_s_inputs_and_keeps_its_rows(tmp_path):
+    path, sid = old_store(tmp_path, 6)
+    with Store(path) as s:
+        assert s.records.lookup(genome_hash({"a": 1}), TCH).fitness == 0.9
+        assert s.records.search(sid).leader is None and s.queue.leader(sid) is None
+        assert s.queue.lead(sid, "w", 30) and s.queue.leader(sid) == "w" and not s.queue.lead(sid, "v", 30)
+        row = s.records.begin_generation(sid, 0, [{"b": 1}], [genome_hash({"b": 1})], {"in_flight": []})
+        assert row.proposed == {"in_flight": []}
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 7
 
 
 def test_a_version_2_store_gains_the_numerics_column_and_keeps_its_rows(tmp_path):
@@ -184,7 +199,7 @@ def test_a_version_2_store_gains_the_numerics_column_and_keeps_its_rows(tmp_path
         assert s.records.record(candidate({"b": 1}), Outcome.ok(0.5, numerics={"threads": 1}), TCH, sid).numerics == {
             "threads": 1}
     with sqlite3.connect(path) as db:
-        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 6
+        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 7
     db.close()
 
 

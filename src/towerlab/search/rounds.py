@@ -14,7 +14,8 @@ stored under their own training-config hash (`towerlab.search.pruners.Ladder`).
 
 A generation's members are cut where --max-evaluations' budget of new trainings is reached, or the
 first rungs that --budget-epochs leaves it (`begin`, `epochs_left`); a generation the store holds keeps
-the members it was recorded with.
+the members it was recorded with, and is never proposed again (`recorded`): the store's members are the
+generation's, whoever proposed them and whatever another process would propose now.
 
 Re-measuring (`--remeasure K`): a network about to be crowned (the genetic algorithm's elite, the
 final top) is trained again with K fresh seeds (`remeasure_seed`) at its rung and ranked by the
@@ -30,7 +31,6 @@ from dataclasses import dataclass
 from typing import Optional, Sequence
 
 from towerlab.config import SearchConfig
-from towerlab.errors import UserError
 from towerlab.search.candidates import Candidate, remeasure_seed
 from towerlab.search.climb import Climb, Key, Recorder, key_of
 from towerlab.search.history import Generation, GenerationStats, Member, TopGenome, rank_key, statistics_of
@@ -70,6 +70,9 @@ class Rounds:
         self.watermarks: dict[int, Optional[int]] = {}
         self._begun: dict[int, tuple[GenerationRow, list[dict], list[str], float]] = {}
         self._measured: dict[tuple[str, int], _Measurement] = {}
+        # The generations the store holds, read once (a search of 100,000 generations is read in one query).
+        self._stored = {row.generation: row for row in self.records.generations(search_id)}
+        self._waiting: dict[int, list[tuple[str, str, int]]] = {}  # an asynchronous generation's unserved keys
 
     # -- serving ----------------------------------------------------------------------------------
 
@@ -131,30 +134,46 @@ class Rounds:
         self.begin(generation, genomes, budget)
         return self.finish(generation)
 
-    def begin(self, generation: int, genomes: Sequence[dict], budget: Optional[int] = None) -> int:
-        """Record a generation's members, or check them against those the store recorded: a
-        generation the store holds must begin with the same members (else the replay diverged:
-        UserError) and keeps the members it was recorded with (a budget may have cut it). Without a
-        stored one, the members are cut where `budget` new trainings are reached. Returns the new
-        trainings its first rung makes (the budget they take)."""
+    def recorded(self, generation: int) -> Optional[list[dict]]:
+        """The members of a generation the store holds (None: it holds none yet), which `begin` takes as
+        they are: a recorded generation is never proposed again."""
+        stored = self._stored.get(generation)
+        return None if stored is None else [dict(m["genome"]) for m in stored.members]
+
+    def begin(self, generation: int, genomes: Sequence[dict], budget: Optional[int] = None,
+              proposed: Optional[dict] = None) -> int:
+        """Record a generation's members, cut where `budget` new trainings are reached, with what they were
+        `proposed` from; or, where the store holds the generation (another process began it first), take the
+        members it recorded. Returns the new trainings its first rung makes (the budget they take)."""
         started = time.perf_counter()
-        hashes = [genome_hash(g) for g in genomes]
-        stored = self.records.generation(self.search_id, generation)
+        stored = self._stored.pop(generation, None)
         if stored is None:
+            hashes = [genome_hash(g) for g in genomes]
             n = self._within(budget, hashes)
             stored = self.records.begin_generation(self.search_id, generation, [dict(g) for g in genomes[:n]],
-                                                 hashes[:n])
+                                                   hashes[:n], proposed)
         self.watermarks[generation] = stored.watermark
-        n = len(stored.members)
-        if [m["genome_hash"] for m in stored.members] != hashes[:n]:
-            raise UserError(f"store {self.where}: replaying search {self.search_id} from its seed gives other "
-                            f"members for generation {generation} than it recorded (the search code or "
-                            f"space changed since): start a new search instead of resuming")
-        self._begun[generation] = (stored, [dict(g) for g in genomes[:n]], hashes[:n], started)
+        self._begun[generation] = (stored, [dict(m["genome"]) for m in stored.members],
+                                   [m["genome_hash"] for m in stored.members], started)
         if stored.complete:
             return int(stored.final_stats["evaluated"])
-        return sum(row is None or (row.search_id, row.generation) == (self.search_id, generation)
-                   for _, row in self._first_rung(generation))
+        first = self._first_rung(generation)
+        self._waiting[generation] = [(c.genome_hash, self.ladder.hash(0), c.replicate) for c, row in first
+                                     if row is None]
+        return sum(row is None or (row.search_id, row.generation) == (self.search_id, generation) for _, row in first)
+
+    def members(self, generation: int) -> list[dict]:
+        """A begun generation's members, as the store holds them."""
+        return self._begun[generation][1]
+
+    def waiting(self, generations: Sequence[int]) -> tuple[set[int], int]:
+        """Of these begun generations (each one rung: an asynchronous search's), those whose every first
+        training the store holds now (a complete one: at once), and how many trainings the others still
+        wait for (one query for them all)."""
+        keys = [key for g in generations for key in self._waiting.get(g, ())]
+        found = self.records.own_rows(self.search_id, keys) if keys else {}
+        ready = {g for g in generations if all(key in found for key in self._waiting.get(g, ()))}
+        return ready, len(keys) - len(found)
 
     def _first_rung(self, generation: int) -> list[tuple[Candidate, Optional[Evaluation]]]:
         """Each genome's first candidate of the generation's first rung, and the row the store serves it
@@ -178,6 +197,7 @@ class Rounds:
         incomplete one, evaluations already recorded by this search are served from the store and
         only the rest are trained."""
         stored, genomes, hashes, started = self._begun.pop(generation)
+        self._waiting.pop(generation, None)
         if stored.complete:
             members = [self._scored(Member(**m)) for m in stored.final_results]
             return Generation(generation, tuple(members), GenerationStats(**stored.final_stats, replayed=True))

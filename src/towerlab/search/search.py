@@ -35,13 +35,13 @@ from typing import Any, Callable, Optional
 from towerlab.config import SearchConfig
 from towerlab.errors import UserError
 from towerlab.fields import to_dict
+from towerlab.search.game import asynchronously, in_generations
 from towerlab.search.history import Generation, GenerationStats, Played, SearchResult, TopGenome
 from towerlab.search.pruners import Ladder, Pruner, make_pruner
-from towerlab.search.plan import crowning_epochs, generations_of, least, planned_trainings, resolved_remeasure
+from towerlab.search.plan import crowning_epochs, generations_of, planned_trainings, resolved_remeasure
 from towerlab.search.rounds import Rounds
 from towerlab.search.store.rows import SearchRow
-from towerlab.search.samplers import (InFlight, Sampler, Shape, budget_left, resolved_settings, sampler_class,
-                                      sampler_shape)
+from towerlab.search.samplers import Sampler, Shape, resolved_settings, sampler_class, sampler_shape
 from towerlab.search.space import Space, load_space, space_of
 from towerlab.search.store import Store
 from towerlab.search.trainers import Trainer
@@ -50,10 +50,6 @@ from towerlab.search.trainers import Trainer
 # space and the training-config hash are checked as well, and each sampler adds what it `reads`).
 # Other settings (generations, max_evaluations, top, workers...) may change on resume.
 IDENTITY = ("seed", "remeasure", "min_epochs", "prune_factor", "prune_places")
-
-# From this many members on, proposing and looking up a generation takes seconds to minutes:
-# the search says what it is doing before it starts.
-LARGE_GENERATION = 10_000
 
 # Settings every stored search records (its sampler's, its budget's, its rungs'): a record without one
 # was edited, and is named as such (`towerlab.search.store.integrity.records_of`) rather than read with a default.
@@ -89,6 +85,7 @@ class Search:
             raise UserError(f"--budget-epochs {cfg.budget_epochs} leaves the search nothing once its top is "
                             f"re-measured (--remeasure {cfg.remeasure} x --top {cfg.top} x {cfg.max_epochs} epochs = "
                             f"{crowning_epochs(cfg)}): raise it, or lower --remeasure")
+        sampler.needs(cfg, space)  # last: a command line its settings refuse imports nothing heavy
         return cls(resolved_settings(cfg, sampler), space)
 
     @classmethod
@@ -258,72 +255,37 @@ class Search:
         store.records.update_setup(self.stored_id, merged)
         return replace(self, setup=merged)
 
+    @property
+    def asynchronous(self) -> bool:
+        """Whether it proposes one candidate at a time, as workers need them (`towerlab.search.game`)."""
+        return self.shape.asynchronous
+
     def play(self, store: Store, train: Trainer, on_generation: Optional[Callable[[GenerationStats], None]] = None,
              on_progress: Optional[Callable[[str], None]] = None) -> Played:
         """Play the search (in `store`) for at most its generations, --max-evaluations distinct
         trainings and --budget-epochs epochs, or until the sampler has nothing left; the history, the
-        crowned top, and which of those ended it.
+        crowned top, and which of those ended it. In generations or asynchronously, as its shape says
+        (`towerlab.search.game`); a generation the store holds is read, never proposed again.
 
-        --budget-epochs is decided as --max-evaluations is, from what replaying the search from its store
-        gives alike: before a generation is proposed, the epochs its earlier generations' trainings were
-        given (`Rounds.epochs_left`: every rung and re-measure, each charged its whole length) leave it
-        so many new first rungs, and it is cut there; a generation begun while the one before trained
-        counts that one's first rung, and the crowning at the end keeps what its re-measures take at least
-        (`crowning_epochs`). A generation once begun is played whole: its promotions, and a crowning that
-        races (re-measures more where they reorder the top), may pass the budget by what they need.
+        --budget-epochs is decided as --max-evaluations is: before a generation is proposed, the epochs
+        its earlier generations' trainings were given (`Rounds.epochs_left`: every rung and re-measure,
+        each charged its whole length) and the first rungs of those in flight leave it so many new
+        first rungs, and it is cut there; the crowning at the end keeps what its re-measures take at
+        least (`crowning_epochs`). A generation once begun is played whole: its promotions, and a
+        crowning that races (re-measures more where they reorder the top), may pass the budget by what
+        they need.
 
         `train(candidates, record)` trains what the store cannot serve. `on_generation(stats)` is called
         after each generation, replayed ones included (`stats.replayed`); `on_progress(line)` hears what
-        a large generation is doing before it is trained. Finished generations are replayed and
-        checked, finished evaluations are kept, and the result equals an uninterrupted run's."""
+        a large generation is doing before it is trained. Finished evaluations are kept, and a finished
+        search is read, not played."""
         assert self.id is not None and self.train_config_hash is not None, "play a search that is in a store"
-        cfg = self.cfg
         sampler = self.new_sampler()
-        rounds = Rounds(store, self.id, cfg, self.ladder, train)
-        history: list[Generation] = []
-        ahead: Optional[InFlight] = None  # the next generation, begun while the one before trained
-        ended = "generations"
-        while len(history) < generations_of(cfg):
-            g = len(history)
-            budget = budget_left(cfg, history)
-            if budget == 0:
-                ended = "max_evaluations"
-                break
-            if history and sampler.elite:
-                history[-1] = rounds.crowned(history[-1], sampler.elite)
-            queued = ahead is not None  # its first rung is on the queue already
-            if ahead is not None:  # begun within the budgets as they stood then: it is played whole
-                current, ahead = ahead, None
-            else:
-                budget = least(budget, rounds.epochs_left(g))  # the elite's re-measures are charged by now
-                if budget == 0:
-                    ended = "budget_epochs"
-                    break
-                if on_progress is not None and sampler.population >= LARGE_GENERATION:
-                    on_progress(f"Generation {g + 1}: proposing {sampler.population} candidates and looking "
-                                "them up in the store ...")
-                genomes = sampler.propose(history)
-                if not genomes:
-                    ended = "sampler"
-                    break
-                current = InFlight(tuple(genomes), rounds.begin(g, genomes, budget))
-            after = least(budget_left(cfg, history, current), rounds.epochs_left(g, current.new))
-            if sampler.overlaps and not sampler.elite and g + 1 < generations_of(cfg) and (after is None or after > 0):
-                # The next generation is proposed now, with this one in flight, and its first rung goes on
-                # the queue: a worker that finishes before this generation's last training takes it. This
-                # one's first rung goes there first, so that no worker takes the next one's before it.
-                if not queued:
-                    rounds.prefetch(g)
-                following = sampler.propose(history, current)
-                if following:
-                    ahead = InFlight(tuple(following), rounds.begin(g + 1, following, after))
-                    rounds.prefetch(g + 1)
-            generation = rounds.finish(g)
-            sampler.tell(generation)
-            history.append(generation)
-            if on_generation is not None:
-                on_generation(generation.stats)
-        return Played(history, rounds.top(history, cfg.top), ended)
+        rounds = Rounds(store, self.id, self.cfg, self.ladder, train)
+        replay = store.records.finished(self.id)
+        if self.asynchronous:
+            return asynchronously(self.cfg, sampler, rounds, train, replay, on_generation)
+        return in_generations(self.cfg, sampler, rounds, replay, on_generation, on_progress)
 
     def finish(self, store: Store, history: list[Generation], top: list[TopGenome], ended: str = "") -> SearchResult:
         """The result, also written to the store as the search's summary (by the first process to finish

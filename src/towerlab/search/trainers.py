@@ -19,13 +19,16 @@ last trainings. A trainer that never asks is called again with them; the history
 A trainer whose workers write their results to the store themselves (`towerlab.search.work.driver`) hands
 the engine each candidate's row instead (`record.served(candidate, row)`, the row stored under
 `record.train_config_hash(candidate)`); one that can start work before it is asked to wait for it
-(the next generation's first rung, while this one trains) is `Prefetching`.
+(the next generation's first rung, while this one trains) is `Prefetching`; one whose workers take
+candidates as they free up is `Pacing`: it says how many more candidates it could start now (`pace`),
+so that an asynchronous search proposes as workers need them, and waits for results (`wait`).
 """
 
 from __future__ import annotations
 
 import time
 from collections import deque
+from dataclasses import dataclass
 from typing import Callable, Protocol, runtime_checkable
 
 from towerlab.errors import UserError
@@ -60,6 +63,37 @@ class Prefetching(Trainer, Protocol):
     """A trainer that can start on candidates before it is asked to wait for them."""
 
     def prefetch(self, candidates: list[Candidate], train_config_hash: str) -> None: ...
+
+
+@dataclass(frozen=True)
+class Pace:
+    """How many more candidates a `Pacing` trainer could start now (`wanted`): its idle workers, and
+    `spare` more kept ready so that a worker that frees up finds one at once, less the candidates already
+    `waiting` for a worker; and the workers `busy` and `idle` when it looked."""
+
+    wanted: int
+    busy: int = 0
+    idle: int = 0
+    waiting: int = 0
+    spare: int = 0
+    by: str = ""  # who looked: the worker whose driver proposes
+
+
+@runtime_checkable
+class Pacing(Prefetching, Protocol):
+    """A trainer whose workers take candidates as they free up (the queue): see the module's docstring."""
+
+    def pace(self) -> Pace:
+        """How many more candidates it could start now, and why."""
+
+    def wait(self) -> None:
+        """Until results may have come in (or a worker may have freed up): at most a poll's interval."""
+
+    def proposed(self, seconds: float) -> None:
+        """A proposal took `seconds` (what `pace` weighs against a training's length)."""
+
+    def doing(self, activity: str) -> None:
+        """What the search is doing now, for whoever watches it."""
 
 
 def serial(fitness: Callable[[Candidate], Outcome]) -> Trainer:

@@ -32,10 +32,12 @@ from towerlab.report import (Reporter, format_cost, format_estimate, format_gene
 from towerlab.search import Search, SearchResult, evaluation_records
 from towerlab.search.history import GenerationStats
 from towerlab.search.testing import top_tests
+from towerlab.search.views.show import workers_now
 from towerlab.search.store import Store
 
 # Seconds without a line after which a job without a progress bar says where its search stands.
 STATUS_EVERY = 30.0
+NOTE_EVERY = 2.0  # seconds between a progress bar's notes of the workers busy and idle
 
 
 class Watch:
@@ -56,6 +58,7 @@ class Watch:
         self.plots_ready = False  # matplotlib imported (for the record's plots)
         self.last_line = time.monotonic()
         self.started = time.monotonic()
+        self.noted = -math.inf  # when the progress bar last said what the workers do
         self.replayed = {g.generation for g in store.records.generations(search.stored_id) if g.complete}
         if reporter.progress:
             reporter.start_progress(search.plan["search"], 0, unit="net")
@@ -111,6 +114,9 @@ class Watch:
             if counts["done"] and not counts["open"] and counts["claimed"] < self.workers:
                 pyplot()  # the record's plots need it: imported now, while a worker has nothing to train
                 self.plots_ready = True
+        if self.reporter.bar is not None and time.monotonic() - self.noted > NOTE_EVERY:  # beside the bar
+            self.reporter.bar.set_postfix_str(f"workers {workers_now(self.store, self.search)}", refresh=False)
+            self.noted = time.monotonic()
         if not self.reporter.progress and time.monotonic() - self.last_line > STATUS_EVERY:
             self._line(self.status())
         return new > 0
@@ -141,12 +147,11 @@ class Watch:
         """Where the search stands: its generation (or, its generations shown, the top's re-measures and
         tests), its queue, its workers."""
         counts = self.store.queue.queue_counts(self.search.stored_id)
-        active = sum(1 for w in self.store.queue.workers() if w["left_at"] is None and w["search_id"] == self.search.stored_id)
         generations = self.search.generations
         stage = (f"Generation {self.shown + 1}/{generations}" if self.shown < generations else
                  f"{'Testing' if self.testing else 'Re-measuring'} the top after generation {generations}/{generations}")
-        return (f"{stage}: {self.trained} training(s) done since this "
-                f"start, {counts['claimed']} in progress on {active} worker(s), {counts['open']} waiting "
+        return (f"{stage}: {self.trained} training(s) done since this start, {counts['claimed']} in progress, "
+                f"{counts['open']} waiting; workers {workers_now(self.store, self.search)} "
                 f"({time.monotonic() - self.started:.0f} s)")
 
     def _line(self, text: str) -> None:

@@ -49,20 +49,30 @@ INDEXABLE = 2**62
 @dataclass(frozen=True)
 class Shape:
     """What a search's plan needs of its sampler: its generations' size, the elite it re-measures
-    after each, and whether it proposes everything at once."""
+    after each, whether it proposes everything at once, and whether it proposes asynchronously (one
+    candidate at a time, as workers need them, with any number in flight: `Sampler.asynchronous`)."""
 
     population: int
     elite: int
     one_generation: bool
+    asynchronous: bool = False
 
 
 @dataclass(frozen=True)
 class InFlight:
-    """A generation proposed and being trained, whose outcomes the sampler has not been told: its
-    genomes, and the new trainings its first rung makes (what it takes of --max-evaluations)."""
+    """The generations proposed and being trained whose outcomes the sampler has not been told: their
+    genomes (in generation order), the new trainings their first rungs make (what they take of
+    --max-evaluations), and how many generations they are (the one before, in a search of generations;
+    any number in an asynchronous one)."""
 
     genomes: tuple[dict, ...]
     new: int
+    generations: int = 1
+
+
+def generation_number(history: Sequence[Generation], in_flight: Optional[InFlight] = None) -> int:
+    """The number of the generation being proposed: those told, and those in flight."""
+    return len(history) + (in_flight.generations if in_flight is not None else 0)
 
 
 class Sampler:
@@ -75,9 +85,15 @@ class Sampler:
     `overlaps`: it proposes a generation while the one before still trains (`propose(history,
     in_flight)`), so that no worker waits at a generation's end; the search then always asks it so,
     which is part of what its history is (a sampler whose proposals do not read the outcomes gives
-    the same history either way). Its `shape` is known without building it. `rungs`: how many rungs
-    its search's pruner has (the search's `Ladder` says; a member told at a lower one was pruned).
-    Its settings are resolved once (`own`), and handed to `shape`."""
+    the same history either way). `can_wait_less`: it can also propose one candidate at a time with any
+    number in flight, which it does without --population (`asynchronous`). Its `shape` is known without
+    building it. `rungs`: how many rungs its search's pruner has (the search's `Ladder` says; a member
+    told at a lower one was pruned). Its settings are resolved once (`own`), and handed to `shape`.
+
+    A proposal is made from its inputs alone (the generations told, those in flight, the seed and the
+    generation's number: `generation_number`), never from a state carried from an earlier proposal: the
+    search records each generation once, with what it was proposed from, and whoever proposes next (a
+    resumed search, another worker) starts from the store without proposing the recorded ones again."""
 
     default_population = 20
     default_generations = 10
@@ -85,6 +101,8 @@ class Sampler:
     Settings: type[SamplerSettings] = SamplerSettings
     one_generation = False
     overlaps = False
+    can_wait_less = False
+    startup = 0  # its first proposals that read no outcome: an asynchronous search queues them at once
 
     def __init__(self, cfg: SearchConfig, space: Space, rungs: int) -> None:
         self.cfg, self.space, self.rungs = cfg, space, rungs
@@ -112,13 +130,40 @@ class Sampler:
     def shape(cls, cfg: SearchConfig, space: Space, settings: SamplerSettings) -> Shape:
         """The shape of its search of `space` under `cfg` and its own `settings` (`own`), once every setting it
         would refuse has been (a UserError), without building it: a sampler is built where it proposes. A
-        subclass whose generations or elite differ from --population's and none says so here."""
+        subclass whose generations or elite differ from --population's and none says so here. An
+        asynchronous search's generations are one candidate each."""
+        if cls.asynchronous(cfg, settings):
+            return Shape(1, 0, cls.one_generation, asynchronous=True)
         return Shape(cfg.population or cls.default_population, 0, cls.one_generation)
 
     @classmethod
+    def needs(cls, cfg: SearchConfig, space: Space) -> None:
+        """Refuse (UserError) where a package it proposes with is missing: checked once every setting has
+        been, so that a command line refused for its settings imports nothing heavy (Optuna takes seconds)."""
+
+    @classmethod
+    def asynchronous(cls, cfg: SearchConfig, settings: SamplerSettings) -> bool:
+        """Whether its search of `cfg` proposes asynchronously: one candidate at a time, whenever a worker
+        needs one, with every training then in flight told as running (what `can_wait_less` samplers do
+        without --population, in a search that is not pruned: a pruned generation's members race each
+        other). Its history then depends on when the outcomes came in, and is recorded with each proposal's
+        inputs; with --population, generations of that size are the same however many workers train them."""
+        return cls.can_wait_less and cfg.population is None and cfg.min_epochs is None
+
+    @classmethod
     def generations(cls, cfg: SearchConfig, space: Space) -> int:
-        """The generations a search of `space` under `cfg` runs at most: --generations, or its own default."""
-        return cfg.generations or cls.default_generations
+        """The generations a search of `space` under `cfg` runs at most: --generations, or its own default.
+        An asynchronous search's generations are its candidates: as many as its budget holds
+        (--max-evaluations, or the trainings --budget-epochs pays for), else its own default's
+        trainings (population x generations)."""
+        if cfg.generations is not None:
+            return cfg.generations
+        if cls.asynchronous(cfg, cls.own(cfg)):
+            budgets = [b for b in (cfg.max_evaluations,
+                                   None if cfg.budget_epochs is None else -(-cfg.budget_epochs // cfg.max_epochs))
+                       if b is not None]
+            return min(budgets) if budgets else cls.default_population * cls.default_generations
+        return cls.default_generations
 
     @classmethod
     def reads(cls) -> tuple[str, ...]:
@@ -133,6 +178,11 @@ class Sampler:
     def tell(self, generation: Generation) -> None:
         """The outcome of the generation just proposed (each member's `score`, `rung`, `ok`). The
         samplers that read the history in `propose` need nothing more."""
+
+    def prepare(self) -> None:
+        """Get ready to propose, where the first proposal costs more than the next (imports, a first fit):
+        called while the start-up's candidates train, so that no worker waits for it. It changes no
+        proposal."""
 
     def proposed(self, history: Sequence[Generation], in_flight: Optional[InFlight] = None) -> set[str]:
         """The genomes proposed so far: every member of the history, and those of the generation in flight.

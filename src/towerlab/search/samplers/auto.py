@@ -84,14 +84,22 @@ class AutoSampler(Sampler):
         inner, inner_cfg = _inner(cfg, space)
         return inner.generations(inner_cfg, space)
 
+    @classmethod
+    def needs(cls, cfg: SearchConfig, space: Space) -> None:
+        inner, inner_cfg = _inner(cfg, space)
+        inner.needs(inner_cfg, space)
+
     def __init__(self, cfg: SearchConfig, space: Space, rungs: int) -> None:
         super().__init__(cfg, space, rungs)
         inner, inner_cfg = _inner(cfg, space)
         self._sampler = inner(inner_cfg, space, rungs)
-        self.overlaps = self._sampler.overlaps
+        self.overlaps, self.startup = self._sampler.overlaps, self._sampler.startup
 
     def propose(self, history: Sequence[Generation], in_flight: Optional[InFlight] = None) -> list[dict]:
         return self._sampler.propose(history, in_flight)
 
     def tell(self, generation: Generation) -> None:
         self._sampler.tell(generation)
+
+    def prepare(self) -> None:
+        self._sampler.prepare()

@@ -3,24 +3,25 @@ fitness fitted to every outcome so far, and each proposal the genome that maximi
 improvement (log EI; proposals asked while others train maximise the batch's, qLogEI, over those
 others as trials still running, so that two workers are not sent the same way).
 
-Each generation (`--population`: 1 by default, 2 in a pruned search, whose generation's members race
-each other) is asked while the one before still trains, its genomes running trials of the model: so
-two workers each train while the sampler proposes for the next, and the history is one whoever
-trains. One a generation is asynchronous Bayesian optimisation on 2 workers: each proposal is made
-with one training in flight, the fewest that keeps two workers busy (one with 2 a generation misses
-2 or 3 outcomes; bench/lcbench.py measures the difference). The sampler is seeded from the search seed and each proposal is
-made from the history alone (a study rebuilt from the members and the genomes in flight, asked by one
-GPSampler kept from the first generation on), so replaying a stored search proposes the same
-generations: a gp search resumes exactly, with the same Optuna and the same numerics. A float gene's
-value is rounded to DIGITS significant digits: the model is told the value the candidate trained
-with, and a replay whose floating point differs in its last bits (another machine's BLAS, greenlet
-installed or not) still proposes the same genome (bench/lcbench_gp.py numerics measures it).
+Without --population (the default, in a search that is not pruned) the search is asynchronous
+Bayesian optimisation: one candidate is proposed whenever a worker needs one, with every training then
+in flight a running trial of the model, so every worker trains while the model proposes, however many
+there are. The first STARTUP proposals are drawn at random (the start-up design, on the queue at once:
+they read no outcome); from then on the model proposes once it holds MIN_OUTCOMES outcomes (with 32
+workers, the first few dozen proposals are made before that many have come back: random too). With
+--population N (2 in a pruned search, whose generation's members race each other), each generation of
+N is asked while the one before still trains, and GPSampler is told to start from STARTUP - N complete
+trials (with its own rule, counting complete trials only, the generation in flight would be drawn at
+random again): a history the same however many workers train it.
 
-The model proposes once STARTUP trials (Optuna's default count) have been drawn at random: the
-start-up design. Optuna's rule counts the trials complete when it is asked, and a generation is
-asked while the one before trains, so GPSampler is told to start from STARTUP - population
-complete ones: with its own rule, the generation in flight would be drawn at random again (12
-random trials at 2 a generation, 11 at 1).
+Each proposal is made from its inputs alone: a study rebuilt from the outcomes told (in generation
+order) and the genomes in flight, asked by a GPSampler built for it, seeded from the search seed and
+the generation's number. Nothing is carried from one proposal to the next (a GPSampler kept across
+asks warm-starts each fit from the last one's kernel, so a difference in the last bits of one fit, two
+CPU threads against one, changed every later proposal: a search replayed with 2 threads proposed
+other members at its 85th generation than its workers, with 1, had). The search records each
+proposal once, with its inputs, and never proposes a recorded one again. A float gene's value is
+rounded to DIGITS significant digits: the model is told the value the candidate trained with.
 
 A listed gene is categorical, a range gene Optuna's int or float distribution, as for tpe. A
 conditional gene is suggested only where it is active (towerlab.search.samplers.optuna_params), and
@@ -29,10 +30,10 @@ without a warning each trial (in a space without conditional genes it draws none
 proposes). So auto hands a conditional space to TPE. A
 failed candidate is told FAIL, one a pruned search stopped early PRUNED (the model reads only the
 trainings that reached the last rung). Each proposal fits the model to every outcome again and
-optimises its acquisition: on one core about 0.7 s a proposal at 100 outcomes, 1.9 s at 1,000 and
-4.7 s at 2,000 (bench/lcbench_gp.py cpu), paid again by every worker's driver and by every replay
-of the search on resume. A search that plans more than MOST_TRAININGS trainings is refused: auto
-hands such searches to TPE after 250 outcomes.
+optimises its acquisition: on one core about 0.1 to 0.4 s at 100 outcomes (more with more trainings in
+flight), 1.9 s at 1,000 and 4.7 s at 2,000 (bench/lcbench_gp.py cpu), paid once per proposal, by the
+worker that proposes for the search. A search that plans more than MOST_TRAININGS trainings is refused:
+auto hands such searches to TPE after 250 outcomes.
 """
 
 from __future__ import annotations
@@ -44,15 +45,14 @@ from typing import Any, Optional, Sequence
 from towerlab.config import SamplerSettings, SearchConfig
 from towerlab.errors import UserError
 from towerlab.search.candidates import sampler_rng
-from towerlab.search.history import Generation, Member
-from towerlab.search.samplers import InFlight, Sampler, Shape, budget_left, random_genome
-from towerlab.search.samplers.optuna_params import ask_genome, own_distributions
-from towerlab.search.samplers.tpe import distribution, optuna_module
-from towerlab.search.space import Range, Space, genome_hash
+from towerlab.search.history import Generation
+from towerlab.search.samplers import InFlight, Sampler, Shape, budget_left, generation_number
+from towerlab.search.samplers.tpe import asked_anew, distribution, optuna_module, study_of
+from towerlab.search.space import Range, Space
 
 DIGITS = 8
 STARTUP = 10
-REPEATS, DRAWS = 3, 1000
+MIN_OUTCOMES = 5  # an asynchronous search's model proposes once it holds this many outcomes (past its start-up)
 MOST_TRAININGS = 2000
 
 
@@ -77,6 +77,7 @@ class GPSampler(Sampler):
     default_generations = 20  # as many trainings as 10 of 2: the start-up's 10 and 10 of the model's
     # Asked with the generation before in flight: its genomes are running trials of the model.
     overlaps = True
+    can_wait_less = True
     # From this many outcomes on, Optuna's TPE proposes (constant liar over the trials in flight)
     # instead of the Gaussian process (None: never): the auto sampler's, see towerlab.search.samplers.auto.
     tpe_after: Optional[int] = None
@@ -86,7 +87,6 @@ class GPSampler(Sampler):
         shape = super().shape(cfg, space, settings)
         if cfg.population is None and cfg.min_epochs is not None:  # a pruned generation's members race each other
             shape = dataclasses.replace(shape, population=2)
-        optuna_for_gp()
         generations = cls.generations(cfg, space)
         planned = shape.population * generations
         planned = planned if cfg.max_evaluations is None else min(planned, cfg.max_evaluations)
@@ -98,83 +98,60 @@ class GPSampler(Sampler):
                             f"whose proposals are TPE's after 250 outcomes")
         return shape
 
+    @classmethod
+    def needs(cls, cfg: SearchConfig, space: Space) -> None:
+        optuna_for_gp()
+
     def __init__(self, cfg: SearchConfig, space: Space, rungs: int) -> None:
         super().__init__(cfg, space, rungs)
         optuna = self._optuna = optuna_for_gp()
         optuna.logging.set_verbosity(optuna.logging.WARNING)
-        with warnings.catch_warnings():  # GPSampler is "experimental" in some Optuna versions
-            warnings.simplefilter("ignore")
-            self._gp = optuna.samplers.GPSampler(seed=int(sampler_rng(cfg.seed, "gp").integers(2**32)),
-                                                 n_startup_trials=max(1, STARTUP - self.population),
-                                                 warn_independent_sampling=False)  # conditional genes: see below
-        self._tpe: Any = None
+        self._asynchronous = self.asynchronous(cfg, self.settings)
+        self.startup = STARTUP if self._asynchronous else 0
         self._distributions = {name: distribution(optuna, values) for name, values in space.genes.items()}
 
     def propose(self, history: Sequence[Generation], in_flight: Optional[InFlight] = None) -> list[dict]:
         """`population` genomes the search has not proposed before, or fewer where --max-evaluations
         leaves fewer trainings, or none where the space holds no other."""
-        optuna = self._optuna
-        trials = [self._told(m) for generation in history for m in generation.members]
-        study = optuna.create_study(direction="maximize", sampler=self._engine(trials))
-        running = optuna.trial.TrialState.RUNNING
-        trials += [optuna.trial.create_trial(params=g, distributions=own_distributions(self._distributions, g),
-                                             state=running)
-                   for g in (in_flight.genomes if in_flight else ())]
-        study.add_trials(trials)
+        number = generation_number(history, in_flight)
+        complete = sum(m.ok and m.rung == self.rungs - 1 for generation in history for m in generation.members)
+        study = study_of(self._optuna, self._engine(number, complete), self._distributions, self.rungs, history,
+                         in_flight)
         budget = budget_left(self.cfg, history, in_flight)
-        seen = self.proposed(history, in_flight)  # a set of its own: the proposals below are added to it
-        genomes: list[dict] = []
+        return asked_anew(study, self.space, self._distributions, self.proposed(history, in_flight),
+                          sampler_rng(self.cfg.seed, "gp", 2, number),
+                          self.population if budget is None else min(self.population, budget), self._rounded)
+
+    def prepare(self) -> None:
+        """A throwaway proposal on three made-up outcomes: GPSampler's first ask imports and sets up what
+        its fit runs on (seconds), the next ones do not."""
+        optuna, distributions = self._optuna, {"x": self._optuna.distributions.FloatDistribution(0.0, 1.0)}
+        study = optuna.create_study(direction="maximize", sampler=optuna.samplers.GPSampler(seed=0, n_startup_trials=1))
+        study.add_trials([optuna.trial.create_trial(params={"x": x}, distributions=distributions, value=x)
+                          for x in (0.1, 0.5, 0.9)])
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            while len(genomes) < (self.population if budget is None else min(self.population, budget)):
-                genome = self._new(study, seen)
-                if genome is None:
-                    break
-                genomes.append(genome)
-                seen.add(genome_hash(genome))
-        return genomes
+            study.ask(distributions)
 
-    def _new(self, study: Any, seen: set[str]) -> Optional[dict]:
-        """A genome not in `seen`: the model's, asked again while it repeats one (a repeat stays a
-        running trial of the model, whose next proposal goes elsewhere), else, after REPEATS repeats,
-        one drawn at random; None where DRAWS draws find none (the space is all but used up). A
-        repeat would be served from the store and teach the model nothing: a search whose model
-        had settled on one genome would go on proposing it, each generation training nothing."""
-        for _ in range(REPEATS):
-            _, asked = ask_genome(study, self.space, self._distributions)
-            genome = {name: self._rounded(name, value) for name, value in asked.items()}
-            if genome_hash(genome) not in seen:
-                return genome
-        rng = sampler_rng(self.cfg.seed, "gp", 2, len(seen))
-        for _ in range(DRAWS):
-            genome = random_genome(rng, self.space)
-            if genome_hash(genome) not in seen:
-                return genome
-        return None
-
-    def _engine(self, trials: list[Any]) -> Any:
-        """What proposes from these trials: the Gaussian process, or past `tpe_after` outcomes TPE."""
-        complete = self._optuna.trial.TrialState.COMPLETE
-        if self.tpe_after is None or sum(t.state == complete for t in trials) < self.tpe_after:
-            return self._gp
-        if self._tpe is None:
-            self._tpe = self._optuna.samplers.TPESampler(
-                seed=int(sampler_rng(self.cfg.seed, "gp", 1).integers(2**32)), constant_liar=True)
-        return self._tpe
+    def _engine(self, number: int, complete: int) -> Any:
+        """What proposes generation `number` with `complete` outcomes in hand: the Gaussian process (or, in its
+        start-up, its random draws), or past `tpe_after` outcomes TPE; seeded for that generation alone."""
+        optuna = self._optuna
+        with warnings.catch_warnings():  # GPSampler and constant_liar are "experimental" in some versions
+            warnings.simplefilter("ignore")
+            if self.tpe_after is not None and complete >= self.tpe_after:
+                return optuna.samplers.TPESampler(
+                    seed=int(sampler_rng(self.cfg.seed, "gp", 1, number).integers(2**32)), constant_liar=True)
+            if self._asynchronous:
+                startup = MIN_OUTCOMES if number >= STARTUP else 2**31  # 2**31: never enough, a random draw
+            else:
+                startup = max(1, STARTUP - self.population)
+            return optuna.samplers.GPSampler(seed=int(sampler_rng(self.cfg.seed, "gp", 3, number).integers(2**32)),
+                                             n_startup_trials=startup,
+                                             warn_independent_sampling=False)  # conditional genes: see above
 
     def _rounded(self, name: str, value: Any) -> Any:
         gene = self.space.genes[name]
         if isinstance(gene, Range) and gene.kind == "float" and gene.step is None:
             return gene.clip(float(f"{value:.{DIGITS}g}"))
         return value
-
-    def _told(self, member: Member) -> Any:
-        """The trial a member of the history is to the model."""
-        states, create = self._optuna.trial.TrialState, self._optuna.trial.create_trial
-        distributions = own_distributions(self._distributions, member.genome)
-        if not member.ok:
-            return create(params=member.genome, distributions=distributions, state=states.FAIL)
-        if member.rung < self.rungs - 1:
-            return create(params=member.genome, distributions=distributions, state=states.PRUNED,
-                          intermediate_values={member.rung: member.score})
-        return create(params=member.genome, distributions=distributions, value=member.score)

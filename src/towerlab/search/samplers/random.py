@@ -11,13 +11,14 @@ from typing import Optional, Sequence
 from towerlab.config import MAX_MEMBERS
 from towerlab.search.candidates import sampler_rng
 from towerlab.search.history import Generation
-from towerlab.search.samplers import INDEXABLE, InFlight, Sampler, random_genome
+from towerlab.search.samplers import INDEXABLE, InFlight, Sampler, generation_number, random_genome
 from towerlab.search.space import genome_hash
 
 
 class RandomSampler(Sampler):
     # Its proposals read no outcome: proposed with the generation before in flight, they are the same.
     overlaps = True
+    can_wait_less = True
 
     def propose(self, history: Sequence[Generation], in_flight: Optional[InFlight] = None) -> list[dict]:
         seen = self.proposed(history, in_flight)
@@ -25,7 +26,7 @@ class RandomSampler(Sampler):
         n = min(self.population, size - len(seen))
         if n <= 0:
             return []
-        rng = sampler_rng(self.cfg.seed, "random", len(history) + (in_flight is not None))
+        rng = sampler_rng(self.cfg.seed, "random", generation_number(history, in_flight))
         if size <= MAX_MEMBERS and size - len(seen) <= 4 * n:  # few left: draw among them directly
             rest = [g for g in self.space.all_genomes() if genome_hash(g) not in seen]
             return [rest[int(i)] for i in rng.choice(len(rest), size=n, replace=False)]  # type: ignore[call-overload]  # n: whole (a finite space)

@@ -17,7 +17,11 @@ each where it is enforced:
 - `put_back` opens the task of an interrupted worker at once, the claim not counted as a loss;
   `release` opens the tasks of a worker known to be gone, the loss counted;
 - `reopen_failed_tests` puts a search's failed test retrainings back on the queue (a resume retries them:
-  the machine's fault, as often as not), and the search back to unfinished.
+  the machine's fault, as often as not), and the search back to unfinished;
+- one worker at a time leads a search (`lead`: its driver proposes the generations and plays the search),
+  under a lease on the database's clock like a task's, renewed while it leads (`lead` again); another
+  takes it over once it lapses, at once where the leader stepped down (`step_down`) or is known gone
+  (`release`). `pace` tells the leader how many workers are busy and idle and how many of its tasks wait.
 """
 
 from __future__ import annotations
@@ -162,13 +166,52 @@ class TaskQueue:
 
     def release(self, worker: str, reason: str) -> int:
         """A worker is gone (its process ended, `reason` says how): the tasks it held are open again at
-        once, the loss counted; returns how many."""
+        once, the loss counted, and the searches it led are free to lead; returns how many tasks."""
         def free(tx: Transaction) -> int:
             n = tx.run("UPDATE tasks SET state = 'open', lease_until = NULL, lost = ?"
                        " WHERE worker = ? AND state = 'claimed'", (f"worker {worker} {reason}", worker))
             tx.run("UPDATE workers SET left_at = {now}, task = NULL WHERE id = ? AND left_at IS NULL", (worker,))
+            tx.run("UPDATE searches SET leader = NULL, leader_until = NULL WHERE leader = ?", (worker,))
             return n
         return self.db.write(free)
+
+    # -- leading a search -------------------------------------------------------------------------
+
+    def lead(self, search_id: int, worker: str, lease: float) -> bool:
+        """Whether `worker` leads the unfinished search now: it did and its lease is renewed, or nobody
+        held the lease (or it lapsed, or runs past any a worker grants: an edited row) and it is now
+        `worker`'s until the database's clock reads `lease` seconds later."""
+        return 1 == self.db.write(lambda tx: tx.run(
+            "UPDATE searches SET leader = ?, leader_until = {now} + ? WHERE id = ? AND finished IS NULL AND"
+            " (leader IS NULL OR leader = ? OR leader_until IS NULL OR leader_until < {now}"
+            " OR leader_until > {now} + ?)", (worker, lease, search_id, worker, MAX_LEASE)))
+
+    def leader(self, search_id: int) -> Optional[str]:
+        """The worker that leads the search now (its lease holds on the database's clock), or None."""
+        rows = self._rows.read("SELECT leader FROM searches WHERE id = ? AND leader IS NOT NULL AND"
+                               " leader_until >= {now} AND leader_until <= {now} + ?", (search_id, MAX_LEASE))
+        return str(rows[0]["leader"]) if rows else None
+
+    def step_down(self, search_id: int, worker: str) -> None:
+        """`worker` no longer leads the search (it stops, or the search is finished): another may at once."""
+        self.db.write(lambda tx: tx.run("UPDATE searches SET leader = NULL, leader_until = NULL"
+                                        " WHERE id = ? AND leader = ?", (search_id, worker)))
+
+    def tell_activity(self, search_id: int, worker: str, doing: str) -> None:
+        """What the search's leader `worker` is doing now (`search show` says it), unless another leads it."""
+        self.db.write(lambda tx: tx.run(
+            "UPDATE searches SET activity = ? WHERE id = ? AND leader = ?",
+            (json.dumps({"doing": doing, "by": worker}), search_id, worker)))
+
+    def pace(self, search_id: int, within: float) -> tuple[int, int, int]:
+        """(busy, idle, waiting): the workers of this store alive now (seen in the last `within` seconds on the
+        database's clock, not gone) holding a task and holding none, and the search's tasks waiting for one."""
+        alive = self._rows.read("SELECT COUNT(*) AS n, COUNT(task) AS busy FROM workers WHERE left_at IS NULL AND"
+                                " seen > {now} - ?", (within,))[0]
+        waiting = self._rows.read("SELECT COUNT(*) AS n FROM tasks WHERE search_id = ? AND state = 'open'",
+                                  (search_id,))[0]
+        busy = int(alive["busy"])
+        return busy, int(alive["n"]) - busy, int(waiting["n"])
 
     def reopen_failed_tests(self, search_id: int) -> int:
         """Put the search's failed test retrainings back on the queue (and the search back to unfinished,

@@ -8,9 +8,10 @@ search, whenever it looks, takes the same decision. A failed candidate is not re
 that failed it, resumed or not (its history stays reproducible), while a later search retries it (the
 failure may have been the machine's: out of memory, a lost worker). Two searches running at once may
 both train a genome neither found; each keeps its own row and its own history, as if it had run alone.
-A generation records its members when it begins (the first process to begin it; the others check
-theirs against them) and its results when it ends (the first to complete it: every one computes the
-same); a search's summary is written once, by the first process to finish it.
+A generation records its members when it begins (the first process to begin it: whoever plays the
+search later reads them, and proposes none of them again), with what they were proposed from, and its
+results when it ends (the first to complete it: every one computes the same); a search's summary is
+written once, by the first process to finish it.
 """
 
 from __future__ import annotations
@@ -212,18 +213,19 @@ class Records:
     # -- generations ----------------------------------------------------------------------------
 
     def begin_generation(self, search_id: int, generation: int, genomes: list[dict],
-                         hashes: list[str]) -> GenerationRow:
-        """Record a generation's members (genomes and their hashes, in population order) and the newest
+                         hashes: list[str], proposed: Optional[dict] = None) -> GenerationRow:
+        """Record a generation's members (genomes and their hashes, in population order), what they were
+        `proposed` from (the generations then in flight, ...: `towerlab.search.store.schema`) and the newest
         evaluation id now (what other searches may serve it from), unless the search has it already
-        (another worker began it); return the row."""
+        (another worker began it: the store's members are the generation's); return the row."""
         members = [{"genome_hash": h, "genome": g} for h, g in zip(hashes, genomes, strict=True)]
 
         def begin(tx: Transaction) -> None:
             tx.settle("evaluations")  # every row up to the newest id there for good: the watermark
-            tx.run("INSERT INTO generations (search_id, generation, members, started, watermark)"
-                   " SELECT ?, ?, ?, {stamp}, COALESCE(MAX(id), 0) FROM evaluations WHERE true"
+            tx.run("INSERT INTO generations (search_id, generation, members, started, watermark, proposed)"
+                   " SELECT ?, ?, ?, {stamp}, COALESCE(MAX(id), 0), ? FROM evaluations WHERE true"
                    " ON CONFLICT (search_id, generation) DO NOTHING",
-                   (search_id, generation, json.dumps(members)))
+                   (search_id, generation, json.dumps(members), None if proposed is None else json.dumps(proposed)))
 
         self.db.write(begin, lock=search_id)
         stored = self.generation(search_id, generation)

@@ -34,6 +34,9 @@ class SearchRow:
     summary: Optional[dict]
     setup: Optional[dict] = None
     token: Optional[str] = None
+    leader: Optional[str] = None
+    leader_until: Optional[float] = None
+    activity: Optional[dict] = None
 
 
 @dataclass(frozen=True)
@@ -49,6 +52,7 @@ class GenerationRow:
     started: str
     finished: Optional[str]
     watermark: Optional[int] = None
+    proposed: Optional[dict] = None
 
     @property
     def final_results(self) -> list:
@@ -137,7 +141,7 @@ class Rows:
 
     def search(self, row: dict) -> SearchRow:
         data = dict(row)
-        for key in ("config", "space", "summary", "setup"):
+        for key in ("config", "space", "summary", "setup", "activity"):
             data[key] = self.json(data.get(key))
         if isinstance(data["config"], dict):  # a search recorded before a setting existed ran without it
             data["config"] = upgrade_search_config(data["config"], data["sampler"])
@@ -154,8 +158,8 @@ class Rows:
 
     def generation(self, row: dict) -> GenerationRow:
         data = dict(row)
-        for key in ("members", "results", "stats"):
-            data[key] = self.json(data[key])
+        for key in ("members", "results", "stats", "proposed"):
+            data[key] = self.json(data.get(key))
         data["complete"] = bool(data["complete"])
         return GenerationRow(**data)
 

@@ -1,11 +1,12 @@
 """The search store's schema, version SCHEMA_VERSION, in the SQL that SQLite and PostgreSQL both read,
 and the migrations of older stores to it: 1, before samplers; 2, before numerics; 3, before the queue; 4,
-before each evaluation's provenance; 5, before an objective's metrics; each in one transaction. Each
+before each evaluation's provenance; 5, before an objective's metrics; 6, before a search's proposer and
+each generation's inputs; each in one transaction. Each
 backend keeps the version its own way and checks it when a store opens (`Backend.open_schema`: SQLite's
 `PRAGMA user_version`, PostgreSQL's `towerlab_schema` table): an empty database gets today's tables, an
 older store is migrated in place, a damaged, foreign or newer one is a UserError that names it and what
 to do. Stores of versions 1 to 3 are SQLite files (their own migrations are
-`towerlab.search.store.sqlite`'s); the migrations from 3, 4 and 5 speak what both databases read. The
+`towerlab.search.store.sqlite`'s); the migrations from 3, 4, 5 and 6 speak what both databases read. The
 tables:
 
 searches     id, sampler (its name), config (SearchConfig JSON), space (JSON: name, model, genes),
@@ -13,7 +14,10 @@ searches     id, sampler (its name), config (SearchConfig JSON), space (JSON: na
              interrupted), summary (JSON counts and the top, when finished), setup (JSON: how its
              workers train: device kind, threads, the model, the data, and what a worker checks before
              it joins, `towerlab.jobs.search.identity`; NULL before schema 4), token
-             (what its creator named it by, so a retried creation makes one search).
+             (what its creator named it by, so a retried creation makes one search), leader (the worker
+             that proposes its generations and plays it, until `leader_until` on the database's clock: one
+             at a time, `towerlab.search.work.driver`) and activity (what the leader is doing, as `search
+             show` says it: JSON, {"doing": ..., "since": ...}; both NULL before schema 7).
 evaluations  one row per training: genome_hash, train_config_hash (of a pruned search's lower rung,
              see `towerlab.search.rounds`), genome (JSON), status ('ok'|'failed'), fitness
              (validation accuracy; NULL unless ok), val_loss, test_accuracy (set by a test task),
@@ -31,8 +35,11 @@ evaluations  one row per training: genome_hash, train_config_hash (of a pruned s
              that returns the row.
 generations  (search_id, generation) key, members (JSON list of {genome_hash, genome} in population
              order, written when the generation begins, with `watermark`, the newest evaluation id
-             then), results (JSON per-member records) and stats (JSON), written with complete = 1 when
-             it ends; started, finished.
+             then, and `proposed`, what it was proposed from: JSON, {"in_flight": [the generations then
+             in flight], "seconds": the proposal's, "by": the worker that proposed it, "workers": the busy
+             and idle workers then, "spare": how many candidates the search kept ready beyond them};
+             NULL before schema 7 and where nobody proposed it (a resumed search's first)), results (JSON
+             per-member records) and stats (JSON), written with complete = 1 when it ends; started, finished.
 tasks        the queue: one row per training a search needs and no evaluation serves (kind 'train':
              an evaluation, a higher rung, a re-measure) or per retraining of a top network for its
              test accuracy (kind 'test'), unique per (search_id, kind, genome_hash,
@@ -50,7 +57,7 @@ from __future__ import annotations
 from towerlab.errors import UserError
 from towerlab.search.store.database import Transaction
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 
 
 class NoStore(UserError):
@@ -80,7 +87,10 @@ SCHEMA = """
 CREATE TABLE searches (
     id {id},""" + _SEARCH_COLUMNS + """,
     setup TEXT,
-    token TEXT
+    token TEXT,
+    leader TEXT,
+    leader_until DOUBLE PRECISION,
+    activity TEXT
 );
 CREATE UNIQUE INDEX searches_token ON searches (token);
 CREATE TABLE evaluations (
@@ -118,6 +128,7 @@ CREATE TABLE generations (
     started TEXT NOT NULL,
     finished TEXT,
     watermark BIGINT,
+    proposed TEXT,
     PRIMARY KEY (search_id, generation)
 );
 """ 
@@ -197,6 +208,16 @@ def upgrade_from_5(tx: Transaction) -> None:
     before (towerlab's own trainings: their metric is the fitness, validation accuracy)."""
     tx.run("ALTER TABLE evaluations ADD COLUMN metrics TEXT")
     tx.run("ALTER TABLE evaluations ADD COLUMN curve TEXT")
+
+
+def upgrade_from_6(tx: Transaction) -> None:
+    """Version 6 to 7: a search gains its leader (the worker proposing for it, under a lease) and what it is
+    doing; a generation what it was proposed from. NULL in what was written before: an older search's next
+    leader takes the lease as a lapsed one, and its recorded generations are read as they are."""
+    tx.run("ALTER TABLE searches ADD COLUMN leader TEXT")
+    tx.run("ALTER TABLE searches ADD COLUMN leader_until DOUBLE PRECISION")
+    tx.run("ALTER TABLE searches ADD COLUMN activity TEXT")
+    tx.run("ALTER TABLE generations ADD COLUMN proposed TEXT")
 
 
 def upgrade_from_2(tx: Transaction) -> None:

@@ -136,6 +136,34 @@ def _format_workers(store: Store) -> list[str]:
     return ["\n".join(lines)]
 
 
+def workers_now(store: Store, search: Search) -> str:
+    """How many of the store's workers are busy and idle now, and why the idle ones wait: what the search's
+    leader is doing (`TaskQueue.tell_activity`), or, in a search of generations, the generation's end."""
+    busy, idle, waiting = store.queue.pace(search.stored_id, SILENT)
+    if not idle:
+        return f"{busy} busy, none idle"
+    row = store.records.search(search.stored_id)
+    doing = str(((row.activity if row else None) or {}).get("doing", ""))
+    if row is None or row.finished:
+        why = "the search is finished"
+    elif waiting:
+        why = f"{waiting} candidate(s) waiting for them"
+    elif store.queue.leader(search.stored_id) is None:
+        why = "no worker leads the search now: one takes over within a lease"
+    elif doing.startswith("testing"):
+        why = f"the search is ending: {doing}"
+    elif doing.startswith(("ending", "crowning")):
+        why = doing.replace("ending: ", "").replace("crowning: ", "the search is ending: ")
+    elif not search.asynchronous:
+        why = f"each generation of {search.shape.population} ends with its last trainings (give no --population, " \
+              "and the search proposes as workers free up)"
+    elif doing.startswith("proposing"):
+        why = f"a proposal is being made ({doing})"
+    else:
+        why = "the next proposal is being made"
+    return f"{busy} busy, {idle} idle: {why}"
+
+
 def _acc(x: Optional[float]) -> str:
     return "-" if x is None else f"{x:.4f}"
 
@@ -206,6 +234,8 @@ def _format_one(store: Store, row: SearchRow) -> str:
                      f"{sum(t.state == 'claimed' for t in queue)} in progress"
                      + (f" ({', '.join(map(printable, held))})" if held else "")
                      + f", {sum(t.state == 'open' for t in queue)} waiting{best}")
+        if running:
+            lines.append(f"  workers: {workers_now(store, search)}")
     lines += _provenances(store.records.provenances(row.id))
     if top:
         lines.append(f"  top {len(top)}:" if row.finished else f"  top {len(top)} so far (measured once):")

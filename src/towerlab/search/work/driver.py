@@ -1,9 +1,20 @@
-"""A worker's driver threads (`towerlab.search.work.worker`): each plays one search (`Search.play`) through a
-`QueueTrainer`, so that the candidates the store cannot serve go on the queue (each once, whoever puts
-them there first) and the trainer returns when the store holds a result for each, whoever trained it.
-A pruned rung's sure promotions go on the queue as results come in. When the search's top is crowned,
-the retrainings that give it its test accuracy go on the queue too (`towerlab.search.testing`), and the first
-driver to see them done writes the summary: the search is finished.
+"""A worker's driver threads (`towerlab.search.work.worker`): one per search the worker works on. One
+driver at a time leads a search (`TaskQueue.lead`: a lease on the database's clock, renewed every third of
+it while it leads) and plays it (`Search.play`) through a `QueueTrainer`, so that the candidates the store
+cannot serve go on the queue (each once, whoever puts them there first) and the trainer returns when the
+store holds a result for each, whoever trained it; the others stand by, reading nothing but who leads,
+and one of them takes over where the lease lapses (its worker died) or is given up (its worker stopped).
+So a search's proposals are made once, by its leader, whatever the number of workers, and a worker that
+joins trains at once without replaying anything. A leader that takes over reads the generations the
+store holds (never proposing them again) and goes on from there.
+
+In an asynchronous search the trainer paces the proposals (`QueueTrainer.pace`): one for each idle
+worker, and a spare few ready for the workers about to free up, as many as finish while a proposal is
+made (none where a worker waits less than SPARE_SHARE of a training for its next candidate, so that each
+proposal is made with every outcome there is). A pruned rung's sure promotions go on the queue as
+results come in. When the search's top is crowned, the retrainings that give it its test accuracy go on
+the queue too (`towerlab.search.testing`), and the leader, once they are done, writes the summary: the
+search is finished.
 
 Every wait for the store, here and in the worker's own loop, is a `Poll`: woken at once by what this
 process wrote, else looking again after POLL[0] seconds, twice as long each time nothing came, up to
@@ -12,7 +23,9 @@ POLL[1].
 
 from __future__ import annotations
 
+import math
 import threading
+from collections import deque
 from typing import Callable, Optional, Sequence
 
 from towerlab.search.candidates import Candidate
@@ -21,28 +34,39 @@ from towerlab.search.store.rows import Evaluation
 from towerlab.search.search import Search
 from towerlab.search.store import Store
 from towerlab.search.testing import retrainings, tested
-from towerlab.search.trainers import Record
+from towerlab.search.trainers import Pace, Record
 
 POLL = (0.05, 1.0)  # seconds between looks at the store for new results or tasks: first, at most
+PACE_POLL = 0.25  # at most, between an asynchronous search's looks for results: a worker waits on it
+STAND_BY = 1.0  # seconds between a standing-by driver's looks at who leads its search
+SPARE_SHARE = 0.01  # a worker may wait this share of a training for its next candidate (see the docstring)
 
 
 class Stopping(Exception):
     """Raised in a driver thread when its worker stops: the search is left as the store holds it."""
 
 
+class LostLead(Exception):
+    """Raised in a driver thread whose lead lapsed (it could not renew it in time): another worker leads the
+    search now, from what the store holds; this one stands by."""
+
+
 class Poll:
     """A thread's wait for the store (see the module's docstring): `wait()` until `wake` is set or the
     interval passes (Stopping first where `stopping` is set), `found()` when a look found something."""
 
-    def __init__(self, wake: threading.Event, stopping: Optional[threading.Event] = None) -> None:
-        self.wake, self.stopping, self.seconds = wake, stopping, POLL[0]
+    def __init__(self, wake: threading.Event, stopping: Optional[threading.Event] = None,
+                 lost: Optional[threading.Event] = None, most: float = POLL[1]) -> None:
+        self.wake, self.stopping, self.lost, self.most, self.seconds = wake, stopping, lost, most, POLL[0]
 
     def wait(self) -> None:
         if self.stopping is not None and self.stopping.is_set():
             raise Stopping
+        if self.lost is not None and self.lost.is_set():
+            raise LostLead
         self.wake.wait(self.seconds)
         self.wake.clear()
-        self.seconds = min(2 * self.seconds, POLL[1])
+        self.seconds = min(2 * self.seconds, self.most)
 
     def found(self) -> None:
         self.seconds = POLL[0]
@@ -54,6 +78,43 @@ class QueueTrainer:
 
     def __init__(self, store: Store, search: Search, priority: Callable[[Candidate], float], driver: Driver) -> None:
         self.store, self.search, self.priority, self.driver = store, search, priority, driver
+        self._poll = Poll(driver.wake, driver.stopping, driver.lost, PACE_POLL)
+        self._proposal: Optional[float] = None  # seconds a proposal takes (a running mean)
+        self._trainings: deque[float] = deque(maxlen=20)  # seconds of the latest trainings
+        self._doing = ""
+
+    def pace(self) -> Pace:
+        """How many candidates the search should propose now (`Pace`): one for each idle worker of the store
+        and a spare few (`spare`), less those waiting on the queue for a worker."""
+        assert self.search.id is not None
+        busy, idle, waiting = self.store.queue.pace(self.search.id, self.driver.lease)
+        spare = self._spare(busy + idle)
+        return Pace(max(0, idle + spare - waiting), busy, idle, waiting, spare, self.driver.worker)
+
+    def _spare(self, workers: int) -> int:
+        """The candidates to keep ready beyond the idle workers: as many as finish their training while the
+        next proposal is made and noticed (at least one), or none where waiting for it costs a worker less
+        than SPARE_SHARE of a training. One until both lengths are known."""
+        if self._proposal is None or not self._trainings:
+            return 1
+        training = sum(self._trainings) / len(self._trainings)
+        lag = self._proposal + PACE_POLL
+        if lag < SPARE_SHARE * training:
+            return 0
+        return max(1, math.ceil(workers * lag / max(training, 1e-3)))
+
+    def wait(self) -> None:
+        self._poll.wait()
+
+    def proposed(self, seconds: float) -> None:
+        self._proposal = seconds if self._proposal is None else 0.7 * self._proposal + 0.3 * seconds
+        self._poll.found()
+
+    def doing(self, activity: str) -> None:
+        if activity != self._doing:
+            assert self.search.id is not None
+            self.store.queue.tell_activity(self.search.id, self.driver.worker, activity)
+            self._doing = activity
 
     def put(self, kind: str, candidates: list[tuple[Candidate, str]]) -> None:
         """Candidates on the queue, at once, then ranked (a cost estimate's first use in a process takes
@@ -82,6 +143,9 @@ class QueueTrainer:
             while ready:
                 candidate, row = ready.pop(0)
                 record.served(candidate, row)
+                if row.search_id == search_id and row.status == "ok":
+                    self._trainings.append(row.seconds)
+                    self._poll.found()
                 ready.extend(add(record.more()))
             if not pending:
                 return
@@ -103,39 +167,68 @@ class QueueTrainer:
 
 
 class Driver(threading.Thread):
-    """Plays one search in a worker (see the module's docstring) until it is finished: `done`; or
-    records what stopped it: `error`."""
+    """Leads one search of a worker named `worker`, or stands by to (see the module's docstring), until it
+    is finished: `done`; or records what stopped it: `error`. `lease`: the seconds a lead holds unrenewed."""
 
     def __init__(self, store: Store, search_id: int, priority: Callable[[Search], Callable[[Candidate], float]],
-                 worker_wake: threading.Event, log: Optional[Callable[[str], None]] = None) -> None:
+                 worker_wake: threading.Event, log: Optional[Callable[[str], None]] = None, worker: str = "",
+                 lease: float = 30.0) -> None:
         super().__init__(name=f"towerlab-search-{search_id}", daemon=True)
         self.store, self.search_id, self.priority, self.worker_wake, self.log = (store, search_id, priority,
                                                                                  worker_wake, log)
-        self.wake, self.stopping = threading.Event(), threading.Event()
+        self.worker, self.lease = worker or f"driver-{id(self)}", lease
+        self.wake, self.stopping, self.lost = threading.Event(), threading.Event(), threading.Event()
         self.done = False
+        self.led = 0  # how many times it took the lead
         self.error: Optional[BaseException] = None
 
     def run(self) -> None:
         try:
             while not self.store.records.finished(self.search_id):
-                search = Search.open(self.store, self.search_id)
-                trainer = QueueTrainer(self.store, search, self.priority(search), self)
-                played = search.play(self.store, trainer, on_progress=self.log)
-                self._test(search, played.top, trainer)
-                # Written only under the settings it was played with: a resume that changed them
-                # (more generations) has the search played again.
-                search.finish(self.store, *played)
+                if self.store.queue.leader(self.search_id) not in (None, self.worker) or not self.store.queue.lead(
+                        self.search_id, self.worker, self.lease):
+                    self._stand_by()
+                    continue
+                self.led += 1
+                self.lost.clear()
+                renewal = _Renewal(self)
+                try:
+                    self._lead()
+                except LostLead:
+                    continue
+                finally:
+                    renewal.stop()
             self.done = True
         except Stopping:
             pass
         except BaseException as exc:  # noqa: BLE001 - handed to the worker's main thread
             self.error = exc
         finally:
+            try:
+                self.store.queue.step_down(self.search_id, self.worker)
+            except Exception:  # noqa: BLE001 - the store out of reach: the lease lapses instead
+                pass
             self.worker_wake.set()
 
+    def _lead(self) -> None:
+        """Play the search from what the store holds until it is finished (LostLead where another took over)."""
+        search = Search.open(self.store, self.search_id)
+        trainer = QueueTrainer(self.store, search, self.priority(search), self)
+        played = search.play(self.store, trainer, on_progress=self.log)
+        self._test(search, played.top, trainer)
+        # Written only under the settings it was played with: a resume that changed them
+        # (more generations) has the search played again.
+        search.finish(self.store, *played)
+
+    def _stand_by(self) -> None:
+        """Wait while another worker leads the search (or until this worker stops)."""
+        if self.stopping.wait(STAND_BY):
+            raise Stopping
+
     def poll(self) -> Poll:
-        """A wait for the store on this driver's thread: woken by its worker, stopped with it."""
-        return Poll(self.wake, self.stopping)
+        """A wait for the store on this driver's thread: woken by its worker, stopped with it, and left where
+        its lead lapsed (LostLead)."""
+        return Poll(self.wake, self.stopping, self.lost)
 
     def _test(self, search: Search, top: list[TopGenome], trainer: QueueTrainer) -> None:
         """Give the crowned networks their test accuracy (`towerlab.search.testing`): queue the retrainings
@@ -143,6 +236,7 @@ class Driver(threading.Thread):
         wanted = retrainings(self.store, search, top)
         if not wanted:
             return
+        trainer.doing(f"testing the top: {len(wanted)} retraining(s)")
         trainer.put("test", wanted)
         poll = self.poll()
         while not tested(self.store, search, wanted):
@@ -151,3 +245,31 @@ class Driver(threading.Thread):
     def stop(self) -> None:
         self.stopping.set()
         self.wake.set()
+
+
+class _Renewal(threading.Thread):
+    """Renews a driver's lead every third of its lease, until stopped; where it could not (another worker
+    took the lead after it lapsed), tells the driver (`lost`), which stops leading at its next wait."""
+
+    def __init__(self, driver: Driver) -> None:
+        super().__init__(name=f"towerlab-lead-{driver.search_id}", daemon=True)
+        self.driver = driver
+        self._stopped = threading.Event()
+        self.start()
+
+    def run(self) -> None:
+        driver = self.driver
+        while not self._stopped.wait(driver.lease / 3):
+            try:
+                held = driver.store.queue.lead(driver.search_id, driver.worker, driver.lease)
+            except Exception:  # noqa: BLE001 - the store out of reach: the lead may lapse, never doubled
+                continue
+            if not held and not driver.store.records.finished(driver.search_id):
+                driver.lost.set()
+                driver.wake.set()
+                return
+
+    def stop(self) -> None:
+        self._stopped.set()
+        if self is not threading.current_thread():
+            self.join(timeout=60)

@@ -265,7 +265,8 @@ class Worker:
                 self._unsaid.append(search_id)
                 continue
             self.searches[search_id] = search
-            driver = Driver(self.store, search_id, self.priority, self._wake, self.log if self.speaks else None)
+            driver = Driver(self.store, search_id, self.priority, self._wake, self.log if self.speaks else None,
+                            self.name, self.lease)
             self.drivers[search_id] = driver
             driver.start()
 

@@ -1,0 +1,190 @@
+"""The game every search plays (`Search.play`): its sampler proposes generations, `Rounds` serves each from
+the store or has the `Trainer` train it (pruning as asked), the sampler is told the outcomes, and at the
+end the top is crowned. A generation the store holds is read as it was recorded and never proposed again,
+whoever proposed it: so a resumed search, a worker that takes over proposing and the job's record all
+follow the one history the store holds, and pay for none of its proposals twice. A finished search is
+only read. It is played one of two ways, as its sampler's shape says (`Shape.asynchronous`):
+
+- in generations (`in_generations`: --population given, or a sampler that breeds generations, ga, or
+  proposes everything at once, grid; and every pruned search): each generation is proposed from the
+  outcomes of those before it and, where the sampler overlaps, while the one before still trains (its
+  genomes in flight). The history is the same however many workers train it, and resuming it proposes
+  the same generations from the seed (the pinned histories, tests/test_search_pinned.py).
+- asynchronously (`asynchronously`: the default of gp, tpe, random and auto): one candidate is proposed
+  whenever the trainer can start one (`Pacing.pace`: a worker is idle, or a spare one should wait for
+  the next worker to free up), from every outcome in hand, with every training still in flight told as
+  running; the start-up design's random candidates go on the queue at once (`Sampler.startup`). So every
+  worker trains whenever the search has budget left, however many join and whenever, and nobody waits
+  for a proposal but the worker it is for. Which outcomes a proposal read depends on when they came in:
+  the generation records it (`proposed`: the generations in flight then, the workers busy and idle, the
+  proposal's seconds), and a proposal is a function of those inputs and the seed alone (samplers carry
+  no state from one proposal to the next), so the same inputs give the same candidate.
+
+No torch, no clock but the proposals' durations (recorded, never read back): the counts are defined in
+`towerlab.search.history`, the budgets in `towerlab.search.samplers` and `towerlab.search.rounds`.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Callable, Optional
+
+from towerlab.search.history import Generation, GenerationStats, Played
+from towerlab.search.plan import generations_of, least
+from towerlab.search.rounds import Rounds
+from towerlab.search.samplers import InFlight, Sampler, budget_left
+from towerlab.search.trainers import Pace, Pacing, Trainer
+
+if TYPE_CHECKING:
+    from towerlab.config import SearchConfig
+
+# From this many members on, proposing and looking up a generation takes seconds to minutes:
+# the search says what it is doing before it starts.
+LARGE_GENERATION = 10_000
+# A proposal that took this long is said while the next one is made (`Pacing.doing`): `search show`
+# tells why a worker waits.
+SLOW_PROPOSAL = 0.5
+
+
+def in_generations(cfg: SearchConfig, sampler: Sampler, rounds: Rounds, replay: bool,
+                   on_generation: Optional[Callable[[GenerationStats], None]] = None,
+                   on_progress: Optional[Callable[[str], None]] = None) -> Played:
+    """Play a search in generations (see the module's docstring); `replay`: it is finished, and read."""
+    history: list[Generation] = []
+    ahead: Optional[InFlight] = None  # the next generation, begun while the one before trained
+    ended = "generations"
+    while len(history) < generations_of(cfg):
+        g = len(history)
+        budget = budget_left(cfg, history)
+        if budget == 0:
+            ended = "max_evaluations"
+            break
+        if history and sampler.elite:
+            history[-1] = rounds.crowned(history[-1], sampler.elite)
+        queued = ahead is not None  # its first rung is on the queue already
+        if ahead is not None:  # begun within the budgets as they stood then: it is played whole
+            current, ahead = ahead, None
+        else:
+            budget = least(budget, rounds.epochs_left(g))  # the elite's re-measures are charged by now
+            if budget == 0:
+                ended = "budget_epochs"
+                break
+            genomes = rounds.recorded(g)
+            if genomes is None and not replay:
+                if on_progress is not None and sampler.population >= LARGE_GENERATION:
+                    on_progress(f"Generation {g + 1}: proposing {sampler.population} candidates and looking "
+                                "them up in the store ...")
+                genomes = sampler.propose(history)
+            if not genomes:
+                ended = "sampler"
+                break
+            new = rounds.begin(g, genomes, budget, {"in_flight": []})
+            current = InFlight(tuple(rounds.members(g)), new)
+        after = least(budget_left(cfg, history, current), rounds.epochs_left(g, current.new))
+        if sampler.overlaps and not sampler.elite and g + 1 < generations_of(cfg) and (after is None or after > 0):
+            # The next generation is proposed now, with this one in flight, and its first rung goes on
+            # the queue: a worker that finishes before this generation's last training takes it. This
+            # one's first rung goes there first, so that no worker takes the next one's before it.
+            if not queued:
+                rounds.prefetch(g)
+            following = rounds.recorded(g + 1)
+            if following is None and not replay:
+                following = sampler.propose(history, current)
+            if following:
+                new = rounds.begin(g + 1, following, after, {"in_flight": [g]})
+                ahead = InFlight(tuple(rounds.members(g + 1)), new)
+                rounds.prefetch(g + 1)
+        generation = rounds.finish(g)
+        sampler.tell(generation)
+        history.append(generation)
+        if on_generation is not None:
+            on_generation(generation.stats)
+    return Played(history, rounds.top(history, cfg.top), ended)
+
+
+class _Flight:
+    """An asynchronous search's generations begun and not yet told: each one's new trainings."""
+
+    def __init__(self, rounds: Rounds) -> None:
+        self.rounds, self.new = rounds, dict[int, int]()
+
+    def in_flight(self) -> Optional[InFlight]:
+        if not self.new:
+            return None
+        return InFlight(tuple(g for number in sorted(self.new) for g in self.rounds.members(number)),
+                        sum(self.new.values()), len(self.new))
+
+
+def asynchronously(cfg: SearchConfig, sampler: Sampler, rounds: Rounds, train: Trainer, replay: bool,
+                   on_generation: Optional[Callable[[GenerationStats], None]] = None) -> Played:
+    """Play a search asynchronously (see the module's docstring); `replay`: it is finished, and read."""
+    pacing = train if isinstance(train, Pacing) else None
+    told: list[Generation] = []  # in the order they were told
+    flight = _Flight(rounds)
+    number = 0  # the next generation's
+    while (recorded := rounds.recorded(number)) is not None:
+        flight.new[number] = rounds.begin(number, recorded)
+        number += 1
+    exhausted = prepared = False
+    while True:
+        ready, missing = rounds.waiting(sorted(flight.new)) if pacing else (set(flight.new), 0)
+        for g in sorted(ready):
+            generation = rounds.finish(g)  # (with no workers, trained here)
+            sampler.tell(generation)
+            told.append(generation)
+            del flight.new[g]
+            if on_generation is not None:
+                on_generation(generation.stats)
+        limit = _limit(cfg, rounds, told, flight, number, missing) or ("sampler" if exhausted or replay else None)
+        if limit is not None and not flight.new:
+            break
+        if limit is None:
+            pace = pacing.pace() if pacing else Pace(0 if flight.new else 1)
+            wanted = max(pace.wanted, sampler.startup - number) if pacing else pace.wanted
+            while wanted > 0 and not exhausted and _limit(cfg, rounds, told, flight, number, missing) is None:
+                in_flight = flight.in_flight()
+                budget = least(budget_left(cfg, told, in_flight), rounds.epochs_left(number, missing))
+                started = time.perf_counter()
+                genomes = sampler.propose(told, in_flight)
+                seconds = time.perf_counter() - started
+                if not genomes:
+                    exhausted = True
+                    break
+                new = rounds.begin(number, genomes, budget, {
+                    "in_flight": sorted(flight.new), "seconds": round(seconds, 4), "by": pace.by,
+                    "workers": {"busy": pace.busy, "idle": pace.idle}, "waiting": pace.waiting, "spare": pace.spare})
+                flight.new[number] = new
+                missing += new
+                rounds.prefetch(number)
+                number += 1
+                wanted -= 1
+                if pacing is not None:
+                    pacing.proposed(seconds)
+                    if seconds >= SLOW_PROPOSAL and wanted > 0:
+                        pacing.doing(f"proposing generation {number + 1}")
+            if pacing is not None:
+                pacing.doing("searching")
+                if not prepared and sampler.startup and number >= sampler.startup:
+                    sampler.prepare()  # while the start-up's candidates train
+                    prepared = True
+        elif pacing is not None:
+            pacing.doing(f"ending: the budget is spent, {len(flight.new)} training(s) still running")
+        if pacing is not None and not ready:
+            pacing.wait()
+    history = sorted(told, key=lambda g: g.generation)
+    if pacing is not None and cfg.remeasure and not replay:
+        pacing.doing("crowning: its top is re-measured")
+    return Played(history, rounds.top(history, cfg.top), limit)
+
+
+def _limit(cfg: SearchConfig, rounds: Rounds, told: list[Generation], flight: _Flight, number: int,
+           missing: int) -> Optional[str]:
+    """What ends an asynchronous search's proposals now, counting the trainings in flight (None: nothing):
+    --max-evaluations, --budget-epochs, or its generations (which, not given, such a budget decides)."""
+    if budget_left(cfg, told, flight.in_flight()) == 0:
+        return "max_evaluations"
+    if rounds.epochs_left(number, missing) == 0:
+        return "budget_epochs"
+    if number >= generations_of(cfg):
+        return "generations"
+    return None

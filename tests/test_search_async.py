@@ -1,0 +1,249 @@
+"""A search without --population proposes asynchronously (issue 72): every worker that joined has a candidate
+whenever the search has budget left, one worker's driver (the leader) makes each proposal once while the
+others train, the history is the one its store records with what each proposal read, and nothing a
+process would propose differently stops it. Fake fitness in process (Worker threads), and one search from
+the command line on 4 workers."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from towerlab.config import SearchConfig
+from towerlab.search import Outcome, Search, Store, load_space, run_search, serial
+from towerlab.search.history import Generation, GenerationStats, Member
+from towerlab.search.samplers import InFlight
+from towerlab.search.samplers.random import RandomSampler
+from towerlab.search.work.worker import Worker, WorkerOptions
+from util import run_cli
+
+pytest.importorskip("optuna")
+pytest.importorskip("scipy")
+
+SPACE = load_space(json.dumps({"model": "objective", "genes": {"x": {"low": 0.0, "high": 1.0},
+                                                                "y": {"low": 0.0, "high": 1.0}}}))
+TCH = "async-train-config"
+
+
+def bowl(candidate) -> Outcome:
+    g = candidate.genome
+    return Outcome.ok(1 - (g["x"] - 0.3) ** 2 - (g["y"] - 0.7) ** 2, epochs=1, seconds=0.01)
+
+
+def trainer(search):
+    def train(assignment):
+        time.sleep(0.02 + 0.03 * (assignment.candidate.seed % 3))  # results come back out of order
+        return bowl(assignment.candidate)
+    return train
+
+
+def workers(path, search_id, names, **options):
+    """Worker threads on the search until it is finished: the workers, once joined."""
+    made = [Worker(Store(path), name, "cpu", trainer, WorkerOptions(search_ids=[search_id], lease=30.0, **options))
+            for name in names]
+    threads = [threading.Thread(target=w.run) for w in made]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert not any(t.is_alive() for t in threads)
+    return made
+
+
+def created(path, cfg):
+    with Store(path) as store:
+        return Search.resolve(cfg, SPACE).create(store, TCH, {"test": False})
+
+
+def history_of(store, search_id):
+    """Each stored generation's members, results and what it was proposed from."""
+    return [(g.generation, [m["genome"] for m in g.members], g.final_results, g.proposed)
+            for g in store.records.generations(search_id)]
+
+
+def test_a_budget_alone_runs_the_default_search_one_candidate_a_generation(tmp_path):
+    """--max-evaluations 24 with the default sampler: no --generations needed (it was refused: "more than 20
+    generations of 1 can train"), and in one process (no workers) each proposal knows every outcome."""
+    search = Search.resolve(SearchConfig(max_evaluations=24, remeasure=0, top=2, seed=1), SPACE)
+    assert search.asynchronous and search.cfg.generations == 24 and search.shape.population == 1
+    with Store(tmp_path / "s.db") as store:
+        result = run_search(search.cfg, SPACE, serial(bowl), store, TCH)
+        assert result.evaluations == 24 and result.ended == "max_evaluations"
+        assert all(g.proposed["in_flight"] == [] for g in store.records.generations(result.search_id))
+    assert not Search.resolve(SearchConfig(population=1, generations=3), SPACE).asynchronous  # generations of 1
+
+
+def test_two_workers_propose_once_each_generation_and_every_proposal_is_its_inputs_again(tmp_path, monkeypatch):
+    """Two workers on one search: one leads and proposes, each proposal once (they were proposed by every
+    worker's driver, twice), and re-proposing any generation from the inputs it recorded (the outcomes
+    told then, the genomes then in flight) gives its members again: the history is exact."""
+    from towerlab.search.samplers.gp import GPSampler
+
+    calls = []
+    propose = GPSampler.propose
+    monkeypatch.setattr(GPSampler, "propose", lambda self, *a: calls.append(1) or propose(self, *a))
+    cfg = SearchConfig(max_evaluations=18, remeasure=0, top=2, seed=5)
+    search = created(tmp_path / "s.db", cfg)
+    made = workers(tmp_path / "s.db", search.id, ["w0", "w1"])
+    with Store(tmp_path / "s.db") as store:
+        stored = history_of(store, search.id)
+        assert store.records.search(search.id).finished is not None
+    assert len(stored) == 18 == len(calls) and sum(w.trained for w in made) == 18
+    assert {p["by"] for _, _, _, p in stored} <= {"w0", "w1"}
+    assert max(len(p["in_flight"]) for _, _, _, p in stored) >= 2  # proposed while others trained
+    sampler = Search.resolve(cfg, SPACE).new_sampler()
+    members = {g: [Member(**m, score=m["fitness"]) for m in results] for g, _, results, _ in stored}
+    for g, genomes, _, proposed in stored[10:]:  # the model's proposals
+        told = [Generation(n, tuple(members[n]), GenerationStats(n, 1, 1, 0, 0, None, None, None, 0.0))
+                for n in range(g) if n not in proposed["in_flight"]]
+        flying = InFlight(tuple(genomes_ for n in proposed["in_flight"] for genomes_ in stored[n][1]),
+                          len(proposed["in_flight"]), len(proposed["in_flight"]))
+        assert sampler.propose(told, flying if proposed["in_flight"] else None) == genomes
+
+
+class Restless(RandomSampler):
+    """A sampler that proposes otherwise in every process that plays the search (as two thread counts' numerics
+    did at the 85th generation of a search of LCBench): its genomes carry the number of its instance."""
+
+    made = 0
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        Restless.made += 1
+        self.instance = Restless.made
+
+    def propose(self, history, in_flight=None):
+        return [{**g, "x": round(g["x"], 3) + self.instance * 1e-6} for g in super().propose(history, in_flight)]
+
+
+def test_a_process_that_would_propose_otherwise_never_stops_the_search(tmp_path, monkeypatch):
+    """Every driver replayed every proposal and stopped the search where one differed ("other members for
+    generation 85 than it recorded"); the job's record did too. Now a recorded generation is read, never
+    proposed again: two workers and the record's replay, each of whose samplers would propose otherwise,
+    end the search and read its one history."""
+    from towerlab.search import SAMPLERS
+
+    monkeypatch.setitem(SAMPLERS, "restless", "test_search_async:Restless")
+    cfg = SearchConfig(sampler="restless", population=2, generations=6, remeasure=0, top=2, seed=2)
+    search = created(tmp_path / "s.db", cfg)
+    workers(tmp_path / "s.db", search.id, ["w0", "w1"])
+    with Store(tmp_path / "s.db") as store:
+        stored = [[m["genome"] for m in g.members] for g in store.records.generations(search.id)]
+        assert store.records.search(search.id).finished is not None and len(stored) == 6
+
+        def nothing(candidates, record):
+            raise AssertionError(f"the record's replay trained {candidates}")
+
+        played = Search.open(store, search.id).play(store, nothing)
+    assert [[m.genome for m in g.members] for g in played.history] == stored
+
+
+def test_a_worker_that_joins_trains_at_once_and_proposes_nothing_while_another_leads(tmp_path):
+    """A worker joining a search in progress claims a task without replaying its history (its driver stands
+    by while another leads: it replayed every generation first, 50 to 115 s at 100,000 trainings)."""
+    cfg = SearchConfig(sampler="random", max_evaluations=60, remeasure=0, top=2, seed=3)
+    search = created(tmp_path / "s.db", cfg)
+    first = Worker(Store(tmp_path / "s.db"), "first", "cpu", trainer, WorkerOptions(search_ids=[search.id], lease=30.0))
+    leading = threading.Thread(target=first.run)
+    leading.start()
+    with Store(tmp_path / "s.db") as store:
+        while len(store.records.generations(search.id)) < 20 and leading.is_alive():
+            time.sleep(0.05)
+    late = workers(tmp_path / "s.db", search.id, ["late"])[0]
+    leading.join(timeout=300)
+    with Store(tmp_path / "s.db") as store:
+        proposers = {g.proposed["by"] for g in store.records.generations(search.id)}
+    assert late.trained > 0 and proposers == {"first"}
+
+
+def test_the_lead_passes_to_another_worker_when_its_leader_stops(tmp_path):
+    """The leader's worker leaves mid-search (its driver steps down): the other worker takes the lead from
+    what the store holds and the search ends with every generation recorded once."""
+    cfg = SearchConfig(sampler="random", max_evaluations=40, remeasure=0, top=2, seed=4)
+    search = created(tmp_path / "s.db", cfg)
+    stop = threading.Event()
+
+    def leave():
+        if stop.is_set():
+            raise KeyboardInterrupt
+
+    quitter = Worker(Store(tmp_path / "s.db"), "quitter", "cpu", trainer,
+                     WorkerOptions(search_ids=[search.id], lease=30.0, check_stop=leave))
+
+    def run_until_stopped():
+        with pytest.raises(KeyboardInterrupt):
+            quitter.run()
+
+    gone = threading.Thread(target=run_until_stopped)
+    gone.start()
+    with Store(tmp_path / "s.db") as store:
+        while store.queue.leader(search.id) != "quitter":
+            time.sleep(0.02)
+        stayer = threading.Thread(target=workers, args=(tmp_path / "s.db", search.id, ["stayer"]))
+        stayer.start()
+        while len(store.records.generations(search.id)) < 10:
+            time.sleep(0.02)
+        stop.set()
+        gone.join(timeout=60)
+        stayer.join(timeout=300)
+        generations = store.records.generations(search.id)
+        assert store.records.search(search.id).finished is not None
+    assert [g.generation for g in generations] == list(range(40))
+    assert {g.proposed["by"] for g in generations if g.proposed} == {"quitter", "stayer"}
+
+
+FUNCTION = '''import os, time
+from pathlib import Path
+
+HERE = Path(os.environ["BARRIER"])
+
+
+def f(x, y, seed):
+    """The first four trainings wait for one another (at most 60 s): each returns how many ran at once."""
+    HERE.mkdir(exist_ok=True)
+    (HERE / f"run-{seed}").touch()
+    started = len(list(HERE.glob("start-*")))
+    (HERE / f"start-{seed}").touch()
+    deadline = time.monotonic() + 60
+    while started < 4 and len(list(HERE.glob("run-*"))) < 4 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    running = len(list(HERE.glob("run-*")))
+    time.sleep(0.2)
+    (HERE / f"run-{seed}").unlink()
+    return {"value": -(x - 0.3) ** 2 - (y - 0.7) ** 2, "running": running}
+'''
+
+
+def test_a_default_search_on_four_workers_trains_four_at_once(tmp_path):
+    """The default sampler on 4 workers (`search run --devices 4`, a budget alone) has 4 trainings in flight
+    (it had 2, whatever the number of workers), and `search show` says the workers' state."""
+    (tmp_path / "f.py").write_text(FUNCTION)
+    (tmp_path / "s.toml").write_text('[genes]\nx = {low = 0.0, high = 1.0}\ny = {low = 0.0, high = 1.0}\n')
+    done = run_cli("search", "run", "--objective", "f.py:f", "--space", "s.toml", "--metric", "value",
+                   "--devices", "4", "--max-evaluations", "12", "--remeasure", "0", "--no-progress",
+                   "--out", str(tmp_path / "out"), cwd=tmp_path, env={"BARRIER": str(tmp_path / "barrier")})
+    assert done.returncode == 0, done.stderr
+    with Store(tmp_path / "out" / "search.db") as store:
+        rows = store.records.evaluations(1)
+        generations = store.records.generations(1)
+    assert len(rows) == 12 and max(r.metrics["running"] for r in rows) == 4
+    assert [g.proposed["in_flight"] for g in generations[:4]] == [[], [0], [0, 1], [0, 1, 2]]  # the start-up, at once
+    shown = run_cli("search", "show", str(tmp_path / "out"))
+    assert shown.returncode == 0 and "auto (chose gp" in shown.stdout
+
+
+def test_a_refused_command_line_imports_no_optuna():
+    """A setting refused in one line is refused before Optuna (and SciPy through it) is imported: that took
+    2.3 s of CPU, 9.6 s on a busy machine."""
+    code = ("import sys\nfrom towerlab.cli import main\n"
+            "status = main(['search', 'run', '--sampler', 'gp', '--population', '1', '--generations', '2',"
+            " '--max-evaluations', '5'])\n"
+            "print(status, 'optuna' in sys.modules, 'scipy' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.stdout.split() == ["2", "False", "False"], done.stdout + done.stderr
+    assert "--max-evaluations 5 is more than 2 generations of 1 can train" in done.stderr

@@ -13,12 +13,15 @@ only read. It is played one of two ways, as its sampler's shape says (`Shape.asy
 - asynchronously (`asynchronously`: the default of gp, tpe, random and auto): one candidate is proposed
   whenever the trainer can start one (`Pacing.pace`: a worker is idle, or a spare one should wait for
   the next worker to free up), from every outcome in hand, with every training still in flight told as
-  running; the start-up design's random candidates go on the queue at once (`Sampler.startup`). So every
-  worker trains whenever the search has budget left, however many join and whenever, and nobody waits
-  for a proposal but the worker it is for. Which outcomes a proposal read depends on when they came in:
-  the generation records it (`proposed`: the generations in flight then, the workers busy and idle, the
-  proposal's seconds), and a proposal is a function of those inputs and the seed alone (samplers carry
-  no state from one proposal to the next), so the same inputs give the same candidate.
+  running; the start-up design's random candidates go on the queue at once (`Sampler.startup`). A
+  proposal for a worker that has nothing to take now is made quickly (`Sampler.propose_quickly`: gp's is
+  TPE's, a hundredth of its time), those made ahead of the workers (the spare) as the sampler makes them.
+  So every worker trains whenever the search has budget left, however many join and whenever, and nobody
+  waits for a proposal but the worker it is for, and not long. Which outcomes a proposal read depends on
+  when they came in: the generation records it (`proposed`: the generations in flight then, whether it
+  was made quickly, the workers busy and idle, the proposal's seconds), and a proposal is a function of
+  those inputs and the seed alone (samplers carry no state from one proposal to the next), so the same
+  inputs give the same candidate.
 
 No torch, no clock but the proposals' durations (recorded, never read back): the counts are defined in
 `towerlab.search.history`, the budgets in `towerlab.search.samplers` and `towerlab.search.rounds`.
@@ -125,7 +128,7 @@ def asynchronously(cfg: SearchConfig, sampler: Sampler, rounds: Rounds, train: T
     while (recorded := rounds.recorded(number)) is not None:
         flight.new[number] = rounds.begin(number, recorded)
         number += 1
-    exhausted = prepared = False
+    exhausted = prepared = slow = False
     while True:
         ready, missing = rounds.waiting(sorted(flight.new)) if pacing else (set(flight.new), 0)
         for g in sorted(ready):
@@ -138,30 +141,35 @@ def asynchronously(cfg: SearchConfig, sampler: Sampler, rounds: Rounds, train: T
         limit = _limit(cfg, rounds, told, flight, number, missing) or ("sampler" if exhausted or replay else None)
         if limit is not None and not flight.new:
             break
+        proposed = 0
         if limit is None:
             pace = pacing.pace() if pacing else Pace(0 if flight.new else 1)
-            wanted = max(pace.wanted, sampler.startup - number) if pacing else pace.wanted
-            while wanted > 0 and not exhausted and _limit(cfg, rounds, told, flight, number, missing) is None:
+            # One at a time, the workers' pace looked at again before each (a worker that frees up meanwhile
+            # gets a quick one), but the start-up's random candidates all at once.
+            wanted = min(max(pace.wanted, sampler.startup - number), max(1, sampler.startup - number))
+            quickly = pace.idle > pace.waiting and number >= sampler.startup  # a worker has nothing to take now
+            while proposed < wanted and not exhausted and _limit(cfg, rounds, told, flight, number, missing) is None:
                 in_flight = flight.in_flight()
                 budget = least(budget_left(cfg, told, in_flight), rounds.epochs_left(number, missing))
+                if pacing is not None and not quickly and slow:
+                    pacing.doing(f"proposing generation {number + 1}")
                 started = time.perf_counter()
-                genomes = sampler.propose(told, in_flight)
+                genomes = (sampler.propose_quickly if quickly else sampler.propose)(told, in_flight)
                 seconds = time.perf_counter() - started
                 if not genomes:
                     exhausted = True
                     break
                 new = rounds.begin(number, genomes, budget, {
-                    "in_flight": sorted(flight.new), "seconds": round(seconds, 4), "by": pace.by,
+                    "in_flight": sorted(flight.new), "seconds": round(seconds, 4), "quickly": quickly, "by": pace.by,
                     "workers": {"busy": pace.busy, "idle": pace.idle}, "waiting": pace.waiting, "spare": pace.spare})
                 flight.new[number] = new
                 missing += new
                 rounds.prefetch(number)
                 number += 1
-                wanted -= 1
-                if pacing is not None:
+                proposed += 1
+                if pacing is not None and not quickly:
                     pacing.proposed(seconds)
-                    if seconds >= SLOW_PROPOSAL and wanted > 0:
-                        pacing.doing(f"proposing generation {number + 1}")
+                    slow = seconds >= SLOW_PROPOSAL
             if pacing is not None:
                 pacing.doing("searching")
                 if not prepared and sampler.startup and number >= sampler.startup:
@@ -169,7 +177,7 @@ def asynchronously(cfg: SearchConfig, sampler: Sampler, rounds: Rounds, train: T
                     prepared = True
         elif pacing is not None:
             pacing.doing(f"ending: the budget is spent, {len(flight.new)} training(s) still running")
-        if pacing is not None and not ready:
+        if pacing is not None and not ready and not proposed:
             pacing.wait()
     history = sorted(told, key=lambda g: g.generation)
     if pacing is not None and cfg.remeasure and not replay:

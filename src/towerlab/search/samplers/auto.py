@@ -98,6 +98,9 @@ class AutoSampler(Sampler):
     def propose(self, history: Sequence[Generation], in_flight: Optional[InFlight] = None) -> list[dict]:
         return self._sampler.propose(history, in_flight)
 
+    def propose_quickly(self, history: Sequence[Generation], in_flight: Optional[InFlight] = None) -> list[dict]:
+        return self._sampler.propose_quickly(history, in_flight)
+
     def tell(self, generation: Generation) -> None:
         self._sampler.tell(generation)
 

@@ -132,7 +132,11 @@ class Space:
 
     @property
     def size_text(self) -> str:
-        return f"{self.size} genomes" if self.size != math.inf else "a continuous space"
+        """Its genome count, or the genes that make it infinite (a space with listed genes beside them is not
+        "a continuous space": it is continuous in those alone)."""
+        if self.size != math.inf:
+            return f"{self.size} genomes"
+        return f"a space continuous in {', '.join(name for name, gene in self.genes.items() if _count(gene) == math.inf)}"
 
     def gene_size(self, name: str) -> float:
         return _count(self.genes[name])
@@ -266,6 +270,9 @@ def check_genes(model: str, genes: Mapping[str, Any], where: str) -> dict[str, G
             if ok is None:
                 raise UserError(f"{where}: gene {gene!r} has value {value!r}, "
                                 f"expected {rule.describe()}")
+            if isinstance(ok, str) and "\x00" in ok:  # no program takes it as an argument, no file as a name
+                raise UserError(f"{where}: gene {gene!r} has value {value!r}, which holds a NUL character: "
+                                "give text without one")
             if (type(ok), ok) in seen:  # with its type: 1 == True, yet [1, true] are two values, as in a genome
                 raise UserError(f"{where}: gene {gene!r} lists {value!r} twice: list each value once")
             seen.add((type(ok), ok))

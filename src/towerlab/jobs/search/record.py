@@ -25,9 +25,10 @@ from towerlab.data.load import Dataset
 from towerlab.distributed.signals import StopFlag
 from towerlab.errors import UserError
 from towerlab.jobs.candidate import CandidateModel, candidate_config, retrain_command, train_candidate
+from towerlab.jobs.search.first_results import FIRST_RESULTS, stop_if_failed_alike
 from towerlab.models.files import save_model
 from towerlab.plots import plot_accuracy_time, plot_fitness, pyplot
-from towerlab.report import (Reporter, format_cost, format_estimate, format_generation, format_top,
+from towerlab.report import (Reporter, duration, format_cost, format_estimate, format_generation, format_top,
                              require_tensorboard)
 from towerlab.search import Search, SearchResult, evaluation_records
 from towerlab.search.history import GenerationStats
@@ -64,6 +65,7 @@ class Watch:
         self.tb = require_tensorboard()(log_dir=str(out / "tb")) if tensorboard else None
         self.plotted: set[int] = set()
         self.best: Optional[float] = None
+        self.judged = not search.own or search.plan["search"] <= FIRST_RESULTS  # stopped on its first results?
 
     def step(self) -> bool:
         if not self.out.is_dir():  # `rm -rf` mid-search: one line here, not a traceback at the next write
@@ -76,6 +78,9 @@ class Watch:
         if new:
             self.trained = trained
             self.reporter.advance(new)
+        if not self.judged and self.trained >= FIRST_RESULTS:
+            self.judged = True  # the first results of this start, all failed alike, stop the search
+            stop_if_failed_alike(self.store, self.search, self.before, self.out)
         if self.first is None and new:
             row = next((e for e in self.store.records.evaluations(self.search.stored_id, after=self.before)
                         if e.status == "ok" and e.replicate == 0), None)
@@ -118,8 +123,8 @@ class Watch:
     def _plot_evaluations(self) -> None:
         """TensorBoard points of the evaluations not plotted yet, in the order they were numbered: each
         one's validation accuracy (the metric of your objective, by its name) and the best so far, against
-        the trainings made. (A database may commit rows a little out of their numbering: the last ones are
-        looked at again.)"""
+        the trainings made; and the curve an objective of yours reported (`curve/ID/METRIC` against its epochs).
+        (A database may commit rows a little out of their numbering: the last ones are looked at again.)"""
         assert self.tb is not None
         after = max(0, max(self.plotted, default=0) - 256)
         search, metric = self.search, self.search.metric
@@ -135,18 +140,24 @@ class Watch:
                     self.best = row.fitness if self.best is None else max(self.best, row.fitness)
                     self.tb.add_scalar(f"search/best_{metric}", search.value(self.best), step)
             self.tb.add_scalar("search/train_seconds", row.seconds, step)
+            for point in (row.curve or []) if search.own else []:  # your curve: one chart per metric and training
+                for name, value in point.items():
+                    if name != "epoch" and isinstance(value, (int, float)) and math.isfinite(value):
+                        self.tb.add_scalar(f"curve/{row.id}/{name}", value, point["epoch"])
         self.tb.flush()
 
     def status(self) -> str:
         """Where the search stands: its generation (or, its generations shown, the top's re-measures and
         tests), its queue, its workers."""
         counts = self.store.queue.queue_counts(self.search.stored_id)
-        active = sum(1 for w in self.store.queue.workers() if w["left_at"] is None and w["search_id"] == self.search.stored_id)
+        at_work = [w for w in self.store.queue.workers() if w["left_at"] is None and w["search_id"] == self.search.stored_id]
+        active, held = len(at_work), max((w["held"] for w in at_work if w.get("held") is not None), default=None)
         generations = self.search.generations
         stage = (f"Generation {self.shown + 1}/{generations}" if self.shown < generations else
                  f"{'Testing' if self.testing else 'Re-measuring'} the top after generation {generations}/{generations}")
+        longest = f" (the longest for {duration(held)})" if held is not None else ""
         return (f"{stage}: {self.trained} training(s) done since this "
-                f"start, {counts['claimed']} in progress on {active} worker(s), {counts['open']} waiting "
+                f"start, {counts['claimed']} in progress on {active} worker(s){longest}, {counts['open']} waiting "
                 f"({time.monotonic() - self.started:.0f} s)")
 
     def _line(self, text: str) -> None:
@@ -227,7 +238,7 @@ def all_failed(result: SearchResult, out: Path) -> str:
     genomes = {m.genome_hash: m for g in result.history for m in g.members}
     reason = next((m.reason for m in genomes.values() if m.reason), "unknown")
     return (f"all {len(genomes)} candidates failed (the first: {reason}), so there is no winner to report: "
-            f"`towerlab search show {out}` lists each failure")
+            f"`towerlab search show {out} --csv` gives each failure's reason")
 
 
 @dataclass(frozen=True)

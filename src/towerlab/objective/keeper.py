@@ -36,6 +36,7 @@ from typing import Optional
 
 PR_SET_CHILD_SUBREAPER = 36
 POLL = 0.05  # seconds between looks at the program without a pidfd
+NO_PIDFD = "TOWERLAB_KEEPER_NO_PIDFD"  # "1": wait without a pidfd, as the worker does where it has none
 
 
 def main(argv: list[str]) -> int:
@@ -52,7 +53,8 @@ def main(argv: list[str]) -> int:
         return 1
     try:
         with open(out, "wb") as stdout, open(err, "wb") as stderr:
-            child = subprocess.Popen(program, stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr,
+            env = {k: v for k, v in os.environ.items() if k != NO_PIDFD}  # the keeper's, not the program's
+            child = subprocess.Popen(program, stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr, env=env,
                                      start_new_session=True)
     except OSError as exc:
         _say(f"failed {exc.errno or 0} {exc.strerror or exc}")
@@ -195,7 +197,7 @@ def _children() -> list[int]:
 
 
 def _pidfd(pid: int) -> Optional[int]:
-    if os.environ.get("TOWERLAB_KEEPER_NO_PIDFD") == "1":  # the worker has none: the same way here (a test's)
+    if os.environ.get(NO_PIDFD) == "1":  # the worker has none: the same way here (a test's)
         return None
     try:
         return os.pidfd_open(pid)

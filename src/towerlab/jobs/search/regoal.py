@@ -47,11 +47,13 @@ def regoal(store: Store, stored: Search, search: Search, here: OwnSide) -> Searc
     except UserError as exc:
         raise UserError(f"cannot resume search {stored.id} of {store.path}: {exc}") from None
     objective = {**stored.recorded("objective"), "metric": goal.metric, "direction": goal.direction}
-    new_hash = training_hash(search, here, None)
+    cfg = replace(stored.cfg, metric=goal.metric, direction=goal.direction)
+    # The hash as the worker side measures it against the search's objective (a command's files as recorded).
+    regoaled = dataclasses.replace(stored, cfg=cfg, setup={"objective": objective})
+    new_hash = training_hash(regoaled, here, regoaled)
     hashes = dict(zip(stored.ladder.hashes, Ladder(stored.pruner, new_hash).hashes))
     rescored = [(r.id, *scored(r, goal)) for r in rows if r.metrics]
-    config = to_dict(replace(stored.cfg, metric=goal.metric, direction=goal.direction))
-    store.records.regoal(stored.stored_id, config, objective, new_hash, hashes, rescored)
+    store.records.regoal(stored.stored_id, to_dict(cfg), objective, new_hash, hashes, rescored)
     row = store.records.search(stored.stored_id)
     assert row is not None, "the search is in its store"
     return Search.of_row(row, str(store.path))

@@ -198,6 +198,36 @@ def test_a_trial_at_work_is_shown_with_how_long_it_has_run(tmp_path):
         assert job.wait(timeout=120) == 0, job.stderr.read() if job.stderr else ""
 
 
+def test_a_search_run_killed_with_sigkill_leaves_no_process_of_its_trials(tmp_path):
+    """`search run` alone killed with SIGKILL (not its process group): its workers die with it (the parent-death
+    signal), and every process of the trial they ran goes with them, a child in a session of its own too."""
+    (tmp_path / "space.toml").write_text("[genes]\nx = [1]\n")
+    hang = ("sh -c 'setsid sleep 300 & echo $! > {folder}/escaped; echo $$ > {folder}/leader; sleep 300 & wait' {x}")
+    job = subprocess.Popen([sys.executable, "-m", "towerlab", *GRID, "--command", hang, "--space", "space.toml",
+                            "--out", "out"], cwd=tmp_path, start_new_session=True, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL)
+    with reaped(job):
+        pids = []
+        for name in ("leader", "escaped"):
+            found = None
+            for _ in range(1200):
+                found = next((tmp_path / "out" / "trials").glob(f"*/*/{name}"), None)
+                if found is not None and found.read_text().strip():
+                    break
+                time.sleep(0.1)
+            assert found is not None, f"the trial never wrote its {name}"
+            pids.append(int(found.read_text()))
+        job.kill()  # the launcher alone
+        job.wait()
+        from towerlab.distributed.signals import alive
+
+        for _ in range(400):
+            if not any(alive(pid) for pid in pids):
+                break
+            time.sleep(0.05)
+        assert not any(alive(pid) for pid in pids)
+
+
 def test_the_views_show_the_curves_and_the_csv_has_no_column_of_towerlab_s_training(tmp_path, capsys, monkeypatch):
     pytest.importorskip("tensorboard")
     optuna = pytest.importorskip("optuna")

@@ -112,7 +112,7 @@ def test_a_non_finite_metric_other_than_the_searched_one_is_kept_as_none(tmp_pat
 def test_a_bad_report_fails_the_trial(tmp_path):
     spec = objective_file(tmp_path, "def train(report):\n    report(1.5, loss=0.1)\n    return 1.0\n")
     result = FunctionObjective(spec, []).run(trial(tmp_path, {}))
-    assert result.status == "failed" and "the epoch must be a whole number, got 1.5" in result.reason
+    assert result.status == "failed" and "the epoch must be a whole number from 0, got float 1.5" in result.reason
 
 
 @pytest.mark.parametrize("text, genes, message", [

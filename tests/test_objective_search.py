@@ -215,7 +215,7 @@ def test_an_objective_search_resumes_to_the_rows_of_one_run(reference, tmp_path)
     (["--objective", "quad.py:train", "--dataset", "cifar10"], "--dataset does nothing in a search of your own"),
     (["--objective", "quad.py:train", "--model", "quad.py:train"], "--model builds towerlab's networks"),
     (["--objective", "quad.py:train", "--command", "python train.py"], "--objective and --command both say"),
-    (["--objective", "quad.py:train", "--trial-timeout", "5"], "--trial-timeout goes with --command"),
+    (["--trial-timeout", "5"], "--trial-timeout goes with --objective or --command"),
     (["--metric", "loss"], "--metric goes with --objective or --command"),
     (["--objective", "quad.py:train", "--budget-epochs", "10", "--remeasure", "1", "--top", "5"],
      "--budget-epochs 10 leaves the search nothing once its top is re-measured"),

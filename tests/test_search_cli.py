@@ -220,7 +220,7 @@ def test_a_typed_space_searches_from_the_command_line(tmp_path, capsys):
     assert 1e-4 <= best["genome"]["lr"] <= 0.01 and type(best["genome"]["lr"]) is float
     assert "over space" in capsys.readouterr().out
     assert main(["search", "show", str(out)]) == 0
-    assert "(model mlp, a continuous space)" in capsys.readouterr().out
+    assert "(model mlp, a space continuous in lr)" in capsys.readouterr().out
 
     assert main(["grid", *BASE, "--space", str(space), "--out", str(tmp_path / "grid")]) == 2
     err = capsys.readouterr().err

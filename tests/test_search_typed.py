@@ -53,7 +53,7 @@ def test_a_range_is_int_when_both_bounds_are_ints_and_the_gene_takes_ints(typed)
     assert space.genes["lr"] == Range("float", 1e-4, 0.1, log=True)
     assert space.genes["dropout"] == Range("float", 0.0, 0.5, step=0.1)  # int bounds, float gene: floats
     assert type(space.genes["dropout"].low) is float and space.genes["batch_size"] == (64, 128)
-    assert space.typed and space.size == math.inf and space.size_text == "a continuous space"
+    assert space.typed and space.size == math.inf and space.size_text == "a space continuous in lr"
     assert space.gene_size("filters") == 57 and space.gene_size("dropout") == 6
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import re
 from typing import Callable, Collection, TypeVar
 
 from towerlab.catalog import datasets
@@ -142,3 +143,23 @@ def env_number(name: str, default: N, valid: Callable[[N], bool], refusal: str) 
     if value is None or not valid(value):  # float's NaN is no valid number of any range
         raise UserError(refusal.format(text=repr(text)))
     return value
+
+
+# Words of a metric's name that say lower is better (val_loss, top1_err, mse): a search of such a metric
+# names its direction (`own_settings`).
+LOSS_WORDS = frozenset({"loss", "losses", "error", "errors", "err", "mse", "mae", "rmse", "nll", "perplexity", "ppl",
+                        "wer", "cer", "regret", "cost"})
+
+
+def reads_like_a_loss(metric: str) -> bool:
+    """Whether a metric's name reads like a loss or an error (one of its words is in LOSS_WORDS)."""
+    return any(word in LOSS_WORDS for word in re.findall(r"[a-z]+", metric.lower()))
+
+
+def check_direction_named(metric: str, direction: object) -> None:
+    """A search of a metric that reads like a loss names its direction (`direction` None: it named none):
+    maximizing a loss by default would spend a whole budget the wrong way (Optuna's default minimizes)."""
+    if direction is None and reads_like_a_loss(metric):
+        raise UserError(f"--metric {metric} reads like a loss or an error, and a search maximizes its metric unless "
+                        "told (Optuna's default would minimize it): give --direction minimize, or --direction maximize "
+                        "if a higher value is better")

@@ -296,7 +296,7 @@ class SearchConfig:
                                         "--lr {lr}'; its last JSON line is its result)", flag="command")
     metric: Optional[str] = _opt(None, "the objective's metric searched, its name in the result (None: value)")
     direction: Optional[str] = _opt(None, "maximize or minimize --metric (None: maximize)", choices=DIRECTIONS)
-    trial_timeout: Optional[float] = _opt(None, "seconds a --command trial may run, then it is stopped and fails")
+    trial_timeout: Optional[float] = _opt(None, "seconds a trial of your objective may run, then it is stopped and fails")
     dataset: str = _opt("mnist", "dataset the candidates train on: one of the names, the path of your own "
                         ".npz, or a folder of images (PATH/)", choices=datasets.names())
     val_size: int = _opt(5000, "validation images (the fitness is validation accuracy)")
@@ -384,10 +384,10 @@ class SearchConfig:
 def _check_objective(cfg: SearchConfig) -> None:
     if cfg.objective is not None and cfg.trial_command is not None:
         raise UserError("--objective and --command both say what a trial runs: give one of them")
-    own, command = cfg.objective or cfg.trial_command, cfg.trial_command
+    own = cfg.objective or cfg.trial_command
     for name, goes_with, given in (("metric", "--objective or --command (towerlab's own training searches validation "
                                               "accuracy)", own), ("direction", "--objective or --command", own),
-                                   ("trial_timeout", "--command (a function runs inside its worker)", command)):
+                                   ("trial_timeout", "--objective or --command", own)):
         if getattr(cfg, name) is not None and given is None:
             raise UserError(f"--{name.replace('_', '-')} goes with {goes_with}")
     if cfg.direction is not None:

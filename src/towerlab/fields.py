@@ -188,6 +188,12 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type, *, skip: tuple[str
             setattr(action, "field_choices", choices)  # an attribute of ours on argparse's Action
 
 
+def flag_name(cls: type, name: str) -> str:
+    """The command-line flag of `cls`'s field `name` (`--command` for SearchConfig's trial_command)."""
+    found = {f.name: f for f in dataclasses.fields(cls)}.get(name)
+    return "--" + (found.metadata.get("flag", name.replace("_", "-")) if found is not None else name.replace("_", "-"))
+
+
 def to_flags(cfg: Dataclass) -> list[str]:
     """The command-line flags that reproduce `cfg` (the fields that differ from their defaults; a
     flat field's items, each its own flag)."""

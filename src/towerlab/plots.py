@@ -1,7 +1,8 @@
 """The search's figures: fitness.png (best, mean and worst validation accuracy per generation) and
 accuracy_time.png (validation accuracy against training time), drawn off-screen and written atomically;
 for a search of your own objective, its metric's values, by its name.
-matplotlib is imported when a figure is drawn, not before.
+matplotlib is imported when a figure is drawn, not before. A value beyond ±PLOTTED (an objective's 1e308:
+matplotlib's ticks over such a span are no numbers) is left out of a figure, which says how many were.
 """
 
 from __future__ import annotations
@@ -10,6 +11,17 @@ from pathlib import Path
 from typing import Any
 
 from towerlab import atomic
+
+PLOTTED = 1e300  # the largest value a figure draws
+
+
+def _drawn(value: Any) -> bool:
+    return value is not None and abs(value) <= PLOTTED
+
+
+def _say_left_out(ax: Any, count: int) -> None:
+    if count:
+        ax.text(0.01, 0.01, f"{count} value(s) beyond ±{PLOTTED:g} not drawn", transform=ax.transAxes, fontsize=7)
 
 
 def _save_figure(fig: Any, path: Path) -> None:
@@ -48,6 +60,8 @@ def accuracy_time_figure(records: list[dict], title: str) -> Any:
     matplotlib Figure; the caller closes it)."""
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 4), dpi=120)
+    left_out = sum(r["status"] == "ok" and not _drawn(r["value"]) for r in records)
+    records = [r for r in records if r["status"] != "ok" or _drawn(r["value"])]
     for search in sorted({r["search"] for r in records}):
         rows = [r for r in records if r["search"] == search]
         longest = max(r["max_epochs"] or 0 for r in rows)
@@ -69,6 +83,7 @@ def accuracy_time_figure(records: list[dict], title: str) -> Any:
             ax.plot(*zip(*points), ".", alpha=0.4, color=line.get_color() if line else None,
                     label=None if line else label)
     metrics = sorted({r["metric"] for r in records})
+    _say_left_out(ax, left_out)
     _label_axes(ax, "training seconds spent", title,
                 "validation accuracy" if metrics == ["val_accuracy"] else metrics[0] if len(metrics) == 1 else "value")
     return fig
@@ -85,12 +100,15 @@ def fitness_figure(stats: list[dict], title: str, label: str = "validation accur
     plt = pyplot()
     from matplotlib.ticker import MaxNLocator
 
-    generations = [s["generation"] + 1 for s in stats]
+    generations = [s["generation"] for s in stats]  # a record's generation counts from 1 (GenerationStats.record)
     fig, ax = plt.subplots(figsize=(6, 4), dpi=120)
+    left_out = 0
     for key, style in (("best", "-o"), ("mean", "--s"), ("worst", ":^")):
-        points = [(g, s[key]) for g, s in zip(generations, stats) if s[key] is not None]
+        points = [(g, s[key]) for g, s in zip(generations, stats) if _drawn(s[key])]
+        left_out += sum(s[key] is not None and not _drawn(s[key]) for s in stats)
         if points:
             ax.plot(*zip(*points), style, label=key)
+    _say_left_out(ax, left_out)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # generations are whole: no tick at 1.5
     _label_axes(ax, "generation", title, label)
     return fig

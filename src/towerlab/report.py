@@ -290,7 +290,8 @@ def format_final(summary: dict) -> str:
 
 def format_generation(stats: Any, generations: int) -> str:
     """`stats` is a towerlab.search GenerationStats."""
-    best, mean, worst = ("-" if x is None else f"{x:.4f}" for x in (stats.best, stats.mean, stats.worst))
+    best, mean, worst = ("-" if x is None else f"{x:.4f}" if abs(x) < 1e6 else f"{x:.6g}"  # 1e308: not 309 digits
+                         for x in (stats.best, stats.mean, stats.worst))
     replayed = " (from the store)" if getattr(stats, "replayed", False) else ""
     return (f"Generation {stats.generation + 1}/{generations}: evaluated {stats.evaluated}, cached {stats.cached}, "
             f"failed {stats.failed} | best {best} mean {mean} worst {worst} | "

@@ -23,8 +23,9 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from towerlab.config import RunConfig, SearchConfig, TrainConfig
+from towerlab.checks import check_direction_named
 from towerlab.upgrades import upgrade_search_config
-from towerlab.fields import checked_values, from_dict, json_loads, replace, to_dict, unknown_keys
+from towerlab.fields import checked_values, flag_name, from_dict, json_loads, replace, to_dict, unknown_keys
 from towerlab.errors import UserError
 from towerlab.atomic import require_regular_file
 
@@ -38,7 +39,7 @@ RECORD_MARKERS = ("towerlab_version", "torch_version", "command")
 # Run settings a record holds that must not carry over to a repeat: it gets a folder of its own.
 NOT_REPEATED = ("out", "resume")
 # Settings a resumed search may change: they do not alter what has been computed.
-SEARCH_EXTENSIBLE = ("generations", "max_evaluations", "top", "export_best", "workers_per_device")
+SEARCH_EXTENSIBLE = ("generations", "max_evaluations", "top", "export_best", "workers_per_device", "trial_timeout")
 # The sampler each search command runs (`towerlab search run`, kind "search", takes --sampler).
 SEARCH_COMMANDS = {"evolve": "ga", "grid": "grid"}
 
@@ -310,9 +311,12 @@ def resolve_search(kind: str, options: Mapping, config: str | os.PathLike | Mapp
         command = next((k for k, v in SEARCH_COMMANDS.items() if v == cfg.sampler), "search run")
         raise UserError(f"{folder} holds a {cfg.sampler} search: resume it with towerlab {command} --resume {folder}")
     recorded = to_dict(cfg)
-    changed = [k for k, v in search_given.items() if recorded.get(k) != v and k not in SEARCH_EXTENSIBLE]
+    goals = ("metric", "direction") if cfg.objective or cfg.trial_command else ()  # ranked anew: jobs.search.regoal
+    changed = [k for k, v in search_given.items() if recorded.get(k) != v and k not in (*SEARCH_EXTENSIBLE, *goals)]
+    if search_given.get("metric", cfg.metric) != cfg.metric:
+        check_direction_named(str(search_given["metric"]), search_given.get("direction"))
     if changed:
-        flags = ", ".join("--" + k.replace("_", "-") for k in changed)
+        flags = ", ".join(flag_name(SearchConfig, k) for k in changed)
         raise UserError(f"--resume continues the stored search, whose {flags} differ(s) from what you passed: "
                         "drop those flags or start a new search")
     # How many workers take part never changes a fitness (each candidate trains alone, from its own seed).

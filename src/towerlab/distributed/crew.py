@@ -4,10 +4,18 @@ replaces one that dies after telling `on_lost` who it was and how it ended. The 
 elsewhere (a search's store), so a death costs only what that process held. The processes die with
 the launcher however it dies (the parent-death signal), SIGINT and SIGTERM are passed on, a worker's
 UserError ends the crew with that message, and a crew whose processes keep dying without anything
-being done in between (`progressed`) gives up rather than restart them forever."""
+being done in between (`progressed`) gives up rather than restart them forever.
+
+A process that dies says why, in the crew's lines: one that fails by an exception of none of the known
+kinds (a bug) leaves its type and message (`last_words`, a file beside the rendezvous store, as a user
+error's message is), and so does code of its own that ends it on purpose (`say_last`: a trial stuck past
+its timeout); the crew names it with the exit status. A process that exits with status 0 while it still
+held work (`on_lost` says whether it released any: `os._exit(0)` in code it ran) is a death, not a
+process that left."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -15,15 +23,43 @@ import sys
 import tempfile
 import time
 from multiprocessing.connection import wait
+from pathlib import Path
 from typing import Any, Callable
 
 import torch.multiprocessing as mp
 
-from towerlab.distributed.launch import (RDZV_PREFIX, ForkingThread, describe_exit, first_user_error,
-                                         signal_alive, start_spawned, sweep_rendezvous, worker_entry)
-from towerlab.distributed.signals import EXIT_STOPPED, EXIT_USER_ERROR
+from towerlab.distributed.launch import (RDZV_PREFIX, ForkingThread, first_user_error, signal_alive, start_spawned,
+                                         sweep_rendezvous, worker_entry)
+from towerlab.distributed.signals import EXIT_STOPPED, EXIT_USER_ERROR, Interrupted, signal_name
 from towerlab.errors import UserError
 from towerlab.proof import LoaderThere
+
+LAST_WORDS = "last-words-"  # + a process's pid: why it died, in the rendezvous folder
+_last_words: Path | None = None  # in a crew's process: where it says why it dies
+
+
+def say_last(words: str) -> None:
+    """In a crew's process about to die: why, for the crew's line about its death (nothing elsewhere)."""
+    if _last_words is not None:
+        with contextlib.suppress(OSError):
+            _last_words.write_text(" ".join(words.split())[:500], encoding="utf-8")
+
+
+def _speaking(slot: int, slots: int, store_path: str, fn: Callable[..., None], *args: Any) -> None:
+    """`fn` in a crew's process, which leaves its last words where it fails by an exception of no known
+    kind (a bug: its traceback goes to stderr as before)."""
+    global _last_words
+    _last_words = Path(store_path).parent / f"{LAST_WORDS}{os.getpid()}"
+    try:
+        fn(slot, slots, store_path, *args)
+    except (UserError, Interrupted, KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as exc:
+        try:
+            say_last(f"{type(exc).__name__}: {exc}")
+        except Exception:  # noqa: BLE001 - an exception whose __str__ fails: its type alone
+            say_last(type(exc).__name__)
+        raise
 
 
 class Crew:
@@ -31,7 +67,7 @@ class Crew:
     deaths in a row, with no `progressed()` between them, after which the crew gives up."""
 
     def __init__(self, fn: Callable[..., None], slots: int, args: tuple = (), *, start_method: str = "spawn",
-                 on_lost: Callable[[int, int, str], None] = lambda slot, pid, ended: None,
+                 on_lost: Callable[[int, int, str], int] = lambda slot, pid, ended: 0,
                  log: Callable[[str], None] | None = None, name: Callable[[int], str] = lambda slot: f"worker {slot}",
                  patience: int | None = None) -> None:
         self.fn, self.slots, self.args, self.start_method = fn, slots, args, start_method
@@ -64,8 +100,8 @@ class Crew:
 
     def _start(self, slot: int) -> None:
         p = self._ctx.Process(target=worker_entry, daemon=False,
-                              args=(self.fn, slot, self.slots, os.path.join(self._reports, "store"), LoaderThere(),
-                                    self.args, os.getpid(), self._beats))
+                              args=(_speaking, slot, self.slots, os.path.join(self._reports, "store"), LoaderThere(),
+                                    (self.fn, *self.args), os.getpid(), self._beats))
         self._procs[slot] = p
         if self.start_method == "fork":
             if self._forker is None:
@@ -101,23 +137,29 @@ class Crew:
             if p.is_alive() or slot in self.finished:
                 continue
             p.join()
-            if p.exitcode == 0:
-                self.finished.add(slot)
-                continue
             if p.exitcode == EXIT_USER_ERROR:
                 raise UserError(first_user_error(self._reports, None) or f"{self.name(slot)} failed")
             if p.exitcode in EXIT_STOPPED:
                 self.finished.add(slot)  # stopped on request (Ctrl-C, SIGTERM): not replaced
                 self.stopped = p.exitcode
                 continue
-            ended = describe_exit(p.exitcode)
-            self.on_lost(slot, p.pid, ended)
+            ended = self._ended(p.pid, p.exitcode)
+            if not self.on_lost(slot, p.pid, ended) and p.exitcode == 0:
+                self.finished.add(slot)  # it left by itself, holding nothing
+                continue
             self.deaths += 1
             if self.deaths > self.patience:
                 raise CrewFailed(f"{self.deaths} worker processes died in a row without finishing anything (the last, "
                                  f"{self.name(slot)}, pid {p.pid}, {ended}): giving up")
             self.log(f"towerlab: warning: {self.name(slot)} (pid {p.pid}) {ended}; starting another in its place")
             self._start(slot)
+
+    def _ended(self, pid: int, exitcode: int) -> str:
+        """How a process ended, in words: its signal or exit status, and its last words where it left some."""
+        ended = f"was killed by {signal_name(-exitcode)}" if exitcode < 0 else f"exited with status {exitcode}"
+        with contextlib.suppress(OSError, UnicodeDecodeError):
+            return f"{ended} ({Path(self._reports, f'{LAST_WORDS}{pid}').read_text(encoding='utf-8')})"
+        return ended
 
     def stop(self, signum: int = signal.SIGTERM, grace: float = 30.0) -> None:
         """Ask every process to leave (`signum`), and kill those still there after `grace` seconds."""

@@ -71,6 +71,14 @@ def handle_stop_signals(handler: Callable[[int, Any], None]) -> dict[int, Any]:
     return {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
 
 
+def signal_name(signum: int) -> str:
+    """A signal's name (SIGKILL), or "signal N" for one Python does not name (a real-time signal: 34 to 64)."""
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
 def interrupt_once(_signum: int, _frame: Any) -> None:
     # A Ctrl-C reaches a worker twice (from the terminal and forwarded by the launcher): the repeat
     # must not interrupt the handling of the first, or the worker dies with a traceback.

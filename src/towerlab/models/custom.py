@@ -64,8 +64,11 @@ def load_function(spec: str, flag: str = "--model", what: str = "FUNCTION") -> A
                         f"({getattr(module, '__file__', 'built in')}): rename {path_text}")
     _LOADED[path.stem] = os.path.realpath(path)
     found = getattr(module, name, None)
-    if not callable(found):
+    if found is None:
         raise UserError(f"{flag} {spec}: {path_text} defines no {name}")
+    if not callable(found):
+        raise UserError(f"{flag} {spec}: {name} in {path_text} is a {type(found).__name__}, not a function: name "
+                        "the function to call")
     return found
 
 

@@ -8,21 +8,27 @@ the space by name (or **kwargs), no gene is named as what the search gives, ever
 requires is a gene or one of those, and a conditional gene's parameter has a default: a trial where the
 gene is inactive leaves it out (as Optuna's trial has no such parameter), so the function gets its default. It returns a number or a dict of numbers (`towerlab.objective.result`).
 An exception it raises fails the trial, with the exception's type, message and line in your file as the
-reason, and so does `sys.exit()`: a trial cannot end the search. KeyboardInterrupt, towerlab's
+reason, and so do `sys.exit()`, any other BaseException (asyncio's CancelledError, one of yours) and
+`os._exit()` (which would end the worker's process: while a trial runs, it raises in its place), and so
+does a result that cannot be read: a trial cannot end the search. KeyboardInterrupt, towerlab's
 Interrupted and a UserError (a mistake of towerlab's own functions, which every trial would make) stop it.
+With a `timeout`, a trial that runs past it is interrupted (`towerlab.objective.deadline`) and fails.
 """
 
 from __future__ import annotations
 
+import contextlib
 import inspect
-import math
+import os
+import threading
 import time
-from typing import Any, Callable, Sequence, Union
+from typing import Any, Callable, Iterator, Optional, Sequence, Union
 
 from towerlab.distributed.signals import Interrupted
 from towerlab.errors import UserError, did_you_mean
 from towerlab.models.custom import file_proof, function_file, load_function, user_code_failed
-from towerlab.objective.result import Goal, Result, number
+from towerlab.objective.deadline import Deadline, TrialTimedOut
+from towerlab.objective.result import Goal, Result, extend_curve, number
 from towerlab.objective.trial import EXTRAS, Trial
 from towerlab.proof import Proof, code_proof
 
@@ -37,7 +43,10 @@ class FunctionObjective:
     kind = "function"
 
     def __init__(self, function: Union[str, Callable[..., Any]], genes: Sequence[str], goal: Goal = Goal(),
-                 conditional: Sequence[str] = ()):
+                 conditional: Sequence[str] = (), timeout: Optional[float] = None):
+        if timeout is not None and not (number(timeout) or 0) > 0:
+            raise UserError(f"--trial-timeout {timeout!r}: give a number of seconds above 0")
+        self.timeout = timeout
         self._loaded = isinstance(function, str)  # from its file, here: file_proof knows what it imported
         if isinstance(function, str):
             self.spec, where = function, f"--objective {function}"
@@ -54,32 +63,95 @@ class FunctionObjective:
 
     def run(self, trial: Trial) -> Result:
         if "folder" in self.given:  # made for a function that takes it (a search of 100,000 trials makes no more)
-            trial.folder.mkdir(parents=True, exist_ok=True)
+            try:
+                trial.folder.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                return self.goal.failed(f"cannot make its folder {trial.folder}: {exc.strerror or exc}")
         curve: list[dict[str, Any]] = []
 
         def report(epoch: int, **metrics: Any) -> None:
             """Records a point of the learning curve: the epoch (a whole number) and metrics (numbers)."""
-            at = number(epoch)
-            if at is None or not at.is_integer() or at < 0:
-                raise TypeError(f"report(epoch, **metrics): the epoch must be a whole number, got {epoch!r}")
-            point: dict[str, Any] = {"epoch": int(at)}
-            for name, value in metrics.items():
-                found = number(value)
-                if found is None:
-                    raise TypeError(f"report(epoch, **metrics): {name} must be a number, got {type(value).__name__}")
-                point[name] = found if math.isfinite(found) else None
-            curve.append(point)
+            try:
+                extend_curve(curve, epoch, metrics)
+            except ValueError as exc:
+                raise TypeError(f"report(epoch, **metrics): {exc}") from None
 
         given = {**trial.extras(), "report": report}
         started = time.perf_counter()
+        ended: list[int] = []
         try:
-            returned = self.function(**trial.genes, **{name: given[name] for name in self.given})
-        except (UserError, Interrupted):
+            with _process_kept(ended), Deadline(self.timeout):
+                returned = self.function(**trial.genes, **{name: given[name] for name in self.given})
+        except (UserError, Interrupted, KeyboardInterrupt):
             raise
-        except (Exception, SystemExit) as exc:  # noqa: BLE001 - whatever your function raises fails its trial
-            return self.goal.failed(str(user_code_failed(exc, self.function, "with these genes")), tuple(curve),
+        except TrialTimedOut:
+            return self.goal.failed(f"timed out after {self.timeout:g} s, and was stopped", tuple(curve),
                                     time.perf_counter() - started)
-        return self.goal.result(returned, tuple(curve), time.perf_counter() - started)
+        except BaseException as exc:  # noqa: BLE001 - whatever your function raises fails its trial
+            return self.goal.failed(self._failure(exc), tuple(curve), time.perf_counter() - started)
+        seconds = time.perf_counter() - started
+        if ended:  # os._exit from a thread of the trial's (or caught by the trial): it meant to end the process
+            return self.goal.failed(f"your {self._name} ended its worker's process: it called os._exit({ended[0]}) "
+                                    "(from a thread of its own)", tuple(curve), seconds)
+        try:
+            return self.goal.result(returned, tuple(curve), seconds)
+        except Exception as exc:  # noqa: BLE001 - a result of yours whose methods raise as it is read
+            return self.goal.failed(f"its result could not be read: {type(exc).__name__}: {_text(exc)}",
+                                    tuple(curve), seconds)
+
+    @property
+    def _name(self) -> str:
+        return str(getattr(self.function, "__qualname__", None) or type(self.function).__name__)
+
+    def _failure(self, exc: BaseException) -> str:
+        """The reason of a trial that raised `exc` (its line in your file), whatever `exc`'s methods do."""
+        if isinstance(exc, _ProcessEnded):  # located as any exception, said as what it is
+            where = str(user_code_failed(exc, self.function, "")).partition(" failed ")[2].partition(": ")[0]
+            return f"your {self._name} ended its worker's process{where}: it called os._exit({exc.status})"
+        try:
+            return str(user_code_failed(exc, self.function, "with these genes"))
+        except Exception:  # noqa: BLE001 - an exception of yours whose __str__ raises
+            return f"your {self._name} failed with these genes: {type(exc).__name__}"
+
+
+class _ProcessEnded(BaseException):
+    """Raised in place of `os._exit(status)` while a trial runs: the trial fails, its worker goes on."""
+
+    def __init__(self, status: int) -> None:
+        super().__init__(f"os._exit({status})")
+        self.status = status
+
+
+@contextlib.contextmanager
+def _process_kept(ended: list[int]) -> Iterator[None]:
+    """While a trial runs, `os._exit` raises `_ProcessEnded` (its status also appended to `ended`, for a
+    call from a thread of the trial's) instead of ending the worker's process mid-task; a process the
+    trial forked still exits as asked."""
+    real, pid = os._exit, os.getpid()
+
+    def _exit(status: int) -> None:
+        if os.getpid() != pid:
+            real(status)
+        ended.append(status)
+        raise _ProcessEnded(status)
+
+    def unheard(args: Any) -> None:  # a thread of the trial's ended by its os._exit: said by the trial's reason
+        if not isinstance(args.exc_value, _ProcessEnded):
+            hook(args)
+
+    hook, threading.excepthook = threading.excepthook, unheard
+    os._exit = _exit  # type: ignore[assignment]  # a stand-in with the same signature
+    try:
+        yield
+    finally:
+        os._exit, threading.excepthook = real, hook
+
+
+def _text(exc: BaseException) -> str:
+    try:
+        return " ".join(str(exc).split())[:300]
+    except Exception:  # noqa: BLE001 - an exception of yours whose __str__ raises
+        return "(its message cannot be read)"
 
 
 def _check(function: Callable[..., Any], genes: list[str], where: str, conditional: Sequence[str] = ()) \

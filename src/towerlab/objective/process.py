@@ -1,11 +1,15 @@
-"""A trial's program as a process group of its own: started without a shell, waited for with a timeout
-and a stop, and ended whole.
+"""A trial's program, started through a keeper (`towerlab.objective.keeper`): waited for with a timeout and
+a stop, and ended whole, whoever dies first.
 
-The program runs in a new session (its own process group, no terminal: a Ctrl-C at the terminal
-reaches towerlab, which ends the program in order, rather than both at once), its stdin empty, its
-stdout and stderr written straight to files. Its leader is waited for without being reaped (a pidfd
-on Linux, `waitid(WNOWAIT)` elsewhere), so that its process group's id cannot be taken by another
-process before the group's stragglers are killed: every process a trial leaves behind dies with it.
+The program runs in a new session (its own process group, no terminal: a Ctrl-C at the terminal reaches
+towerlab, which ends the program in order, rather than both at once), its stdin empty, its stdout and
+stderr written straight to files. Between the worker and it stands the keeper, a small process of the
+standard library alone in a session of its own: it starts the program, ends it when asked (a timeout, a
+stop, a Ctrl-C: the signal to its group, then SIGKILL GRACE seconds later), and kills everything it left
+once it exits, even in sessions of their own (the keeper is their subreaper); and when the worker dies,
+however (SIGKILL, the out-of-memory killer, its launcher killed with it), the keeper sees its pipe close
+and kills the program and all it started at once. A trial tried again in the same folder waits for the
+last try's processes to be gone (the keeper's lock on the folder, `LOCK`).
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import os
 import select
 import signal
 import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +28,9 @@ from towerlab.distributed.signals import Interrupted
 
 GRACE = 5.0  # seconds a program has to end on SIGTERM (SIGINT) before SIGKILL
 STOP_POLL = 0.2  # seconds between looks at a worker's stop while a program runs
+WAITING = 60.0  # seconds a trial waits for the processes of an earlier try in its folder to be gone
+LOCK = ".towerlab-trial.lock"  # in the trial's folder: held by the keeper while any process of the trial lives
+KEEPER = Path(__file__).with_name("keeper.py")
 
 
 @dataclass(frozen=True)
@@ -36,27 +44,50 @@ class Ended:
 
 
 def start(argv: list[str], env: dict[str, str], stdout: Path, stderr: Path) -> Child:
-    """`argv` started as its own session, its output written to `stdout` and `stderr` (an OSError where
-    it cannot start)."""
-    with open(stdout, "wb") as out, open(stderr, "wb") as err:
-        process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=err, env=env,
-                                   start_new_session=True)
-    return Child(process)
+    """`argv` started through its keeper as its own session, its output written to `stdout` and `stderr`
+    (beside them, the folder's lock); an OSError where it cannot start (a ValueError: a NUL in `argv`)."""
+    keeper_env = dict(env)
+    if not hasattr(os, "pidfd_open"):
+        keeper_env["TOWERLAB_KEEPER_NO_PIDFD"] = "1"
+    keeper = subprocess.Popen([sys.executable, "-I", "-S", str(KEEPER), str(stdout.parent / LOCK), str(stdout),
+                               str(stderr), repr(WAITING), "--", *argv], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, env=keeper_env, start_new_session=True)
+    child = Child(keeper)
+    word, _, rest = child.said(None).partition(" ")
+    if word != "started":
+        child.close()
+        errno, _, text = rest.partition(" ")
+        raise OSError(int(errno) if errno.isdigit() else 0, text or "its keeper process ended before it started it")
+    return child
 
 
 class Child:
-    """A started program (see the module's docstring)."""
+    """A started program, as its keeper tells of it (see the module's docstring)."""
 
-    def __init__(self, process: subprocess.Popen):
-        self.process = process
-        try:
-            self._pidfd: Optional[int] = os.pidfd_open(process.pid)
-        except (AttributeError, OSError):  # not Linux, or a kernel before 5.3
-            self._pidfd = None
+    def __init__(self, keeper: subprocess.Popen) -> None:
+        self.keeper = keeper
+        self._buffer = b""
+
+    def said(self, timeout: Optional[float]) -> str:
+        """The keeper's next line, waiting at most `timeout` seconds (None: until it says one): "" where
+        it said none by then, "lost" where it ended without a word (killed)."""
+        assert self.keeper.stdout is not None
+        fd = self.keeper.stdout.fileno()
+        until = None if timeout is None else time.monotonic() + timeout
+        while b"\n" not in self._buffer:
+            left = None if until is None else max(0.0, until - time.monotonic())
+            if not select.select([fd], [], [], left)[0]:
+                return ""
+            data = os.read(fd, 4096)
+            if not data:
+                return "lost"
+            self._buffer += data
+        line, self._buffer = self._buffer.split(b"\n", 1)
+        return line.decode()
 
     def finish(self, timeout: Optional[float], stop: Optional[Callable[[], int]] = None) -> Ended:
-        """Wait for the program to end (at most `timeout` seconds, then end it), and end what it left.
-        A KeyboardInterrupt while it runs ends it with SIGINT and is raised again; a `stop()` that
+        """Wait for the program to end (at most `timeout` seconds, then end it), and for all it left to be
+        ended. A KeyboardInterrupt while it runs ends it with SIGINT and is raised again; a `stop()` that
         returns a signal's number ends it with that signal and raises Interrupted."""
         deadline = None if timeout is None else time.monotonic() + timeout
         try:
@@ -66,8 +97,9 @@ class Child:
                     self._end(signal.SIGTERM)
                     return Ended(timed_out=True)
                 wait = STOP_POLL if stop is not None else 3600.0
-                if self._exited(wait if left is None else min(wait, left)):
-                    break
+                said = self.said(wait if left is None else min(wait, left))
+                if said:
+                    return self._ended(said)
                 signum = stop() if stop is not None else 0
                 if signum:
                     self._end(signum)
@@ -75,44 +107,35 @@ class Child:
         except BaseException as exc:
             self._end(signal.SIGINT if isinstance(exc, KeyboardInterrupt) else signal.SIGTERM)
             raise
-        self._reap()
-        code = self.process.returncode
+        finally:
+            self.close()
+
+    def _ended(self, said: str) -> Ended:
+        word, _, status = said.partition(" ")
+        if word != "ended":  # its keeper was killed (and with it, the program's watch): said as a kill
+            return Ended(signal=signal.SIGKILL)
+        code = int(status)
         return Ended(status=max(code, 0), signal=max(-code, 0))
 
-    def _exited(self, seconds: float) -> bool:
-        """Whether the program's leader has exited, waiting at most `seconds`; it is not reaped."""
-        if self._pidfd is not None:
-            poll = select.poll()
-            poll.register(self._pidfd, select.POLLIN)
-            return bool(poll.poll(max(seconds, 0.0) * 1000))
-        until = time.monotonic() + seconds
-        while True:
-            if os.waitid(os.P_PID, self.process.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
-                return True
-            if time.monotonic() >= until:
-                return False
-            time.sleep(min(0.02, max(until - time.monotonic(), 0.0)))
-
-    def _signal(self, signum: int) -> None:
-        try:
-            os.killpg(self.process.pid, signum)
-        except ProcessLookupError:
-            pass  # no process of the group is left
-
     def _end(self, signum: int) -> None:
-        """End the program: `signum` to its group, GRACE seconds for its leader to exit, then SIGKILL to
-        the group and reap it."""
-        if self.process.returncode is not None:
+        """End the program: `signum` to its group, GRACE seconds for its leader to exit, then SIGKILL to all
+        it started; wait for the keeper to say so."""
+        if self.keeper.returncode is not None or self.keeper.stdin is None or self.keeper.stdin.closed:
             return
-        self._signal(signum)
-        self._exited(GRACE)
-        self._reap()
+        try:
+            self.keeper.stdin.write(f"end {int(signum)} {GRACE!r}\n".encode())
+            self.keeper.stdin.flush()
+        except OSError:  # the keeper is gone, and the program with it
+            return
+        self.said(GRACE + 30.0)
 
-    def _reap(self) -> None:
-        """Kill what the program's group still holds (its leader, exited but not reaped, keeps the group's
-        id its own), then reap the leader."""
-        self._signal(signal.SIGKILL)
-        self.process.wait()
-        if self._pidfd is not None:
-            os.close(self._pidfd)
-            self._pidfd = None
+    def close(self) -> None:
+        """Let the keeper go: closing its pipe ends whatever is left of the program; reap it."""
+        if self.keeper.stdin is not None and not self.keeper.stdin.closed:
+            try:
+                self.keeper.stdin.close()
+            except OSError:
+                pass
+        self.keeper.wait()
+        if self.keeper.stdout is not None:
+            self.keeper.stdout.close()

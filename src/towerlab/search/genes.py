@@ -91,6 +91,9 @@ def parse_genes(model: str, genes: Mapping[str, Any], where: str) -> tuple[dict[
             if ok is None:
                 raise UserError(f"{where}: gene {gene!r} has value {value!r}, "
                                 f"expected {rule.describe()}")
+            if isinstance(ok, str) and "\x00" in ok:  # no program takes it as an argument, no file as a name
+                raise UserError(f"{where}: gene {gene!r} has value {value!r}, which holds a NUL character: "
+                                "give text without one")
             if (type(ok), ok) in seen:  # with its type: 1 == True, yet [1, true] are two values, as in a genome
                 raise UserError(f"{where}: gene {gene!r} lists {value!r} twice: list each value once")
             seen.add((type(ok), ok))

@@ -30,6 +30,23 @@ from typing import NamedTuple, Optional
 from towerlab.search.space import canonical
 
 
+def mean(values: list[float]) -> float:
+    """The mean of finite `values`, whatever their size: math.fsum's, bit for bit, where their sum is a float;
+    the sum of each over their count where it is not (1e308 twice: fsum overflows)."""
+    try:
+        return math.fsum(values) / len(values)
+    except OverflowError:
+        return math.fsum(v / len(values) for v in values)
+
+
+def spread(values: list[float]) -> float:
+    """The standard deviation of `values` (two or more), infinite where it is beyond a float's range."""
+    try:
+        return statistics.stdev(values)
+    except OverflowError:
+        return math.inf
+
+
 def rank_key(genome: dict, fitness: Optional[float], rung: int = 0) -> tuple:
     """Best first: a higher rung (a pruned search's longer training), then higher fitness;
     failures (None) after every success; ties by canonical genome."""
@@ -105,7 +122,7 @@ def statistics_of(generation: int, members: list[Member], train_seconds: float,
         cached=len(members) - len(evaluated),
         failed=sum(not m.ok for m in evaluated),
         best=max(fitnesses) if fitnesses else None,
-        mean=math.fsum(fitnesses) / len(fitnesses) if fitnesses else None,
+        mean=mean(fitnesses) if fitnesses else None,
         worst=min(fitnesses) if fitnesses else None,
         train_seconds=train_seconds,
         seconds=seconds,
@@ -140,7 +157,7 @@ class TopGenome:
     @property
     def spread(self) -> Optional[float]:
         """The standard deviation of its fitnesses (None with a single one)."""
-        return statistics.stdev(self.fitnesses) if len(self.fitnesses) > 1 else None
+        return spread(list(self.fitnesses)) if len(self.fitnesses) > 1 else None
 
     def to_json(self) -> dict:
         return {"genome_hash": self.genome_hash, "genome": self.genome, "fitness": self.fitness,

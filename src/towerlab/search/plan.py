@@ -61,7 +61,7 @@ def resolved_remeasure(cfg: SearchConfig, shape: Shape) -> SearchConfig:
     most = int(per_seed["search"] * REMEASURE_SHARE // max(1, per_seed["remeasure"]))
     if cfg.budget_epochs is not None:  # and at most that share of a budget in epochs (each at --max-epochs)
         most = min(most, int(cfg.budget_epochs * REMEASURE_SHARE // (max(1, per_seed["remeasure"]) * cfg.max_epochs)))
-    return replace(cfg, remeasure=min(DEFAULT_REMEASURE, most))
+    return replace(cfg, remeasure=min(DEFAULT_REMEASURE, max(0, most)))  # none where a budget holds no re-measure
 
 
 def generations_of(cfg: SearchConfig) -> int:

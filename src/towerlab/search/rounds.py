@@ -33,7 +33,7 @@ from typing import Optional, Sequence
 from towerlab.config import SearchConfig
 from towerlab.search.candidates import Candidate, remeasure_seed
 from towerlab.search.climb import Climb, Key, Recorder, key_of
-from towerlab.search.history import Generation, GenerationStats, Member, TopGenome, rank_key, statistics_of
+from towerlab.search.history import Generation, GenerationStats, Member, TopGenome, mean, rank_key, statistics_of
 from towerlab.search.plan import crowning_epochs
 from towerlab.search.pruners import Ladder
 from towerlab.search.store.rows import Evaluation, GenerationRow
@@ -52,7 +52,7 @@ class _Measurement:
         known = [f for f in self.fitnesses if f is not None]
         if len(known) < len(self.fitnesses):
             return None
-        return math.fsum(known) / len(known)
+        return mean(known)
 
 
 class Rounds:

@@ -139,7 +139,11 @@ class Space:
 
     @property
     def size_text(self) -> str:
-        return f"{self.size} genomes" if self.size != math.inf else "a continuous space"
+        """Its genome count, or the genes that make it infinite (a space with listed genes beside them is not
+        "a continuous space": it is continuous in those alone)."""
+        if self.size != math.inf:
+            return f"{self.size} genomes"
+        return f"a space continuous in {', '.join(name for name, gene in self.genes.items() if _count(gene) == math.inf)}"
 
     def gene_size(self, name: str) -> float:
         return _count(self.genes[name])

@@ -171,13 +171,17 @@ def _objective_differs(theirs: dict, ours: dict, here: Here, search: Search) -> 
             + ("resume with the files it started with" if here.resuming else "give this worker the search's files"))
 
 
-def objective_hash(cfg: SearchConfig, device: str, threads: Optional[int], objective: dict) -> str:
+def objective_hash(cfg: SearchConfig, device: str, threads: Optional[int], objective: dict,
+                   timeout: Optional[float] = None) -> str:
     """The training-config hash of a search of your own objective: what decides a trial's result besides its
-    genes and seed (the objective's kind, metric, direction and proof, the last rung's epochs, a command's
-    timeout, and the numerics: device kind, a function's CPU threads)."""
+    genes and seed (the objective's kind, metric, direction and proof, the last rung's epochs, and the
+    numerics: device kind, a function's CPU threads). Not --trial-timeout, which decides no result a row
+    holds (a trial past it fails, and a failed row serves no other search): a resume may change it, and a
+    new search with one is served the rows of one without. `timeout`: what a search made before took (its
+    hash held its --trial-timeout)."""
     return genome_hash({"objective": {key: objective[key] for key in ("kind", "metric", "direction")},
                         "proof": Proof(objective["proof"]).digest, "max_epochs": cfg.max_epochs,
-                        "trial_timeout": cfg.trial_timeout, "numerics": {"device": device, "threads": threads}})
+                        "trial_timeout": timeout, "numerics": {"device": device, "threads": threads}})
 
 
 def model_proof(model: CandidateModel) -> Optional[dict]:
@@ -202,6 +206,11 @@ def training_hash(search: Search, here: Here, stored: Optional[Search] = None) -
     (`objective_hash`)."""
     own = here.objective(search.recorded("objective"))
     if own is not None:
+        timeout = None if stored is None else stored.cfg.trial_timeout
+        if stored is not None and timeout is not None:  # a search made while the hash held its timeout keeps it
+            made_before = objective_hash(search.cfg, here.device, here.threads, own, timeout)
+            if made_before == stored.train_config_hash:
+                return made_before
         return objective_hash(search.cfg, here.device, here.threads, own)
 
     def where(key: str, measure: Callable[[], Any]) -> Any:

@@ -33,11 +33,12 @@ from towerlab.jobs.handover import handover, load_everywhere, search_data
 from towerlab.jobs.search.identity import VERSIONS, Here, admit, recorded, training_hash, versions
 from towerlab.jobs.job import Job, require_out_under_torchrun, resolved_run, start_job
 from towerlab.jobs.provenance import write_config
+from towerlab.jobs.search.regoal import regoal
 from towerlab.jobs.search.place import open_store, restarted, search_out, store_token, stored_search_id
 from towerlab.jobs.search.record import RecordOptions, Watch, export_best, write_record
 from towerlab.jobs.search.training import JobSide, check_function, model_spec
-from towerlab.jobs.search.trials import Own, OwnSide, build, own_settings
-from towerlab.jobs.search.workers import SearchCrew, WorkerSpec, run_worker, warm_up
+from towerlab.jobs.search.trials import Own, OwnSide, build, epochs_ignored, own_settings
+from towerlab.jobs.search.workers import SearchCrew, WorkerSpec, optuna_lines, run_worker, warm_up
 from towerlab.data.load import Dataset
 from towerlab.models.custom import ModelFunction
 from towerlab.report import Reporter, format_plan
@@ -78,8 +79,10 @@ def start_search(kind: str, cfg: SearchConfig, run: RunConfig, *, data: Optional
     `distributed.launch` (None: `distributed.start_method_for` the run's device)."""
     search = check_settings(cfg, run, function)
     own = Own.of(search.cfg)
+    notes: tuple[str, ...] = ()
     if own is not None:  # imported and checked against the genes now: a mistake of yours before anything is written
-        build(own, search, objective)
+        ignored = epochs_ignored(build(own, search, objective), search.cfg)
+        notes = () if ignored is None else (ignored,)
         function = objective
     else:
         check_function(search.space, function)
@@ -105,7 +108,7 @@ def start_search(kind: str, cfg: SearchConfig, run: RunConfig, *, data: Optional
                                          f"{search.cfg.workers_per_device}")
     return start_job(SearchJob(out=out, resume=run.resume is not None, kind=kind, search=search, run=run,
                                target=target, data=data, function=function, workers=workers, own=own,
-                               start_method=start_method or start_method_for(run.device)))
+                               start_method=start_method or start_method_for(run.device), notes=notes))
 
 
 @dataclass(kw_only=True)
@@ -120,11 +123,13 @@ class SearchJob(Job):
     function: Optional[Callable[..., Any]] = None  # the model function, or an objective of yours given from Python
     workers: int = 1
     own: Optional[Own] = None  # an objective of yours, which trains whatever it trains (no data of towerlab's)
+    notes: tuple[str, ...] = ()  # warnings said once the search's first lines are
 
     def run_here(self) -> int:
         if under_torchrun():
             return self._rank()
         reporter = Reporter(None, progress=self.run.progress)
+        optuna_lines()  # the record's play of the search asks its sampler too
         warming = warm_up() if self.start_method == "fork" else None  # joined before the workers fork
         # A database out of reach is refused before the data is read; a file is made once the data is
         # found (bad data leaves no store behind).
@@ -183,6 +188,8 @@ class SearchJob(Job):
             search_id = stored_search_id(self.out)
             row = store.records.search(search_id)
             stored = None if row is None else Search.of_row(row, str(store.path))
+            if stored is not None and isinstance(here, OwnSide):  # another --metric or --direction: rows read again
+                stored = regoal(store, stored, self.search, here)
             try:
                 adopted = [] if stored is None else admit(stored, here)
             except UserError as exc:
@@ -218,6 +225,8 @@ class SearchJob(Job):
                           f"{space.name} "
                           f"({trains}, {self.workers} worker(s) on {self.run.device} -> {self.out}")
             reporter.line(format_plan(search.plan))
+            for note in self.notes:
+                reporter.line(note)
         return search
 
     def _spec(self, search_id: int, **more: Any) -> WorkerSpec:

@@ -25,6 +25,7 @@ from towerlab.data.load import Dataset
 from towerlab.distributed.signals import StopFlag
 from towerlab.errors import UserError
 from towerlab.jobs.candidate import CandidateModel, candidate_config, retrain_command, train_candidate
+from towerlab.jobs.search.first_results import FIRST_RESULTS, stop_if_failed_alike
 from towerlab.models.files import save_model
 from towerlab.plots import plot_accuracy_time, plot_fitness, pyplot
 from towerlab.report import (Reporter, format_cost, format_estimate, format_generation, format_top,
@@ -37,7 +38,6 @@ from towerlab.search.store import Store
 
 # Seconds without a line after which a job without a progress bar says where its search stands.
 STATUS_EVERY = 30.0
-NOTE_EVERY = 2.0  # seconds between a progress bar's notes of the workers busy and idle
 
 
 class Watch:
@@ -58,7 +58,6 @@ class Watch:
         self.plots_ready = False  # matplotlib imported (for the record's plots)
         self.last_line = time.monotonic()
         self.started = time.monotonic()
-        self.noted = -math.inf  # when the progress bar last said what the workers do
         self.replayed = {g.generation for g in store.records.generations(search.stored_id) if g.complete}
         if reporter.progress:
             reporter.start_progress(search.plan["search"], 0, unit="net")
@@ -67,6 +66,7 @@ class Watch:
         self.tb = require_tensorboard()(log_dir=str(out / "tb")) if tensorboard else None
         self.plotted: set[int] = set()
         self.best: Optional[float] = None
+        self.judged = not search.own or search.plan["search"] <= FIRST_RESULTS  # stopped on its first results?
 
     def step(self) -> bool:
         if not self.out.is_dir():  # `rm -rf` mid-search: one line here, not a traceback at the next write
@@ -79,6 +79,9 @@ class Watch:
         if new:
             self.trained = trained
             self.reporter.advance(new)
+        if not self.judged and self.trained >= FIRST_RESULTS:
+            self.judged = True  # the first results of this start, all failed alike, stop the search
+            stop_if_failed_alike(self.store, self.search, self.before, self.out)
         if self.first is None and new:
             row = next((e for e in self.store.records.evaluations(self.search.stored_id, after=self.before)
                         if e.status == "ok" and e.replicate == 0), None)
@@ -114,9 +117,8 @@ class Watch:
             if counts["done"] and not counts["open"] and counts["claimed"] < self.workers:
                 pyplot()  # the record's plots need it: imported now, while a worker has nothing to train
                 self.plots_ready = True
-        if self.reporter.bar is not None and time.monotonic() - self.noted > NOTE_EVERY:  # beside the bar
+        if new and self.reporter.bar is not None:  # beside the bar: what the workers do
             self.reporter.bar.set_postfix_str(f"workers {workers_now(self.store, self.search)}", refresh=False)
-            self.noted = time.monotonic()
         if not self.reporter.progress and time.monotonic() - self.last_line > STATUS_EVERY:
             self._line(self.status())
         return new > 0
@@ -124,8 +126,8 @@ class Watch:
     def _plot_evaluations(self) -> None:
         """TensorBoard points of the evaluations not plotted yet, in the order they were numbered: each
         one's validation accuracy (the metric of your objective, by its name) and the best so far, against
-        the trainings made. (A database may commit rows a little out of their numbering: the last ones are
-        looked at again.)"""
+        the trainings made; and the curve an objective of yours reported (`curve/ID/METRIC` against its epochs).
+        (A database may commit rows a little out of their numbering: the last ones are looked at again.)"""
         assert self.tb is not None
         after = max(0, max(self.plotted, default=0) - 256)
         search, metric = self.search, self.search.metric
@@ -141,6 +143,10 @@ class Watch:
                     self.best = row.fitness if self.best is None else max(self.best, row.fitness)
                     self.tb.add_scalar(f"search/best_{metric}", search.value(self.best), step)
             self.tb.add_scalar("search/train_seconds", row.seconds, step)
+            for point in (row.curve or []) if search.own else []:  # your curve: one chart per metric and training
+                for name, value in point.items():
+                    if name != "epoch" and isinstance(value, (int, float)) and math.isfinite(value):
+                        self.tb.add_scalar(f"curve/{row.id}/{name}", value, point["epoch"])
         self.tb.flush()
 
     def status(self) -> str:
@@ -232,7 +238,7 @@ def all_failed(result: SearchResult, out: Path) -> str:
     genomes = {m.genome_hash: m for g in result.history for m in g.members}
     reason = next((m.reason for m in genomes.values() if m.reason), "unknown")
     return (f"all {len(genomes)} candidates failed (the first: {reason}), so there is no winner to report: "
-            f"`towerlab search show {out}` lists each failure")
+            f"`towerlab search show {out} --csv` gives each failure's reason")
 
 
 @dataclass(frozen=True)

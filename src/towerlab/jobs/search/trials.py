@@ -23,6 +23,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from towerlab.config import SearchConfig
+from towerlab.checks import check_direction_named
 from towerlab.data.load import Dataset
 from towerlab.distributed.env import device_name
 from towerlab.distributed.signals import StopFlag
@@ -61,8 +62,9 @@ class Own:
 
 
 def goal_of(metric: Optional[str], direction: Optional[str]) -> Goal:
-    """The goal that --metric (value where none is given) and --direction (maximize) name, checked."""
-    return Goal(metric or DEFAULT_METRIC, direction or "maximize")
+    """The goal that --metric (value where none is given) and --direction (maximize) name, checked (an empty
+    --metric is refused, not taken for none)."""
+    return Goal(DEFAULT_METRIC if metric is None else metric, direction or "maximize")
 
 
 def own_settings(cfg: SearchConfig, model_function: object = None) -> SearchConfig:
@@ -77,7 +79,25 @@ def own_settings(cfg: SearchConfig, model_function: object = None) -> SearchConf
         raise UserError("--model builds towerlab's networks; a search of your own objective trains whatever it trains: "
                         "drop --model")
     goal = goal_of(cfg.metric, cfg.direction)
+    check_direction_named(goal.metric, cfg.direction)
     return replace(cfg, metric=goal.metric, direction=goal.direction)
+
+
+def epochs_ignored(objective: Objective, cfg: SearchConfig) -> Optional[str]:
+    """A warning where a search gives its trials a number of epochs that decides something (pruned: each rung's;
+    --budget-epochs: what is counted) and `objective` takes none; None otherwise."""
+    if cfg.min_epochs is None and cfg.budget_epochs is None:
+        return None
+    how = "a pruned search trains each rung for its own epochs" if cfg.min_epochs is not None else \
+        "--budget-epochs counts the epochs it gives each trial"
+    if isinstance(objective, FunctionObjective) and "epochs" not in objective.given:
+        return (f"towerlab: warning: your {objective.spec} takes no epochs, and {how}: each of its trials trains "
+                "as long as any other; take epochs (a parameter), and train that many")
+    if isinstance(objective, CommandObjective) and "epochs" not in {name for pieces in objective.arguments
+                                                                   for _, name in pieces}:
+        return (f"towerlab: warning: your command names no {{epochs}}, and {how}: unless the program reads "
+                "$TOWERLAB_EPOCHS, each of its trials trains as long as any other")
+    return None
 
 
 def build(own: Own, search: Search, function: Optional[Callable[..., Any]] = None) -> Objective:
@@ -91,7 +111,8 @@ def build(own: Own, search: Search, function: Optional[Callable[..., Any]] = Non
     if function is None and own.spec == FROM_PYTHON:
         raise UserError("its objective is a function given from Python, which only its own process has: give the "
                         "function again (objective=), or its file (--objective FILE.py:FUNCTION)")
-    return FunctionObjective(function if function is not None else own.spec, genes, goal, conditional)
+    return FunctionObjective(function if function is not None else own.spec, genes, goal, conditional,
+                             timeout=cfg.trial_timeout)
 
 
 class OwnSide:
@@ -127,6 +148,12 @@ class OwnSide:
             return {"kind": own.kind, "metric": metric, "direction": direction, "proof": {}}
         self.built = build(own, search, self.function)
         self._setup = setup(self.built)
+        if recorded is not None and own.kind == "command":
+            # A file the command names that was not there when the search started (so not in its proof) is one
+            # its program writes (--out last.json): no input of the search's first trials, and never a reason to
+            # refuse its resume ("last.json only here").
+            theirs = recorded.get("proof", {})
+            self._setup["proof"] = {k: v for k, v in self._setup["proof"].items() if k in theirs}
         return self._setup
 
     def data(self) -> Dataset:

@@ -8,6 +8,7 @@ name, a lost worker's tasks released at once, the loop that watches them). Under
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import signal
@@ -73,6 +74,32 @@ class WorkerSpec:
     trials: str = "trials"  # the folder where the trials of an objective of yours keep theirs
 
 
+class _OptunaLines:
+    """A filter on the "optuna" logger: each warning said once a process, as one line of towerlab's
+    (`towerlab: warning: Optuna: ...`), rather than Optuna's own "[W date] ..." over several lines."""
+
+    def __init__(self) -> None:
+        self.said: set[str] = set()
+
+    def filter(self, record: Any) -> bool:
+        with contextlib.suppress(Exception):  # a message that cannot be formatted: Optuna's own line
+            text = " ".join(record.getMessage().split())
+            if text not in self.said and len(self.said) < 100:
+                self.said.add(text)
+                _say(f"towerlab: {record.levelname.lower()}: Optuna: {text}")
+            return False
+        return True
+
+
+def optuna_lines() -> None:
+    """Have Optuna's warnings said as towerlab's lines in this process (`_OptunaLines`), once."""
+    import logging
+
+    logger = logging.getLogger("optuna")
+    if not any(isinstance(f, _OptunaLines) for f in logger.filters):
+        logger.addFilter(_OptunaLines())
+
+
 def slot_device(spec: WorkerSpec, slot: int) -> str:
     """The device of a crew's slot: its GPU (`per_device` slots each), or the CPU."""
     return f"cuda:{slot // spec.per_device}" if spec.run.device == "cuda" else "cpu"
@@ -94,6 +121,7 @@ def run_worker(spec: WorkerSpec, device: torch.device, data: Optional[Dataset] =
     (`trials.Trials`), any other towerlab's training."""
     if device.type == "cuda":
         torch.cuda.set_device(device)
+    optuna_lines()
     name = worker_name(str(device), os.getpid(), spec.token)
     times = WorkerTimes.from_env()  # the benchmark's breakdown of this worker's time, where it asks for one
     # An edited row of the wrong form stops the worker in one line naming it (it was a traceback in every
@@ -127,10 +155,14 @@ class SearchCrew:
         self.spec, self.slots, self.store, self.handed, self.start_method, self.log = (spec, slots, store, handed,
                                                                                          start_method, log)
 
-    def _lost(self, slot: int, pid: int, ended: str) -> None:
+    def _lost(self, slot: int, pid: int, ended: str) -> int:
+        """A worker process is gone (`ended` says how): its tasks back on the queue, and how many (a worker that
+        left by itself held none)."""
         name = worker_name(slot_device(self.spec, slot), pid, self.spec.token)
-        if self.store.queue.release(name, ended):
+        released = self.store.queue.release(name, ended)
+        if released:
             self.log(f"towerlab: warning: worker {printable(name)} {ended} while training; its task is back on the queue")
+        return released
 
     def run(self, until: Callable[[], bool] = lambda: False, step: Callable[[], bool] = lambda: False,
             every: float = 1.0) -> bool:
@@ -183,6 +215,8 @@ def start_workers(target: str, run: RunConfig, *, per_device: int = 1, search_id
     lease_seconds()  # a bad TOWERLAB_LEASE_SECONDS is refused before anything starts
     for named in (*model_files, *([own.spec] if own is not None and own.kind == "function" else [])):
         check_model_file(named, "--model" if named in model_files else "--objective")
+    if own is not None:
+        check_trials_folder(trials)
     where = printable(redacted(target) if is_url(target) else target)
     with _store_once_made(target, wait, where) as store:
         release_the_dead(store)
@@ -228,6 +262,22 @@ def _store_once_made(target: str, wait: bool, where: str) -> Store:
                       "there (Ctrl-C to stop)", file=sys.stderr, flush=True)
                 said = True
         time.sleep(WAIT_FOR_STORE)
+
+
+def check_trials_folder(path: str) -> None:
+    """`search worker --trials DIR`: a folder, made here where it is not there (a file, or one that cannot
+    be made or written, is refused in one line before any worker starts: every trial would fail on it)."""
+    folder = Path(path)
+    if folder.exists() and not folder.is_dir():
+        raise UserError(f"--trials {path} is a file, not a folder: give the folder where the trials of your "
+                        "objective keep theirs (it is made where it is not there)")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UserError(f"--trials {path}: cannot make it ({exc.strerror or exc}): give a folder this worker can "
+                        "write") from None
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise UserError(f"--trials {path} cannot be written by this worker: give a folder it can write")
 
 
 def check_model_file(spec: str, flag: str = "--model") -> None:

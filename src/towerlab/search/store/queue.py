@@ -266,8 +266,9 @@ class TaskQueue:
 
     def workers(self) -> list[dict]:
         """Every worker that joined, with `age` (seconds since it was last seen, on the database's clock) and the
-        task it holds (`search_id`, `generation`, `idx`, `kind`; None where it holds none: the last it claimed
-        may have gone to another worker since, its lease lapsed)."""
+        task it holds (`search_id`, `generation`, `idx`, `kind`, and `held`: seconds since it claimed it; None
+        where it holds none: the last it claimed may have gone to another worker since, its lease lapsed)."""
         return self._rows.read("SELECT w.*, {now} - w.seen AS age, t.search_id AS search_id, t.generation AS generation,"
-                               " t.idx AS idx, t.kind AS kind FROM workers w LEFT JOIN tasks t ON t.id = w.task"
+                               " t.idx AS idx, t.kind AS kind, {now} - t.claimed AS held"
+                               " FROM workers w LEFT JOIN tasks t ON t.id = w.task"
                                " AND t.state = 'claimed' AND t.worker = w.id ORDER BY w.started")

@@ -57,6 +57,32 @@ class Records:
         self.db.write(lambda tx: tx.run("UPDATE searches SET config = ?, finished = NULL, summary = NULL WHERE id = ?",
                                         (json.dumps(config, sort_keys=True), search_id)))
 
+    def regoal(self, search_id: int, config: dict, objective: dict, train_config_hash: str, hashes: dict[str, str],
+               rescored: Sequence[tuple[int, str, Optional[float], Optional[str]]]) -> None:
+        """A search of your own objective ranked by another goal from its resume on (`jobs.search.regoal`), in one
+        transaction: its settings, its setup's objective and its training hash; its rows rescored (id, status,
+        fitness, reason) and moved from each rung's old training hash to its new one (`hashes`); its tasks
+        dropped (the queue is filled again from its rows) and its generations forgotten (played again, served
+        by its rows)."""
+        def change(tx: Transaction) -> None:
+            found = tx.one("SELECT setup FROM searches WHERE id = ?", (search_id,))
+            setup = {**((self._rows.json(found["setup"]) if found else None) or {}), "objective": objective}
+            tx.run("UPDATE searches SET config = ?, setup = ?, train_config_hash = ?, finished = NULL, summary = NULL"
+                   " WHERE id = ?", (json.dumps(config, sort_keys=True), json.dumps(setup, sort_keys=True),
+                                     train_config_hash, search_id))
+            for row_id, status, fitness, reason in rescored:
+                tx.run("UPDATE evaluations SET status = ?, fitness = ?, reason = ? WHERE id = ?",
+                       (status, fitness, reason, row_id))
+            for old, new in hashes.items():
+                tx.run("UPDATE evaluations SET train_config_hash = ? WHERE search_id = ? AND train_config_hash = ?",
+                       (new, search_id, old))
+            tx.run("UPDATE workers SET task = NULL WHERE task IN (SELECT id FROM tasks WHERE search_id = ?)",
+                   (search_id,))
+            tx.run("DELETE FROM tasks WHERE search_id = ?", (search_id,))
+            tx.run("DELETE FROM generations WHERE search_id = ?", (search_id,))
+
+        self.db.write(change)
+
     def update_setup(self, search_id: int, setup: dict) -> None:
         """How the search's workers train from now on (a resume by another towerlab or torch records its own)."""
         self.db.write(lambda tx: tx.run("UPDATE searches SET setup = ? WHERE id = ?",

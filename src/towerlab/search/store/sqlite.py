@@ -35,6 +35,12 @@ def is_damage(error: BaseException) -> bool:
     return name.startswith("SQLITE_CORRUPT") or (not name and "malformed" in str(error))
 
 
+def _overwritten(error: BaseException) -> bool:
+    """SQLITE_NOTADB in a store that opened as one: its file was truncated or overwritten while in use (at
+    opening, the same error is a file that never was a store)."""
+    name = getattr(error, "sqlite_errorname", "")
+    return name.startswith("SQLITE_NOTADB") or (not name and "not a database" in str(error))
+
 
 class SQLite(Database):
     _TOKENS = {"{id}": "INTEGER PRIMARY KEY",
@@ -100,7 +106,7 @@ class SQLite(Database):
         return None
 
     def _failed(self, error: BaseException, writing: bool) -> BaseException:
-        if isinstance(error, sqlite3.DatabaseError) and is_damage(error):
+        if isinstance(error, sqlite3.DatabaseError) and (is_damage(error) or _overwritten(error)):
             return damaged(self.path, error)
         if writing and isinstance(error, sqlite3.OperationalError):
             return UserError(f"cannot write to search store {self.path} ({error}): every evaluation recorded "

@@ -7,7 +7,8 @@ the search's generations hold, in the order they first appear, at the highest ru
 search ranks it): params with their distributions (a list gene categorical, a range Optuna's int or
 float distribution; a conditional gene inactive in the genome is neither, as Optuna records a
 parameter a trial did not suggest), the value and state (COMPLETE; PRUNED below a pruned search's last rung; FAIL),
-the value at each rung it trained as intermediate values (step = the rung's epochs), and in the
+the value at each rung it trained as intermediate values (step = the rung's epochs; for an objective of yours,
+also its metric at each epoch of the curve it reported: step = the epoch), and in the
 user attributes its seed, where it came from (trained by this search, or served by the cache), its
 re-measures (`val_accuracies`, or your objective's `values`, and `seeds`: the evaluation's first), its
 test accuracy when the search tested it, every metric your objective returned (`metrics`), and why it
@@ -233,7 +234,8 @@ def search_trials(optuna: Any, store: Store, search: SearchRow) -> list[Any]:
         state = (optuna.trial.TrialState.FAIL if m["status"] != "ok" else
                  optuna.trial.TrialState.PRUNED if rung < len(ladder) - 1 else optuna.trial.TrialState.COMPLETE)
         attrs = {"genome_hash": h, "seed": m["seed"], "source": m["source"], "generation": m["generation"] + 1,
-                 "epochs": m["epochs"], "rung": rung, "seconds": m["seconds"], "val_loss": m["val_loss"],
+                 "epochs": m["epochs"], "rung": rung, "seconds": m["seconds"],
+                 **({} if stored.own else {"val_loss": m["val_loss"]}),  # towerlab's training's loss, none of yours
                  "values" if stored.own else "val_accuracies": [stored.value(m["fitness"]),
                                                                  *[stored.value(r.fitness) for r in remeasures]],
                  "seeds": [m["seed"], *[r.seed for r in remeasures]]}
@@ -249,10 +251,18 @@ def search_trials(optuna: Any, store: Store, search: SearchRow) -> list[Any]:
             datetime_start=finished - timedelta(seconds=m["seconds"]), datetime_complete=finished,
             params=dict(m["genome"]), distributions=own_distributions(distributions, m["genome"]),  # an inactive gene: none
             user_attrs=attrs, system_attrs={},
-            intermediate_values={ladder[r]: stored.value(e.fitness) for r, e in enumerate(rows)
-                                 if e is not None and e.status == "ok" and e.fitness is not None
-                                 and math.isfinite(e.fitness)}))
+            intermediate_values={**{ladder[r]: stored.value(e.fitness) for r, e in enumerate(rows)
+                                    if e is not None and e.status == "ok" and e.fitness is not None
+                                    and math.isfinite(e.fitness)}, **_curve(row, stored.metric)}))
     return trials
+
+
+def _curve(row: Optional[Evaluation], metric: str) -> dict[int, float]:
+    """The searched metric at each epoch of the curve an objective of yours reported (`report()`, a command's
+    {"epoch": ...} lines): a trial's intermediate values, as Optuna's own `trial.report` makes them."""
+    points = (row.curve or []) if row is not None else []
+    return {int(p["epoch"]): float(p[metric]) for p in points if isinstance(p, dict) and isinstance(p.get("epoch"), int)
+            and isinstance(p.get(metric), (int, float)) and math.isfinite(p[metric])}
 
 
 def _remeasures(store: Store, h: str, train_config_hash: str, search_id: int, remeasure: int) -> list[Evaluation]:

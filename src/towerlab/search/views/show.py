@@ -10,11 +10,11 @@ import csv
 import io
 import json
 import os
-import statistics
 from typing import Callable, Optional, TypeVar
 
-from towerlab.report import printable
+from towerlab.report import duration, printable
 from towerlab.search.store.location import store_path
+from towerlab.search.history import spread as sd
 from towerlab.search.search import Search
 from towerlab.search.samplers.auto import described
 from towerlab.search.store import SearchRow, Store
@@ -66,7 +66,7 @@ def evaluation_records(store_or_path: Store | str | os.PathLike) -> list[dict]:
             value = search.value(e.fitness) if e.status == "ok" else None
             rows.append({"id": e.id, "search": e.search_id, "sampler": search.cfg.sampler,
                          "metric": search.metric, "direction": search.cfg.direction or "maximize", "value": value,
-                         "metrics": e.metrics,
+                         "metrics": e.metrics, "curve": e.curve, "objective": _kind(search),
                          "generation": e.generation + 1, "index": e.index,  # from 1, as the console counts
                          "rung": search.ladder.rung_of(e.max_epochs),
                          "max_epochs": e.max_epochs, "replicate": e.replicate, "seed": e.seed, "status": e.status,
@@ -82,21 +82,31 @@ def evaluation_records(store_or_path: Store | str | os.PathLike) -> list[dict]:
     return _open(store_or_path, records)
 
 
+# What only towerlab's own training gives: no column of a CSV whose every record is of an objective of yours.
+TRAINING_FIELDS = ("val_accuracy", "val_loss", "test_accuracy", "precision")
+
+
 def records_csv(records: list[dict]) -> str:
-    """The records as CSV: RECORD_FIELDS, then one metric_<name> column per metric an objective of yours
-    returned in any row (its values as returned), then one gene_<name> column per gene of any genome."""
+    """The records as CSV: RECORD_FIELDS (less TRAINING_FIELDS where every record is of an objective of yours),
+    then one metric_<name> column per metric an objective of yours returned in any row (its values as returned),
+    the curve it reported (`curve`, JSON: [{"epoch": N, metric: value, ...}, ...]) where any row has one, then
+    one gene_<name> column per gene of any genome."""
     genes: dict[str, None] = {}
     metrics: dict[str, None] = {}
     for r in records:
         genes.update(dict.fromkeys(r["genome"]))
         metrics.update(dict.fromkeys(r["metrics"] or {}))
+    own = bool(records) and all(r.get("objective", "training") != "training" for r in records)
+    fields = [k for k in RECORD_FIELDS if not (own and k in TRAINING_FIELDS)]
+    curves = ["curve"] if any(r.get("curve") for r in records) else []
     text = io.StringIO()
     writer = csv.writer(text, lineterminator="\n")
-    writer.writerow([*RECORD_FIELDS, *(f"metric_{m}" for m in metrics), *(f"gene_{g}" for g in genes)])
+    writer.writerow([*fields, *(f"metric_{m}" for m in metrics), *curves, *(f"gene_{g}" for g in genes)])
     for r in records:
         given = r["metrics"] or {}
-        writer.writerow([("" if r[k] is None else r[k]) for k in RECORD_FIELDS]
+        writer.writerow([("" if r[k] is None else r[k]) for k in fields]
                         + [("" if given.get(m) is None else given[m]) for m in metrics]
+                        + [json.dumps(r.get("curve") or []) for _ in curves]
                         + [r["genome"].get(g, "") for g in genes])
     return text.getvalue()
 
@@ -128,7 +138,8 @@ def _format_workers(store: Store) -> list[str]:
     for w in here:
         if w["search_id"] is not None:
             doing = (f"{'testing' if w['kind'] == 'test' else 'training'} search {w['search_id']}, generation "
-                     f"{w['generation'] + 1}" + (f", member {w['idx']}" if w["idx"] >= 0 else ", a re-measure"))
+                     f"{w['generation'] + 1}" + (f", member {w['idx']}" if w["idx"] >= 0 else ", a re-measure")
+                     + (f", for {duration(w['held'])}" if w.get("held") is not None else ""))
         else:  # its last task may be another worker's now: its lease lapsed (a worker killed, say)
             doing = "idle" if w["task"] is None else "holds no task (its last went to another worker)"
         silent = f", silent for {w['age']:.0f} s" if w["age"] > SILENT else ""
@@ -140,8 +151,11 @@ def workers_now(store: Store, search: Search) -> str:
     """How many of the store's workers are busy and idle now, and why the idle ones wait: what the search's
     leader is doing (`TaskQueue.tell_activity`), or, in a search of generations, the generation's end."""
     busy, idle, waiting = store.queue.pace(search.stored_id, SILENT)
+    held = max((w["held"] for w in store.queue.workers() if w["left_at"] is None and w.get("held") is not None
+                and w["search_id"] == search.stored_id), default=None)
+    busy_text = f"{busy} busy" + (f" (the longest for {duration(held)})" if held is not None else "")
     if not idle:
-        return f"{busy} busy, none idle"
+        return f"{busy_text}, none idle"
     row = store.records.search(search.stored_id)
     doing = str(((row.activity if row else None) or {}).get("doing", ""))
     if row is None or row.finished:
@@ -161,7 +175,12 @@ def workers_now(store: Store, search: Search) -> str:
         why = f"a proposal is being made ({doing})"
     else:
         why = "the next proposal is being made"
-    return f"{busy} busy, {idle} idle: {why}"
+    return f"{busy_text}, {idle} idle: {why}"
+
+
+def _kind(search: Search) -> str:
+    """What trained a search's rows: towerlab's "training", or your "function" or "command"."""
+    return "command" if search.cfg.trial_command is not None else "function" if search.cfg.objective else "training"
 
 
 def _acc(x: Optional[float]) -> str:
@@ -244,8 +263,7 @@ def _format_one(store: Store, row: SearchRow) -> str:
         width = 10 if search.own else 8
         lines.append(f"  {'rank':>4} {metric:>{width}} {'+-':>7} {'seeds':>5}{tested}  genome")
         for rank, (genome, fitness, fitnesses, test) in enumerate(top, 1):
-            spread = "-" if len(fitnesses) < 2 else f"{statistics.stdev(fitnesses):.4g}" if search.own else \
-                f"{statistics.stdev(fitnesses):.4f}"
+            spread = "-" if len(fitnesses) < 2 else f"{sd(fitnesses):.4g}" if search.own else f"{sd(fitnesses):.4f}"
             text = printable(" ".join(f"{k}={v}" for k, v in genome.items()))
             lines.append(f"  {rank:>4} {search.reads(fitness):>{width}} {spread:>7} {len(fitnesses):>5}"
                          f"{'' if search.own else f' {_acc(test):>8}'}  {text}")

@@ -1,0 +1,76 @@
+"""A function trial's timeout, enforced by its worker's process (a command's program is ended by
+`towerlab.objective.process`).
+
+At the deadline, `TrialTimedOut` is raised in the thread that runs the trial: by SIGALRM in the main
+thread (a worker runs its trials there), which interrupts Python code and a blocking call (a sleep, a
+read, a wait) alike; from another thread, as an asynchronous exception, which Python code meets at its
+next line. A BaseException, so that an `except Exception` of the trial's does not swallow it. A trial
+still running GRACE seconds after that (stuck in native code that never returns to Python, or catching
+every exception) ends its worker's process, saying so on stderr: its task goes back on the queue, and
+a task that loses its workers that way three times fails (`towerlab.search.work.worker.MAX_ATTEMPTS`).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import sys
+import threading
+from typing import Any, Optional
+
+from towerlab.distributed.crew import say_last
+
+GRACE = 30.0  # seconds a timed-out trial has to leave before its worker's process is ended
+EXIT_STUCK = 1  # the status of a worker ended that way (its launcher replaces it, its task back on the queue)
+_exit = os._exit  # the real one: a trial's os._exit is replaced while it runs (`objective.function`)
+
+
+class TrialTimedOut(BaseException):
+    """Raised in a trial that ran past its timeout."""
+
+
+class Deadline:
+    """`with Deadline(timeout):` runs its body under `timeout` seconds (None: none), as the module says."""
+
+    def __init__(self, timeout: Optional[float], grace: Optional[float] = None) -> None:
+        self.timeout, self.grace = timeout, GRACE if grace is None else grace
+        self._done = threading.Event()
+        self._previous: Any = None
+        self._alarm = False
+
+    def __enter__(self) -> Deadline:
+        if self.timeout is None:
+            return self
+        thread = threading.current_thread()
+        self._alarm = thread is threading.main_thread()
+        if self._alarm:
+            self._previous = signal.signal(signal.SIGALRM, _raise)
+            signal.setitimer(signal.ITIMER_REAL, self.timeout)
+        threading.Thread(target=self._watch, args=(thread.ident,), name="towerlab-trial-deadline", daemon=True).start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._done.set()
+        if self._alarm:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, self._previous)
+
+    def _watch(self, ident: Optional[int]) -> None:
+        assert self.timeout is not None
+        if self._done.wait(self.timeout):
+            return
+        if not self._alarm and ident is not None:
+            ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident), ctypes.py_object(TrialTimedOut))
+        if self._done.wait(self.grace):
+            return
+        why = (f"a trial ran past its timeout ({self.timeout:g} s) and did not stop within {self.grace:g} s (stuck in "
+               "native code, or catching every exception)")
+        say_last(why)
+        print(f"towerlab: error: {why}: ending its worker (pid {os.getpid()}); its task goes back on the queue",
+              file=sys.stderr, flush=True)
+        _exit(EXIT_STUCK)
+
+
+def _raise(_signum: int, _frame: Any) -> None:
+    raise TrialTimedOut

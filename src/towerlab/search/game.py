@@ -146,7 +146,8 @@ def asynchronously(cfg: SearchConfig, sampler: Sampler, rounds: Rounds, train: T
             pace = pacing.pace() if pacing else Pace(0 if flight.new else 1)
             # One at a time, the workers' pace looked at again before each (a worker that frees up meanwhile
             # gets a quick one), but the start-up's random candidates all at once.
-            wanted = min(max(pace.wanted, sampler.startup - number), max(1, sampler.startup - number))
+            wanted = min(max(pace.wanted, sampler.startup - number), max(1, sampler.startup - number)) if pacing \
+                else pace.wanted
             quickly = pace.idle > pace.waiting and number >= sampler.startup  # a worker has nothing to take now
             while proposed < wanted and not exhausted and _limit(cfg, rounds, told, flight, number, missing) is None:
                 in_flight = flight.in_flight()

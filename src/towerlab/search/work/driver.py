@@ -93,15 +93,17 @@ class QueueTrainer:
 
     def _spare(self, workers: int) -> int:
         """The candidates to keep ready beyond the idle workers: as many as finish their training while the
-        next proposal is made and noticed (at least one), or none where waiting for it costs a worker less
-        than SPARE_SHARE of a training. One until both lengths are known."""
+        next proposal is made and noticed (their expected count and its spread, as for a Poisson count: at
+        least one), or none where waiting for it costs a worker less than SPARE_SHARE of a training. One
+        until both lengths are known."""
         if self._proposal is None or not self._trainings:
             return 1
-        training = sum(self._trainings) / len(self._trainings)
+        training = max(sum(self._trainings) / len(self._trainings), 1e-3)
         lag = self._proposal + PACE_POLL
         if lag < SPARE_SHARE * training:
             return 0
-        return max(1, math.ceil(workers * lag / max(training, 1e-3)))
+        finishing = workers * lag / training
+        return max(1, math.ceil(finishing + math.sqrt(finishing)))
 
     def wait(self) -> None:
         self._poll.wait()

@@ -6,8 +6,10 @@ status, fitness and loss as stored) and summary that the fixture holds. A change
 that is meant to change no result (a refactoring) keeps this test passing unchanged.
 
 The fixture was written by this file run as a script (`python tests/test_search_pinned.py`), before the
-search package was reorganised (issue 58). TPE's proposals are Optuna's: its case runs under the Optuna
-version the fixture was written with, and says so where another is installed."""
+search package was reorganised (issue 58); its TPE case again when TPE's proposals became a function of
+each generation's inputs (issue 72: a study built afresh for each, seeded from the generation's number),
+under Optuna 5.1.0. TPE's proposals are Optuna's: its case runs under the Optuna version the fixture was
+written with (CI installs it: constraints.txt), and says so where another is installed."""
 
 from __future__ import annotations
 

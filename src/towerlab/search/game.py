@@ -128,7 +128,7 @@ def asynchronously(cfg: SearchConfig, sampler: Sampler, rounds: Rounds, train: T
     while (recorded := rounds.recorded(number)) is not None:
         flight.new[number] = rounds.begin(number, recorded)
         number += 1
-    exhausted = prepared = slow = False
+    exhausted = slow = False
     while True:
         ready, missing = rounds.waiting(sorted(flight.new)) if pacing else (set(flight.new), 0)
         for g in sorted(ready):
@@ -173,9 +173,6 @@ def asynchronously(cfg: SearchConfig, sampler: Sampler, rounds: Rounds, train: T
                     slow = seconds >= SLOW_PROPOSAL
             if pacing is not None:
                 pacing.doing("searching")
-                if not prepared and sampler.startup and number >= sampler.startup:
-                    sampler.prepare()  # while the start-up's candidates train
-                    prepared = True
         elif pacing is not None:
             pacing.doing(f"ending: the budget is spent, {len(flight.new)} training(s) still running")
         if pacing is not None and not ready and not proposed:

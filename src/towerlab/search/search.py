@@ -197,6 +197,12 @@ class Search:
         """A sampler in its initial state, for one play of the search (samplers keep what they were told)."""
         return self.sampler_type(self.cfg, self.space, len(self.pruner.rungs))
 
+    def prepare(self) -> None:
+        """Import and set up what its sampler proposes with (`Sampler.prepare`), in this thread: a worker does it
+        before its driver thread starts, since two threads importing at once can meet a module half-initialised
+        (SciPy's scipy.stats, met by a driver's first proposal while the worker's objective imported it)."""
+        self.new_sampler().prepare()
+
     # -- in a store ------------------------------------------------------------------------------------
 
     def create(self, store: Store, train_config_hash: str, setup: Optional[dict] = None,

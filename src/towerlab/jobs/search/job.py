@@ -240,6 +240,7 @@ class SearchJob(Job):
         watch = Watch(store, search, self.out, reporter, self.workers, resumed=self.run.resume is not None,
                       tensorboard=self.run.tensorboard)
         handed = (None, None) if data is None else handover(data, self.start_method)
+        search.prepare()  # once here: forked workers inherit what their drivers propose with
         crew = SearchCrew(spec, self.workers, store, handed=(*handed, self.function),
                           start_method=self.start_method, log=reporter.line)
         try:

@@ -31,6 +31,7 @@ from towerlab.jobs.search.training import Training
 from towerlab.jobs.search.trials import Own, Trials
 from towerlab.jobs.search.worker_times import WorkerTimes
 from towerlab.report import printable
+from towerlab.search import Search
 from towerlab.search.store.integrity import records_of
 from towerlab.search.store.schema import NoStore
 from towerlab.search.store import Store
@@ -231,6 +232,10 @@ def start_workers(target: str, run: RunConfig, *, per_device: int = 1, search_id
                           search_ids=None if search_id is None else (search_id,), wait=wait, speaks=True, tells=True,
                           model_files=model_files, own=own, trials=trials)
 
+        for row in store.records.unfinished_searches():  # once here: forked workers inherit it (`Search.prepare`)
+            if search_id in (None, row.id):
+                with contextlib.suppress(UserError, KeyError):  # a worker that cannot propose for it says why
+                    Search.of_row(row, where).prepare()
         crew = SearchCrew(spec, slots, store, start_method=start_method or start_method_for(kind), log=_say)
         try:
             crew.run()

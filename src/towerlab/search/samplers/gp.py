@@ -47,7 +47,7 @@ from towerlab.errors import UserError
 from towerlab.search.candidates import sampler_rng
 from towerlab.search.history import Generation
 from towerlab.search.samplers import InFlight, Sampler, Shape, budget_left, generation_number
-from towerlab.search.samplers.tpe import asked_anew, distribution, optuna_module, study_of
+from towerlab.search.samplers.tpe import asked_anew, distribution, optuna_module, prepared, study_of
 from towerlab.search.space import Range, Space
 
 DIGITS = 8
@@ -129,15 +129,12 @@ class GPSampler(Sampler):
         return self.propose(history, in_flight, quickly=True)
 
     def prepare(self) -> None:
-        """A throwaway proposal on three made-up outcomes: GPSampler's first ask imports and sets up what
-        its fit runs on (seconds), the next ones do not."""
-        optuna, distributions = self._optuna, {"x": self._optuna.distributions.FloatDistribution(0.0, 1.0)}
-        study = optuna.create_study(direction="maximize", sampler=optuna.samplers.GPSampler(seed=0, n_startup_trials=1))
-        study.add_trials([optuna.trial.create_trial(params={"x": x}, distributions=distributions, value=x)
-                          for x in (0.1, 0.5, 0.9)])
+        """GPSampler's first ask imports and sets up what its fit runs on (seconds); TPE's, its quick proposals'."""
+        optuna = self._optuna
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            study.ask(distributions)
+            prepared(optuna, optuna.samplers.GPSampler(seed=0, n_startup_trials=1))
+            prepared(optuna, optuna.samplers.TPESampler(seed=0, n_startup_trials=1, constant_liar=True))
 
     def _engine(self, number: int, complete: int, quickly: bool = False) -> Any:
         """What proposes generation `number` with `complete` outcomes in hand: the Gaussian process (or, in its

@@ -265,6 +265,7 @@ class Worker:
                 self._unsaid.append(search_id)
                 continue
             self.searches[search_id] = search
+            search.prepare()  # before its driver thread may import the same
             driver = Driver(self.store, search_id, self.priority, self._wake, self.log if self.speaks else None,
                             self.name, self.lease)
             self.drivers[search_id] = driver

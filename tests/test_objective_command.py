@@ -205,13 +205,13 @@ def test_the_proof_of_a_command_is_its_text_and_the_files_it_names(tmp_path, mon
     (tmp_path / "run.yaml").write_text("lr: 1\n")
     command = "python train.py --config=run.yaml --lr {lr} --out {folder}/x missing.txt"
     proof = CommandObjective(command, ["lr"]).proof()
-    assert sorted(proof.parts) == ["command", "run.yaml", "train.py"]
+    assert sorted(proof.parts) == ["./run.yaml", "./train.py", "the command"]
     (tmp_path / "run.yaml").write_text("lr: 2\n")
     changed = CommandObjective(command, ["lr"]).proof()
-    assert changed.difference(proof.parts).startswith("run.yaml differs (")
+    assert changed.difference(proof.parts).startswith("./run.yaml differs (")
     assert changed.digest != proof.digest
     other = CommandObjective(command.replace("--lr", "--rate"), ["lr"]).proof()
-    assert other.difference(changed.parts).startswith("command differs (")
+    assert other.difference(changed.parts).startswith("the command differs (")
 
 
 def test_the_result_lines(tmp_path):

@@ -140,7 +140,8 @@ def test_an_objective_searches_30_trainings_whose_rows_carry_its_metric(referenc
     best = json.loads((out / "best.json").read_text())
     assert (best["value"], best["metric"], best["direction"]) == (summary["best_value"], "loss", "minimize")
     # each trial ran in a folder of its own, kept under the search's folder
-    trials = list((out / "trials" / "search-1").iterdir())
+    (search_trials,) = (out / "trials").glob("search-1-*")  # search-ID-TOKEN: unique to its store and search
+    trials = list(search_trials.iterdir())
     assert len(trials) == 30 and all((trial / ("stdout.txt" if kind == "command" else "seed.txt")).is_file()
                                      for trial in trials)
 
@@ -182,7 +183,8 @@ def test_a_worker_on_a_second_machine_joins_and_writes_the_rows_of_one_process(r
     with contextlib.closing(sqlite3.connect(store)) as db:
         workers = {name.split(":")[1] for (name,) in db.execute("SELECT worker FROM evaluations")}
     assert str(worker.pid) not in workers and len(workers) == 2  # both trained (its crew's process, not itself)
-    joined = list((two / "trials" / "search-1").iterdir())  # the worker's trials ran in its own folder
+    (search_trials,) = (two / "trials").glob("search-1-*")  # the worker's trials ran in its own folder
+    joined = list(search_trials.iterdir())
     assert 0 < len(joined) < 30
     assert "nothing left to do" in (tmp_path / "worker.log").read_text()
 
@@ -265,7 +267,7 @@ def test_a_worker_is_refused_what_is_not_the_search_s_objective(reference, tmp_p
                   (Own(kind, str(other / "evil.py:train")), "its objective's code differs here: evil only here")]
     else:
         (other / "train.py").write_text(TRAIN.replace("0.3", "0.4"))
-        cases.append((Own(kind, spec), "its objective's code differs here: train.py differs"))
+        cases.append((Own(kind, spec), "its objective's code differs here: ./train.py differs"))
     with Store(folder / "a" / "search.db", create=False) as store:
         found = Search.open(store, 1)
         monkeypatch.chdir(other)

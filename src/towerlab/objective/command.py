@@ -36,7 +36,6 @@ otherwise the worker's.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shlex
@@ -50,8 +49,9 @@ from towerlab.distributed.signals import signal_name
 from towerlab.errors import UserError, did_you_mean
 from towerlab.objective.result import MAX_CURVE, Goal, Result, curve_point, number
 from towerlab.objective.trial import EXTRAS, Trial
+from towerlab.objective.files import command_proof, unproven
 from towerlab.objective.process import start
-from towerlab.proof import Proof, file_digest
+from towerlab.proof import Proof
 
 GIVEN = (*EXTRAS, "genes")
 TAIL_LINES = 5  # of stderr, in a failed trial's reason
@@ -153,30 +153,31 @@ def _cuda_visible(device: str, ours: Optional[str]) -> str:
 
 
 class CommandObjective:
-    """A command run per trial (see the module's docstring); `timeout`, in seconds, per trial (None: none)."""
+    """A command run per trial (see the module's docstring); `timeout`, in seconds, per trial (None: none);
+    `values`, the values of each gene that they can be listed (a space's lists, its ranges of few values)."""
 
     kind = "command"
 
     def __init__(self, command: str, genes: Sequence[str], goal: Goal = Goal(), timeout: Optional[float] = None,
-                 conditional: Sequence[str] = ()):
+                 conditional: Sequence[str] = (), values: Optional[Mapping[str, Sequence[Any]]] = None):
         if timeout is not None and not (number(timeout) or 0) > 0:
             raise UserError(f"--timeout {timeout!r}: give a number of seconds above 0")
         self.spec, self.goal, self.timeout = command, goal, timeout
         self.arguments = parse(command, list(genes), conditional)
         self.conditional = frozenset(conditional)
+        self.values = dict(values or {})
+        self._proved: Optional[Proof] = None
 
     def proof(self) -> Proof:
-        """The command's text, and each file that an argument names as it is written (train.py,
-        --config=run.yaml), relative to this process's folder, hashed now."""
-        parts = {"command": f"sha256:{hashlib.sha256(self.spec.encode()).hexdigest()}"}
-        for pieces in self.arguments:
-            if any(name is not None for _, name in pieces):
-                continue
-            word = "".join(text for text, _ in pieces)
-            for named in {word, word.partition("=")[2]} - {""}:
-                if os.path.isfile(named):
-                    parts[named] = file_digest(named)
-        return Proof(parts)
+        """What its trials run (`towerlab.objective.files.command_proof`: its text, the files its arguments may
+        name, the modules its Python code imports), taken once, when first asked (a worker joining a search)."""
+        if self._proved is None:
+            self._proved = command_proof(self.spec, self.arguments, self.values, _text)
+        return self._proved
+
+    def unproven(self, trial: Trial) -> Optional[str]:
+        """None where what `trial` runs, as it is now, is what `proof()` holds; else what differs, in words."""
+        return unproven(self.proof(), self.argv(trial), trial.folder)
 
     def argv(self, trial: Trial) -> list[str]:
         values = {**{name: _text(value) for name, value in trial.genes.items()},

@@ -20,8 +20,10 @@ from __future__ import annotations
 import contextlib
 import inspect
 import os
+import random
 import threading
 import time
+from pathlib import Path
 from typing import Any, Callable, Iterator, Optional, Sequence, Union
 
 from towerlab.distributed.signals import Interrupted
@@ -30,7 +32,7 @@ from towerlab.models.custom import file_proof, function_file, load_function, use
 from towerlab.objective.deadline import Deadline, TrialTimedOut
 from towerlab.objective.result import Goal, Result, extend_curve, number
 from towerlab.objective.trial import EXTRAS, Trial
-from towerlab.proof import Proof, code_proof
+from towerlab.proof import Proof, changes, code_proof, install, loads, ran
 
 # What a function may take by name besides its genes.
 GIVEN = (*EXTRAS, "report")
@@ -38,7 +40,9 @@ GIVEN = (*EXTRAS, "report")
 
 class FunctionObjective:
     """`function(**genes, [seed=, epochs=, device=, folder=, report=])` (see the module's docstring);
-    `function` is FILE.py:FUNCTION, loaded here, or the function itself."""
+    `function` is FILE.py:FUNCTION, loaded here, or the function itself. Each trial starts with the global
+    random generators seeded from its seed (`seed_globals`): a function that draws from them without taking
+    `seed` gives the same values whoever runs the trial, and after whichever trials."""
 
     kind = "function"
 
@@ -57,11 +61,41 @@ class FunctionObjective:
         self.goal = goal
         self.given = _check(self.function, list(genes), where, conditional)
 
+    _proved: Optional[Proof] = None  # its proof, taken once (`proof`)
+    _mark = 0  # how many modules towerlab.proof's loader had compiled when it was taken
+    _seen = -1  # `towerlab.proof.changes()` when its trials were last found to run what it proves
+
     def proof(self) -> Proof:
-        """The function's file and the modules of yours it imports, as they run (`towerlab.proof`)."""
-        return file_proof(self.spec) if self._loaded else code_proof(getattr(self.function, "__module__", "__main__"))
+        """The function's file and the modules of yours it imports, as they run, or will once its import
+        statements run (`towerlab.proof`): taken once, when first asked (a worker joining a search). From
+        then on the modules of yours it imports are loaded through towerlab.proof, which sees them run."""
+        if self._proved is None:
+            install()
+            self._mark = loads()
+            self._proved = file_proof(self.spec) if self._loaded else code_proof(self._module)
+        return self._proved
+
+    def unproven(self, trial: Trial) -> Optional[str]:
+        """None where what its trials have run is what `proof()` holds; else what differs, in words: a module
+        of yours imported since with other bytes (edited after the proof was taken), or one the proof lacks
+        (imported by a name computed as it ran)."""
+        proved, seen = self.proof(), changes()
+        if seen == self._seen:
+            return None  # nothing was compiled or imported since the last look
+        problem = proved.covers(ran(self._module, self._mark).parts)
+        if problem is None:
+            self._seen = seen
+        elif "not in it" in problem:
+            problem += " (a module imported by a name computed as it runs: import it by an import statement)"
+        return problem
+
+    @property
+    def _module(self) -> str:
+        return Path(self.spec.rpartition(":")[0]).stem if self._loaded else \
+            str(getattr(self.function, "__module__", "__main__"))
 
     def run(self, trial: Trial) -> Result:
+        seed_globals(trial.seed)
         if "folder" in self.given:  # made for a function that takes it (a search of 100,000 trials makes no more)
             try:
                 trial.folder.mkdir(parents=True, exist_ok=True)
@@ -152,6 +186,17 @@ def _text(exc: BaseException) -> str:
         return " ".join(str(exc).split())[:300]
     except Exception:  # noqa: BLE001 - an exception of yours whose __str__ raises
         return "(its message cannot be read)"
+
+
+def seed_globals(seed: int) -> None:
+    """Seed the global random generators a function may draw from without being given its seed: Python's
+    `random`, numpy's (its legacy global one: np.random.rand) and torch's (every device's), from `seed`."""
+    import numpy as np
+    import torch
+
+    random.seed(seed)
+    np.random.seed([seed & 0xFFFFFFFF, seed >> 32])  # all 63 bits: numpy takes 32 at a time
+    torch.manual_seed(seed)
 
 
 def _check(function: Callable[..., Any], genes: list[str], where: str, conditional: Sequence[str] = ()) \

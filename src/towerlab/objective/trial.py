@@ -42,7 +42,9 @@ class Objective(Protocol):
     an exception (an exception is a mistake every trial would make, or a stop: KeyboardInterrupt,
     towerlab's Interrupted). `kind` ("training", "function", "command") and `spec` (FILE.py:FUNCTION, the
     command's text) say what it is, `goal` what its results are ranked by, `proof()` what runs (for a
-    worker to compare with a search's before it joins)."""
+    worker to compare with a search's before it joins: taken once, when first asked), and
+    `unproven(trial)` whether what a trial runs, or ran, is still what that proof holds (None), or what
+    differs, in words (its worker records no result of it)."""
 
     kind: str
     spec: str
@@ -51,6 +53,8 @@ class Objective(Protocol):
     def run(self, trial: Trial) -> Result: ...
 
     def proof(self) -> Proof: ...
+
+    def unproven(self, trial: Trial) -> Optional[str]: ...
 
 
 def setup(objective: Objective) -> dict[str, Any]:

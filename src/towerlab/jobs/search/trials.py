@@ -9,12 +9,18 @@ FILE.py:FUNCTION` or `--command '...'`, `search worker --objective ... / --comma
 store (docs/distributed-search.md: the trust boundary). A worker joining a search compares its objective
 with the search's before it runs anything (`identity.admit`, the item "objective": its kind, metric,
 direction and proof, `towerlab.proof`): a function's file by its bytes before it is imported, then the
-modules of yours it imports once it is; a command's text and the files it names (relative to the worker's
-folder). A worker that names no --metric or --direction takes the search's (data, not code).
+modules of yours it imports once it is; a command's text, the files it names (relative to the worker's
+folder) and the modules a Python program of it imports. A worker that names no --metric or --direction
+takes the search's (data, not code). And a trial's result is recorded only if what it ran is still what
+the worker proved when it joined (`Objective.unproven`, asked before the trial runs and again once it
+has): otherwise the worker stops, in one line saying what changed, and the task goes back on the queue.
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,12 +41,15 @@ from towerlab.jobs.search.worker_times import WorkerTimes
 from towerlab.objective import (DEFAULT_METRIC, CommandObjective, FunctionObjective, Goal, Objective, Trial,
                                 setup)
 from towerlab.proof import file_digest
-from towerlab.search import Candidate, Outcome, Search
+from towerlab.report import printable
+from towerlab.search import Candidate, Outcome, Search, Store
+from towerlab.search.ranges import Range
 from towerlab.search.work.objective import Assignment
 
 # The SearchConfig settings that only towerlab's own training reads: set away from their defaults in a
 # search of your own objective, they are refused (they would do nothing).
 TRAINING_ONLY = ("dataset", "val_size", "image_size", "test_size", "patience", "batch_size", "export_best")
+LISTED = 10_000  # the most values of a range gene a command's proof lists (the files a gene may name)
 
 
 @dataclass(frozen=True)
@@ -107,12 +116,21 @@ def build(own: Own, search: Search, function: Optional[Callable[..., Any]] = Non
     genes, cfg, goal = list(search.space.genes), search.cfg, goal_of(search.cfg.metric, search.cfg.direction)
     conditional = list(search.space.when)  # left out of a trial where inactive
     if own.kind == "command":
-        return CommandObjective(own.spec, genes, goal, timeout=cfg.trial_timeout, conditional=conditional)
+        return CommandObjective(own.spec, genes, goal, timeout=cfg.trial_timeout, conditional=conditional,
+                                values=listed(search))
     if function is None and own.spec == FROM_PYTHON:
         raise UserError("its objective is a function given from Python, which only its own process has: give the "
                         "function again (objective=), or its file (--objective FILE.py:FUNCTION)")
     return FunctionObjective(function if function is not None else own.spec, genes, goal, conditional,
                              timeout=cfg.trial_timeout)
+
+
+def listed(search: Search) -> dict[str, tuple]:
+    """The values of each gene of `search`'s space that can be listed, as a trial gets them: a list's, an int
+    range's of at most LISTED (a float's are not: each sampler computes its own)."""
+    return {name: values if isinstance(values, tuple) else tuple(values.value_at(i) for i in range(int(values.count)))
+            for name, values in search.space.genes.items()
+            if not isinstance(values, Range) or (values.kind == "int" and values.count <= LISTED)}
 
 
 class OwnSide:
@@ -185,14 +203,18 @@ class _Setup:
 class Trials:
     """What runs the trials of each search of your own objective in this worker, made once per search (see
     the module's docstring): `objective(search)` for `search.work.worker.Worker`, and `priority(search)`.
-    Each trial has a folder of its own under `folder` (search-ID/GENOME-eEPOCHS-seedSEED: a trial tried again
-    after its worker was lost finds what it left there)."""
+    Each trial has a folder of its own under `folder` (made absolute here, before any trial can change the
+    process's folder): search-ID-TOKEN/GENOME-eEPOCHS-seedSEED, TOKEN the search's own in its `store`
+    (`trials_folder`: two stores' searches never share one), so that a trial tried again after its worker
+    was lost finds what it left there, and only that. Each trial leaves the worker in its own folder again."""
 
     def __init__(self, own: Own, device: torch.device, name: str, stop: StopFlag, folder: Path,
                  threads: Optional[int] = None, function: Optional[Callable[..., Any]] = None,
-                 times: Optional[WorkerTimes] = None) -> None:
-        self.own, self.device, self.name, self.stop, self.folder = own, device, name, stop, folder
-        self.threads, self.function, self.times = threads, function, times
+                 times: Optional[WorkerTimes] = None, store: Optional[Store] = None) -> None:
+        self.own, self.device, self.name, self.stop = own, device, name, stop
+        self.folder = Path(os.path.abspath(folder))
+        self.threads, self.function, self.times, self.store = threads, function, times, store
+        self.home = os.getcwd()
         self._setups: dict[int, _Setup] = {}
 
     def setup(self, search: Search) -> _Setup:
@@ -216,15 +238,23 @@ class Trials:
         setup = self.setup(search)
         numerics = {"device": device_name(self.device), "threads": setup.threads}
 
+        trials = self.trials_folder(search)
+
         def run(assignment: Assignment) -> Outcome:
             if setup.threads is not None and torch.get_num_threads() != setup.threads:
                 torch.set_num_threads(setup.threads)
             c = assignment.candidate
             epochs = c.max_epochs or search.cfg.max_epochs
-            folder = self.folder / f"search-{search.stored_id}" / f"{c.genome_hash[:12]}-e{epochs}-seed{c.seed}"
+            trial = Trial(dict(c.genome), c.seed, epochs, str(self.device),
+                          trials / f"{c.genome_hash[:12]}-e{epochs}-seed{c.seed}", stop=lambda: self.stop.signum)
+            _still_proven(setup.objective, trial, search, "the trial was not run")
             started = time.perf_counter()
-            result = setup.objective.run(Trial(dict(c.genome), c.seed, epochs, str(self.device), folder,
-                                               stop=lambda: self.stop.signum))
+            try:
+                result = setup.objective.run(trial)
+            finally:
+                with contextlib.suppress(OSError):  # a trial that changed the process's folder (os.chdir)
+                    os.chdir(self.home)
+            _still_proven(setup.objective, trial, search, "its result is dropped")
             if self.times is not None:
                 self.times.candidate(time.perf_counter() - started, None)
             return Outcome(result.status, fitness=result.fitness, epochs=epochs, seconds=result.seconds,
@@ -233,6 +263,25 @@ class Trials:
 
         return run
 
+    def trials_folder(self, search: Search) -> Path:
+        """Where `search`'s trials keep their folders here: search-ID-TOKEN under `folder`, TOKEN the first 12
+        characters of the search's token in its store (random, made with it), or, for a search recorded
+        without one, of the SHA-256 of its store's name and its id."""
+        row = None if self.store is None else self.store.records.search(search.stored_id)
+        token = row.token if row is not None and row.token else \
+            hashlib.sha256(f"{search.where}\0{search.stored_id}".encode()).hexdigest()
+        return self.folder / f"search-{search.stored_id}-{token[:12]}"
+
     def priority(self, search: Search) -> Callable[[Candidate], float]:
         """Longest first: a trial's budget of epochs is all that is known of its cost."""
         return lambda c: float(c.max_epochs or search.cfg.max_epochs)
+
+
+def _still_proven(objective: Objective, trial: Trial, search: Search, so: str) -> None:
+    """Nothing, where what `trial` runs (or ran) is what this worker's objective proved when it joined
+    `search`; else a UserError saying what changed, and `so`."""
+    problem = objective.unproven(trial)
+    if problem is not None:
+        raise UserError(f"search {search.stored_id}: what its trials run is no longer what this worker proved when "
+                        f"it joined ({printable(problem)}): {so}; put back the files the search was started with, or "
+                        "start a new search with these")

@@ -134,7 +134,7 @@ def run_worker(spec: WorkerSpec, device: torch.device, data: Optional[Dataset] =
 
         training: Training | Trials = (
             Training(spec, device, name, stop, data, fallback, function, times) if spec.own is None else
-            Trials(spec.own, device, name, stop, Path(spec.trials), spec.threads, function, times))
+            Trials(spec.own, device, name, stop, Path(spec.trials), spec.threads, function, times, store))
         options = WorkerOptions(search_ids=spec.search_ids, priority=training.priority, wait=spec.wait,
                                 speaks=speaks, tells=spec.tells, check_stop=check_stop,
                                 timed=None if times is None else times.timed)

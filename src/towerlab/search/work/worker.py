@@ -50,6 +50,7 @@ from towerlab.search.testing import test_from
 from towerlab.search.work.driver import Driver, Poll
 from towerlab.search.work.objective import Assignment, Objective
 from towerlab.search.search import Search
+from towerlab.search.space import Space, genome_hash
 from towerlab.search.store import Store, Task
 from towerlab.search.store.queue import MAX_LEASE
 
@@ -104,10 +105,16 @@ def release_the_dead(store: Store) -> int:
     return freed
 
 
-def unusable(task: Task) -> Optional[str]:
-    """Why the numbers of a task's row cannot be trained (an edited row: no positive budget, a seed
-    out of range), or None. Such a task fails, with that reason, as a network that cannot be built
-    does: the worker goes on."""
+def unusable(task: Task, space: Space) -> Optional[str]:
+    """Why a task's row cannot be trained (an edited row: a genome not of its search's `space`, or not the one
+    its hash names; no positive budget, a seed out of range), or None. Such a task fails, with that reason,
+    before anything of it runs (any kind of training), as a network that cannot be built: the worker goes on."""
+    outside = space.outside(task.candidate.genome)
+    if outside is None and genome_hash(task.candidate.genome) != task.candidate.genome_hash:
+        outside = "it is not the genome its hash names"
+    if outside is not None:
+        return (f"its task's row gives a genome that is not its search's ({printable(outside)}): the row was edited, "
+                "or written by another program")
     budget, seed = task.candidate.max_epochs, task.candidate.seed
     if budget is not None and (type(budget) is not int or budget < 1):
         return (f"its task's row gives max_epochs = {budget!r}, not a number of epochs of at least 1 (the row "
@@ -276,7 +283,7 @@ class Worker:
         if task.lost:
             self.log(f"towerlab: worker {self.shown}: training a task of search {task.search_id} again, "
                      f"attempt {task.attempts} ({printable(task.lost)})")
-        problem = unusable(task)
+        problem = unusable(task, search.space)
         if problem is not None:
             outcome = Outcome.failed(problem, worker=self.name)
         else:

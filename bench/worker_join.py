@@ -17,7 +17,6 @@ generations' `proposed.by`).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
 import sqlite3

@@ -273,9 +273,8 @@ class Worker:
                 continue
             self.searches[search_id] = search
             search.prepare()  # before its driver thread may import the same
-            driver = Driver(self.store, search_id, self.priority, self._wake, self.log if self.speaks else None,
-                            self.name, self.lease)
-            self.drivers[search_id] = driver
+            self.drivers[search_id] = driver = Driver(self.store, search_id, self.priority, self._wake,
+                                                      self.log if self.speaks else None, self.name, self.lease)
             driver.start()
 
     def _work(self, task: Task) -> None:

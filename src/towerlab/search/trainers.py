@@ -69,7 +69,8 @@ class Prefetching(Trainer, Protocol):
 class Pace:
     """How many more candidates a `Pacing` trainer could start now (`wanted`): its idle workers, and
     `spare` more kept ready so that a worker that frees up finds one at once, less the candidates already
-    `waiting` for a worker; and the workers `busy` and `idle` when it looked."""
+    `waiting` for a worker; the workers `busy` and `idle` when it looked; and whether the next proposal
+    should be made `quickly` (`Sampler.propose_quickly`), for a worker that has nothing to take now."""
 
     wanted: int
     busy: int = 0
@@ -77,6 +78,7 @@ class Pace:
     waiting: int = 0
     spare: int = 0
     by: str = ""  # who looked: the worker whose driver proposes
+    quickly: bool = False  # a worker waits now, and would wait long for the next proposal: make it quickly
 
 
 @runtime_checkable

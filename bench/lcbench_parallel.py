@@ -73,6 +73,10 @@ def _surrogate(task: str) -> problem.Surrogate:
     return _surrogates[task]
 
 
+if "LCB_TASK" in os.environ:  # imported as towerlab's objective: opened once, by the launcher, before its workers fork
+    _surrogate(os.environ["LCB_TASK"])
+
+
 def towerlab_run(task: str, seed: int, workers: int, scale: float, budget: int) -> dict:
     """One run of the default search through the command line: its rows in the order they finished."""
     import sqlite3

@@ -470,7 +470,7 @@ _LCBENCH_ISSUE = {"random": "0.281, 0.221, 0.189", "tpe": "0.197, 0.146, 0.124",
 
 
 def _lcbench(record: str, issue: bool) -> Table:
-    """A bench/lcbench.py record's arms: regret at 25/50/100%, runs, trainings, CPU and wall time (and, on the
+    """A bench/quality/lcbench.py record's arms: regret at 25/50/100%, runs, trainings, CPU and wall time (and, on the
     10 open tasks, the figures issue 64 gave)."""
     head = ("method", "regret at 25%", "at 50%", "at 100%", "runs", "trainings a run", "CPU s proposing, a run",
             "wall s a run")

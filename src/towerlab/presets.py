@@ -78,7 +78,7 @@ PRESETS: dict[str, Preset] = {p.name: p for p in (
             "training images with on-device crop+flip, one-cycle Adam peaking at 0.004, label smoothing "
             "0.1, bf16 autocast: 80.81% test accuracy (seed 0, 2 CPU processes, 585 training seconds); "
             "80.02% without label smoothing. Few, large steps, for a GPU; its GPU time is not measured "
-            "yet (python bench/run.py --suite gpu)."),
+            "yet (python bench/speed/run.py --suite gpu)."),
     ),
     Preset(
         name="cifar-94",
@@ -94,7 +94,7 @@ PRESETS: dict[str, Preset] = {p.name: p for p in (
         gpu_train={"batch_size": 2000},
         gpu_run={"devices": 1, "step": "compiled"},
         measured=(
-            "airbench94_muon.py's recipe in towerlab's units, not yet timed on a GPU (bench/gpu_session.sh "
+            "airbench94_muon.py's recipe in towerlab's units, not yet timed on a GPU (bench/gpu/session.sh "
             "runs it beside airbench94_muon.py); on 2 CPU processes, seed 0 reached 93.99% test accuracy "
             "(bench/results/cifar94-cpu-muon-seed0-2026-11-27.json; one seed, not a figure). Global batch 2000 (one GPU x 2000, or 2 CPU processes x "
             "1000: BatchNorm statistics and augmentation do not depend on the split), 8 epochs of all "

@@ -80,7 +80,7 @@ def uses_dropout(module: nn.Module) -> bool:
 def seed_dropout(device: torch.device, seed: int) -> None:
     """Seed the one generator dropout draws from on `device`. Not `torch.manual_seed`, which also
     seeds every CUDA device and, where CUDA is not initialised, records a stack trace to do so
-    later: about 95 us per call against 1 us on a CPU (bench/changes.py), paid every step. A CUDA
+    later: about 95 us per call against 1 us on a CPU (bench/speed/changes.py), paid every step. A CUDA
     graph's replay reads the generator's seed and offset when it starts, so seeding before a replay
     gives the replay's dropout the masks the same seed gives an eager step."""
     if device.type == "cuda":

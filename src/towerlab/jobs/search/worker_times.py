@@ -1,4 +1,4 @@
-"""Where a search worker's time goes, for the benchmarks (bench/suite_gpu.py's search figure): how many
+"""Where a search worker's time goes, for the benchmarks (bench/gpu/suite.py's search figure): how many
 evaluations a minute a device gives is decided as much by what a worker waits on between candidates as
 by the training itself.
 

@@ -11,7 +11,7 @@ Each seed is a fresh `towerlab train` process; its figures come from its own sum
 test accuracy (mean, std over seeds), validation accuracy beside it, training seconds (`train_seconds`:
 the optimizer steps and the whitening pass over 5,000 training images, the device synchronised at the
 edges; no evaluation), and, apart, the setup time (`setup_seconds` where towerlab reports it: compilation,
-graph capture) and the whole run's wall time. Writes bench/results/cifar94-<budget>-<date>.json.
+graph capture) and the whole run's wall time. Writes bench/results/gpu/cifar94-<budget>-<date>.json.
 
 With `--airbench FILE` (airbench94_muon.py from github.com/KellerJordan/cifar10-airbench, read and
 never committed), that script runs first in its own process on the same card, with one change: its
@@ -247,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="airbench94_muon.py: run it first on the same card and judge against it")
     parser.add_argument("--airbench-runs", type=int, default=5, help="its runs after its warm-up")
     parser.add_argument("--data-dir", default=measure.default_data_dir(), help="folder with cifar10.npz")
-    parser.add_argument("--out-dir", default=str(RESULTS), help="where the JSON goes")
+    parser.add_argument("--out-dir", default=str(RESULTS / "gpu"), help="where the JSON goes")
     args = parser.parse_args(argv)
     seeds = args.seeds or BUDGETS[args.budget]["seeds"]
 

@@ -55,7 +55,7 @@ def space_stacks(draws: int = 2000, members: int = 24, seed: int = 0) -> dict:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data-dir", default=measure.default_data_dir(), help="folder with mnist.npz")
-    parser.add_argument("--out-dir", default=str(RESULTS), help="where the JSON goes")
+    parser.add_argument("--out-dir", default=str(RESULTS / "gpu"), help="where the JSON goes")
     parser.add_argument("--dry-run", action="store_true", help="tiny synthetic data on a CPU: checks, no figure")
     args = parser.parse_args(argv)
 

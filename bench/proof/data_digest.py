@@ -18,7 +18,7 @@ them each time), which hash it is made with, and what a worker's start pays for 
     git archive da77368 src | tar -x -C /tmp/main        # the code before, for --before
     nice -n 10 python bench/proof/data_digest.py --before /tmp/main/src --note "..."   # ~15 min on 2 busy cores
 
-Writes results/data-digest-proof-<date>.json ({"figures": [{"id", "value", "unit", "detail"}]}).
+Writes results/proof/data-digest-proof-<date>.json ({"figures": [{"id", "value", "unit", "detail"}]}).
 """
 
 from __future__ import annotations
@@ -145,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--images", type=int, default=15_000, help="files of the generated image folder")
     parser.add_argument("--data-dir", default=measure.default_data_dir())
-    parser.add_argument("--out-dir", default=str(RESULTS))
+    parser.add_argument("--out-dir", default=str(RESULTS / "proof"))
     parser.add_argument("--note", default="")
     args = parser.parse_args(argv)
     sys.path.insert(0, str(REPO / "src"))
@@ -220,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
 def write_rounds(args: argparse.Namespace, script: str, name: str, figures: list[dict], argv: Optional[list[str]],
                  ) -> int:
     """The record of a script of sides measured in rounds (`args`: its --note, --rounds, --out-dir), as
-    results/`name`-<date>.json; its path printed."""
+    bench/results/proof/`name`-<date>.json (or --out-dir); its path printed."""
     record = {"date": measure.now(), "machine": machine.describe(), "note": args.note,
               "command": script_command(script, argv),
               "rounds": args.rounds, "figures": figures}

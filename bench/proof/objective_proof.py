@@ -11,7 +11,7 @@ class, as a model or training file has). The cases alternate within a round; the
 
     python bench/proof/objective_proof.py             # 30 rounds, 6 fresh interpreters a case (~1 min)
 
-Writes results/objective-proof-<date>.json.
+Writes results/proof/objective-proof-<date>.json.
 """
 
 from __future__ import annotations
@@ -167,7 +167,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--file-mb", type=int, default=256)
     parser.add_argument("--fresh", type=int, default=6, help="fresh interpreters per case importing torch and others")
-    parser.add_argument("--out", default=str(RESULTS))
+    parser.add_argument("--out", default=str(RESULTS / "proof"))
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp, machine.CpuWatch() as watch:
         loads, calls, hashing, lines = measure(args, Path(tmp))

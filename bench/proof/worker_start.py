@@ -18,7 +18,7 @@ package digested whole; a model file's proof; the data's digest computed from th
     git archive da77368 src | tar -x -C /tmp/old           # the code before, for --before
     nice -n 10 python bench/proof/worker_start.py --before /tmp/old/src --note "..."   # ~5 min on 2 busy cores
 
-Writes results/worker-start-<date>.json ({"figures": [{"id", "value", "unit", "detail"}]}).
+Writes results/proof/worker-start-<date>.json ({"figures": [{"id", "value", "unit", "detail"}]}).
 """
 
 from __future__ import annotations
@@ -152,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--before", help="an older towerlab's src folder, measured beside this checkout's")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--data-dir", default=measure.default_data_dir())
-    parser.add_argument("--out-dir", default=str(RESULTS))
+    parser.add_argument("--out-dir", default=str(RESULTS / "proof"))
     parser.add_argument("--note", default="")
     args = parser.parse_args(argv)
     if not (Path(args.data_dir) / "mnist.npz").is_file():

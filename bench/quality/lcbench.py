@@ -15,7 +15,7 @@ run of the record; reported after 25%, 50% and 100% of the budget, as the mean o
 
 Runs go two at a time (--jobs), each on one thread. Each run's trace is kept in
 bench/results/lcbench-runs/ (git-ignored) and reused unless --rerun names its arm; the record is made
-from the kept runs of the arms asked: bench/results/lcbench-<date>.json and lcbench-<date>.png.
+from the kept runs of the arms asked: bench/results/quality/lcbench-<date>.json and lcbench-<date>.png.
 """
 
 from __future__ import annotations
@@ -40,9 +40,9 @@ if __name__ == "__main__":  # run as a file (python bench/FAMILY/SCRIPT.py): ben
 from bench.quality import lcbench_arms
 from bench.quality import lcbench_problem as problem
 from bench.quality.lcbench_problem import BUDGET, FULL, TASKS
-from bench.common.record import script_command
+from bench.common.record import RESULTS, script_command
 
-RUNS = problem.BENCH / "results" / "lcbench-runs"
+RUNS = RESULTS / "lcbench-runs"
 POINTS = (0.25, 0.5, 1.0)
 SLOW = ("gp", "towerlab-serial", "towerlab-p2", "towerlab-before")  # a Gaussian process proposes
 _surrogates: dict[str, problem.Surrogate] = {}
@@ -248,10 +248,10 @@ def main(argv: list[str] | None = None) -> int:
               "tasks": args.tasks, "seeds": args.seeds, "budget_epochs": args.budget, "full_epochs": FULL,
               "points": list(POINTS), "notes": args.notes, "reference": reference, **measured,
               "figures": figures(measured, "lcbench_held_out" if args.held_out else "lcbench")}
-    (problem.BENCH / "results" / f"{name}.json").write_text(json.dumps(record, indent=1) + "\n")
-    plot(measured, args.budget, problem.BENCH / "results" / f"{name}.png",
+    (RESULTS / "quality" / f"{name}.json").write_text(json.dumps(record, indent=1) + "\n")
+    plot(measured, args.budget, RESULTS / "quality" / f"{name}.png",
          f"{len(args.tasks)} {kind} tasks, {len(args.seeds)} seed{'s' * (len(args.seeds) != 1)}")
-    print(f"wrote bench/results/{name}.json and {name}.png")
+    print(f"wrote bench/results/quality/{name}.json and {name}.png")
     return 0
 
 

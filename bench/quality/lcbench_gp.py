@@ -11,7 +11,7 @@ them), on one thread; the median CPU seconds of a proposal of one genome, for ea
 that differ only in their numerics: Optuna's L-BFGS-B batched through greenlet or run one start at a
 time (the same optimum, other rounding in the last bits, as another machine's BLAS would give). The
 first generation whose members differ, if any, for each rounding of float genes (`--digits`).
-Writes bench/results/lcbench-gp-<what>-<date>.json.
+Writes bench/results/quality/lcbench-gp-<what>-<date>.json.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ if __name__ == "__main__":  # run as a file (python bench/FAMILY/SCRIPT.py): ben
 
 from bench.quality import lcbench_problem as problem
 from bench.quality.lcbench_problem import FULL, SPACE, TASKS
-from bench.common.record import script_command
+from bench.common.record import RESULTS, script_command
 
 
 def history_of(n: int, surrogate: problem.Surrogate, rng: np.random.Generator) -> list:
@@ -123,8 +123,8 @@ def main(argv: list[str] | None = None) -> int:
     name = f"{args.record or f'lcbench-gp-{args.what}-' + time.strftime('%Y-%m-%d')}.json"
     record = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "machine": describe(),
               "command": script_command(__file__), **measured}
-    (problem.BENCH / "results" / name).write_text(json.dumps(record, indent=1) + "\n")
-    print(f"wrote bench/results/{name}")
+    (RESULTS / "quality" / name).write_text(json.dumps(record, indent=1) + "\n")
+    print(f"wrote bench/results/quality/{name}")
     return 0
 
 

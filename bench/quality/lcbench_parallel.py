@@ -14,7 +14,7 @@ they do on a cluster:
   sequential runs of bench/quality/lcbench.py's `random` arm, re-run here).
 
 Each run's trace is every training in the order it finished, charged the epochs it was given; the regret
-is bench/quality/lcbench.py's (its `regrets`, against bench/results/lcbench-random-20000.json and the best seen).
+is bench/quality/lcbench.py's (its `regrets`, against bench/results/quality/lcbench-random-20000.json and the best seen).
 Runs go `--jobs` at a time (they sleep, mostly) and are kept in bench/results/lcbench-runs/parallel/.
 
     python bench/quality/lcbench_parallel.py --workers 8 32 --arms towerlab gp-parallel tpe-parallel random
@@ -45,9 +45,9 @@ if __name__ == "__main__":  # run as a file (python bench/FAMILY/SCRIPT.py): ben
 
 from bench.quality import lcbench_problem as problem
 from bench.quality.lcbench_problem import BUDGET, FULL, GENES, TASKS
-from bench.common.record import REPO, script_command
+from bench.common.record import REPO, RESULTS, script_command
 
-RUNS = problem.BENCH / "results" / "lcbench-runs" / "parallel"
+RUNS = RESULTS / "lcbench-runs" / "parallel"
 POINTS = (0.25, 0.5, 1.0)
 ARMS = {
     "towerlab": "towerlab's default search (search run --devices W)",
@@ -246,7 +246,7 @@ def figures(measured: dict, sequential: dict) -> list[dict]:
     for p, value in sequential.items():
         out.append({"id": f"lcbench_regret_best_sequential_anchor_{round(100 * float(p))}", "value": value,
                     "detail": {"anchor": "gp", "what": "Optuna GPSampler one trial at a time",
-                               "record": "bench/results/lcbench-2026-11-28.json"}})
+                               "record": "bench/results/quality/lcbench-2026-11-28.json"}})
     return out
 
 
@@ -274,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
             r["workers"] = 0
     reference = problem.reference(tuple(args.tasks))
     measured = measure(results, reference, BUDGET)
-    sequential_record = json.loads((problem.BENCH / "results" / "lcbench-2026-11-28.json").read_text())
+    sequential_record = json.loads((RESULTS / "quality" / "lcbench-2026-11-28.json").read_text())
     sequential = sequential_record["arms"]["gp"]["points"]
     for name, m in measured["arms"].items():
         print(f"{name:22} " + " ".join(f"{m['points'][str(p)]:.3f}" for p in POINTS) + f"  ({m['runs']} runs)")
@@ -286,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
               "seeds": args.seeds, "workers": args.workers, "scale_seconds_per_epoch": args.scale,
               "budget_epochs": BUDGET, "points": list(POINTS), **measured,
               "sequential_gp": sequential, "figures": figures(measured, {p: sequential[p] for p in ("0.5", "1.0")})}
-    out = problem.BENCH / "results" / f"{name}.json"
+    out = RESULTS / "quality" / f"{name}.json"
     tmp = out.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(record, indent=1) + "\n")
     tmp.replace(out)

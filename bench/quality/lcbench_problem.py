@@ -1,7 +1,7 @@
 """LCBench as bench/quality/lcbench.py measures searches on it: YAHPO Gym's surrogate of an MLP trained on an
 OpenML task (7 hyperparameters, 1 to 52 epochs, validation accuracy in percent), the space as towerlab
 and Optuna take it, the epochs a run may spend (`Ledger`), and each task's reference: the median and the
-best of 20,000 random configurations at 52 epochs, cached in bench/results/lcbench-random-20000.json.
+best of 20,000 random configurations at 52 epochs, cached in bench/results/quality/lcbench-random-20000.json.
 
 The 10 tasks of ../shared/data/lcbench/OPEN.md are measured and tuned on (`TASKS`); the other 24
 (`held_out`) only check a change made on those, in a record of their own. The surrogate (yahpo-gym, onnxruntime) is a benchmark dependency, not towerlab's:
@@ -20,14 +20,14 @@ from typing import Any, Callable
 
 import numpy as np
 
+from bench.common.record import REPO, RESULTS
 from towerlab.search import random_genome
 from towerlab.search.space import space_of
 
-BENCH = Path(__file__).resolve().parents[1]
 TASKS = ("3945", "7593", "34539", "126025", "126026", "126029", "146212", "167104", "167149", "167152")
 FULL = 52  # epochs of a full training: the fidelity at which an incumbent counts
 BUDGET = 100 * FULL  # epochs a run may give its trainings: 100 full trainings' worth
-REFERENCE = BENCH / "results" / "lcbench-random-20000.json"
+REFERENCE = RESULTS / "quality" / "lcbench-random-20000.json"
 RANDOM_CONFIGS, RANDOM_SEED = 20_000, 20_000
 
 # The surrogate's space (config_space.json), as towerlab ranges: weight decay is linear there.
@@ -45,7 +45,7 @@ SPACE = space_of({"model": "custom", "genes": GENES}, "lcbench", "the LCBench sp
 
 def data_dir() -> Path:
     """The shared data folder that holds lcbench/ (beside the repository)."""
-    return (BENCH.parent.parent / "shared" / "data").resolve()
+    return (REPO.parent / "shared" / "data").resolve()
 
 
 def held_out() -> tuple[str, ...]:

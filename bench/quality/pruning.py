@@ -10,9 +10,9 @@ validation accuracy the unpruned one found, and where each ends.
     python bench/quality/pruning.py --sampler tpe --reuse        # the pruned side under the default sampler
     python bench/quality/pruning.py --sampler tpe --no-pruning --reuse   # tpe unpruned: the sampler's share
     python bench/quality/pruning.py --dataset cifar10 --sampler tpe --no-pruning --seeds 0 \
-        --unpruned-from bench/results/pruning-tpe-cifar10-2026-11-23.json   # the GA side read back
+        --unpruned-from bench/results/quality/pruning/pruning-tpe-cifar10-2026-11-23.json   # the GA side read back
     python bench/quality/pruning.py --dataset cifar10 --seeds 0 --generations 20 \
-        --unpruned-from bench/results/pruning-cifar10-2026-11-23.json   # the pruned GA, 20 generations
+        --unpruned-from bench/results/quality/pruning/pruning-cifar10-2026-11-23.json   # the pruned GA, 20 generations
 
 Both searches run as real `towerlab evolve` jobs with the same seed, 2 CPU workers x 1 thread, each
 network measured once (--remeasure 0) so that the two differ by the pruning alone. Training time
@@ -21,7 +21,7 @@ counted), read from each search's store; the best at a time counts only training
 --max-epochs. Each side's pick (its best network, measured once in the search) is then trained
 again with `--retrain` fresh seeds (10000, 10001, ...) exactly as the search trained it, so that a
 lead is a network's and not a lucky seed's; the result is kept beside the run (bench-retrain.json)
-for `--reuse`. Writes bench/results/pruning-<dataset>-<date>.json (pruning-new-... with
+for `--reuse`. Writes bench/results/quality/pruning/pruning-<dataset>-<date>.json (pruning-new-... with
 `--prune-places new`, pruning-tpe-... with `--sampler tpe`: the pruned side as `towerlab search run
 --sampler tpe` with the same population, against the same unpruned GA; each such pruned side has its
 own folders, and `--reuse` keeps the unpruned ones). `--no-pruning` runs that second side at the
@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     recorded = _recorded_unpruned(parser, args.unpruned_from, args.dataset, budget, args.seeds) if args.unpruned_from else {}
     common = {"space": "mlp", "dataset": args.dataset, **budget, "remeasure": 0, "top": 1,
               "device": "cpu", "devices": args.devices, "threads": args.threads}
-    runs_dir = search_runs.out_dir(args) / "pruning-runs"
+    runs_dir = search_runs.runs_dir(args, "pruning-runs")
     pruning, pruned = ({}, "unpruned") if args.no_pruning else (dict(PRUNING), "pruned")
     one, two = ("ga", args.sampler) if args.no_pruning else ("unpruned", "pruned")  # the sides, as printed
     shown = {"unpruned": one, "pruned": two}
@@ -216,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{summary['train_seconds_ratio']['mean']:.2f}x | {_points(summary['retrained_val_difference'])} "
           f"({_points(summary['retrained_test_difference'])}) |")
     kind = "pruning" + (f"-{pruned}" if args.no_pruning else pruned.removeprefix("pruned"))
-    search_runs.save(search_runs.out_dir(args), kind, args.dataset, record)
+    search_runs.save(search_runs.records_dir(args, "pruning"), kind, args.dataset, record)
     return 0
 
 

@@ -8,7 +8,7 @@ Each genome is trained with seeds 10000, 10001, ... (`--seeds` of them) by tower
 `train_candidate` under the search settings given here (the defaults are `bench/quality/pruning.py`'s:
 up to 10 epochs, patience 5, 5,000 validation images), on 2 CPU processes x 1 thread. Prints each
 genome's validation and test accuracy, mean +- sd, and the permutation p of each against the first;
-writes bench/results/retrain-<dataset>-<date>.json. `--reuse` takes the genomes that record already
+writes bench/results/quality/retrain-<dataset>-<date>.json. `--reuse` takes the genomes that record already
 holds (same settings, seeds and threads) from it and trains only the others.
 """
 
@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     seeds = search_runs.fresh_seeds(args.seeds)
     record = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "machine": machine.describe(), "settings": settings,
               "seeds": seeds, "threads": args.threads, "genomes": []}
-    path = search_runs.out_dir(args) / search_runs.record_name("retrain", args.dataset)
+    path = search_runs.records_dir(args) / search_runs.record_name("retrain", args.dataset)
     kept = _kept(path, record) if args.reuse else {}
     for pick in args.genomes:
         runs = kept.get(_key(pick)) or retrain(pick, settings, seeds, args.data_dir, processes=args.devices,
@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
         record["genomes"].append(entry)
         print(f"{pick}: validation {pct(entry['val'])}, test {pct(entry['test'])}, "
               f"p against the first {entry['val_p_against_the_first']}", flush=True)
-    search_runs.save(search_runs.out_dir(args), "retrain", args.dataset, record)
+    search_runs.save(search_runs.records_dir(args), "retrain", args.dataset, record)
     return 0
 
 

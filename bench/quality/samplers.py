@@ -13,7 +13,7 @@ Each run is a real `towerlab evolve` / `towerlab search run` on 2 CPU workers x 
 figures come from its own store. Every method's pick is retrained with the same fresh seeds
 (10000, 10001, ...) by the very function the search trains candidates with.
 Re-measures (the noise-aware crowning) are extra trainings outside the 40; the table counts every
-training. Writes bench/results/samplers-<dataset>-<date>.json.
+training. Writes bench/results/quality/samplers-<dataset>-<date>.json.
 """
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
                             "top": 1, "device": "cpu", "devices": args.devices, "threads": args.threads})
     retrain_seeds = search_runs.fresh_seeds(args.retrain)
     settings_of_candidates = {"dataset": args.dataset, "val_size": val_size, "max_epochs": 1, "batch_size": 128}
-    runs_dir = search_runs.out_dir(args) / "sampler-runs"
+    runs_dir = search_runs.runs_dir(args, "sampler-runs")
     record = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "machine": machine.describe(), "dataset": args.dataset,
               "budget": args.budget, "retrain_seeds": retrain_seeds, "methods": {}}
     for name in args.methods:
@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
         p = m.get("p_vs_random", {})
         print(f"| {name} | {' | '.join(pct(m['best_at'][k]) for k in marks)} | {pct(m['pick_retrained'])} | "
               f"{m['trainings']['mean']:.1f} | {m['cache_hits']['mean']:.1f} | {p.get('best')}, {p.get('pick_retrained')} |")
-    search_runs.save(search_runs.out_dir(args), args.record, args.dataset, record)
+    search_runs.save(search_runs.records_dir(args), args.record, args.dataset, record)
     return 0
 
 

@@ -7,7 +7,7 @@ CIFAR-10 (reported 56%) after 10 generations of 20 networks.
 
 Each search is a real `towerlab evolve` run; the figures come from its summary.json: best validation
 accuracy (the fitness), the test accuracy of that genome (computed once, at the end), wall time,
-evaluations, cache hits and workers. Writes bench/results/search-<budget>-<date>.json.
+evaluations, cache hits and workers. Writes bench/results/quality/search-<budget>-<date>.json.
 Unlike the original, fitness is measured on held-out validation data, never on the test set.
 """
 
@@ -63,14 +63,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1, help="CPU threads per worker")
     parser.add_argument("--datasets", nargs="*", default=[d for d, _ in SEARCHES])
     parser.add_argument("--data-dir", default=measure.default_data_dir())
-    parser.add_argument("--out-dir", default=str(RESULTS))
+    parser.add_argument("--out-dir", default=None, help="where the record and the runs' folders go "
+                        "(default: bench/results/quality, the runs in bench/results/search-runs)")
     args = parser.parse_args(argv)
     budget = BUDGETS[args.budget]
     record = {"budget": args.budget, "settings": budget, "date": time.strftime("%Y-%m-%d %H:%M:%S"),
               "machine": machine.describe(),
               "command": script_command(__file__, argv),
               "searches": {}}
-    runs = Path(args.out_dir) / "search-runs"
+    runs = Path(args.out_dir or RESULTS) / "search-runs"
     for dataset, reported in SEARCHES:
         if dataset not in args.datasets:
             continue
@@ -82,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"   best validation {result['best_val_accuracy']:.4f} (test {result['best_test_accuracy']:.4f}), "
               f"reported {reported:.2f}; {result['evaluations']} evaluations, {result['cache_hits']} cache hits, "
               f"{result['wall_seconds'] / 60:.1f} min on {result['workers']} worker(s)", flush=True)
-    print(machine.write_record(args.out_dir, f"search-{args.budget}-{time.strftime('%Y-%m-%d')}.json", record))
+    print(machine.write_record(args.out_dir or RESULTS / "quality", f"search-{args.budget}-{time.strftime('%Y-%m-%d')}.json", record))
     return 0
 
 

@@ -231,16 +231,27 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=1, help="threads per worker")
     parser.add_argument("--data-dir", default=measure.default_data_dir())
     parser.add_argument("--out-dir", default=None,
-                        help="where the record and the runs' folders go (default: bench/results; --smoke: "
+                        help="where the record and the runs' folders go (default: the record in "
+                             "bench/results/quality, the runs' folders in bench/results; --smoke: "
                              "bench/results/quick, not committed)")
     parser.add_argument("--reuse", action="store_true",
                         help="take runs that finished in an earlier invocation (same command) from their folders")
 
 
-def out_dir(args: argparse.Namespace) -> Path:
-    """--out-dir, else bench/results (a smoke run's: bench/results/quick, which git ignores)."""
-    quick = getattr(args, "smoke", False)  # bench/quality/retrain.py has no smoke run
-    return Path(args.out_dir) if args.out_dir else RESULTS / ("quick" if quick else "")
+def records_dir(args: argparse.Namespace, kind: str = "") -> Path:
+    """Where a record goes: --out-dir, else bench/results/quality/`kind` (a smoke run's: bench/results/quick,
+    which git ignores)."""
+    if args.out_dir:
+        return Path(args.out_dir)
+    return RESULTS / "quick" if getattr(args, "smoke", False) else RESULTS / "quality" / kind
+
+
+def runs_dir(args: argparse.Namespace, name: str) -> Path:
+    """Where a benchmark's runs keep their folders (`name`: sampler-runs, pruning-runs; git ignores them):
+    under --out-dir, else bench/results/ (a smoke run's: bench/results/quick/)."""
+    if args.out_dir:
+        return Path(args.out_dir) / name
+    return RESULTS / ("quick" if getattr(args, "smoke", False) else "") / name
 
 
 def record_name(kind: str, dataset: str) -> str:

@@ -4,7 +4,7 @@ each, whatever the number of workers: issue 43.)
 
     python bench/quality/threads.py        # MNIST, neurons=768,layers=1,activation=relu,optimizer=nadam, 3 seeds, 1 epoch
 
-Writes bench/results/threads-<dataset>-<date>.json: each seed's validation and test accuracy on
+Writes bench/results/quality/threads-<dataset>-<date>.json: each seed's validation and test accuracy on
 each thread count, and how many seeds score differently (`seeds_that_differ`).
 """
 
@@ -29,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--data-dir", default=measure.default_data_dir())
-    parser.add_argument("--out", default=str(RESULTS))
+    parser.add_argument("--out", default=str(RESULTS / "quality"))
     args = parser.parse_args(argv)
     pick = {"neurons": 768, "layers": 1, "activation": "relu", "optimizer": "nadam"}
     settings = {"dataset": args.dataset, "val_size": args.val_size, "max_epochs": args.epochs}

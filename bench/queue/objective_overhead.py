@@ -28,7 +28,7 @@ thread plays the search) while it grows the history, of Optuna's process in memo
     python bench/queue/objective_overhead.py --trials 5000 --window 1000 --backends sqlite --optuna memory   # a quick look
 
 The PostgreSQL server is the tests' private one (tests/postgres.py), stopped at the end. Writes
-results/objective-overhead-<date>.json.
+results/queue/objective-overhead-<date>.json.
 """
 
 from __future__ import annotations
@@ -461,7 +461,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--optuna", nargs="*", choices=["memory", "sqlite", "postgresql"],
                         default=["memory", "sqlite", "postgresql"], help="Optuna's storages")
     parser.add_argument("--label", default="", help="added to the record's name (objective-overhead-LABEL-<date>)")
-    parser.add_argument("--out-dir", default=str(RESULTS))
+    parser.add_argument("--out-dir", default=str(RESULTS / "queue"))
     args = parser.parse_args(argv)
     head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=RESULTS.parent).stdout.strip()
     optuna = _quiet()

@@ -14,7 +14,7 @@ candidate (the store's first claim).
     python bench/queue/optuna_same_work.py                  # 3 rounds (~15 min on 2 cores)
     python bench/queue/optuna_same_work.py --rounds 1 --epochs 1
 
-Writes bench/results/optuna-same-work-<date>.json.
+Writes bench/results/queue/optuna-same-work-<date>.json.
 """
 
 from __future__ import annotations
@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--data-dir", default=default_data_dir())
-    parser.add_argument("--out-dir", default=str(RESULTS))
+    parser.add_argument("--out-dir", default=str(RESULTS / "queue"))
     args = parser.parse_args(argv)
     rounds = []
     with tempfile.TemporaryDirectory() as folder:

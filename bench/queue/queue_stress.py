@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--processes", type=int, nargs="+", default=None,
                         help="workers at a time, one number per backend (default: 16 on SQLite, 30 on PostgreSQL)")
     parser.add_argument("--kills", type=int, default=10)
-    parser.add_argument("--out-dir", default=str(RESULTS))
+    parser.add_argument("--out-dir", default=str(RESULTS / "queue"))
     args = parser.parse_args(argv)
     counts = args.processes or [{"sqlite": 16, "postgresql": 30}[b] for b in args.backends]
     folder = Path(tempfile.mkdtemp(prefix="towerlab-stress-"))

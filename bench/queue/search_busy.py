@@ -165,11 +165,11 @@ def main(argv: list[str] | None = None) -> int:
     figures = [{"id": f"{ids[r['arm']]}_w{r['workers']}", "value": r["busy"],
                 "detail": {k: v for k, v in r.items() if k not in ("arm", "busy")}} for r in rows]
     name = args.record or f"search-busy-{time.strftime('%Y-%m-%d')}.json"
-    write_record(RESULTS, name, {
+    write_record(RESULTS / "queue", name, {
         "date": time.strftime("%Y-%m-%d %H:%M:%S"), "machine": describe(),
         "command": script_command(__file__), "trainings": TRAININGS, "rows": rows,
         "figures": figures})
-    print(f"wrote bench/results/{name}")
+    print(f"wrote bench/results/queue/{name}")
     return 0
 
 

@@ -11,7 +11,7 @@ store's clock, which is this machine's) less its start.
     python bench/queue/search_workers.py                     # MNIST, 24 evaluations, 3 rounds (~15 min on 2 cores)
     python bench/queue/search_workers.py --rounds 1 --population 4 --generations 2   # a quick look
 
-Writes bench/results/search-workers-<date>.json (figures `search_two_workers` and `worker_join_seconds`).
+Writes bench/results/queue/search-workers-<date>.json (figures `search_two_workers` and `worker_join_seconds`).
 """
 
 from __future__ import annotations
@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--data-dir", default=default_data_dir())
-    parser.add_argument("--out-dir", default=str(RESULTS))
+    parser.add_argument("--out-dir", default=str(RESULTS / "queue"))
     args = parser.parse_args(argv)
     samples: dict[str, list[dict]] = {"one": [], "two": [], "join": []}
     with tempfile.TemporaryDirectory() as folder:

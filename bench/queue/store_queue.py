@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tasks", type=int, default=600, help="trainings (trials) per sample")
     parser.add_argument("--population", type=int, default=40, help="towerlab's candidates per generation")
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--out-dir", default=str(RESULTS))
+    parser.add_argument("--out-dir", default=str(RESULTS / "queue"))
     args = parser.parse_args(argv)
     import optuna
 

@@ -21,7 +21,7 @@ read) for one epoch over the cache in a fresh process, twice: as towerlab does (
 batch's pages given back to the system) and with that turned off; each reports its peak RSS
 (ru_maxrss), the cache's size beside it.
 
-Each writes bench/results/image-folder-{cifar,large}-<date>.json. The machine is shared: run it under
+Each writes bench/results/speed/image-folder-{cifar,large}-<date>.json. The machine is shared: run it under
 `nice` and say so (--note).
 """
 
@@ -256,7 +256,7 @@ def main() -> int:
     parser.add_argument("--side", type=int, default=256)
     parser.add_argument("--held", type=int, default=300, help="large: images in test/, and as many in val/")
     parser.add_argument("--note", default="", help="what the record should say of the machine (shared, nice)")
-    parser.add_argument("--out-dir", default=str(RESULTS))
+    parser.add_argument("--out-dir", default=str(RESULTS / "speed"))
     args = parser.parse_args()
     args.folder = args.folder or os.path.join(tempfile.gettempdir(), f"towerlab-bench-{args.kind}-folder")
     result = cifar(args) if args.kind == "cifar" else large(args)

@@ -6,7 +6,7 @@ to libgomp's own 300,000, each side alternated within a round, the median of the
 
 A busy side runs `while True: pass` in another process for the length of the run. GOMP_SPINCOUNT
 sets libgomp's spin count whatever OMP_WAIT_POLICY says, so every side keeps towerlab's PASSIVE and
-sets only the count. Writes results/omp-wait-<date>.json.
+sets only the count. Writes results/speed/omp-wait-<date>.json.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--data-dir", default=measure.default_data_dir())
-    parser.add_argument("--out-dir", default=str(RESULTS))
+    parser.add_argument("--out-dir", default=str(RESULTS / "speed"))
     args = parser.parse_args(argv)
     samples: dict[str, list[float]] = {f"{name}_{state}": [] for name in SPIN_COUNTS for state in ("quiet", "busy")}
     with tempfile.TemporaryDirectory() as tmp:

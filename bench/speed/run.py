@@ -4,8 +4,8 @@
     python bench/speed/run.py --suite cpu --quick          # a smoke run of every figure (a few minutes)
     python bench/speed/run.py --suite gpu                  # needs CUDA (one H100 in the targets)
 
-Prints a table, writes bench/results/<suite>-<YYYY-MM-DD>.json (the machine, every figure with its
-raw samples, the commands) and draws bench/results/scaling.png and time_to_accuracy.png. Every
+Prints a table, writes bench/results/{speed,gpu}/<suite>-<YYYY-MM-DD>.json (the machine, every figure with its
+raw samples, the commands) and draws bench/results/speed/scaling.png and time_to_accuracy.png. Every
 comparison alternates its sides within this invocation and reports medians; see docs/benchmarks.md.
 """
 
@@ -122,7 +122,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data-dir", default=measure.default_data_dir(),
                         help="folder with mnist.npz and cifar10.npz ($TOWERLAB_DATA, else ../shared/data)")
     parser.add_argument("--out-dir", default=None,
-                        help="where the JSON and the plots go (default: bench/results; --quick: bench/results/quick)")
+                        help="where the JSON and the plots go (default: bench/results/speed, --suite gpu: "
+                             "bench/results/gpu; --quick: bench/results/quick)")
     parser.add_argument("--replot", metavar="JSON", default=None,
                         help="only redraw the plots of an earlier results file (next to it)")
     parser.add_argument("--dry-run", action="store_true",
@@ -188,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
               "command": script_command(__file__, argv),
               "data_dir": args.data_dir,
               "figures": figures, "changes": changes}
-    out_dir = Path(args.out_dir or (RESULTS / "quick" if args.quick else RESULTS))
+    out_dir = Path(args.out_dir or (RESULTS / "quick" if args.quick else RESULTS / ("speed" if args.suite == "cpu" else "gpu")))
     name = f"{args.suite}{'-quick' if args.quick else ''}-{datetime.date.today():%Y-%m-%d}.json"
     written = machine.write_record(out_dir, name, record)
     from bench.speed import plots

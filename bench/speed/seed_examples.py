@@ -4,7 +4,7 @@
     python bench/speed/seed_examples.py --budget cpu # cut where a 2-core CPU cannot finish them (said per row)
 
 Each example is a real `towerlab train` run; the figures come from its summary.json and
-metrics.jsonl. Writes bench/results/seeds-<budget>-<date>.json.
+metrics.jsonl. Writes bench/results/speed/seeds-<budget>-<date>.json.
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget", choices=("seeds", "cpu"), default="seeds")
     parser.add_argument("--only", nargs="*", default=list(EXAMPLES))
     parser.add_argument("--data-dir", default=measure.default_data_dir())
-    parser.add_argument("--out-dir", default=str(RESULTS))
+    parser.add_argument("--out-dir", default=str(RESULTS / "speed"))
     args = parser.parse_args(argv)
     record = {"budget": args.budget, "date": time.strftime("%Y-%m-%d %H:%M:%S"), "machine": machine.describe(),
               "command": script_command(__file__, argv),

@@ -6,7 +6,7 @@ interpreter, the sides alternated within a round, the median of the rounds.
 
 The target (issue 39): every CLI side at most 0.3x the time of importing torch, which the CLI no
 longer does before a command runs. Each sample records the cores others kept busy meanwhile, so a
-reader can discount a busy round. Writes results/startup-<date>.json.
+reader can discount a busy round. Writes results/speed/startup-<date>.json.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ def sample(side: str) -> dict:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=7)
-    parser.add_argument("--out-dir", default=str(RESULTS))
+    parser.add_argument("--out-dir", default=str(RESULTS / "speed"))
     args = parser.parse_args(argv)
     samples: dict[str, list[dict]] = {side: [] for side in SIDES}
     for _ in range(2):  # warm the page cache, so no side pays for reading torch's files from disk

@@ -2,7 +2,7 @@
 
 A small network's step on a GPU is bound by kernel launches, not arithmetic: LeNet-5 at batch 512
 launches about 110 kernels in 2.2 ms on an H100, where the same arithmetic replayed as one CUDA graph
-takes 0.68 ms (bench/results/step-gpu-2026-11-25.json). A graph replays fixed kernels on fixed
+takes 0.68 ms (bench/results/gpu/step-gpu-2026-11-25.json). A graph replays fixed kernels on fixed
 memory, so the step must be a program that takes no changing Python value and reads nothing back:
 
 - state lives in tensors allocated up front and only changed in place: the model's parameters and

@@ -37,6 +37,41 @@ def test_every_record_holds_its_figures_in_one_shape(path):
         assert isinstance(figure.get("detail", {}), dict), figure["id"]
 
 
+def test_a_record_is_written_whole_with_its_machine_and_figures(tmp_path):
+    """bench/common/record.py: every script's one writer. A record lands whole under its name (nothing
+    else left in the folder); a write that fails midway leaves the record before it as it was."""
+    from bench.common.record import figure, write_record
+
+    record = {"machine": {"cpu_model": "test"}, "figures": [figure("a", 1.5, {"n": 3}), figure("b", None)]}
+    path = write_record(tmp_path / "family", "r.json", record)
+    assert path == tmp_path / "family" / "r.json" and json.loads(path.read_text()) == record
+    assert [p.name for p in path.parent.iterdir()] == ["r.json"]
+
+    class Unwritable:
+        def __str__(self):
+            raise RuntimeError("cannot be written")
+
+    with pytest.raises(RuntimeError, match="cannot be written"):
+        write_record(path.parent, "r.json", {**record, "more": [1, Unwritable()]})
+    assert json.loads(path.read_text()) == record and [p.name for p in path.parent.iterdir()] == ["r.json"]
+
+
+@pytest.mark.parametrize("record, says", [
+    ({"figures": []}, "no 'machine'"),
+    ({"machine": {"cpu_model": "test"}, "figures": {"a": 1}}, "'figures' is a list"),
+    ({"machine": {"cpu_model": "test"}}, "'figures' is a list"),
+    ({"machine": "unknown: not recorded", "figures": [{"value": 1}]}, "without its 'id'"),
+    ({"machine": {"cpu_model": "test"}, "figures": [{"id": "a", "value": 1, "detail": 3}]}, "figure a: its 'detail'"),
+    ({"machine": {"cpu_model": "test"}, "figures": [{"id": "a", "value": 1}, {"id": "a", "value": 2}]}, "figure a twice"),
+])
+def test_a_record_without_its_machine_or_its_figures_as_a_list_is_refused_before_writing(record, says, tmp_path):
+    from bench.common.record import write_record
+
+    with pytest.raises(ValueError, match=says):
+        write_record(tmp_path, "r.json", record)
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.parametrize("suite, group, data", [("cpu", "mnist_tta", "mnist"), ("gpu", "lenet5_tta", "mnist"),
                                                ("gpu", "search", "mnist"), ("gpu", "cifar94", "cifar10")])
 def test_a_figure_group_needs_only_the_data_it_reads(suite, group, data, tmp_path):

@@ -9,14 +9,12 @@ taken under foreign load are flagged in the JSON so a reader can discount them.
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 import resource
 import sys
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
@@ -57,16 +55,6 @@ def describe() -> dict:
         info["gpu_count"] = torch.cuda.device_count()
         info["cuda_version"] = torch.version.cuda
     return info
-
-
-def write_record(out_dir: str | os.PathLike, name: str, record: dict) -> Path:
-    """Write a results record as out_dir/name, atomically (a temporary file, then a rename)."""
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    tmp = out_dir / (name + ".tmp")
-    tmp.write_text(json.dumps(record, indent=1, default=str) + "\n", encoding="utf-8")
-    os.replace(tmp, out_dir / name)
-    return out_dir / name
 
 
 def _machine_ticks() -> tuple[int, int]:

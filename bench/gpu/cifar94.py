@@ -41,7 +41,7 @@ if __name__ == "__main__":  # run as a file (python bench/FAMILY/SCRIPT.py): ben
 
 from bench.common import machine, measure
 from bench.common.measure import preset_flags
-from bench.common.record import RESULTS, script_command
+from bench.common.record import RESULTS, script_command, write_record
 
 PRESET = "cifar-94"
 TARGET_ACCURACY = 0.94
@@ -257,15 +257,18 @@ def main(argv: list[str] | None = None) -> int:
     info = machine.describe()
     beside = airbench(args.airbench, args.data_dir, args.airbench_runs, log) if args.airbench else None
     if beside is not None:  # kept now, should towerlab's side not finish
-        machine.write_record(args.out_dir, f"airbench94_muon-{datetime.date.today():%Y-%m-%d}.json",
-                             {"date": measure.now(), "machine": info, "airbench94_muon": beside})
+        write_record(args.out_dir, f"airbench94_muon-{datetime.date.today():%Y-%m-%d}.json",
+                     {"date": measure.now(), "machine": info, "airbench94_muon": beside, "figures": [
+                         {"id": "airbench94_muon_seconds", "value": beside["airbench94_muon_seconds"],
+                          "detail": {"runs": len(beside["runs"]), "median of": "its runs' time_seconds"}},
+                         {"id": "airbench94_muon_accuracy", "value": beside["airbench94_muon_accuracy"],
+                          "detail": {"runs": len(beside["runs"]), "mean of": "its runs' tta_val_acc"}}]})
     fig = figure(args.data_dir, seeds, args.budget, log, shlex.split(args.flags), beside)
     record = {"suite": "cifar94", "budget": args.budget, "date": measure.now(), "machine": info,
               "command": measure.shown(script_command(__file__, argv),
                                        data_dir=args.data_dir, out_dir=args.out_dir, airbench=args.airbench or ""),
               "figures": [fig]}
-    written = machine.write_record(args.out_dir, f"cifar94-{args.budget}-{datetime.date.today():%Y-%m-%d}.json",
-                                   record)
+    written = write_record(args.out_dir, f"cifar94-{args.budget}-{datetime.date.today():%Y-%m-%d}.json", record)
     print(report(fig))
     log(f"wrote {written}")
     return 0

@@ -30,7 +30,7 @@ if __name__ == "__main__":  # run as a file (python bench/FAMILY/SCRIPT.py): ben
     sys.path[0] = str(Path(__file__).resolve().parents[2])
 
 from bench.common import machine, measure
-from bench.common.record import RESULTS, script_command
+from bench.common.record import RESULTS, figure, script_command, write_record
 
 OPTIMIZERS = ("rmsprop", "adam", "sgd", "adagrad", "adadelta", "adamax", "nadam")  # the mlp space's
 
@@ -115,8 +115,11 @@ def main(argv: list[str] | None = None) -> int:
               "device": str(device), "sides": sides, "mlp_space_stacks": stacks,
               "what": "wall seconds per candidate of K one-epoch mlp trainings (2 x 512, relu, dropout 0.2, batch "
                       "128): one by one as a search worker trains them (the graph step on one GPU, a graph recorded "
-                      "per network), and all K in one stacked step (op by op); validation scored on both sides"}
-    written = machine.write_record(args.out_dir, f"stacked-mlps-{datetime.date.today():%Y-%m-%d}.json", record)
+                      "per network), and all K in one stacked step (op by op); validation scored on both sides",
+              "figures": [*(figure(f"one_by_one_over_stacked_{name}", side["one_by_one"]["seconds_per_candidate"]
+                                   / side["stacked"]["seconds_per_candidate"], side) for name, side in sides.items()),
+                          figure("mlp_space_candidates_per_stack", stacks["candidates_per_stack"], stacks)]}
+    written = write_record(args.out_dir, f"stacked-mlps-{datetime.date.today():%Y-%m-%d}.json", record)
     print(f"wrote {written}", file=sys.stderr)
     return 0
 

@@ -16,14 +16,19 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import statistics
 import sys
 import time
 from dataclasses import replace
+from pathlib import Path
 
 import torch
 
+if __name__ == "__main__":  # run as a file (python bench/FAMILY/SCRIPT.py): bench.* from the repository
+    sys.path[0] = str(Path(__file__).resolve().parents[2])
+
+from bench.common import machine, measure
+from bench.common.record import figure, script_command, write_record
 from towerlab.training import step_kinds
 from towerlab.models.preprocessing import Normalizer
 from towerlab.training.batches import Batches
@@ -126,7 +131,7 @@ def measure_case(name: str, preset: str, batch: int, shape, args) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--json", required=True)
+    parser.add_argument("--json", required=True, help="the record's path")
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=5)
@@ -136,10 +141,12 @@ def main(argv: list[str] | None = None) -> int:
         print("step.py: needs CUDA", file=sys.stderr)
         return 2
     rows = [measure_case(*case, args) for case in CASES if args.only is None or case[0] in args.only]
-    record = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "steps": args.steps,
-              "warmup": args.warmup, "rounds": args.rounds, "cases": rows}
-    with open(args.json, "w", encoding="utf-8") as f:
-        json.dump(record, f, indent=1)
+    record = {"date": measure.now(), "machine": machine.describe(), "command": script_command(__file__, argv),
+              "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "steps": args.steps,
+              "warmup": args.warmup, "rounds": args.rounds, "cases": rows,
+              "figures": [figure(f"{row['case']}_{mode}_ms", entry.get("ms"), entry)
+                          for row in rows for mode, entry in row["modes"].items()]}
+    print(write_record(Path(args.json).parent, Path(args.json).name, record))
     return 0
 
 

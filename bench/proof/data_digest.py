@@ -42,7 +42,7 @@ if __name__ == "__main__":  # run as a file (python bench/FAMILY/SCRIPT.py): ben
     sys.path[0] = str(Path(__file__).resolve().parents[2])
 
 from bench.common import machine, measure
-from bench.common.record import REPO, RESULTS, script_command
+from bench.common.record import REPO, RESULTS, script_command, write_record
 
 PROBE = """
 import json, sys, time
@@ -224,7 +224,7 @@ def write_rounds(args: argparse.Namespace, script: str, name: str, figures: list
     record = {"date": measure.now(), "machine": machine.describe(), "note": args.note,
               "command": script_command(script, argv),
               "rounds": args.rounds, "figures": figures}
-    print(machine.write_record(args.out_dir, f"{name}-{time.strftime('%Y-%m-%d')}.json", record))
+    print(write_record(args.out_dir, f"{name}-{time.strftime('%Y-%m-%d')}.json", record))
     return 0
 
 

@@ -32,7 +32,7 @@ if __name__ == "__main__":  # run as a file (python bench/FAMILY/SCRIPT.py): ben
     sys.path[0] = str(Path(__file__).resolve().parents[2])
 
 from bench.common import machine
-from bench.common.record import RESULTS, script_command
+from bench.common.record import RESULTS, script_command, write_record
 
 import towerlab.proof as proof
 
@@ -200,7 +200,7 @@ def main() -> None:
                        "alternate within each round, so their ratios are the figures to read; `cpu` says how busy "
                        "the machine was.",
               "cpu": watch.use.as_dict(), "figures": figures}
-    path = machine.write_record(args.out, f"objective-proof-{time.strftime('%Y-%m-%d')}.json", record)
+    path = write_record(args.out, f"objective-proof-{time.strftime('%Y-%m-%d')}.json", record)
     for figure in figures:
         shown = {k: v for k, v in figure["detail"].items() if not k.startswith("samples")}
         print(f"{figure['id']}: {figure['value']:.3f} {figure['unit']}  {shown}")

@@ -40,7 +40,7 @@ if __name__ == "__main__":  # run as a file (python bench/FAMILY/SCRIPT.py): ben
 from bench.quality import lcbench_arms
 from bench.quality import lcbench_problem as problem
 from bench.quality.lcbench_problem import BUDGET, FULL, TASKS
-from bench.common.record import RESULTS, script_command
+from bench.common.record import RESULTS, script_command, write_json, write_record
 
 RUNS = RESULTS / "lcbench-runs"
 POINTS = (0.25, 0.5, 1.0)
@@ -83,7 +83,7 @@ def run_all(arms: list[str], tasks: tuple[str, ...], seeds: list[int], budget: i
     with multiprocessing.get_context("fork").Pool(jobs) as pool:
         done = pool.imap_unordered(_run, [j for j in todo if j not in here])
         for n, result in enumerate(itertools.chain(map(_run, here), done), 1):
-            _path(runs, result["arm"], result["task"], result["seed"]).write_text(json.dumps(result))
+            write_json(_path(runs, result["arm"], result["task"], result["seed"]), result, indent=None)
             best = max((a for _, a in result["trace"]), default=None)
             print(f"[{n}/{len(todo)}] {result['arm']} task {result['task']} seed {result['seed']}: best {best}, "
                   f"{result['trainings']} trainings, {result['wall_seconds']:.0f} s", flush=True)
@@ -244,11 +244,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.smoke:
         return 0
     name = args.record or f"lcbench-{'held-out-' if args.held_out else ''}{time.strftime('%Y-%m-%d')}"
-    record = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "command": script_command(__file__),
+    from bench.common.machine import describe  # imports torch
+
+    record = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "machine": describe(), "command": script_command(__file__),
               "tasks": args.tasks, "seeds": args.seeds, "budget_epochs": args.budget, "full_epochs": FULL,
               "points": list(POINTS), "notes": args.notes, "reference": reference, **measured,
               "figures": figures(measured, "lcbench_held_out" if args.held_out else "lcbench")}
-    (RESULTS / "quality" / f"{name}.json").write_text(json.dumps(record, indent=1) + "\n")
+    write_record(RESULTS / "quality", f"{name}.json", record)
     plot(measured, args.budget, RESULTS / "quality" / f"{name}.png",
          f"{len(args.tasks)} {kind} tasks, {len(args.seeds)} seed{'s' * (len(args.seeds) != 1)}")
     print(f"wrote bench/results/quality/{name}.json and {name}.png")

@@ -21,7 +21,6 @@ import os
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import argparse
-import json
 import multiprocessing
 import statistics
 import sys
@@ -36,7 +35,7 @@ if __name__ == "__main__":  # run as a file (python bench/FAMILY/SCRIPT.py): ben
 
 from bench.quality import lcbench_problem as problem
 from bench.quality.lcbench_problem import FULL, SPACE, TASKS
-from bench.common.record import RESULTS, script_command
+from bench.common.record import RESULTS, figure, script_command, write_record
 
 
 def history_of(n: int, surrogate: problem.Surrogate, rng: np.random.Generator) -> list:
@@ -122,10 +121,21 @@ def main(argv: list[str] | None = None) -> int:
 
     name = f"{args.record or f'lcbench-gp-{args.what}-' + time.strftime('%Y-%m-%d')}.json"
     record = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "machine": describe(),
-              "command": script_command(__file__), **measured}
-    (RESULTS / "quality" / name).write_text(json.dumps(record, indent=1) + "\n")
-    print(f"wrote bench/results/quality/{name}")
+              "command": script_command(__file__), **measured, "figures": figures(args.what, measured["rows"])}
+    print(f"wrote {write_record(RESULTS / 'quality', name, record)}")
     return 0
+
+
+def figures(what: str, rows: list[dict]) -> list[dict]:
+    """cpu: the median CPU seconds of a proposal after each number of outcomes; numerics: for each rounding,
+    how many tasks' replays proposed otherwise (the first generation that differs, by task, in the detail)."""
+    if what == "cpu":
+        return [figure(f"seconds_per_proposal_{r['outcomes']}", r["seconds_per_proposal"], {"outcomes": r["outcomes"]})
+                for r in rows]
+    return [figure(f"replays_that_differ_digits{d}", sum(r["first_differing_generation"] is not None for r in mine),
+                   {"tasks": len(mine), "first_differing_generation": {r["task"]: r["first_differing_generation"]
+                                                                       for r in mine}})
+            for d in dict.fromkeys(r["digits"] for r in rows) for mine in [[r for r in rows if r["digits"] == d]]]
 
 
 if __name__ == "__main__":

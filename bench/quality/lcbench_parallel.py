@@ -45,7 +45,7 @@ if __name__ == "__main__":  # run as a file (python bench/FAMILY/SCRIPT.py): ben
 
 from bench.quality import lcbench_problem as problem
 from bench.quality.lcbench_problem import BUDGET, FULL, GENES, TASKS
-from bench.common.record import REPO, RESULTS, script_command
+from bench.common.record import REPO, RESULTS, script_command, write_json, write_record
 
 RUNS = RESULTS / "lcbench-runs" / "parallel"
 POINTS = (0.25, 0.5, 1.0)
@@ -190,7 +190,7 @@ def run_all(jobs: list[tuple], parallel: int, rerun: bool) -> None:
                     return
                 job = todo.pop(0)
             result = one(job)
-            _path(*job[:4]).write_text(json.dumps(result))
+            write_json(_path(*job[:4]), result, indent=None)
             with lock:
                 done[0] += 1
                 best = max((a for _, a in result["trace"]), default=None)
@@ -279,18 +279,14 @@ def main(argv: list[str] | None = None) -> int:
     for name, m in measured["arms"].items():
         print(f"{name:22} " + " ".join(f"{m['points'][str(p)]:.3f}" for p in POINTS) + f"  ({m['runs']} runs)")
     name = args.record or f"lcbench-parallel-{time.strftime('%Y-%m-%d')}"
-    from bench.common.machine import describe  # the bench's own helper (imports torch)
+    from bench.common.machine import describe  # imports torch
 
     record = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "machine": describe(),
               "command": script_command(__file__), "tasks": args.tasks,
               "seeds": args.seeds, "workers": args.workers, "scale_seconds_per_epoch": args.scale,
               "budget_epochs": BUDGET, "points": list(POINTS), **measured,
               "sequential_gp": sequential, "figures": figures(measured, {p: sequential[p] for p in ("0.5", "1.0")})}
-    out = RESULTS / "quality" / f"{name}.json"
-    tmp = out.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(record, indent=1) + "\n")
-    tmp.replace(out)
-    print(f"wrote {out}")
+    print(f"wrote {write_record(RESULTS / 'quality', f'{name}.json', record)}")
     return 0
 
 

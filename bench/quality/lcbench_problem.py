@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from bench.common.record import REPO, RESULTS
+from bench.common.record import REPO, RESULTS, figure, write_record
 from towerlab.search import random_genome
 from towerlab.search.space import space_of
 
@@ -159,9 +159,13 @@ def reference(tasks: tuple[str, ...], refresh: bool = False, log: Callable[[str]
             best = int(np.argmax(accuracy))
             cached[task] = {"median": float(np.median(accuracy)), "best": float(accuracy[best]),
                             "best_config": configs[best], "mean": float(np.mean(accuracy))}
-        REFERENCE.write_text(json.dumps({
+        from bench.common.machine import describe  # imports torch
+
+        write_record(REFERENCE.parent, REFERENCE.name, {
             "what": f"{RANDOM_CONFIGS} configurations drawn from the LCBench space (towerlab's random_genome, "
                     f"numpy PCG64 seed {RANDOM_SEED}, the same for every task), each at {FULL} epochs on YAHPO "
                     "Gym's lcbench surrogate: the median and the best validation accuracy (percent) per task",
-            "tasks": dict(sorted(cached.items()))}, indent=1) + "\n")
+            "machine": describe(), "tasks": dict(sorted(cached.items())),
+            "figures": [figure(f"median_{task}", row["median"], {"best": row["best"], "mean": row["mean"]})
+                        for task, row in sorted(cached.items())]})
     return {t: cached[t] for t in tasks}

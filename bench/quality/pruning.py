@@ -51,6 +51,7 @@ if __name__ == "__main__":  # run as a file (python bench/FAMILY/SCRIPT.py): ben
     sys.path[0] = str(Path(__file__).resolve().parents[2])
 
 from bench.common import machine, measure
+from bench.common.record import figure
 from bench.quality import search_runs
 from bench.quality.search_runs import (TRAINING_SETTINGS, best_by, best_so_far, mean_sd, pct, permutation_p, retrain, seconds_to_reach,
                          waiting)
@@ -215,9 +216,22 @@ def main(argv: list[str] | None = None) -> int:
           f"{summary['reached_within_noise']} | {_times(summary['within_noise_of_unpruned_training_median'])} | "
           f"{summary['train_seconds_ratio']['mean']:.2f}x | {_points(summary['retrained_val_difference'])} "
           f"({_points(summary['retrained_test_difference'])}) |")
+    record["figures"] = figures(summary)
     kind = "pruning" + (f"-{pruned}" if args.no_pruning else pruned.removeprefix("pruned"))
     search_runs.save(search_runs.records_dir(args, "pruning"), kind, args.dataset, record)
     return 0
+
+
+def figures(summary: dict) -> list[dict]:
+    """The summary's figures: each mean over the seeds (its spread in the detail), each median (how many
+    seeds reached it)."""
+    spread = ("best_unpruned", "best_pruned", "unpruned_best_at_pruned_training", "train_seconds_ratio",
+              "retrained_val_difference", "retrained_test_difference")
+    return [figure(key, summary[key]["mean"], summary[key]) for key in spread] + [
+        figure("ratio_median", summary["ratio_median"], {"reached": summary["reached"]}),
+        figure("ratio_within_noise_median", summary["ratio_within_noise_median"],
+               {"reached": summary["reached_within_noise"]}),
+        figure("within_noise_of_unpruned_training_median", summary["within_noise_of_unpruned_training_median"])]
 
 
 def _recorded_unpruned(parser: argparse.ArgumentParser, path: Path, dataset: str, budget: dict,

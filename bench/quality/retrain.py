@@ -24,6 +24,7 @@ if __name__ == "__main__":  # run as a file (python bench/FAMILY/SCRIPT.py): ben
     sys.path[0] = str(Path(__file__).resolve().parents[2])
 
 from bench.common import machine
+from bench.common.record import figure
 from bench.quality import search_runs
 from bench.quality.search_runs import mean_sd, pct, permutation_p, retrain
 
@@ -64,8 +65,16 @@ def main(argv: list[str] | None = None) -> int:
         record["genomes"].append(entry)
         print(f"{pick}: validation {pct(entry['val'])}, test {pct(entry['test'])}, "
               f"p against the first {entry['val_p_against_the_first']}", flush=True)
+    record["figures"] = [figure(f"val_accuracy[{_shown(entry['genome'])}]", entry["val"]["mean"],
+                                {"val": entry["val"], "test": entry["test"],
+                                 "val_p_against_the_first": entry["val_p_against_the_first"]})
+                         for entry in record["genomes"]]
     search_runs.save(search_runs.records_dir(args), "retrain", args.dataset, record)
     return 0
+
+
+def _shown(pick: dict) -> str:
+    return ",".join(f"{gene}={value}" for gene, value in pick.items())
 
 
 def _key(pick: dict) -> str:

@@ -28,6 +28,7 @@ if __name__ == "__main__":  # run as a file (python bench/FAMILY/SCRIPT.py): ben
     sys.path[0] = str(Path(__file__).resolve().parents[2])
 
 from bench.common import machine, measure
+from bench.common.record import figure
 from bench.quality import search_runs
 from bench.quality.search_runs import best_at, best_so_far, mean_sd, pct, permutation_p, retrain
 
@@ -124,8 +125,22 @@ def main(argv: list[str] | None = None) -> int:
         p = m.get("p_vs_random", {})
         print(f"| {name} | {' | '.join(pct(m['best_at'][k]) for k in marks)} | {pct(m['pick_retrained'])} | "
               f"{m['trainings']['mean']:.1f} | {m['cache_hits']['mean']:.1f} | {p.get('best')}, {p.get('pick_retrained')} |")
+    record["figures"] = figures(record["methods"], args.budget)
     search_runs.save(search_runs.records_dir(args), args.record, args.dataset, record)
     return 0
+
+
+def figures(methods: dict, budget: int) -> list[dict]:
+    """Each method's best at the whole budget and its pick retrained (means over the seeds; the spread
+    and the p-value against random search in the detail)."""
+    out = []
+    for name, m in methods.items():
+        p = m.get("p_vs_random", {})
+        out.append(figure(f"best_{name}", m["best_at"][budget]["mean"], {**m["best_at"][budget], "evaluations": budget,
+                                                                          "p_vs_random": p.get("best")}))
+        out.append(figure(f"pick_retrained_{name}", m["pick_retrained"]["mean"],
+                          {**m["pick_retrained"], "p_vs_random": p.get("pick_retrained")}))
+    return out
 
 
 if __name__ == "__main__":

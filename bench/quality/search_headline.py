@@ -25,7 +25,7 @@ if __name__ == "__main__":  # run as a file (python bench/FAMILY/SCRIPT.py): ben
     sys.path[0] = str(Path(__file__).resolve().parents[2])
 
 from bench.common import machine, measure
-from bench.common.record import REPO, RESULTS, script_command
+from bench.common.record import REPO, RESULTS, figure, script_command, write_record
 
 
 # (dataset, the original's reported accuracy)
@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     record = {"budget": args.budget, "settings": budget, "date": time.strftime("%Y-%m-%d %H:%M:%S"),
               "machine": machine.describe(),
               "command": script_command(__file__, argv),
-              "searches": {}}
+              "searches": {}, "figures": []}
     runs = Path(args.out_dir or RESULTS) / "search-runs"
     for dataset, reported in SEARCHES:
         if dataset not in args.datasets:
@@ -80,10 +80,14 @@ def main(argv: list[str] | None = None) -> int:
                             ["--threads", str(args.threads)])
         result["reported_by_the_original"] = reported
         record["searches"][dataset] = result
+        record["figures"].append(figure(f"best_val_accuracy_{dataset}", result["best_val_accuracy"],
+                                        {k: result[k] for k in ("best_test_accuracy", "best_genome", "evaluations",
+                                                                "cache_hits", "wall_seconds", "workers")}
+                                        | {"reported_by_the_original": reported}))
         print(f"   best validation {result['best_val_accuracy']:.4f} (test {result['best_test_accuracy']:.4f}), "
               f"reported {reported:.2f}; {result['evaluations']} evaluations, {result['cache_hits']} cache hits, "
               f"{result['wall_seconds'] / 60:.1f} min on {result['workers']} worker(s)", flush=True)
-    print(machine.write_record(args.out_dir or RESULTS / "quality", f"search-{args.budget}-{time.strftime('%Y-%m-%d')}.json", record))
+    print(write_record(args.out_dir or RESULTS / "quality", f"search-{args.budget}-{time.strftime('%Y-%m-%d')}.json", record))
     return 0
 
 

@@ -19,8 +19,8 @@ from typing import Optional
 
 import numpy as np
 
-from bench.common import machine, measure
-from bench.common.record import REPO, RESULTS
+from bench.common import measure
+from bench.common.record import REPO, RESULTS, write_json, write_record
 
 
 
@@ -56,11 +56,11 @@ def run_search(command: list[str], flags: list[str], out: Path, data_dir: str, *
         while search.poll() is None and not (out / "config.json").exists():
             time.sleep(0.5)  # the record goes in once the search has made its folder its own
         if (out / "config.json").exists():
-            path.write_text(json.dumps(record))
+            write_json(path, record, indent=None)
         if search.wait() != 0:
             raise subprocess.CalledProcessError(search.returncode, cmd)
         record["wall_seconds"] = sum(record["parts"]) + time.time() - record["started"]
-        path.write_text(json.dumps(record))
+        write_json(path, record, indent=None)
     summary = json.loads((out / "summary.json").read_text())
     from towerlab.search import evaluation_records
 
@@ -106,7 +106,7 @@ def retrain(pick: dict, settings: dict, seeds: list[int], data_dir: str, *, proc
                              initargs=(threads,)) as pool:
         runs = list(pool.map(_retrain_one, [(pick, settings, seed, data_dir) for seed in seeds]))
     if cache is not None:
-        machine.write_record(cache.parent, cache.name, {"key": key, "runs": runs})
+        write_json(cache, {"key": key, "runs": runs})
     return runs
 
 
@@ -260,4 +260,4 @@ def record_name(kind: str, dataset: str) -> str:
 
 
 def save(out_dir: str | Path, kind: str, dataset: str, record: dict) -> None:
-    print(machine.write_record(out_dir, record_name(kind, dataset), record))
+    print(write_record(out_dir, record_name(kind, dataset), record))

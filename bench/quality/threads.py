@@ -18,7 +18,7 @@ if __name__ == "__main__":  # run as a file (python bench/FAMILY/SCRIPT.py): ben
     sys.path[0] = str(Path(__file__).resolve().parents[2])
 
 from bench.common import machine, measure
-from bench.common.record import RESULTS
+from bench.common.record import RESULTS, figure, write_record
 from bench.quality.search_runs import fresh_seeds, retrain
 
 
@@ -42,8 +42,9 @@ def main(argv: list[str] | None = None) -> int:
     differ = sum(a != b for a, b in zip(scores[1], scores[2]))
     print(f"{differ} of {len(seeds)} seeds score differently (validation or test) on 1 and 2 threads")
     record = {"machine": machine.describe(), "date": measure.now(), "pick": pick, "settings": settings,
-              "seeds": seeds, "runs": {str(t): r for t, r in runs.items()}, "seeds_that_differ": differ}
-    path = machine.write_record(args.out, f"threads-{args.dataset}-{measure.now()[:10]}.json", record)
+              "seeds": seeds, "runs": {str(t): r for t, r in runs.items()}, "seeds_that_differ": differ,
+              "figures": [figure("seeds_that_differ", differ, {"seeds": len(seeds), "threads": [1, 2], "scores": scores})]}
+    path = write_record(args.out, f"threads-{args.dataset}-{measure.now()[:10]}.json", record)
     print(f"wrote {path}")
     return 0
 

@@ -49,8 +49,8 @@ from pathlib import Path
 if __name__ == "__main__":  # run as a file (python bench/FAMILY/SCRIPT.py): bench.* from the repository
     sys.path[0] = str(Path(__file__).resolve().parents[2])
 
-from bench.common.machine import describe, write_record
-from bench.common.record import RESULTS, script_command
+from bench.common.machine import describe
+from bench.common.record import RESULTS, script_command, write_record
 from bench.queue.postgres import Server
 
 OBJECTIVE = "def f(x, y):\n    return (x - 0.3) ** 2 + (y - 0.7) ** 2\n"

@@ -33,9 +33,9 @@ from pathlib import Path
 if __name__ == "__main__":  # run as a file (python bench/FAMILY/SCRIPT.py): bench.* from the repository
     sys.path[0] = str(Path(__file__).resolve().parents[2])
 
-from bench.common.machine import describe, write_record
+from bench.common.machine import describe
 from bench.common.measure import default_data_dir, shown, timed
-from bench.common.record import BENCH, RESULTS, script_command
+from bench.common.record import BENCH, RESULTS, script_command, write_json, write_record
 
 SPACE = """model = "mlp"
 [genes]
@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
         space = Path(folder) / "space24.toml"
         space.write_text(SPACE)
         genomes = Path(folder) / "genomes.json"
-        genomes.write_text(json.dumps(genomes_and_seeds(space, args.seed)))
+        write_json(genomes, genomes_and_seeds(space, args.seed))
         for r in range(args.rounds):
             sides = {}
             for side in (("towerlab", "optuna") if r % 2 == 0 else ("optuna", "towerlab")):

@@ -31,8 +31,8 @@ from pathlib import Path
 if __name__ == "__main__":  # run as a file (python bench/FAMILY/SCRIPT.py): bench.* from the repository
     sys.path[0] = str(Path(__file__).resolve().parents[2])
 
-from bench.common.machine import describe, write_record
-from bench.common.record import RESULTS, script_command
+from bench.common.machine import describe
+from bench.common.record import RESULTS, figure, script_command, write_record
 from bench.queue.postgres import Server
 
 from towerlab.config import SearchConfig
@@ -157,7 +157,9 @@ def main(argv: list[str] | None = None) -> int:
               "command": script_command(__file__, argv),
               "search": {"sampler": CONFIG.sampler, "population": CONFIG.population,
                          "generations": CONFIG.generations, "lease_seconds": LEASE},
-              "results": results, "held": held}
+              "results": results, "held": held,
+              "figures": [figure(f"held_{backend}", r["finished"] and r["same_rows"] and r.get("connections_left", 0) == 0
+                                 and r["killed"] == args.kills, r) for backend, r in results.items()]}
     path = write_record(args.out_dir, f"queue-stress-{datetime.date.today().isoformat()}.json", record)
     print(f"{'held' if held else 'FAILED'}: {path}")
     return 0 if held else 1

@@ -37,8 +37,8 @@ from typing import Any
 if __name__ == "__main__":  # run as a file (python bench/FAMILY/SCRIPT.py): bench.* from the repository
     sys.path[0] = str(Path(__file__).resolve().parents[2])
 
-from bench.common.machine import describe, write_record
-from bench.common.record import REPO, RESULTS, script_command
+from bench.common.machine import describe
+from bench.common.record import REPO, RESULTS, script_command, write_record
 
 TRAININGS = 200
 

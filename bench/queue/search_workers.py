@@ -31,9 +31,9 @@ from pathlib import Path
 if __name__ == "__main__":  # run as a file (python bench/FAMILY/SCRIPT.py): bench.* from the repository
     sys.path[0] = str(Path(__file__).resolve().parents[2])
 
-from bench.common.machine import describe, write_record
+from bench.common.machine import describe
 from bench.common.measure import child_env, default_data_dir, shown, timed
-from bench.common.record import REPO, RESULTS, script_command
+from bench.common.record import REPO, RESULTS, script_command, write_record
 
 
 def search_command(out: Path, args: argparse.Namespace, devices: int) -> list[str]:

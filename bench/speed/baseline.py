@@ -25,6 +25,10 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
+if __name__ == "__main__":  # run as a file (python bench/FAMILY/SCRIPT.py): bench.* from the repository
+    sys.path[0] = str(Path(__file__).resolve().parents[2])
+
+from bench.common.record import write_json
 from towerlab.models import build_model
 
 MNIST_MEAN, MNIST_STD = 0.1307, 0.3081  # the values every MNIST tutorial hard-codes
@@ -109,11 +113,10 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     record = run(args.data_dir, epochs=args.epochs, target=args.target or None, seed=args.seed,
                  log=lambda line: print(line, file=sys.stderr, flush=True))
-    text = json.dumps(record, indent=2)
     if args.json:
-        Path(args.json).write_text(text + "\n", encoding="utf-8")
+        write_json(args.json, record)
     else:
-        print(text)
+        print(json.dumps(record, indent=2))
     return 0
 
 

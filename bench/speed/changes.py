@@ -13,12 +13,17 @@ import json
 import statistics
 import sys
 import time
+from pathlib import Path
 from typing import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+if __name__ == "__main__":  # run as a file (python bench/FAMILY/SCRIPT.py): bench.* from the repository
+    sys.path[0] = str(Path(__file__).resolve().parents[2])
+
+from bench.common.record import write_json
 from towerlab.training.batches import _gather_pixels, crop_flip, epoch_salt, mix_seed
 from towerlab.models import build_model
 from towerlab.training.step import seed_dropout
@@ -232,12 +237,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name:32s} {row['before_ms']:9.3f} ms -> {row['after_ms']:9.3f} ms  x{row['speedup']:.2f}",
               file=sys.stderr, flush=True)
         results.append(row)
-    text = json.dumps({"threads": 1, "results": results}, indent=2)
     if args.json:
-        with open(args.json, "w", encoding="utf-8") as f:
-            f.write(text + "\n")
+        write_json(args.json, {"threads": 1, "results": results})
     else:
-        print(text)
+        print(json.dumps({"threads": 1, "results": results}, indent=2))
     return 0
 
 

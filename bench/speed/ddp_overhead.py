@@ -19,6 +19,10 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+if __name__ == "__main__":  # run as a file (python bench/FAMILY/SCRIPT.py): bench.* from the repository
+    sys.path[0] = str(Path(__file__).resolve().parents[2])
+
+from bench.common.record import write_json
 from towerlab.config import TrainConfig
 from towerlab.distributed.group import session
 from towerlab.distributed.launch import launch
@@ -84,7 +88,7 @@ def _worker(rank: int, world_size: int, store: str, data_dir: str, scale: float,
                             "communication_share": 1 - ms["no_sync_step"] / ms["ddp_step"],
                             "samples_ms": {k: [round(x, 3) for x in v] for k, v in times.items()}})
     if rank == 0:
-        Path(out).write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+        write_json(out, results)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -45,9 +45,9 @@ import numpy as np
 if __name__ == "__main__":  # run as a file (python bench/FAMILY/SCRIPT.py): bench.* from the repository
     sys.path[0] = str(Path(__file__).resolve().parents[2])
 
-from bench.common.machine import CpuWatch, describe, wait_for_quiet, write_record
+from bench.common.machine import CpuWatch, describe, wait_for_quiet
 from bench.common.measure import default_data_dir
-from bench.common.record import RESULTS, script_command
+from bench.common.record import RESULTS, script_command, write_record
 
 CIFAR_NAMES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
 _ARRAYS: dict = {}  # the forked writers' copy of the arrays they write

@@ -25,7 +25,7 @@ if __name__ == "__main__":  # run as a file (python bench/FAMILY/SCRIPT.py): ben
     sys.path[0] = str(Path(__file__).resolve().parents[2])
 
 from bench.common import machine, measure
-from bench.common.record import REPO, RESULTS, script_command
+from bench.common.record import REPO, RESULTS, figure, script_command, write_record
 
 SPIN_COUNTS = {"passive": "0", "spin1k": "1000", "spin10k": "10000", "spin100k": "100000", "spin300k": "300000"}
 
@@ -71,8 +71,10 @@ def main(argv: list[str] | None = None) -> int:
               f"{row['quiet_over_spin300k']:.2f}x |")
     record = {"date": measure.now(), "machine": machine.describe(), "command": script_command(__file__, argv),
               "steps": args.steps, "rounds": args.rounds,
-              "spin_counts": SPIN_COUNTS, "samples": samples, "medians": table}
-    print(machine.write_record(args.out_dir, f"omp-wait-{time.strftime('%Y-%m-%d')}.json", record))
+              "spin_counts": SPIN_COUNTS, "samples": samples, "medians": table,
+              "figures": [figure(f"busy_over_quiet_{name}", row["busy_over_quiet"],
+                                 {**row, "gomp_spincount": SPIN_COUNTS[name]}) for name, row in table.items()]}
+    print(write_record(args.out_dir, f"omp-wait-{time.strftime('%Y-%m-%d')}.json", record))
     return 0
 
 

@@ -27,7 +27,7 @@ if __name__ == "__main__":  # run as a file (python bench/FAMILY/SCRIPT.py): ben
     sys.path[0] = str(Path(__file__).resolve().parents[2])
 
 from bench.common import machine, measure
-from bench.common.record import BENCH, REPO, RESULTS, script_command
+from bench.common.record import BENCH, REPO, RESULTS, script_command, write_record
 
 
 def log(line: str) -> None:
@@ -191,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
               "figures": figures, "changes": changes}
     out_dir = Path(args.out_dir or (RESULTS / "quick" if args.quick else RESULTS / ("speed" if args.suite == "cpu" else "gpu")))
     name = f"{args.suite}{'-quick' if args.quick else ''}-{datetime.date.today():%Y-%m-%d}.json"
-    written = machine.write_record(out_dir, name, record)
+    written = write_record(out_dir, name, record)
     from bench.speed import plots
     drawn = plots.draw(figures, out_dir, suffix="" if args.suite == "cpu" else f"-{args.suite}")
     print(table(figures, changes))

@@ -23,7 +23,7 @@ if __name__ == "__main__":  # run as a file (python bench/FAMILY/SCRIPT.py): ben
     sys.path[0] = str(Path(__file__).resolve().parents[2])
 
 from bench.common import machine, measure
-from bench.common.record import REPO, RESULTS, script_command
+from bench.common.record import REPO, RESULTS, figure, script_command, write_record
 
 
 # name -> (the seed's report, towerlab flags, flags replacing them on a 2-core CPU, or None)
@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     record = {"budget": args.budget, "date": time.strftime("%Y-%m-%d %H:%M:%S"), "machine": machine.describe(),
               "command": script_command(__file__, argv),
-              "examples": {}}
+              "examples": {}, "figures": []}
     for name in args.only:
         reported, flags, cpu_cut = EXAMPLES[name]
         if args.budget == "cpu" and cpu_cut:
@@ -85,9 +85,12 @@ def main(argv: list[str] | None = None) -> int:
         result["reported_by_the_seeds"] = reported
         result["cut_for_cpu"] = bool(args.budget == "cpu" and cpu_cut)
         record["examples"][name] = result
+        record["figures"].append(figure(f"test_accuracy_{name}", result["test_accuracy"],
+                                        {k: result[k] for k in ("val_accuracy", "train_seconds", "examples_per_sec",
+                                                                "cut_for_cpu", "reported_by_the_seeds")}))
         print(f"   test {result['test_accuracy']}, last minibatch {result['last_minibatch_accuracy']}, "
               f"{result['train_seconds']:.1f} s training, {result['examples_per_sec']:.0f} examples/s", flush=True)
-    print(machine.write_record(args.out_dir, f"seeds-{args.budget}-{time.strftime('%Y-%m-%d')}.json", record))
+    print(write_record(args.out_dir, f"seeds-{args.budget}-{time.strftime('%Y-%m-%d')}.json", record))
     return 0
 
 

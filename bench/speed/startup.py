@@ -24,7 +24,7 @@ if __name__ == "__main__":  # run as a file (python bench/FAMILY/SCRIPT.py): ben
     sys.path[0] = str(Path(__file__).resolve().parents[2])
 
 from bench.common import machine, measure
-from bench.common.record import REPO, RESULTS, script_command
+from bench.common.record import REPO, RESULTS, figure, script_command, write_record
 
 SIDES = {
     "import_torch": ["-c", "import torch"],
@@ -78,8 +78,12 @@ def main(argv: list[str] | None = None) -> int:
               "command": script_command(__file__, argv),
               "rounds": args.rounds, "sides": {side: ["python", *a] for side, a in SIDES.items()},
               "target_ratio": TARGET, "samples": samples, "median_seconds": medians,
-              "ratio_to_import_torch": ratios, "within_target": all(r <= TARGET for r in ratios.values())}
-    print(machine.write_record(args.out_dir, f"startup-{time.strftime('%Y-%m-%d')}.json", record))
+              "ratio_to_import_torch": ratios, "within_target": all(r <= TARGET for r in ratios.values()),
+              "figures": [figure(f"{side}_over_import_torch", ratio, {"median_seconds": medians[side],
+                                                                       "import_torch_seconds": medians["import_torch"],
+                                                                       "target": TARGET, "met": ratio <= TARGET})
+                          for side, ratio in ratios.items()]}
+    print(write_record(args.out_dir, f"startup-{time.strftime('%Y-%m-%d')}.json", record))
     return 0
 
 

@@ -21,7 +21,10 @@ def _bench(*args: str) -> subprocess.CompletedProcess:
                           cwd=REPO, timeout=120)
 
 
-RECORDS = sorted((REPO / "bench" / "results").rglob("*.json"))
+# The records, not the runs' folders beside them (git ignores those: a run's own files, kept for --reuse).
+RUNS_FOLDERS = {"quick", "search-runs", "sampler-runs", "pruning-runs", "lcbench-runs"}
+RECORDS = sorted(path for path in (REPO / "bench" / "results").rglob("*.json")
+                 if not RUNS_FOLDERS & set(path.relative_to(REPO / "bench" / "results").parts))
 
 
 @pytest.mark.parametrize("path", RECORDS, ids=lambda path: str(path.relative_to(REPO / "bench" / "results")))
@@ -35,6 +38,14 @@ def test_every_record_holds_its_figures_in_one_shape(path):
     for figure in figures:
         assert isinstance(figure, dict) and isinstance(figure.get("id"), str) and "value" in figure, figure
         assert isinstance(figure.get("detail", {}), dict), figure["id"]
+
+
+@pytest.mark.parametrize("path", RECORDS, ids=lambda path: str(path.relative_to(REPO / "bench" / "results")))
+def test_every_record_says_what_it_ran_on(path):
+    """`machine`: what bench.common.machine.describe() gave, or, for the nine records written before every
+    script recorded it, what the record's own fields and notes say, and why the rest is unknown."""
+    machine = json.loads(path.read_text()).get("machine")
+    assert isinstance(machine, dict) and machine or isinstance(machine, str) and machine.startswith("unknown: ")
 
 
 def test_a_record_is_written_whole_with_its_machine_and_figures(tmp_path):

@@ -24,7 +24,7 @@ if __name__ == "__main__":  # run as a file (python bench/FAMILY/SCRIPT.py): ben
     sys.path[0] = str(Path(__file__).resolve().parents[2])
 
 from bench.common.record import write_json
-from towerlab.training.batches import _gather_pixels, crop_flip, epoch_salt, mix_seed
+from towerlab.training.batches import crop_flip, epoch_salt, mix_seed
 from towerlab.models import build_model
 from towerlab.training.step import seed_dropout
 
@@ -44,6 +44,15 @@ def augment_indexing(x: torch.Tensor, generator: torch.Generator, pad: int = 4) 
     return torch.where(flip[:, None, None, None], out.flip(3), out)
 
 
+def gather_pixels(images: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+    """out[k, :, i, j] = images[k, :, rows[k, i], cols[k, j]] as one `gather` (rows (n, h), cols (n, w)): the
+    gather of that time, kept here with the code before (towerlab's own is private to training/batches.py)."""
+    n, c = images.shape[:2]
+    h, w = rows.shape[1], cols.shape[1]
+    offsets = (rows[:, :, None] * images.shape[3] + cols[:, None, :]).view(n, 1, h * w)
+    return images.reshape(n, c, -1).gather(2, offsets.expand(n, c, h * w)).view(n, c, h, w)
+
+
 def augment_gather(x: torch.Tensor, generator: torch.Generator, pad: int = 4) -> torch.Tensor:
     """towerlab's crop+flip before issue 38: one gather, dy, dx and the flip drawn from a generator
     that the step reseeded (a host value each step, which a captured step cannot take)."""
@@ -55,7 +64,7 @@ def augment_gather(x: torch.Tensor, generator: torch.Generator, pad: int = 4) ->
     j = torch.arange(w, device=x.device)
     cols = dx[:, None] + torch.where(flip[:, None], (w - 1) - j, j)
     rows = dy[:, None] + torch.arange(h, device=x.device)
-    return _gather_pixels(padded, rows, cols)
+    return gather_pixels(padded, rows, cols)
 
 
 def fold_loss(worst: torch.Tensor, loss: torch.Tensor) -> None:

@@ -82,6 +82,7 @@ def timed_import(folder: Path, names: list[str], ours: bool) -> float:
     with SourceLoader, the proof is taken too."""
     _fresh(names)
     sys.path.insert(0, str(folder))
+    finders = list(sys.meta_path)  # put back after: proof.install()'s finder out again, by what it was
     if ours:
         proof.install()
     try:
@@ -92,14 +93,14 @@ def timed_import(folder: Path, names: list[str], ours: bool) -> float:
         return time.perf_counter() - started
     finally:
         sys.path.remove(str(folder))
-        if proof._LocalFinder in sys.meta_path:
-            sys.meta_path.remove(proof._LocalFinder)
+        sys.meta_path[:] = finders
 
 
 def import_statement_seconds(folder: Path, names: list[str], ours: bool, calls: int = 100_000) -> float:
     """Seconds per call of a function whose body imports json (served from sys.modules)."""
     _fresh(names)
     sys.path.insert(0, str(folder))
+    finders = list(sys.meta_path)  # put back after: proof.install()'s finder out again, by what it was
     if ours:
         proof.install()
     try:
@@ -110,8 +111,7 @@ def import_statement_seconds(folder: Path, names: list[str], ours: bool, calls: 
         return (time.perf_counter() - started) / calls
     finally:
         sys.path.remove(str(folder))
-        if proof._LocalFinder in sys.meta_path:
-            sys.meta_path.remove(proof._LocalFinder)
+        sys.meta_path[:] = finders
 
 
 THIRD_PARTY = """

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from bench.common import worker_times
 from bench.common.machine import CpuWatch, wait_for_quiet
 from bench.common.record import BENCH, REPO
 CONTENDED_CORES = 0.3   # a sample during which others kept this many cores busy is flagged
@@ -158,47 +159,32 @@ def _towerlab_once(args: list[str], data_dir: str, timeout: float, env: dict | N
 
 def towerlab_search(args: list[str], data_dir: str, timeout: float = 1800) -> dict:
     """One `towerlab evolve` run in a fresh process; its summary, CPU use, and where its workers' time
-    went (`worker_breakdown`)."""
+    went (bench/common/worker_times.py)."""
     out = Path(tempfile.mkdtemp(prefix="towerlab-bench-")) / "search"
     cmd = [sys.executable, "-m", "towerlab", "evolve", *args, "--data-dir", data_dir, "--no-progress",
            "--out", str(out)]
     if DRY_RUN:
         from towerlab.cli import build_parser
         from towerlab.commands import resolve_search
-        from towerlab.jobs.search.worker_times import PARTS
 
         resolve_search(build_parser().parse_args(cmd[3:]))
         shutil.rmtree(out.parent, ignore_errors=True)
         DRY_COMMANDS.append(["towerlab", *cmd[3:-1], "DIR"])
         stats = [{"evaluated": 1, "seconds": 1.0}]
-        record = {"worker": "dry", "device": "cpu", "tasks": 1, "wall_seconds": 1.0, "seconds": dict.fromkeys(PARTS, 0.125)}
+        record = {"worker": "dry", "device": "cpu", "tasks": 1, "wall_seconds": 1.0,
+                  "seconds": dict.fromkeys(worker_times.PARTS, 0.125)}
         return {"command": DRY_COMMANDS[-1], "summary": {"generation_stats": stats, "workers": 1},
-                "cpu": {"foreign_cores": 0.0}, "worker_time": worker_breakdown([record])}
-    from towerlab.jobs.search.worker_times import ENV
-
+                "cpu": {"foreign_cores": 0.0}, "worker_time": worker_times.breakdown([record])}
     times = out.parent / "worker-times"
     try:
-        _, cpu = _run(cmd, timeout, {**child_env(), ENV: str(times)})
+        _, cpu = _run(cmd, timeout, {**child_env(), **worker_times.environment(times)})
         summary = json.loads((out / "summary.json").read_text())
         records = [json.loads(path.read_text()) for path in sorted(times.glob("*.json"))]
     finally:
         shutil.rmtree(out.parent, ignore_errors=True)
     keep = ("generation_stats", "evaluations", "cache_hits", "failures", "workers", "seconds", "best_val_accuracy")
     return {"command": ["towerlab", *cmd[3:-1], "DIR"], "summary": {k: summary[k] for k in keep}, "cpu": cpu,
-            "worker_time": worker_breakdown(records)}
-
-
-def worker_breakdown(records: list[dict]) -> dict:
-    """The workers' time (towerlab.jobs.search.worker_times, one record per worker process) in all, and per
-    trained candidate: each part's seconds summed over the workers and divided by the candidates they
-    trained (the search's and its test retrainings), with each part's share of the workers' wall time."""
-    parts = list(records[0]["seconds"]) if records else []
-    tasks = sum(r["tasks"] for r in records)
-    total = {p: sum(r["seconds"][p] for r in records) for p in parts}
-    wall = sum(r["wall_seconds"] for r in records)
-    return {"workers": len(records), "candidates": tasks, "wall_seconds": wall, "seconds": total,
-            "per_candidate": {p: (v / tasks if tasks else None) for p, v in total.items()},
-            "share": {p: (v / wall if wall else None) for p, v in total.items()}, "each_worker": records}
+            "worker_time": worker_times.breakdown(records)}
 
 
 def baseline(data_dir: str, epochs: int, target: float, seed: int, threads: int | None = None,

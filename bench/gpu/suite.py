@@ -140,7 +140,7 @@ def search_workers(data_dir: str, repeats: int, quick: bool, log: Log) -> dict:
     """Search evaluations per minute on one GPU over a whole search (3 generations of the mlp space on
     MNIST, one epoch each), with 1, 2 and 4 candidates training at once on the GPU: the default
     `--workers-per-device` is read from these. Each side's workers' time split into its parts
-    (jobs/search/worker_times.py: start, data, store, build, setup, training, evaluation, idle), in all and
+    (bench/common/worker_times.py: start, data, store, build, setup, training, evaluation, idle), in all and
     per trained candidate."""
     population, generations = (8, 2) if quick else (24, 3)
     common = measure.flags({"space": "mlp", "dataset": "mnist", "population": population,
@@ -175,8 +175,8 @@ def search_workers(data_dir: str, repeats: int, quick: bool, log: Log) -> dict:
                        "per_device4_over_1": measure.ratio_stats(samples, "per_device4", "per_device1", rounds),
                        "worker_time": {name: samples[name][-1]["worker_time"] for name in SEARCH_SIDES},
                        "worker_time_is": "each side's last round: its workers' seconds by part, summed, per "
-                                         "trained candidate and as shares of their wall time (towerlab."
-                                         "jobs.worker_times)",
+                                         "trained candidate and as shares of their wall time (bench/"
+                                         "common/worker_times.py)",
                        "rounds_used": rounds, "population": population, "generations": generations,
                        "rate": "evaluations of every generation over the generations' seconds (the first one's "
                                "start-up in it; the final test retraining out)"},

@@ -39,7 +39,7 @@ from pathlib import Path
 if __name__ == "__main__":  # run as a file (python bench/FAMILY/SCRIPT.py): bench.* from the repository
     sys.path[0] = str(Path(__file__).resolve().parents[2])
 
-from bench.common import machine, measure
+from bench.common import machine, measure, worker_times
 from bench.common.record import REPO, RESULTS
 from bench.proof.data_digest import medians, sides_alternating, write_rounds
 
@@ -68,7 +68,7 @@ print(json.dumps({"import_seconds": imported - started, "digest_seconds": time.p
 
 def env_for(src: Path, data_dir: str, cache: Path) -> dict:
     """A side's environment: its towerlab first on the path, the data, its own cache folder."""
-    hidden = ("TOWERLAB_STORE", "PYTHONDONTWRITEBYTECODE", "TOWERLAB_WORKER_TIMES")
+    hidden = ("TOWERLAB_STORE", "PYTHONDONTWRITEBYTECODE", worker_times.FOLDER, worker_times.CLOCK)
     return {**{k: v for k, v in measure.child_env().items() if k not in hidden}, "PYTHONPATH": str(src),
             "TOWERLAB_DATA": data_dir, "XDG_CACHE_HOME": str(cache)}
 
@@ -109,7 +109,7 @@ def made_search(src: Path, folder: Path, env: dict) -> Path:
 
 def worker_start(template: Path, round_folder: Path, env: dict) -> dict:
     """A worker joining a copy of `template`: seconds from its command's start to its first claim, and the
-    worker's own breakdown (its process's start and data, from $TOWERLAB_WORKER_TIMES) where it writes one."""
+    worker's own breakdown (its process's start and data: bench/common/worker_times.py) where it writes one."""
     shutil.rmtree(round_folder, ignore_errors=True)
     shutil.copytree(template, round_folder)
     times = round_folder / "times"
@@ -117,7 +117,7 @@ def worker_start(template: Path, round_folder: Path, env: dict) -> dict:
         started = time.time()
         done = subprocess.run([sys.executable, "-m", "towerlab", "search", "worker", str(round_folder), "--device", "cpu",
                                "--devices", "1"], capture_output=True, text=True, timeout=900, cwd=round_folder,
-                              env={**env, "TOWERLAB_WORKER_TIMES": str(times)})
+                              env={**env, **worker_times.environment(times, env["PYTHONPATH"])})
     if done.returncode != 0:
         raise SystemExit(f"worker_start.py: the worker exited {done.returncode}: {done.stderr.strip()[-600:]}")
     first = min(claimed for _, claimed in claims(round_folder / "search.db") if claimed > started)

@@ -10,7 +10,7 @@ held, with the numbers of kills and workers.
     python bench/queue/queue_stress.py                                   # both stores (under a minute on 2 cores)
     python bench/queue/queue_stress.py --backends sqlite --processes 4   # a quick look
 
-The PostgreSQL server is the tests' private one (tests/postgres.py), stopped at the end. Writes
+The PostgreSQL server is a private one (bench/queue/postgres.py), stopped at the end. Writes
 bench/results/queue-stress-<date>.json.
 """
 

@@ -13,8 +13,8 @@ over `--rounds`; each figure is the median.
     python bench/queue/store_queue.py                        # 1, 4 and 16 processes, SQLite and PostgreSQL (~5 min)
     python bench/queue/store_queue.py --processes 4 --rounds 1 --tasks 200   # a quick look
 
-The PostgreSQL server is a private one started here (tests/postgres.py: initdb into a temporary
-folder, a free loopback port), stopped at the end. Writes bench/results/queue-<date>.json with the
+The PostgreSQL server is a private one started here (bench/queue/postgres.py: initdb into a temporary
+folder, a free loopback port), stopped at the end. Writes bench/results/queue/queue-<date>.json with the
 figure `queue_vs_optuna_postgresql` (towerlab tasks/s over Optuna trials/s, 4 processes).
 """
 

@@ -10,8 +10,8 @@ proposes: it reads no history (it replayed the whole search before, the claim wa
 at 100,000 trainings). Also recorded: the search's proposals (each made once, by its leader: the
 generations' `proposed.by`).
 
-    python bench/worker_join.py                      # 10,000 and 100,000 (about 15 min here)
-    python bench/worker_join.py --history 2000       # a quick look
+    python bench/queue/worker_join.py                # 10,000 and 100,000 (about 15 min here)
+    python bench/queue/worker_join.py --history 2000 # a quick look
 """
 
 from __future__ import annotations
@@ -26,9 +26,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from machine import describe, write_record
+if __name__ == "__main__":  # run as a file (python bench/FAMILY/SCRIPT.py): bench.* from the repository
+    sys.path[0] = str(Path(__file__).resolve().parents[2])
 
-BENCH = Path(__file__).resolve().parent
+from bench.common.machine import describe
+from bench.common.record import RESULTS, figure, script_command, write_record
+
 OBJECTIVE = "import os, time\n\ndef f(x, y):\n    time.sleep(float(os.environ.get('JOIN_SLEEP', '0')))\n    return x + y\n"
 POPULATION = 100
 
@@ -105,13 +108,13 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(row)
         print(f"{history} trainings: first claim {row['first_claim_seconds']:.2f} s after the worker's start "
               f"(history built in {row['build_seconds']:.0f} s)", flush=True)
-    figures = [{"id": f"worker_join_first_claim_{r['history']}", "value": r["first_claim_seconds"],
-                "detail": {k: v for k, v in r.items() if k != "first_claim_seconds"}} for r in rows]
+    figures = [figure(f"worker_join_first_claim_{r['history']}", r["first_claim_seconds"],
+                      {k: v for k, v in r.items() if k != "first_claim_seconds"}) for r in rows]
     name = args.record or f"worker-join-{time.strftime('%Y-%m-%d')}.json"
-    write_record(BENCH / "results", name, {
+    written = write_record(RESULTS / "queue", name, {
         "date": time.strftime("%Y-%m-%d %H:%M:%S"), "machine": describe(),
-        "command": ["python", "bench/worker_join.py", *sys.argv[1:]], "rows": rows, "figures": figures})
-    print(f"wrote bench/results/{name}")
+        "command": script_command(__file__, argv), "rows": rows, "figures": figures})
+    print(f"wrote {written}")
     return 0
 
 

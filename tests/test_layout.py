@@ -2,7 +2,7 @@
 the layers (cli/api > jobs > {training, search} > {models, data, distributed} > config), a package
 sits in one layer whole, no two modules import each other (directly or around a circle), a module
 over 350 lines says why in its docstring (none grows past 400), every `noqa` and `type: ignore`
-says why, and the search core runs without torch."""
+says why, and the search core runs without torch; and bench/'s rules (below)."""
 from __future__ import annotations
 
 import ast
@@ -218,10 +218,13 @@ def test_the_search_core_imports_no_torch():
 # --- bench/: the benchmarks (docs/development.md, "Benchmarks") -----------------------------------------
 # A benchmark imports nothing from tests/ (the tests are not a library: a bench of its own holds what it
 # needs, bench/queue/postgres.py) and no private (underscore) name of towerlab (what towerlab may change
-# under it without a word); every JSON file it writes goes through its one writer, bench/common/record.py.
+# under it without a word) or of another bench module (what it shares it names); every JSON file it writes
+# goes through its one writer, bench/common/record.py.
 BENCH = SRC.parent / "bench"
 TESTS_MODULES = {path.stem for path in (SRC.parent / "tests").glob("*.py")} | {"tests"}
 RECORD_WRITER = "bench/common/record.py"
+BENCH_NAMES = {".".join(path.relative_to(SRC.parent).with_suffix("").parts) for path in BENCH.rglob("*.py")}
+OWNED = ("towerlab", "bench")  # the packages whose private names a benchmark leaves alone
 
 
 def _private(name: str) -> bool:
@@ -230,26 +233,26 @@ def _private(name: str) -> bool:
 
 def bench_breaches(source: str) -> list[str]:
     """What a bench module's source does that bench/ may not: an import of tests/, a private name of
-    towerlab, JSON written past the record writer."""
+    towerlab or of another bench module, JSON written past the record writer."""
     tree = ast.parse(source)
-    found, aliases = [], {}  # a name bound to a towerlab module -> that module
+    found, aliases = [], {}  # a name bound to a module of towerlab or bench -> that module
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             for alias in node.names:
                 if alias.name.split(".")[0] in TESTS_MODULES:
                     found.append(f"imports tests/ ({alias.name})")
-                if alias.name.startswith("towerlab"):
+                if alias.name.split(".")[0] in OWNED:
                     if any(_private(part) for part in alias.name.split(".")):
                         found.append(f"imports a private module ({alias.name})")
-                    aliases[alias.asname or alias.name.split(".")[0]] = alias.name if alias.asname else "towerlab"
+                    aliases[alias.asname or alias.name.split(".")[0]] = alias.name
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             if node.module.split(".")[0] in TESTS_MODULES:
                 found.append(f"imports tests/ ({node.module})")
-            if node.module.startswith("towerlab"):
+            if node.module.split(".")[0] in OWNED:
                 for alias in node.names:
                     if _private(alias.name) or any(_private(part) for part in node.module.split(".")):
                         found.append(f"imports a private name ({node.module}.{alias.name})")
-                    elif f"{node.module}.{alias.name}" in MODULES:
+                    elif f"{node.module}.{alias.name}" in MODULES.keys() | BENCH_NAMES:
                         aliases[alias.asname or alias.name] = f"{node.module}.{alias.name}"
         elif isinstance(node, ast.Call):
             func = ast.unparse(node.func)
@@ -290,6 +293,9 @@ def test_the_bench_check_sees_each_breach():
         "reads a private name (proof._RAN)"]
     assert bench_breaches("from towerlab import proof\nx = proof._IMPORTS\n") == ["reads a private name (proof._IMPORTS)"]
     assert bench_breaches("import towerlab.proof\ntowerlab.proof._RAN\n") == ["reads a private name (towerlab.proof._RAN)"]
+    assert bench_breaches("from bench.common.measure import _run\n") == [
+        "imports a private name (bench.common.measure._run)"]
+    assert bench_breaches("from bench.common import measure\nmeasure._env()\n") == ["reads a private name (measure._env)"]
     assert bench_breaches("import json\njson.dump({}, f)\n") == ["writes past the record writer (json.dump)"]
     assert bench_breaches("import json\npath.write_text(json.dumps(r, indent=1) + '\\n')\n") == [
         "writes JSON past the record writer (path.write_text)"]

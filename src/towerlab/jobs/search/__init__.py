@@ -2,4 +2,4 @@
 where its folder is and its store opened (`place`), what it shows and writes (`record`), its workers
 (`workers`: one crew for `search run` and `search worker`), towerlab's training as their objective
 (`training`), what they must share to train a search and the one function that admits them
-(`identity`), and where a worker's time goes (`worker_times`)."""
+(`identity`), and the seam through which a benchmark measures where a worker's time goes (`worker_times`)."""

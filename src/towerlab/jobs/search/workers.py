@@ -29,7 +29,7 @@ from towerlab.errors import UserError
 from towerlab.fields import replace
 from towerlab.jobs.search.training import Training
 from towerlab.jobs.search.trials import Own, Trials
-from towerlab.jobs.search.worker_times import WorkerTimes
+from towerlab.jobs.search import worker_times
 from towerlab.report import printable
 from towerlab.search import Search
 from towerlab.search.store.integrity import records_of
@@ -124,7 +124,7 @@ def run_worker(spec: WorkerSpec, device: torch.device, data: Optional[Dataset] =
         torch.cuda.set_device(device)
     optuna_lines()
     name = worker_name(str(device), os.getpid(), spec.token)
-    times = WorkerTimes.from_env()  # the benchmark's breakdown of this worker's time, where it asks for one
+    times = worker_times.from_env()  # a benchmark's clock of this worker's time, where one is named
     # An edited row of the wrong form stops the worker in one line naming it (it was a traceback in every
     # worker process, then "worker processes died").
     with StopFlag() as stop, Store(spec.store, create=False) as store, records_of(store):
@@ -140,7 +140,7 @@ def run_worker(spec: WorkerSpec, device: torch.device, data: Optional[Dataset] =
                                 timed=None if times is None else times.timed)
         trained = Worker(store, name, device.type, training.objective, options).run()
     if times is not None:
-        times.write(name, str(device))
+        times.leave(name, str(device))
     return trained
 
 

@@ -85,7 +85,12 @@ step() {  # step NAME SECONDS COMMAND...
 }
 
 finish() {  # everything but the log in one file: a call brings back at most 8 files
-    tar -czf "$out/$part.tar.gz" -C "$out" --exclude "*.tar.gz" --exclude session.log . &&
+    # written outside $out, then moved in: an archive written into the folder it reads changes that folder
+    # while tar reads it, and GNU tar then exits 1 ("file changed as we read it") and nothing is cleared
+    local archive
+    archive=$(mktemp) &&
+        tar -czf "$archive" -C "$out" --exclude "*.tar.gz" --exclude session.log . &&
+        mv "$archive" "$out/$part.tar.gz" &&
         find "$out" -mindepth 1 -maxdepth 1 ! -name "$part.tar.gz" ! -name session.log -exec rm -rf {} +
     echo "== part $part: $((SECONDS - started)) s" | tee -a "$out/session.log"
 }

@@ -29,6 +29,7 @@ from towerlab.models.classifier import Classifier
 from towerlab.models.custom import NetworkSource
 from towerlab.models.files import load_model
 from towerlab.errors import UserError
+from towerlab.job_files import BEST, SUMMARY, config_path, job_record
 
 # A config file (TOML, or a run's config.json) or its settings as a dict; None: none.
 ConfigGiven = Union[str, os.PathLike, dict, None]
@@ -140,7 +141,7 @@ def train(model: str | Any | Callable[[], Any] | None = None, data: str | os.Pat
     _run(lambda: start(cfg, run, data=dataset, module=module, fit_batch=fit_batch), "training")
 
     metrics = _jsonl(out / "metrics.jsonl")
-    return TrainRun(out=out, summary=_json(out / "summary.json"), config=_json(out / "config.json"),
+    return TrainRun(out=out, summary=_json(out / SUMMARY), config=_json(config_path(out)),
                     history=[m for m in metrics if m.get("kind") in ("epoch", "eval")], metrics=metrics,
                     model=load_model(out / "model.pt", module=module)[0])
 
@@ -254,8 +255,8 @@ def _search(kind: str, space: str | os.PathLike | dict | None, data: DataGiven, 
     if run.resume is None and run.out is None:
         run = replace(run, out=str(out))
     _run(lambda: start_search(kind, cfg, run, data=dataset, function=function, objective=own), kind)
-    best = out / "best.json"
-    return SearchRun(out=out, summary=_json(out / "summary.json"), config=_json(out / "config.json"),
+    best = out / BEST
+    return SearchRun(out=out, summary=_json(out / SUMMARY), config=_json(config_path(out)),
                      generations=_jsonl(out / "generations.jsonl"), best=_json(best) if best.exists() else None,
                      model=_exported(out, function) if cfg.export_best and (out / "model.pt").exists() else None)
 
@@ -270,7 +271,7 @@ def _exported(out: Path, function: Callable | None) -> Classifier:
     from towerlab.jobs.candidate import model_genes
 
     record = torch.load(out / "model.pt", map_location="cpu", weights_only=True)
-    genes = model_genes(_json(out / "best.json")["genome"])
+    genes = model_genes(_json(out / BEST)["genome"])
     return load_model(out / "model.pt", module=lambda: function(tuple(record["input_shape"]), record["num_classes"],
                                                                 **genes))[0]
 
@@ -294,8 +295,6 @@ def _run(job: Callable[[], int], what: str) -> None:
 
 
 def _json(path: Path) -> dict:
-    from towerlab.settings import job_record
-
     return job_record(path.parent, path.name)
 
 

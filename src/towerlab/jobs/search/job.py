@@ -18,7 +18,6 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from towerlab import atomic
 from towerlab.config import RunConfig, SearchConfig
 from towerlab.distributed.crew import CrewFailed
 from towerlab.distributed.env import (check_capacity, search_threads, search_workers, torchrun_ranks, under_torchrun)
@@ -48,6 +47,7 @@ from towerlab.search.store.location import STORE_NAME, is_url, recorded_store, s
 from towerlab.search.work.worker import lease_seconds, release_the_dead
 from towerlab.search.store.integrity import records_of
 from towerlab.search.store import Store
+from towerlab.job_files import is_job_folder
 
 # The command of each kind of search job (`towerlab <command>`).
 COMMANDS = {"evolve": "evolve", "grid": "grid", "search": "search run"}
@@ -155,7 +155,7 @@ class SearchJob(Job):
 
     def hint(self) -> str:
         return (f"Continue the search with: towerlab {COMMANDS[self.kind]} --resume {self.out}"
-                if atomic.is_job_folder(self.out) else "")
+                if is_job_folder(self.out) else "")
 
     def name(self, rank: int) -> str:
         return f"worker {rank}"

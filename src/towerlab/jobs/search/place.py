@@ -17,7 +17,7 @@ from towerlab.config import RunConfig, SearchConfig
 from towerlab.errors import UserError
 from towerlab.fields import replace, to_dict
 from towerlab.jobs.job import restarted_by_torchrun
-from towerlab.settings import job_record
+from towerlab.job_files import config_path, job_record
 from towerlab.search import Space, load_space
 from towerlab.search.store.location import is_url, recorded_store
 from towerlab.search.store import Store
@@ -71,6 +71,6 @@ def stored_search_id(out: Path) -> int:
     except (OSError, ValueError, KeyError, TypeError):
         search_id = None
     if type(search_id) is not int:
-        raise UserError(f"{out / 'config.json'} names no search of its store (search_id was edited or removed): resume cannot "
+        raise UserError(f"{config_path(out)} names no search of its store (search_id was edited or removed): resume cannot "
                         "tell which search to continue; start a new search")
     return search_id

@@ -228,6 +228,56 @@ def test_only_search_reads_a_stored_search_s_setup():
     assert readers == {"towerlab.search.search"}
 
 
+def _registry_lines(module: str) -> dict[str, str]:
+    """A registry's lines (`SAMPLERS`, `KINDS`: a name -> "module:attribute" string, imported when asked for):
+    each line's name and the module it imports."""
+    found = {}
+    for node in ast.walk(ast.parse(MODULES[module].read_text())):
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id in ("SAMPLERS", "KINDS")
+                                                for t in node.targets) and isinstance(node.value, ast.Dict):
+            found.update({k.value: v.value.partition(":")[0] for k, v in zip(node.value.keys, node.value.values)
+                          if isinstance(k, ast.Constant) and isinstance(v, ast.Constant)})
+    return found
+
+
+REGISTRIES = {"towerlab.search.samplers": "SAMPLERS", "towerlab.objective": "KINDS"}
+
+
+@pytest.mark.parametrize("registry", sorted(REGISTRIES))
+def test_a_registry_s_lines_are_imports_that_run_down(registry):
+    """A registry line imports its module when asked for: it is an import as any other, of its own layer or
+    below (a kind of objective that trains with towerlab's jobs would climb)."""
+    lines = _registry_lines(registry)
+    assert lines and all(module in MODULES for module in lines.values()), lines
+    assert _arrows_up({registry: set(lines.values())}) == []
+
+
+# The kinds of objective, one module each, and what they share: the registry's lines and their helpers. The
+# search, its job and its workers reach them through the registry (`towerlab.objective.kind_class`) alone.
+KIND_MODULES = {*_registry_lines("towerlab.objective").values(), "towerlab.objective.yours", "towerlab.objective.regoal"}
+
+
+def test_the_search_the_job_and_the_worker_know_only_the_protocol():
+    knowing = sorted(f"{m} -> {k}" for m in MODULES if m.startswith(("towerlab.search", "towerlab.jobs"))
+                     for k in GRAPH[m] & KIND_MODULES)
+    assert knowing == []
+    assert "towerlab.objective.training" in KIND_MODULES and "towerlab.objective.command" in KIND_MODULES
+
+
+def test_only_the_kinds_read_the_settings_that_name_them():
+    """What a search's objective is (its kind, what names it, its goal) is decided once, from the setting each
+    kind names (`Kind.setting`, read by `towerlab.objective.named`), and carried on the search (`Search.aim`):
+    no module reads --objective or --command off a search's settings or a command line."""
+    readers = set()
+    for module, path in MODULES.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and node.attr in ("objective", "trial_command") and (
+                    isinstance(node.value, ast.Name) and node.value.id in ("cfg", "args", "config", "settings")
+                    or isinstance(node.value, ast.Attribute) and node.value.attr == "cfg"):
+                readers.add(module)
+    assert readers == set()
+
+
 def test_the_search_core_imports_no_torch():
     search = sorted(m for m in MODULES if m == "towerlab.search" or m.startswith("towerlab.search."))
     code = "import sys\n" + "".join(f"import {m}\n" for m in search) + \

@@ -208,11 +208,20 @@ def _objective_option(options: dict, objective: ObjectiveGiven, data: DataGiven,
         return None
     if not callable(objective):
         raise UserError(f"objective= is a function of yours, or \"FILE.py:FUNCTION\"; got {type(objective).__name__}")
-    from towerlab.jobs.search.training import FROM_PYTHON
-    from towerlab.models.custom import function_file
+    from towerlab.models.custom import function_spec
 
-    options["objective"] = function_file(objective) or FROM_PYTHON
+    options["objective"] = function_spec(objective)
     return objective
+
+
+def _names_yours(options: dict) -> bool:
+    """Whether `options` name an objective of yours (of any kind: `towerlab.objective.named`)."""
+    from types import SimpleNamespace
+
+    from towerlab.objective import named
+    from towerlab.settings import split_options
+
+    return named(SimpleNamespace(**split_options(options, "search")[0])).own
 
 
 def _search(kind: str, space: str | os.PathLike | dict | None, data: DataGiven, validation: tuple | None,
@@ -226,7 +235,7 @@ def _search(kind: str, space: str | os.PathLike | dict | None, data: DataGiven, 
     options = dict(options)
     function = model if model is not None and not isinstance(model, str) else None
     own = _objective_option(options, objective, data, model)
-    if isinstance(space, dict) and "genes" not in space and ({"objective", "command", "trial_command"} & set(options)):
+    if isinstance(space, dict) and "genes" not in space and _names_yours(options):
         space = {"genes": space}  # the genes of your own objective
     if isinstance(space, dict) and "genes" not in space:  # the genes alone: the model is model=
         if model is None:
@@ -268,7 +277,7 @@ def _exported(out: Path, function: Callable | None) -> Classifier:
         return load_model(out / "model.pt")[0]
     import torch
 
-    from towerlab.jobs.candidate import model_genes
+    from towerlab.objective.candidate import model_genes
 
     record = torch.load(out / "model.pt", map_location="cpu", weights_only=True)
     genes = model_genes(_json(out / BEST)["genome"])

@@ -41,6 +41,8 @@ RECORD_MARKERS = ("towerlab_version", "torch_version", "command")
 NOT_REPEATED = ("out", "resume")
 # Settings a resumed search may change: they do not alter what has been computed.
 SEARCH_EXTENSIBLE = ("generations", "max_evaluations", "top", "export_best", "workers_per_device", "trial_timeout")
+# The settings that name what a search ranks by, decided by its kind of objective (`towerlab.objective`).
+GOALS = ("metric", "direction")
 # The sampler each search command runs (`towerlab search run`, kind "search", takes --sampler).
 SEARCH_COMMANDS = {"evolve": "ga", "grid": "grid"}
 
@@ -301,8 +303,9 @@ def resolve_search(kind: str, options: Mapping, config: str | os.PathLike | Mapp
         command = next((k for k, v in SEARCH_COMMANDS.items() if v == cfg.sampler), "search run")
         raise UserError(f"{folder} holds a {cfg.sampler} search: resume it with towerlab {command} --resume {folder}")
     recorded = to_dict(cfg)
-    goals = ("metric", "direction") if cfg.objective or cfg.trial_command else ()  # ranked anew: jobs.search.regoal
-    changed = [k for k, v in search_given.items() if recorded.get(k) != v and k not in (*SEARCH_EXTENSIBLE, *goals)]
+    # --metric and --direction may change: the search's kind of objective takes them (ranked anew from its rows,
+    # `towerlab.objective.regoal`) or refuses them (`towerlab.objective.resolve`).
+    changed = [k for k, v in search_given.items() if recorded.get(k) != v and k not in (*SEARCH_EXTENSIBLE, *GOALS)]
     if search_given.get("metric", cfg.metric) != cfg.metric:
         check_direction_named(str(search_given["metric"]), search_given.get("direction"))
     if changed:

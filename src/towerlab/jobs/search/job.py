@@ -143,13 +143,6 @@ class SearchJob(Job):
         reporter.close()
         return 0
 
-    def preflight(self) -> tuple:
-        raise NotImplementedError("a search job runs in its own process (processes = 1)")
-
-    @staticmethod
-    def worker(rank: int, world_size: int, store_path: str, *args: Any) -> None:
-        raise NotImplementedError("a search job's workers are a Crew")
-
     def hint(self) -> str:
         return (f"Continue the search with: towerlab {COMMANDS[self.kind]} --resume {self.out}"
                 if is_job_folder(self.out) else "")

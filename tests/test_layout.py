@@ -2,7 +2,7 @@
 the layers (cli/api > jobs > {training, search} > {models, data, distributed} > config), a package
 sits in one layer whole, no two modules import each other (directly or around a circle), a module
 over 350 lines says why in its docstring (none grows past 400), every `noqa` and `type: ignore`
-says why, and the search core runs without torch."""
+says why, and the search core runs without torch; and bench/'s rules (below)."""
 from __future__ import annotations
 
 import ast
@@ -286,3 +286,92 @@ def test_the_search_core_imports_no_torch():
                             env={"PYTHONPATH": str(SRC), "PATH": ""})
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
+
+
+# --- bench/: the benchmarks (docs/development.md, "Benchmarks") -----------------------------------------
+# A benchmark imports nothing from tests/ (the tests are not a library: a bench of its own holds what it
+# needs, bench/queue/postgres.py) and no private (underscore) name of towerlab (what towerlab may change
+# under it without a word) or of another bench module (what it shares it names); every JSON file it writes
+# goes through its one writer, bench/common/record.py.
+BENCH = SRC.parent / "bench"
+TESTS_MODULES = {path.stem for path in (SRC.parent / "tests").glob("*.py")} | {"tests"}
+RECORD_WRITER = "bench/common/record.py"
+BENCH_NAMES = {".".join(path.relative_to(SRC.parent).with_suffix("").parts) for path in BENCH.rglob("*.py")}
+OWNED = ("towerlab", "bench")  # the packages whose private names a benchmark leaves alone
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def bench_breaches(source: str) -> list[str]:
+    """What a bench module's source does that bench/ may not: an import of tests/, a private name of
+    towerlab or of another bench module, JSON written past the record writer."""
+    tree = ast.parse(source)
+    found, aliases = [], {}  # a name bound to a module of towerlab or bench -> that module
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] in TESTS_MODULES:
+                    found.append(f"imports tests/ ({alias.name})")
+                if alias.name.split(".")[0] in OWNED:
+                    if any(_private(part) for part in alias.name.split(".")):
+                        found.append(f"imports a private module ({alias.name})")
+                    aliases[alias.asname or alias.name.split(".")[0]] = alias.name
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            if node.module.split(".")[0] in TESTS_MODULES:
+                found.append(f"imports tests/ ({node.module})")
+            if node.module.split(".")[0] in OWNED:
+                for alias in node.names:
+                    if _private(alias.name) or any(_private(part) for part in node.module.split(".")):
+                        found.append(f"imports a private name ({node.module}.{alias.name})")
+                    elif f"{node.module}.{alias.name}" in MODULES.keys() | BENCH_NAMES:
+                        aliases[alias.asname or alias.name] = f"{node.module}.{alias.name}"
+        elif isinstance(node, ast.Call):
+            func = ast.unparse(node.func)
+            if func in ("sys.path.insert", "sys.path.append") and "tests" in ast.unparse(node):
+                found.append(f"puts tests/ on sys.path ({ast.unparse(node)})")
+            if func in ("json.dump", "os.replace", "os.rename"):
+                found.append(f"writes past the record writer ({func})")
+            if func.endswith((".write_text", ".write")) and any(
+                    isinstance(arg, ast.Call) and ast.unparse(arg.func) == "json.dumps" for part in node.args
+                    for arg in ast.walk(part)):
+                found.append(f"writes JSON past the record writer ({func})")
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and _private(node.attr):
+            base = ast.unparse(node.value)
+            if base.split(".")[0] in aliases:
+                found.append(f"reads a private name ({base}.{node.attr})")
+    return found
+
+
+BENCH_MODULES = sorted(path.relative_to(SRC.parent).as_posix() for path in BENCH.rglob("*.py"))
+
+
+@pytest.mark.parametrize("module", BENCH_MODULES)
+def test_a_benchmark_imports_no_tests_and_no_private_name_and_writes_json_through_the_record_writer(module):
+    if module == RECORD_WRITER:
+        return
+    assert bench_breaches((SRC.parent / module).read_text()) == []
+
+
+def test_the_bench_check_sees_each_breach():
+    assert bench_breaches("import postgres\nfrom util import REPO\n") == ["imports tests/ (postgres)",
+                                                                         "imports tests/ (util)"]
+    assert bench_breaches("import sys\nsys.path.insert(0, str(REPO / 'tests'))\n") == [
+        "puts tests/ on sys.path (sys.path.insert(0, str(REPO / 'tests')))"]
+    assert bench_breaches("from towerlab.training.batches import _gather_pixels, crop_flip\n") == [
+        "imports a private name (towerlab.training.batches._gather_pixels)"]
+    assert bench_breaches("import towerlab.proof as proof\nproof._RAN.clear()\n") == [
+        "reads a private name (proof._RAN)"]
+    assert bench_breaches("from towerlab import proof\nx = proof._IMPORTS\n") == ["reads a private name (proof._IMPORTS)"]
+    assert bench_breaches("import towerlab.proof\ntowerlab.proof._RAN\n") == ["reads a private name (towerlab.proof._RAN)"]
+    assert bench_breaches("from bench.common.measure import _run\n") == [
+        "imports a private name (bench.common.measure._run)"]
+    assert bench_breaches("from bench.common import measure\nmeasure._env()\n") == ["reads a private name (measure._env)"]
+    assert bench_breaches("import json\njson.dump({}, f)\n") == ["writes past the record writer (json.dump)"]
+    assert bench_breaches("import json\npath.write_text(json.dumps(r, indent=1) + '\\n')\n") == [
+        "writes JSON past the record writer (path.write_text)"]
+    # what is allowed: a public name, an object's own private attribute, a file that is not JSON
+    assert bench_breaches("from towerlab.search import Search\nimport json\nself._x = 1\n"
+                          "path.write_text('[genes]')\nprint(json.dumps({}))\n") == []

@@ -17,7 +17,7 @@ labels', the pieces hashed on every core (threads: hashlib lets go of the interp
 SHA-256 because it is the fastest cryptographic hash Python has where the processor has SHA instructions
 (1.7 GB/s a core here, against BLAKE2b's 0.65), which the servers of a cluster have; a cryptographic one
 because a digest that admits a worker must not be forged by a file made to collide (xxHash's can be). The
-figures: bench/data_digest.py. The validation split is the end of the training arrays, so `val_size` does
+figures: bench/proof/data_digest.py. The validation split is the end of the training arrays, so `val_size` does
 not change the digest.
 """
 

@@ -20,7 +20,7 @@ imported later must be the bytes the proof holds.
 What it cannot see: a module imported by a name computed at run time (`importlib.import_module(name)`;
 `import_module(f"pkg.{name}")` proves every module of pkg), data files your code reads, and a local module loaded otherwise (imported before `install`, or by another
 finder, an editable install's): that one is proven by its file as it is on disk when the proof is taken.
-Measured (bench/objective_proof.py, results/objective-proof-2026-11-28.json, before the import statements
+Measured (bench/proof/objective_proof.py, results/proof/objective-proof-2026-11-28.json, before the import statements
 were read): a file and 5 neighbours of 1,864 lines load in 13 ms where their .pyc files take 0.8 ms: what
 compiling costs, the digests 1%; an import statement run again inside a function costs 0.2 microseconds more;
 torch, numpy, matplotlib and optuna import as fast with the finder installed (1.01x).

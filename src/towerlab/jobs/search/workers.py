@@ -28,7 +28,7 @@ from towerlab.distributed.crew import Crew, CrewFailed
 from towerlab.distributed.signals import STOP_SIGNALS, Interrupted, StopFlag
 from towerlab.errors import UserError
 from towerlab.fields import replace
-from towerlab.jobs.search.worker_times import WorkerTimes
+from towerlab.jobs.search import worker_times
 from towerlab.models.custom import check_function_file
 from towerlab.objective import kind_class
 from towerlab.objective.admission import admit
@@ -126,7 +126,7 @@ def run_worker(spec: WorkerSpec, device: torch.device, data: Optional[Dataset] =
         torch.cuda.set_device(device)
     optuna_lines()
     name = worker_name(str(device), os.getpid(), spec.token)
-    times = WorkerTimes.from_env()  # the benchmark's breakdown of this worker's time, where it asks for one
+    times = worker_times.from_env()  # a benchmark's clock of this worker's time, where one is named
     # An edited row of the wrong form stops the worker in one line naming it (it was a traceback in every
     # worker process, then "worker processes died").
     with StopFlag() as stop, Store(spec.store, create=False) as store, records_of(store):
@@ -143,7 +143,7 @@ def run_worker(spec: WorkerSpec, device: torch.device, data: Optional[Dataset] =
                                 timed=None if times is None else times.timed)
         trained = Worker(store, name, device.type, objectives.objective, options).run()
     if times is not None:
-        times.write(name, str(device))
+        times.leave(name, str(device))
     return trained
 
 

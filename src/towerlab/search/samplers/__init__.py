@@ -194,7 +194,7 @@ class Sampler:
         """The genomes proposed so far: every member of the history, and those of the generation in flight.
         A search's history only grows, so the members of the generations counted before are kept and only
         the new ones are added: rebuilt whole each generation, the set cost a trial time in proportion to
-        the history (6% of a worker's time at 100,000 trials, bench/objective_overhead.py). Any other
+        the history (6% of a worker's time at 100,000 trials, bench/queue/objective_overhead.py). Any other
         history (one that is not the counted one grown) is counted anew."""
         counted = len(self._counted)
         if len(history) < counted or any(a is not b for a, b in zip(history[:counted], self._counted)):

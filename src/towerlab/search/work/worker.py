@@ -265,12 +265,12 @@ class Worker:
             search = Search.open(self.store, search_id)
             try:
                 self.objectives[search_id] = self.objective_for(search)
+                search.prepare()  # its sampler's imports, before its driver thread may import the same
             except UserError as exc:
                 self.refused[search_id] = str(exc)
                 self._unsaid.append(search_id)
                 continue
             self.searches[search_id] = search
-            search.prepare()  # before its driver thread may import the same
             self.drivers[search_id] = driver = Driver(self.store, search_id, self.priority, self._wake,
                                                       self.log if self.speaks else None, self.name, self.lease)
             driver.start()

@@ -1,0 +1,4 @@
+"""Search quality: the samplers side by side on one budget (`samplers.py`), early pruning against the
+unpruned GA (`pruning.py`), picks trained again with fresh seeds (`retrain.py`, `threads.py`), the original's
+headline (`search_headline.py`), what those share (`search_runs.py`), and LCBench, a published benchmark
+(`lcbench.py` over `lcbench_problem.py` and `lcbench_arms.py`; `lcbench_gp.py`, `lcbench_parallel.py`)."""

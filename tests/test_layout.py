@@ -21,7 +21,7 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 # two arrows up that a per-module exception hid). The catalogs (stdlib only) sit beside config, which
 # takes its --dataset and --model choices from them.
 LAYERS = (
-    (1, r"towerlab(\.(config|checks|fields|presets|errors|atomic|proof(\..+)?|upgrades|catalog(\..+)?))?"),
+    (1, r"towerlab(\.(config|checks|fields|presets|errors|atomic|job_files|proof(\..+)?|upgrades|catalog(\..+)?))?"),
     (2, r"towerlab\.(report|plots|models(\..+)?|data(\..+)?|distributed(\..+)?)"),
     (3, r"towerlab\.(settings|training(\..+)?|search(\..+)?|objective(\..+)?)"),
     (4, r"towerlab\.jobs(\..+)?"),
@@ -104,8 +104,8 @@ def test_a_package_is_one_layer():
     assert split == []
 
 
-def test_no_import_circles():
-    # Tarjan's strongly connected components: a component of more than one module is a circle.
+def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Tarjan's strongly connected components of `graph`: each of more than one node is a circle."""
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     stack: list[str] = []
@@ -114,7 +114,7 @@ def test_no_import_circles():
     def visit(v: str) -> None:
         index[v] = low[v] = len(index)
         stack.append(v)
-        for w in GRAPH[v]:
+        for w in graph.get(v, ()):
             if w not in index:
                 visit(w)
                 low[v] = min(low[v], low[w])
@@ -127,10 +127,33 @@ def test_no_import_circles():
             if len(component) > 1:
                 circles.append(sorted(component))
 
-    for module in MODULES:
-        if module not in index:
-            visit(module)
-    assert circles == []
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return circles
+
+
+def test_no_import_circles():
+    assert _circles(GRAPH) == []
+
+
+def _packages(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """`graph` between towerlab's packages and top-level modules (towerlab.search.store.x is towerlab.search)."""
+    def top(module: str) -> str:
+        return ".".join(module.split(".")[:2])
+
+    found: dict[str, set[str]] = {}
+    for a, targets in graph.items():
+        found.setdefault(top(a), set()).update(top(b) for b in targets if top(b) != top(a))
+    return found
+
+
+def test_no_circle_between_packages():
+    """Within a layer too, the arrows between packages run one way: search.store.location once read a job's
+    config.json through settings, which imports search.samplers (settings and search went round a circle)."""
+    assert _circles(_packages(GRAPH)) == []
+    before = {"towerlab.search.store.location": {"towerlab.settings"}, "towerlab.settings": {"towerlab.search.samplers"}}
+    assert _circles(_packages(before)) == [["towerlab.search", "towerlab.settings"]]
 
 
 def test_the_layout_check_sees_an_upward_import_and_a_circle():
@@ -203,6 +226,56 @@ def test_only_search_reads_a_stored_search_s_setup():
                for node in ast.walk(tree)):
             readers.add(module)
     assert readers == {"towerlab.search.search"}
+
+
+def _registry_lines(module: str) -> dict[str, str]:
+    """A registry's lines (`SAMPLERS`, `KINDS`: a name -> "module:attribute" string, imported when asked for):
+    each line's name and the module it imports."""
+    found = {}
+    for node in ast.walk(ast.parse(MODULES[module].read_text())):
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id in ("SAMPLERS", "KINDS")
+                                                for t in node.targets) and isinstance(node.value, ast.Dict):
+            found.update({k.value: v.value.partition(":")[0] for k, v in zip(node.value.keys, node.value.values)
+                          if isinstance(k, ast.Constant) and isinstance(v, ast.Constant)})
+    return found
+
+
+REGISTRIES = {"towerlab.search.samplers": "SAMPLERS", "towerlab.objective": "KINDS"}
+
+
+@pytest.mark.parametrize("registry", sorted(REGISTRIES))
+def test_a_registry_s_lines_are_imports_that_run_down(registry):
+    """A registry line imports its module when asked for: it is an import as any other, of its own layer or
+    below (a kind of objective that trains with towerlab's jobs would climb)."""
+    lines = _registry_lines(registry)
+    assert lines and all(module in MODULES for module in lines.values()), lines
+    assert _arrows_up({registry: set(lines.values())}) == []
+
+
+# The kinds of objective, one module each, and what they share: the registry's lines and their helpers. The
+# search, its job and its workers reach them through the registry (`towerlab.objective.kind_class`) alone.
+KIND_MODULES = {*_registry_lines("towerlab.objective").values(), "towerlab.objective.yours", "towerlab.objective.regoal"}
+
+
+def test_the_search_the_job_and_the_worker_know_only_the_protocol():
+    knowing = sorted(f"{m} -> {k}" for m in MODULES if m.startswith(("towerlab.search", "towerlab.jobs"))
+                     for k in GRAPH[m] & KIND_MODULES)
+    assert knowing == []
+    assert "towerlab.objective.training" in KIND_MODULES and "towerlab.objective.command" in KIND_MODULES
+
+
+def test_only_the_kinds_read_the_settings_that_name_them():
+    """What a search's objective is (its kind, what names it, its goal) is decided once, from the setting each
+    kind names (`Kind.setting`, read by `towerlab.objective.named`), and carried on the search (`Search.aim`):
+    no module reads --objective or --command off a search's settings or a command line."""
+    readers = set()
+    for module, path in MODULES.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and node.attr in ("objective", "trial_command") and (
+                    isinstance(node.value, ast.Name) and node.value.id in ("cfg", "args", "config", "settings")
+                    or isinstance(node.value, ast.Attribute) and node.value.attr == "cfg"):
+                readers.add(module)
+    assert readers == set()
 
 
 def test_the_search_core_imports_no_torch():

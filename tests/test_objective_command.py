@@ -19,7 +19,7 @@ import pytest
 from towerlab.distributed.signals import Interrupted, alive
 from towerlab.errors import UserError
 from towerlab.objective import CommandObjective, Goal, Trial
-from towerlab.objective.command import read_stdout
+from towerlab.objective.stdout import read_stdout
 
 PYTHON = shlex.quote(sys.executable)
 # Writes what it was given to seen.json in its folder, prints a curve and a result among other lines.
@@ -195,7 +195,7 @@ def test_a_command_a_trial_could_not_run_is_refused_in_one_line(command, message
 
 
 def test_a_timeout_is_a_positive_number():
-    with pytest.raises(UserError, match="^--timeout 0: give a number of seconds above 0$"):
+    with pytest.raises(UserError, match="^--trial-timeout 0: give a number of seconds above 0$"):
         CommandObjective("true", [], timeout=0)
 
 

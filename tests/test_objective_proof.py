@@ -212,7 +212,8 @@ def test_two_stores_searches_share_no_trial_folder_and_a_trial_tried_again_finds
     import torch
 
     from towerlab.distributed.signals import StopFlag
-    from towerlab.jobs.search.trials import Own, Trials
+    from towerlab.jobs.search.workers import Objectives
+    from towerlab.objective.kind import Here, Named
     from towerlab.search import Candidate, Search, Store
     from towerlab.search.space import genome_hash
     from towerlab.search.work.objective import Assignment
@@ -229,8 +230,9 @@ def test_two_stores_searches_share_no_trial_folder_and_a_trial_tried_again_finds
     def trial(out: str) -> dict:
         monkeypatch.setenv("WHICH", out)
         with Store(folder / out / "search.db", create=False) as store, StopFlag() as stop:
-            trials = Trials(Own("command", command), torch.device("cpu"), "w", stop, Path("shared"), store=store)
-            return trials.objective(Search.open(store, 1))(Assignment(candidate)).metrics
+            here = Here(torch.device("cpu"), named=Named("command", command), name="w", stop=stop, trials=Path("shared"),
+                        store=store)
+            return Objectives(here).objective(Search.open(store, 1))(Assignment(candidate)).metrics
 
     assert trial("a") == {"value": 1.0, "resumed_from": 0.0}
     assert trial("b") == {"value": 1.0, "resumed_from": 0.0}  # not A's checkpoint

@@ -217,7 +217,7 @@ def test_an_objective_search_resumes_to_the_rows_of_one_run(reference, tmp_path)
     (["--objective", "quad.py:train", "--dataset", "cifar10"], "--dataset does nothing in a search of your own"),
     (["--objective", "quad.py:train", "--model", "quad.py:train"], "--model builds towerlab's networks"),
     (["--objective", "quad.py:train", "--command", "python train.py"], "--objective and --command both say"),
-    (["--trial-timeout", "5"], "--trial-timeout goes with --objective or --command"),
+    (["--direction", "minimize"], "--direction goes with --objective or --command"),
     (["--metric", "loss"], "--metric goes with --objective or --command"),
     (["--objective", "quad.py:train", "--budget-epochs", "10", "--remeasure", "1", "--top", "5"],
      "--budget-epochs 10 leaves the search nothing once its top is re-measured"),
@@ -249,7 +249,9 @@ def test_a_worker_is_refused_what_is_not_the_search_s_objective(reference, tmp_p
     kind, folder, _ = reference
     from towerlab.distributed.signals import StopFlag
     from towerlab.errors import UserError
-    from towerlab.jobs.search.trials import Own, Trials
+    from towerlab.jobs.search.workers import Objectives
+    from towerlab.objective.kind import Here
+    from towerlab.objective.kind import Named as Own
     from towerlab.search import Search, Store
     import torch
 
@@ -274,14 +276,10 @@ def test_a_worker_is_refused_what_is_not_the_search_s_objective(reference, tmp_p
         with StopFlag() as stop:
             for own, said in cases:
                 with pytest.raises(UserError, match="^" + re.escape(said)):
-                    Trials(own, torch.device("cpu"), "w", stop, tmp_path / "trials").setup(found)
-            from towerlab.jobs.search.training import Training
-            from towerlab.jobs.search.workers import WorkerSpec
-            from towerlab.config import RunConfig
-
-            towerlab_worker = Training(WorkerSpec(store="s", run=RunConfig()), torch.device("cpu"), "w", stop)
+                    Objectives(Here(torch.device("cpu"), named=own, stop=stop, trials=tmp_path / "trials")).objective(found)
+            towerlab_worker = Objectives(Here(torch.device("cpu"), stop=stop))
             with pytest.raises(UserError, match="this worker runs towerlab's training: start it with"):
-                towerlab_worker.setup(found)
+                towerlab_worker.objective(found)
     assert not marker.exists()
 
 

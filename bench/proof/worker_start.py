@@ -59,7 +59,7 @@ if sys.argv[1] == "python":  # Python's own loader for the rest of the package
 import towerlab.jobs.search.workers
 imported = time.perf_counter()
 if sys.argv[1] != "python":
-    from towerlab.jobs.search.identity import code_digest
+    from towerlab.objective.admission import code_digest
     code_digest()
 print(json.dumps({"import_seconds": imported - started, "digest_seconds": time.perf_counter() - imported,
                   "file": towerlab.__file__}))

@@ -123,8 +123,8 @@ def _retrain_one(task: tuple[dict, dict, int, str]) -> dict:
     import torch
 
     from towerlab.config import RunConfig, SearchConfig
-    from towerlab.jobs.candidate import train_candidate
-    from towerlab.jobs.handover import load_data
+    from towerlab.data.load import load_data
+    from towerlab.objective.candidate import train_candidate
 
     pick, settings, seed, data_dir = task
     cfg = SearchConfig(sampler="ga", **settings)
@@ -133,12 +133,12 @@ def _retrain_one(task: tuple[dict, dict, int, str]) -> dict:
         run = RunConfig(data_dir=data_dir, device="cpu", download=False)
         _DATA[key] = load_data(cfg.dataset, cfg.val_size, run, download=False,
                                log=lambda _line: None).to(torch.device("cpu"))
-    fields, _ = train_candidate(cfg, "mlp", pick, seed, _DATA[key], torch.device("cpu"),
-                                test_from=-math.inf)
-    ok = fields["status"] == "ok"
-    return {"seed": seed, "val_accuracy": fields["fitness"] if ok else None,
-            "test_accuracy": fields["test_accuracy"] if ok else None, "epochs": fields.get("epochs"),
-            "seconds": fields["seconds"]}
+    outcome, _ = train_candidate(cfg, "mlp", pick, seed, _DATA[key], torch.device("cpu"),
+                                 test_from=-math.inf)
+    ok = outcome.status == "ok"
+    return {"seed": seed, "val_accuracy": outcome.fitness if ok else None,
+            "test_accuracy": outcome.test_accuracy if ok else None, "epochs": outcome.epochs if ok else None,
+            "seconds": outcome.seconds}
 
 
 def best_so_far(records: list[dict], max_epochs: Optional[int] = None) -> list[tuple[float, float, int]]:

@@ -1,6 +1,6 @@
 """What identifies a dataset: one digest of the decoded arrays a training reads (`content_digest`), the only
 content key there is. A search records it and compares a worker's before the worker trains (`towerlab.jobs.
-identity`), a search's cache of fitnesses is keyed by it (`jobs.candidate.training_settings`), a run records
+identity`), a search's cache of fitnesses is keyed by it (`towerlab.objective.candidate.training_settings`), a run records
 it so that its `--resume` notices other data, and `evaluate` shows a run's own figure only on data of the same
 digest. Whatever form the files take (an .npz, the four IDX files, raw or gzipped) the same arrays have the
 same digest, and one changed pixel or label changes it.

@@ -168,7 +168,7 @@ def unproven(proved: Proof, argv: Sequence[str], own: Path) -> Optional[str]:
     """None where what a trial whose arguments are `argv` runs (`trial_parts`, its files as they are now) is
     what `proved` holds; else what differs, in words. A file it names that the proof lacks (not there when
     the proof was taken, or chosen by a value no list held: a float gene's, the seed's) is taken for one its
-    program writes, as `jobs.search.trials.OwnSide` takes it, and not compared; a module is always compared.
+    program writes, as `towerlab.objective.yours.Yours.objective` takes it, and not compared; a module is always compared.
     A proven file that differs may be one the program writes: such a file belongs in the trial's folder."""
     parts = {name: digest for name, digest in trial_parts(argv, own, current_digest).items()
              if name in proved.parts or "/" not in name}

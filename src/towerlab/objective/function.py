@@ -13,6 +13,10 @@ reason, and so do `sys.exit()`, any other BaseException (asyncio's CancelledErro
 does a result that cannot be read: a trial cannot end the search. KeyboardInterrupt, towerlab's
 Interrupted and a UserError (a mistake of towerlab's own functions, which every trial would make) stop it.
 With a `timeout`, a trial that runs past it is interrupted (`towerlab.objective.deadline`) and fails.
+
+As a kind of objective (`Function`, "function", `towerlab.objective.yours.Yours`): a search's --objective names
+it (or the function itself, given from Python); a worker compares the file's bytes with the search's before it
+imports it.
 """
 
 from __future__ import annotations
@@ -24,15 +28,18 @@ import random
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional, Sequence, Union
+from typing import Any, Callable, ClassVar, Iterator, Optional, Sequence, Union
 
 from towerlab.distributed.signals import Interrupted
 from towerlab.errors import UserError, did_you_mean
-from towerlab.models.custom import file_proof, function_file, load_function, user_code_failed
-from towerlab.objective.deadline import Deadline, TrialTimedOut
-from towerlab.objective.result import Goal, Result, extend_curve, number
+from towerlab.models.custom import (FROM_PYTHON, check_function_file, file_proof, function_file, load_function,
+                                   user_code_failed)
+from towerlab.objective.deadline import Deadline, TrialTimedOut, check_timeout, lapses, timed_out
+from towerlab.objective.result import Goal, Result, extend_curve, failed, read_result
 from towerlab.objective.trial import EXTRAS, Trial
-from towerlab.proof import Proof, changes, code_proof, install, loads, ran
+from towerlab.objective.yours import Yours
+from towerlab.proof import Proof, changes, code_proof, file_digest, install, loads, ran
+from towerlab.search import Search
 
 # What a function may take by name besides its genes.
 GIVEN = (*EXTRAS, "report")
@@ -48,8 +55,7 @@ class FunctionObjective:
 
     def __init__(self, function: Union[str, Callable[..., Any]], genes: Sequence[str], goal: Goal = Goal(),
                  conditional: Sequence[str] = (), timeout: Optional[float] = None):
-        if timeout is not None and not (number(timeout) or 0) > 0:
-            raise UserError(f"--trial-timeout {timeout!r}: give a number of seconds above 0")
+        check_timeout(timeout)
         self.timeout = timeout
         self._loaded = isinstance(function, str)  # from its file, here: file_proof knows what it imported
         if isinstance(function, str):
@@ -100,7 +106,7 @@ class FunctionObjective:
             try:
                 trial.folder.mkdir(parents=True, exist_ok=True)
             except OSError as exc:
-                return self.goal.failed(f"cannot make its folder {trial.folder}: {exc.strerror or exc}")
+                return failed(f"cannot make its folder {trial.folder}: {exc.strerror or exc}")
         curve: list[dict[str, Any]] = []
 
         def report(epoch: int, **metrics: Any) -> None:
@@ -119,18 +125,18 @@ class FunctionObjective:
         except (UserError, Interrupted, KeyboardInterrupt):
             raise
         except TrialTimedOut:
-            return self.goal.failed(f"timed out after {self.timeout:g} s, and was stopped", tuple(curve),
+            return failed(timed_out(self.timeout or 0), tuple(curve),
                                     time.perf_counter() - started)
         except BaseException as exc:  # noqa: BLE001 - whatever your function raises fails its trial
-            return self.goal.failed(self._failure(exc), tuple(curve), time.perf_counter() - started)
+            return failed(self._failure(exc), tuple(curve), time.perf_counter() - started)
         seconds = time.perf_counter() - started
         if ended:  # os._exit from a thread of the trial's (or caught by the trial): it meant to end the process
-            return self.goal.failed(f"your {self._name} ended its worker's process: it called os._exit({ended[0]}) "
+            return failed(f"your {self._name} ended its worker's process: it called os._exit({ended[0]}) "
                                     "(from a thread of its own)", tuple(curve), seconds)
         try:
-            return self.goal.result(returned, tuple(curve), seconds)
+            return read_result(self.goal, returned, tuple(curve), seconds)
         except Exception as exc:  # noqa: BLE001 - a result of yours whose methods raise as it is read
-            return self.goal.failed(f"its result could not be read: {type(exc).__name__}: {_text(exc)}",
+            return failed(f"its result could not be read: {type(exc).__name__}: {_text(exc)}",
                                     tuple(curve), seconds)
 
     @property
@@ -234,3 +240,50 @@ def _check(function: Callable[..., Any], genes: list[str], where: str, condition
         raise UserError(f"{where}: its parameter {required[0]!r} has no default, and the gene is conditional (a trial "
                         f"where it is inactive leaves it out): give it one, e.g. {required[0]}=None")
     return tuple(name for name in GIVEN if name in named)
+
+
+class Function(Yours):
+    """A function of yours as a kind of objective (KINDS' "function"): `--objective FILE.py:FUNCTION`, or the
+    function given from Python."""
+
+    name: ClassVar[str] = "function"
+    setting: ClassVar[Optional[str]] = "objective"
+    flag: ClassVar[str] = "--objective FILE.py:FUNCTION"
+    runs: ClassVar[str] = "a function"
+
+    @classmethod
+    def runner(cls, search: Search, spec: str, function: Optional[Callable[..., Any]]) -> FunctionObjective:
+        if function is None and spec == FROM_PYTHON:
+            raise UserError("its objective is a function given from Python, which only its own process has: give the "
+                            "function again (objective=), or its file (--objective FILE.py:FUNCTION)")
+        return FunctionObjective(function if function is not None else spec, list(search.space.genes), search.goal,
+                                 list(search.space.when), timeout=search.cfg.trial_timeout)
+
+    @classmethod
+    def epochs_ignored(cls, runner: Any, how: str) -> Optional[str]:
+        if "epochs" in runner.given:
+            return None
+        return (f"towerlab: warning: your {runner.spec} takes no epochs, and {how}: each of its trials trains "
+                "as long as any other; take epochs (a parameter), and train that many")
+
+    @classmethod
+    def check_worker(cls, named: Any, trials: str) -> None:
+        check_function_file(named.spec, "--objective")
+        super().check_worker(named, trials)
+
+    def _measured(self, recorded: dict) -> Optional[dict]:
+        """Its file's bytes against the search's proof, before it is imported (nothing to compare where the
+        function was given from Python): a file that is not the search's is never imported."""
+        if self.here.function is not None:
+            return None
+        path = self.here.named.spec.rpartition(":")[0]
+        try:
+            digest = file_digest(path)
+        except OSError as exc:
+            raise UserError(f"cannot read the objective's file {path}: {exc.strerror or exc}") from None
+        module = Path(path).stem
+        return None if recorded.get("proof", {}).get(module) == digest else {module: digest}
+
+    @property
+    def lapses(self) -> Optional[float]:
+        return lapses(self.search.cfg.trial_timeout)

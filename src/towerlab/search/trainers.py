@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Callable, Protocol, runtime_checkable
 
 from towerlab.errors import UserError
-from towerlab.search.candidates import Candidate, Outcome
+from towerlab.search.candidates import Candidate, Outcome, raised
 from towerlab.search.store.rows import Evaluation
 
 
@@ -113,8 +113,7 @@ def serial(fitness: Callable[[Candidate], Outcome]) -> Trainer:
             except UserError:
                 raise
             except Exception as e:  # noqa: BLE001 - a candidate's failure is data, not a crash
-                outcome = Outcome.failed(f"{type(e).__name__}: {e}",
-                                         seconds=time.perf_counter() - started)
+                outcome = Outcome.failed(raised(e), seconds=time.perf_counter() - started)
             record(candidate, outcome)
             queue.extend(record.more())
 

@@ -18,20 +18,20 @@ from typing import Optional
 
 from towerlab.errors import UserError
 from towerlab.fields import replace, to_dict
-from towerlab.jobs.search.identity import admit, training_hash
-from towerlab.jobs.search.trials import OwnSide
-from towerlab.objective import Goal
+from towerlab.objective.admission import admit
+from towerlab.objective.kind import Here, Kind
 from towerlab.search import Search
+from towerlab.search.goal import Aim, Goal
 from towerlab.search.pruners import Ladder
 from towerlab.search.store import Evaluation, Store
 
 
-def regoal(store: Store, stored: Search, search: Search, here: OwnSide) -> Search:
-    """`stored` (the search as its store holds it) ranked from now on by `search`'s goal (its settings, resolved:
-    the resume's), its rows scored again; `stored` itself where the goal is the same. A UserError (nothing
-    changed) where no row holds the metric, or the worker side is not admitted."""
-    goal = Goal(str(search.cfg.metric), str(search.cfg.direction))
-    if (goal.metric, goal.direction) == (stored.cfg.metric, stored.cfg.direction):
+def regoal(store: Store, stored: Search, search: Search, objective: Kind) -> Search:
+    """`stored` (the search as its store holds it) ranked from now on by `search`'s goal (the resume's, decided
+    by its settings), its rows scored again; `stored` itself where the goal is the same. A UserError (nothing
+    changed) where no row holds the metric, or the job's `objective` is not admitted."""
+    goal = search.goal
+    if goal == stored.goal:
         return stored
     rows = store.records.evaluations(stored.stored_id)
     if not any(goal.metric in (r.metrics or {}) for r in rows):
@@ -40,20 +40,22 @@ def regoal(store: Store, stored: Search, search: Search, here: OwnSide) -> Searc
                         f"result(s) holds it ({'they hold ' + ', '.join(map(repr, held)) if held else 'none holds a metric'}"
                         "): name one they hold, or start a new search")
     # Admitted as the search stands (its code, its numerics: what decides its rows), then ranked anew.
-    as_it_was = OwnSide(dataclasses.replace(here.own, metric=None, direction=None), stored, here.device, here.threads,
-                        resuming=True, function=here.function)
+    here = objective.here
+    as_it_was = type(objective)(stored, Here(here.device, here.threads, dataclasses.replace(
+        here.named, metric=None, direction=None), resuming=True, function=here.function))
     try:
         admit(stored, as_it_was)
     except UserError as exc:
         raise UserError(f"cannot resume search {stored.id} of {store.path}: {exc}") from None
-    objective = {**stored.recorded("objective"), "metric": goal.metric, "direction": goal.direction}
+    recorded = {**stored.recorded("objective"), **Aim(stored.aim.kind, goal=goal).recorded()}
     cfg = replace(stored.cfg, metric=goal.metric, direction=goal.direction)
-    # The hash as the worker side measures it against the search's objective (a command's files as recorded).
-    regoaled = dataclasses.replace(stored, cfg=cfg, setup={"objective": objective})
-    new_hash = training_hash(regoaled, here, regoaled)
+    # The hash as the job measures it against the search's objective (a command's files as recorded).
+    regoaled = dataclasses.replace(stored, cfg=cfg, setup={"objective": recorded},
+                                   aim=dataclasses.replace(stored.aim, goal=goal))
+    new_hash = type(objective)(regoaled, here).training_hash(regoaled)
     hashes = dict(zip(stored.ladder.hashes, Ladder(stored.pruner, new_hash).hashes))
     rescored = [(r.id, *scored(r, goal)) for r in rows if r.metrics]
-    store.records.regoal(stored.stored_id, to_dict(cfg), objective, new_hash, hashes, rescored)
+    store.records.regoal(stored.stored_id, to_dict(cfg), recorded, new_hash, hashes, rescored)
     row = store.records.search(stored.stored_id)
     assert row is not None, "the search is in its store"
     return Search.of_row(row, str(store.path))

@@ -31,6 +31,7 @@ from towerlab.catalog.models import entry
 from towerlab.models.custom import ModelFunction, function_file
 from towerlab.presets import apply_preset
 from towerlab.search import Outcome, genome_hash
+from towerlab.search.candidates import raised
 from towerlab.training.optim import DEFAULT_LR
 from towerlab.training.divergence import Diverged
 from towerlab.training.loop import LoopOptions, TrainResult, train
@@ -176,14 +177,13 @@ def network(model: CandidateModel, genome: dict, input_shape: tuple[int, int, in
 
 def train_candidate(cfg: SearchConfig, model: CandidateModel, genome: dict, seed: int, data: Dataset,
                     device: torch.device, *, test_from: Optional[float] = None, stop: StopFlag | None = None,
-                    max_epochs: int | None = None) -> tuple[dict, Optional[TrainResult]]:
-    """Train one genome on this process's device. Returns (the outcome's fields, the TrainResult);
-    a candidate that diverges or runs out of memory is a failure with its reason, not a crash. Its
-    test accuracy is among the fields where its validation accuracy reaches `test_from` (-inf: whatever
-    it reaches; a worker's bar for a network that may enter its search's top; None: never)."""
+                    max_epochs: int | None = None) -> tuple[Outcome, Optional[TrainResult]]:
+    """Train one genome on this process's device. Returns its Outcome and the TrainResult; a candidate that
+    diverges, runs out of memory or whose code raises is a failed Outcome with its reason (`failure`), not a
+    crash. Its test accuracy is in the Outcome where its validation accuracy reaches `test_from` (-inf:
+    whatever it reaches; a worker's bar for a network that may enter its search's top; None: never)."""
     started = time.perf_counter()
     numbers: Optional[dict] = None
-    reason: Optional[str]
     try:
         # A genome's values are checked here, as its network is: one that no training takes fails alone.
         train_cfg = candidate_config(cfg, model, genome, seed, max_epochs)
@@ -198,33 +198,27 @@ def train_candidate(cfg: SearchConfig, model: CandidateModel, genome: dict, seed
         raise
     except torch.cuda.OutOfMemoryError:
         _free(device)
-        reason = "out of memory"
-    except Diverged as exc:
-        reason = str(exc)
-    except SystemExit as exc:  # sys.exit() in a model function or its forward: that code failed, not the search
-        reason = f"SystemExit: code the candidate ran called sys.exit({'' if exc.code is None else repr(exc.code)})"
-    except Exception as exc:  # noqa: BLE001 - a candidate's failure is data: the search goes on
-        reason = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-    else:
-        reason = None
-    seconds = time.perf_counter() - started
-    if reason is not None:
-        return {"status": "failed", "reason": reason, "seconds": seconds, "numerics": numbers}, None
-    fields = {"status": "ok", "fitness": result.val_accuracy, "val_loss": result.val_loss,
-              "epochs": math.ceil(result.epochs), "seconds": seconds, "numerics": numbers}
-    if result.test_accuracy is not None:
-        fields["test_accuracy"] = result.test_accuracy
-    return fields, result
+        return Outcome.failed("out of memory", seconds=time.perf_counter() - started, numerics=numbers), None
+    except (Exception, SystemExit) as exc:  # noqa: BLE001 - a candidate's failure is data: the search goes on
+        return Outcome.failed(failure(exc), seconds=time.perf_counter() - started, numerics=numbers), None
+    return Outcome("ok", fitness=result.val_accuracy, val_loss=result.val_loss, epochs=math.ceil(result.epochs),
+                   seconds=time.perf_counter() - started, numerics=numbers, test_accuracy=result.test_accuracy), result
+
+
+def failure(exc: BaseException) -> str:
+    """A candidate's failure reason where its training raised `exc`: a divergence says itself, sys.exit() in a
+    model function or its forward says that code called it, any other exception its type and its message's
+    first line (`towerlab.search.candidates.raised`)."""
+    if isinstance(exc, Diverged):
+        return str(exc)
+    if isinstance(exc, SystemExit):  # that code failed, not the search
+        return f"SystemExit: code the candidate ran called sys.exit({'' if exc.code is None else repr(exc.code)})"
+    return raised(exc)
 
 
 def _free(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.empty_cache()
-
-
-def outcome(fields: dict) -> Outcome:
-    """The search's Outcome of a worker's result (with its test accuracy, where it was scored)."""
-    return Outcome(**fields)
 
 
 def retrain_command(cfg: SearchConfig, model: CandidateModel, genome: dict, seed: int, max_epochs: int | None = None,

@@ -30,6 +30,7 @@ SPACE = load_space(json.dumps({"model": "custom", "genes": {
     "act": ["relu", "tanh", "gelu"]}}))
 NUMERIC = load_space(json.dumps({"model": "custom", "genes": {
     name: gene.to_dict() for name, gene in SPACE.genes.items() if name != "act"}}))
+LISTED = load_space(json.dumps({"model": "custom", "genes": {"act": ["relu", "tanh", "gelu"], "depth": [1, 2, 3, 4]}}))
 TCH = "gp-train-config"
 
 
@@ -94,6 +95,22 @@ def test_gp_keeps_each_gene_s_kind_and_bounds_and_rounds_floats_to_its_digits(tm
         for name in ("lr", "dropout"):
             assert type(g[name]) is float and float(f"{g[name]:.{DIGITS}g}") == g[name]
     assert len({g["units"] for g in members}) > 3  # a log int range is explored, not pinned to a bound
+
+
+def test_gp_models_a_wide_int_range_as_floats_and_proposes_it_rounded(tmp_path):
+    """An int range of more than RELAXED values is a float range to the Gaussian process (Optuna searches an int
+    gene's acquisition value by value: most of a proposal's CPU); its proposals come back as ints, in bounds."""
+    optuna = pytest.importorskip("optuna")
+    from towerlab.search.samplers.gp import RELAXED, modelled
+
+    units, depth = SPACE.genes["units"], SPACE.genes["depth"]
+    assert units.high - units.low + 1 > RELAXED >= depth.high - depth.low + 1
+    wide = modelled(optuna, units)
+    assert isinstance(wide, optuna.distributions.FloatDistribution) and (wide.low, wide.high, wide.log) == (8, 512, True)
+    assert isinstance(modelled(optuna, depth), optuna.distributions.IntDistribution)
+    result = search(tmp_path / "s.db", gp_config(generations=16))
+    model = [m.genome["units"] for g in result.history[10:] for m in g.members]
+    assert len(model) == 6 and all(type(u) is int and 8 <= u <= 512 for u in model)
 
 
 def test_gp_never_proposes_a_genome_twice_and_ends_when_the_space_is_used_up(tmp_path):
@@ -199,7 +216,8 @@ def test_gp_runs_20_trainings_by_default_and_2_a_generation_when_pruned_and_one_
     unset = dict(generations=None)
     assert Search.resolve(gp_config(**unset), NUMERIC).cfg.generations == 20
     assert Search.resolve(gp_config(sampler="auto", **unset), NUMERIC).cfg.generations == 20
-    assert Search.resolve(gp_config(sampler="auto", **unset), SPACE).cfg.generations == 40  # tpe's 4 x 10 trainings
+    assert Search.resolve(gp_config(sampler="auto", **unset), SPACE).cfg.generations == 20  # ranges beside a list
+    assert Search.resolve(gp_config(sampler="auto", **unset), LISTED).cfg.generations == 40  # tpe's 4 x 10 trainings
     assert Search.resolve(gp_config(generations=7), NUMERIC).cfg.generations == 7
     pruned = dict(max_epochs=3, min_epochs=1)
     assert Search.resolve(gp_config(**pruned), NUMERIC).shape.population == 2
@@ -208,15 +226,20 @@ def test_gp_runs_20_trainings_by_default_and_2_a_generation_when_pruned_and_one_
         Search.resolve(gp_config(population=1, **pruned), NUMERIC)
 
 
-def test_auto_runs_gp_on_numeric_ranges_unpruned_and_tpe_on_a_listed_gene_or_a_pruned_search(tmp_path):
+def test_auto_runs_gp_on_numeric_ranges_unpruned_and_tpe_on_listed_genes_alone_or_a_pruned_search(tmp_path):
     def history(sampler, space, **changes):
         with Store(tmp_path / f"{sampler}-{space.fingerprint[:6]}-{len(changes)}.db") as store:
             cfg = gp_config(**{"sampler": sampler, "generations": 13, **changes})
-            return genomes(run_search(cfg, space, serial(peak), store, TCH))
+            return genomes(run_search(cfg, space, serial(peak if space is not LISTED else listed_peak), store, TCH))
+
+    def listed_peak(candidate):
+        return Outcome.ok(1 - abs(candidate.genome["depth"] - 2) / 10 - (candidate.genome["act"] != "gelu") / 10,
+                          epochs=1, seconds=0.1)
 
     assert history("auto", NUMERIC) == history("gp", NUMERIC)  # 1 a generation, the model from the 11th
-    listed = history("auto", SPACE, generations=2)
-    assert listed == history("tpe", SPACE, generations=2) and len(listed[0]) == 1  # one at a time, as gp
+    assert history("auto", SPACE, generations=12) == history("gp", SPACE, generations=12)  # ranges beside a list
+    listed = history("auto", LISTED, generations=2)
+    assert listed == history("tpe", LISTED, generations=2) and len(listed[0]) == 1  # one at a time, as gp
     pruned = dict(generations=2, max_epochs=3, min_epochs=1)
     assert history("auto", NUMERIC, **pruned) == history("tpe", NUMERIC, **pruned)
 

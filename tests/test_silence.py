@@ -104,6 +104,16 @@ def phase_named(monkeypatch) -> threading.Event:
             named.set()
 
     monkeypatch.setattr(Reporter, "line", spy)
+    from towerlab.jobs import train as job
+
+    said = job.stdout_line  # the lines before the run's Reporter exists (reading the data)
+
+    def spy_before(text: str) -> None:
+        said(text)
+        if text.endswith(" s so far)"):
+            named.set()
+
+    monkeypatch.setattr(job, "stdout_line", spy_before)
     return named
 
 

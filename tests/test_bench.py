@@ -376,7 +376,7 @@ def test_the_image_folder_bench_records_the_peak_rss_of_both_sides(tmp_path):
     bench's, never asserted here)."""
     done = subprocess.run([sys.executable, str(REPO / "bench" / "speed" / "image_folder.py"), "large", "--images", "90",
                            "--side", "24", "--held", "9", "--folder", str(tmp_path / "folder"),
-                           "--cache-dir", str(tmp_path / "cache"), "--out-dir", str(tmp_path)],
+                           "--cache-dir", str(tmp_path / "cache"), "--out-dir", str(tmp_path), "--quiet-wait", "0"],
                           capture_output=True, text=True, cwd=REPO, timeout=600)
     assert done.returncode == 0, done.stderr
     (path,) = tmp_path.glob("image-folder-large-*.json")

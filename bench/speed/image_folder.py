@@ -158,11 +158,11 @@ def child_train(folder: str, data_dir: str, image_size: str, release: bool) -> d
             "train_seconds": summary["train_seconds"], "test_accuracy": summary["test_accuracy"]}
 
 
-def _child(*args: str) -> tuple[dict, dict]:
-    """Run this script's `args` in a fresh process once the machine is quiet (or after a minute of
-    waiting: the sample's foreign_cores then says how busy it was)."""
+def _child(*args: str, quiet_wait: float = QUIET_WAIT) -> tuple[dict, dict]:
+    """Run this script's `args` in a fresh process once the machine is quiet (or after `quiet_wait` seconds
+    of waiting: the sample's foreign_cores then says how busy it was)."""
     command = [sys.executable, str(Path(__file__).resolve()), *args]
-    wait_for_quiet(timeout=QUIET_WAIT)
+    wait_for_quiet(timeout=quiet_wait)
     with CpuWatch() as watch:
         done = subprocess.run(command, capture_output=True, text=True)
     if done.returncode:
@@ -178,8 +178,9 @@ def cifar(args: argparse.Namespace) -> dict:
     for r in range(args.rounds):
         data_dir = tempfile.mkdtemp(prefix="towerlab-bench-cache-")
         try:
-            first, cpu = _child("_open", str(folder) + "/", data_dir, "")
-            again = [_child("_open", str(folder) + "/", data_dir, "") for _ in range(args.reopens)]
+            first, cpu = _child("_open", str(folder) + "/", data_dir, "", quiet_wait=args.quiet_wait)
+            again = [_child("_open", str(folder) + "/", data_dir, "", quiet_wait=args.quiet_wait)
+                     for _ in range(args.reopens)]
         finally:
             shutil.rmtree(data_dir, ignore_errors=True)
         rounds.append({"decode": {**first, "cpu": cpu}, "reopen": [{**s, "cpu": c} for s, c in again]})
@@ -215,12 +216,13 @@ def large(args: argparse.Namespace) -> dict:
     folder = build_large(Path(args.folder), args.images, args.side, args.held)
     data_dir = args.cache_dir or tempfile.mkdtemp(prefix="towerlab-bench-cache-")
     size = f"{args.side}x{args.side}"
-    first, cpu = _child("_open", str(folder) + "/", data_dir, size)
+    first, cpu = _child("_open", str(folder) + "/", data_dir, size, quiet_wait=args.quiet_wait)
     print(f"decoded {first['n']:,} images into {first['cache_bytes'] / 2**30:.2f} GiB in {first['seconds']:.1f} s",
           flush=True)
     runs = {}
     for release in (True, False):
-        sample, use = _child("_train", str(folder) + "/", data_dir, size, "release" if release else "keep")
+        sample, use = _child("_train", str(folder) + "/", data_dir, size, "release" if release else "keep",
+                             quiet_wait=args.quiet_wait)
         runs["released" if release else "kept"] = {**sample, "cpu": use}
         print(f"release={release}: peak RSS {sample['peak_rss_bytes'] / 2**30:.2f} GiB", flush=True)
     if not args.cache_dir:
@@ -256,6 +258,8 @@ def main() -> int:
     parser.add_argument("--side", type=int, default=256)
     parser.add_argument("--held", type=int, default=300, help="large: images in test/, and as many in val/")
     parser.add_argument("--note", default="", help="what the record should say of the machine (shared, nice)")
+    parser.add_argument("--quiet-wait", type=float, default=QUIET_WAIT,
+                        help="seconds each sample waits for the machine to quieten before it runs anyway")
     parser.add_argument("--out-dir", default=str(RESULTS / "speed"))
     args = parser.parse_args()
     args.folder = args.folder or os.path.join(tempfile.gettempdir(), f"towerlab-bench-{args.kind}-folder")

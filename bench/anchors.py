@@ -70,14 +70,33 @@ class _Clock:
         return time.process_time() - self._start - self._training
 
 
-def yahpo_on_configspace_1() -> None:
-    """yahpo-gym 1.0.2 under ConfigSpace 1.x (.venv-anchors): its query re-sorts the space with a method 1.x
-    dropped; the order is not read (values are encoded by name), so the method is made a no-op. Nothing
-    under ConfigSpace 0.6 (.venv-lcbench)."""
-    from ConfigSpace import ConfigurationSpace
+# yahpo-gym reads the data's folder from a configuration file, by default ~/.config/yahpo_gym, which its
+# init_config and set_data_path rewrite in place: a process of another benchmark then reads it half-written,
+# or waits on the lock that guards it. These benchmarks give it a file of their own, written whole (a
+# temporary file, then a rename) where it does not already say the right folder, and never in place.
+YAHPO_CONFIG = Path(tempfile.gettempdir()) / "towerlab-bench-yahpo-gym.yaml"
 
+
+def yahpo(data_dir: Path) -> Any:
+    """yahpo_gym's benchmark_set module, reading its surrogates from `data_dir` through YAHPO_CONFIG; under
+    ConfigSpace 1.x (.venv-anchors) too."""
+    import os
+
+    text = f"data_path: {data_dir}\n"
+    os.environ["YAHPO_LOCAL_CONFIG"] = str(YAHPO_CONFIG)  # read where yahpo_gym is imported
+    if not YAHPO_CONFIG.exists() or YAHPO_CONFIG.read_text() != text:
+        tmp = YAHPO_CONFIG.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(text)
+        os.replace(tmp, YAHPO_CONFIG)
+    from ConfigSpace import ConfigurationSpace
+    from yahpo_gym import benchmark_set, local_config
+
+    local_config.settings_path = YAHPO_CONFIG  # (where it was imported before the variable was set)
     if not hasattr(ConfigurationSpace, "_sort_hyperparameters"):
+        # ConfigSpace 1.x dropped the method yahpo-gym 1.0.2 re-sorts the space with before each query; the
+        # order is not read (values are encoded by name), so it is made a no-op
         ConfigurationSpace._sort_hyperparameters = lambda self: None  # type: ignore[attr-defined]
+    return benchmark_set
 
 
 def _optuna() -> Any:

@@ -230,8 +230,6 @@ def anchor(method: str) -> Arm:
     def run(surrogate: Surrogate, seed: int, ledger: Ledger) -> dict:
         import anchors
 
-        anchors.yahpo_on_configspace_1()
-
         def evaluate(config: dict) -> float:
             return ledger.train(surrogate, config, FULL)
 

@@ -110,17 +110,22 @@ def towerlab_serial(settings: dict, patch: Callable[[], Callable[[], None]] | No
     return run
 
 
-def _tpe_multivariate() -> Callable[[], None]:
-    """Optuna's TPESampler made multivariate=True, group=True for the run (towerlab's tpe builds one a proposal)."""
+def _tpe_multivariate(group: bool) -> Callable[[], Callable[[], None]]:
+    """What makes Optuna's TPESampler multivariate=True (and `group`) for a run (towerlab's tpe builds one a
+    proposal), and returns what undoes it."""
+    return lambda: _tpe_patched({"multivariate": True, "group": group})
+
+
+def _tpe_patched(arguments: dict) -> Callable[[], None]:
     import optuna
 
     original = optuna.samplers.TPESampler
 
-    class Grouped(original):  # type: ignore[misc, valid-type]
+    class Patched(original):  # type: ignore[misc, valid-type]
         def __init__(self, *args: Any, **kwargs: Any) -> None:
-            super().__init__(*args, **{"multivariate": True, "group": True, **kwargs})
+            super().__init__(*args, **{**kwargs, **arguments})
 
-    optuna.samplers.TPESampler = Grouped
+    optuna.samplers.TPESampler = Patched
 
     def undo() -> None:
         optuna.samplers.TPESampler = original
@@ -141,7 +146,9 @@ ARMS: dict[str, tuple[str, Arm]] = {
     "towerlab": ("towerlab's default search (search run --objective, its default workers)", towerlab_cli),
     "towerlab-serial": ("towerlab's default search, played in one process", towerlab_serial({})),
     "towerlab-serial-mv": ("towerlab tpe with Optuna's multivariate TPE (group=True), played in one process",
-                           towerlab_serial({"sampler": "tpe"}, _tpe_multivariate)),
+                           towerlab_serial({"sampler": "tpe"}, _tpe_multivariate(True))),
+    "towerlab-serial-mvng": ("towerlab tpe with Optuna's multivariate TPE (group=False, as Optuna's AutoSampler), "
+                             "played in one process", towerlab_serial({"sampler": "tpe"}, _tpe_multivariate(False))),
 }
 OWN_WORKERS = ("towerlab",)  # arms whose search starts processes of its own
 ANCHORS = ("random", "tpe", "tpe-mv", "gp", "smac-hpo", "smac-bb", "hebo")

@@ -14,11 +14,9 @@ objective (`towerlab search run --objective bench/rbv2_problem.py:objective`, th
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import io
 import json
 import os
-import tempfile
 import warnings
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -54,16 +52,9 @@ class Surrogate:
     """One task's surrogate at the full fidelity: a configuration's `acc` (a fraction), remembered."""
 
     def __init__(self, task: str) -> None:
-        from yahpo_gym import benchmark_set, local_config
-
-        anchors.yahpo_on_configspace_1()
-        # the runs' processes take turns: each rewrites yahpo's one configuration file (~/.config/yahpo_gym)
-        with contextlib.redirect_stdout(io.StringIO()), open(Path(tempfile.gettempdir()) / "yahpo_gym.lock", "w") as lock, \
-                warnings.catch_warnings():  # ConfigSpace 1.x on yahpo's file: "'default' should be 'default_value'"
-            warnings.simplefilter("ignore")
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            local_config.init_config()
-            local_config.set_data_path(str(data_dir()))
+        benchmark_set = anchors.yahpo(data_dir())
+        with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # ConfigSpace 1.x on yahpo's file: "'default' should be 'default_value'"
             self._bench = benchmark_set.BenchmarkSet("rbv2_xgboost", instance=task, multithread=False, check=False)
         self.task = task
         self._seen: dict[str, float] = {}

@@ -86,9 +86,11 @@ def run_all(arms: list[str], tasks: tuple[str, ...], seeds: list[int], budget: i
     return [json.loads(_path(runs, *j[:3]).read_text()) for j in wanted]
 
 
-def regrets(results: list[dict], reference: dict, budget: int) -> dict:
-    """Each arm's regret at POINTS and its curve (every 52 epochs), mean over its runs; best known per task."""
-    best_known = {t: max([reference[t]["best"]] + [a for r in results if r["task"] == t for _, a in r["trace"]])
+def regrets(results: list[dict], reference: dict, budget: int, known: dict | None = None) -> dict:
+    """Each arm's regret at POINTS and its curve (every 52 epochs), mean over its runs; best known per task
+    (`known`: a record's best known too, so that this record's regrets are on its scale)."""
+    best_known = {t: max([reference[t]["best"], *([known[t]] if known and t in known else [])]
+                         + [a for r in results if r["task"] == t for _, a in r["trace"]])
                   for t in reference}
 
     def at(run: dict, epochs: float) -> float:
@@ -223,6 +225,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--notes", default="", help="what the record should say of how it was measured")
     parser.add_argument("--record", default=None, help="the record's name (default lcbench-<date>); none with --smoke")
     parser.add_argument("--smoke", action="store_true", help="task 3945, seed 0, 520 epochs; no record")
+    parser.add_argument("--prefix", default=None, help="the figures' ids' prefix (default lcbench, or lcbench_held_out)")
+    parser.add_argument("--against", default=None, help="a record in bench/results whose best known each task's "
+                        "regret counts too: this record's arms on the same scale as that record's")
     parser.add_argument("--held-out", action="store_true",
                         help="the 24 tasks kept out of the 10 (their own runs and record): the check of a change")
     args = parser.parse_args(argv)
@@ -235,16 +240,19 @@ def main(argv: list[str] | None = None) -> int:
     reference = problem.reference(tuple(args.tasks))
     results = run_all(args.arms, tuple(args.tasks), args.seeds, args.budget, args.jobs, runs, set(args.rerun),
                       args.kept_only)
-    measured = regrets(results, reference, args.budget)
+    known = json.loads((problem.BENCH / "results" / args.against).read_text())["best_known"] if args.against else None
+    measured = regrets(results, reference, args.budget, known)
     print(table(measured))
     if args.smoke:
         return 0
     name = args.record or f"lcbench-{'held-out-' if args.held_out else ''}{time.strftime('%Y-%m-%d')}"
     record = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "command": ["python", "bench/lcbench.py", *sys.argv[1:]],
               "tasks": args.tasks, "seeds": args.seeds, "budget_epochs": args.budget, "full_epochs": FULL,
-              "points": list(POINTS), "notes": args.notes, "reference": reference, **measured,
-              "figures": figures(measured, "lcbench_held_out" if args.held_out else "lcbench")}
-    (problem.BENCH / "results" / f"{name}.json").write_text(json.dumps(record, indent=1) + "\n")
+              "points": list(POINTS), "notes": args.notes, "against": args.against, "reference": reference, **measured,
+              "figures": figures(measured, args.prefix or ("lcbench_held_out" if args.held_out else "lcbench"))}
+    from machine import describe, write_record  # the bench's own helpers (they import torch)
+
+    write_record(problem.BENCH / "results", f"{name}.json", {**record, "machine": describe()})
     plot(measured, args.budget, problem.BENCH / "results" / f"{name}.png",
          f"{len(args.tasks)} {kind} tasks, {len(args.seeds)} seed{'s' * (len(args.seeds) != 1)}")
     print(f"wrote bench/results/{name}.json and {name}.png")

@@ -110,10 +110,10 @@ def towerlab_serial(settings: dict, patch: Callable[[], Callable[[], None]] | No
     return run
 
 
-def _tpe_multivariate(group: bool) -> Callable[[], Callable[[], None]]:
-    """What makes Optuna's TPESampler multivariate=True (and `group`) for a run (towerlab's tpe builds one a
-    proposal), and returns what undoes it."""
-    return lambda: _tpe_patched({"multivariate": True, "group": group})
+def _tpe_patched_with(arguments: dict) -> Callable[[], Callable[[], None]]:
+    """What makes every Optuna TPESampler of a run take `arguments` (towerlab's tpe builds one a proposal), and
+    returns what undoes it."""
+    return lambda: _tpe_patched(arguments)
 
 
 def _tpe_patched(arguments: dict) -> Callable[[], None]:
@@ -145,11 +145,16 @@ ARMS: dict[str, tuple[str, Arm]] = {
     "hebo": ("HEBO", hebo),
     "towerlab": ("towerlab's default search (search run --objective, its default workers)", towerlab_cli),
     "towerlab-serial": ("towerlab's default search, played in one process", towerlab_serial({})),
-    "towerlab-serial-mv": ("towerlab tpe with Optuna's multivariate TPE (group=True), played in one process",
-                           towerlab_serial({"sampler": "tpe"}, _tpe_multivariate(True))),
-    "towerlab-serial-mvng": ("towerlab tpe with Optuna's multivariate TPE (group=False, as Optuna's AutoSampler), "
-                             "played in one process", towerlab_serial({"sampler": "tpe"}, _tpe_multivariate(False))),
+    "towerlab-serial-gp": ("towerlab's gp (Optuna's GPSampler: the conditional genes drawn at random), played in "
+                           "one process", towerlab_serial({"sampler": "gp"})),
+    "towerlab-serial-endpoints": ("towerlab's default with Optuna's TPE consider_endpoints=True, played in one process",
+                                  towerlab_serial({}, _tpe_patched_with({"consider_endpoints": True}))),
+    "towerlab-serial-joint": ("towerlab's default with Optuna's multivariate TPE, group=True, played in one process",
+                              towerlab_serial({}, _tpe_patched_with({"multivariate": True, "group": True}))),
+    "towerlab-serial-nogroup": ("towerlab's default with multivariate TPE without group (Optuna's AutoSampler's), "
+                                "played in one process",
+                                towerlab_serial({}, _tpe_patched_with({"multivariate": True, "group": False}))),
 }
 OWN_WORKERS = ("towerlab",)  # arms whose search starts processes of its own
 ANCHORS = ("random", "tpe", "tpe-mv", "gp", "smac-hpo", "smac-bb", "hebo")
-RECORDED = (*ANCHORS, "towerlab")
+RECORDED = (*ANCHORS, "towerlab-serial", "towerlab-serial-joint", "towerlab")

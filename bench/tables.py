@@ -488,6 +488,21 @@ def _lcbench(record: str, issue: bool) -> Table:
     )
 
 
+def _rbv2(record: str) -> Table:
+    """A bench/rbv2_xgboost.py record's arms: regret at 25/50/100% of its 150 trainings, runs, CPU and wall time."""
+    return Table(
+        ("method", "regret at 25%", "at 50%", "at 100%", "runs", "CPU s proposing, a run", "wall s a run"),
+        tuple(
+            (lookup(record, f"arms/{arm}/what"),)
+            + tuple(Ref(record, f"arms/{arm}/points/{p}", "r3") for p in ("0.25", "0.5", "1.0"))
+            + (Ref(record, f"arms/{arm}/runs", "int"),
+               Ref(record, f"arms/{arm}/sampler_seconds", "num", none="in its workers"),
+               Ref(record, f"arms/{arm}/wall_seconds", "s0"))
+            for arm in lookup(record, "arms")
+        ),
+    )
+
+
 TABLES: dict[str, Table] = {
     "headline": HEADLINE,
     "cpu-suite": CPU_SUITE,
@@ -507,12 +522,14 @@ TABLES: dict[str, Table] = {
     "objective-overhead-fixes": OBJECTIVE_OVERHEAD_FIXES,
     "lcbench": _lcbench("lcbench-2026-11-28.json", issue=True),
     "lcbench-held-out": _lcbench("lcbench-held-out-2026-11-28.json", issue=False),
+    "lcbench-anchors": _lcbench("lcbench-anchors-2026-12-06.json", issue=False),
+    "rbv2": _rbv2("rbv2-xgboost-2026-12-06.json"),
 }
 
 PAGES: dict[str, tuple[str, ...]] = {
     "README.md": ("headline",),
     "docs/benchmarks.md": ("cpu-suite", "changes", "image-folders", "gpu", "gpu-step", "samplers-mnist",
-                           "samplers-cifar10", "lcbench", "lcbench-held-out", "search-headline", "seed-examples", "pruning",
+                           "samplers-cifar10", "lcbench", "lcbench-held-out", "lcbench-anchors", "rbv2", "search-headline", "seed-examples", "pruning",
                            "objective-overhead", "objective-overhead-store", "objective-overhead-fixes"),
     "docs/distributed-search.md": ("queue", "search-workers"),
 }

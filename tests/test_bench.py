@@ -17,11 +17,14 @@ from towerlab.errors import UserError
 
 
 def _bench(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(REPO / "bench" / "run.py"), *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, str(REPO / "bench" / "speed" / "run.py"), *args], capture_output=True, text=True,
                           cwd=REPO, timeout=120)
 
 
-RECORDS = sorted((REPO / "bench" / "results").rglob("*.json"))
+# The records, not the runs' folders beside them (git ignores those: a run's own files, kept for --reuse).
+RUNS_FOLDERS = {"quick", "search-runs", "sampler-runs", "pruning-runs", "lcbench-runs", "rbv2-runs"}
+RECORDS = sorted(path for path in (REPO / "bench" / "results").rglob("*.json")
+                 if not RUNS_FOLDERS & set(path.relative_to(REPO / "bench" / "results").parts))
 
 
 @pytest.mark.parametrize("path", RECORDS, ids=lambda path: str(path.relative_to(REPO / "bench" / "results")))
@@ -35,6 +38,49 @@ def test_every_record_holds_its_figures_in_one_shape(path):
     for figure in figures:
         assert isinstance(figure, dict) and isinstance(figure.get("id"), str) and "value" in figure, figure
         assert isinstance(figure.get("detail", {}), dict), figure["id"]
+
+
+@pytest.mark.parametrize("path", RECORDS, ids=lambda path: str(path.relative_to(REPO / "bench" / "results")))
+def test_every_record_says_what_it_ran_on(path):
+    """`machine`: what bench.common.machine.describe() gave, or, for the nine records written before every
+    script recorded it, what the record's own fields and notes say, and why the rest is unknown."""
+    machine = json.loads(path.read_text()).get("machine")
+    assert isinstance(machine, dict) and machine or isinstance(machine, str) and machine.startswith("unknown: ")
+
+
+def test_a_record_is_written_whole_with_its_machine_and_figures(tmp_path):
+    """bench/common/record.py: every script's one writer. A record lands whole under its name (nothing
+    else left in the folder); a write that fails midway leaves the record before it as it was."""
+    from bench.common.record import figure, write_record
+
+    record = {"machine": {"cpu_model": "test"}, "figures": [figure("a", 1.5, {"n": 3}), figure("b", None)]}
+    path = write_record(tmp_path / "family", "r.json", record)
+    assert path == tmp_path / "family" / "r.json" and json.loads(path.read_text()) == record
+    assert [p.name for p in path.parent.iterdir()] == ["r.json"]
+
+    class Unwritable:
+        def __str__(self):
+            raise RuntimeError("cannot be written")
+
+    with pytest.raises(RuntimeError, match="cannot be written"):
+        write_record(path.parent, "r.json", {**record, "more": [1, Unwritable()]})
+    assert json.loads(path.read_text()) == record and [p.name for p in path.parent.iterdir()] == ["r.json"]
+
+
+@pytest.mark.parametrize("record, says", [
+    ({"figures": []}, "no 'machine'"),
+    ({"machine": {"cpu_model": "test"}, "figures": {"a": 1}}, "'figures' is a list"),
+    ({"machine": {"cpu_model": "test"}}, "'figures' is a list"),
+    ({"machine": "unknown: not recorded", "figures": [{"value": 1}]}, "without its 'id'"),
+    ({"machine": {"cpu_model": "test"}, "figures": [{"id": "a", "value": 1, "detail": 3}]}, "figure a: its 'detail'"),
+    ({"machine": {"cpu_model": "test"}, "figures": [{"id": "a", "value": 1}, {"id": "a", "value": 2}]}, "figure a twice"),
+])
+def test_a_record_without_its_machine_or_its_figures_as_a_list_is_refused_before_writing(record, says, tmp_path):
+    from bench.common.record import write_record
+
+    with pytest.raises(ValueError, match=says):
+        write_record(tmp_path, "r.json", record)
+    assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.parametrize("suite, group, data", [("cpu", "mnist_tta", "mnist"), ("gpu", "lenet5_tta", "mnist"),
@@ -55,7 +101,7 @@ def test_a_group_whose_data_is_missing_is_refused_naming_the_file(tmp_path):
 
 @pytest.mark.parametrize("flags", [["--no-pruning"], ["--sampler", "tpe", "--no-pruning", "--prune-places", "new"]])
 def test_pruning_bench_refuses_no_pruning_without_another_sampler_or_with_places(flags, tmp_path):
-    done = subprocess.run([sys.executable, str(REPO / "bench" / "pruning.py"), *flags, "--out-dir", str(tmp_path)],
+    done = subprocess.run([sys.executable, str(REPO / "bench" / "quality" / "pruning.py"), *flags, "--out-dir", str(tmp_path)],
                           capture_output=True, text=True, cwd=REPO, timeout=120)
     assert done.returncode == 2
     assert "--no-pruning runs another sampler unpruned beside the unpruned GA" in done.stderr
@@ -63,7 +109,7 @@ def test_pruning_bench_refuses_no_pruning_without_another_sampler_or_with_places
 
 
 def _pruning_record(seed: int, best: float) -> dict:
-    """A record as bench/pruning.py --smoke writes it, older form (no waiting, pick or retraining),
+    """A record as bench/quality/pruning.py --smoke writes it, older form (no waiting, pick or retraining),
     its unpruned GA at half `best` after 10 s of training and at `best` after 30 s, of 40 s in all."""
     side = {"command": ["towerlab", "evolve"], "best": best, "trained_to_the_end": 2, "train_seconds": 40.0,
             "trainings": 2, "evaluations": 2, "wall_seconds": 25.0, "parts": 1, "best_test_accuracy": 0.5}
@@ -80,7 +126,7 @@ def test_pruning_bench_refuses_a_recorded_unpruned_side_that_does_not_fit_before
     path = tmp_path / "record.json"
     path.write_text(json.dumps(_pruning_record(0, 0.9)))
     smoke = [] if dataset else ["--smoke"]
-    done = subprocess.run([sys.executable, str(REPO / "bench" / "pruning.py"), *smoke, *dataset, "--seeds", *seeds,
+    done = subprocess.run([sys.executable, str(REPO / "bench" / "quality" / "pruning.py"), *smoke, *dataset, "--seeds", *seeds,
                            "--sampler", "random", "--no-pruning", "--unpruned-from", str(path),
                            "--out-dir", str(tmp_path / "out")], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert done.returncode == 2
@@ -95,7 +141,7 @@ def test_pruning_bench_reads_the_unpruned_ga_from_a_record_and_runs_only_the_oth
     path = tmp_path / "record.json"
     path.write_text(json.dumps(_pruning_record(0, 0.05)))  # a best any network reaches: its time is measured
     out = tmp_path / "out"
-    done = subprocess.run([sys.executable, str(REPO / "bench" / "pruning.py"), "--smoke", "--sampler", "random",
+    done = subprocess.run([sys.executable, str(REPO / "bench" / "quality" / "pruning.py"), "--smoke", "--sampler", "random",
                            "--no-pruning", "--retrain", "0", "--unpruned-from", str(path), "--data-dir",
                            str(tmp_path), "--out-dir", str(out)], capture_output=True, text=True, cwd=REPO, timeout=300)
     assert done.returncode == 0, done.stderr
@@ -116,7 +162,7 @@ def test_pruning_bench_reads_the_unpruned_ga_from_a_record_and_runs_only_the_oth
 
 
 def test_pruning_bench_refuses_fewer_than_one_generation_before_running(tmp_path):
-    done = subprocess.run([sys.executable, str(REPO / "bench" / "pruning.py"), "--smoke", "--generations", "0",
+    done = subprocess.run([sys.executable, str(REPO / "bench" / "quality" / "pruning.py"), "--smoke", "--generations", "0",
                            "--out-dir", str(tmp_path)], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert done.returncode == 2
     assert done.stderr.strip().splitlines()[-1] == "pruning.py: error: --generations 0: a search has at least 1 generation"
@@ -130,7 +176,7 @@ def test_pruning_bench_gives_the_second_side_its_own_generations(tmp_path):
     path = tmp_path / "record.json"
     path.write_text(json.dumps(_pruning_record(0, 0.05)))
     out = tmp_path / "out"
-    done = subprocess.run([sys.executable, str(REPO / "bench" / "pruning.py"), "--smoke", "--sampler", "random",
+    done = subprocess.run([sys.executable, str(REPO / "bench" / "quality" / "pruning.py"), "--smoke", "--sampler", "random",
                            "--generations", "3", "--retrain", "0", "--unpruned-from", str(path), "--data-dir",
                            str(tmp_path), "--out-dir", str(out)], capture_output=True, text=True, cwd=REPO, timeout=300)
     assert done.returncode == 0, done.stderr
@@ -147,7 +193,7 @@ def test_pruning_bench_gives_the_second_side_its_own_generations(tmp_path):
 
 @pytest.mark.slow
 def test_cifar94_smoke_budget_runs_on_a_cpu_and_records_the_spread_beside_the_record(tmp_path):
-    done = subprocess.run([sys.executable, str(REPO / "bench" / "cifar94.py"), "--budget", "smoke",
+    done = subprocess.run([sys.executable, str(REPO / "bench" / "gpu" / "cifar94.py"), "--budget", "smoke",
                            "--out-dir", str(tmp_path)], capture_output=True, text=True, cwd=REPO, timeout=300)
     assert done.returncode == 0, done.stderr
     (path,) = tmp_path.glob("cifar94-smoke-*.json")
@@ -186,7 +232,7 @@ def test_cifar94_runs_airbench_first_with_its_runs_cut_and_judges_against_its_me
              y_train=rng.integers(0, 10, 40, dtype=np.uint8), x_test=rng.integers(0, 256, (20, 32, 32, 3), dtype=np.uint8),
              y_test=rng.integers(0, 10, 20, dtype=np.uint8))
     (tmp_path / "airbench94_muon.py").write_text(FAKE_AIRBENCH)
-    done = subprocess.run([sys.executable, str(REPO / "bench" / "cifar94.py"), "--budget", "smoke", "--airbench",
+    done = subprocess.run([sys.executable, str(REPO / "bench" / "gpu" / "cifar94.py"), "--budget", "smoke", "--airbench",
                            str(tmp_path / "airbench94_muon.py"), "--airbench-runs", "3", "--data-dir", str(tmp_path),
                            "--out-dir", str(tmp_path / "out")], capture_output=True, text=True, cwd=REPO, timeout=300)
     assert done.returncode == 0, done.stderr
@@ -203,17 +249,16 @@ def test_cifar94_runs_airbench_first_with_its_runs_cut_and_judges_against_its_me
 
 @pytest.mark.slow
 def test_an_interrupted_search_run_is_continued_keeping_what_it_recorded(tmp_path):
-    """bench/search_runs.py: a run killed mid-search is continued by --reuse (towerlab --resume), not
+    """bench/quality/search_runs.py: a run killed mid-search is continued by --reuse (towerlab --resume), not
     started over; its record says it ran in two parts."""
     out = tmp_path / "run"
     flags = ["--space", "mlp", "--dataset", "synthetic", "--population", "4", "--generations", "4", "--max-epochs",
              "2", "--remeasure", "0", "--device", "cpu", "--devices", "1", "--threads", "1", "--seed", "0"]
-    call = (f"import sys; sys.path.insert(0, {str(REPO / 'bench')!r}); import search_runs, pathlib; "
+    call = (f"import sys; sys.path.insert(0, {str(REPO)!r}); from bench.quality import search_runs; import pathlib; "
             f"search_runs.run_search(['evolve'], {flags!r}, pathlib.Path({str(out)!r}), {str(tmp_path)!r})")
     first = subprocess.Popen([sys.executable, "-c", call], cwd=REPO, start_new_session=True,
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    sys.path.insert(0, str(REPO / "bench"))
-    import search_runs
+    from bench.quality import search_runs
     from towerlab.search import evaluation_records
 
     def recorded() -> bool:
@@ -241,11 +286,10 @@ def test_an_interrupted_search_run_is_continued_keeping_what_it_recorded(tmp_pat
     assert len(record["parts"]) == 1 and record["wall_seconds"] >= record["parts"][0] >= 0
 
 
-def test_the_best_curve_counts_every_rung_in_the_seconds_and_reads_a_budget_back(monkeypatch):
-    """bench/search_runs.py: training seconds include every rung and re-measure; the best so far and the
+def test_the_best_curve_counts_every_rung_in_the_seconds_and_reads_a_budget_back():
+    """bench/quality/search_runs.py: training seconds include every rung and re-measure; the best so far and the
     best within a training budget read only first measurements at the full epochs."""
-    monkeypatch.syspath_prepend(str(REPO / "bench"))
-    import search_runs
+    from bench.quality import search_runs
 
     def record(seconds, epochs, accuracy, replicate=0, status="ok"):
         return {"seconds": seconds, "max_epochs": epochs, "val_accuracy": accuracy, "replicate": replicate,
@@ -260,13 +304,11 @@ def test_the_best_curve_counts_every_rung_in_the_seconds_and_reads_a_budget_back
     assert search_runs.best_by(curve, 139) == 0.5 and search_runs.best_by(curve, 140) == 0.6
 
 
-def test_a_pick_retrained_with_the_searchs_seed_gets_the_searchs_accuracy_and_a_cache_is_read_back(tmp_path,
-                                                                                                    monkeypatch):
-    """bench/search_runs.retrain trains a network as the search trained it: with the seed the search
+def test_a_pick_retrained_with_the_searchs_seed_gets_the_searchs_accuracy_and_a_cache_is_read_back(tmp_path):
+    """bench/quality/search_runs.retrain trains a network as the search trained it: with the seed the search
     gave it, the same validation accuracy, to the last digit. A cache holding the same pick, settings
     and seeds is read back; another seed trains again."""
-    monkeypatch.syspath_prepend(str(REPO / "bench"))
-    import search_runs
+    from bench.quality import search_runs
 
     out = tmp_path / "run"
     flags = ["--space", "mlp", "--dataset", "synthetic", "--population", "3", "--generations", "1", "--max-epochs",
@@ -291,10 +333,10 @@ def test_a_pick_retrained_with_the_searchs_seed_gets_the_searchs_accuracy_and_a_
 
 
 def test_retrain_refuses_a_genome_it_cannot_read_and_reuse_trains_only_what_its_record_lacks(tmp_path):
-    """bench/retrain.py: a genome it cannot read is one line and exit 2, nothing written; with
+    """bench/quality/retrain.py: a genome it cannot read is one line and exit 2, nothing written; with
     --reuse, a genome today's record holds (same settings, seeds, threads) is read back, and only
     the others are trained."""
-    script = [sys.executable, str(REPO / "bench" / "retrain.py"), "--dataset", "synthetic", "--val-size", "1000",
+    script = [sys.executable, str(REPO / "bench" / "quality" / "retrain.py"), "--dataset", "synthetic", "--val-size", "1000",
               "--max-epochs", "1", "--seeds", "1", "--devices", "1", "--data-dir", str(tmp_path), "--out-dir",
               str(tmp_path / "out")]
     done = subprocess.run([*script, "neurons=64,layers"], capture_output=True, text=True)
@@ -313,11 +355,10 @@ def test_retrain_refuses_a_genome_it_cannot_read_and_reuse_trains_only_what_its_
     assert [g["genome"]["layers"] for g in genomes] == [1, 2]
 
 
-def test_the_waits_of_a_runs_workers_are_counted_inside_and_between_generations(monkeypatch):
-    """bench/search_runs.py: worker-seconds not trained inside each generation's span (start =
+def test_the_waits_of_a_runs_workers_are_counted_inside_and_between_generations():
+    """bench/quality/search_runs.py: worker-seconds not trained inside each generation's span (start =
     finished_at - seconds) and between one generation's last training and the next one's first."""
-    monkeypatch.syspath_prepend(str(REPO / "bench"))
-    import search_runs
+    from bench.quality import search_runs
 
     def record(worker, generation, seconds, finished):
         return {"worker": worker, "generation": generation, "seconds": seconds,
@@ -330,10 +371,10 @@ def test_the_waits_of_a_runs_workers_are_counted_inside_and_between_generations(
 
 @pytest.mark.slow
 def test_the_image_folder_bench_records_the_peak_rss_of_both_sides(tmp_path):
-    """bench/image_folder.py large on a tiny folder: it writes the folder, decodes it, trains twice in
+    """bench/speed/image_folder.py large on a tiny folder: it writes the folder, decodes it, trains twice in
     fresh processes and records each side's peak RSS beside the cache's size (its numbers are the
     bench's, never asserted here)."""
-    done = subprocess.run([sys.executable, str(REPO / "bench" / "image_folder.py"), "large", "--images", "90",
+    done = subprocess.run([sys.executable, str(REPO / "bench" / "speed" / "image_folder.py"), "large", "--images", "90",
                            "--side", "24", "--held", "9", "--folder", str(tmp_path / "folder"),
                            "--cache-dir", str(tmp_path / "cache"), "--out-dir", str(tmp_path)],
                           capture_output=True, text=True, cwd=REPO, timeout=600)
@@ -348,13 +389,13 @@ def test_the_image_folder_bench_records_the_peak_rss_of_both_sides(tmp_path):
 
 
 def _session(*args, env=None, tmp_path):
-    return subprocess.run(["bash", str(REPO / "bench" / "gpu_session.sh"), *args], capture_output=True, text=True,
+    return subprocess.run(["bash", str(REPO / "bench" / "gpu" / "session.sh"), *args], capture_output=True, text=True,
                           cwd=tmp_path, timeout=600, env={**os.environ, "PYTHON": sys.executable, **(env or {})})
 
 
 @pytest.fixture
 def session_data(tmp_path):
-    """What `gpu_session.sh prepare` gets: a data folder (a tiny cifar10.npz, an empty mnist.npz: the dry
+    """What `session.sh prepare` gets: a data folder (a tiny cifar10.npz, an empty mnist.npz: the dry
     runs only look for it) and a stand-in airbench94_muon.py; the digest of that cifar10.npz."""
     import numpy as np
 

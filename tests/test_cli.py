@@ -249,7 +249,7 @@ def test_the_help_speaks_to_users_and_each_search_has_its_own(capsys):
 
 
 # What a user types before any work: help and flag mistakes answer at once, without torch
-# (towerlab --help took as long as `import torch`). bench/startup.py measures the times.
+# (towerlab --help took as long as `import torch`). bench/speed/startup.py measures the times.
 NO_WORK = {
     0: [["--help"], ["--version"], *([*command.split(), "--help"] for command in (
         "train", "evaluate", "predict", "evolve", "grid", "search", "search run", "search show", "data",

@@ -212,7 +212,7 @@ def test_the_docs_cpu_node_script_finds_towerlab_its_data_and_password_as_writte
     (home / ".pgpass").chmod(0o600)
     data = mnist_files(tmp_path / "data")
     venv = Path(sys.prefix)
-    text = script("distributed-search.md", "#SBATCH --cpus-per-task", {
+    text = script("distributed-search.md", "#SBATCH --job-name=towerlab-cpu-workers", {
         "#SBATCH --array=0-15 ": "#SBATCH --array=0-1 ",
         "#SBATCH --cpus-per-task=32 ": "#SBATCH --cpus-per-task=2 ",
         "/shared/towerlab/venv": str(venv),

@@ -1,5 +1,5 @@
 """The digest of towerlab's code that a search records and every worker's must equal
-(`towerlab.jobs.search.identity.code_digest`, `towerlab.proof.package_proof`): of every source file of the
+(`towerlab.objective.admission.code_digest`, `towerlab.proof.package_proof`): of every source file of the
 installed package, by its path in it, from the bytes its modules ran from. Another install of the same
 files has the same; an edit anywhere changes it (issue 65, defect 3: a listed set of modules missed the one
 that derives the seed); a stale .pyc with its source's size and modification time put back neither runs
@@ -28,7 +28,7 @@ PACKAGE = Path(towerlab.__file__).resolve().parent
 PROBE = """
 import json, sys
 import towerlab
-from towerlab.jobs.search.identity import code_digest
+from towerlab.objective.admission import code_digest
 found = {name: eval(name, {"towerlab": towerlab, "__import__": __import__}) for name in sys.argv[1:]}
 print(json.dumps({"file": towerlab.__file__, "code": code_digest(), **found}))
 """
@@ -80,7 +80,7 @@ def clean(tmp_path_factory) -> dict:
 
 def test_a_copy_elsewhere_has_the_digest_of_the_package_here(clean):
     """Another machine's install of the same files (another path) joins."""
-    here = subprocess.run([sys.executable, "-c", "from towerlab.jobs.search.identity import code_digest; "
+    here = subprocess.run([sys.executable, "-c", "from towerlab.objective.admission import code_digest; "
                            "print(code_digest())"], capture_output=True, text=True, check=True, timeout=300)
     assert here.stdout.strip() == clean["code"]
 
@@ -120,7 +120,7 @@ def test_a_stale_pyc_of_the_package_s_first_module_changes_the_digest(tmp_path, 
 
 def test_a_module_edited_after_the_proof_is_not_imported(tmp_path):
     site = installed_copy(tmp_path)
-    script = ("from towerlab.jobs.search.identity import code_digest\ncode_digest()\n"
+    script = ("from towerlab.objective.admission import code_digest\ncode_digest()\n"
               f"open({str(site / 'towerlab' / 'plots.py')!r}, 'a').write('# an edit\\n')\n"
               "import towerlab.plots\n")
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=site, timeout=300,

@@ -14,7 +14,7 @@ from towerlab.data.digest import content_digest
 from towerlab.cli import main
 from towerlab.config import SearchConfig, TrainConfig
 from towerlab.errors import UserError
-from towerlab.jobs.candidate import train_config_hash
+from towerlab.objective.candidate import train_config_hash
 from towerlab.models.files import load_model
 from util import ONE_CPU
 

@@ -88,7 +88,7 @@ def test_the_pages_hold_blocks_of_each_kind():
 
 def test_the_command_parser_reads_a_shell_line():
     code = ("torchrun --nnodes 2 --rdzv-endpoint HOST:29500 \\\n    -m towerlab train --out runs/a  # comment\n"
-            "towerlab search show runs/S --csv > evaluations.csv\npython bench/run.py --suite cpu\n")
+            "towerlab search show runs/S --csv > evaluations.csv\npython bench/speed/run.py --suite cpu\n")
     assert towerlab_commands(code) == [["train", "--out", "runs/a"], ["search", "show", "runs/S", "--csv"]]
 
 
@@ -113,11 +113,8 @@ def test_toml_blocks_parse(page, code, line):
 
 
 def test_results_tables_equal_their_records():
-    sys.path.insert(0, str(REPO / "bench"))
-    try:
-        import tables
-    finally:
-        sys.path.remove(str(REPO / "bench"))
+    from bench import tables
+
     assert tables.differing() == [], "run python bench/tables.py"
 
 

@@ -406,7 +406,8 @@ def test_the_search_folder_deleted_mid_search_is_one_line_for_the_job_and_a_join
     """`rm -rf` of the folder: the job ended with a FileNotFoundError traceback, and a worker that had
     joined finished the search into the deleted file and exited 0 without a word."""
     out = tmp_path / "search"
-    with reaped(start_towerlab("search", "run", *LONGER, "--space", space, "--out", str(out),
+    # generations enough to outlast the joining worker's start (the folder goes long before they are trained)
+    with reaped(start_towerlab("search", "run", *LONGER, "--generations", "20", "--space", space, "--out", str(out),
                                log=tmp_path / "job.log")) as job:
         wait_for(lambda: _first_evaluation(out), timeout=180, what="the first evaluation")
         with reaped(start_towerlab("search", "worker", str(out), *ONE_CPU, log=tmp_path / "worker.log")) as worker:

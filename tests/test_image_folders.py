@@ -25,7 +25,7 @@ from towerlab.data.digest import content_digest
 from towerlab.data.folders import FolderOptions
 from towerlab.data.load import load_dataset
 from towerlab.errors import UserError
-from towerlab.jobs.candidate import train_config_hash
+from towerlab.objective.candidate import train_config_hash
 from towerlab.models.files import load_model
 from util import ONE_CPU, real_data_dir
 
@@ -300,8 +300,8 @@ def _same_parameters(tmp_path: Path, x_train, y_train, x_test, y_test, names, va
 
 def test_a_search_on_a_folder_is_keyed_by_its_content_and_a_joining_worker_checks_it(tmp_path):
     from towerlab.config import RunConfig
-    from towerlab.jobs.search.training import Training
-    from towerlab.jobs.search.workers import WorkerSpec
+    from towerlab.jobs.search.workers import Objectives
+    from towerlab.objective.kind import Here
     from towerlab.search import Search, Store
 
     folder = colour_folder(tmp_path / "set", per_class=20)
@@ -320,11 +320,11 @@ def test_a_search_on_a_folder_is_keyed_by_its_content_and_a_joining_worker_check
                                  data_digest=nine))
     with Store(tmp_path / "grid" / "search.db", create=False) as store:
         search = Search.open(store, 1)
-        spec = WorkerSpec(store=str(tmp_path / "grid" / "search.db"), run=RunConfig(device="cpu", data_dir=data))
-        assert callable(Training(spec, torch.device("cpu"), "w", None).objective(search))  # type: ignore[arg-type]  # no stop needed to join
+        here = Here(torch.device("cpu"), run=RunConfig(device="cpu", data_dir=data))  # no stop needed to join
+        assert callable(Objectives(here).objective(search))
         Image.fromarray(coloured(np.random.default_rng(9), (0, 0, 0), (12, 10))).save(folder / "red" / "001.png")
         with pytest.raises(UserError, match="its data differ") as refused:
-            Training(spec, torch.device("cpu"), "w", None).objective(search)  # type: ignore[arg-type]  # as above
+            Objectives(here).objective(search)
         assert "folder" in str(refused.value)
     hashes.add(train_config_hash(cfg, "cpu", 1, data_digest=content_digest(load(folder, tmp_path / "data",
                                                                                  image_size=(8, 8)))))

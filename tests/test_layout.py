@@ -2,7 +2,7 @@
 the layers (cli/api > jobs > {training, search} > {models, data, distributed} > config), a package
 sits in one layer whole, no two modules import each other (directly or around a circle), a module
 over 350 lines says why in its docstring (none grows past 400), every `noqa` and `type: ignore`
-says why, and the search core runs without torch."""
+says why, and the search core runs without torch; and bench/'s rules (below)."""
 from __future__ import annotations
 
 import ast
@@ -21,7 +21,7 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 # two arrows up that a per-module exception hid). The catalogs (stdlib only) sit beside config, which
 # takes its --dataset and --model choices from them.
 LAYERS = (
-    (1, r"towerlab(\.(config|checks|fields|presets|errors|atomic|proof(\..+)?|upgrades|catalog(\..+)?))?"),
+    (1, r"towerlab(\.(config|checks|fields|presets|errors|atomic|job_files|proof(\..+)?|upgrades|catalog(\..+)?))?"),
     (2, r"towerlab\.(report|plots|models(\..+)?|data(\..+)?|distributed(\..+)?)"),
     (3, r"towerlab\.(settings|training(\..+)?|search(\..+)?|objective(\..+)?)"),
     (4, r"towerlab\.jobs(\..+)?"),
@@ -104,8 +104,8 @@ def test_a_package_is_one_layer():
     assert split == []
 
 
-def test_no_import_circles():
-    # Tarjan's strongly connected components: a component of more than one module is a circle.
+def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Tarjan's strongly connected components of `graph`: each of more than one node is a circle."""
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     stack: list[str] = []
@@ -114,7 +114,7 @@ def test_no_import_circles():
     def visit(v: str) -> None:
         index[v] = low[v] = len(index)
         stack.append(v)
-        for w in GRAPH[v]:
+        for w in graph.get(v, ()):
             if w not in index:
                 visit(w)
                 low[v] = min(low[v], low[w])
@@ -127,10 +127,33 @@ def test_no_import_circles():
             if len(component) > 1:
                 circles.append(sorted(component))
 
-    for module in MODULES:
-        if module not in index:
-            visit(module)
-    assert circles == []
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return circles
+
+
+def test_no_import_circles():
+    assert _circles(GRAPH) == []
+
+
+def _packages(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """`graph` between towerlab's packages and top-level modules (towerlab.search.store.x is towerlab.search)."""
+    def top(module: str) -> str:
+        return ".".join(module.split(".")[:2])
+
+    found: dict[str, set[str]] = {}
+    for a, targets in graph.items():
+        found.setdefault(top(a), set()).update(top(b) for b in targets if top(b) != top(a))
+    return found
+
+
+def test_no_circle_between_packages():
+    """Within a layer too, the arrows between packages run one way: search.store.location once read a job's
+    config.json through settings, which imports search.samplers (settings and search went round a circle)."""
+    assert _circles(_packages(GRAPH)) == []
+    before = {"towerlab.search.store.location": {"towerlab.settings"}, "towerlab.settings": {"towerlab.search.samplers"}}
+    assert _circles(_packages(before)) == [["towerlab.search", "towerlab.settings"]]
 
 
 def test_the_layout_check_sees_an_upward_import_and_a_circle():
@@ -205,6 +228,56 @@ def test_only_search_reads_a_stored_search_s_setup():
     assert readers == {"towerlab.search.search"}
 
 
+def _registry_lines(module: str) -> dict[str, str]:
+    """A registry's lines (`SAMPLERS`, `KINDS`: a name -> "module:attribute" string, imported when asked for):
+    each line's name and the module it imports."""
+    found = {}
+    for node in ast.walk(ast.parse(MODULES[module].read_text())):
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id in ("SAMPLERS", "KINDS")
+                                                for t in node.targets) and isinstance(node.value, ast.Dict):
+            found.update({k.value: v.value.partition(":")[0] for k, v in zip(node.value.keys, node.value.values)
+                          if isinstance(k, ast.Constant) and isinstance(v, ast.Constant)})
+    return found
+
+
+REGISTRIES = {"towerlab.search.samplers": "SAMPLERS", "towerlab.objective": "KINDS"}
+
+
+@pytest.mark.parametrize("registry", sorted(REGISTRIES))
+def test_a_registry_s_lines_are_imports_that_run_down(registry):
+    """A registry line imports its module when asked for: it is an import as any other, of its own layer or
+    below (a kind of objective that trains with towerlab's jobs would climb)."""
+    lines = _registry_lines(registry)
+    assert lines and all(module in MODULES for module in lines.values()), lines
+    assert _arrows_up({registry: set(lines.values())}) == []
+
+
+# The kinds of objective, one module each, and what they share: the registry's lines and their helpers. The
+# search, its job and its workers reach them through the registry (`towerlab.objective.kind_class`) alone.
+KIND_MODULES = {*_registry_lines("towerlab.objective").values(), "towerlab.objective.yours", "towerlab.objective.regoal"}
+
+
+def test_the_search_the_job_and_the_worker_know_only_the_protocol():
+    knowing = sorted(f"{m} -> {k}" for m in MODULES if m.startswith(("towerlab.search", "towerlab.jobs"))
+                     for k in GRAPH[m] & KIND_MODULES)
+    assert knowing == []
+    assert "towerlab.objective.training" in KIND_MODULES and "towerlab.objective.command" in KIND_MODULES
+
+
+def test_only_the_kinds_read_the_settings_that_name_them():
+    """What a search's objective is (its kind, what names it, its goal) is decided once, from the setting each
+    kind names (`Kind.setting`, read by `towerlab.objective.named`), and carried on the search (`Search.aim`):
+    no module reads --objective or --command off a search's settings or a command line."""
+    readers = set()
+    for module, path in MODULES.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and node.attr in ("objective", "trial_command") and (
+                    isinstance(node.value, ast.Name) and node.value.id in ("cfg", "args", "config", "settings")
+                    or isinstance(node.value, ast.Attribute) and node.value.attr == "cfg"):
+                readers.add(module)
+    assert readers == set()
+
+
 def test_the_search_core_imports_no_torch():
     search = sorted(m for m in MODULES if m == "towerlab.search" or m.startswith("towerlab.search."))
     code = "import sys\n" + "".join(f"import {m}\n" for m in search) + \
@@ -213,3 +286,92 @@ def test_the_search_core_imports_no_torch():
                             env={"PYTHONPATH": str(SRC), "PATH": ""})
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
+
+
+# --- bench/: the benchmarks (docs/development.md, "Benchmarks") -----------------------------------------
+# A benchmark imports nothing from tests/ (the tests are not a library: a bench of its own holds what it
+# needs, bench/queue/postgres.py) and no private (underscore) name of towerlab (what towerlab may change
+# under it without a word) or of another bench module (what it shares it names); every JSON file it writes
+# goes through its one writer, bench/common/record.py.
+BENCH = SRC.parent / "bench"
+TESTS_MODULES = {path.stem for path in (SRC.parent / "tests").glob("*.py")} | {"tests"}
+RECORD_WRITER = "bench/common/record.py"
+BENCH_NAMES = {".".join(path.relative_to(SRC.parent).with_suffix("").parts) for path in BENCH.rglob("*.py")}
+OWNED = ("towerlab", "bench")  # the packages whose private names a benchmark leaves alone
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def bench_breaches(source: str) -> list[str]:
+    """What a bench module's source does that bench/ may not: an import of tests/, a private name of
+    towerlab or of another bench module, JSON written past the record writer."""
+    tree = ast.parse(source)
+    found, aliases = [], {}  # a name bound to a module of towerlab or bench -> that module
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] in TESTS_MODULES:
+                    found.append(f"imports tests/ ({alias.name})")
+                if alias.name.split(".")[0] in OWNED:
+                    if any(_private(part) for part in alias.name.split(".")):
+                        found.append(f"imports a private module ({alias.name})")
+                    aliases[alias.asname or alias.name.split(".")[0]] = alias.name
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            if node.module.split(".")[0] in TESTS_MODULES:
+                found.append(f"imports tests/ ({node.module})")
+            if node.module.split(".")[0] in OWNED:
+                for alias in node.names:
+                    if _private(alias.name) or any(_private(part) for part in node.module.split(".")):
+                        found.append(f"imports a private name ({node.module}.{alias.name})")
+                    elif f"{node.module}.{alias.name}" in MODULES.keys() | BENCH_NAMES:
+                        aliases[alias.asname or alias.name] = f"{node.module}.{alias.name}"
+        elif isinstance(node, ast.Call):
+            func = ast.unparse(node.func)
+            if func in ("sys.path.insert", "sys.path.append") and "tests" in ast.unparse(node):
+                found.append(f"puts tests/ on sys.path ({ast.unparse(node)})")
+            if func in ("json.dump", "os.replace", "os.rename"):
+                found.append(f"writes past the record writer ({func})")
+            if func.endswith((".write_text", ".write")) and any(
+                    isinstance(arg, ast.Call) and ast.unparse(arg.func) == "json.dumps" for part in node.args
+                    for arg in ast.walk(part)):
+                found.append(f"writes JSON past the record writer ({func})")
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and _private(node.attr):
+            base = ast.unparse(node.value)
+            if base.split(".")[0] in aliases:
+                found.append(f"reads a private name ({base}.{node.attr})")
+    return found
+
+
+BENCH_MODULES = sorted(path.relative_to(SRC.parent).as_posix() for path in BENCH.rglob("*.py"))
+
+
+@pytest.mark.parametrize("module", BENCH_MODULES)
+def test_a_benchmark_imports_no_tests_and_no_private_name_and_writes_json_through_the_record_writer(module):
+    if module == RECORD_WRITER:
+        return
+    assert bench_breaches((SRC.parent / module).read_text()) == []
+
+
+def test_the_bench_check_sees_each_breach():
+    assert bench_breaches("import postgres\nfrom util import REPO\n") == ["imports tests/ (postgres)",
+                                                                         "imports tests/ (util)"]
+    assert bench_breaches("import sys\nsys.path.insert(0, str(REPO / 'tests'))\n") == [
+        "puts tests/ on sys.path (sys.path.insert(0, str(REPO / 'tests')))"]
+    assert bench_breaches("from towerlab.training.batches import _gather_pixels, crop_flip\n") == [
+        "imports a private name (towerlab.training.batches._gather_pixels)"]
+    assert bench_breaches("import towerlab.proof as proof\nproof._RAN.clear()\n") == [
+        "reads a private name (proof._RAN)"]
+    assert bench_breaches("from towerlab import proof\nx = proof._IMPORTS\n") == ["reads a private name (proof._IMPORTS)"]
+    assert bench_breaches("import towerlab.proof\ntowerlab.proof._RAN\n") == ["reads a private name (towerlab.proof._RAN)"]
+    assert bench_breaches("from bench.common.measure import _run\n") == [
+        "imports a private name (bench.common.measure._run)"]
+    assert bench_breaches("from bench.common import measure\nmeasure._env()\n") == ["reads a private name (measure._env)"]
+    assert bench_breaches("import json\njson.dump({}, f)\n") == ["writes past the record writer (json.dump)"]
+    assert bench_breaches("import json\npath.write_text(json.dumps(r, indent=1) + '\\n')\n") == [
+        "writes JSON past the record writer (path.write_text)"]
+    # what is allowed: a public name, an object's own private attribute, a file that is not JSON
+    assert bench_breaches("from towerlab.search import Search\nimport json\nself._x = 1\n"
+                          "path.write_text('[genes]')\nprint(json.dumps({}))\n") == []

@@ -19,7 +19,7 @@ import pytest
 from towerlab.distributed.signals import Interrupted, alive
 from towerlab.errors import UserError
 from towerlab.objective import CommandObjective, Goal, Trial
-from towerlab.objective.command import read_stdout
+from towerlab.objective.stdout import read_stdout
 
 PYTHON = shlex.quote(sys.executable)
 # Writes what it was given to seen.json in its folder, prints a curve and a result among other lines.
@@ -195,7 +195,7 @@ def test_a_command_a_trial_could_not_run_is_refused_in_one_line(command, message
 
 
 def test_a_timeout_is_a_positive_number():
-    with pytest.raises(UserError, match="^--timeout 0: give a number of seconds above 0$"):
+    with pytest.raises(UserError, match="^--trial-timeout 0: give a number of seconds above 0$"):
         CommandObjective("true", [], timeout=0)
 
 
@@ -205,13 +205,13 @@ def test_the_proof_of_a_command_is_its_text_and_the_files_it_names(tmp_path, mon
     (tmp_path / "run.yaml").write_text("lr: 1\n")
     command = "python train.py --config=run.yaml --lr {lr} --out {folder}/x missing.txt"
     proof = CommandObjective(command, ["lr"]).proof()
-    assert sorted(proof.parts) == ["command", "run.yaml", "train.py"]
+    assert sorted(proof.parts) == ["./run.yaml", "./train.py", "the command"]
     (tmp_path / "run.yaml").write_text("lr: 2\n")
     changed = CommandObjective(command, ["lr"]).proof()
-    assert changed.difference(proof.parts).startswith("run.yaml differs (")
+    assert changed.difference(proof.parts).startswith("./run.yaml differs (")
     assert changed.digest != proof.digest
     other = CommandObjective(command.replace("--lr", "--rate"), ["lr"]).proof()
-    assert other.difference(changed.parts).startswith("command differs (")
+    assert other.difference(changed.parts).startswith("the command differs (")
 
 
 def test_the_result_lines(tmp_path):

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-import towerlab.objective.command as command_module
+import towerlab.objective.stdout as stdout_module
 import towerlab.objective.result as result_module
 from towerlab.distributed.signals import alive
 from towerlab.errors import UserError
@@ -148,7 +148,7 @@ def test_a_result_whose_methods_raise_fails_its_trial(tmp_path):
 
 
 def test_a_json_line_over_the_bound_fails_its_trial_and_a_long_line_of_output_is_passed_over(tmp_path, monkeypatch):
-    monkeypatch.setattr(command_module, "MAX_LINE", 1000)
+    monkeypatch.setattr(stdout_module, "MAX_LINE", 1000)
     long_output = printing(tmp_path, "print('x' * 5000)\nprint('{\"value\": 0.5}')\n").run(trial(tmp_path))
     assert (long_output.status, long_output.metrics) == ("ok", {"value": 0.5})
     long_json = printing(tmp_path, "print('{\"value\": 0.5, \"pad\": \"' + 'x' * 5000 + '\"}')\n").run(trial(tmp_path))
@@ -158,7 +158,7 @@ def test_a_json_line_over_the_bound_fails_its_trial_and_a_long_line_of_output_is
 
 
 def test_a_curve_of_more_points_than_the_bound_fails_its_trial(tmp_path, monkeypatch):
-    monkeypatch.setattr(command_module, "MAX_CURVE", 50)
+    monkeypatch.setattr(stdout_module, "MAX_CURVE", 50)
     monkeypatch.setattr(result_module, "MAX_CURVE", 50)
     many = printing(tmp_path, "import json\nfor e in range(60):\n    print(json.dumps({'epoch': e, 'loss': 1}))\n"
                               "print(0.5)\n").run(trial(tmp_path))
@@ -169,10 +169,10 @@ def test_a_curve_of_more_points_than_the_bound_fails_its_trial(tmp_path, monkeyp
 
 
 def test_stdout_beyond_its_bounds_in_all_fails_its_trial(tmp_path, monkeypatch):
-    monkeypatch.setattr(command_module, "MAX_JSON", 2000)
+    monkeypatch.setattr(stdout_module, "MAX_JSON", 2000)
     json_lines = printing(tmp_path, "for n in range(300):\n    print('{\"n\": %d}' % n)\n").run(trial(tmp_path))
     assert json_lines.reason.startswith("its stdout holds more than 0 MiB of JSON lines")
-    monkeypatch.setattr(command_module, "MAX_STDOUT", 10_000)
+    monkeypatch.setattr(stdout_module, "MAX_STDOUT", 10_000)
     log = printing(tmp_path, "print('x' * 20000)\nprint(0.5)\n").run(trial(tmp_path))
     assert log.status == "failed" and log.reason.startswith("its stdout holds 0.0 GiB, more than towerlab reads")
 

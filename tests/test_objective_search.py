@@ -140,7 +140,8 @@ def test_an_objective_searches_30_trainings_whose_rows_carry_its_metric(referenc
     best = json.loads((out / "best.json").read_text())
     assert (best["value"], best["metric"], best["direction"]) == (summary["best_value"], "loss", "minimize")
     # each trial ran in a folder of its own, kept under the search's folder
-    trials = list((out / "trials" / "search-1").iterdir())
+    (search_trials,) = (out / "trials").glob("search-1-*")  # search-ID-TOKEN: unique to its store and search
+    trials = list(search_trials.iterdir())
     assert len(trials) == 30 and all((trial / ("stdout.txt" if kind == "command" else "seed.txt")).is_file()
                                      for trial in trials)
 
@@ -182,7 +183,8 @@ def test_a_worker_on_a_second_machine_joins_and_writes_the_rows_of_one_process(r
     with contextlib.closing(sqlite3.connect(store)) as db:
         workers = {name.split(":")[1] for (name,) in db.execute("SELECT worker FROM evaluations")}
     assert str(worker.pid) not in workers and len(workers) == 2  # both trained (its crew's process, not itself)
-    joined = list((two / "trials" / "search-1").iterdir())  # the worker's trials ran in its own folder
+    (search_trials,) = (two / "trials").glob("search-1-*")  # the worker's trials ran in its own folder
+    joined = list(search_trials.iterdir())
     assert 0 < len(joined) < 30
     assert "nothing left to do" in (tmp_path / "worker.log").read_text()
 
@@ -215,7 +217,7 @@ def test_an_objective_search_resumes_to_the_rows_of_one_run(reference, tmp_path)
     (["--objective", "quad.py:train", "--dataset", "cifar10"], "--dataset does nothing in a search of your own"),
     (["--objective", "quad.py:train", "--model", "quad.py:train"], "--model builds towerlab's networks"),
     (["--objective", "quad.py:train", "--command", "python train.py"], "--objective and --command both say"),
-    (["--trial-timeout", "5"], "--trial-timeout goes with --objective or --command"),
+    (["--direction", "minimize"], "--direction goes with --objective or --command"),
     (["--metric", "loss"], "--metric goes with --objective or --command"),
     (["--objective", "quad.py:train", "--budget-epochs", "10", "--remeasure", "1", "--top", "5"],
      "--budget-epochs 10 leaves the search nothing once its top is re-measured"),
@@ -247,7 +249,9 @@ def test_a_worker_is_refused_what_is_not_the_search_s_objective(reference, tmp_p
     kind, folder, _ = reference
     from towerlab.distributed.signals import StopFlag
     from towerlab.errors import UserError
-    from towerlab.jobs.search.trials import Own, Trials
+    from towerlab.jobs.search.workers import Objectives
+    from towerlab.objective.kind import Here
+    from towerlab.objective.kind import Named as Own
     from towerlab.search import Search, Store
     import torch
 
@@ -265,21 +269,17 @@ def test_a_worker_is_refused_what_is_not_the_search_s_objective(reference, tmp_p
                   (Own(kind, str(other / "evil.py:train")), "its objective's code differs here: evil only here")]
     else:
         (other / "train.py").write_text(TRAIN.replace("0.3", "0.4"))
-        cases.append((Own(kind, spec), "its objective's code differs here: train.py differs"))
+        cases.append((Own(kind, spec), "its objective's code differs here: ./train.py differs"))
     with Store(folder / "a" / "search.db", create=False) as store:
         found = Search.open(store, 1)
         monkeypatch.chdir(other)
         with StopFlag() as stop:
             for own, said in cases:
                 with pytest.raises(UserError, match="^" + re.escape(said)):
-                    Trials(own, torch.device("cpu"), "w", stop, tmp_path / "trials").setup(found)
-            from towerlab.jobs.search.training import Training
-            from towerlab.jobs.search.workers import WorkerSpec
-            from towerlab.config import RunConfig
-
-            towerlab_worker = Training(WorkerSpec(store="s", run=RunConfig()), torch.device("cpu"), "w", stop)
+                    Objectives(Here(torch.device("cpu"), named=own, stop=stop, trials=tmp_path / "trials")).objective(found)
+            towerlab_worker = Objectives(Here(torch.device("cpu"), stop=stop))
             with pytest.raises(UserError, match="this worker runs towerlab's training: start it with"):
-                towerlab_worker.setup(found)
+                towerlab_worker.objective(found)
     assert not marker.exists()
 
 

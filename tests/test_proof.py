@@ -104,12 +104,69 @@ def test_a_stale_pyc_beside_a_changed_source_does_not_fool_it(tmp_path):
     assert found["before"] == {"net": sha(tmp_path / "net.py"), "mod": sha(tmp_path / "mod.py")}
 
 
-def test_a_module_imported_inside_the_function_is_proven_once_imported(tmp_path):
-    write(tmp_path, {"net.py": "def make():\n    import late\n    return late.X\n", "late.py": "X = 5\n"})
+def test_a_module_imported_inside_the_function_is_proven_before_it_runs(tmp_path):
+    """Issue 74, item 1: its import statement names it, so the proof holds it before any call imports it
+    (it was proven only once imported: a search's proof, taken before any trial, lacked it)."""
+    write(tmp_path, {"net.py": "def make():\n    import late\n    from pkg import inner\n    return late.X + inner.Y\n",
+                     "late.py": "X = 5\n", "pkg/__init__.py": "", "pkg/inner.py": "import importlib\n"
+                     "Y = importlib.import_module('deeper').Z\n", "deeper.py": "Z = 1\n"})
     found = load(f"{tmp_path / 'net.py'}:make")
-    assert found["value"] == 5
-    assert sorted(found["before"]) == ["net"] and found["after"] == {"net": sha(tmp_path / "net.py"),
-                                                                     "late": sha(tmp_path / "late.py")}
+    assert found["value"] == 6
+    assert found["before"] == found["after"] == {
+        "net": sha(tmp_path / "net.py"), "late": sha(tmp_path / "late.py"), "pkg": sha(tmp_path / "pkg/__init__.py"),
+        "pkg.inner": sha(tmp_path / "pkg/inner.py"), "deeper": sha(tmp_path / "deeper.py")}
+
+
+def test_a_module_chosen_by_name_inside_a_package_is_proven_with_every_module_of_it(tmp_path):
+    """`importlib.import_module(f"models.{name}")`, a plugin chosen by a gene: each module of the package is
+    proven (one chosen as a trial runs could not be, and its trial's result would be dropped)."""
+    write(tmp_path, {"net.py": "import importlib\n\ndef make(name='small'):\n"
+                               "    return importlib.import_module(f'models.{name}').SIZE\n",
+                     "models/__init__.py": "", "models/small.py": "SIZE = 1\n", "models/large.py": "SIZE = 9\n"})
+    found = load(f"{tmp_path / 'net.py'}:make")
+    assert found["value"] == 1 and found["before"] == found["after"] == {
+        "net": sha(tmp_path / "net.py"), "models": sha(tmp_path / "models/__init__.py"),
+        "models.small": sha(tmp_path / "models/small.py"), "models.large": sha(tmp_path / "models/large.py")}
+
+
+def test_towerlab_s_own_modules_are_not_a_file_s_proof(tmp_path):
+    """towerlab's own code has its proof apart (the digest of its package); an editable install's folder
+    (src/towerlab) counted as a folder of yours."""
+    write(tmp_path, {"net.py": "from towerlab.errors import UserError\n\ndef make():\n    return 1\n"})
+    assert load(f"{tmp_path / 'net.py'}:make")["before"] == {"net": sha(tmp_path / "net.py")}
+
+
+# A function objective proven, then a module it imports inside its body edited before a trial imports it.
+EDITED = """
+import json, sys
+from pathlib import Path
+from towerlab.objective import FunctionObjective, Trial
+objective = FunctionObjective(sys.argv[1], [])
+before = objective.unproven(Trial({}, 1, 1, "cpu", Path(sys.argv[3])))
+Path(sys.argv[2]).write_text(sys.argv[4])
+result = objective.run(Trial({}, 1, 1, "cpu", Path(sys.argv[3])))
+print(json.dumps({"before": before, "metrics": dict(result.metrics), "after": objective.unproven(None)}))
+"""
+
+
+def test_a_module_edited_after_the_proof_and_imported_by_a_trial_is_not_what_was_proven(tmp_path):
+    write(tmp_path, {"net.py": "def make():\n    import late\n    return late.X\n", "late.py": "X = 5\n"})
+    proven = sha(tmp_path / "late.py")
+    done = subprocess.run([sys.executable, "-c", EDITED, f"{tmp_path / 'net.py'}:make", str(tmp_path / "late.py"),
+                           str(tmp_path / "trial"), "X = 6\n"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    found = json.loads(done.stdout)
+    assert found["before"] is None and found["metrics"] == {"value": 6}
+    assert found["after"] == f"late differs ({sha(tmp_path / 'late.py')[7:19]} now, {proven[7:19]} proven)"
+
+
+def test_a_module_imported_by_a_name_computed_as_it_runs_is_not_in_the_proof(tmp_path):
+    write(tmp_path, {"net.py": "import importlib\n\ndef make():\n    return importlib.import_module('hid' + 'den').X\n",
+                     "hidden.py": "X = 5\n"})
+    done = subprocess.run([sys.executable, "-c", EDITED, f"{tmp_path / 'net.py'}:make", str(tmp_path / "other.py"),
+                           str(tmp_path / "trial"), ""], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["after"].startswith("hidden not in it (a module imported by a name computed")
 
 
 def test_a_module_already_imported_by_another_file_is_still_in_the_proof(tmp_path):

@@ -285,7 +285,7 @@ def test_best_json_retrains_a_model_function_winner_through_its_file(tmp_path, c
 
 
 def test_best_json_names_a_model_function_by_its_file_and_its_genes_as_options(tmp_path):
-    from towerlab.jobs.candidate import retrain_command
+    from towerlab.objective.candidate import retrain_command
     from towerlab.models.custom import load_function
 
     (tmp_path / "mynet.py").write_text(MODEL_FILE)
@@ -313,7 +313,7 @@ def test_best_json_command_is_quoted_for_a_shell_and_keeps_every_gene_type(tmp_p
     string gene "3" came back from --model-opt as the int 3."""
     import shlex
 
-    from towerlab.jobs.candidate import retrain_command
+    from towerlab.objective.candidate import retrain_command
     from towerlab.models.custom import load_function
 
     (tmp_path / "my net.py").write_text(MODEL_FILE.replace("width=8)", "width=8, **strings)"))
@@ -393,3 +393,16 @@ def test_the_status_after_the_last_generation_names_no_generation_past_it(tmp_pa
         watch = Watch(store, Search.open(store, 1), out, Reporter(None, progress=False), workers=1, resumed=False)
         watch.step()
         assert watch.shown == 2 and " the top after generation 2/2: " in watch.status(), watch.status()
+
+
+def test_a_training_of_towerlab_s_past_its_trial_timeout_fails_as_a_trial_of_yours_does(tmp_path, space_file, capsys):
+    """--trial-timeout is every kind's rule (`towerlab.objective.deadline`): towerlab's own training is stopped
+    by its worker's process and fails with a trial's reason; its worker goes on."""
+    out = tmp_path / "late"
+    assert main(["grid", *BASE, "--space", space_file, "--limit", "2", "--top", "1", "--remeasure", "0",
+                 "--trial-timeout", "0.01", "--out", str(out)]) == 2
+    assert "all 2 candidates failed (the first: timed out after 0.01 s, and was stopped)" in capsys.readouterr().err
+    assert main(["search", "show", str(out), "--json"]) == 0
+    records = json.loads(capsys.readouterr().out)
+    assert [(r["status"], r["reason"], r["objective"]) for r in records] == \
+        [("failed", "timed out after 0.01 s, and was stopped", "training")] * 2

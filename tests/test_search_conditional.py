@@ -209,10 +209,16 @@ def test_auto_says_which_sampler_it_chose_and_why(tmp_path):
                                         "a Gaussian process, TPE after 250 outcomes)")
     assert described(SearchConfig(sampler="auto", min_epochs=1, max_epochs=3), numeric).startswith(
         "auto (chose tpe: the search is pruned by --min-epochs")
-    assert described(auto, conditional) == ("auto (chose tpe: gene 'y' is conditional, which TPE models from the "
-                                            "trials it is in)")
-    assert described(auto, load_space(str(space_file(tmp_path)), objective=True)).startswith(
-        "auto (chose tpe: gene 'booster' is a list of values")
+    mixed = ("auto (chose gp: gene 'x' is a numeric range in every trial and the search is not pruned: a Gaussian "
+             "process (listed genes its categories, conditional ones drawn at random), TPE after 250 outcomes)")
+    assert described(auto, conditional) == mixed
+    assert described(auto, load_space(str(space_file(tmp_path)), objective=True)) == mixed.replace("'x'", "'alpha'")
+    # no range that every trial holds: the Gaussian process would model categories alone
+    assert described(auto, load_space(str(space_file(tmp_path, ISSUE)), objective=True)) == (
+        "auto (chose tpe: gene 'booster' is a list of values, which TPE models value by value, and no range is in "
+        "every trial)")
+    assert described(auto, load_space("mlp")) == ("auto (chose tpe: gene 'neurons' is a list of values, which TPE "
+                                                  "models value by value)")
     assert described(SearchConfig(sampler="gp"), numeric) == "gp"
 
 
@@ -246,7 +252,7 @@ def test_a_function_never_gets_an_inactive_gene_and_the_views_show_it_empty(tmp_
     assert main(["search", "run", "--space", "space.toml", "--objective", "fn.py:train", "--max-evaluations", "12",
                  "--remeasure", "0", "--seed", "1", *ONE_CPU, "--out", "out"]) == 0
     first = capsys.readouterr().out.splitlines()[0]
-    assert first.startswith("towerlab search run: auto (chose tpe: gene 'booster' is a list of values"), first
+    assert first.startswith("towerlab search run: auto (chose gp: gene 'alpha' is a numeric range in every trial"), first
     calls = [json.loads(line) for line in log.read_text().splitlines()]
     rows = stored_genomes(tmp_path / "out")
     assert len(calls) == len(rows) == 12  # one at a time, none repeated
@@ -255,7 +261,7 @@ def test_a_function_never_gets_an_inactive_gene_and_the_views_show_it_empty(tmp_
     assert all(set(g) == active(g) for g in rows) and {g["booster"] for g in rows} > {"dart"}
 
     assert main(["search", "show", "out"]) == 0
-    assert "search 1: auto (chose tpe: gene 'booster' is a list of values" in capsys.readouterr().out
+    assert "search 1: auto (chose gp: gene 'alpha' is a numeric range in every trial" in capsys.readouterr().out
     assert main(["search", "show", "out", "--csv"]) == 0
     table = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
     assert len(table) == len(rows)

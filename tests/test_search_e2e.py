@@ -10,7 +10,7 @@ import torch
 from towerlab.cli import main
 from towerlab.config import SearchConfig
 from towerlab.distributed.env import device_name
-from towerlab.jobs.candidate import train_config_hash
+from towerlab.objective.candidate import train_config_hash
 from towerlab.models.files import load_model
 from towerlab.search import evaluation_records
 from util import ONE_CPU, search_rows

@@ -1,4 +1,4 @@
-"""A worker trusts no machine's word (`towerlab.jobs.search.identity`, `towerlab.data.digest`): the data's content
+"""A worker trusts no machine's word (`towerlab.objective.admission`, `towerlab.data.digest`): the data's content
 (an .npz and the IDX files of the same data agree; one label changed does not), towerlab's version and
 training code, torch's version and a model file's content are checked before a worker trains a search, and
 a worker that differs is refused in one line naming what, exits 2 when it joined nothing, and trains
@@ -123,7 +123,7 @@ def worker(out: Path, *flags: str, data: Path, python: str | None = None, env: d
      "it was started with towerlab 0.1.0, and this is towerlab 0.2.0, whose results may differ: install towerlab "
      "0.1.0 here"),
     ("import torch; torch.__version__ = '2.99.0'", "it was started with torch "),
-    ("import towerlab.jobs.search.identity as i; i.code_digest = lambda: 'sha256:0ther'",
+    ("import towerlab.objective.admission as i; i.code_digest = lambda: 'sha256:0ther'",
      "towerlab's code here differs from the search's (digest 0ther, the search's "),
 ])
 def test_a_worker_on_other_software_is_refused_and_trains_nothing(tmp_path, python, said):

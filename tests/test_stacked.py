@@ -1,4 +1,4 @@
-"""Several mlp networks trained in one step (training/stacked.py, issue 57) end where their separate
+"""Several mlp networks trained in one step (bench/gpu/stacked.py, issue 57) end where their separate
 trainings with the step program end, to rounding: their batched products (torch.baddbmm, torch.bmm)
 sum each network's terms as its own products would, but MKL picks its kernels by shape and batch, and
 for some shapes (a first layer of 784 x 32 at batch 64, here) the batched one rounds otherwise than
@@ -20,7 +20,8 @@ from towerlab.training.evaluation import loss_and_accuracy
 from towerlab.training.loop import LoopOptions, train
 from towerlab.training.network import build
 from towerlab.training.program import StepProgram
-from towerlab.training.stacked import stack_key, train_stacked
+
+from bench.gpu.stacked import stack_key, train_stacked
 
 # Three networks of one shape with their own seeds, rates and optimizers (two share Adam), dropout
 # 0.2, a one-cycle schedule: 2 epochs of 14 steps.

@@ -126,13 +126,13 @@ def test_a_search_candidate_spends_no_warm_up_steps(monkeypatch):
     from towerlab.config import SearchConfig
     from towerlab.data.load import load_dataset
     from towerlab.data.synthetic import SyntheticOptions
-    from towerlab.jobs.candidate import train_candidate
+    from towerlab.objective.candidate import train_candidate
     from towerlab.training.eager import EagerSteps
 
     always_warm_up(monkeypatch)
     calls = []
     monkeypatch.setattr(EagerSteps, "warm_up", lambda *a: calls.append(a))
     data = load_dataset("synthetic", val_size=200, synthetic=SyntheticOptions(train=1200))
-    fields, result = train_candidate(SearchConfig(dataset="synthetic", val_size=200, max_epochs=1), "mlp",
-                                     {"layers": 1, "neurons": 16}, 3, data, torch.device("cpu"))
-    assert fields["status"] == "ok" and result.setup_seconds == 0.0 and calls == []
+    outcome, result = train_candidate(SearchConfig(dataset="synthetic", val_size=200, max_epochs=1), "mlp",
+                                      {"layers": 1, "neurons": 16}, 3, data, torch.device("cpu"))
+    assert outcome.status == "ok" and result.setup_seconds == 0.0 and calls == []

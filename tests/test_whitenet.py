@@ -15,7 +15,7 @@ from towerlab.cli import main
 from towerlab.config import RunConfig, SearchConfig, TrainConfig
 from towerlab.distributed.group import Context
 from towerlab.errors import UserError
-from towerlab.jobs.candidate import candidate_config
+from towerlab.objective.candidate import candidate_config
 from towerlab.training.lookahead import Lookahead
 from towerlab.models import build_model
 from towerlab.models.files import load_model
@@ -338,7 +338,7 @@ def test_a_changed_recipe_changes_its_family_s_training_settings_and_no_other(mo
     of it, so a store of whitenet candidates trained under an older cifar-94 is not served today, while
     an mlp or cnn store stays valid when cifar-94 changes."""
     from towerlab import presets
-    from towerlab.jobs import candidate
+    from towerlab.objective import candidate
 
     cfg = SearchConfig(dataset="cifar10")
     before = {m: candidate.train_config_hash(cfg, "cpu", 1, m) for m in ("whitenet", "mlp", "cnn")}

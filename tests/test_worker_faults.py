@@ -128,10 +128,10 @@ def test_a_module_attribute_that_is_no_function_is_named_as_what_it_is(tmp_path)
 
 
 def test_an_empty_metric_is_refused_not_taken_for_none():
-    from towerlab.jobs.search.trials import own_settings
+    from towerlab.objective import resolve
 
     with pytest.raises(UserError, match="^--metric '': give the name of the result's metric to search"):
-        own_settings(SearchConfig(objective="f.py:train", metric=""))
+        resolve(SearchConfig(objective="f.py:train", metric=""))
 
 
 def test_a_small_budget_in_epochs_leaves_no_re_measure_rather_than_a_negative_one():

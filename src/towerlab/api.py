@@ -29,6 +29,7 @@ from towerlab.models.classifier import Classifier
 from towerlab.models.custom import NetworkSource
 from towerlab.models.files import load_model
 from towerlab.errors import UserError
+from towerlab.job_files import BEST, SUMMARY, config_path, job_record
 
 # A config file (TOML, or a run's config.json) or its settings as a dict; None: none.
 ConfigGiven = Union[str, os.PathLike, dict, None]
@@ -140,7 +141,7 @@ def train(model: str | Any | Callable[[], Any] | None = None, data: str | os.Pat
     _run(lambda: start(cfg, run, data=dataset, module=module, fit_batch=fit_batch), "training")
 
     metrics = _jsonl(out / "metrics.jsonl")
-    return TrainRun(out=out, summary=_json(out / "summary.json"), config=_json(out / "config.json"),
+    return TrainRun(out=out, summary=_json(out / SUMMARY), config=_json(config_path(out)),
                     history=[m for m in metrics if m.get("kind") in ("epoch", "eval")], metrics=metrics,
                     model=load_model(out / "model.pt", module=module)[0])
 
@@ -207,11 +208,20 @@ def _objective_option(options: dict, objective: ObjectiveGiven, data: DataGiven,
         return None
     if not callable(objective):
         raise UserError(f"objective= is a function of yours, or \"FILE.py:FUNCTION\"; got {type(objective).__name__}")
-    from towerlab.jobs.search.training import FROM_PYTHON
-    from towerlab.models.custom import function_file
+    from towerlab.models.custom import function_spec
 
-    options["objective"] = function_file(objective) or FROM_PYTHON
+    options["objective"] = function_spec(objective)
     return objective
+
+
+def _names_yours(options: dict) -> bool:
+    """Whether `options` name an objective of yours (of any kind: `towerlab.objective.named`)."""
+    from types import SimpleNamespace
+
+    from towerlab.objective import named
+    from towerlab.settings import split_options
+
+    return named(SimpleNamespace(**split_options(options, "search")[0])).own
 
 
 def _search(kind: str, space: str | os.PathLike | dict | None, data: DataGiven, validation: tuple | None,
@@ -225,7 +235,7 @@ def _search(kind: str, space: str | os.PathLike | dict | None, data: DataGiven, 
     options = dict(options)
     function = model if model is not None and not isinstance(model, str) else None
     own = _objective_option(options, objective, data, model)
-    if isinstance(space, dict) and "genes" not in space and ({"objective", "command", "trial_command"} & set(options)):
+    if isinstance(space, dict) and "genes" not in space and _names_yours(options):
         space = {"genes": space}  # the genes of your own objective
     if isinstance(space, dict) and "genes" not in space:  # the genes alone: the model is model=
         if model is None:
@@ -254,8 +264,8 @@ def _search(kind: str, space: str | os.PathLike | dict | None, data: DataGiven, 
     if run.resume is None and run.out is None:
         run = replace(run, out=str(out))
     _run(lambda: start_search(kind, cfg, run, data=dataset, function=function, objective=own), kind)
-    best = out / "best.json"
-    return SearchRun(out=out, summary=_json(out / "summary.json"), config=_json(out / "config.json"),
+    best = out / BEST
+    return SearchRun(out=out, summary=_json(out / SUMMARY), config=_json(config_path(out)),
                      generations=_jsonl(out / "generations.jsonl"), best=_json(best) if best.exists() else None,
                      model=_exported(out, function) if cfg.export_best and (out / "model.pt").exists() else None)
 
@@ -267,10 +277,10 @@ def _exported(out: Path, function: Callable | None) -> Classifier:
         return load_model(out / "model.pt")[0]
     import torch
 
-    from towerlab.jobs.candidate import model_genes
+    from towerlab.objective.candidate import model_genes
 
     record = torch.load(out / "model.pt", map_location="cpu", weights_only=True)
-    genes = model_genes(_json(out / "best.json")["genome"])
+    genes = model_genes(_json(out / BEST)["genome"])
     return load_model(out / "model.pt", module=lambda: function(tuple(record["input_shape"]), record["num_classes"],
                                                                 **genes))[0]
 
@@ -294,8 +304,6 @@ def _run(job: Callable[[], int], what: str) -> None:
 
 
 def _json(path: Path) -> dict:
-    from towerlab.settings import job_record
-
     return job_record(path.parent, path.name)
 
 

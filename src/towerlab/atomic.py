@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from towerlab.errors import UserError
+from towerlab.job_files import is_job_folder
 
 
 def _fsync_dir(folder: Path) -> None:
@@ -66,12 +67,6 @@ def write_bytes(path: str | Path, data: bytes, *, replaces: str | Path | None = 
         kept = "the previous version is intact" if Path(replaces or path).exists() else "nothing was written"
         raise UserError(f"could not write {path}: {exc.strerror or exc}; {kept}") from None
     _fsync_dir(path.parent)
-
-
-def is_job_folder(folder: Path) -> bool:
-    """Whether `folder` holds a job's output (a run's or a search's): its config.json, which --resume
-    reads first."""
-    return (folder / "config.json").is_file()
 
 
 def refuse_overwriting(out: str | os.PathLike, inputs: Iterable[str | os.PathLike], folders: Iterable[str | os.PathLike] = (),

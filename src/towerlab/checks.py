@@ -146,7 +146,7 @@ def env_number(name: str, default: N, valid: Callable[[N], bool], refusal: str) 
 
 
 # Words of a metric's name that say lower is better (val_loss, top1_err, mse): a search of such a metric
-# names its direction (`own_settings`).
+# names its direction (`towerlab.objective.yours.Yours.settings`).
 LOSS_WORDS = frozenset({"loss", "losses", "error", "errors", "err", "mse", "mae", "rmse", "nll", "perplexity", "ppl",
                         "wer", "cer", "regret", "cost"})
 

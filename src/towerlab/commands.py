@@ -93,26 +93,20 @@ def search_worker(args: argparse.Namespace) -> int:
         raise UserError(f"--workers-per-device must be at least 1, got {args.workers_per_device}")
     run = RunConfig(**{k: v for k, v in given(args, RunConfig).items()})
     return start_workers(str(store_path(target)), run, per_device=args.workers_per_device, search_id=args.search,
-                         wait=args.wait, model_files=tuple(args.model_files), own=_own_objective(args),
+                         wait=args.wait, model_files=tuple(args.model_files), named=_named_objective(args),
                          trials=args.trials)
 
 
-def _own_objective(args: argparse.Namespace) -> Any:
-    """The objective of yours that `search worker --objective` / `--command` names (None: towerlab's training),
-    its --metric and --direction checked."""
-    from towerlab.jobs.search.trials import Own, goal_of
+def _named_objective(args: argparse.Namespace) -> Any:
+    """The objective that `search worker` names (`--objective`, `--command`; neither: towerlab's training), checked
+    by its kind before any worker starts (`Kind.check_worker`)."""
+    from towerlab.objective import named
 
-    if args.objective is None and args.trial_command is None:
-        if args.metric is not None or args.direction is not None:
-            raise UserError("--metric and --direction go with --objective or --command (towerlab's own training "
-                            "searches validation accuracy)")
-        return None
-    if args.model_files:
-        raise UserError("--model builds towerlab's networks; a worker of your own objective runs --objective or "
-                        "--command alone: drop --model")
-    goal_of(args.metric, args.direction)  # a --metric that is no name is refused here, before any worker starts
-    return Own("command", args.trial_command, args.metric, args.direction) if args.trial_command is not None else \
-        Own("function", args.objective, args.metric, args.direction)
+    found = named(args)
+    if found.own and args.model_files:
+        raise UserError(f"--model builds towerlab's networks; a worker of your own objective runs {found.kind} "
+                        f"{found.spec!r} alone: drop --model")
+    return found
 
 
 def search_show(args: argparse.Namespace) -> int:

@@ -35,7 +35,7 @@ PRECISIONS = ("fp32", "bf16")
 TTA = ("none", "flip", "flip-translate")
 PRUNE_PLACES = ("all", "new")  # whom a pruned rung's places are counted over: every member, or those still to train
 DEVICE_KINDS = ("auto", "cpu", "cuda")
-DIRECTIONS = ("maximize", "minimize")  # of a search's metric (towerlab.objective's Goal)
+DIRECTIONS = ("maximize", "minimize")  # of a search's metric (towerlab.search.goal.Goal)
 # A network given from Python (an nn.Module or a factory of one: towerlab.api.train(model=...)): the model
 # name a config records for it (towerlab.checks.ARRAYS_DATASET is images given so).
 CUSTOM_MODEL = "custom"
@@ -296,7 +296,8 @@ class SearchConfig:
                                         "--lr {lr}'; its last JSON line is its result)", flag="command")
     metric: Optional[str] = _opt(None, "the objective's metric searched, its name in the result (None: value)")
     direction: Optional[str] = _opt(None, "maximize or minimize --metric (None: maximize)", choices=DIRECTIONS)
-    trial_timeout: Optional[float] = _opt(None, "seconds a trial of your objective may run, then it is stopped and fails")
+    trial_timeout: Optional[float] = _opt(None, "seconds a trial may run (a training of towerlab's networks, or of your "
+                                                "objective), then it is stopped and fails")
     dataset: str = _opt("mnist", "dataset the candidates train on: one of the names, the path of your own "
                         ".npz, or a folder of images (PATH/)", choices=datasets.names())
     val_size: int = _opt(5000, "validation images (the fitness is validation accuracy)")
@@ -375,23 +376,11 @@ class SearchConfig:
         if self.prune_factor < 2:
             raise UserError(f"--prune-factor must be at least 2, got {self.prune_factor}")
         check_choice("--prune-places", self.prune_places, PRUNE_PLACES)
-        _check_objective(self)
+        if self.direction is not None:  # the rest of what names an objective is its kind's (towerlab.objective)
+            check_choice("--direction", self.direction, DIRECTIONS)
         if self.min_epochs is None and self.prune_places != "all":
             raise UserError(f"--prune-places {self.prune_places} does nothing without --min-epochs: "
                             "the search is not pruned (add --min-epochs, or drop --prune-places)")
-
-
-def _check_objective(cfg: SearchConfig) -> None:
-    if cfg.objective is not None and cfg.trial_command is not None:
-        raise UserError("--objective and --command both say what a trial runs: give one of them")
-    own = cfg.objective or cfg.trial_command
-    for name, goes_with, given in (("metric", "--objective or --command (towerlab's own training searches validation "
-                                              "accuracy)", own), ("direction", "--objective or --command", own),
-                                   ("trial_timeout", "--objective or --command", own)):
-        if getattr(cfg, name) is not None and given is None:
-            raise UserError(f"--{name.replace('_', '-')} goes with {goes_with}")
-    if cfg.direction is not None:
-        check_choice("--direction", cfg.direction, DIRECTIONS)
 
 
 def check_members(name: str, value: Optional[int]) -> None:

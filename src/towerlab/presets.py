@@ -52,7 +52,7 @@ PRESETS: dict[str, Preset] = {p.name: p for p in (
             "H200, 99.03 / 99.07 / 99.06% test accuracy (seeds 0-2) in 0.213 s of training (median), "
             "against 0.295 s with the uncompiled graph step; compiling costs about 19 s of setup the "
             "first time and 5-6 s once torch's compiler cache holds it "
-            "(bench/results/gpu-mnist-fast-2026-11-26.json). "
+            "(bench/results/gpu/gpu-mnist-fast-2026-11-26.json). "
             "Batch 256, 537 steps = 2.5 epochs of the 55,000 training images, one-cycle Adam peaking at "
             "0.012, label smoothing 0.1, bf16 autocast. Final test accuracy 99.10 / 99.08 / 99.04 / 99.05% "
             "(seeds 0-3); 2 epochs missed 99% in 5 of 8 runs (peak lr 0.012 and 0.016), 3 epochs gave no "
@@ -78,7 +78,7 @@ PRESETS: dict[str, Preset] = {p.name: p for p in (
             "training images with on-device crop+flip, one-cycle Adam peaking at 0.004, label smoothing "
             "0.1, bf16 autocast: 80.81% test accuracy (seed 0, 2 CPU processes, 585 training seconds); "
             "80.02% without label smoothing. Few, large steps, for a GPU; its GPU time is not measured "
-            "yet (python bench/run.py --suite gpu)."),
+            "yet (python bench/speed/run.py --suite gpu)."),
     ),
     Preset(
         name="cifar-94",
@@ -94,9 +94,9 @@ PRESETS: dict[str, Preset] = {p.name: p for p in (
         gpu_train={"batch_size": 2000},
         gpu_run={"devices": 1, "step": "compiled"},
         measured=(
-            "airbench94_muon.py's recipe in towerlab's units, not yet timed on a GPU (bench/gpu_session.sh "
+            "airbench94_muon.py's recipe in towerlab's units, not yet timed on a GPU (bench/gpu/session.sh "
             "runs it beside airbench94_muon.py); on 2 CPU processes, seed 0 reached 93.99% test accuracy "
-            "(bench/results/cifar94-cpu-muon-seed0-2026-11-27.json; one seed, not a figure). Global batch 2000 (one GPU x 2000, or 2 CPU processes x "
+            "(bench/results/gpu/cifar94-cpu-muon-seed0-2026-11-27.json; one seed, not a figure). Global batch 2000 (one GPU x 2000, or 2 CPU processes x "
             "1000: BatchNorm statistics and augmentation do not depend on the split), 8 epochs of all "
             "50,000 training images (200 steps); Muon on the convolution filters (rate 0.24, Nesterov "
             "momentum 0.6, 3 Newton-Schulz steps, each filter rescaled to norm sqrt(out) first), Nesterov "
@@ -108,7 +108,7 @@ PRESETS: dict[str, Preset] = {p.name: p for p in (
             "smoothing 0.2, flip + 2-pixel translate, flip-translate test-time augmentation, bf16; the "
             "compiled step on one GPU. The SGD recipe it replaces (airbench94's: 480 steps of 1,024, "
             "Lookahead) reached 94.05% mean test accuracy over 5 seeds in 2.25 s on one NVIDIA H200, where "
-            "airbench94_muon.py gave 93.99% in 1.54 s beside it (bench/results/gpu-cifar94-2026-11-26.json)."),
+            "airbench94_muon.py gave 93.99% in 1.54 s beside it (bench/results/gpu/gpu-cifar94-2026-11-26.json)."),
     ),
 )}
 

@@ -25,9 +25,10 @@ from typing import Any, Mapping
 from towerlab.config import RunConfig, SearchConfig, TrainConfig
 from towerlab.checks import check_direction_named
 from towerlab.upgrades import upgrade_search_config
-from towerlab.fields import checked_values, flag_name, from_dict, json_loads, replace, to_dict, unknown_keys
+from towerlab.fields import checked_values, flag_name, from_dict, replace, to_dict, unknown_keys
 from towerlab.errors import UserError
 from towerlab.atomic import require_regular_file
+from towerlab.job_files import CONFIG, config_path, job_record, read_json
 
 try:
     import tomllib
@@ -40,6 +41,8 @@ RECORD_MARKERS = ("towerlab_version", "torch_version", "command")
 NOT_REPEATED = ("out", "resume")
 # Settings a resumed search may change: they do not alter what has been computed.
 SEARCH_EXTENSIBLE = ("generations", "max_evaluations", "top", "export_best", "workers_per_device", "trial_timeout")
+# The settings that name what a search ranks by, decided by its kind of objective (`towerlab.objective`).
+GOALS = ("metric", "direction")
 # The sampler each search command runs (`towerlab search run`, kind "search", takes --sampler).
 SEARCH_COMMANDS = {"evolve": "ga", "grid": "grid"}
 
@@ -136,20 +139,20 @@ def read_config_file(config: str | os.PathLike | Mapping, main: str) -> tuple[di
 
 def _parse(path: Path) -> dict:
     require_regular_file(path)
+    kind = "JSON" if path.suffix.lower() == ".json" else "TOML"
     try:
-        raw = path.read_bytes()
+        if kind == "JSON":  # a run's config.json among them: read as every job record is (`job_files`)
+            data = read_json(path, f"config file {path}")
+        else:
+            data = tomllib.loads(path.read_bytes().decode("utf-8-sig"))
     except OSError as exc:
         raise UserError(f"cannot read config file {path}: {exc.strerror or exc}") from None
-    try:
-        text = raw.decode("utf-8-sig")  # a byte-order mark, as some Windows editors write, is no setting
-        data = json_loads(text, f"config file {path}") if path.suffix.lower() == ".json" else tomllib.loads(text)
     except UnicodeDecodeError:
         raise UserError(f"config file {path} is not UTF-8 text") from None
     except RecursionError:  # both parsers recurse once per level of nesting
         raise UserError(f"config file {path} nests its values too deeply: settings are at most a table "
                         "within a table") from None
     except (ValueError, tomllib.TOMLDecodeError) as exc:  # JSONDecodeError is a ValueError
-        kind = "JSON" if path.suffix.lower() == ".json" else "TOML"
         raise UserError(f"config file {path} is not valid {kind}: {' '.join(str(exc).split())[:200]}") from None
     if not isinstance(data, dict):
         raise UserError(f"config file {path} must hold a table of settings, not a {type(data).__name__}")
@@ -211,24 +214,13 @@ def _resumed_train(train_given: dict, run_given: dict) -> tuple[TrainConfig, Run
     return cfg, _resumed_run(folder, stored_run, run_given)
 
 
-def job_record(folder: str | os.PathLike, name: str = "config.json") -> dict:
-    """A job folder's JSON record as a dict: its config.json (the one place that opens one), or another
-    of its records (`name`: summary.json, best.json). FileNotFoundError where it is missing, ValueError
-    where it is not a JSON object, OSError where it cannot be read."""
-    path = Path(folder) / name
-    stored = json.loads(path.read_text(encoding="utf-8"))
-    if not isinstance(stored, dict):
-        raise ValueError(f"{path} holds a {type(stored).__name__}, not a JSON object")
-    return stored
-
-
 def read_run_config(folder: Path) -> tuple[TrainConfig, RunConfig]:
-    path = folder / "config.json"
+    path = config_path(folder)
     try:
         stored = job_record(folder)
         return from_dict(TrainConfig, stored["train"], where=path), from_dict(RunConfig, stored["run"], where=path)
     except FileNotFoundError:
-        raise UserError(f"{folder} is not a towerlab run (no config.json): check the --resume path") from None
+        raise UserError(f"{folder} is not a towerlab run (no {CONFIG}): check the --resume path") from None
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise UserError(f"{path} is unreadable ({type(exc).__name__}): it was not written by towerlab train") from None
 
@@ -297,22 +289,23 @@ def resolve_search(kind: str, options: Mapping, config: str | os.PathLike | Mapp
         raise UserError("--config does not go with --resume: the stored search already holds its settings")
     folder = Path(run_given["resume"])
     _check_resume_out(folder, run_given)
-    path = folder / "config.json"
+    path = config_path(folder)
     try:
         stored = job_record(folder)
         search = upgrade_search_config(stored["search"], stored["kind"])
         cfg = from_dict(SearchConfig, search, where=path, extra=_extra("search"))
         stored_run = from_dict(RunConfig, stored["run"], where=path)
     except FileNotFoundError:
-        raise UserError(f"{folder} is not a towerlab search (no config.json): check the --resume path") from None
+        raise UserError(f"{folder} is not a towerlab search (no {CONFIG}): check the --resume path") from None
     except (OSError, ValueError, KeyError, TypeError, AttributeError):  # JSONDecodeError is a ValueError
         raise UserError(f"{path} is unreadable: it was not written by a towerlab search") from None
     if kind in SEARCH_COMMANDS and cfg.sampler != SEARCH_COMMANDS[kind]:
         command = next((k for k, v in SEARCH_COMMANDS.items() if v == cfg.sampler), "search run")
         raise UserError(f"{folder} holds a {cfg.sampler} search: resume it with towerlab {command} --resume {folder}")
     recorded = to_dict(cfg)
-    goals = ("metric", "direction") if cfg.objective or cfg.trial_command else ()  # ranked anew: jobs.search.regoal
-    changed = [k for k, v in search_given.items() if recorded.get(k) != v and k not in (*SEARCH_EXTENSIBLE, *goals)]
+    # --metric and --direction may change: the search's kind of objective takes them (ranked anew from its rows,
+    # `towerlab.objective.regoal`) or refuses them (`towerlab.objective.resolve`).
+    changed = [k for k, v in search_given.items() if recorded.get(k) != v and k not in (*SEARCH_EXTENSIBLE, *GOALS)]
     if search_given.get("metric", cfg.metric) != cfg.metric:
         check_direction_named(str(search_given["metric"]), search_given.get("direction"))
     if changed:

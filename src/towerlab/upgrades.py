@@ -22,3 +22,11 @@ def upgrade_search_config(data: dict, kind: str) -> dict:
     if "sampler" not in data:
         data = {**_BEFORE_SAMPLERS, **data, "sampler": "ga" if kind == "evolve" else kind}
     return {**_ADDED_SINCE, **_SAMPLER_ADDED_SINCE.get(str(data.get("sampler")), {}), **data}
+
+
+def upgrade_search_setup(setup: object, config: dict) -> object:
+    """A search's stored setup (how its workers train) in today's keys: one of your own objective recorded
+    before its setup said what names it ("spec") was named by its --objective or --command."""
+    if isinstance(setup, dict) and isinstance(setup.get("objective"), dict) and "spec" not in setup:
+        return {**setup, "spec": config.get("objective") or config.get("trial_command") or ""}
+    return setup

@@ -138,7 +138,7 @@ def hooks(name: str) -> Hooks:
 def uses_channels_last(name: str) -> bool:
     """Whether model `name` trains (and predicts) on channels-last (NHWC) activations: every
     convolutional model does, on GPUs and CPUs alike, since the cuDNN and oneDNN convolution and
-    pooling kernels are fastest on it. On a 2-core Xeon, 1 thread, bf16 (bench/changes.py):
+    pooling kernels are fastest on it. On a 2-core Xeon, 1 thread, bf16 (bench/speed/changes.py):
     LeNet-5's step 1.27x and CifarNet's 1.92x faster; in fp32, and for the cnn model, about 1.4x.
     Not a module of your own, which may reshape its activations with `view`."""
     return name in CATALOG and CATALOG[name].channels_last

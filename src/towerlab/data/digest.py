@@ -1,6 +1,6 @@
 """What identifies a dataset: one digest of the decoded arrays a training reads (`content_digest`), the only
 content key there is. A search records it and compares a worker's before the worker trains (`towerlab.jobs.
-identity`), a search's cache of fitnesses is keyed by it (`jobs.candidate.training_settings`), a run records
+identity`), a search's cache of fitnesses is keyed by it (`towerlab.objective.candidate.training_settings`), a run records
 it so that its `--resume` notices other data, and `evaluate` shows a run's own figure only on data of the same
 digest. Whatever form the files take (an .npz, the four IDX files, raw or gzipped) the same arrays have the
 same digest, and one changed pixel or label changes it.
@@ -17,7 +17,7 @@ labels', the pieces hashed on every core (threads: hashlib lets go of the interp
 SHA-256 because it is the fastest cryptographic hash Python has where the processor has SHA instructions
 (1.7 GB/s a core here, against BLAKE2b's 0.65), which the servers of a cluster have; a cryptographic one
 because a digest that admits a worker must not be forged by a file made to collide (xxHash's can be). The
-figures: bench/data_digest.py. The validation split is the end of the training arrays, so `val_size` does
+figures: bench/proof/data_digest.py. The validation split is the end of the training arrays, so `val_size` does
 not change the digest.
 """
 

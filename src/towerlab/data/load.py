@@ -19,16 +19,18 @@ import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Union
+from typing import Any, Callable, Union
 
 import numpy as np
 import torch
 
+from towerlab.config import RunConfig, SearchConfig
 from towerlab.checks import ARRAYS_DATASET, check_dataset, is_custom_dataset, is_image_folder
 from towerlab.catalog import datasets
 from towerlab.data import fetch, folders, locate, readers
 from towerlab.data.synthetic import SyntheticOptions, make_synthetic
 from towerlab.errors import UserError
+from towerlab.report import stderr_line
 
 MAX_CUSTOM_CLASSES = 1000
 FALLBACK_CLASSES = 10  # the fallback's digits are MNIST's, labelled 0-9
@@ -304,3 +306,26 @@ def load_fallback(val_size: int, log: Callable[[str], object], reason: str) -> D
     arrays = {"x_train": x[pool], "y_train": y[pool], "x_test": x[test], "y_test": y[test]}
     return _assemble("mnist", arrays, used_val,
                      {"format": "fallback", "files": [str(path)], "fallback": True, "note": note}, FALLBACK_CLASSES)
+
+
+def load_data(dataset: str, val_size: int, run: RunConfig, *, synthetic: SyntheticOptions | None = None,
+              folder: folders.FolderOptions | None = None, download: bool = True, log: Callable[[str], None] = stderr_line,
+              allow_fallback: bool = True, fallback_only: bool = False) -> Dataset:
+    """`dataset` with `val_size` validation images, as `run` finds it (downloading only where both
+    `download` and --download allow); `synthetic`: the synthetic set's size (None: `data.load_dataset`'s
+    own); `folder`: how an image folder is read; `fallback_only`: the offline fallback without looking
+    further (another rank fell back)."""
+    if fallback_only:
+        return load_fallback(val_size, log, reason="the job's first process fell back to it")
+    options: dict = {}
+    if synthetic is not None:
+        options["synthetic"] = synthetic
+    if folder is not None:
+        options["folder"] = folder
+    return load_dataset(dataset, run.data_dir, val_size, download=download and run.download,
+                        allow_fallback=allow_fallback, log=log, **options)
+
+
+def search_data(cfg: SearchConfig, run: RunConfig, **loading: Any) -> Dataset:
+    """The data a search's candidates train on (`loading`: as `load_data` takes it)."""
+    return load_data(cfg.dataset, cfg.val_size, run, folder=folders.FolderOptions.of(cfg), **loading)

@@ -21,6 +21,7 @@ from typing import Any
 
 from towerlab import atomic
 from towerlab.errors import UserError
+from towerlab.job_files import CONFIG, is_job_folder
 
 LOCK_NAME = ".towerlab.lock"
 _held_locks: set[int] = set()  # this process's lock descriptors
@@ -143,11 +144,11 @@ class OutputFolder:
     def require_new(self) -> None:
         if not self.holds_results():
             return
-        if atomic.is_job_folder(self.path):
+        if is_job_folder(self.path):
             raise UserError(f"output folder {self.path} already holds files: continue that run with --resume "
                             f"{self.path}, or choose another --out")
         raise UserError(f"output folder {self.path} already holds files and is not a towerlab run (no "
-                        "config.json): choose another --out, or an empty or new folder")
+                        f"{CONFIG}): choose another --out, or an empty or new folder")
 
     def release(self) -> None:
         if self._fd is None:

@@ -5,51 +5,22 @@ workers start and hands it over, or the source it read (`handover`, `worker_data
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol
+from typing import TYPE_CHECKING, Callable, Optional, Protocol
 
-from towerlab.config import RunConfig, SearchConfig
 from towerlab.distributed.group import Context, barrier, broadcast_object
 from towerlab.errors import UserError
 from towerlab.report import discard_line, stderr_line
 
 if TYPE_CHECKING:
-    from towerlab.data.folders import FolderOptions
     from towerlab.data.load import Dataset
-    from towerlab.data.synthetic import SyntheticOptions
 
 
 class Loader(Protocol):
-    """Loads a job's dataset as `load_everywhere` and `worker_data` ask (see `load_data`'s keywords)."""
+    """Loads a job's dataset as `load_everywhere` and `worker_data` ask (see `towerlab.data.load.load_data`'s
+    keywords)."""
 
     def __call__(self, *, download: bool, allow_fallback: bool, fallback_only: bool,
                  log: Callable[[str], None]) -> Dataset: ...
-
-
-def load_data(dataset: str, val_size: int, run: RunConfig, *, synthetic: SyntheticOptions | None = None,
-              folder: FolderOptions | None = None, download: bool = True, log: Callable[[str], None] = stderr_line,
-              allow_fallback: bool = True, fallback_only: bool = False) -> Dataset:
-    """`dataset` with `val_size` validation images, as `run` finds it (downloading only where both
-    `download` and --download allow); `synthetic`: the synthetic set's size (None: `data.load_dataset`'s
-    own); `folder`: how an image folder is read; `fallback_only`: the offline fallback without looking
-    further (another rank fell back)."""
-    from towerlab.data.load import load_dataset, load_fallback
-
-    if fallback_only:
-        return load_fallback(val_size, log, reason="the job's first process fell back to it")
-    options: dict = {}
-    if synthetic is not None:
-        options["synthetic"] = synthetic
-    if folder is not None:
-        options["folder"] = folder
-    return load_dataset(dataset, run.data_dir, val_size, download=download and run.download,
-                        allow_fallback=allow_fallback, log=log, **options)
-
-
-def search_data(cfg: SearchConfig, run: RunConfig, **loading: Any) -> Dataset:
-    """The data a search's candidates train on (`loading`: as `load_data` takes it)."""
-    from towerlab.data.folders import FolderOptions
-
-    return load_data(cfg.dataset, cfg.val_size, run, folder=FolderOptions.of(cfg), **loading)
 
 
 def load_everywhere(ctx: Context, load: Loader) -> Dataset:

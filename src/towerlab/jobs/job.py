@@ -51,7 +51,9 @@ class Job(abc.ABC):
     `worker(rank, world_size, store_path, *preflight())` runs in each of `processes` fresh processes
     (a static method: spawned workers get it pickled, with what `preflight` chose to send). `essential`, `start_method`, `timeout`, `hint()` and `name(rank)` are as in
     `distributed.launch`; `hint()` also says how to continue after Ctrl-C, SIGTERM or a closed stdout.
-    `new` asks for an empty folder (a new job, neither resumed nor restarted)."""
+    `new` asks for an empty folder (a new job, neither resumed nor restarted). A job that always runs in
+    one process (a search job: its workers are a crew of its own) provides `run_here` alone: it never gets
+    to `preflight` or `worker`."""
 
     out: Path
     resume: bool = False
@@ -64,12 +66,12 @@ class Job(abc.ABC):
     @abc.abstractmethod
     def run_here(self) -> int: ...
 
-    @abc.abstractmethod
-    def preflight(self) -> tuple: ...
+    def preflight(self) -> tuple:
+        raise TypeError(f"{type(self).__name__} runs in one process (processes = 1): it has no preflight")
 
     @staticmethod
-    @abc.abstractmethod
-    def worker(rank: int, world_size: int, store_path: str, *args: Any) -> None: ...
+    def worker(rank: int, world_size: int, store_path: str, *args: Any) -> None:
+        raise TypeError("a job of one process has no workers of the launcher's")
 
     @abc.abstractmethod
     def hint(self) -> str: ...

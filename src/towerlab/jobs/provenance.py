@@ -15,7 +15,7 @@ import torch
 import towerlab
 from towerlab import atomic
 from towerlab.distributed.env import cpu_capability, torchrun_restart
-from towerlab.settings import job_record
+from towerlab.job_files import CONFIG, config_path, job_record
 
 
 def code_version() -> dict | None:
@@ -51,10 +51,10 @@ def _without_password(arg: str) -> str:
 
 def write_config(out: Path, record: dict) -> None:
     """config.json: the job's resolved configuration (`record`) with its provenance."""
-    atomic.write_json(out / "config.json", {**record, **provenance()})
+    atomic.write_json(config_path(out), {**record, **provenance()})
 
 
-def read_config(out: Path, name: str = "config.json") -> dict | None:
+def read_config(out: Path, name: str = CONFIG) -> dict | None:
     """config.json (or another JSON record, `name`) of `out`, or None when it is missing or unreadable."""
     try:
         return job_record(out, name)

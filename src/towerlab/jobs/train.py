@@ -31,7 +31,7 @@ from towerlab.catalog.models import keyword_options, not_taken
 from towerlab.config import CUSTOM_MODEL, RunConfig, TrainConfig
 from towerlab.checks import dataset_label
 from towerlab.data.digest import content_digest
-from towerlab.data.load import Dataset
+from towerlab.data.load import Dataset, load_data
 from towerlab.distributed.env import (check_capacity, default_threads, local_processes, sharing_cores,
                                      torchrun_world_size, under_torchrun)
 from towerlab.distributed.group import Context, barrier, broadcast_object, session
@@ -39,7 +39,7 @@ from towerlab.distributed.launch import start_method_for
 from towerlab.distributed.signals import StopFlag
 from towerlab.errors import UserError
 from towerlab.fields import replace, to_dict
-from towerlab.jobs.handover import handover, load_data, worker_data
+from towerlab.jobs.handover import handover, worker_data
 from towerlab.jobs.job import Job, require_out_under_torchrun, resolved_run, start_job
 from towerlab.jobs.provenance import read_config, write_config
 from towerlab.jobs.train_resume import CHECKPOINT, check_same_data, decide_start, resumes_from
@@ -56,7 +56,7 @@ FITTED_STEPS = 4  # the fewest steps an epoch a batch size fitted to small data 
 
 
 def train_data(cfg: TrainConfig, run: RunConfig, **loading: Any) -> Dataset:
-    """The data `cfg` trains on (`loading`: as `handover.load_data` takes it)."""
+    """The data `cfg` trains on (`loading`: as `towerlab.data.load.load_data` takes it)."""
     from towerlab.data.folders import FolderOptions
     from towerlab.data.synthetic import SyntheticOptions
 

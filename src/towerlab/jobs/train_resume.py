@@ -15,7 +15,7 @@ from towerlab.distributed.group import Context
 from towerlab.errors import UserError
 from towerlab.fields import from_dict, to_dict
 from towerlab.jobs.folder import OutputFolder
-from towerlab.jobs.search.identity import short
+from towerlab.proof import short
 from towerlab.jobs.job import restarted_by_torchrun
 from towerlab.jobs.provenance import read_config
 from towerlab.report import stderr_line

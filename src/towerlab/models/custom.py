@@ -100,6 +100,27 @@ def function_file(function: Any) -> str | None:
     return f"{path}:{name}" if path and path.endswith(".py") and Path(path).is_file() else None
 
 
+# What a search records of a function of yours given from Python that no file defines (its model, or its
+# objective), which no other process can load.
+FROM_PYTHON = "a function given from Python"
+
+
+def function_spec(function: Any) -> str:
+    """What a search records of a function of yours: its FILE.py:FUNCTION (`function_file`), or FROM_PYTHON."""
+    return function_file(function) or FROM_PYTHON
+
+
+def check_function_file(spec: str, flag: str) -> None:
+    """A file of yours a worker's command names (`search worker --objective`, `--model`): FILE.py:FUNCTION, a
+    file that is there (read, never imported here)."""
+    path, _, name = spec.rpartition(":")
+    if not path or not name.isidentifier() or not path.endswith(".py"):
+        what = "model file a search of the store trains with" if flag == "--model" else "file of the objective"
+        raise UserError(f"{flag} {spec}: give FILE.py:FUNCTION, the {what} and its function's name")
+    if not Path(path).is_file():
+        raise UserError(f"{flag} {spec}: no file {path}")
+
+
 def network_name(module: NetworkSource | None = None, function: ModelFunction | None = None) -> str:
     """How a run names a network of your own: `mynet.py:make` for a model function of a file,
     `mynet.Net` for a module class (or an instance of one), the function's name otherwise."""

@@ -18,25 +18,24 @@ does), so that the program takes the option's default, as argparse gives one; {g
 Passing a placeholder (an empty string, "None") instead would make each program parse a value that
 means "absent", and an argparse `type=float` would fail on it.
 
-The protocol: what the program prints on stdout, one line at a time. The last line that is a JSON
-object or a bare number is the result (`towerlab.objective.result`); the JSON objects before it whose
-"epoch" is a whole number from 0 are its learning curve (their numbers; a non-finite one as None). stdout
-and stderr are kept in the trial's folder (stdout.txt, stderr.txt). A non-zero exit, a signal, or no
-result fails the trial with the tail of stderr; so does a trial that runs past the timeout. stdout is read
-within bounds (`read_stdout`): a JSON line over MAX_LINE bytes, nested past what Python reads, or giving a
-key twice, more than MAX_CURVE points, more than MAX_JSON bytes of JSON lines or MAX_STDOUT bytes in all
-fail the trial, saying which. The program runs in a session of its own, and every process of it is
+The protocol: what the program prints on stdout, one line at a time: its last JSON object or bare number
+is the result, the JSON objects before it with an "epoch" its learning curve, read within bounds
+(`towerlab.objective.stdout`). stdout and stderr are kept in the trial's folder (stdout.txt, stderr.txt). A
+non-zero exit, a signal, or no result fails the trial with the tail of stderr; so does a trial that runs past
+the timeout (--trial-timeout). The program runs in a session of its own, and every process of it is
 ended with it: on a timeout, on Ctrl-C (KeyboardInterrupt here) and on a worker's stop (`Trial.stop`),
 with SIGTERM (SIGINT on a Ctrl-C), then SIGKILL after GRACE seconds; and whatever it leaves running once
 it exits. Its device is given as programs expect it: CUDA_VISIBLE_DEVICES is the one GPU of a cuda
 trial (an index into the worker's own CUDA_VISIBLE_DEVICES where that is set), empty for any other;
 TOWERLAB_SEED, TOWERLAB_EPOCHS, TOWERLAB_DEVICE and TOWERLAB_FOLDER say the rest, and the environment is
 otherwise the worker's.
+
+As a kind of objective (`Command`, "command", `towerlab.objective.yours.Yours`): a search's --command names it;
+its proof lists the values of each gene that can be listed (`listed`), the files its arguments may name.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shlex
@@ -44,21 +43,25 @@ import shutil
 import string
 import time
 from pathlib import Path
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, ClassVar, Mapping, Optional, Sequence
 
 from towerlab.distributed.signals import signal_name
 from towerlab.errors import UserError, did_you_mean
-from towerlab.objective.result import MAX_CURVE, Goal, Result, curve_point, number
+from towerlab.objective.result import Goal, Result, failed, read_result
 from towerlab.objective.trial import EXTRAS, Trial
-from towerlab.objective.process import start
-from towerlab.proof import Proof, file_digest
+from towerlab.objective.yours import Yours
+from towerlab.objective.files import command_proof, unproven
+from towerlab.objective.deadline import check_timeout, timed_out
+from towerlab.objective.process import ENDED, start
+from towerlab.objective.stdout import Unreadable, read_stdout
+from towerlab.proof import Proof
+from towerlab.search import Search
+from towerlab.search.ranges import Range
 
 GIVEN = (*EXTRAS, "genes")
+LISTED = 10_000  # the most values of a range gene a command's proof lists (the files a gene may name)
 TAIL_LINES = 5  # of stderr, in a failed trial's reason
 TAIL_CHARS = 600
-MAX_LINE = 1 << 20  # bytes of a line of stdout read as JSON (a result, a point of the curve)
-MAX_JSON = 64 << 20  # bytes of stdout's JSON lines read in all
-MAX_STDOUT = 1 << 30  # bytes of stdout read in all (a program's log belongs in a file of its own, or stderr)
 
 # An argument as pieces: literal text, or a placeholder's name.
 Piece = tuple[str, Optional[str]]
@@ -153,30 +156,30 @@ def _cuda_visible(device: str, ours: Optional[str]) -> str:
 
 
 class CommandObjective:
-    """A command run per trial (see the module's docstring); `timeout`, in seconds, per trial (None: none)."""
+    """A command run per trial (see the module's docstring); `timeout`, in seconds, per trial (None: none);
+    `values`, the values of each gene that they can be listed (a space's lists, its ranges of few values)."""
 
     kind = "command"
 
     def __init__(self, command: str, genes: Sequence[str], goal: Goal = Goal(), timeout: Optional[float] = None,
-                 conditional: Sequence[str] = ()):
-        if timeout is not None and not (number(timeout) or 0) > 0:
-            raise UserError(f"--timeout {timeout!r}: give a number of seconds above 0")
+                 conditional: Sequence[str] = (), values: Optional[Mapping[str, Sequence[Any]]] = None):
+        check_timeout(timeout)
         self.spec, self.goal, self.timeout = command, goal, timeout
         self.arguments = parse(command, list(genes), conditional)
         self.conditional = frozenset(conditional)
+        self.values = dict(values or {})
+        self._proved: Optional[Proof] = None
 
     def proof(self) -> Proof:
-        """The command's text, and each file that an argument names as it is written (train.py,
-        --config=run.yaml), relative to this process's folder, hashed now."""
-        parts = {"command": f"sha256:{hashlib.sha256(self.spec.encode()).hexdigest()}"}
-        for pieces in self.arguments:
-            if any(name is not None for _, name in pieces):
-                continue
-            word = "".join(text for text, _ in pieces)
-            for named in {word, word.partition("=")[2]} - {""}:
-                if os.path.isfile(named):
-                    parts[named] = file_digest(named)
-        return Proof(parts)
+        """What its trials run (`towerlab.objective.files.command_proof`: its text, the files its arguments may
+        name, the modules its Python code imports), taken once, when first asked (a worker joining a search)."""
+        if self._proved is None:
+            self._proved = command_proof(self.spec, self.arguments, self.values, _text)
+        return self._proved
+
+    def unproven(self, trial: Trial) -> Optional[str]:
+        """None where what `trial` runs, as it is now, is what `proof()` holds; else what differs, in words."""
+        return unproven(self.proof(), self.argv(trial), trial.folder)
 
     def argv(self, trial: Trial) -> list[str]:
         values = {**{name: _text(value) for name, value in trial.genes.items()},
@@ -208,114 +211,31 @@ class CommandObjective:
         try:
             trial.folder.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            return self.goal.failed(f"cannot make its folder {trial.folder}: {exc.strerror or exc}")
+            return failed(f"cannot make its folder {trial.folder}: {exc.strerror or exc}")
         out, err = trial.folder / "stdout.txt", trial.folder / "stderr.txt"
         argv = self.argv(trial)
         started = time.perf_counter()
         try:
             child = start(argv, self.environment(trial), out, err)
         except (OSError, ValueError) as exc:  # ValueError: a NUL in an argument (an edited genome)
-            return self.goal.failed(f"cannot start {argv[0]!r}: {getattr(exc, 'strerror', None) or exc}",
+            return failed(f"cannot start {argv[0]!r}: {getattr(exc, 'strerror', None) or exc}",
                                     seconds=time.perf_counter() - started)
         ended = child.finish(self.timeout, trial.stop)
         seconds = time.perf_counter() - started
         if ended.timed_out:
-            return self.goal.failed(f"timed out after {self.timeout:g} s, and was stopped{_tail(err)}", seconds=seconds)
+            return failed(f"{timed_out(self.timeout or 0)}{_tail(err)}", seconds=seconds)
         if ended.signal:
-            return self.goal.failed(f"killed by {signal_name(ended.signal)}{_tail(err)}", seconds=seconds)
+            return failed(f"killed by {signal_name(ended.signal)}{_tail(err)}", seconds=seconds)
         if ended.status:
-            return self.goal.failed(f"exit status {ended.status}{_tail(err)}", seconds=seconds)
+            return failed(f"exit status {ended.status}{_tail(err)}", seconds=seconds)
         try:
             returned, curve = read_stdout(out)
         except Unreadable as exc:
-            return self.goal.failed(str(exc), seconds=seconds)
+            return failed(str(exc), seconds=seconds)
         if returned is None:
-            return self.goal.failed("it printed no result (the last line of stdout that is a JSON object or a number)"
+            return failed("it printed no result (the last line of stdout that is a JSON object or a number)"
                                     f"{_tail(err)}", curve, seconds)
-        return self.goal.result(returned, curve, seconds)
-
-
-class Unreadable(Exception):
-    """A program's stdout that `read_stdout` does not read: its message says why (the trial's reason)."""
-
-
-def read_stdout(path: Path) -> tuple[Any, tuple[Mapping[str, Any], ...]]:
-    """The result in a program's stdout (its last line that is a JSON object or a number; None where no
-    line is) and the curve before it (the JSON objects whose "epoch" is a whole number from 0), read one
-    line at a time within the module's bounds (Unreadable beyond them)."""
-    size = os.path.getsize(path)
-    if size > MAX_STDOUT:
-        raise Unreadable(f"its stdout holds {size / (1 << 30):.1f} GiB, more than towerlab reads "
-                         f"({MAX_STDOUT >> 30} GiB): print the result and the curve on stdout, and a long log to a "
-                         "file of its own (or stderr)")
-    last: Any = None
-    curve: list[dict[str, Any]] = []
-    parsed, number_ = 0, 0
-    with open(path, "rb") as lines:
-        while True:
-            line = lines.readline(MAX_LINE + 1)
-            if not line:
-                break
-            number_ += 1
-            text = line.strip()
-            if not text or text[:1] not in b"{-+.0123456789NI":
-                _skip_rest(lines, line)
-                continue
-            if len(line) > MAX_LINE:
-                raise Unreadable(f"line {number_} of its stdout is a JSON line of more than {MAX_LINE >> 20} MiB: a "
-                                 "result, or a point of its curve, is one short line")
-            parsed += len(line)
-            if parsed > MAX_JSON:
-                raise Unreadable(f"its stdout holds more than {MAX_JSON >> 20} MiB of JSON lines: print the result "
-                                 "and the curve, and a log of JSON to a file of its own")
-            value = _json(text, number_)
-            if not isinstance(value, dict) and number(value) is None:
-                continue
-            point = _point(last)
-            if point is not None:
-                if len(curve) >= MAX_CURVE:
-                    raise Unreadable(f"its stdout holds more than {MAX_CURVE} points of a curve (JSON lines with an "
-                                     "\"epoch\"): report a point an epoch, or a step now and then")
-                curve.append(point)
-            last = value
-    return last, tuple(curve)
-
-
-def _skip_rest(lines: Any, line: bytes) -> None:
-    """Read past the rest of a line longer than MAX_LINE that is no JSON (output), holding none of it."""
-    while len(line) > MAX_LINE and not line.endswith(b"\n"):
-        line = lines.readline(MAX_LINE + 1)
-
-
-def _json(text: bytes, at: int) -> Any:
-    """A line of stdout as JSON (None where it is no JSON); Unreadable where it gives a key twice or nests
-    deeper than Python reads."""
-    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
-        found = dict(items)
-        if len(found) < len(items):
-            twice = next(k for i, (k, _) in enumerate(items) if any(k == other for other, _ in items[:i]))
-            raise Unreadable(f"line {at} of its stdout gives the key {twice[:60]!r} twice: give each once")
-        return found
-
-    try:
-        return json.loads(text.decode("utf-8", errors="replace"), object_pairs_hook=pairs)
-    except RecursionError:
-        raise Unreadable(f"line {at} of its stdout is JSON nested deeper than towerlab reads: a result is one "
-                         "object of numbers") from None
-    except ValueError:  # not JSON: output (an integer of over 4,300 digits too)
-        return None
-
-
-def _point(value: Any) -> Optional[dict[str, Any]]:
-    """A JSON line as a point of the curve: an object whose "epoch" is a whole number from 0, with its
-    metrics that are numbers (a non-finite one as None); None for any other line (output)."""
-    if not isinstance(value, dict) or "epoch" not in value:
-        return None
-    metrics = {k: v for k, v in value.items() if k != "epoch" and number(v) is not None}
-    try:
-        return curve_point(value["epoch"], metrics)
-    except ValueError:
-        return None
+        return read_result(self.goal, returned, curve, seconds)
 
 
 def _tail(path: Path) -> str:
@@ -331,3 +251,40 @@ def _tail(path: Path) -> str:
     said = " | ".join(lines)
     said = "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in said)
     return f"; stderr ends: {'...' + said[-TAIL_CHARS:] if len(said) > TAIL_CHARS else said}" if said else ""
+
+
+class Command(Yours):
+    """A command of yours as a kind of objective (KINDS' "command"): `--command '...'`."""
+
+    name: ClassVar[str] = "command"
+    setting: ClassVar[Optional[str]] = "trial_command"
+    flag: ClassVar[str] = "--command '...'"
+    runs: ClassVar[str] = "a command"
+
+    @classmethod
+    def runner(cls, search: Search, spec: str, function: object) -> CommandObjective:
+        return CommandObjective(spec, list(search.space.genes), search.goal, timeout=search.cfg.trial_timeout,
+                                conditional=list(search.space.when), values=listed(search))
+
+    @classmethod
+    def epochs_ignored(cls, runner: Any, how: str) -> Optional[str]:
+        if "epochs" in {name for pieces in runner.arguments for _, name in pieces}:
+            return None
+        return (f"towerlab: warning: your command names no {{epochs}}, and {how}: unless the program reads "
+                "$TOWERLAB_EPOCHS, each of its trials trains as long as any other")
+
+    def _threads(self, threads: Optional[int]) -> Optional[int]:
+        return None  # its program runs as it likes
+
+    @property
+    def lapses(self) -> Optional[float]:
+        timeout = self.search.cfg.trial_timeout
+        return None if timeout is None else timeout + ENDED
+
+
+def listed(search: Search) -> dict[str, tuple]:
+    """The values of each gene of `search`'s space that can be listed, as a trial gets them: a list's, an int
+    range's of at most LISTED (a float's are not: each sampler computes its own)."""
+    return {name: values if isinstance(values, tuple) else tuple(values.value_at(i) for i in range(int(values.count)))
+            for name, values in search.space.genes.items()
+            if not isinstance(values, Range) or (values.kind == "int" and values.count <= LISTED)}

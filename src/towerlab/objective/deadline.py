@@ -1,5 +1,6 @@
-"""A function trial's timeout, enforced by its worker's process (a command's program is ended by
-`towerlab.objective.process`).
+"""A trial's timeout (--trial-timeout), the rule every kind of objective keeps: a trial that runs past it is
+stopped and fails, its reason `timed_out`. A function's trial and towerlab's own training are stopped by their
+worker's process, here (`Deadline`); a command's program is ended by `towerlab.objective.process`.
 
 At the deadline, `TrialTimedOut` is raised in the thread that runs the trial: by SIGALRM in the main
 thread (a worker runs its trials there), which interrupts Python code and a blocking call (a sleep, a
@@ -20,10 +21,29 @@ import threading
 from typing import Any, Optional
 
 from towerlab.distributed.crew import say_last
+from towerlab.errors import UserError
 
 GRACE = 30.0  # seconds a timed-out trial has to leave before its worker's process is ended
 EXIT_STUCK = 1  # the status of a worker ended that way (its launcher replaces it, its task back on the queue)
 _exit = os._exit  # the real one: a trial's os._exit is replaced while it runs (`objective.function`)
+
+
+def check_timeout(timeout: object) -> None:
+    """A timeout is None (none) or a number of seconds above 0 (a UserError otherwise)."""
+    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
+                                or not timeout > 0):
+        raise UserError(f"--trial-timeout {timeout!r}: give a number of seconds above 0")
+
+
+def timed_out(timeout: float) -> str:
+    """The reason of a trial stopped at its timeout, whatever its kind."""
+    return f"timed out after {timeout:g} s, and was stopped"
+
+
+def lapses(timeout: Optional[float]) -> Optional[float]:
+    """Seconds after which a trial under `timeout` is over whatever it does (stopped, or its worker ended past
+    GRACE): past them its worker renews its lease no more (None: no timeout, no end)."""
+    return None if timeout is None else timeout + GRACE
 
 
 class TrialTimedOut(BaseException):

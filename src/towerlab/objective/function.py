@@ -13,6 +13,10 @@ reason, and so do `sys.exit()`, any other BaseException (asyncio's CancelledErro
 does a result that cannot be read: a trial cannot end the search. KeyboardInterrupt, towerlab's
 Interrupted and a UserError (a mistake of towerlab's own functions, which every trial would make) stop it.
 With a `timeout`, a trial that runs past it is interrupted (`towerlab.objective.deadline`) and fails.
+
+As a kind of objective (`Function`, "function", `towerlab.objective.yours.Yours`): a search's --objective names
+it (or the function itself, given from Python); a worker compares the file's bytes with the search's before it
+imports it.
 """
 
 from __future__ import annotations
@@ -20,17 +24,22 @@ from __future__ import annotations
 import contextlib
 import inspect
 import os
+import random
 import threading
 import time
-from typing import Any, Callable, Iterator, Optional, Sequence, Union
+from pathlib import Path
+from typing import Any, Callable, ClassVar, Iterator, Optional, Sequence, Union
 
 from towerlab.distributed.signals import Interrupted
 from towerlab.errors import UserError, did_you_mean
-from towerlab.models.custom import file_proof, function_file, load_function, user_code_failed
-from towerlab.objective.deadline import Deadline, TrialTimedOut
-from towerlab.objective.result import Goal, Result, extend_curve, number
+from towerlab.models.custom import (FROM_PYTHON, check_function_file, file_proof, function_file, load_function,
+                                   user_code_failed)
+from towerlab.objective.deadline import Deadline, TrialTimedOut, check_timeout, lapses, timed_out
+from towerlab.objective.result import Goal, Result, extend_curve, failed, read_result
 from towerlab.objective.trial import EXTRAS, Trial
-from towerlab.proof import Proof, code_proof
+from towerlab.objective.yours import Yours
+from towerlab.proof import Proof, changes, code_proof, file_digest, install, loads, ran
+from towerlab.search import Search
 
 # What a function may take by name besides its genes.
 GIVEN = (*EXTRAS, "report")
@@ -38,14 +47,15 @@ GIVEN = (*EXTRAS, "report")
 
 class FunctionObjective:
     """`function(**genes, [seed=, epochs=, device=, folder=, report=])` (see the module's docstring);
-    `function` is FILE.py:FUNCTION, loaded here, or the function itself."""
+    `function` is FILE.py:FUNCTION, loaded here, or the function itself. Each trial starts with the global
+    random generators seeded from its seed (`seed_globals`): a function that draws from them without taking
+    `seed` gives the same values whoever runs the trial, and after whichever trials."""
 
     kind = "function"
 
     def __init__(self, function: Union[str, Callable[..., Any]], genes: Sequence[str], goal: Goal = Goal(),
                  conditional: Sequence[str] = (), timeout: Optional[float] = None):
-        if timeout is not None and not (number(timeout) or 0) > 0:
-            raise UserError(f"--trial-timeout {timeout!r}: give a number of seconds above 0")
+        check_timeout(timeout)
         self.timeout = timeout
         self._loaded = isinstance(function, str)  # from its file, here: file_proof knows what it imported
         if isinstance(function, str):
@@ -57,16 +67,46 @@ class FunctionObjective:
         self.goal = goal
         self.given = _check(self.function, list(genes), where, conditional)
 
+    _proved: Optional[Proof] = None  # its proof, taken once (`proof`)
+    _mark = 0  # how many modules towerlab.proof's loader had compiled when it was taken
+    _seen = -1  # `towerlab.proof.changes()` when its trials were last found to run what it proves
+
     def proof(self) -> Proof:
-        """The function's file and the modules of yours it imports, as they run (`towerlab.proof`)."""
-        return file_proof(self.spec) if self._loaded else code_proof(getattr(self.function, "__module__", "__main__"))
+        """The function's file and the modules of yours it imports, as they run, or will once its import
+        statements run (`towerlab.proof`): taken once, when first asked (a worker joining a search). From
+        then on the modules of yours it imports are loaded through towerlab.proof, which sees them run."""
+        if self._proved is None:
+            install()
+            self._mark = loads()
+            self._proved = file_proof(self.spec) if self._loaded else code_proof(self._module)
+        return self._proved
+
+    def unproven(self, trial: Trial) -> Optional[str]:
+        """None where what its trials have run is what `proof()` holds; else what differs, in words: a module
+        of yours imported since with other bytes (edited after the proof was taken), or one the proof lacks
+        (imported by a name computed as it ran)."""
+        proved, seen = self.proof(), changes()
+        if seen == self._seen:
+            return None  # nothing was compiled or imported since the last look
+        problem = proved.covers(ran(self._module, self._mark).parts)
+        if problem is None:
+            self._seen = seen
+        elif "not in it" in problem:
+            problem += " (a module imported by a name computed as it runs: import it by an import statement)"
+        return problem
+
+    @property
+    def _module(self) -> str:
+        return Path(self.spec.rpartition(":")[0]).stem if self._loaded else \
+            str(getattr(self.function, "__module__", "__main__"))
 
     def run(self, trial: Trial) -> Result:
+        seed_globals(trial.seed)
         if "folder" in self.given:  # made for a function that takes it (a search of 100,000 trials makes no more)
             try:
                 trial.folder.mkdir(parents=True, exist_ok=True)
             except OSError as exc:
-                return self.goal.failed(f"cannot make its folder {trial.folder}: {exc.strerror or exc}")
+                return failed(f"cannot make its folder {trial.folder}: {exc.strerror or exc}")
         curve: list[dict[str, Any]] = []
 
         def report(epoch: int, **metrics: Any) -> None:
@@ -85,18 +125,18 @@ class FunctionObjective:
         except (UserError, Interrupted, KeyboardInterrupt):
             raise
         except TrialTimedOut:
-            return self.goal.failed(f"timed out after {self.timeout:g} s, and was stopped", tuple(curve),
+            return failed(timed_out(self.timeout or 0), tuple(curve),
                                     time.perf_counter() - started)
         except BaseException as exc:  # noqa: BLE001 - whatever your function raises fails its trial
-            return self.goal.failed(self._failure(exc), tuple(curve), time.perf_counter() - started)
+            return failed(self._failure(exc), tuple(curve), time.perf_counter() - started)
         seconds = time.perf_counter() - started
         if ended:  # os._exit from a thread of the trial's (or caught by the trial): it meant to end the process
-            return self.goal.failed(f"your {self._name} ended its worker's process: it called os._exit({ended[0]}) "
+            return failed(f"your {self._name} ended its worker's process: it called os._exit({ended[0]}) "
                                     "(from a thread of its own)", tuple(curve), seconds)
         try:
-            return self.goal.result(returned, tuple(curve), seconds)
+            return read_result(self.goal, returned, tuple(curve), seconds)
         except Exception as exc:  # noqa: BLE001 - a result of yours whose methods raise as it is read
-            return self.goal.failed(f"its result could not be read: {type(exc).__name__}: {_text(exc)}",
+            return failed(f"its result could not be read: {type(exc).__name__}: {_text(exc)}",
                                     tuple(curve), seconds)
 
     @property
@@ -154,6 +194,17 @@ def _text(exc: BaseException) -> str:
         return "(its message cannot be read)"
 
 
+def seed_globals(seed: int) -> None:
+    """Seed the global random generators a function may draw from without being given its seed: Python's
+    `random`, numpy's (its legacy global one: np.random.rand) and torch's (every device's), from `seed`."""
+    import numpy as np
+    import torch
+
+    random.seed(seed)
+    np.random.seed([seed & 0xFFFFFFFF, seed >> 32])  # all 63 bits: numpy takes 32 at a time
+    torch.manual_seed(seed)
+
+
 def _check(function: Callable[..., Any], genes: list[str], where: str, conditional: Sequence[str] = ()) \
         -> tuple[str, ...]:
     """The names of GIVEN that `function` takes, once it is sure to take every gene, to need nothing
@@ -189,3 +240,50 @@ def _check(function: Callable[..., Any], genes: list[str], where: str, condition
         raise UserError(f"{where}: its parameter {required[0]!r} has no default, and the gene is conditional (a trial "
                         f"where it is inactive leaves it out): give it one, e.g. {required[0]}=None")
     return tuple(name for name in GIVEN if name in named)
+
+
+class Function(Yours):
+    """A function of yours as a kind of objective (KINDS' "function"): `--objective FILE.py:FUNCTION`, or the
+    function given from Python."""
+
+    name: ClassVar[str] = "function"
+    setting: ClassVar[Optional[str]] = "objective"
+    flag: ClassVar[str] = "--objective FILE.py:FUNCTION"
+    runs: ClassVar[str] = "a function"
+
+    @classmethod
+    def runner(cls, search: Search, spec: str, function: Optional[Callable[..., Any]]) -> FunctionObjective:
+        if function is None and spec == FROM_PYTHON:
+            raise UserError("its objective is a function given from Python, which only its own process has: give the "
+                            "function again (objective=), or its file (--objective FILE.py:FUNCTION)")
+        return FunctionObjective(function if function is not None else spec, list(search.space.genes), search.goal,
+                                 list(search.space.when), timeout=search.cfg.trial_timeout)
+
+    @classmethod
+    def epochs_ignored(cls, runner: Any, how: str) -> Optional[str]:
+        if "epochs" in runner.given:
+            return None
+        return (f"towerlab: warning: your {runner.spec} takes no epochs, and {how}: each of its trials trains "
+                "as long as any other; take epochs (a parameter), and train that many")
+
+    @classmethod
+    def check_worker(cls, named: Any, trials: str) -> None:
+        check_function_file(named.spec, "--objective")
+        super().check_worker(named, trials)
+
+    def _measured(self, recorded: dict) -> Optional[dict]:
+        """Its file's bytes against the search's proof, before it is imported (nothing to compare where the
+        function was given from Python): a file that is not the search's is never imported."""
+        if self.here.function is not None:
+            return None
+        path = self.here.named.spec.rpartition(":")[0]
+        try:
+            digest = file_digest(path)
+        except OSError as exc:
+            raise UserError(f"cannot read the objective's file {path}: {exc.strerror or exc}") from None
+        module = Path(path).stem
+        return None if recorded.get("proof", {}).get(module) == digest else {module: digest}
+
+    @property
+    def lapses(self) -> Optional[float]:
+        return lapses(self.search.cfg.trial_timeout)

@@ -27,6 +27,7 @@ from typing import Callable, Optional
 from towerlab.distributed.signals import Interrupted
 
 GRACE = 5.0  # seconds a program has to end on SIGTERM (SIGINT) before SIGKILL
+ENDED = GRACE + 30.0  # seconds within which a program told to end is gone, its keeper's word included
 STOP_POLL = 0.2  # seconds between looks at a worker's stop while a program runs
 WAITING = 60.0  # seconds a trial waits for the processes of an earlier try in its folder to be gone
 LOCK = ".towerlab-trial.lock"  # in the trial's folder: held by the keeper while any process of the trial lives
@@ -127,7 +128,7 @@ class Child:
             self.keeper.stdin.flush()
         except OSError:  # the keeper is gone, and the program with it
             return
-        self.said(GRACE + 30.0)
+        self.said(ENDED)
 
     def close(self) -> None:
         """Let the keeper go: closing its pipe ends whatever is left of the program; reap it."""

@@ -1,13 +1,14 @@
-"""What a trial gives back, the one protocol of every objective: a number, or a dict of numbers of which
-one, the metric, is the one searched (`Goal`: its name and whether higher or lower is better).
+"""What a trial of your code gives back, the one protocol of every objective of yours: a number, or a dict of
+numbers of which one, the metric, is the one searched (`towerlab.search.goal.Goal`: its name and whether higher
+or lower is better). `read_result` reads it; `failed` is the one function that builds a failed trial's Result.
 
 A bare number is the metric's value, whatever the metric is named (DEFAULT_METRIC, "value", where none
 is: Optuna's name for a trial's one result, so that a search exported as an Optuna study reads the same).
 A dict gives every metric by name: the searched one must be there and finite, the others are recorded
 (a non-finite one as None). Anything else, a missing metric, or a NaN fails the trial with a reason
 that says which; a failed trial keeps the metrics it gave (a resume naming another metric reads them).
-`Result.fitness` is what a search ranks by, higher is better: the value as it is where the goal
-maximizes, negated where it minimizes; `Result.metrics` keeps the values as returned.
+`Result.fitness` is what a search ranks by, higher is better (`Goal.fitness`); `Result.metrics` keeps the
+values as returned.
 
 Read within bounds, whatever a trial gives: at most MAX_METRICS metrics, each named by a string of at
 most MAX_NAME characters, at most MAX_CURVE points of a curve (`curve_point` checks each, for a
@@ -24,10 +25,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional
 
-from towerlab.config import DIRECTIONS
-from towerlab.errors import UserError
+from towerlab.search.goal import Goal
 
-DEFAULT_METRIC = "value"
 MAX_METRICS = 1000  # metrics in one result
 MAX_NAME = 200  # characters of a metric's name
 MAX_CURVE = 100_000  # points of one trial's curve (a point an epoch, or a step: a row stays a few MB)
@@ -102,56 +101,40 @@ class Result:
     seconds: float = 0.0
 
 
-@dataclass(frozen=True)
-class Goal:
-    """The metric a search searches (its name in a result) and its direction."""
+def failed(reason: str, curve: tuple[Mapping[str, Any], ...] = (), seconds: float = 0.0,
+           metrics: Optional[Mapping[str, Optional[float]]] = None) -> Result:
+    """A failed trial's Result, the one function that builds one: its `reason`, the curve it reported, its
+    seconds, and the metrics it gave (`metrics`: kept, so that a resume naming another metric reads them)."""
+    return Result("failed", metrics=_kept(metrics or {}), reason=reason, curve=curve, seconds=seconds)
 
-    metric: str = DEFAULT_METRIC
-    direction: str = "maximize"
 
-    def __post_init__(self) -> None:
-        if not isinstance(self.metric, str) or not self.metric.strip() or self.metric != self.metric.strip():
-            raise UserError(f"--metric {self.metric!r}: give the name of the result's metric to search, e.g. "
-                            "--metric accuracy")
-        if self.direction not in DIRECTIONS:
-            raise UserError(f"--direction {self.direction!r}: choose maximize or minimize")
-
-    def fitness(self, value: float) -> float:
-        """What the search ranks by, higher is better, for the metric's `value` (and back: it is its own inverse)."""
-        return value if self.direction == "maximize" else -value
-
-    def failed(self, reason: str, curve: tuple[Mapping[str, Any], ...] = (), seconds: float = 0.0,
-               metrics: Optional[Mapping[str, Optional[float]]] = None) -> Result:
-        return Result("failed", metrics=_kept(metrics or {}), reason=reason, curve=curve, seconds=seconds)
-
-    def result(self, returned: Any, curve: tuple[Mapping[str, Any], ...] = (), seconds: float = 0.0) -> Result:
-        """The Result of what a trial gave back (see the module's docstring)."""
-        if isinstance(returned, Mapping):
-            if len(returned) > MAX_METRICS:
-                return self.failed(f"its result gives {len(returned)} metrics, more than {MAX_METRICS}", curve, seconds)
-            metrics: dict[str, Optional[float]] = {}
-            for name, value in returned.items():
-                if not isinstance(name, str) or len(name) > MAX_NAME:
-                    return self.failed(f"its result names a metric {_shown(name)}: name each by a string of at most "
-                                       f"{MAX_NAME} characters", curve, seconds)
-                found = number(value)
-                if found is None:
-                    return self.failed(f"its result's {name!r} is {_shown(value)}, not a number", curve, seconds)
-                metrics[name] = found
-            if self.metric not in metrics:
-                return self.failed(f"its result has no {self.metric!r} (it has {', '.join(map(repr, metrics)) or 'none'}):"
-                                   " name the metric to search (--metric)", curve, seconds, metrics)
-        else:
-            found = number(returned)
+def read_result(goal: Goal, returned: Any, curve: tuple[Mapping[str, Any], ...] = (), seconds: float = 0.0) -> Result:
+    """The Result of what a trial gave back, searched for `goal` (see the module's docstring)."""
+    if isinstance(returned, Mapping):
+        if len(returned) > MAX_METRICS:
+            return failed(f"its result gives {len(returned)} metrics, more than {MAX_METRICS}", curve, seconds)
+        metrics: dict[str, Optional[float]] = {}
+        for name, value in returned.items():
+            if not isinstance(name, str) or len(name) > MAX_NAME:
+                return failed(f"its result names a metric {_shown(name)}: name each by a string of at most "
+                              f"{MAX_NAME} characters", curve, seconds)
+            found = number(value)
             if found is None:
-                return self.failed(f"it returned {_shown(returned)}: return a number or a dict of numbers",
-                                   curve, seconds)
-            metrics = {self.metric: found}
-        value = metrics[self.metric]
-        if value is None or not math.isfinite(value):
-            beyond = " (an integer beyond a float's range)" if isinstance(_searched(returned, self.metric), int) else ""
-            return self.failed(f"its {self.metric} is {value}{beyond}", curve, seconds, metrics)
-        return Result("ok", metrics=_kept(metrics), fitness=self.fitness(value), curve=curve, seconds=seconds)
+                return failed(f"its result's {name!r} is {_shown(value)}, not a number", curve, seconds)
+            metrics[name] = found
+        if goal.metric not in metrics:
+            return failed(f"its result has no {goal.metric!r} (it has {', '.join(map(repr, metrics)) or 'none'}):"
+                          " name the metric to search (--metric)", curve, seconds, metrics)
+    else:
+        found = number(returned)
+        if found is None:
+            return failed(f"it returned {_shown(returned)}: return a number or a dict of numbers", curve, seconds)
+        metrics = {goal.metric: found}
+    value = metrics[goal.metric]
+    if value is None or not math.isfinite(value):
+        beyond = " (an integer beyond a float's range)" if isinstance(_searched(returned, goal.metric), int) else ""
+        return failed(f"its {goal.metric} is {value}{beyond}", curve, seconds, metrics)
+    return Result("ok", metrics=_kept(metrics), fitness=goal.fitness(value), curve=curve, seconds=seconds)
 
 
 # How a failure reads where any genes would fail alike (a mistake in the setup, not in a candidate): a result

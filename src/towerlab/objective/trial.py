@@ -1,7 +1,7 @@
-"""What trains a candidate, as a plug-in the search never looks inside: an `Objective` runs a `Trial` (the
-genes, and what the search gives it) and returns a `Result` (`towerlab.objective.result`). Three kinds:
-towerlab's own training, a function of yours (`towerlab.objective.function`), a command of yours
-(`towerlab.objective.command`).
+"""A trial of your code: a `TrialRunner` runs a `Trial` (the genes, and what the search gives it) and returns a
+`Result` (`towerlab.objective.result`): a function of yours (`towerlab.objective.function.FunctionObjective`),
+a command of yours (`towerlab.objective.command.CommandObjective`). The kinds of objective of your code
+(`towerlab.objective.yours.Yours`) run a search's tasks as trials of their runner.
 """
 
 from __future__ import annotations
@@ -37,12 +37,14 @@ class Trial:
         return {"seed": self.seed, "epochs": self.epochs, "device": self.device, "folder": self.folder}
 
 
-class Objective(Protocol):
-    """What trains a candidate: `run(trial) -> Result`, a failure of the trial being a failed Result, never
+class TrialRunner(Protocol):
+    """Runs a trial of your code: `run(trial) -> Result`, a failure of the trial being a failed Result, never
     an exception (an exception is a mistake every trial would make, or a stop: KeyboardInterrupt,
-    towerlab's Interrupted). `kind` ("training", "function", "command") and `spec` (FILE.py:FUNCTION, the
-    command's text) say what it is, `goal` what its results are ranked by, `proof()` what runs (for a
-    worker to compare with a search's before it joins)."""
+    towerlab's Interrupted). `kind` ("function", "command": its kind of objective's name) and `spec`
+    (FILE.py:FUNCTION, the command's text) say what it is, `goal` what its results are ranked by, `proof()`
+    what runs (for a worker to compare with a search's before it joins: taken once, when first asked), and
+    `unproven(trial)` whether what a trial runs, or ran, is still what that proof holds (None), or what
+    differs, in words (its worker records no result of it)."""
 
     kind: str
     spec: str
@@ -52,8 +54,10 @@ class Objective(Protocol):
 
     def proof(self) -> Proof: ...
 
+    def unproven(self, trial: Trial) -> Optional[str]: ...
 
-def setup(objective: Objective) -> dict[str, Any]:
+
+def setup(objective: TrialRunner) -> dict[str, Any]:
     """What a search records of its objective, and a worker compares: its kind, its goal and the proof of
     what runs (JSON); not its spec, which names a file where it is on one machine (the same file elsewhere,
     the same proof)."""

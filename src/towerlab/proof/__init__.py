@@ -11,12 +11,18 @@ inside a function), served from sys.modules or not. `code_proof(name)` follows t
 module: the module and every local module it reaches, each by its name and the digest of its bytes.
 Names, never paths: the same files in another folder, or on another machine, give the same proof.
 
-What it cannot see: a module imported with `importlib.import_module` (no import statement), data files
-your code reads, and a local module loaded otherwise (imported before `install`, or by another finder,
-an editable install's): that one is proven by its file as it is on disk when the proof is taken, and
-followed no further. Measured (bench/objective_proof.py, results/objective-proof-2026-11-28.json): a
-file and 5 neighbours of 1,864 lines load in 13 ms where their .pyc files take 0.8 ms: what compiling
-costs, the digests 1%; an import statement run again inside a function costs 0.2 microseconds more;
+Each module's source is read as well (`towerlab.proof.imports`): every import statement in it, at its
+top or inside a function, names a module the proof holds before the statement runs (`def train(x):
+import helper` proves helper.py when the search starts, not once a trial has imported it). A worker
+checks what its trials ran against the proof it joined with (`ran`, `loads`, `changes`): a module
+imported later must be the bytes the proof holds.
+
+What it cannot see: a module imported by a name computed at run time (`importlib.import_module(name)`;
+`import_module(f"pkg.{name}")` proves every module of pkg), data files your code reads, and a local module loaded otherwise (imported before `install`, or by another
+finder, an editable install's): that one is proven by its file as it is on disk when the proof is taken.
+Measured (bench/proof/objective_proof.py, results/proof/objective-proof-2026-11-28.json, before the import statements
+were read): a file and 5 neighbours of 1,864 lines load in 13 ms where their .pyc files take 0.8 ms: what
+compiling costs, the digests 1%; an import statement run again inside a function costs 0.2 microseconds more;
 torch, numpy, matplotlib and optuna import as fast with the finder installed (1.01x).
 
 A process spawned by towerlab (a replica, a search's worker) gets this loader before the functions and
@@ -26,33 +32,29 @@ towerlab's own code has its proof apart: `towerlab.proof.package`.
 
 from __future__ import annotations
 
+import ast
 import builtins
-import functools
 import hashlib
 import importlib.machinery
 import importlib.util
 import json
-import os
-import site
 import sys
-import sysconfig
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
+
+from towerlab.proof.files import current_digest as current_digest  # re-exported: the files' digests live there
+from towerlab.proof.files import file_digest, is_local, module_file, short
+from towerlab.proof.imports import Finder, Statement, calls_import, named, source_statements, statements
 
 _BUILTIN_IMPORT = builtins.__import__
 _RAN: dict[str, tuple[str, str]] = {}  # module name -> (its file, the digest of the bytes compiled from it)
 _IMPORTS: dict[str, set[str]] = {}  # module name -> the local modules it imported
-
-
-def file_digest(path: str | os.PathLike) -> str:
-    """`sha256:` and the SHA-256 of a file's bytes."""
-    return f"sha256:{hashlib.sha256(Path(path).read_bytes()).hexdigest()}"
-
-
-def short(digest: str) -> str:
-    return digest.removeprefix("sha256:")[:12]
+_STATEMENTS: dict[str, tuple[Statement, ...]] = {}  # module name -> the import statements of the bytes compiled
+_READ: dict[str, tuple[Statement, ...]] = {}  # a file's digest -> the import statements of those bytes
+_LOADS: list[str] = []  # the modules SourceLoader compiled, in order
+_CHANGES = [0]  # how many times the loader has seen something new: a module compiled, an import noted
 
 
 @dataclass(frozen=True)
@@ -83,39 +85,14 @@ class Proof:
             said.append(f"{', '.join(only_recorded)} missing here")
         return "; ".join(said) or None
 
-
-@functools.lru_cache(maxsize=1)
-def _system_folders() -> tuple[str, ...]:
-    """Where code that is not yours lives: the standard library, the installed packages, towerlab (whose
-    own code has its own digest)."""
-    paths = sysconfig.get_paths()
-    folders = {paths[key] for key in ("stdlib", "platstdlib", "purelib", "platlib") if key in paths}
-    folders.update(getattr(site, "getsitepackages", list)())
-    folders.add(site.getusersitepackages())
-    folders.add(str(Path(__file__).parent))
-    return tuple(os.path.join(os.path.realpath(folder), "") for folder in folders)
-
-
-@functools.lru_cache(maxsize=1024)
-def _real_folder(folder: str) -> str:
-    return os.path.join(os.path.realpath(folder), "")
-
-
-@functools.lru_cache(maxsize=4096)
-def is_local(path: str) -> bool:
-    """Whether the file at `path` is code of yours: outside the standard library, the installed packages
-    and towerlab. Its folder's real path is resolved once per folder (a package of a thousand modules
-    asks a thousand times), the file's own only where it is a link."""
-    if os.path.islink(path):
-        real = os.path.realpath(path)
-    else:
-        real = _real_folder(os.path.dirname(os.path.abspath(path))) + os.path.basename(path)
-    return not real.startswith(_system_folders())
-
-
-def module_file(module: Optional[ModuleType]) -> Optional[str]:
-    path = getattr(module, "__file__", None)
-    return path if isinstance(path, str) and os.path.isfile(path) else None
+    def covers(self, ran: Mapping[str, str]) -> Optional[str]:
+        """None where every part of `ran` (what ran, or runs now) is one of this proof's with its digest;
+        else what is not, in words: each part whose digest differs (now, and proven), each it lacks."""
+        changed = sorted(name for name in ran.keys() & self.parts.keys() if ran[name] != self.parts[name])
+        said = [f"{name} differs ({short(ran[name])} now, {short(self.parts[name])} proven)" for name in changed]
+        if unproven := sorted(ran.keys() - self.parts.keys()):
+            said.append(f"{', '.join(unproven)} not in it")
+        return "; ".join(said) or None
 
 
 def _note(importer: str, name: str, globals_: Optional[Mapping[str, Any]], fromlist: Optional[Sequence[str]],
@@ -132,6 +109,7 @@ def _note(importer: str, name: str, globals_: Optional[Mapping[str, Any]], froml
         path = module_file(sys.modules.get(imported))
         if path is not None and is_local(path):
             found.add(imported)
+            _CHANGES[0] += 1
 
 
 def _recording_builtins(importer: str) -> dict[str, Any]:
@@ -158,8 +136,12 @@ class SourceLoader(importlib.machinery.SourceFileLoader):
     def get_code(self, fullname: str) -> Any:
         path = self.get_filename(fullname)
         data = self.get_data(path)
+        tree = ast.parse(data, path)  # parsed once: its import statements read, then compiled
         _RAN[fullname] = (path, f"sha256:{hashlib.sha256(data).hexdigest()}")
-        return self.source_to_code(data, path)
+        _STATEMENTS[fullname] = statements(tree, calls_import(data))
+        _LOADS.append(fullname)
+        _CHANGES[0] += 1
+        return compile(tree, path, "exec", dont_inherit=True)
 
     def exec_module(self, module: ModuleType) -> None:
         _IMPORTS[module.__name__] = set()
@@ -217,20 +199,95 @@ def proven(name: str) -> bool:
 
 
 def code_proof(name: str) -> Proof:
-    """The proof of module `name` (in sys.modules) and of every local module it imported, and they in
-    turn: each the digest of the bytes SourceLoader compiled, or, for one it did not load, of its file
-    as it is now. A module with no file of its own (a namespace package, a module made in memory) has
-    no part."""
+    """The proof of module `name` (in sys.modules) and of every local module it imports, and they in turn:
+    those its import statements name (`towerlab.proof.imports`: imported yet or not, found where import
+    would find them) and those it was seen importing. Each is the digest of the bytes SourceLoader compiled,
+    or, for one it did not load, of its file as it is now. A module with no file of its own (a namespace
+    package, a module made in memory) has no part."""
+    return Proof(_walk([name], Finder.here(), here=True, digest=file_digest))
+
+
+def ran(name: str, since: int = 0) -> Proof:
+    """What ran of the proof of module `name`, as far as it can be known: the modules of it that SourceLoader
+    compiled (followed from `name` through the imported ones), each the digest of the bytes it compiled, and
+    every module it compiled since `loads()` was `since` (one imported by a name computed as it ran too). A
+    module loaded otherwise has no part: the bytes it ran from are not known (its proof is of its file as it
+    was when the proof was taken)."""
+    parts = _walk([name], Finder.here(), here=True, digest=file_digest, imported=True)
+    for loaded in dict.fromkeys(_LOADS[since:]):
+        if loaded not in parts and loaded in _RAN:
+            parts[loaded] = _RAN[loaded][1]
+    return Proof(parts)
+
+
+def loads() -> int:
+    """How many modules SourceLoader has compiled so far (a mark for `ran`)."""
+    return len(_LOADS)
+
+
+def changes() -> int:
+    """A count that grows whenever the loader sees something new (a module compiled, an import noted):
+    where it has not grown, what `ran` would say has not changed."""
+    return _CHANGES[0]
+
+
+def script_modules(path: str, finder: Finder, digest: Callable[[str], str] = file_digest) -> dict[str, str]:
+    """The local modules a Python script at `path` imports, and they in turn, by name, each the digest of
+    its file (`digest`), found by `finder` (`Finder.fresh`: as the interpreter that runs the script would)."""
+    try:
+        said = _statements_of(path, digest(path))
+    except OSError:
+        return {}
+    return _walk(sorted({n for statement in said for n in named(statement, "")}), finder, here=False, digest=digest)
+
+
+def module_modules(name: str, finder: Finder, digest: Callable[[str], str] = file_digest) -> dict[str, str]:
+    """The local module `name` (`python -m name`: its packages too) and every local module it imports."""
+    return _walk(named((name, (), 0), ""), finder, here=False, digest=digest)
+
+
+def _statements_of(path: str, digest: str) -> tuple[Statement, ...]:
+    """The import statements of the file at `path`, whose digest is `digest` (read once per content)."""
+    if digest not in _READ:
+        _READ[digest] = source_statements(Path(path).read_bytes(), path) if path.endswith(".py") else ()
+    return _READ[digest]
+
+
+def _walk(todo: list[str], finder: Finder, *, here: bool, digest: Callable[[str], str],
+          imported: bool = False) -> dict[str, str]:
+    """The parts of the modules `todo` names (`here`: of this process, each root whatever it is; else
+    local ones alone) and of the local modules they import, by name (`imported`: those imported alone,
+    each a part where SourceLoader compiled it)."""
     parts: dict[str, str] = {}
-    todo = [name]
+    seen: set[str] = set()
+    roots = set(todo) if here else set()
+    todo = list(reversed(todo))
     while todo:
         current = todo.pop()
-        if current in parts:
+        if current in seen or (imported and current not in sys.modules):
             continue
-        path = module_file(sys.modules.get(current))
-        if path is None:
+        seen.add(current)
+        found = finder.find(current)
+        path = None if found is None else found.origin
+        if path is None or (current not in roots and not is_local(path)):
             continue
-        ran = _RAN.get(current)
-        parts[current] = ran[1] if ran is not None and ran[0] == path else file_digest(path)
-        todo.extend(_IMPORTS.get(current, ()))
-    return Proof(parts)
+        compiled = _RAN.get(current) if here else None
+        try:
+            if compiled is not None and compiled[0] == path:
+                parts[current], said = compiled[1], _STATEMENTS.get(current, ())
+            else:
+                read = digest(path)
+                said = _statements_of(path, read)
+                if not imported:
+                    parts[current] = read
+        except OSError:
+            continue  # gone since it was found: nothing of it runs from there
+        package = current if found is not None and found.locations is not None else current.rpartition(".")[0]
+        children: set[str] = set(_IMPORTS.get(current, ())) if here else set()
+        for statement in said:
+            children.update(named(statement, package))
+            if "*" in statement[1]:  # every module of the package (`from pkg import *`, import_module(f"pkg.{x}"))
+                children.update(n for top in named((statement[0], (), statement[2]), package)[-1:]
+                                for n in finder.every(top))
+        todo.extend(sorted(children - seen, reverse=True))
+    return parts

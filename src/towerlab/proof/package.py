@@ -13,7 +13,7 @@ other process has. A module imported after the proof is taken must be what the p
 refused: one process runs one towerlab). Names are paths inside the package, so another install of the
 same files (another machine's venv) has the same proof.
 
-What it costs (bench/worker_start.py, results/worker-start-2026-11-28.json, a busy 2-core machine): what
+What it costs (bench/proof/worker_start.py, results/proof/worker-start-2026-11-28.json, a busy 2-core machine): what
 a worker imports took 1.718 s through PackageLoader against 1.708 s by Python's own loader, the digest
 of the package's 1 MB of source 13 ms; where the package's folder is read-only and holds only pip's
 time-stamped .pyc files, each module imported is compiled at every start (1.771 s: `python -m compileall

@@ -120,4 +120,11 @@ class Outcome:
 
     @classmethod
     def failed(cls, reason: str, **details: Any) -> Outcome:
+        """A failed training's Outcome, the one way one is built (its `reason`: `raised` says an exception)."""
         return cls("failed", reason=reason, **details)
+
+
+def raised(exc: BaseException) -> str:
+    """The reason of a training whose code raised `exc`: its type and its message's first line."""
+    text = str(exc)
+    return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"

@@ -14,8 +14,9 @@ only read. It is played one of two ways, as its sampler's shape says (`Shape.asy
   whenever the trainer can start one (`Pacing.pace`: a worker is idle, or a spare one should wait for
   the next worker to free up), from every outcome in hand, with every training still in flight told as
   running; the start-up design's random candidates go on the queue at once (`Sampler.startup`). A
-  proposal for a worker that has nothing to take now is made quickly (`Sampler.propose_quickly`: gp's is
-  TPE's, a hundredth of its time), those made ahead of the workers (the spare) as the sampler makes them.
+  proposal for a worker that has nothing to take now, where the next would keep it waiting long
+  (`Pace.quickly`), is made quickly (`Sampler.propose_quickly`: gp's is TPE's, a hundredth of its time),
+  the others as the sampler makes them.
   So every worker trains whenever the search has budget left, however many join and whenever, and nobody
   waits for a proposal but the worker it is for, and not long. Which outcomes a proposal read depends on
   when they came in: the generation records it (`proposed`: the generations in flight then, whether it
@@ -128,7 +129,7 @@ def asynchronously(cfg: SearchConfig, sampler: Sampler, rounds: Rounds, train: T
     while (recorded := rounds.recorded(number)) is not None:
         flight.new[number] = rounds.begin(number, recorded)
         number += 1
-    exhausted = prepared = slow = False
+    exhausted = slow = False
     while True:
         ready, missing = rounds.waiting(sorted(flight.new)) if pacing else (set(flight.new), 0)
         for g in sorted(ready):
@@ -148,7 +149,7 @@ def asynchronously(cfg: SearchConfig, sampler: Sampler, rounds: Rounds, train: T
             # gets a quick one), but the start-up's random candidates all at once.
             wanted = min(max(pace.wanted, sampler.startup - number), max(1, sampler.startup - number)) if pacing \
                 else pace.wanted
-            quickly = pace.idle > pace.waiting and number >= sampler.startup  # a worker has nothing to take now
+            quickly = pace.quickly and number >= sampler.startup  # a worker has nothing to take, and would wait
             while proposed < wanted and not exhausted and _limit(cfg, rounds, told, flight, number, missing) is None:
                 in_flight = flight.in_flight()
                 budget = least(budget_left(cfg, told, in_flight), rounds.epochs_left(number, missing))
@@ -173,9 +174,6 @@ def asynchronously(cfg: SearchConfig, sampler: Sampler, rounds: Rounds, train: T
                     slow = seconds >= SLOW_PROPOSAL
             if pacing is not None:
                 pacing.doing("searching")
-                if not prepared and sampler.startup and number >= sampler.startup:
-                    sampler.prepare()  # while the start-up's candidates train
-                    prepared = True
         elif pacing is not None:
             pacing.doing(f"ending: the budget is spent, {len(flight.new)} training(s) still running")
         if pacing is not None and not ready and not proposed:

@@ -19,7 +19,7 @@ DEFAULT_REMEASURE = 2
 # Of a search's trainings, the most that default re-measuring may add: a quarter, because the
 # networks it re-measures are the largest ones as often as not, and races re-measure more (a quick
 # search of 8 one-epoch MNIST trainings with 2 seeds for its top 2 spent 98 s re-measuring against 92 s
-# searching: bench/results/quick-search-mnist-2026-11-25.json).
+# searching: bench/results/quality/quick-search-mnist-2026-11-25.json).
 REMEASURE_SHARE = 0.25
 
 

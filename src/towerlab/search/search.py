@@ -20,8 +20,9 @@ serves the same rows, which is how a search resumes and how every worker of a se
 (`towerlab.search.work.worker`) plays it alike, whoever trained what. No torch here: the training protocol
 is in `towerlab.search.candidates`, the counts in `towerlab.search.history`.
 
-It is over 350 lines: it is also the one place that says what a search ranks by (`metric`, `value`,
-`metric_label`, `reads`, `shown`), which its views, its record and its workers' lines take from it.
+It is over 350 lines: it is also what a search's views, record and workers' lines read of what it ranks
+by: its `aim` (its objective's kind and goal, decided when it was made: `towerlab.search.goal`) and how its
+values read (`metric_label`, `reads`, `shown`).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from towerlab.config import SearchConfig
 from towerlab.errors import UserError
 from towerlab.fields import to_dict
 from towerlab.search.game import asynchronously, in_generations
+from towerlab.search.goal import Aim, Goal
 from towerlab.search.history import Generation, GenerationStats, Played, SearchResult, TopGenome
 from towerlab.search.pruners import Ladder, Pruner, make_pruner
 from towerlab.search.plan import crowning_epochs, generations_of, planned_trainings, resolved_remeasure
@@ -66,13 +68,15 @@ class Search:
     train_config_hash: Optional[str] = None
     setup: dict = field(default_factory=dict)
     where: str = ""  # the store it is in, as messages name it
+    aim: Aim = Aim()  # what trains its tasks and what it ranks by: decided when it is made, recorded in its setup
 
     @classmethod
-    def resolve(cls, cfg: SearchConfig, space: Optional[Space] = None) -> Search:
+    def resolve(cls, cfg: SearchConfig, space: Optional[Space] = None, aim: Aim = Aim()) -> Search:
         """The search `cfg` describes, once every setting it would refuse has been (an unknown sampler,
         a setting it refuses, a budget its generations cannot hold): a UserError, before anything is
         written. --generations, re-measuring and the sampler's own settings are decided here, as the search
-        records them."""
+        records them; `aim`, what trains its tasks and what it ranks by, as its objective's kind decided
+        (`towerlab.objective.resolve`; by default towerlab's own training)."""
         space = space if space is not None else load_space(cfg.space)
         sampler = sampler_class(cfg.sampler)
         cfg = replace(cfg, generations=sampler.generations(cfg, space))
@@ -86,7 +90,7 @@ class Search:
                             f"re-measured (--remeasure {cfg.remeasure} x --top {cfg.top} x {cfg.max_epochs} epochs = "
                             f"{crowning_epochs(cfg)}): raise it, or lower --remeasure")
         sampler.needs(cfg, space)  # last: a command line its settings refuse imports nothing heavy
-        return cls(resolved_settings(cfg, sampler), space)
+        return cls(resolved_settings(cfg, sampler), space, aim=aim)
 
     @classmethod
     def open(cls, store: Store, search_id: int) -> Search:
@@ -104,7 +108,8 @@ class Search:
             raise KeyError(f"search {row.id}'s settings lack {missing[0]}")
         space = space_of({"model": row.space["model"], "genes": row.space["genes"]}, row.space["name"],
                          f"search {row.id} of store {where}")
-        return cls(SearchConfig(**row.config), space, row.id, row.train_config_hash, row.setup or {}, where)
+        setup = row.setup or {}
+        return cls(SearchConfig(**row.config), space, row.id, row.train_config_hash, setup, where, Aim.of_setup(setup))
 
     # -- what the settings decide --------------------------------------------------------------------
 
@@ -151,51 +156,50 @@ class Search:
         return bool(self.setup.get("test", not self.own))
 
     @property
+    def goal(self) -> Goal:
+        """What it ranks by (its `aim`'s): a metric and its direction; a fitness is the metric's value,
+        negated where it is minimized (`Goal.fitness`, `Goal.value`)."""
+        return self.aim.goal
+
+    @property
     def own(self) -> bool:
-        """Whether it searches an objective of yours (--objective, --command), not towerlab's own training."""
-        return self.cfg.objective is not None or self.cfg.trial_command is not None
-
-    @property
-    def metric(self) -> str:
-        """The name of what it ranks by: its objective's --metric, or towerlab's validation accuracy."""
-        return (self.cfg.metric or "value") if self.own else "val_accuracy"
-
-    @property
-    def minimizes(self) -> bool:
-        """Whether its metric is minimized (its fitness, higher is better, is then the metric negated)."""
-        return self.cfg.direction == "minimize"
-
-    def value(self, fitness: Optional[float]) -> Optional[float]:
-        """Its metric's value for a `fitness` (the fitness itself, or negated where the metric is minimized)."""
-        return None if fitness is None else -fitness if self.minimizes else fitness
+        """Whether it searches an objective of yours (any kind but towerlab's own training: `Aim.own`)."""
+        return self.aim.own
 
     @property
     def metric_label(self) -> str:
         """Its metric as a line names it: towerlab's "validation accuracy", or your metric's own name."""
-        return self.metric.replace("val_accuracy", "validation accuracy")
+        return self.goal.metric.replace("val_accuracy", "validation accuracy")
 
     def reads(self, fitness: Optional[float]) -> str:
         """A `fitness` as its metric's value reads in a line ("-" for none): an accuracy to 4 places, a metric
         of yours (a loss of 1e-5, a reward of 2,000) to 6 significant digits."""
-        value = self.value(fitness)
+        value = self.goal.value(fitness)
         return "-" if value is None else f"{value:.6g}" if self.own else f"{value:.4f}"
 
     def shown(self, stats: GenerationStats) -> GenerationStats:
         """A generation's `stats` with best, mean and worst as values of its metric (a minimized one's best is
         its lowest), as its records show them."""
-        if not self.minimizes:
+        if not self.goal.minimizes:
             return stats
-        return replace(stats, best=self.value(stats.best), mean=self.value(stats.mean), worst=self.value(stats.worst))
+        value = self.goal.value
+        return replace(stats, best=value(stats.best), mean=value(stats.mean), worst=value(stats.worst))
 
     def recorded(self, key: str) -> Any:
         """What it recorded of how its workers train (its setup) under `key`: the device kind, the CPU threads
         per candidate, the model, the data's format, whether it has a test split, and what identifies its
-        software, data and model file (`towerlab.jobs.search.identity`); None where it recorded none."""
+        software, data and model file (`towerlab.objective.admission`); None where it recorded none."""
         return self.setup.get(key)
 
     def new_sampler(self) -> Sampler:
         """A sampler in its initial state, for one play of the search (samplers keep what they were told)."""
         return self.sampler_type(self.cfg, self.space, len(self.pruner.rungs))
+
+    def prepare(self) -> None:
+        """Import and set up what its sampler proposes with (`Sampler.prepare`), in this thread: a worker does it
+        before its driver thread starts, since two threads importing at once can meet a module half-initialised
+        (SciPy's scipy.stats, met by a driver's first proposal while the worker's objective imported it)."""
+        self.new_sampler().prepare()
 
     # -- in a store ------------------------------------------------------------------------------------
 

@@ -27,6 +27,7 @@ import hashlib
 import itertools
 import json
 import math
+import reprlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
@@ -174,11 +175,23 @@ class Space:
     def contains(self, genome: Mapping[str, Any]) -> bool:
         """Whether the genome has exactly this space's active genes, each with an allowed value (type
         included: True is not 1, 1 is not 1.0)."""
-        if set(genome) != {k for k in self.genes if self.active(k, genome)}:
-            return False
-        return all(values.holds(genome[k]) if isinstance(values, Range)
-                   else any(type(v) is type(genome[k]) and v == genome[k] for v in values)
-                   for k, values in self.genes.items() if k in genome)
+        return self.outside(genome) is None
+
+    def outside(self, genome: Any) -> str | None:
+        """None where `genome` is one of this space's (`contains`); else why not, in words: the first active
+        gene it lacks, gene it has beyond the space's active ones, or value the space does not hold."""
+        if not isinstance(genome, Mapping):
+            return f"it is {type(genome).__name__}, not a genome"
+        active = {gene for gene in self.genes if self.active(gene, genome)}
+        wrong = [f"it has no gene {gene!r}" for gene in self.genes if gene in active and gene not in genome]
+        wrong += [f"it has the gene {gene!r}, inactive where its other genes are what they are"
+                  if gene in self.genes else f"it has a gene {reprlib.repr(gene)} that the space has not"
+                  for gene in genome if gene not in active]
+        wrong += [f"its {gene} is {reprlib.repr(genome[gene])}, not one of the space's values"
+                  for gene, values in self.genes.items() if gene in genome and not (
+                      values.holds(genome[gene]) if isinstance(values, Range)
+                      else any(type(v) is type(genome[gene]) and v == genome[gene] for v in values))]
+        return wrong[0] if wrong else None
 
     def grid_counts(self) -> list[int]:
         """How many values a grid tries of each gene: a list's, and a range's `grid_count` (UserError

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Callable, Protocol, runtime_checkable
 
 from towerlab.errors import UserError
-from towerlab.search.candidates import Candidate, Outcome
+from towerlab.search.candidates import Candidate, Outcome, raised
 from towerlab.search.store.rows import Evaluation
 
 
@@ -69,7 +69,8 @@ class Prefetching(Trainer, Protocol):
 class Pace:
     """How many more candidates a `Pacing` trainer could start now (`wanted`): its idle workers, and
     `spare` more kept ready so that a worker that frees up finds one at once, less the candidates already
-    `waiting` for a worker; and the workers `busy` and `idle` when it looked."""
+    `waiting` for a worker; the workers `busy` and `idle` when it looked; and whether the next proposal
+    should be made `quickly` (`Sampler.propose_quickly`), for a worker that has nothing to take now."""
 
     wanted: int
     busy: int = 0
@@ -77,6 +78,7 @@ class Pace:
     waiting: int = 0
     spare: int = 0
     by: str = ""  # who looked: the worker whose driver proposes
+    quickly: bool = False  # a worker waits now, and would wait long for the next proposal: make it quickly
 
 
 @runtime_checkable
@@ -111,8 +113,7 @@ def serial(fitness: Callable[[Candidate], Outcome]) -> Trainer:
             except UserError:
                 raise
             except Exception as e:  # noqa: BLE001 - a candidate's failure is data, not a crash
-                outcome = Outcome.failed(f"{type(e).__name__}: {e}",
-                                         seconds=time.perf_counter() - started)
+                outcome = Outcome.failed(raised(e), seconds=time.perf_counter() - started)
             record(candidate, outcome)
             queue.extend(record.more())
 

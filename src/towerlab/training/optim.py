@@ -95,7 +95,7 @@ def _foreach(cls: Callable[..., torch.optim.Optimizer]) -> Callable[[TrainConfig
 # parameters that are not filters; its filters are `FilterMuon`'s). One fused kernel per
 # step where torch has one: Adam, AdamW and SGD on CPUs and GPUs, Adagrad on CPUs. On a CPU, fused
 # Adam steps LeNet-5's parameters 2.6x and CifarNet's 3.1x faster than foreach, whose CPU path still
-# loops over the tensors (bench/changes.py). An optimizer is also an `Update` method and a `STATE`
+# loops over the tensors (bench/speed/changes.py). An optimizer is also an `Update` method and a `STATE`
 # entry (the step program's form) and a `DEFAULT_LR`; tests hold all four to config.OPTIMIZERS.
 OPTIMIZERS: dict[str, Callable[[TrainConfig, list[dict], torch.device], torch.optim.Optimizer]] = {
     "adam": _adam, "sgd": _sgd, "rmsprop": _foreach(torch.optim.RMSprop), "adagrad": _adagrad,

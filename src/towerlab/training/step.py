@@ -2,7 +2,7 @@
 
 A small network's step on a GPU is bound by kernel launches, not arithmetic: LeNet-5 at batch 512
 launches about 110 kernels in 2.2 ms on an H100, where the same arithmetic replayed as one CUDA graph
-takes 0.68 ms (bench/results/step-gpu-2026-11-25.json). A graph replays fixed kernels on fixed
+takes 0.68 ms (bench/results/gpu/step-gpu-2026-11-25.json). A graph replays fixed kernels on fixed
 memory, so the step must be a program that takes no changing Python value and reads nothing back:
 
 - state lives in tensors allocated up front and only changed in place: the model's parameters and
@@ -80,7 +80,7 @@ def uses_dropout(module: nn.Module) -> bool:
 def seed_dropout(device: torch.device, seed: int) -> None:
     """Seed the one generator dropout draws from on `device`. Not `torch.manual_seed`, which also
     seeds every CUDA device and, where CUDA is not initialised, records a stack trace to do so
-    later: about 95 us per call against 1 us on a CPU (bench/changes.py), paid every step. A CUDA
+    later: about 95 us per call against 1 us on a CPU (bench/speed/changes.py), paid every step. A CUDA
     graph's replay reads the generator's seed and offset when it starts, so seeding before a replay
     gives the replay's dropout the masks the same seed gives an eager step."""
     if device.type == "cuda":

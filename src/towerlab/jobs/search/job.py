@@ -18,7 +18,6 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from towerlab import atomic
 from towerlab.config import RunConfig, SearchConfig
 from towerlab.distributed.crew import CrewFailed
 from towerlab.distributed.env import (check_capacity, search_threads, search_workers, torchrun_ranks, under_torchrun)
@@ -27,20 +26,19 @@ from towerlab.distributed.launch import start_method_for
 from towerlab.distributed.signals import Interrupted
 from towerlab.errors import UserError
 from towerlab.fields import replace, to_dict
-from towerlab.jobs.candidate import CandidateModel
 from towerlab.jobs.folder import check_writable_file
-from towerlab.jobs.handover import handover, load_everywhere, search_data
-from towerlab.jobs.search.identity import VERSIONS, Here, admit, recorded, training_hash, versions
+from towerlab.jobs.handover import handover, load_everywhere
 from towerlab.jobs.job import Job, require_out_under_torchrun, resolved_run, start_job
 from towerlab.jobs.provenance import write_config
-from towerlab.jobs.search.regoal import regoal
 from towerlab.jobs.search.place import open_store, restarted, search_out, store_token, stored_search_id
 from towerlab.jobs.search.record import RecordOptions, Watch, export_best, write_record
-from towerlab.jobs.search.training import JobSide, check_function, model_spec
-from towerlab.jobs.search.trials import Own, OwnSide, build, epochs_ignored, own_settings
 from towerlab.jobs.search.workers import SearchCrew, WorkerSpec, optuna_lines, run_worker, warm_up
-from towerlab.data.load import Dataset
+from towerlab.data.load import Dataset, search_data
 from towerlab.models.custom import ModelFunction
+from towerlab.objective import kind_class, resolve
+from towerlab.objective.admission import VERSIONS, admit, recorded, versions
+from towerlab.objective.candidate import CandidateModel
+from towerlab.objective.kind import Here, Kind, Named
 from towerlab.report import Reporter, format_plan
 from towerlab.search import Search, load_space, refuse_unused_settings
 from towerlab.search.samplers.auto import described
@@ -48,6 +46,7 @@ from towerlab.search.store.location import STORE_NAME, is_url, recorded_store, s
 from towerlab.search.work.worker import lease_seconds, release_the_dead
 from towerlab.search.store.integrity import records_of
 from towerlab.search.store import Store
+from towerlab.job_files import is_job_folder
 
 # The command of each kind of search job (`towerlab <command>`).
 COMMANDS = {"evolve": "evolve", "grid": "grid", "search": "search run"}
@@ -56,14 +55,12 @@ TRIALS = "trials"  # the folder in the job's where the trials of your own object
 
 
 def check_settings(cfg: SearchConfig, run: RunConfig, model_function: object = None) -> Search:
-    """The search, resolved once every setting it would refuse has been: an unknown sampler, a
-    setting it refuses or one only other samplers read, one that only towerlab's training reads in a
-    search of your own objective (whose goal is decided here: `trials.own_settings`), a model function
-    with one (a UserError; before any folder or worker)."""
-    own = Own.of(cfg) is not None
-    if own:
-        cfg = own_settings(cfg, model_function)
-    search = Search.resolve(cfg, load_space(cfg.space, objective=own))
+    """The search, resolved once every setting it would refuse has been: its objective's kind and goal, decided
+    here once and carried on it (`towerlab.objective.resolve`: the settings the kind refuses, a model function
+    with an objective of yours), an unknown sampler, a setting it refuses or one only other samplers read (a
+    UserError; before any folder or worker)."""
+    cfg, aim = resolve(cfg, model_function)
+    search = Search.resolve(cfg, load_space(cfg.space, objective=aim.own), aim)
     if run.resume is None:  # a search started before this check keeps what it recorded
         refuse_unused_settings(cfg)
     return search
@@ -74,18 +71,14 @@ def start_search(kind: str, cfg: SearchConfig, run: RunConfig, *, data: Optional
                  start_method: str | None = None) -> int:
     """Run the search job; returns its exit status. `data` (a towerlab.data.Dataset, arrays from
     Python) replaces loading `cfg.dataset`; `function` builds the networks of a space of model
-    "custom" (see `towerlab.jobs.candidate.Model`); `objective`, a function of yours given from Python,
-    is the objective that `cfg.objective` names (`towerlab.jobs.search.trials`); `start_method` as in
+    "custom" (see `towerlab.objective.candidate.CandidateModel`); `objective`, a function of yours given from
+    Python, is the objective that `cfg.objective` names (`towerlab.objective.function`); `start_method` as in
     `distributed.launch` (None: `distributed.start_method_for` the run's device)."""
     search = check_settings(cfg, run, function)
-    own = Own.of(search.cfg)
-    notes: tuple[str, ...] = ()
-    if own is not None:  # imported and checked against the genes now: a mistake of yours before anything is written
-        ignored = epochs_ignored(build(own, search, objective), search.cfg)
-        notes = () if ignored is None else (ignored,)
-        function = objective
-    else:
-        check_function(search.space, function)
+    function = objective if objective is not None else function  # what its kind was given from Python
+    # Its objective checked now (your function imported, checked against the genes): a mistake of yours is
+    # refused before anything is written.
+    notes = kind_class(search.aim.kind).check(search, function)
     lease_seconds()  # a bad TOWERLAB_LEASE_SECONDS is refused before anything starts
     require_out_under_torchrun(run)
     out = search_out(kind, search.cfg, run, search.space)
@@ -107,7 +100,7 @@ def start_search(kind: str, cfg: SearchConfig, run: RunConfig, *, data: Optional
         check_capacity(workers, threads, f"--devices {run.devices} x --workers-per-device "
                                          f"{search.cfg.workers_per_device}")
     return start_job(SearchJob(out=out, resume=run.resume is not None, kind=kind, search=search, run=run,
-                               target=target, data=data, function=function, workers=workers, own=own,
+                               target=target, data=data, function=function, workers=workers,
                                start_method=start_method or start_method_for(run.device), notes=notes))
 
 
@@ -122,8 +115,12 @@ class SearchJob(Job):
     data: Optional[Dataset] = None
     function: Optional[Callable[..., Any]] = None  # the model function, or an objective of yours given from Python
     workers: int = 1
-    own: Optional[Own] = None  # an objective of yours, which trains whatever it trains (no data of towerlab's)
     notes: tuple[str, ...] = ()  # warnings said once the search's first lines are
+
+    @property
+    def trains(self) -> type[Kind]:
+        """The kind of objective that trains its tasks (its search's)."""
+        return kind_class(self.search.aim.kind)
 
     def run_here(self) -> int:
         if under_torchrun():
@@ -134,7 +131,7 @@ class SearchJob(Job):
         # A database out of reach is refused before the data is read; a file is made once the data is
         # found (bad data leaves no store behind).
         first = open_store(self.target) if is_url(self.target) else None
-        data = self.data if self.data is not None or self.own else _load(self.search.cfg, self.run)
+        data = self.data if self.data is not None or not self.trains.data else _load(self.search.cfg, self.run)
         with first or open_store(self.target) as store, records_of(store):
             search = self._in_store(store, data, reporter)
             started = time.perf_counter()
@@ -146,16 +143,9 @@ class SearchJob(Job):
         reporter.close()
         return 0
 
-    def preflight(self) -> tuple:
-        raise NotImplementedError("a search job runs in its own process (processes = 1)")
-
-    @staticmethod
-    def worker(rank: int, world_size: int, store_path: str, *args: Any) -> None:
-        raise NotImplementedError("a search job's workers are a Crew")
-
     def hint(self) -> str:
         return (f"Continue the search with: towerlab {COMMANDS[self.kind]} --resume {self.out}"
-                if atomic.is_job_folder(self.out) else "")
+                if is_job_folder(self.out) else "")
 
     def name(self, rank: int) -> str:
         return f"worker {rank}"
@@ -164,37 +154,41 @@ class SearchJob(Job):
 
     @property
     def model(self) -> CandidateModel:
-        assert self.own is None, "a search of your own objective has no model of towerlab's"
+        assert not self.search.own, "a search of your own objective has no model of towerlab's"
         return self.function or self.search.space.model
 
     def _threads(self) -> Optional[int]:
         return self.run.threads if self.run.device == "cpu" else None
 
-    def _side(self, data: Optional[Dataset]) -> Here:
-        """The job's side of its search (`identity.Here`): its numerics, and its data and model, or its objective."""
-        resuming = self.run.resume is not None
-        if self.own is not None:
-            return OwnSide(self.own, self.search, self.run.device, self.run.threads, resuming=resuming,
-                           function=self.function)
-        assert data is not None, "towerlab's own training trains on data"
-        return JobSide(resuming, self.run.device, self.run.threads, data, self.model)
+    @property
+    def named(self) -> Named:
+        """The objective its search names, as its workers' command lines name it."""
+        aim = self.search.aim
+        return Named(aim.kind, aim.spec, aim.goal.metric, aim.goal.direction)
+
+    def _objective(self, data: Optional[Dataset]) -> Kind:
+        """The job's objective for its search (`towerlab.objective.kind.Kind`): its numerics, and its data and
+        model, or its objective, as `admission` measures them."""
+        here = Here(torch.device(self.run.device), self.run.threads, self.named, resuming=self.run.resume is not None,
+                    run=self.run, data=data, function=self.function)
+        return self.trains(self.search, here)
 
     def _in_store(self, store: Store, data: Optional[Dataset], reporter: Optional[Reporter]) -> Search:
         """The search in `store`: created (and config.json written, with what its workers must share:
-        `jobs.search.identity`), or the one this folder continues, admitted as any worker is (another
+        `towerlab.objective.admission`), or the one this folder continues, admitted as any worker is (another
         towerlab or torch is recorded as the search's from now on, with a warning)."""
-        here = self._side(data)
+        objective = self._objective(data)
         if self.run.resume:
             search_id = stored_search_id(self.out)
             row = store.records.search(search_id)
             stored = None if row is None else Search.of_row(row, str(store.path))
-            if stored is not None and isinstance(here, OwnSide):  # another --metric or --direction: rows read again
-                stored = regoal(store, stored, self.search, here)
+            if stored is not None:  # an objective of yours with another --metric or --direction: its rows read again
+                stored = objective.resume(store, stored)
             try:
-                adopted = [] if stored is None else admit(stored, here)
+                adopted = [] if stored is None else admit(stored, objective)
             except UserError as exc:
                 raise UserError(f"cannot resume search {search_id} of {store.path}: {exc}") from None
-            search = self.search.resume(store, search_id, training_hash(self.search, here, stored))
+            search = self.search.resume(store, search_id, objective.training_hash(stored))
             if search.recorded("device") is not None and (adopted or any(search.recorded(k) is None for k in VERSIONS)):
                 if adopted and reporter is not None:
                     reporter.line(f"towerlab: warning: resuming search {search.id} on other software ({adopted[0]}): "
@@ -207,20 +201,17 @@ class SearchJob(Job):
             resuming = (f"resuming search {search.id} of {store.path} ({sum(g.complete for g in done)} generation(s) "
                         f"complete, {len(store.records.evaluations(search.stored_id))} training(s) kept): ")
         else:
-            setup = {"test": False, **recorded(self.search, here)} if data is None else {  # data None: yours
-                "model": model_spec(self.model), "test": data.n_test > 0, **recorded(self.search, here),
-                "data": {"format": data.source.get("format"), "fallback": bool(data.source.get("fallback"))}}
+            setup = recorded(objective)
             cfg = replace(self.search.cfg, store=recorded_store(self.target) if self.search.cfg.store else None)
-            search = dataclasses.replace(self.search, cfg=cfg).create(store, training_hash(self.search, here), setup)
+            search = dataclasses.replace(self.search, cfg=cfg).create(store, objective.training_hash(None), setup)
             write_config(self.out, {"kind": self.kind, "search": to_dict(cfg), "run": to_dict(self.run),
                                     "search_id": search.id, "store": recorded_store(self.target),
                                     "workers": self.workers, "device_type": self.run.device})
             resuming = ""
         if reporter is not None:
-            space = search.space
-            trains = (f"{space.size_text}) for your {self.own.kind} {self.own.spec} ({search.metric}, "
-                      f"{search.cfg.direction})" if self.own else
-                      f"{space.size_text}, model {space.model}) on {search.cfg.dataset}")
+            space, aim = search.space, search.aim
+            trains = (f"{space.size_text}) for your {aim.kind} {aim.spec} ({aim.goal.metric}, {aim.goal.direction})"
+                      if aim.own else f"{space.size_text}, model {space.model}) on {search.cfg.dataset}")
             reporter.line(f"towerlab {COMMANDS[self.kind]}: {resuming}{described(search.cfg, space)} over space "
                           f"{space.name} "
                           f"({trains}, {self.workers} worker(s) on {self.run.device} -> {self.out}")
@@ -232,7 +223,7 @@ class SearchJob(Job):
     def _spec(self, search_id: int, **more: Any) -> WorkerSpec:
         """What this job's workers need besides their device (`more`: WorkerSpec's other fields)."""
         return WorkerSpec(store=self.target, run=self.run, threads=self._threads(), search_ids=(search_id,),
-                          own=self.own, trials=str(self.out / TRIALS), **more)
+                          named=self.named, trials=str(self.out / TRIALS), **more)
 
     def _work(self, store: Store, search: Search, data: Optional[Dataset], reporter: Reporter) -> None:
         """This machine's workers on the search until it is finished (whoever else works on it)."""
@@ -240,6 +231,7 @@ class SearchJob(Job):
         watch = Watch(store, search, self.out, reporter, self.workers, resumed=self.run.resume is not None,
                       tensorboard=self.run.tensorboard)
         handed = (None, None) if data is None else handover(data, self.start_method)
+        search.prepare()  # once here: forked workers inherit what their drivers propose with
         crew = SearchCrew(spec, self.workers, store, handed=(*handed, self.function),
                           start_method=self.start_method, log=reporter.line)
         try:
@@ -261,7 +253,7 @@ class SearchJob(Job):
                 device: torch.device) -> None:
         """The record, from the store: the search played once more here (every result is there)."""
         result = search.run(store, _nothing_to_train)
-        model = None if self.own else self.model
+        model = None if search.own else self.model
         top = write_record(search, store, result, reporter,
                            RecordOptions(kind=self.kind, out=self.out, model=model, data=data, workers=self.workers,
                                          cpu_threads=self._threads(), seconds=seconds))
@@ -276,8 +268,8 @@ class SearchJob(Job):
         process group serves for that alone); every rank then works on it; rank 0 writes the record."""
         rank = torchrun_ranks()[0]
         with session(timeout=self.run.timeout, backend="gloo", device=self.run.device) as ctx:
-            data = None if self.own else load_everywhere(ctx, lambda **loading: search_data(self.search.cfg, self.run,
-                                                                                             **loading))
+            data = None if not self.trains.data else load_everywhere(ctx, lambda **loading: search_data(
+                self.search.cfg, self.run, **loading))
             told: dict = {}
             if ctx.is_main:
                 try:

@@ -17,7 +17,8 @@ from towerlab.config import RunConfig, SearchConfig
 from towerlab.errors import UserError
 from towerlab.fields import replace, to_dict
 from towerlab.jobs.job import restarted_by_torchrun
-from towerlab.settings import job_record
+from towerlab.objective import named
+from towerlab.job_files import config_path, job_record
 from towerlab.search import Space, load_space
 from towerlab.search.store.location import is_url, recorded_store
 from towerlab.search.store import Store
@@ -48,8 +49,10 @@ def open_store(target: str) -> Store:
 
 def search_out(kind: str, cfg: SearchConfig, run: RunConfig, space: Space | None = None) -> Path:
     """The job's output folder: --resume, else --out, else a new one under runs/."""
-    own = cfg.objective is not None or cfg.trial_command is not None
-    return Path(run.resume or run.out or default_out(kind, cfg, space or load_space(cfg.space, objective=own)))
+    if run.resume or run.out:
+        return Path(run.resume or run.out or "")
+    own = named(cfg).own
+    return default_out(kind, cfg, space or load_space(cfg.space, objective=own), own)
 
 
 def restarted(out: Path, kind: str, cfg: SearchConfig) -> bool:
@@ -58,9 +61,9 @@ def restarted(out: Path, kind: str, cfg: SearchConfig) -> bool:
     return restarted_by_torchrun(out, lambda stored: stored.get("kind") == kind and stored.get("search") == recorded)
 
 
-def default_out(kind: str, cfg: SearchConfig, space: Space) -> Path:
-    """runs/<time>-<kind>-<space>-<dataset>, or -objective for a search of your own objective."""
-    trains = "objective" if cfg.objective is not None or cfg.trial_command is not None else dataset_label(cfg.dataset)
+def default_out(kind: str, cfg: SearchConfig, space: Space, own: bool) -> Path:
+    """runs/<time>-<kind>-<space>-<dataset>, or -objective for a search of your own objective (`own`)."""
+    trains = "objective" if own else dataset_label(cfg.dataset)
     return Path("runs") / f"{datetime.now():%Y%m%d-%H%M%S}-{kind}-{Path(space.name).stem}-{trains}"
 
 
@@ -71,6 +74,6 @@ def stored_search_id(out: Path) -> int:
     except (OSError, ValueError, KeyError, TypeError):
         search_id = None
     if type(search_id) is not int:
-        raise UserError(f"{out / 'config.json'} names no search of its store (search_id was edited or removed): resume cannot "
+        raise UserError(f"{config_path(out)} names no search of its store (search_id was edited or removed): resume cannot "
                         "tell which search to continue; start a new search")
     return search_id

@@ -24,12 +24,11 @@ from towerlab.checks import dataset_label
 from towerlab.data.load import Dataset
 from towerlab.distributed.signals import StopFlag
 from towerlab.errors import UserError
-from towerlab.jobs.candidate import CandidateModel, candidate_config, retrain_command, train_candidate
+from towerlab.objective.candidate import CandidateModel, candidate_config, retrain_command, train_candidate
 from towerlab.jobs.search.first_results import FIRST_RESULTS, stop_if_failed_alike
 from towerlab.models.files import save_model
 from towerlab.plots import plot_accuracy_time, plot_fitness, pyplot
-from towerlab.report import (Reporter, format_cost, format_estimate, format_generation, format_top,
-                             require_tensorboard)
+from towerlab.report import Reporter, format_cost, format_estimate, format_generation, format_top, require_tensorboard
 from towerlab.search import Search, SearchResult, evaluation_records
 from towerlab.search.history import GenerationStats
 from towerlab.search.testing import top_tests
@@ -130,7 +129,7 @@ class Watch:
         (A database may commit rows a little out of their numbering: the last ones are looked at again.)"""
         assert self.tb is not None
         after = max(0, max(self.plotted, default=0) - 256)
-        search, metric = self.search, self.search.metric
+        search, goal, metric = self.search, self.search.goal, self.search.goal.metric
         for row in self.store.records.evaluations(search.stored_id, after=after):
             if row.id in self.plotted:
                 continue
@@ -138,10 +137,10 @@ class Watch:
             step = len(self.plotted)
             if row.status == "ok" and row.fitness is not None:
                 kind = "search" if row.replicate == 0 else "remeasure"
-                self.tb.add_scalar(f"{kind}/{metric}", search.value(row.fitness), step)
+                self.tb.add_scalar(f"{kind}/{metric}", goal.value(row.fitness), step)
                 if row.replicate == 0:
                     self.best = row.fitness if self.best is None else max(self.best, row.fitness)
-                    self.tb.add_scalar(f"search/best_{metric}", search.value(self.best), step)
+                    self.tb.add_scalar(f"search/best_{metric}", goal.value(self.best), step)
             self.tb.add_scalar("search/train_seconds", row.seconds, step)
             for point in (row.curve or []) if search.own else []:  # your curve: one chart per metric and training
                 for name, value in point.items():
@@ -261,9 +260,10 @@ def own_top(search: Search, store: Store, result: SearchResult) -> list[dict]:
     """The top of a search of your own objective as its record lists it: each crowned genome's metric (`value`,
     the mean over its seeds, as your objective returned it), its spread and values, and every metric its
     evaluation returned."""
-    return [{"genome": t.genome, "genome_hash": t.genome_hash, "value": search.value(t.fitness), "value_sd": t.spread,
-             "values": [search.value(f) for f in t.fitnesses], "seeds": list(t.seeds), "metrics": evaluation.metrics,
-             "seed": t.seed, "epochs": t.epochs, "rung": t.rung, "max_epochs": evaluation.max_epochs}
+    return [{"genome": t.genome, "genome_hash": t.genome_hash, "value": search.goal.value(t.fitness),
+             "value_sd": t.spread, "values": list(map(search.goal.value, t.fitnesses)), "seeds": list(t.seeds),
+             "metrics": evaluation.metrics, "seed": t.seed, "epochs": t.epochs, "rung": t.rung,
+             "max_epochs": evaluation.max_epochs}
             for t, evaluation, _ in top_tests(store, result)]
 
 
@@ -274,8 +274,8 @@ def write_record(search: Search, store: Store, result: SearchResult, reporter: R
     tested: list[float] = []
     if data is None:  # a search of your own objective: no test split
         top = own_top(search, store, result)
-        goal = f"{search.metric}, {cfg.direction}d"
-        reporter.line(format_top(top, goal) if top else f"No trial gave its {search.metric}")
+        goal = f"{search.goal.metric}, {search.goal.direction}d"
+        reporter.line(format_top(top, goal) if top else f"No trial gave its {search.goal.metric}")
     else:
         top, tested = test_results(result, store, data.n_test > 0, reporter)
         if top:
@@ -301,7 +301,7 @@ def write_record(search: Search, store: Store, result: SearchResult, reporter: R
               "device_type": search.recorded("device"), "search_id": result.search_id, "generation_stats": stats,
               "seed": cfg.seed, "torch_version": torch.__version__, "towerlab_version": towerlab.__version__}
     if data is None:
-        goal_of = {"metric": search.metric, "direction": cfg.direction, "objective": cfg.objective or cfg.trial_command}
+        goal_of = {"metric": search.goal.metric, "direction": search.goal.direction, "objective": search.aim.spec}
         if best is not None:
             kept = ("genome", "value", "value_sd", "values", "seeds", "seed", "metrics")
             atomic.write_json(out / "best.json", {**{k: best[k] for k in kept}, **goal_of})
@@ -339,10 +339,10 @@ def export_best(search: Search, model: CandidateModel, best: dict, data: Dataset
     weights of its best epoch), so the file is the network whose accuracies are reported."""
     cfg = search.cfg
     reporter.line("Exporting the best network (retraining it) ...")
-    fields, result = train_candidate(cfg, model, best["genome"], best["seed"], data, device, test_from=-math.inf,
-                                     stop=stop, max_epochs=best["max_epochs"])
-    if result is None or fields["status"] != "ok":
-        raise UserError(f"retraining the best network failed ({fields.get('reason')}): model.pt not written")
+    outcome, result = train_candidate(cfg, model, best["genome"], best["seed"], data, device, test_from=-math.inf,
+                                      stop=stop, max_epochs=best["max_epochs"])
+    if result is None or outcome.status != "ok":
+        raise UserError(f"retraining the best network failed ({outcome.reason}): model.pt not written")
     assert result.model is not None, "a training returns its network"
     save_model(out / "model.pt", result.model,
                candidate_config(cfg, model, best["genome"], best["seed"], best["max_epochs"]), data)

@@ -1,83 +1,47 @@
-"""Where a search worker's time goes, for the benchmarks (bench/suite_gpu.py's search figure): how many
-evaluations a minute a device gives is decided as much by what a worker waits on between candidates as
-by the training itself.
+"""Where a search worker's time goes: the seam through which a benchmark measures it. Nothing of towerlab's
+measures it; bench/common/worker_times.py does (the GPU suite's search figure, bench/proof/worker_start.py).
 
-Measured only where $TOWERLAB_WORKER_TIMES names a folder (the benchmark sets it; nothing is measured
-or written otherwise). Each worker process then writes `<pid>.json` there when it leaves: its wall time,
-from its process's start to its leaving, split into
-
-- `start`: the process's start (interpreter, imports) and its own setup before its first claim (CUDA,
-  the store, the search's settings), less `data`;
-- `data`: reading the search's data and moving it to the device (once per search);
-- `store`: the store's round trips on the worker's critical path (claiming a task, writing its result);
-- per candidate, from its own training's record: `build` (the network, its checks and optimizer,
-  what the loop does around the steps), `setup` (the warm-up before the clock: a CUDA graph's recording
-  or a compilation), `training` (the optimizer steps), `evaluation` (validation and test passes);
-- `idle`: the rest (no task open: a generation's end, the search's record).
+A `WorkerTimes` hears, in a worker's process, of the worker's own store calls on its critical path
+(`timed`: claim, complete, put_back), of a search's data reaching its device (`data`), of each candidate it
+trained (`candidate`: its seconds in all and its TrainResult, None where it failed or was a trial of your
+objective), and of the worker's leaving (`leave`). None is made unless $TOWERLAB_WORKER_CLOCK names one as
+MODULE:NAME: an importable module and, in it, a callable that takes no argument and returns the
+WorkerTimes (or None). The worker imports it as it starts; unset, nothing is imported, measured or written.
 """
 
 from __future__ import annotations
 
-import json
+import importlib
 import os
-import time
-from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Protocol
 
-ENV = "TOWERLAB_WORKER_TIMES"
-PARTS = ("start", "data", "store", "build", "setup", "training", "evaluation", "idle")
+from towerlab.errors import UserError
+
+ENV = "TOWERLAB_WORKER_CLOCK"
 
 
-def process_age() -> float:
-    """Seconds since this process started (Linux: /proc); 0.0 where that cannot be read."""
+class WorkerTimes(Protocol):
+    """What a worker tells the clock that measures it (see the module's docstring)."""
+
+    def timed(self, name: str, seconds: float, started: float) -> None: ...
+
+    def data(self, seconds: float) -> None: ...
+
+    def candidate(self, seconds: float, result: Any) -> None: ...
+
+    def leave(self, name: str, device: str) -> None: ...
+
+
+def from_env() -> Optional[WorkerTimes]:
+    """The clock $TOWERLAB_WORKER_CLOCK names, made; None where it names none."""
+    named = os.environ.get(ENV, "").strip()
+    if not named:
+        return None
+    module, _, attribute = named.partition(":")
     try:
-        stat = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
-        uptime = float(Path("/proc/uptime").read_text().split()[0])
-        return max(0.0, uptime - int(stat[19]) / os.sysconf("SC_CLK_TCK"))
-    except (OSError, ValueError, IndexError):
-        return 0.0
-
-
-class WorkerTimes:
-    """One worker's clock (see the module's docstring); `from_env()` is None where nothing is measured."""
-
-    def __init__(self, folder: Path) -> None:
-        self.folder = folder
-        self.entered = time.perf_counter()
-        self.before_entry = process_age()
-        self.first_claim: Optional[float] = None
-        self.seconds = dict.fromkeys(PARTS, 0.0)
-        self.tasks = 0
-
-    @classmethod
-    def from_env(cls) -> Optional[WorkerTimes]:
-        folder = os.environ.get(ENV, "").strip()
-        return cls(Path(folder)) if folder else None
-
-    def timed(self, name: str, seconds: float, started: float) -> None:
-        """One of the worker's own store calls (`name`: claim, complete, put_back), its `seconds` from `started`."""
-        if name == "claim" and self.first_claim is None:
-            self.first_claim = started
-        self.seconds["store"] += seconds
-
-    def data(self, seconds: float) -> None:
-        self.seconds["data"] += seconds
-
-    def candidate(self, seconds: float, result: Any) -> None:
-        """A candidate's training: `seconds` of it in all, `result` its TrainResult (None: it failed)."""
-        self.tasks += 1
-        parts = {"setup": result.setup_seconds, "training": result.train_seconds,
-                 "evaluation": result.eval_seconds} if result is not None else {}
-        for part, value in parts.items():
-            self.seconds[part] += value
-        self.seconds["build"] += max(0.0, seconds - sum(parts.values()))
-
-    def write(self, name: str, device: str) -> None:
-        now = time.perf_counter()
-        first = self.first_claim if self.first_claim is not None else now
-        self.seconds["start"] = max(0.0, self.before_entry + first - self.entered - self.seconds["data"])
-        wall = self.before_entry + now - self.entered
-        self.seconds["idle"] = max(0.0, wall - sum(v for k, v in self.seconds.items() if k != "idle"))
-        self.folder.mkdir(parents=True, exist_ok=True)
-        record = {"worker": name, "device": device, "tasks": self.tasks, "wall_seconds": wall, "seconds": self.seconds}
-        (self.folder / f"{os.getpid()}.json").write_text(json.dumps(record, indent=1))
+        make = getattr(importlib.import_module(module), attribute) if module and attribute else None
+    except (ImportError, AttributeError) as exc:
+        raise UserError(f"${ENV}={named}: {exc}") from None
+    if not callable(make):
+        raise UserError(f"${ENV}={named}: name a callable as MODULE:NAME (a worker's clock, none by default)")
+    return make()

@@ -1,5 +1,6 @@
 """A search's workers: processes that claim its tasks from the store and train them on one device each
-(`towerlab.search.work.worker`, with towerlab's training as their objective: `jobs.search.training`).
+(`towerlab.search.work.worker`), each search's tasks by the objective its command names, of whatever kind
+(`Objectives`: `towerlab.objective`, admitted by `towerlab.objective.admission.admit`).
 `towerlab search run` starts them on this machine for its own search, with the data and model it loaded;
 `towerlab search worker STORE` starts them on any machine to join the searches of a store, each with its
 own data and model read as the search records them; both as one `SearchCrew` (a slot's device and worker
@@ -27,10 +28,13 @@ from towerlab.distributed.crew import Crew, CrewFailed
 from towerlab.distributed.signals import STOP_SIGNALS, Interrupted, StopFlag
 from towerlab.errors import UserError
 from towerlab.fields import replace
-from towerlab.jobs.search.training import Training
-from towerlab.jobs.search.trials import Own, Trials
-from towerlab.jobs.search.worker_times import WorkerTimes
+from towerlab.jobs.search import worker_times
+from towerlab.models.custom import check_function_file
+from towerlab.objective import kind_class
+from towerlab.objective.admission import admit
+from towerlab.objective.kind import Here, Kind, Named
 from towerlab.report import printable
+from towerlab.search import Candidate, Search
 from towerlab.search.store.integrity import records_of
 from towerlab.search.store.schema import NoStore
 from towerlab.search.store import Store
@@ -70,7 +74,7 @@ class WorkerSpec:
     token: str = field(default_factory=lambda: secrets.token_hex(3))  # in each worker's name (`worker_name`)
     tells: bool = False
     model_files: tuple[str, ...] = ()  # FILE.py:FUNCTION that `search worker --model` names: the only ones it imports
-    own: Optional[Own] = None  # the objective of yours its command names: it runs that, never towerlab's training
+    named: Named = Named()  # the objective its command names (of yours, or towerlab's own training): it runs that
     trials: str = "trials"  # the folder where the trials of an objective of yours keep theirs
 
 
@@ -117,13 +121,12 @@ def run_worker(spec: WorkerSpec, device: torch.device, data: Optional[Dataset] =
     """Work on the store's searches on `device` until none is left (or Ctrl-C / SIGTERM: the task in
     flight goes back on the queue). `data`, `fallback`, `function`: what the search's own job hands its
     workers (the data it loaded, or whether it fell back offline; its model function, or its objective
-    given from Python). A worker whose command names an objective of yours (`spec.own`) runs trials of it
-    (`trials.Trials`), any other towerlab's training."""
+    given from Python). Each search's tasks are trained by the objective its command names (`spec.named`)."""
     if device.type == "cuda":
         torch.cuda.set_device(device)
     optuna_lines()
     name = worker_name(str(device), os.getpid(), spec.token)
-    times = WorkerTimes.from_env()  # the benchmark's breakdown of this worker's time, where it asks for one
+    times = worker_times.from_env()  # a benchmark's clock of this worker's time, where one is named
     # An edited row of the wrong form stops the worker in one line naming it (it was a traceback in every
     # worker process, then "worker processes died").
     with StopFlag() as stop, Store(spec.store, create=False) as store, records_of(store):
@@ -131,16 +134,39 @@ def run_worker(spec: WorkerSpec, device: torch.device, data: Optional[Dataset] =
             if stop.signum:
                 raise Interrupted(stop.signum)
 
-        training: Training | Trials = (
-            Training(spec, device, name, stop, data, fallback, function, times) if spec.own is None else
-            Trials(spec.own, device, name, stop, Path(spec.trials), spec.threads, function, times))
-        options = WorkerOptions(search_ids=spec.search_ids, priority=training.priority, wait=spec.wait,
+        here = Here(device, spec.threads, spec.named, name=name, stop=stop, run=spec.run, model_files=spec.model_files,
+                    trials=Path(os.path.abspath(spec.trials)), store=store, times=times, data=data, fallback=fallback,
+                    function=function)
+        objectives = Objectives(here)
+        options = WorkerOptions(search_ids=spec.search_ids, priority=objectives.priority, wait=spec.wait,
                                 speaks=speaks, tells=spec.tells, check_stop=check_stop,
                                 timed=None if times is None else times.timed)
-        trained = Worker(store, name, device.type, training.objective, options).run()
+        trained = Worker(store, name, device.type, objectives.objective, options).run()
     if times is not None:
-        times.write(name, str(device))
+        times.leave(name, str(device))
     return trained
+
+
+class Objectives:
+    """What trains each search's tasks in this worker: one objective per search, of the kind its command names
+    (`Here.named`), made when it first joins the search, admitted (`admit`: a UserError says why not, and the
+    worker leaves that search to others) and joined (its data and model, or its objective, loaded here)."""
+
+    def __init__(self, here: Here) -> None:
+        self.here = here
+        self._made: dict[int, Kind] = {}
+
+    def objective(self, search: Search) -> Kind:
+        if search.stored_id not in self._made:
+            made = kind_class(self.here.named.kind)(search, self.here)
+            admit(search, made)
+            made.join()
+            self._made[search.stored_id] = made
+        return self._made[search.stored_id]
+
+    def priority(self, search: Search) -> Callable[[Candidate], float]:
+        """Each task's rank among its generation's (its objective's `priority`)."""
+        return self.objective(search).priority
 
 
 class SearchCrew:
@@ -196,12 +222,12 @@ class SearchCrew:
 
 def start_workers(target: str, run: RunConfig, *, per_device: int = 1, search_id: Optional[int] = None,
                   wait: bool = False, start_method: Optional[str] = None, model_files: tuple[str, ...] = (),
-                  own: Optional[Own] = None, trials: str = "trials") -> int:
+                  named: Named = Named(), trials: str = "trials") -> int:
     """`towerlab search worker`: this machine's workers (one per device, or per core on a CPU, times
     `per_device`) join the searches of the store at `target` (or search `search_id` alone) until
     nothing is left to do (with `wait`, until Ctrl-C, and on a store that no search has made yet, until
-    one does); the exit status. `model_files`: the FILE.py:FUNCTION it may import (`--model`); `own`: the
-    objective of yours it runs instead of towerlab's training (`--objective`, `--command`), its trials in
+    one does); the exit status. `model_files`: the FILE.py:FUNCTION it may import (`--model`); `named`: the
+    objective it runs (`--objective`, `--command`; none: towerlab's training), the trials of one of yours in
     folders under `trials`."""
     from towerlab.distributed.env import check_capacity, device_type, search_threads, search_workers
     from towerlab.distributed.launch import start_method_for
@@ -213,10 +239,9 @@ def start_workers(target: str, run: RunConfig, *, per_device: int = 1, search_id
     check_capacity(slots, search_threads(run.threads, kind, slots), f"--devices {devices} x --workers-per-device "
                                                                       f"{per_device}")
     lease_seconds()  # a bad TOWERLAB_LEASE_SECONDS is refused before anything starts
-    for named in (*model_files, *([own.spec] if own is not None and own.kind == "function" else [])):
-        check_model_file(named, "--model" if named in model_files else "--objective")
-    if own is not None:
-        check_trials_folder(trials)
+    for model_file in model_files:
+        check_function_file(model_file, "--model")
+    kind_class(named.kind).check_worker(named, trials)
     where = printable(redacted(target) if is_url(target) else target)
     with _store_once_made(target, wait, where) as store:
         release_the_dead(store)
@@ -229,8 +254,12 @@ def start_workers(target: str, run: RunConfig, *, per_device: int = 1, search_id
               flush=True)
         spec = WorkerSpec(store=target, run=replace(run, device=kind), per_device=per_device, threads=run.threads,
                           search_ids=None if search_id is None else (search_id,), wait=wait, speaks=True, tells=True,
-                          model_files=model_files, own=own, trials=trials)
+                          model_files=model_files, named=named, trials=trials)
 
+        for row in store.records.unfinished_searches():  # once here: forked workers inherit it (`Search.prepare`)
+            if search_id in (None, row.id):
+                with contextlib.suppress(UserError, KeyError):  # a worker that cannot propose for it says why
+                    Search.of_row(row, where).prepare()
         crew = SearchCrew(spec, slots, store, start_method=start_method or start_method_for(kind), log=_say)
         try:
             crew.run()
@@ -262,30 +291,3 @@ def _store_once_made(target: str, wait: bool, where: str) -> Store:
                       "there (Ctrl-C to stop)", file=sys.stderr, flush=True)
                 said = True
         time.sleep(WAIT_FOR_STORE)
-
-
-def check_trials_folder(path: str) -> None:
-    """`search worker --trials DIR`: a folder, made here where it is not there (a file, or one that cannot
-    be made or written, is refused in one line before any worker starts: every trial would fail on it)."""
-    folder = Path(path)
-    if folder.exists() and not folder.is_dir():
-        raise UserError(f"--trials {path} is a file, not a folder: give the folder where the trials of your "
-                        "objective keep theirs (it is made where it is not there)")
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise UserError(f"--trials {path}: cannot make it ({exc.strerror or exc}): give a folder this worker can "
-                        "write") from None
-    if not os.access(folder, os.W_OK | os.X_OK):
-        raise UserError(f"--trials {path} cannot be written by this worker: give a folder it can write")
-
-
-def check_model_file(spec: str, flag: str = "--model") -> None:
-    """A `--model` (`--objective`) of `search worker`: FILE.py:FUNCTION, a file that is there (read, never
-    imported here)."""
-    path, _, name = spec.rpartition(":")
-    if not path or not name.isidentifier() or not path.endswith(".py"):
-        what = "model file a search of the store trains with" if flag == "--model" else "file of the objective"
-        raise UserError(f"{flag} {spec}: give FILE.py:FUNCTION, the {what} and its function's name")
-    if not Path(path).is_file():
-        raise UserError(f"{flag} {spec}: no file {path}")

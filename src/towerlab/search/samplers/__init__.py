@@ -186,15 +186,15 @@ class Sampler:
         samplers that read the history in `propose` need nothing more."""
 
     def prepare(self) -> None:
-        """Get ready to propose, where the first proposal costs more than the next (imports, a first fit):
-        called while the start-up's candidates train, so that no worker waits for it. It changes no
-        proposal."""
+        """Import and set up what it proposes with, where its first proposal would (the modules Optuna imports
+        when it first asks, a first fit): done by a worker before its driver thread starts
+        (`Search.prepare`), so that no thread imports them beside another. It changes no proposal."""
 
     def proposed(self, history: Sequence[Generation], in_flight: Optional[InFlight] = None) -> set[str]:
         """The genomes proposed so far: every member of the history, and those of the generation in flight.
         A search's history only grows, so the members of the generations counted before are kept and only
         the new ones are added: rebuilt whole each generation, the set cost a trial time in proportion to
-        the history (6% of a worker's time at 100,000 trials, bench/objective_overhead.py). Any other
+        the history (6% of a worker's time at 100,000 trials, bench/queue/objective_overhead.py). Any other
         history (one that is not the counted one grown) is counted anew."""
         counted = len(self._counted)
         if len(history) < counted or any(a is not b for a, b in zip(history[:counted], self._counted)):

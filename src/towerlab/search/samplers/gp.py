@@ -31,7 +31,7 @@ proposes). So auto hands a conditional space to TPE. A
 failed candidate is told FAIL, one a pruned search stopped early PRUNED (the model reads only the
 trainings that reached the last rung). Each proposal fits the model to every outcome again and
 optimises its acquisition: on one core about 0.1 to 0.4 s at 100 outcomes (more with more trainings in
-flight), 1.9 s at 1,000 and 4.7 s at 2,000 (bench/lcbench_gp.py cpu), paid once per proposal, by the
+flight), 1.9 s at 1,000 and 4.7 s at 2,000 (bench/quality/lcbench_gp.py cpu), paid once per proposal, by the
 worker that proposes for the search. A search that plans more than MOST_TRAININGS trainings is refused:
 auto hands such searches to TPE after 250 outcomes.
 """
@@ -47,7 +47,7 @@ from towerlab.errors import UserError
 from towerlab.search.candidates import sampler_rng
 from towerlab.search.history import Generation
 from towerlab.search.samplers import InFlight, Sampler, Shape, budget_left, generation_number
-from towerlab.search.samplers.tpe import asked_anew, distribution, optuna_module, study_of
+from towerlab.search.samplers.tpe import asked_anew, distribution, optuna_module, prepared, study_of
 from towerlab.search.space import Range, Space
 
 DIGITS = 8
@@ -129,15 +129,12 @@ class GPSampler(Sampler):
         return self.propose(history, in_flight, quickly=True)
 
     def prepare(self) -> None:
-        """A throwaway proposal on three made-up outcomes: GPSampler's first ask imports and sets up what
-        its fit runs on (seconds), the next ones do not."""
-        optuna, distributions = self._optuna, {"x": self._optuna.distributions.FloatDistribution(0.0, 1.0)}
-        study = optuna.create_study(direction="maximize", sampler=optuna.samplers.GPSampler(seed=0, n_startup_trials=1))
-        study.add_trials([optuna.trial.create_trial(params={"x": x}, distributions=distributions, value=x)
-                          for x in (0.1, 0.5, 0.9)])
+        """GPSampler's first ask imports and sets up what its fit runs on (seconds); TPE's, its quick proposals'."""
+        optuna = self._optuna
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            study.ask(distributions)
+            prepared(optuna, optuna.samplers.GPSampler(seed=0, n_startup_trials=1))
+            prepared(optuna, optuna.samplers.TPESampler(seed=0, n_startup_trials=1, constant_liar=True))
 
     def _engine(self, number: int, complete: int, quickly: bool = False) -> Any:
         """What proposes generation `number` with `complete` outcomes in hand: the Gaussian process (or, in its

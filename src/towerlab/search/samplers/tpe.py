@@ -89,6 +89,9 @@ class TPESampler(Sampler):
         self._optuna.logging.set_verbosity(self._optuna.logging.WARNING)
         self._distributions = {name: distribution(self._optuna, values) for name, values in space.genes.items()}
 
+    def prepare(self) -> None:
+        prepared(self._optuna, self._optuna.samplers.TPESampler(seed=0, n_startup_trials=1))
+
     def propose(self, history: Sequence[Generation], in_flight: Optional[InFlight] = None) -> list[dict]:
         """`population` trials, or fewer where --max-evaluations leaves fewer trainings: the asking stops
         at the first genome past those the budget can train (the engine cuts the generation just
@@ -120,6 +123,17 @@ class TPESampler(Sampler):
                     if len(new) > budget:
                         break
         return genomes
+
+
+def prepared(optuna: Any, sampler: Any) -> None:
+    """One throwaway proposal of `sampler` from three made-up outcomes: what its first ask imports and sets up."""
+    distributions = {"x": optuna.distributions.FloatDistribution(0.0, 1.0)}
+    study = optuna.create_study(direction="maximize", sampler=sampler)
+    study.add_trials([optuna.trial.create_trial(params={"x": x}, distributions=distributions, value=x)
+                      for x in (0.1, 0.5, 0.9)])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        study.ask(distributions)
 
 
 def told(optuna: Any, member: Member, distributions: dict, rungs: int) -> Any:

@@ -17,6 +17,7 @@ from pathlib import Path
 from urllib.parse import quote, unquote, urlsplit
 
 from towerlab.errors import UserError
+from towerlab.job_files import job_record
 from towerlab.search.store.schema import NoStore
 
 POSTGRES_SCHEMES = ("postgresql", "postgres")
@@ -190,8 +191,6 @@ def _record(folder: Path) -> dict:
     """What a search job's config.json says of its store (`store`: where its search was kept, whichever way
     it was named; a record older than that names only --store's, under `search`) and its `search_id`; {}
     where the folder holds no readable record."""
-    from towerlab.settings import job_record
-
     try:
         record = job_record(folder)
     except (OSError, ValueError):

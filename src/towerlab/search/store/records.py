@@ -59,7 +59,7 @@ class Records:
 
     def regoal(self, search_id: int, config: dict, objective: dict, train_config_hash: str, hashes: dict[str, str],
                rescored: Sequence[tuple[int, str, Optional[float], Optional[str]]]) -> None:
-        """A search of your own objective ranked by another goal from its resume on (`jobs.search.regoal`), in one
+        """A search of your own objective ranked by another goal from its resume on (`towerlab.objective.regoal`), in one
         transaction: its settings, its setup's objective and its training hash; its rows rescored (id, status,
         fitness, reason) and moved from each rung's old training hash to its new one (`hashes`); its tasks
         dropped (the queue is filled again from its rows) and its generations forgotten (played again, served

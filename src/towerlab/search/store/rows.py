@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-from towerlab.upgrades import upgrade_search_config
+from towerlab.upgrades import upgrade_search_config, upgrade_search_setup
 from towerlab.search.candidates import Candidate, Outcome
 from towerlab.search.store.database import Backend, Transaction, damaged
 
@@ -145,6 +145,7 @@ class Rows:
             data[key] = self.json(data.get(key))
         if isinstance(data["config"], dict):  # a search recorded before a setting existed ran without it
             data["config"] = upgrade_search_config(data["config"], data["sampler"])
+            data["setup"] = upgrade_search_setup(data["setup"], data["config"])
         return SearchRow(**data)
 
     def evaluation(self, row: dict) -> Evaluation:

@@ -13,7 +13,7 @@ searches     id, sampler (its name), config (SearchConfig JSON), space (JSON: na
              space_fingerprint, train_config_hash, created, finished (NULL while running or
              interrupted), summary (JSON counts and the top, when finished), setup (JSON: how its
              workers train: device kind, threads, the model, the data, and what a worker checks before
-             it joins, `towerlab.jobs.search.identity`; NULL before schema 4), token
+             it joins, `towerlab.objective.admission`; NULL before schema 4), token
              (what its creator named it by, so a retried creation makes one search), leader (the worker
              that proposes its generations and plays it, until `leader_until` on the database's clock: one
              at a time, `towerlab.search.work.driver`) and activity (what the leader is doing, as `search

@@ -71,7 +71,7 @@ def export_optuna(store: Store, storage_url: str, study_name: str,
     try:
         for search, trials in studies:
             study = optuna.create_study(storage=storage, study_name=names[search.id],
-                                        direction=search.config.get("direction") or "maximize")
+                                        direction=Search.of_row(search, str(store.path)).goal.direction)
             written.append((names[search.id], 0))
             study.set_user_attr("towerlab_search", {"id": search.id, "store": printable(str(store.path)),
                                                     "sampler": search.sampler, "space": search.space,
@@ -148,7 +148,7 @@ def _progress(store: Store, search_id: int) -> dict:
         for entry in search.summary.get("top", []):
             row = store.records.lookup(entry["genome_hash"], entry["train_config_hash"], search_id)
             top.append({"genome": entry["genome"],
-                        "value" if stored.own else "val_accuracy": stored.value(entry["fitness"]),
+                        "value" if stored.own else "val_accuracy": stored.goal.value(entry["fitness"]),
                         "test_accuracy": None if row is None else row.test_accuracy})
         attrs["towerlab_top"] = top
     return attrs
@@ -214,6 +214,7 @@ def _remove(path: Optional[Path]) -> None:
 def search_trials(optuna: Any, store: Store, search: SearchRow) -> list[Any]:
     """The Optuna trials (FrozenTrial) of one search."""
     stored = Search.of_row(search, str(store.path))
+    value = stored.goal.value
     distributions = {name: distribution(optuna, gene) for name, gene in stored.space.genes.items()}
     ladder, hashes = stored.ladder.epochs, stored.ladder.hashes
     members: dict[str, dict] = {}
@@ -236,8 +237,8 @@ def search_trials(optuna: Any, store: Store, search: SearchRow) -> list[Any]:
         attrs = {"genome_hash": h, "seed": m["seed"], "source": m["source"], "generation": m["generation"] + 1,
                  "epochs": m["epochs"], "rung": rung, "seconds": m["seconds"],
                  **({} if stored.own else {"val_loss": m["val_loss"]}),  # towerlab's training's loss, none of yours
-                 "values" if stored.own else "val_accuracies": [stored.value(m["fitness"]),
-                                                                 *[stored.value(r.fitness) for r in remeasures]],
+                 "values" if stored.own else "val_accuracies": [value(m["fitness"]),
+                                                                 *[value(r.fitness) for r in remeasures]],
                  "seeds": [m["seed"], *[r.seed for r in remeasures]]}
         if row is not None and row.test_accuracy is not None:
             attrs["test_accuracy"] = row.test_accuracy
@@ -247,13 +248,13 @@ def search_trials(optuna: Any, store: Store, search: SearchRow) -> list[Any]:
             attrs["reason"] = m["reason"]
         finished = _finished(row)
         trials.append(optuna.trial.FrozenTrial(
-            number=0, trial_id=0, state=state, value=stored.value(m["fitness"]) if m["status"] == "ok" else None,
+            number=0, trial_id=0, state=state, value=value(m["fitness"]) if m["status"] == "ok" else None,
             datetime_start=finished - timedelta(seconds=m["seconds"]), datetime_complete=finished,
             params=dict(m["genome"]), distributions=own_distributions(distributions, m["genome"]),  # an inactive gene: none
             user_attrs=attrs, system_attrs={},
-            intermediate_values={**{ladder[r]: stored.value(e.fitness) for r, e in enumerate(rows)
+            intermediate_values={**{ladder[r]: value(e.fitness) for r, e in enumerate(rows)
                                     if e is not None and e.status == "ok" and e.fitness is not None
-                                    and math.isfinite(e.fitness)}, **_curve(row, stored.metric)}))
+                                    and math.isfinite(e.fitness)}, **_curve(row, stored.goal.metric)}))
     return trials
 
 

@@ -63,10 +63,10 @@ def evaluation_records(store_or_path: Store | str | os.PathLike) -> list[dict]:
         rows = []
         for e in store.records.evaluations():
             search = searches[e.search_id]
-            value = search.value(e.fitness) if e.status == "ok" else None
+            value = search.goal.value(e.fitness) if e.status == "ok" else None
             rows.append({"id": e.id, "search": e.search_id, "sampler": search.cfg.sampler,
-                         "metric": search.metric, "direction": search.cfg.direction or "maximize", "value": value,
-                         "metrics": e.metrics, "curve": e.curve, "objective": _kind(search),
+                         "metric": search.goal.metric, "direction": search.goal.direction, "value": value,
+                         "metrics": e.metrics, "curve": e.curve, "objective": search.aim.kind,
                          "generation": e.generation + 1, "index": e.index,  # from 1, as the console counts
                          "rung": search.ladder.rung_of(e.max_epochs),
                          "max_epochs": e.max_epochs, "replicate": e.replicate, "seed": e.seed, "status": e.status,
@@ -178,11 +178,6 @@ def workers_now(store: Store, search: Search) -> str:
     return f"{busy_text}, {idle} idle: {why}"
 
 
-def _kind(search: Search) -> str:
-    """What trained a search's rows: towerlab's "training", or your "function" or "command"."""
-    return "command" if search.cfg.trial_command is not None else "function" if search.cfg.objective else "training"
-
-
 def _acc(x: Optional[float]) -> str:
     return "-" if x is None else f"{x:.4f}"
 
@@ -191,9 +186,8 @@ def _trains(search: Search) -> str:
     """What a search trains, as its header says: towerlab's model, or your objective and what it ranks by."""
     if not search.own:
         return f"model {search.space.model}, {search.space.size_text}"
-    cfg = search.cfg
-    kind, spec = ("command", cfg.trial_command) if cfg.trial_command is not None else ("function", cfg.objective)
-    return f"your {kind} {spec}, {search.space.size_text}; {search.metric} {search.cfg.direction}d"
+    aim = search.aim
+    return f"your {aim.kind} {aim.spec}, {search.space.size_text}; {aim.goal.metric} {aim.goal.direction}d"
 
 
 def _shape(search: Search, generations: list) -> str:
@@ -259,7 +253,7 @@ def _format_one(store: Store, row: SearchRow) -> str:
     if top:
         lines.append(f"  top {len(top)}:" if row.finished else f"  top {len(top)} so far (measured once):")
         # An objective of yours has its metric and no test accuracy: towerlab tests nothing of it.
-        metric, tested = (printable(search.metric)[:10], "") if search.own else ("val acc", f" {'test acc':>8}")
+        metric, tested = (printable(search.goal.metric)[:10], "") if search.own else ("val acc", f" {'test acc':>8}")
         width = 10 if search.own else 8
         lines.append(f"  {'rank':>4} {metric:>{width}} {'+-':>7} {'seeds':>5}{tested}  genome")
         for rank, (genome, fitness, fitnesses, test) in enumerate(top, 1):
@@ -283,7 +277,7 @@ def _top(store: Store, search: SearchRow, n: int) -> list[tuple[dict, float, lis
 
 
 def _provenances(kinds: dict[str, int]) -> list[str]:
-    """A line where a search's rows come from more than one provenance (`towerlab.jobs.search.identity`; `kinds`:
+    """A line where a search's rows come from more than one provenance (`towerlab.objective.admission`; `kinds`:
     how many rows each, by its JSON): how many from each, and what tells them apart."""
     if len(kinds) < 2:
         return []

@@ -11,7 +11,9 @@ store holds (never proposing them again) and goes on from there.
 In an asynchronous search the trainer paces the proposals (`QueueTrainer.pace`): one for each idle
 worker, and a spare few ready for the workers about to free up, as many as finish while a proposal is
 made (none where a worker waits less than SPARE_SHARE of a training for its next candidate, so that each
-proposal is made with every outcome there is). A pruned rung's sure promotions go on the queue as
+proposal is made with every outcome there is); and a worker that has nothing to take all the same has its
+candidate proposed quickly (`Sampler.propose_quickly`) where the next proposal would keep it waiting more
+than QUICK_SHARE of a training (`Pace.quickly`). A pruned rung's sure promotions go on the queue as
 results come in. When the search's top is crowned, the retrainings that give it its test accuracy go on
 the queue too (`towerlab.search.testing`), and the leader, once they are done, writes the summary: the
 search is finished.
@@ -40,6 +42,7 @@ POLL = (0.05, 1.0)  # seconds between looks at the store for new results or task
 PACE_POLL = 0.25  # at most, between an asynchronous search's looks for results: a worker waits on it
 STAND_BY = 1.0  # seconds between a standing-by driver's looks at who leads its search
 SPARE_SHARE = 0.01  # a worker may wait this share of a training for its next candidate (see the docstring)
+QUICK_SHARE = 0.05  # a worker with nothing to take gets a quick proposal where the next would take longer
 
 
 class Stopping(Exception):
@@ -89,7 +92,15 @@ class QueueTrainer:
         assert self.search.id is not None
         busy, idle, waiting = self.store.queue.pace(self.search.id, self.driver.lease)
         spare = self._spare(busy + idle)
-        return Pace(max(0, idle + spare - waiting), busy, idle, waiting, spare, self.driver.worker)
+        return Pace(max(0, idle + spare - waiting), busy, idle, waiting, spare, self.driver.worker,
+                    idle > waiting and self._slow())
+
+    def _slow(self) -> bool:
+        """Whether a worker with nothing to take would wait long for the next proposal: more than QUICK_SHARE
+        of a training (or the lengths are not known yet)."""
+        if self._proposal is None or not self._trainings:
+            return True
+        return self._proposal + PACE_POLL > QUICK_SHARE * sum(self._trainings) / len(self._trainings)
 
     def _spare(self, workers: int) -> int:
         """The candidates to keep ready beyond the idle workers: as many as finish their training while the

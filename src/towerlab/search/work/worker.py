@@ -20,12 +20,12 @@ check that theirs are the same), the cache serves a generation only rows older t
 watermark), so the history is the same whoever proposed, trained or died, and however many workers
 joined. A worker that starts late claims open tasks at once while its driver catches up.
 
-Faults: a worker that dies holding a task stops renewing its lease; after `lease` seconds any worker
-claims the task again (a local launcher that sees its worker die puts the task back at once). A worker
-that comes back after its lease lapsed cannot write a result. A task whose workers were lost
-MAX_ATTEMPTS times (an out-of-memory kill that recurs) is recorded as failed, with that reason, and
-the search goes on. No torch here: what trains a task is the search's `Objective`, which the job gives
-(`objective_for`: `towerlab.search.work.objective`).
+Faults: a worker that dies holding a task stops renewing its lease, as does one whose task is past its
+objective's timeout (`lapses`); after `lease` seconds any worker claims the task again (a local launcher
+that sees its worker die puts the task back at once). A worker that comes back after its lease lapsed
+cannot write a result. A task whose workers were lost MAX_ATTEMPTS times (an out-of-memory kill that
+recurs) is recorded as failed, with that reason, and the search goes on. No torch here: what trains a
+task is the search's `Objective` (`objective_for`: `towerlab.search.work.objective`).
 """
 
 from __future__ import annotations
@@ -48,8 +48,9 @@ from towerlab.search.candidates import Candidate, Outcome
 from towerlab.search.store.database import StoreLost
 from towerlab.search.testing import test_from
 from towerlab.search.work.driver import Driver, Poll
-from towerlab.search.work.objective import Assignment, Objective
+from towerlab.search.work.objective import Assignment, Objective, lapses
 from towerlab.search.search import Search
+from towerlab.search.space import Space, genome_hash
 from towerlab.search.store import Store, Task
 from towerlab.search.store.queue import MAX_LEASE
 
@@ -104,10 +105,16 @@ def release_the_dead(store: Store) -> int:
     return freed
 
 
-def unusable(task: Task) -> Optional[str]:
-    """Why the numbers of a task's row cannot be trained (an edited row: no positive budget, a seed
-    out of range), or None. Such a task fails, with that reason, as a network that cannot be built
-    does: the worker goes on."""
+def unusable(task: Task, space: Space) -> Optional[str]:
+    """Why a task's row cannot be trained (an edited row: a genome not of its search's `space`, or not the one
+    its hash names; no positive budget, a seed out of range), or None. Such a task fails, with that reason,
+    before anything of it runs (any kind of training), as a network that cannot be built: the worker goes on."""
+    outside = space.outside(task.candidate.genome)
+    if outside is None and genome_hash(task.candidate.genome) != task.candidate.genome_hash:
+        outside = "it is not the genome its hash names"
+    if outside is not None:
+        return (f"its task's row gives a genome that is not its search's ({printable(outside)}): the row was edited, "
+                "or written by another program")
     budget, seed = task.candidate.max_epochs, task.candidate.seed
     if budget is not None and (type(budget) is not int or budget < 1):
         return (f"its task's row gives max_epochs = {budget!r}, not a number of epochs of at least 1 (the row "
@@ -120,14 +127,13 @@ def unusable(task: Task) -> Optional[str]:
 
 @dataclass(frozen=True)
 class WorkerOptions:
-    """How a `Worker` works, besides its store, name, device and objectives: `search_ids`, the searches to
-    work on (None: every unfinished search of the store that admits it); `priority(search)`, a task's rank
-    among its generation's (its cost); `lease`, seconds
-    a claim holds (None: `lease_seconds()`); `wait`: stay for new work when there is none; `check_stop`,
-    called between tasks, raises to stop; a worker that `speaks` says why a search refused it (and its
-    drivers what a large generation is doing), one that `tells` prints a line per task it trained and
-    one when it leaves, through `log` (None: stderr); `timed(call, seconds, started)` hears how long each
-    of its own store calls took (claim, complete, put_back: a benchmark's breakdown of its time)."""
+    """How a `Worker` works, besides its store, name, device and objectives: `search_ids`, the searches to work
+    on (None: every unfinished search of the store that admits it); `priority(search)`, a task's rank among its
+    generation's (its cost); `lease`, seconds a claim holds (None: `lease_seconds()`); `wait`: stay for new work
+    when there is none; `check_stop`, called between tasks, raises to stop; a worker that `speaks` says why a
+    search refused it (and its drivers what a large generation is doing), one that `tells` prints a line per
+    task it trained and one when it leaves, through `log` (None: stderr); `timed(call, seconds, started)` hears
+    how long each of its own store calls took (claim, complete, put_back: a benchmark's breakdown of its time)."""
 
     search_ids: Optional[Sequence[int]] = None
     priority: Callable[[Search], Callable[[Candidate], float]] = lambda search: lambda c: 0.0
@@ -141,12 +147,11 @@ class WorkerOptions:
 
 
 class Worker:
-    """One worker process's loop (see the module's docstring). `objective_for(search)` is what trains that
-    search's tasks in this process (`towerlab.search.work.objective`), made once per search; a UserError
-    from it says why this worker may not train the search, which it then leaves to others. The worker
-    leaves when no search is left to work on (`options`), unless it waits, and between tasks whenever
-    its `check_stop` raises; one that joined nothing because every search refused it leaves with a
-    UserError giving each reason."""
+    """One worker process's loop (see the module's docstring). `objective_for(search)` is what trains that search's
+    tasks in this process (`towerlab.search.work.objective`), made once per search; a UserError from it says why
+    this worker may not train the search, which it then leaves to others. The worker leaves when no search is left
+    to work on (`options`), unless it waits, and between tasks whenever its `check_stop` raises; one that joined
+    nothing because every search refused it leaves with a UserError giving each reason."""
 
     def __init__(self, store: Store, name: str, device: str, objective_for: Callable[[Search], Objective],
                  options: WorkerOptions = WorkerOptions()) -> None:
@@ -260,14 +265,14 @@ class Worker:
             search = Search.open(self.store, search_id)
             try:
                 self.objectives[search_id] = self.objective_for(search)
+                search.prepare()  # its sampler's imports, before its driver thread may import the same
             except UserError as exc:
                 self.refused[search_id] = str(exc)
                 self._unsaid.append(search_id)
                 continue
             self.searches[search_id] = search
-            driver = Driver(self.store, search_id, self.priority, self._wake, self.log if self.speaks else None,
-                            self.name, self.lease)
-            self.drivers[search_id] = driver
+            self.drivers[search_id] = driver = Driver(self.store, search_id, self.priority, self._wake,
+                                                      self.log if self.speaks else None, self.name, self.lease)
             driver.start()
 
     def _work(self, task: Task) -> None:
@@ -275,11 +280,11 @@ class Worker:
         if task.lost:
             self.log(f"towerlab: worker {self.shown}: training a task of search {task.search_id} again, "
                      f"attempt {task.attempts} ({printable(task.lost)})")
-        problem = unusable(task)
+        problem = unusable(task, search.space)
         if problem is not None:
             outcome = Outcome.failed(problem, worker=self.name)
         else:
-            renewing = _Renewal(self.store, task, self.name, self.lease)
+            renewing = _Renewal(self.store, task, self.name, self.lease, lapses(self.objectives[task.search_id]))
             try:
                 # Whether its network is scored on the test split is decided now, before it trains.
                 assignment = Assignment(task.candidate, test_from(self.store, search, task.kind))
@@ -321,16 +326,18 @@ class Worker:
 
 
 class _Renewal(threading.Thread):
-    """Renews a worker's lease on its task every third of the lease, until stopped."""
+    """Renews a worker's lease on its task every third of the lease, until stopped, or past `lapses` seconds (its
+    objective's timeout and the grace to stop it; None: never): a training that will never end keeps no lease."""
 
-    def __init__(self, store: Store, task: Task, worker: str, lease: float) -> None:
+    def __init__(self, store: Store, task: Task, worker: str, lease: float, lapses: Optional[float] = None) -> None:
         super().__init__(name="towerlab-lease", daemon=True)
         self.store, self.task, self.worker, self.lease = store, task, worker, lease
+        self.until = math.inf if lapses is None else time.monotonic() + lapses
         self._stopped = threading.Event()
         self.start()
 
     def run(self) -> None:
-        while not self._stopped.wait(self.lease / 3):
+        while not self._stopped.wait(self.lease / 3) and time.monotonic() < self.until:
             try:
                 if not self.store.queue.renew(self.task, self.worker, self.lease):
                     return  # lost: `complete` will say so

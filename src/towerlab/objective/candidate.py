@@ -1,0 +1,242 @@
+"""The bridge between the search and training: genome -> TrainConfig -> validation accuracy.
+
+A genome holds model genes (the options of the space's model family) and training genes
+(optimizer, lr, batch_size, epochs, label_smoothing). What a genome leaves open comes from the
+search's settings: each optimizer trains at its own default learning rate (as in the original), the
+batch size is 128 (64 on CIFAR-10), at most `max_epochs` epochs with early stopping after `patience`
+epochs without a lower validation loss; the weights of the best epoch are the candidate's. A family
+with a training recipe (`RECIPES`: whitenet trains as the cifar-94 preset on one device) takes the
+rest from it: its optimizer settings, learning rate, batch size, schedule, augmentation.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import inspect
+import math
+import shlex
+import time
+from typing import Callable, Optional, Union
+
+import torch
+
+from towerlab.config import CUSTOM_MODEL, SearchConfig, TrainConfig
+from towerlab.fields import to_flags
+from towerlab.data.load import Dataset
+from towerlab.distributed.env import device_name
+from towerlab.distributed.group import Context
+from towerlab.distributed.signals import Interrupted, StopFlag
+from towerlab.catalog.models import entry
+from towerlab.models.custom import ModelFunction, function_file
+from towerlab.presets import apply_preset
+from towerlab.search import Outcome, genome_hash
+from towerlab.search.candidates import raised
+from towerlab.training.optim import DEFAULT_LR
+from towerlab.training.divergence import Diverged
+from towerlab.training.loop import LoopOptions, TrainResult, train
+from towerlab.training.network import check_setup
+
+TRAINING_GENES = ("optimizer", "lr", "batch_size", "epochs", "label_smoothing")
+# What a search's networks are built from: a family's name, or a model function of yours,
+# `function(input_shape, num_classes, **model_genes) -> nn.Module`, which gets every gene that is not a
+# training gene.
+CandidateModel = Union[str, ModelFunction]
+DEFAULT_BATCH = {"cifar10": 64}  # the original's; 128 for the MNIST-like sets
+# Bumped whenever candidate training changes what it computes, so a store's cache never serves
+# fitnesses that today's code would not reproduce. A recipe's own settings are in its family's training
+# settings (`training_settings`): a changed recipe changes that family's cache alone.
+FITNESS_VERSION = 2
+RECIPES = {"whitenet": "cifar-94"}  # model family -> the preset its candidates train with
+# What a recipe does not decide for a candidate: the search's own settings and the genome do.
+_NOT_FROM_RECIPE = ("model", "dataset", "val_size", "epochs", "steps", "seed", "patience", "target_accuracy")
+_OPTIMIZER_SETTINGS = ("lr", "momentum", "nesterov", "muon_lr", "muon_momentum", "muon_ns_steps", "muon_normalize")
+
+
+def recipe(model: str, optimizer: str | None = None) -> dict:
+    """The TrainConfig fields a candidate of family `model` takes from its preset (one device's
+    variant), without those of the preset's optimizer when the genome picks another one."""
+    if model not in RECIPES:
+        return {}
+    settings = {k: v for k, v in apply_preset(RECIPES[model], "cuda").items() if k not in _NOT_FROM_RECIPE}
+    if optimizer is not None and optimizer != settings.get("optimizer"):
+        settings = {k: v for k, v in settings.items() if k not in _OPTIMIZER_SETTINGS}
+    return settings
+
+
+def training_settings(cfg: SearchConfig, device_type: str, threads: Optional[int],
+                      model: Optional[CandidateModel] = None, data_digest: Optional[str] = None,
+                      model_proof: Optional[str] = None) -> dict:
+    """Everything besides the genome and the seed that decides a candidate's fitness: the search's
+    settings, and the numerics of its workers that the search chooses (the device kind, and on a CPU
+    the threads per candidate, whose count changes a float sum's order and so the result). The data's
+    content is its `data_digest` (`towerlab.data.digest`: of the arrays trained on, whatever the dataset
+    is), where given: a search records it (since schema 5), so that its cache never serves rows trained on
+    other data under the same name (the offline fallback's digits are "mnist" too, an edited .npz or image
+    folder keeps its path); one recorded before is identified by its settings alone. A model function's
+    file and the modules of yours it imports are its `model_proof` (`towerlab.proof.Proof.digest`), where
+    given (a search records it since issue 65: a neighbour `blocks.py` edited is other networks)."""
+    settings = {"dataset": cfg.dataset, "val_size": cfg.val_size, "max_epochs": cfg.max_epochs,
+                "patience": cfg.patience, "batch_size": cfg.batch_size, "fitness_version": FITNESS_VERSION,
+                "numerics": {"device": device_type, **({"threads": threads} if device_type == "cpu" else {})}}
+    if data_digest is not None:
+        settings["dataset_content"] = data_digest
+    if callable(model):
+        settings["model_function"] = function_identity(model)
+        if model_proof is not None:
+            settings["model_proof"] = model_proof
+    elif model in RECIPES:
+        settings["recipe"] = recipe(model)
+    return settings
+
+
+def numerics(train_cfg: TrainConfig, device: torch.device) -> dict:
+    """What a training's result depends on besides its settings and seed, as this process runs it:
+    recorded with every evaluation, so a store shared by machines, or a search resumed on another,
+    says which results came from where."""
+    return {"device": device_name(device), "threads": torch.get_num_threads(), "precision": train_cfg.precision,
+            "torch": torch.__version__}
+
+
+def function_identity(function: Callable) -> str:
+    """A model function's name and the hash of its source: another function, or the same one edited,
+    is another cache (an edit to what it calls is not seen: the source is all there is to read)."""
+    name = f"{getattr(function, '__module__', '')}.{getattr(function, '__qualname__', type(function).__name__)}"
+    try:
+        text = inspect.getsource(function)
+    except (OSError, TypeError):  # defined where no source is kept (stdin, a console): the name alone
+        return name
+    return f"{name}:{hashlib.sha256(text.encode()).hexdigest()}"
+
+
+def train_config_hash(cfg: SearchConfig, device_type: str, threads: Optional[int],
+                      model: Optional[CandidateModel] = None, data_digest: Optional[str] = None,
+                      model_proof: Optional[str] = None) -> str:
+    """`device_type`, `threads`: the workers' device kind and CPU threads per candidate; `model`: a model
+    function of yours (see `Model`); `data_digest`, `model_proof`: see `training_settings`."""
+    return genome_hash(training_settings(cfg, device_type, threads, model, data_digest, model_proof))
+
+
+def model_function(model: CandidateModel) -> Callable[..., torch.nn.Module]:
+    """A candidate's model function, `function(input_shape, num_classes, **model_genes) -> nn.Module`:
+    a family's is its catalog entry's builder (its network class), a function of yours is itself."""
+    return entry(model).builder if isinstance(model, str) else model
+
+
+def candidate_config(cfg: SearchConfig, model: CandidateModel, genome: dict, seed: int,
+                     max_epochs: int | None = None) -> TrainConfig:
+    """The training of one candidate; `max_epochs` below the search's caps it (a pruned search's
+    lower rung), an epochs gene included. A candidate records its model genes as the model's options
+    (what rebuilds it: `load_model` for a family, the function for one of yours, which records
+    "custom" as its model)."""
+    name = model if isinstance(model, str) else CUSTOM_MODEL
+    base = recipe(name, genome.get("optimizer"))
+    optimizer = genome.get("optimizer", base.get("optimizer", "adam"))
+    training = {**base, **{k: v for k, v in genome.items() if k in TRAINING_GENES}}
+    epochs = genome.get("epochs", cfg.max_epochs)
+    if max_epochs is not None and max_epochs < cfg.max_epochs:
+        epochs = min(epochs, max_epochs)
+    return TrainConfig(**{
+        **training,
+        "model": name,
+        "model_options": model_genes(genome),
+        "dataset": cfg.dataset, "val_size": cfg.val_size, "image_size": cfg.image_size, "test_size": cfg.test_size,
+        "batch_size": genome.get("batch_size", cfg.batch_size or base.get("batch_size")
+                                 or DEFAULT_BATCH.get(cfg.dataset, 128)),
+        "epochs": epochs,
+        "lr": training.get("lr", DEFAULT_LR[optimizer]), "optimizer": optimizer,
+        "seed": seed, "patience": cfg.patience,
+    })
+
+
+def model_genes(genome: dict) -> dict:
+    """The genes that are not the training's: the keywords of the model function (a family's options)."""
+    return {k: v for k, v in genome.items() if k not in TRAINING_GENES}
+
+
+def estimated_cost(cfg: SearchConfig, model: CandidateModel, genome: dict, input_shape: tuple[int, int, int],
+                   num_classes: int, max_epochs: int | None = None) -> float:
+    """Forward FLOPs per example times epochs, counted on the meta device (nothing is allocated).
+    Only used to hand the most expensive candidates out first, so that a generation does not end
+    waiting for one big network that started last. 0 for a genome that cannot be built."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    train_cfg = candidate_config(cfg, model, genome, 0, max_epochs)
+    try:
+        with torch.device("meta"), FlopCounterMode(display=False) as counter:
+            network(model, genome, input_shape, num_classes)(torch.zeros(1, *input_shape))
+    except (Exception, SystemExit):  # noqa: BLE001 - the candidate will fail in training and be recorded so
+        return 0.0
+    return float(counter.get_total_flops()) * train_cfg.epochs
+
+
+def network(model: CandidateModel, genome: dict, input_shape: tuple[int, int, int], num_classes: int) -> torch.nn.Module:
+    """A candidate's network: what its model function returns for its genes."""
+    return model_function(model)(input_shape, num_classes, **model_genes(genome))
+
+
+def train_candidate(cfg: SearchConfig, model: CandidateModel, genome: dict, seed: int, data: Dataset,
+                    device: torch.device, *, test_from: Optional[float] = None, stop: StopFlag | None = None,
+                    max_epochs: int | None = None) -> tuple[Outcome, Optional[TrainResult]]:
+    """Train one genome on this process's device. Returns its Outcome and the TrainResult; a candidate that
+    diverges, runs out of memory or whose code raises is a failed Outcome with its reason (`failure`), not a
+    crash. Its test accuracy is in the Outcome where its validation accuracy reaches `test_from` (-inf:
+    whatever it reaches; a worker's bar for a network that may enter its search's top; None: never)."""
+    started = time.perf_counter()
+    numbers: Optional[dict] = None
+    try:
+        # A genome's values are checked here, as its network is: one that no training takes fails alone.
+        train_cfg = candidate_config(cfg, model, genome, seed, max_epochs)
+        numbers = numerics(train_cfg, device)
+        # the function itself with its arguments (not a lambda), so that its failure names it
+        source = functools.partial(model, data.input_shape, data.num_classes, **model_genes(genome)) \
+            if callable(model) else None
+        check_setup(train_cfg, 1, data, source)
+        result = train(train_cfg, Context(device=device), data,
+                       LoopOptions(test=False, test_from=test_from, stop=stop, setup_apart=False), source=source)
+    except Interrupted:
+        raise
+    except torch.cuda.OutOfMemoryError:
+        _free(device)
+        return Outcome.failed("out of memory", seconds=time.perf_counter() - started, numerics=numbers), None
+    except (Exception, SystemExit) as exc:  # noqa: BLE001 - a candidate's failure is data: the search goes on
+        return Outcome.failed(failure(exc), seconds=time.perf_counter() - started, numerics=numbers), None
+    return Outcome("ok", fitness=result.val_accuracy, val_loss=result.val_loss, epochs=math.ceil(result.epochs),
+                   seconds=time.perf_counter() - started, numerics=numbers, test_accuracy=result.test_accuracy), result
+
+
+def failure(exc: BaseException) -> str:
+    """A candidate's failure reason where its training raised `exc`: a divergence says itself, sys.exit() in a
+    model function or its forward says that code called it, any other exception its type and its message's
+    first line (`towerlab.search.candidates.raised`)."""
+    if isinstance(exc, Diverged):
+        return str(exc)
+    if isinstance(exc, SystemExit):  # that code failed, not the search
+        return f"SystemExit: code the candidate ran called sys.exit({'' if exc.code is None else repr(exc.code)})"
+    return raised(exc)
+
+
+def _free(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def retrain_command(cfg: SearchConfig, model: CandidateModel, genome: dict, seed: int, max_epochs: int | None = None,
+                    cpu_threads: int | None = None) -> str:
+    """The `towerlab train` command that trains this candidate again as it was evaluated: on one device,
+    and where the search ran on CPUs (`cpu_threads`), on the CPU with as many threads (another count
+    sums in another order: other numbers). A model function of yours is named by its file, --model
+    FILE.py:FUNCTION, and gets its genes as --model-opt; where no file defines it (given from Python),
+    the text says so plainly, beside the command that would retrain it."""
+    flags = to_flags(candidate_config(cfg, model, genome, seed, max_epochs)) + ["--devices", "1"]
+    if cpu_threads is not None:
+        flags += ["--device", "cpu", "--threads", str(cpu_threads)]
+    if not callable(model):
+        return shlex.join(["towerlab", "train", *flags])  # quoted for a shell: a gene may read act=$(id)
+    name = getattr(model, "__name__", "FUNCTION")
+    spec = function_file(model)
+    flags[flags.index("--model") + 1] = spec or f"FILE.py:{name}"
+    command = shlex.join(["towerlab", "train", *flags])
+    if spec is None:
+        return f"none: {name} was given from Python, not from a file; where FILE.py defines it: {command}"
+    return command

@@ -23,7 +23,7 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from bench.common.record import REPO, RESULTS, write_json
+from bench.common.record import REPO, RESULTS, figure, write_record
 from bench.quality import anchors
 from towerlab.search import random_genome
 from towerlab.search.space import load_space
@@ -127,12 +127,16 @@ def reference(tasks: tuple[str, ...], log: Callable[[str], None] = print) -> dic
             best = int(np.argmax(accuracy))
             cached[task] = {"median": float(np.median(accuracy)), "best": float(accuracy[best]),
                             "best_config": configs[best], "mean": float(np.mean(accuracy))}
-        record = {"what": f"{RANDOM_CONFIGS} configurations drawn from bench/quality/rbv2_xgboost.toml (towerlab's "
-                          f"random_genome, numpy PCG64 seed {RANDOM_SEED}, the same for every task: the booster "
-                          "uniform, each gene it activates drawn), each at trainsize 1.0, repl 10 on YAHPO Gym's "
-                          "rbv2_xgboost surrogate: the median and the best acc per task",
-                  "tasks": dict(sorted(cached.items()))}
-        write_json(REFERENCE, record)
+        from bench.common.machine import describe  # imports torch
+
+        write_record(REFERENCE.parent, REFERENCE.name, {
+            "what": f"{RANDOM_CONFIGS} configurations drawn from bench/quality/rbv2_xgboost.toml (towerlab's "
+                    f"random_genome, numpy PCG64 seed {RANDOM_SEED}, the same for every task: the booster uniform, "
+                    "each gene it activates drawn), each at trainsize 1.0, repl 10 on YAHPO Gym's rbv2_xgboost "
+                    "surrogate: the median and the best acc per task",
+            "machine": describe(), "tasks": dict(sorted(cached.items())),
+            "figures": [figure(f"median_{task}", row["median"], {"best": row["best"], "mean": row["mean"]})
+                        for task, row in sorted(cached.items())]})
     return {t: cached[t] for t in tasks}
 
 

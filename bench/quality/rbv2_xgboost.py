@@ -125,16 +125,23 @@ def regrets(results: list[dict], reference: dict, budget: int) -> dict:
             "runs": len(mine),
             **({"resolved": mine[0]["resolved"]} if "resolved" in mine[0] else {}),
             **({"first_line": mine[0]["first_line"]} if "first_line" in mine[0] else {}),
+            # of a search on its workers: how many of its proposals were made quickly, for a worker that waited
+            # (gp's by TPE), a run's mean
+            **({"quick_proposals": statistics.fmean(r["quick_proposals"] for r in mine)}
+               if "quick_proposals" in mine[0] else {}),
             # what each run's first line said of the sampler (one entry: every run said the same)
             **({"said": sorted({line.split(" over space ")[0] for r in mine for line in r["first_line"]})}
                if "first_line" in mine[0] else {}),
         }
     anchors = [a for a in rbv2_arms.ANCHORS if a in out]
     paired = {}
-    for arm in ("towerlab", "towerlab-tpe"):
-        for anchor in (*anchors, *(["towerlab-tpe"] if arm == "towerlab" else [])):
-            if arm in out:
-                paired[f"{arm}-{anchor}"] = _paired(results, at, budget, arm, anchor)
+    # the default, and the former default's runs, each against every anchor and the default against its
+    # former runs and its former sampler on the same code ("ARM vs OTHER")
+    for arm, others in (("towerlab", (*anchors, "towerlab-tpe", "towerlab-sampler-tpe", "towerlab-serial-gp")),
+                        ("towerlab-tpe", (*anchors, "towerlab-sampler-tpe"))):
+        for other in others:
+            if arm in out and other in out:
+                paired[f"{arm} vs {other}"] = _paired(results, at, budget, arm, other)
     return {"arms": out, "best_known": best_known, "paired": {k: v for k, v in paired.items() if v}}
 
 

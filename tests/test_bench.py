@@ -22,7 +22,7 @@ def _bench(*args: str) -> subprocess.CompletedProcess:
 
 
 # The records, not the runs' folders beside them (git ignores those: a run's own files, kept for --reuse).
-RUNS_FOLDERS = {"quick", "search-runs", "sampler-runs", "pruning-runs", "lcbench-runs"}
+RUNS_FOLDERS = {"quick", "search-runs", "sampler-runs", "pruning-runs", "lcbench-runs", "rbv2-runs"}
 RECORDS = sorted(path for path in (REPO / "bench" / "results").rglob("*.json")
                  if not RUNS_FOLDERS & set(path.relative_to(REPO / "bench" / "results").parts))
 

@@ -90,9 +90,11 @@ def run_all(arms: list[str], tasks: tuple[str, ...], seeds: list[int], budget: i
     return [json.loads(_path(runs, *j[:3]).read_text()) for j in wanted]
 
 
-def regrets(results: list[dict], reference: dict, budget: int) -> dict:
-    """Each arm's regret at POINTS and its curve (every 52 epochs), mean over its runs; best known per task."""
-    best_known = {t: max([reference[t]["best"]] + [a for r in results if r["task"] == t for _, a in r["trace"]])
+def regrets(results: list[dict], reference: dict, budget: int, known: dict | None = None) -> dict:
+    """Each arm's regret at POINTS and its curve (every 52 epochs), mean over its runs; best known per task
+    (`known`: a record's best known too, so that this record's regrets are on its scale)."""
+    best_known = {t: max([reference[t]["best"], *([known[t]] if known and t in known else [])]
+                         + [a for r in results if r["task"] == t for _, a in r["trace"]])
                   for t in reference}
 
     def at(run: dict, epochs: float) -> float:
@@ -227,6 +229,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--notes", default="", help="what the record should say of how it was measured")
     parser.add_argument("--record", default=None, help="the record's name (default lcbench-<date>); none with --smoke")
     parser.add_argument("--smoke", action="store_true", help="task 3945, seed 0, 520 epochs; no record")
+    parser.add_argument("--prefix", default=None, help="the figures' ids' prefix (default lcbench, or lcbench_held_out)")
+    parser.add_argument("--against", default=None, help="a record in bench/results/quality whose best known each task's "
+                        "regret counts too: this record's arms on the same scale as that record's")
     parser.add_argument("--held-out", action="store_true",
                         help="the 24 tasks kept out of the 10 (their own runs and record): the check of a change")
     args = parser.parse_args(argv)
@@ -239,7 +244,8 @@ def main(argv: list[str] | None = None) -> int:
     reference = problem.reference(tuple(args.tasks))
     results = run_all(args.arms, tuple(args.tasks), args.seeds, args.budget, args.jobs, runs, set(args.rerun),
                       args.kept_only)
-    measured = regrets(results, reference, args.budget)
+    known = json.loads((RESULTS / "quality" / args.against).read_text())["best_known"] if args.against else None
+    measured = regrets(results, reference, args.budget, known)
     print(table(measured))
     if args.smoke:
         return 0
@@ -248,8 +254,8 @@ def main(argv: list[str] | None = None) -> int:
 
     record = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "machine": describe(), "command": script_command(__file__),
               "tasks": args.tasks, "seeds": args.seeds, "budget_epochs": args.budget, "full_epochs": FULL,
-              "points": list(POINTS), "notes": args.notes, "reference": reference, **measured,
-              "figures": figures(measured, "lcbench_held_out" if args.held_out else "lcbench")}
+              "points": list(POINTS), "notes": args.notes, "against": args.against, "reference": reference, **measured,
+              "figures": figures(measured, args.prefix or ("lcbench_held_out" if args.held_out else "lcbench"))}
     write_record(RESULTS / "quality", f"{name}.json", record)
     plot(measured, args.budget, RESULTS / "quality" / f"{name}.png",
          f"{len(args.tasks)} {kind} tasks, {len(args.seeds)} seed{'s' * (len(args.seeds) != 1)}")

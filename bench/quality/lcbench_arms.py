@@ -222,6 +222,25 @@ def towerlab_api_arm(settings: dict) -> Arm:
     return run
 
 
+def anchor(method: str) -> Arm:
+    """An anchor of bench/quality/anchors.py (SMAC3's facades: "smac-hpo", "smac-bb"; "hebo") on the LCBench space,
+    asked one trial at a time, each trained 52 epochs, as many as the budget holds (100). Run from
+    .venv-anchors (docs/benchmarks.md): SMAC3 needs ConfigSpace 1.x, HEBO numpy < 1.25."""
+
+    def run(surrogate: Surrogate, seed: int, ledger: Ledger) -> dict:
+        from bench.quality import anchors
+
+        def evaluate(config: dict) -> float:
+            return ledger.train(surrogate, config, FULL)
+
+        trials = ledger.budget // FULL
+        if method == "hebo":
+            return anchors.hebo_run(SPACE, evaluate, trials, seed)
+        return anchors.smac_run(SPACE, method.removeprefix("smac-"), evaluate, trials, seed)
+
+    return run
+
+
 class SurrogateFailed(BaseException):
     """A query of the surrogate raised: it stops the run (towerlab's serial trainer would record an
     Exception as a failed candidate and go on)."""
@@ -250,6 +269,9 @@ ARMS: dict[str, tuple[str, Arm]] = {
                 optuna_pruned(lambda o: o.pruners.SuccessiveHalvingPruner())),
     "gp": ("Optuna GPSampler, full fidelity", optuna_full(_gp)),
     "dehb": ("DEHB (min 1, max 52, eta 3)", dehb),
+    "smac-hpo": ("SMAC3 HyperparameterOptimizationFacade (random forest), full fidelity", anchor("smac-hpo")),
+    "smac-bb": ("SMAC3 BlackBoxFacade (Gaussian process), full fidelity", anchor("smac-bb")),
+    "hebo": ("HEBO, full fidelity", anchor("hebo")),
     "ga": ("the original's GA (towerlab's ga sampler, population 20)", towerlab_arm({"sampler": "ga", "population": 20})),
     "towerlab-tpe": ("towerlab tpe, population 4, overlapping (the default before this change)",
                      towerlab_arm({"sampler": "tpe"})),
@@ -262,5 +284,5 @@ ARMS: dict[str, tuple[str, Arm]] = {
                         towerlab_arm({"population": 2}, gp_startup=12)),
 }
 OWN_WORKERS = ("towerlab",)  # arms whose search starts its own worker processes
-ANCHORS = ("random", "tpe", "tpe-hyperband", "tpe-sha", "gp", "dehb", "ga")
+ANCHORS = ("random", "tpe", "tpe-hyperband", "tpe-sha", "gp", "dehb", "ga", "smac-hpo", "smac-bb", "hebo")
 RECORDED = (*ANCHORS, "towerlab-tpe", "towerlab-before", "towerlab-p2", "towerlab-serial", "towerlab")

@@ -94,6 +94,23 @@ def _lcbench(record: str, issue: bool) -> Table:
     )
 
 
+def _rbv2(record: str) -> Table:
+    """A bench/quality/rbv2_xgboost.py record's arms: regret at 25/50/100% of its 150 trainings, runs and their
+    seeds, CPU and wall time."""
+    return Table(
+        ("method", "regret at 25%", "at 50%", "at 100%", "runs", "seeds", "CPU s proposing, a run", "wall s a run"),
+        tuple(
+            (lookup(record, f"arms/{arm}/what"),)
+            + tuple(Ref(record, f"arms/{arm}/points/{p}", "r3") for p in ("0.25", "0.5", "1.0"))
+            + (Ref(record, f"arms/{arm}/runs", "int"),
+               ", ".join(lookup(record, f"arms/{arm}/per_seed/1.0")),
+               Ref(record, f"arms/{arm}/sampler_seconds", "num", none="in its workers"),
+               Ref(record, f"arms/{arm}/wall_seconds", "s0"))
+            for arm in lookup(record, "arms")
+        ),
+    )
+
+
 TABLES: dict[str, Table] = {
     "samplers-mnist": _samplers("quality/samplers-mnist-2026-11-22.json"),
     "samplers-cifar10": _samplers("quality/samplers-cifar10-2026-11-23.json"),
@@ -101,4 +118,6 @@ TABLES: dict[str, Table] = {
     "pruning": PRUNING,
     "lcbench": _lcbench("quality/lcbench-2026-11-28.json", issue=True),
     "lcbench-held-out": _lcbench("quality/lcbench-held-out-2026-11-28.json", issue=False),
+    "lcbench-anchors": _lcbench("quality/lcbench-anchors-2026-12-06.json", issue=False),
+    "rbv2": _rbv2("quality/rbv2-xgboost-2026-12-06.json"),
 }

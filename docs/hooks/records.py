@@ -11,7 +11,7 @@ from mkdocs.structure.files import File
 
 RESULTS = Path(__file__).resolve().parents[2] / "bench" / "results"
 SHIPPED = {".json", ".png", ".log"}
-UNSHIPPED_FOLDERS = {"quick", "search-runs", "sampler-runs", "pruning-runs", "lcbench-runs"}  # runs' folders, git-ignored
+UNSHIPPED_FOLDERS = {"quick", "search-runs", "sampler-runs", "pruning-runs", "lcbench-runs", "rbv2-runs"}  # runs' folders, git-ignored
 
 
 def on_files(files, config):

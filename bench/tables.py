@@ -76,7 +76,8 @@ PAGES: dict[str, tuple[str, ...]] = {
     "docs/benchmarks.md": ("cpu-suite", "changes", "image-folders", "gpu", "gpu-step", "samplers-mnist",
                            "samplers-cifar10", "lcbench", "lcbench-held-out", "lcbench-anchors", "rbv2",
                            "search-headline", "seed-examples", "pruning",
-                           "objective-overhead", "objective-overhead-store", "objective-overhead-fixes"),
+                           "objective-overhead", "objective-overhead-store", "objective-overhead-fixes", "search-busy",
+                           "lcbench-parallel"),
     "docs/distributed-search.md": ("queue", "search-workers"),
 }
 

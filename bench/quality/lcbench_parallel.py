@@ -5,7 +5,9 @@ they do on a cluster:
 
 - towerlab's default, as a user runs it: `towerlab search run --objective ... --devices W --budget-epochs
   5200 --max-epochs 52` (every other setting at its default: auto -> gp, asynchronous, re-measuring its top
-  within the budget), the surrogate queried in a function objective (`objective` below);
+  within the budget), the surrogate queried in a function objective (`objective` below); where one
+  command may not start W processes here (32 on 2 cores), the search runs on as many as it may and
+  `towerlab search worker` joins it with the rest, as further machines would (bench/common/crew.py);
 - Optuna's GPSampler and TPESampler (constant_liar, as its docs advise for parallel runs) with W processes on
   one storage (a JournalFileBackend file), as Optuna's docs run them: each process `study.optimize` with
   `MaxTrialsCallback(100, states=None)` (100 trials of 52 epochs: the same budget), its sampler seeded
@@ -32,7 +34,6 @@ import argparse
 import json
 import multiprocessing
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -45,6 +46,7 @@ if __name__ == "__main__":  # run as a file (python bench/FAMILY/SCRIPT.py): ben
 
 from bench.quality import lcbench_problem as problem
 from bench.quality.lcbench_problem import BUDGET, FULL, GENES, TASKS
+from bench.common.crew import crewed_search
 from bench.common.record import REPO, RESULTS, script_command, write_json, write_record
 
 RUNS = RESULTS / "lcbench-runs" / "parallel"
@@ -56,6 +58,9 @@ ARMS = {
     "random": "random search (Optuna's RandomSampler; its draws read no outcome)",
 }
 ANCHORS = ("gp-parallel", "tpe-parallel", "random")
+# kept runs of an earlier towerlab, for the record's comparison: this script runs only the arms above
+KEPT = {"towerlab-int": "towerlab's default before gp took an int range of more than 32 values as floats "
+                        "(each int gene modelled value by value), the same command"}
 
 
 def objective(batch_size: int, learning_rate: float, max_dropout: float, max_units: int, momentum: float,
@@ -89,14 +94,13 @@ def towerlab_run(task: str, seed: int, workers: int, scale: float, budget: int) 
                                      f"{', log = true' if g.get('log') else ''}}}" for name, g in GENES.items())])
     with tempfile.TemporaryDirectory() as folder:
         Path(folder, "lcb.toml").write_text(space + "\n")
+        objective = ["--objective", f"{Path(__file__).resolve()}:objective"]
         started = time.time()
-        done = subprocess.run(
-            [sys.executable, "-m", "towerlab", "search", "run", "--objective", f"{Path(__file__).resolve()}:objective",
-             "--space", "lcb.toml", "--metric", "val_accuracy", "--direction", "maximize", "--max-epochs", str(FULL),
-             "--budget-epochs", str(budget), "--devices", str(workers), "--seed", str(seed), "--no-progress",
-             "--out", "out"],
-            cwd=folder, env={**os.environ, "LCB_TASK": task, "LCB_SCALE": str(scale),
-                             "PYTHONPATH": os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])}, capture_output=True, text=True)
+        done = crewed_search(
+            [*objective, "--space", "lcb.toml", "--metric", "val_accuracy", "--direction", "maximize", "--max-epochs",
+             str(FULL), "--budget-epochs", str(budget), "--seed", str(seed), "--no-progress"], objective, workers, "out",
+            Path(folder), {**os.environ, "LCB_TASK": task, "LCB_SCALE": str(scale),
+                           "PYTHONPATH": os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])})
         wall = time.time() - started
         if done.returncode != 0:
             raise RuntimeError(f"towerlab on task {task} seed {seed}: {done.stderr[-2000:]}")
@@ -172,6 +176,8 @@ def optuna_run(arm: str, task: str, seed: int, workers: int, scale: float, budge
 
 def one(job: tuple[str, int, str, int, float, int]) -> dict:
     arm, workers, task, seed, scale, budget = job
+    if arm in KEPT:
+        raise RuntimeError(f"{arm} on task {task} seed {seed}: an earlier towerlab's runs, kept, not run again")
     run = (towerlab_run(task, seed, workers, scale, budget) if arm == "towerlab"
            else optuna_run(arm, task, seed, workers, scale, budget))
     return {"arm": arm, "workers": workers, "task": task, "seed": seed, "scale": scale, "budget": budget, **run}
@@ -220,21 +226,21 @@ def measure(results: list[dict], reference: dict, budget: int) -> dict:
     for key in dict.fromkeys((r["arm"], r["workers"]) for r in results):
         mine = [r for r in results if (r["arm"], r["workers"]) == key]
         out[f"{key[0]}-w{key[1]}"] = {
-            "arm": key[0], "workers": key[1], "what": ARMS[key[0]], "runs": len(mine),
+            "arm": key[0], "workers": key[1], "what": {**ARMS, **KEPT}[key[0]], "runs": len(mine),
             "points": {str(p): statistics.fmean(at(r, p * budget) for r in mine) for p in POINTS},
             "standard_error": {str(p): statistics.stdev([at(r, p * budget) for r in mine]) / len(mine) ** 0.5
                                if len(mine) > 1 else None for p in POINTS},
             "wall_seconds": statistics.fmean(r["wall_seconds"] for r in mine),
             "trainings": statistics.fmean(r["trainings"] for r in mine),
             **({"in_flight_at_proposal": statistics.fmean(r["in_flight_at_proposal"] for r in mine)}
-               if key[0] == "towerlab" else {}),
+               if key[0].startswith("towerlab") else {}),
         }
     return {"arms": out, "best_known": best_known}
 
 
 def figures(measured: dict, sequential: dict) -> list[dict]:
     arms, out = measured["arms"], []
-    for workers in sorted({a["workers"] for a in arms.values()}):
+    for workers in sorted({a["workers"] for a in arms.values()} - {0}):  # 0: random's, standing for any number
         for p in ("0.5", "1.0"):
             pct = round(100 * float(p))
             default = arms.get(f"towerlab-w{workers}")
@@ -256,7 +262,7 @@ def figures(measured: dict, sequential: dict) -> list[dict]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--arms", nargs="*", default=list(ARMS), choices=list(ARMS))
+    parser.add_argument("--arms", nargs="*", default=list(ARMS), choices=[*ARMS, *KEPT])
     parser.add_argument("--workers", nargs="*", type=int, default=[8, 32])
     parser.add_argument("--seeds", nargs="*", type=int, default=[0, 1, 2])
     parser.add_argument("--tasks", nargs="*", default=list(TASKS), choices=list(TASKS))

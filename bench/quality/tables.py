@@ -111,6 +111,28 @@ def _rbv2(record: str) -> Table:
     )
 
 
+def _lcbench_parallel(record: str) -> Table:
+    """A bench/quality/lcbench_parallel.py record's arms: regret at 25/50/100% (its standard error), runs,
+    trainings and wall time a run, and for towerlab's default the trainings in flight when it proposed."""
+    def regret(arm: str, p: str) -> Cell:
+        return (Ref(record, f"arms/{arm}/points/{p}", "r3"), " ± ",
+                Ref(record, f"arms/{arm}/standard_error/{p}", "r3"))
+
+    return Table(
+        ("method", "workers", "regret at 25%", "at 50%", "at 100%", "runs", "trainings a run", "wall s a run",
+         "in flight at a proposal"),
+        tuple(
+            (lookup(record, f"arms/{arm}/what"),
+             "any" if lookup(record, f"arms/{arm}/workers") == 0 else Ref(record, f"arms/{arm}/workers", "int"))
+            + tuple(regret(arm, p) for p in ("0.25", "0.5", "1.0"))
+            + (Ref(record, f"arms/{arm}/runs", "int"), Ref(record, f"arms/{arm}/trainings", "num"),
+               Ref(record, f"arms/{arm}/wall_seconds", "s0"),
+               Ref(record, f"arms/{arm}/in_flight_at_proposal", "num") if arm.startswith("towerlab") else "")
+            for arm in lookup(record, "arms")
+        ),
+    )
+
+
 TABLES: dict[str, Table] = {
     "samplers-mnist": _samplers("quality/samplers-mnist-2026-11-22.json"),
     "samplers-cifar10": _samplers("quality/samplers-cifar10-2026-11-23.json"),
@@ -120,4 +142,5 @@ TABLES: dict[str, Table] = {
     "lcbench-held-out": _lcbench("quality/lcbench-held-out-2026-11-28.json", issue=False),
     "lcbench-anchors": _lcbench("quality/lcbench-anchors-2026-12-06.json", issue=False),
     "rbv2": _rbv2("quality/rbv2-xgboost-2026-12-06.json"),
+    "lcbench-parallel": _lcbench_parallel("quality/lcbench-parallel-2026-12-06.json"),
 }

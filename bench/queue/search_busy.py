@@ -3,7 +3,9 @@ function objective, a budget alone: `--max-evaluations 200`, every other setting
 and 32 worker slots, every training sleeping 3 s +- 50% (uniform from 1.5 to 4.5 s, drawn from its seed),
 beside the same work done by Optuna's GPSampler and TPESampler (constant liar) with as many processes on
 one storage (a JournalFileBackend file, `study.optimize` with `MaxTrialsCallback(200)`, as Optuna's docs
-run parallel studies).
+run parallel studies). 32 workers are more processes than one command may start on a 2-core machine (16):
+there the search runs on 16 and a `towerlab search worker` joins it with 16 more, as a second machine
+would (bench/common/crew.py); that worker's start is inside the span.
 
 busy = the seconds the trainings slept, summed / (workers x the span from the first training's start to the
 last one's end); `busy_while_budget` counts only up to the last search training's start (after it, the
@@ -27,7 +29,6 @@ import os
 import random
 import sqlite3
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -37,6 +38,7 @@ from typing import Any
 if __name__ == "__main__":  # run as a file (python bench/FAMILY/SCRIPT.py): bench.* from the repository
     sys.path[0] = str(Path(__file__).resolve().parents[2])
 
+from bench.common.crew import crewed_search
 from bench.common.machine import describe
 from bench.common.record import REPO, RESULTS, script_command, write_record
 
@@ -58,12 +60,11 @@ def f(x: float, y: float, seed: int) -> dict:
 def towerlab(workers: int, seed: int) -> dict:
     with tempfile.TemporaryDirectory() as folder:
         Path(folder, "s.toml").write_text("[genes]\nx = {low = 0.0, high = 1.0}\ny = {low = 0.0, high = 1.0}\n")
+        objective = ["--objective", f"{Path(__file__).resolve()}:f"]
         started = time.time()
-        done = subprocess.run([sys.executable, "-m", "towerlab", "search", "run", "--objective",
-                               f"{Path(__file__).resolve()}:f", "--space", "s.toml", "--metric", "value",
-                               "--devices", str(workers), "--max-evaluations", str(TRAININGS), "--seed", str(seed),
-                               "--no-progress", "--out", "out"], cwd=folder, capture_output=True, text=True,
-                              env={**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])})
+        done = crewed_search([*objective, "--space", "s.toml", "--metric", "value", "--max-evaluations", str(TRAININGS),
+                              "--seed", str(seed), "--no-progress"], objective, workers, "out", Path(folder),
+                             {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])})
         wall = time.time() - started
         if done.returncode != 0:
             raise RuntimeError(done.stderr[-3000:])

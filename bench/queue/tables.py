@@ -118,7 +118,23 @@ OBJECTIVE_OVERHEAD_FIXES = Table(
     ),
 )
 
-TABLES: dict[str, Table] = {"queue": QUEUE_TABLE, "search-workers": SEARCH_WORKERS,
+BUSY = "queue/search-busy-2026-12-06.json"
+_BUSY_ARMS = {"busy_default": "towerlab's default (`search run`, a budget alone)",
+              "busy_optuna_gp": "Optuna GPSampler, a process a worker on one journal file",
+              "busy_optuna_tpe": "Optuna TPESampler (constant liar), a process a worker on one journal file"}
+SEARCH_BUSY = Table(
+    ("200 trainings of 3 s +- 50%", "workers", "busy", "busy while budget is left", "ideal (the tail alone)",
+     "wall s", "quick proposals"),
+    tuple(
+        (_BUSY_ARMS[f["id"].rpartition("_w")[0]], Ref(BUSY, f"figures/{f['id']}/detail/workers", "int"),
+         Ref(BUSY, f"figures/{f['id']}/value", "r3"), Ref(BUSY, f"figures/{f['id']}/detail/busy_while_budget", "r3"),
+         Ref(BUSY, f"figures/{f['id']}/detail/ideal", "r3"), Ref(BUSY, f"figures/{f['id']}/detail/wall_seconds", "s0"),
+         Ref(BUSY, f"figures/{f['id']}/detail/quick_proposals", "int") if f["id"].startswith("busy_default") else "")
+        for f in lookup(BUSY, "figures")
+    ),
+)
+
+TABLES: dict[str, Table] = {"queue": QUEUE_TABLE, "search-workers": SEARCH_WORKERS, "search-busy": SEARCH_BUSY,
                            "objective-overhead": OBJECTIVE_OVERHEAD,
                            "objective-overhead-store": OBJECTIVE_OVERHEAD_STORE,
                            "objective-overhead-fixes": OBJECTIVE_OVERHEAD_FIXES}

@@ -254,7 +254,7 @@ def test_gp_without_scipy_is_one_clear_line(monkeypatch):
 
     monkeypatch.delitem(sys.modules, "scipy", raising=False)
     monkeypatch.setattr(builtins, "__import__", no_scipy)
-    with pytest.raises(UserError, match=r"^the gp sampler \(auto's choice for a space of numeric ranges alone\) "
+    with pytest.raises(UserError, match=r"^the gp sampler \(auto's choice where a numeric range is in every trial\) "
                                         r"needs SciPy: pip install 'towerlab\[tpe\]' \(or choose --sampler tpe") as caught:
         Search.resolve(gp_config(), SPACE)
     assert "\n" not in str(caught.value)

@@ -78,8 +78,9 @@ def _accepts(action: argparse.Action, value: str) -> bool:
 DESCRIPTION = """\
 Train ConvNets on MNIST, Fashion-MNIST, CIFAR-10 or your own images over every device (GPUs, or
 CPU processes), and search network hyperparameters, or those of your own training, with the sampler
-that fits the space (auto, the default: a Gaussian process, gp, for numeric ranges; TPE otherwise), a
-genetic algorithm (ga), a grid or at random (--min-epochs prunes hopeless candidates early).
+that fits the space (auto, the default: a Gaussian process, gp, where a numeric range is in every
+trial; TPE for lists alone), a genetic algorithm (ga), a grid or at random (--min-epochs prunes
+hopeless candidates early).
 
   towerlab train --model lenet5 --dataset mnist --epochs 2     train, and test; the run lands in runs/
   towerlab evaluate runs/RUN                                   score a trained model on its test set

@@ -285,8 +285,8 @@ class SearchConfig:
     none of its fields are the sampler's own settings (its `SamplerSettings`), kept in `settings`
     and checked by the sampler (towerlab.search.samplers); `to_dict` writes them among the fields."""
 
-    sampler: str = _opt("auto", "how candidates are proposed: auto (gp for numeric ranges alone, unpruned; else "
-                        "tpe), ga (the original's GA), gp (Optuna's Gaussian process), grid, random (without "
+    sampler: str = _opt("auto", "how candidates are proposed: auto (gp where a numeric range is in every "
+                        "trial, unpruned; else tpe), ga (the original's GA), gp (Optuna's Gaussian process), grid, random (without "
                         "replacement) or tpe (Optuna's TPE); auto, gp and tpe need the tpe extra")
     space: str = _opt("mlp", "search space: mlp, cnn, whitenet, a TOML file giving each gene's values "
                      "(a list, or a range {low, high, log, step}), or the same as JSON text")

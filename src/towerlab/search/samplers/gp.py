@@ -30,7 +30,8 @@ a proposal's time). A
 conditional gene is suggested only where it is active (towerlab.search.samplers.optuna_params), and
 GPSampler models only the genes every complete trial holds: it draws a conditional one at random,
 without a warning each trial (in a space without conditional genes it draws none so once the model
-proposes). So auto hands a conditional space to TPE. A
+proposes). auto still runs it on a conditional space that has a range in every trial
+(towerlab.search.samplers.auto: measured on rbv2_xgboost). A
 failed candidate is told FAIL, one a pruned search stopped early PRUNED (the model reads only the
 trainings that reached the last rung). Each proposal fits the model to every outcome again and
 optimises its acquisition: on one core about 0.1 to 0.4 s at 100 outcomes (more with more trainings in
@@ -64,14 +65,14 @@ def optuna_for_gp() -> Any:
     """The optuna package, once it and what its GPSampler runs on are there (else a UserError saying
     how to install them)."""
     instead = " (or choose --sampler tpe, ga, random or grid)"
-    optuna = optuna_module("the gp sampler (auto's choice for a space of numeric ranges alone)", instead)
+    optuna = optuna_module("the gp sampler (auto's choice where a numeric range is in every trial)", instead)
     if int(optuna.__version__.split(".")[0]) < 5:
         raise UserError(f"the gp sampler needs Optuna 5.0 or later, whose Gaussian process proposes while others "
                         f"train (this is {optuna.__version__}): pip install -U 'towerlab[tpe]'{instead}")
     try:
         import scipy  # noqa: F401 - GPSampler optimises with SciPy's L-BFGS-B, which it imports when it first asks
     except ImportError:
-        raise UserError(f"the gp sampler (auto's choice for a space of numeric ranges alone) needs SciPy: "
+        raise UserError(f"the gp sampler (auto's choice where a numeric range is in every trial) needs SciPy: "
                         f"pip install 'towerlab[tpe]'{instead}") from None
     return optuna
 

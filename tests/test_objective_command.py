@@ -162,7 +162,9 @@ def test_a_worker_asked_to_stop_ends_the_program_and_says_so(tmp_path):
 
 
 def test_ctrl_c_ends_the_program_too(tmp_path):
-    driver = ("import sys\nfrom pathlib import Path\nfrom towerlab.objective import CommandObjective, Trial\n"
+    # Python's own SIGINT handler, whatever this process inherited (a shell's background job ignores SIGINT)
+    driver = ("import signal, sys\nfrom pathlib import Path\nfrom towerlab.objective import CommandObjective, Trial\n"
+              "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
               "objective = CommandObjective(\"sh -c 'sleep 60 & echo $! > {folder}/pid; wait'\", [])\n"
               "try:\n    objective.run(Trial({}, 0, 1, 'cpu', Path(sys.argv[1])))\n"
               "except KeyboardInterrupt:\n    sys.exit(130)\n")

@@ -68,11 +68,23 @@ class Watch:
         self.judged = not search.own or search.plan["search"] <= FIRST_RESULTS  # stopped on its first results?
 
     def step(self) -> bool:
+        """Show and record what the store holds now; a UserError where the search's folder was deleted."""
         if not self.out.is_dir():  # `rm -rf` mid-search: one line here, not a traceback at the next write
-            inside = self.store.url is None and Path(self.store.path).absolute().is_relative_to(self.out.absolute())
-            raise UserError(f"the search's folder {self.out} was deleted while the search ran: its record cannot be "
-                            "written, " + ("and its store went with it" if inside else
-                                           f"and its store, {self.store.path}, keeps what was trained"))
+            raise self._deleted()
+        try:
+            return self._step()
+        except FileNotFoundError:  # deleted while this step wrote into it
+            if self.out.is_dir():
+                raise
+            raise self._deleted() from None
+
+    def _deleted(self) -> UserError:
+        inside = self.store.url is None and Path(self.store.path).absolute().is_relative_to(self.out.absolute())
+        return UserError(f"the search's folder {self.out} was deleted while the search ran: its record cannot be "
+                         "written, " + ("and its store went with it" if inside else
+                                        f"and its store, {self.store.path}, keeps what was trained"))
+
+    def _step(self) -> bool:
         trained = self.store.records.count_evaluations(self.search.stored_id, after=self.before)
         new = trained - self.trained
         if new:

@@ -1,10 +1,9 @@
 """What a search job shows and writes: while its workers work, `Watch` follows the store (a line per
 generation as it completes, generations.jsonl, the first training's estimate, a progress bar on a
 terminal and otherwise a status line at least every `STATUS_EVERY` seconds); at the end, `write_record`
-writes best.json, the plots and summary.json from the store, whoever trained what.
-
-The output folder holds config.json, search.db (unless --store points elsewhere), generations.jsonl,
-best.json, fitness.png, accuracy_time.png, summary.json and, with --export-best, model.pt.
+writes best.json, the plots and summary.json from the store, whoever trained what. The output folder
+holds config.json, search.db (unless --store points elsewhere), generations.jsonl, best.json,
+fitness.png, accuracy_time.png, summary.json and, with --export-best, model.pt.
 """
 
 from __future__ import annotations
@@ -35,8 +34,7 @@ from towerlab.search.testing import top_tests
 from towerlab.search.views.show import workers_now
 from towerlab.search.store import Store
 
-# Seconds without a line after which a job without a progress bar says where its search stands.
-STATUS_EVERY = 30.0
+STATUS_EVERY = 30.0  # seconds without a line after which a job without a progress bar says where it stands
 
 
 class Watch:
@@ -68,21 +66,16 @@ class Watch:
         self.judged = not search.own or search.plan["search"] <= FIRST_RESULTS  # stopped on its first results?
 
     def step(self) -> bool:
-        """Show and record what the store holds now; a UserError where the search's folder was deleted."""
-        if not self.out.is_dir():  # `rm -rf` mid-search: one line here, not a traceback at the next write
-            raise self._deleted()
-        try:
-            return self._step()
-        except FileNotFoundError:  # deleted while this step wrote into it
+        try:  # `rm -rf` mid-search: one line here, not a traceback at a write into the folder
+            if self.out.is_dir():
+                return self._step()
+        except FileNotFoundError:
             if self.out.is_dir():
                 raise
-            raise self._deleted() from None
-
-    def _deleted(self) -> UserError:
         inside = self.store.url is None and Path(self.store.path).absolute().is_relative_to(self.out.absolute())
-        return UserError(f"the search's folder {self.out} was deleted while the search ran: its record cannot be "
-                         "written, " + ("and its store went with it" if inside else
-                                        f"and its store, {self.store.path}, keeps what was trained"))
+        raise UserError(f"the search's folder {self.out} was deleted while the search ran: its record cannot be "
+                        "written, " + ("and its store went with it" if inside else
+                                       f"and its store, {self.store.path}, keeps what was trained"))
 
     def _step(self) -> bool:
         trained = self.store.records.count_evaluations(self.search.stored_id, after=self.before)
@@ -135,10 +128,8 @@ class Watch:
         return new > 0
 
     def _plot_evaluations(self) -> None:
-        """TensorBoard points of the evaluations not plotted yet, in the order they were numbered: each
-        one's validation accuracy (the metric of your objective, by its name) and the best so far, against
-        the trainings made; and the curve an objective of yours reported (`curve/ID/METRIC` against its epochs).
-        (A database may commit rows a little out of their numbering: the last ones are looked at again.)"""
+        """TensorBoard points of the evaluations not plotted yet, in their numbering's order: each one's metric
+        and the best so far, against the trainings made, and your objective's curve (`curve/ID/METRIC`)."""
         assert self.tb is not None
         after = max(0, max(self.plotted, default=0) - 256)
         search, goal, metric = self.search, self.search.goal, self.search.goal.metric
@@ -161,8 +152,7 @@ class Watch:
         self.tb.flush()
 
     def status(self) -> str:
-        """Where the search stands: its generation (or, its generations shown, the top's re-measures and
-        tests), its queue, its workers."""
+        """Where the search stands: its generation (or the top's re-measures and tests), queue and workers."""
         counts = self.store.queue.queue_counts(self.search.stored_id)
         generations = self.search.generations
         stage = (f"Generation {self.shown + 1}/{generations}" if self.shown < generations else
@@ -182,10 +172,8 @@ class Watch:
 
 
 def test_results(result: SearchResult, store: Store, has_test: bool, reporter: Reporter) -> tuple[list[dict], list[float]]:
-    """The top networks as the record lists them, and the seconds of every test retraining the
-    search made. A top genome's validation accuracy is the mean over its seeds (the evaluation's, then
-    its re-measures'), listed with their spread; its test accuracy is the evaluation's network's
-    (`towerlab.search.testing`)."""
+    """The top networks as the record lists them (`towerlab.search.testing`: the mean over their seeds, with
+    its spread; the evaluation's network's test accuracy), and the seconds of every test retraining."""
     found = top_tests(store, result)
     rows = [{"genome": t.genome, "genome_hash": t.genome_hash, "val_accuracy": t.fitness,
              "val_accuracy_sd": t.spread, "val_accuracies": list(t.fitnesses), "seeds": list(t.seeds),

@@ -77,7 +77,7 @@ def _towerlab_cli(surrogate: Surrogate, seed: int, ledger: Ledger, options: tupl
         wall = time.time() - started
         if done.returncode != 0:
             raise RuntimeError(f"towerlab on task {surrogate.task} seed {seed}: {done.stderr[-2000:]}")
-        first_line = done.stdout.splitlines()[:1]
+        first_line = [line.replace(f"{REPO}/", "") for line in done.stdout.splitlines()[:1]]  # the repo's paths
         if says is not None and not any(says in line for line in first_line):
             raise RuntimeError(f"towerlab on task {surrogate.task} seed {seed} did not say {says!r}: {first_line}")
         with sqlite3.connect(Path(folder, "out", "search.db")) as db:

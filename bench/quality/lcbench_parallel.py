@@ -50,6 +50,10 @@ from bench.common.crew import crewed_search
 from bench.common.record import REPO, RESULTS, script_command, write_json, write_record
 
 RUNS = RESULTS / "lcbench-runs" / "parallel"
+NOTES = ("towerlab's default measured as a user runs it: `towerlab search run --objective ... --budget-epochs 5200 "
+         "--max-epochs 52 --devices W` through the command line, every other setting at its default (beyond what one "
+         "command may start here, a joining `towerlab search worker`: bench/common/crew.py); the anchors as Optuna's "
+         "docs run a parallel study (W processes on one journal file)")
 POINTS = (0.25, 0.5, 1.0)
 ARMS = {
     "towerlab": "towerlab's default search (search run --devices W)",
@@ -292,7 +296,7 @@ def main(argv: list[str] | None = None) -> int:
     from bench.common.machine import describe  # imports torch
 
     record = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "machine": describe(),
-              "command": script_command(__file__), "tasks": args.tasks,
+              "command": script_command(__file__), "notes": NOTES, "tasks": args.tasks,
               "seeds": args.seeds, "workers": args.workers, "scale_seconds_per_epoch": args.scale,
               "budget_epochs": BUDGET, "points": list(POINTS), **measured,
               "sequential_gp": sequential, "figures": figures(measured, {p: sequential[p] for p in ("0.5", "1.0")})}

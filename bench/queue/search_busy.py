@@ -169,6 +169,9 @@ def main(argv: list[str] | None = None) -> int:
     write_record(RESULTS / "queue", name, {
         "date": time.strftime("%Y-%m-%d %H:%M:%S"), "machine": describe(),
         "command": script_command(__file__), "trainings": TRAININGS, "rows": rows,
+        "notes": "towerlab's default measured as a user runs it: `towerlab search run --objective ... "
+                 "--max-evaluations 200` through the command line, every other setting at its default (beyond what "
+                 "one command may start here, a joining `towerlab search worker`: bench/common/crew.py)",
         "figures": figures})
     print(f"wrote bench/results/queue/{name}")
     return 0

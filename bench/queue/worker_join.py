@@ -113,7 +113,9 @@ def main(argv: list[str] | None = None) -> int:
     name = args.record or f"worker-join-{time.strftime('%Y-%m-%d')}.json"
     written = write_record(RESULTS / "queue", name, {
         "date": time.strftime("%Y-%m-%d %H:%M:%S"), "machine": describe(),
-        "command": script_command(__file__, argv), "rows": rows, "figures": figures})
+        "command": script_command(__file__, argv), "rows": rows, "figures": figures,
+        "notes": "measured as a user meets it: `towerlab search worker DIR` started from the command line while "
+                 "`search run --resume` trains on; its first claim read from the store"})
     print(f"wrote {written}")
     return 0
 

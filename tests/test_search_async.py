@@ -107,6 +107,44 @@ def test_two_workers_propose_once_each_generation_and_every_proposal_is_its_inpu
         assert again(told, flying if proposed["in_flight"] else None) == genomes
 
 
+def test_idle_workers_re_measure_the_certain_top_while_the_last_training_runs(tmp_path):
+    """Once the budget is spent, a worker that frees up re-measures a network certain to be crowned while the
+    search's last training still runs (crowning waited for that training's end: on 32 workers, a round of 31
+    idle ones), and the rows are those of the same search played in one process, which waited."""
+    cfg = SearchConfig(sampler="random", max_evaluations=8, remeasure=1, top=2, seed=3)
+    remeasured, waited = threading.Event(), []
+
+    def last_waits(search):
+        def train(assignment):
+            c = assignment.candidate
+            if c.replicate:
+                remeasured.set()
+            elif c.generation == 7:  # the last training ends once a re-measure was trained (or after 20 s)
+                waited.append(remeasured.wait(timeout=20))
+            return bowl(c)
+        return train
+
+    search = created(tmp_path / "s.db", cfg)
+    made = [Worker(Store(tmp_path / "s.db"), f"w{i}", "cpu", last_waits,
+                   WorkerOptions(search_ids=[search.id], lease=30.0)) for i in range(3)]
+    threads = [threading.Thread(target=w.run) for w in made]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert waited == [True]
+
+    def rows(path, search_id):
+        with Store(path) as store:
+            return sorted((r.genome_hash, r.replicate, r.generation, r.index, r.seed, r.fitness)
+                          for r in store.records.evaluations(search_id))
+    with Store(tmp_path / "alone.db") as store:
+        alone = run_search(search.cfg, SPACE, serial(bowl), store, TCH)
+    measured = rows(tmp_path / "s.db", search.id)
+    assert measured == rows(tmp_path / "alone.db", alone.search_id)
+    assert len(measured) == 10 and sum(r[1] for r in measured) == 2  # 8 trainings, the top 2 re-measured once
+
+
 class Restless(RandomSampler):
     """A sampler that proposes otherwise in every process that plays the search (as two thread counts' numerics
     did at the 85th generation of a search of LCBench): its genomes carry the number of its instance."""

@@ -263,15 +263,44 @@ class Rounds:
             if not todo:
                 return
             epochs = {m.genome_hash: self.ladder.epochs[m.rung] for m in todo}
-            rows = self._serve([Candidate(generation, -1, m.genome, m.genome_hash,
-                                          remeasure_seed(m.genome_hash, r), epochs[m.genome_hash], r)
-                                for m in todo for r in range(1, self.remeasure + 1)],
-                               f"the re-measures after generation {generation}")
+            rows = self._serve(self._remeasures(todo, generation), f"the re-measures after generation {generation}")
             for m in todo:
                 again = [rows[(m.genome_hash, epochs[m.genome_hash], r)] for r in range(1, self.remeasure + 1)]
                 self._measured[m.genome_hash, m.rung] = _Measurement(
                     (m.fitness, *[r.fitness if r.status == "ok" else None for r in again]),
                     (m.seed, *[r.seed for r in again]))
+
+    def _remeasures(self, members: Sequence[Member], generation: int) -> list[Candidate]:
+        """The re-measures that crowning `members` after `generation` trains: K fresh seeds each, at its rung."""
+        return [Candidate(generation, -1, m.genome, m.genome_hash, remeasure_seed(m.genome_hash, r),
+                          self.ladder.epochs[m.rung], r) for m in members for r in range(1, (self.remeasure or 0) + 1)]
+
+    @staticmethod
+    def _highest(history: Sequence[Generation]) -> tuple[dict[str, Member], dict[str, int]]:
+        """Each genome of the history at the highest rung it reached, and the generation it was first seen in."""
+        best: dict[str, Member] = {}
+        first_seen: dict[str, int] = {}
+        for gen in history:
+            for m in gen.members:
+                first_seen.setdefault(m.genome_hash, gen.generation)
+                if m.genome_hash not in best or m.rung > best[m.genome_hash].rung:
+                    best[m.genome_hash] = m
+        return best, first_seen
+
+    def crown_ahead(self, told: Sequence[Generation], n: int, in_flight: int, last: int) -> None:
+        """Put on the queue now, for a trainer that takes work ahead (`Prefetching`), the re-measures that
+        crowning the top after generation `last` (`top`) will train whatever the `in_flight` trainings still
+        give: those of the best `n` told so far that no training in flight can push out of the best `n`.
+        An asynchronous search's idle workers train them while its last trainings run; crowning then
+        finds their rows, which are the very ones it would have trained (the same seeds, generation and
+        rung), so the history and the store's rows are those of a search that waited."""
+        if not self.remeasure or not isinstance(self.train, Prefetching) or in_flight >= n:
+            return
+        ranked = sorted((self._scored(m) for m in self._highest(told)[0].values()),
+                        key=lambda m: rank_key(m.genome, m.score, m.rung))
+        sure = [m for m in ranked[:n - in_flight] if m.ok and (m.genome_hash, m.rung) not in self._measured]
+        for rung in sorted({m.rung for m in sure}):
+            self.train.prefetch(self._remeasures([m for m in sure if m.rung == rung], last), self.ladder.hash(rung))
 
     def crowned(self, generation: Generation, n: int) -> Generation:
         """The generation with its best `n` re-measured and every member's score brought up to date."""
@@ -282,13 +311,7 @@ class Rounds:
     def top(self, history: Sequence[Generation], n: int) -> list[TopGenome]:
         """The best `n` successful genomes of the history, each at the highest rung it reached,
         re-measured."""
-        best: dict[str, Member] = {}
-        first_seen: dict[str, int] = {}
-        for gen in history:
-            for m in gen.members:
-                first_seen.setdefault(m.genome_hash, gen.generation)
-                if m.genome_hash not in best or m.rung > best[m.genome_hash].rung:
-                    best[m.genome_hash] = m
+        best, first_seen = self._highest(history)
         if history:
             self.crown(list(best.values()), n, history[-1].generation)
         ranked = sorted((self._scored(m) for m in best.values()), key=lambda m: rank_key(m.genome, m.score, m.rung))

@@ -112,7 +112,7 @@ def test_a_candidates_curve_is_its_validation_accuracy_after_each_epoch():
 
 
 @pytest.mark.slow
-def test_a_pruned_search_on_two_workers_trains_what_one_worker_trains(tmp_path, space_file):
+def test_a_pruned_search_on_two_workers_trains_what_one_worker_trains(tmp_path, space_file, capsys):
     """Two workers take a rung's certain places for the next rung while the rung still runs (the
     driver puts them on the queue as results come in): the same trainings, the same history as one worker,
     at the rungs the pruner's judge uses."""
@@ -121,6 +121,8 @@ def test_a_pruned_search_on_two_workers_trains_what_one_worker_trains(tmp_path, 
     args = ["evolve", *BASE, "--space", space_file, "--population", "8", "--generations", "2", "--seed", "7",
             "--max-epochs", "3", "--min-epochs", "1", "--prune-factor", "2"]
     assert main([*args, "--out", str(tmp_path / "one")]) == 0
+    assert ("Pruning where a rung ranks as the last does, judged on the generations before: rung 1 (1 epoch): "
+            "0 pair(s) of fewer than 8 to judge by, skipped\n") in capsys.readouterr().out  # a new search: none yet
     assert main([*args, "--devices", "2", "--out", str(tmp_path / "two")]) == 0
     one, two = _history(tmp_path / "one"), _history(tmp_path / "two")
     assert one[:2] == two[:2]

@@ -227,3 +227,14 @@ def test_the_evidence_prefers_the_curve_and_falls_back_on_the_rungs_trainings():
     assert [v.correlation for v in judged.verdicts] == [-1.0, 1.0] and judged.used == [1, 2]
     assert judged.text() == (f"rung 1 (1 epoch): rank correlation -1.00 over {MIN_PAIRS} pairs, skipped; "
                              f"rung 2 (3 epochs): rank correlation 1.00 over {MIN_PAIRS} pairs, pruning")
+
+
+def test_a_generation_begun_while_the_one_before_trains_is_budgeted_in_its_own_first_rung(tmp_path):
+    """random proposes generation 3 while generation 2 trains: it is judged on generation 1 alone (complete by
+    then), prunes at 1 epoch, and the 150 epochs less generation 1's 72 and generation 2's 72 in flight leave
+    it 6 one-epoch first rungs."""
+    path = tmp_path / "s.db"
+    cfg = pruned(sampler="random", population=MIN_PAIRS, generations=100, budget_epochs=150)
+    result = search(path, cfg, serial(objective("ranks")))
+    assert result.ended == "budget_epochs" and [len(g.members) for g in result.history] == [8, 8, 6]
+    assert Counter(trained(path)) == {(0, 9): 8, (1, 9): 8, (2, 1): 6, (2, 3): 2, (2, 9): 1}

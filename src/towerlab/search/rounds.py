@@ -124,17 +124,19 @@ class Rounds:
                 new.add(h)
         return len(hashes)
 
-    def epochs_left(self, generation: int, in_flight: int = 0) -> Optional[int]:
+    def epochs_left(self, generation: int, in_flight: int = 0, following: bool = False) -> Optional[int]:
         """How many new first rungs --budget-epochs leaves `generation` (None: no such budget): what is
         left of it, less what crowning the top takes (`crowning_epochs`), once the search's own trainings of
         the generations before were charged (each the epochs it was given, its whole rung whatever it
         trained: every rung and re-measure) and, where the generation before is still `in_flight`, its
-        `in_flight` new first rungs, in first rungs (the last one may pass the budget)."""
+        `in_flight` new first rungs, in first rungs (the last one may pass the budget). `following`: for the
+        generation after `generation`, which is the one still in flight. A first rung is the first that
+        its generation trains (`used`)."""
         if self.budget_epochs is None:
             return None
-        first = self.ladder.epochs[self.used(generation)[0]]
-        before = self.ladder.epochs[self.used(generation - 1)[0]] if generation else first
-        given = self.records.epochs_given(self.search_id, generation, self.ladder.epochs[-1]) + in_flight * before
+        first = self.ladder.epochs[self.used(generation + 1 if following else generation)[0]]
+        charged = self.ladder.epochs[self.used(generation if following else max(0, generation - 1))[0]]
+        given = self.records.epochs_given(self.search_id, generation, self.ladder.epochs[-1]) + in_flight * charged
         return max(0, -(-(self.budget_epochs - given) // first))
 
     # -- a generation -----------------------------------------------------------------------------

@@ -144,6 +144,7 @@ def test_a_pruned_search_on_two_workers_trains_what_one_worker_trains(tmp_path, 
         search = Search.open(store, 1)
         evidence = Evidence(search.ladder.epochs, search.ladder.hashes, search.goal)
         evidence.add(store.records.own_history(1, 0, 1))
+        judged = search.judgement(store)  # on both generations
     assert {epochs for generation, *_, epochs, _, _ in rows if generation == 0} == {3}
     # towerlab's own training reports its curve, the judge's evidence: the validation accuracy after each epoch
     with sqlite3.connect(tmp_path / "two" / "search.db") as db:
@@ -153,6 +154,9 @@ def test_a_pruned_search_on_two_workers_trains_what_one_worker_trains(tmp_path, 
                           and f in [p["val_accuracy"] for p in json.loads(c)] for f, c in curves)
     assert {epochs for generation, *_, epochs, _, _ in rows if generation == 1} <= \
         {search.ladder.epochs[r] for r in evidence.judge().used}
+    pruning = json.loads((tmp_path / "two" / "summary.json").read_text())["pruning"]
+    assert judged is not None and pruning == judged.to_json() and [(p["rung"], p["epochs"]) for p in pruning] == [(0, 1)]
+    assert pruning[0]["pairs"] > 0 and set(pruning[0]) == {"rung", "epochs", "correlation", "pairs", "used"}
 
 
 def test_grid_writes_its_record_and_exports_the_winner(tmp_path, space_file, capsys):

@@ -123,6 +123,10 @@ class Judgement:
     def text(self) -> str:
         return "; ".join(v.text() for v in self.verdicts)
 
+    def to_json(self) -> list[dict]:
+        """As summary.json records it ("pruning"): each verdict's rung (from 0), epochs, correlation, pairs, used."""
+        return [v.to_json() for v in self.verdicts]
+
 
 class Evidence:
     """What a search's history shows of its rungs (`ladder`: each rung's epochs; `hashes`: each rung's

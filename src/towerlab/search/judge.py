@@ -6,14 +6,14 @@ Evidence, one pair per genome: its fitness at rung r's epochs and its fitness at
 fitness at rung r's epochs is read first from the learning curve its last-rung training reported (free:
 the point after that many epochs, its metric read as the search's goal reads it), else from the training
 the search made of it at rung r. Only the search's own successful evaluations (replicate 0) of the
-generations before count (`Rounds.used` says which), so that a replay, a resume and every worker judge
+complete generations before count (`towerlab.search.rounds.Rounds.judged` says which), so that a replay, a resume and every worker judge
 alike, whoever trained what.
 
 The rule: rung r is used (its members trained there and the best 1/--prune-factor promoted, as successive
 halving does) where at least MIN_PAIRS pairs show a Spearman rank correlation of at least MIN_CORRELATION;
 otherwise it is skipped, and its members go on to the next rung used. The last rung is always trained. A
 generation without evidence (the first) skips every rung below the last: an unpruned generation, whose
-curves are the evidence for the next. Standard library only.
+curves are the evidence for the next. No numpy, no torch.
 """
 
 from __future__ import annotations
@@ -130,8 +130,8 @@ class Judgement:
 
 
 class Evidence:
-    """What a search's history shows of its rungs (`ladder`: each rung's epochs; `hashes`: each rung's
-    training-config hash), read in as rows come (`add`), judged at any point (`judge`)."""
+    """What a search's history shows of its rungs (`epochs`: each rung's, the last's last; `hashes`: each
+    rung's training-config hash), read in as rows come (`add`), judged at any point (`judge`)."""
 
     def __init__(self, epochs: Sequence[int], hashes: Sequence[str], goal: Goal) -> None:
         self.epochs, self.hashes, self.goal = list(epochs), list(hashes), goal

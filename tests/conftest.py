@@ -37,3 +37,14 @@ def slurm_cluster():
         pytest.skip(f"no Slurm cluster for the tests: {exc}")
     yield cluster
     cluster.close()
+
+
+@pytest.fixture
+def every_rung_ranks(monkeypatch):
+    """The pruner's judge takes every rung below the last as shown to rank: successive halving at every rung
+    from the first generation on, as a pruned search ran before the judge (issue 73). The tests of the rungs'
+    mechanics (promotions, held members, places, budgets, resumes, the export's pruned trials) use it, whatever
+    evidence their fake fitness gives; tests/test_search_judge.py tests the judge itself."""
+    from towerlab.search.judge import Verdict
+
+    monkeypatch.setattr(Verdict, "used", property(lambda verdict: True))

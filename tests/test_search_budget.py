@@ -34,6 +34,7 @@ def through_the_queue(path, cfg: SearchConfig) -> dict:
         return stored(store, search_id)
 
 
+@pytest.mark.usefixtures("every_rung_ranks")  # every rung trained, and charged
 @pytest.mark.parametrize("sampler, settings", [("random", {}), ("tpe", {"overlap": True}), ("ga", {"elite": 1})])
 def test_a_budget_in_epochs_ends_the_search_alike_in_one_process_and_through_the_queue(tmp_path, sampler, settings):
     cfg = SearchConfig(sampler=sampler, budget_epochs=60, remeasure=1, **PRUNED, **settings)

@@ -100,15 +100,29 @@ def test_a_search_with_default_settings_trains_the_same_rows_on_one_and_two_work
     assert train_config_hash(SearchConfig(), "cuda", 2) == train_config_hash(SearchConfig(), "cuda", 1)
 
 
+def test_a_candidates_curve_is_its_validation_accuracy_after_each_epoch():
+    from towerlab.objective.candidate import curve_of
+
+    history = [{"epoch": 1, "step": 5, "val_loss": 0.9, "val_accuracy": 0.5},  # an extra evaluation mid-epoch
+               {"epoch": 1, "step": 10, "val_loss": 0.8, "val_accuracy": 0.6},
+               {"epoch": 2, "step": 20, "val_loss": float("nan"), "val_accuracy": 0.7}]
+    assert curve_of(history) == [{"epoch": 1, "val_accuracy": 0.6, "val_loss": 0.8},
+                                 {"epoch": 2, "val_accuracy": 0.7, "val_loss": None}]
+    assert curve_of([]) is None and curve_of([{"epoch": 1, "val_accuracy": None, "val_loss": None}]) is None
+
+
 @pytest.mark.slow
-def test_a_pruned_search_on_two_workers_trains_what_one_worker_trains(tmp_path, space_file):
+def test_a_pruned_search_on_two_workers_trains_what_one_worker_trains(tmp_path, space_file, capsys):
     """Two workers take a rung's certain places for the next rung while the rung still runs (the
-    driver puts them on the queue as results come in): the same trainings, the same history as one worker."""
+    driver puts them on the queue as results come in): the same trainings, the same history as one worker,
+    at the rungs the pruner's judge uses."""
     import sqlite3
 
     args = ["evolve", *BASE, "--space", space_file, "--population", "8", "--generations", "2", "--seed", "7",
             "--max-epochs", "3", "--min-epochs", "1", "--prune-factor", "2"]
     assert main([*args, "--out", str(tmp_path / "one")]) == 0
+    assert ("Pruning where a rung ranks as the last does, judged on the generations before: rung 1 (1 epoch): "
+            "0 pair(s) of fewer than 8 to judge by, skipped\n") in capsys.readouterr().out  # a new search: none yet
     assert main([*args, "--devices", "2", "--out", str(tmp_path / "two")]) == 0
     one, two = _history(tmp_path / "one"), _history(tmp_path / "two")
     assert one[:2] == two[:2]
@@ -121,7 +135,28 @@ def test_a_pruned_search_on_two_workers_trains_what_one_worker_trains(tmp_path, 
 
     rows = trainings(tmp_path / "two")
     assert rows == trainings(tmp_path / "one")
-    assert {epochs for *_, epochs, _, _ in rows} == {1, 3}  # the rungs
+    # the first generation trains every member to the end; the second prunes at 1 epoch where the first's
+    # curves showed it ranks as the last (the pruner's judge: test_search_judge.py)
+    from towerlab.search import Search, Store
+    from towerlab.search.judge import Evidence
+
+    with Store(tmp_path / "two" / "search.db") as store:
+        search = Search.open(store, 1)
+        evidence = Evidence(search.ladder.epochs, search.ladder.hashes, search.goal)
+        evidence.add(store.records.own_history(1, 0, 1))
+        judged = search.judgement(store)  # on both generations
+    assert {epochs for generation, *_, epochs, _, _ in rows if generation == 0} == {3}
+    # towerlab's own training reports its curve, the judge's evidence: the validation accuracy after each epoch
+    with sqlite3.connect(tmp_path / "two" / "search.db") as db:
+        curves = db.execute("SELECT fitness, curve FROM evaluations WHERE status = 'ok' AND generation = 0").fetchall()
+    db.close()
+    assert curves and all([p["epoch"] for p in json.loads(c)] == [1, 2, 3]
+                          and f in [p["val_accuracy"] for p in json.loads(c)] for f, c in curves)
+    assert {epochs for generation, *_, epochs, _, _ in rows if generation == 1} <= \
+        {search.ladder.epochs[r] for r in evidence.judge().used}
+    pruning = json.loads((tmp_path / "two" / "summary.json").read_text())["pruning"]
+    assert judged is not None and pruning == judged.to_json() and [(p["rung"], p["epochs"]) for p in pruning] == [(0, 1)]
+    assert pruning[0]["pairs"] > 0 and set(pruning[0]) == {"rung", "epochs", "correlation", "pairs", "used"}
 
 
 def test_grid_writes_its_record_and_exports_the_winner(tmp_path, space_file, capsys):

@@ -20,6 +20,7 @@ SPACE = ('{"model": "mlp", "genes": {"neurons": {"low": 8, "high": 512, "log": t
 CFG = SearchConfig(space=SPACE, sampler="tpe", population=4, generations=3, min_epochs=1, max_epochs=9,
                    remeasure=2, top=2, seed=3)
 TCH = "export-train-config"
+pytestmark = pytest.mark.usefixtures("every_rung_ranks")  # pruned at every rung from the first generation
 
 
 def fitness(candidate):

@@ -8,7 +8,9 @@ that is meant to change no result (a refactoring) keeps this test passing unchan
 The fixture was written by this file run as a script (`python tests/test_search_pinned.py`), before the
 search package was reorganised (issue 58); its TPE case again when TPE's proposals became a function of
 each generation's inputs (issue 72: a study built afresh for each, seeded from the generation's number),
-under Optuna 5.1.0. TPE's proposals are Optuna's: its case runs under the Optuna version the fixture was
+under Optuna 5.1.0; its pruned case again when the pruner's judge came (issue 73: a rung is pruned at only
+where the search's own earlier generations show it ranks as the last does, so its first generations train
+every member to the end). TPE's proposals are Optuna's: its case runs under the Optuna version the fixture was
 written with (CI installs it: constraints.txt), and says so where another is installed."""
 
 from __future__ import annotations
@@ -49,12 +51,15 @@ TCH = "pinned-train-config"
 
 
 def fitness(c: Candidate) -> Outcome:
-    """Deterministic in the candidate (genome, seed, epochs), so the same whoever trains it."""
+    """Deterministic in the candidate (genome, seed, epochs), so the same whoever trains it. Its curve climbs
+    by 0.01 an epoch to its result: it ranks as the last epoch does, and the pruner's judge prunes by it."""
     if c.genome["activation"] == "sigmoid":
         return Outcome.failed("loss became NaN", epochs=1, seconds=0.25)
     r = random.Random(f"{c.genome_hash}/{c.seed}/{c.max_epochs}")
-    return Outcome.ok(round(0.5 + 0.4 * r.random() + 0.01 * (c.max_epochs or 0), 6), val_loss=round(r.random(), 6),
-                      epochs=c.max_epochs or 1, seconds=0.125 * (c.max_epochs or 1))
+    value, epochs = round(0.5 + 0.4 * r.random() + 0.01 * (c.max_epochs or 0), 6), c.max_epochs or 1
+    return Outcome.ok(value, val_loss=round(r.random(), 6), epochs=epochs, seconds=0.125 * epochs,
+                      curve=[{"epoch": e, "val_accuracy": round(value - 0.01 * (epochs - e), 6)}
+                             for e in range(1, epochs + 1)])
 
 
 def stored(store: Store, search_id: int) -> dict:

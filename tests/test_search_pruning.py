@@ -1,6 +1,8 @@
 """Early pruning (successive halving per generation): every candidate trains the first rung, the
 best 1/prune_factor go on, up to --max-epochs; each rung is stored and replayed exactly; the last
-rung's rows are an unpruned search's. Fake fitness that improves with the epochs trained."""
+rung's rows are an unpruned search's. Fake fitness that improves with the epochs trained. The judge
+takes every rung as shown to rank here (`every_rung_ranks`): these are the rungs' mechanics, and
+tests/test_search_judge.py tests which rungs the judge uses."""
 
 import json
 import math
@@ -15,6 +17,7 @@ from towerlab.search import (Outcome, Store, SuccessiveHalving, format_search, g
                              rung_epochs, rung_hash, run_search, serial)
 
 TCH = "tch"
+pytestmark = pytest.mark.usefixtures("every_rung_ranks")
 
 
 def learning(candidate):

@@ -202,7 +202,21 @@ def train_candidate(cfg: SearchConfig, model: CandidateModel, genome: dict, seed
     except (Exception, SystemExit) as exc:  # noqa: BLE001 - a candidate's failure is data: the search goes on
         return Outcome.failed(failure(exc), seconds=time.perf_counter() - started, numerics=numbers), None
     return Outcome("ok", fitness=result.val_accuracy, val_loss=result.val_loss, epochs=math.ceil(result.epochs),
-                   seconds=time.perf_counter() - started, numerics=numbers, test_accuracy=result.test_accuracy), result
+                   seconds=time.perf_counter() - started, numerics=numbers, test_accuracy=result.test_accuracy,
+                   curve=curve_of(result.history)), result
+
+
+def curve_of(history: list[dict]) -> Optional[list[dict]]:
+    """A training's learning curve as an objective of yours reports one: {"epoch": N, "val_accuracy": ...,
+    "val_loss": ...} after each epoch N, from 1 (its last evaluation in that epoch); None where it has none.
+    The pruner's judge reads it (`towerlab.search.judge`)."""
+    points: dict[int, dict] = {}
+    for record in history:
+        if record.get("val_accuracy") is not None:
+            loss = record.get("val_loss")
+            points[int(record["epoch"])] = {"epoch": int(record["epoch"]), "val_accuracy": float(record["val_accuracy"]),
+                                            "val_loss": float(loss) if loss is not None and math.isfinite(loss) else None}
+    return [points[epoch] for epoch in sorted(points)] or None
 
 
 def failure(exc: BaseException) -> str:

@@ -100,16 +100,21 @@ class Played(Protocol):
     def holds(self, genome_hash: str, rung: int, generation: int) -> bool:
         """Whether the genome holds `rung` from before `generation`, at no cost."""
 
+    def used(self, generation: int) -> list[int]:
+        """The rungs `generation` trains at, rising (the pruner's judge's: the last always)."""
+
 
 class Climb:
     """One generation's rungs as work that unlocks as results come in. A rung's promotions are
     decided when all of its results are in, exactly as rung by rung; before that, a genome whose
     place is certain (`_certain`) is handed out for the next rung already. `first`: each distinct
-    genome's first index in the generation."""
+    genome's first index in the generation. It climbs the rungs its judge uses (`used`) alone: from
+    one, the promoted go on to the next one used."""
 
     def __init__(self, rounds: Played, generation: int, genomes: Sequence[dict], first: dict[str, int]) -> None:
         self.rounds, self.generation, self.genomes, self.first = rounds, generation, genomes, first
-        self.rung, self.alive = 0, list(first)
+        self.used = rounds.used(generation)
+        self.rung, self.alive = self.used[0], list(first)
         self.rows: dict[tuple[str, int], Evaluation] = {}  # (genome hash, rung) -> its row
         self.handed: set[tuple[str, int]] = set()  # handed out for training, not recorded yet
         self._open: Optional[set[str]] = None  # the current rung's genomes without a row (None: not looked up)
@@ -151,18 +156,23 @@ class Climb:
             if self._open:
                 if self.rung < last:
                     for h in self._certain(self._open):
-                        self._needs(h, self.rung + 1, new)
+                        self._needs(h, self._next, new)
                 return new
             if self.rung == last:
                 return new
             self._promote()
+
+    @property
+    def _next(self) -> int:
+        """The rung used after the current one (not the last)."""
+        return self.used[self.used.index(self.rung) + 1]
 
     def _ranked(self, hashes: list[str]) -> list[str]:
         return sorted(hashes, key=lambda h: rank_key(self.genomes[self.first[h]], self.rows[h, self.rung].fitness))
 
     def _holding(self) -> set[str]:
         if self._held is None:
-            self._held = {h for h in self.alive if self.rounds.holds(h, self.rung + 1, self.generation)}
+            self._held = {h for h in self.alive if self.rounds.holds(h, self._next, self.generation)}
         return self._held
 
     def _certain(self, running: set[str]) -> list[str]:
@@ -176,14 +186,15 @@ class Climb:
         """Decide the current rung on all its results and move to the next."""
         ok = self._ranked([h for h in self.alive if self.rows[h, self.rung].status == "ok"])
         promoted = self.rounds.ladder.pruner.promoted(ok, self._holding())
-        early = {h for (h, rung) in (*self.rows, *self.handed) if rung == self.rung + 1}
+        following = self._next
+        early = {h for (h, rung) in (*self.rows, *self.handed) if rung == following}
         if not early <= promoted:
-            raise RuntimeError(f"generation {self.generation}: genomes handed out early for rung {self.rung + 1} "
+            raise RuntimeError(f"generation {self.generation}: genomes handed out early for rung {following} "
                                f"were not promoted: {sorted(early - promoted)}")
         self.alive = [h for h in ok if h in promoted]
-        self.rung, self._open, self._held = self.rung + 1, None, None
+        self.rung, self._open, self._held = following, None, None
 
     def reached(self, h: str) -> tuple[int, Evaluation]:
         """The highest rung the genome reached, and its row there."""
-        rung = max(r for r in range(len(self.rounds.ladder.epochs)) if (h, r) in self.rows)
+        rung = max(r for r in self.used if (h, r) in self.rows)
         return rung, self.rows[h, rung]

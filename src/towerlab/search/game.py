@@ -86,8 +86,10 @@ def in_generations(cfg: SearchConfig, sampler: Sampler, rounds: Rounds, replay: 
                 break
             new = rounds.begin(g, genomes, budget, {"in_flight": []})
             current = InFlight(tuple(rounds.members(g)), new)
-        after = least(budget_left(cfg, history, current), rounds.epochs_left(g, current.new))
-        if sampler.overlaps and not sampler.elite and g + 1 < generations_of(cfg) and (after is None or after > 0):
+        overlap = sampler.overlaps and not sampler.elite and g + 1 < generations_of(cfg)
+        # (the next generation's first rung is judged on those before this one: asked only where it overlaps)
+        after = least(budget_left(cfg, history, current), rounds.epochs_left(g, current.new, True)) if overlap else 0
+        if overlap and (after is None or after > 0):
             # The next generation is proposed now, with this one in flight, and its first rung goes on
             # the queue: a worker that finishes before this generation's last training takes it. This
             # one's first rung goes there first, so that no worker takes the next one's before it.

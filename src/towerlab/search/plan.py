@@ -29,13 +29,23 @@ def planned_trainings(cfg: SearchConfig, shape: Shape, tests: bool = True) -> di
     as --budget-epochs holds); `rungs`, a pruned search's promotions to its higher rungs (as many as its
     pruner's `most_promoted`); `remeasure`, --remeasure K for the final top and for each later
     generation's elite; `test`, the top once each (none where it `tests` nothing). A store that serves
-    some of them, early stopping and failures make fewer."""
+    some of them, early stopping and failures make fewer. A pruned search's generations train at the
+    rungs its judge uses (`towerlab.search.judge`: the last, and those below it shown to rank), which no
+    plan can know: the counts are those of every rung used, the epochs the most any choice of rungs takes."""
+    plans = [_planned(cfg, shape, tests, first) for first in range(len(make_pruner(cfg).rungs))]
+    return {**plans[0], "epochs": max(plan["epochs"] for plan in plans)}
+
+
+def _planned(cfg: SearchConfig, shape: Shape, tests: bool, first: int) -> dict:
+    """`planned_trainings` where every generation's first rung is `first`: its counts with every rung above
+    it used, its epochs the most that any choice of the rungs above it takes."""
     generations = 1 if shape.one_generation else generations_of(cfg)
     search = shape.population * generations
     pruner = make_pruner(cfg)
     ladder = pruner.rungs
     # the most first rungs a budget in epochs holds, less what it keeps for crowning the top (`crowning_epochs`)
-    first_rungs = None if cfg.budget_epochs is None else -(-(cfg.budget_epochs - crowning_epochs(cfg)) // ladder[0])
+    first_rungs = (None if cfg.budget_epochs is None
+                   else -(-(cfg.budget_epochs - crowning_epochs(cfg)) // ladder[first]))
     budgets = [budget for budget in (cfg.max_evaluations, first_rungs) if budget is not None]
     if budgets:
         search = min(search, *budgets)
@@ -45,9 +55,16 @@ def planned_trainings(cfg: SearchConfig, shape: Shape, tests: bool = True) -> di
     top = min(cfg.top, search)
     remeasure = (cfg.remeasure or 0) * (top + min(shape.elite, shape.population) * (generations - 1))
     test = top if tests else 0
-    return {"search": search, "rungs": sum(promoted), "remeasure": remeasure, "test": test,
-            "epochs": (search * ladder[0] + sum(n * e for n, e in zip(promoted, ladder[1:]))
-                       + (remeasure + test) * cfg.max_epochs)}
+    # The most epochs the promotions take: over every choice of rungs first < s_1 < ... < s_k = last, the j-th
+    # training promoted[j - 1] networks at ladder[s_j]; most[r], from the j-th on where s_j is r (j falling).
+    last = len(ladder) - 1
+    most: dict[int, int] = {}
+    for j in range(last - first, 0, -1):
+        most = {r: promoted[j - 1] * ladder[r] + (0 if r == last else max(most[q] for q in most if q > r))
+                for r in range(first + j, last + 1) if r == last or any(q > r for q in most)}
+    above = max(most.values(), default=0)
+    return {"search": search, "rungs": sum(promoted[:last - first]), "remeasure": remeasure, "test": test,
+            "epochs": search * ladder[first] + above + (remeasure + test) * cfg.max_epochs}
 
 
 def resolved_remeasure(cfg: SearchConfig, shape: Shape) -> SearchConfig:

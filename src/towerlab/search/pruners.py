@@ -5,7 +5,8 @@ clock: a resumed search replays the same promotions.
 
 Successive halving (`--min-epochs`, `SuccessiveHalving`) is the only pruner: every member trains
 for the first rung's epochs, and the best 1/`--prune-factor` of those that succeeded go on to the
-next rung, up to `--max-epochs`. A member that already holds the next rung (the store serves it a
+next rung, up to `--max-epochs`; of the rungs a generation uses, which its judge decides
+(`towerlab.search.judge`: those shown to rank as the last does, and the last). A member that already holds the next rung (the store serves it a
 training there from an earlier generation: the genetic algorithm's elite, a genome proposed again)
 goes on as well, at no cost; `--prune-places` says whether such members take places (`all`) or
 the places are counted over, and given to, the others (`new`). An unpruned search has one rung.

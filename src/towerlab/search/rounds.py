@@ -2,9 +2,11 @@
 (`towerlab.search.pruners`, `towerlab.search.climb`), and re-measuring the networks about to be
 crowned. No torch here; the counts are defined in `towerlab.search.history`.
 
-Every unique genome of a generation trains for the first rung's epochs; the pruner promotes some of
-them to the next rung, and so on up to `--max-epochs`. A genome the store already holds at the next
-rung goes on at no cost, so it keeps the rung it reached in an earlier generation.
+Every unique genome of a generation trains for the first rung's epochs that the pruner's judge uses
+(`used`: the rungs the search's own earlier generations showed to rank as the last does,
+`towerlab.search.judge`; the last always); the pruner promotes some of them to the next rung used, and
+so on up to `--max-epochs`. A genome the store already holds at the next rung goes on at no cost, so it
+keeps the rung it reached in an earlier generation.
 A higher rung trains the genome again from scratch, with the same seed, for more epochs. That
 costs the lower rungs' epochs once more for the few promoted (about 1/prune_factor extra under
 successive halving), and buys exactness: a rung's result is the very training an unpruned search
@@ -33,7 +35,9 @@ from typing import Optional, Sequence
 from towerlab.config import SearchConfig
 from towerlab.search.candidates import Candidate, remeasure_seed
 from towerlab.search.climb import Climb, Key, Recorder, key_of
+from towerlab.search.goal import Goal
 from towerlab.search.history import Generation, GenerationStats, Member, TopGenome, mean, rank_key, statistics_of
+from towerlab.search.judge import Evidence, Judgement
 from towerlab.search.plan import crowning_epochs
 from towerlab.search.pruners import Ladder
 from towerlab.search.store.rows import Evaluation, GenerationRow
@@ -57,9 +61,12 @@ class _Measurement:
 
 class Rounds:
     """A search's generations and re-measures, played against its store: search `search_id` of `store`,
-    with `cfg`'s seed and re-measures, over `ladder` (its rungs), training through `train`."""
+    with `cfg`'s seed and re-measures, over `ladder` (its rungs), training through `train`; its rungs judged by
+    `goal` (what it ranks by) on its generations up to `lag` before each (1 where the next generation begins
+    while the one before still trains: only complete generations are judged on, whatever the timing)."""
 
-    def __init__(self, store: Store, search_id: int, cfg: SearchConfig, ladder: Ladder, train: Trainer) -> None:
+    def __init__(self, store: Store, search_id: int, cfg: SearchConfig, ladder: Ladder, train: Trainer,
+                 goal: Goal = Goal(), lag: int = 0) -> None:
         self.records, self.where = store.records, store.path
         self.search_id, self.seed, self.remeasure, self.train = search_id, cfg.seed, cfg.remeasure, train
         self.ladder = ladder
@@ -73,6 +80,8 @@ class Rounds:
         # The generations the store holds, read once (a search of 100,000 generations is read in one query).
         self._stored = {row.generation: row for row in self.records.generations(search_id)}
         self._waiting: dict[int, list[tuple[str, str, int]]] = {}  # an asynchronous generation's unserved keys
+        self.lag, self._judged = lag, dict[int, Judgement]()
+        self._evidence, self._read = Evidence(ladder.epochs, ladder.hashes, goal), 0  # read generations < _read
 
     # -- serving ----------------------------------------------------------------------------------
 
@@ -102,11 +111,11 @@ class Rounds:
             raise RuntimeError(f"the trainer returned without recording {len(missing)} of {handed} "
                                f"candidates of {what}, e.g. index {missing[0].index}")
 
-    def _within(self, budget: Optional[int], hashes: list[str]) -> int:
+    def _within(self, budget: Optional[int], hashes: list[str], generation: int) -> int:
         """How many of the proposed members fit in `budget` new trainings (all, without one)."""
         if budget is None:
             return len(hashes)
-        first = self.ladder.hash(0)
+        first = self.ladder.hash(self.used(generation)[0])
         new: set[str] = set()
         for index, h in enumerate(hashes):
             if h not in new and self.records.lookup(h, first, self.search_id) is None:
@@ -115,16 +124,19 @@ class Rounds:
                 new.add(h)
         return len(hashes)
 
-    def epochs_left(self, generation: int, in_flight: int = 0) -> Optional[int]:
+    def epochs_left(self, generation: int, in_flight: int = 0, following: bool = False) -> Optional[int]:
         """How many new first rungs --budget-epochs leaves `generation` (None: no such budget): what is
         left of it, less what crowning the top takes (`crowning_epochs`), once the search's own trainings of
         the generations before were charged (each the epochs it was given, its whole rung whatever it
         trained: every rung and re-measure) and, where the generation before is still `in_flight`, its
-        `in_flight` new first rungs, in first rungs (the last one may pass the budget)."""
+        `in_flight` new first rungs, in first rungs (the last one may pass the budget). `following`: for the
+        generation after `generation`, which is the one still in flight. A first rung is the first that
+        its generation trains (`used`)."""
         if self.budget_epochs is None:
             return None
-        first = self.ladder.epochs[0]
-        given = self.records.epochs_given(self.search_id, generation, self.ladder.epochs[-1]) + in_flight * first
+        first = self.ladder.epochs[self.used(generation + 1 if following else generation)[0]]
+        charged = self.ladder.epochs[self.used(generation if following else max(0, generation - 1))[0]]
+        given = self.records.epochs_given(self.search_id, generation, self.ladder.epochs[-1]) + in_flight * charged
         return max(0, -(-(self.budget_epochs - given) // first))
 
     # -- a generation -----------------------------------------------------------------------------
@@ -149,7 +161,7 @@ class Rounds:
         stored = self._stored.pop(generation, None)
         if stored is None:
             hashes = [genome_hash(g) for g in genomes]
-            n = self._within(budget, hashes)
+            n = self._within(budget, hashes, generation)
             stored = self.records.begin_generation(self.search_id, generation, [dict(g) for g in genomes[:n]],
                                                    hashes[:n], proposed)
         self.watermarks[generation] = stored.watermark
@@ -158,8 +170,8 @@ class Rounds:
         if stored.complete:
             return int(stored.final_stats["evaluated"])
         first = self._first_rung(generation)
-        self._waiting[generation] = [(c.genome_hash, self.ladder.hash(0), c.replicate) for c, row in first
-                                     if row is None]
+        start = self.ladder.hash(self.used(generation)[0])
+        self._waiting[generation] = [(c.genome_hash, start, c.replicate) for c, row in first if row is None]
         return sum(row is None or (row.search_id, row.generation) == (self.search_id, generation) for _, row in first)
 
     def members(self, generation: int) -> list[dict]:
@@ -183,14 +195,16 @@ class Rounds:
         for index, h in enumerate(hashes):
             first.setdefault(h, index)
         climb = Climb(self, generation, genomes, first)
-        return [(climb.candidate(h, 0), self.served(h, 0, generation)) for h in first]
+        start = climb.used[0]
+        return [(climb.candidate(h, start), self.served(h, start, generation)) for h in first]
 
     def prefetch(self, generation: int) -> None:
         """Hand the generation's first rung to a trainer that can start work before it is asked to wait
         for it (`Prefetching`), while the generation before still trains."""
         stored = self._begun[generation][0]
         if isinstance(self.train, Prefetching) and not stored.complete:
-            self.train.prefetch([c for c, row in self._first_rung(generation) if row is None], self.ladder.hash(0))
+            self.train.prefetch([c for c, row in self._first_rung(generation) if row is None],
+                                self.ladder.hash(self.used(generation)[0]))
 
     def finish(self, generation: int) -> Generation:
         """Play a begun generation through the store: a complete one is returned as recorded; in an
@@ -219,13 +233,30 @@ class Rounds:
         members = []
         for index, (genome, h) in enumerate(zip(genomes, hashes)):
             rung, row = climb.reached(h)
-            base = climb.rows[h, 0]
+            base = climb.rows[h, climb.used[0]]
             source = "evaluated" if (base.search_id, base.generation, base.index) == (*mine, index) else "cached"
             members.append(self._scored(Member(index, dict(genome), h, row.status, row.fitness, row.val_loss,
                                                row.epochs, row.seconds, row.seed, source, row.reason, rung)))
         stats = statistics_of(generation, members, math.fsum(train_seconds), time.perf_counter() - started)
         self.records.complete_generation(self.search_id, generation, [m.to_json() for m in members], stats.to_json())
         return Generation(generation, tuple(members), stats)
+
+    def judged(self, generation: int) -> Judgement:
+        """How the pruner's judge sees the rungs in `generation`: on the search's own evaluations of the
+        generations before it (`lag` before: complete when it begins, whatever the timing), read once."""
+        if generation not in self._judged:
+            before = max(0, generation - self.lag)
+            if before < self._read:  # asked out of order: read again from the start
+                self._evidence, self._read = Evidence(self.ladder.epochs, self.ladder.hashes, self._evidence.goal), 0
+            if len(self.ladder.epochs) > 1 and before > self._read:
+                self._evidence.add(self.records.own_history(self.search_id, self._read, before))
+                self._read = before
+            self._judged[generation] = self._evidence.judge()
+        return self._judged[generation]
+
+    def used(self, generation: int) -> list[int]:
+        """The rungs `generation` trains at, rising: those its judge showed to rank, and the last."""
+        return self.judged(generation).used
 
     def served(self, genome_hash: str, rung: int, generation: int) -> Optional[Evaluation]:
         """The row the store serves the genome at `rung` in `generation` (None: it must be trained)."""

@@ -39,6 +39,7 @@ from towerlab.fields import to_dict
 from towerlab.search.game import asynchronously, in_generations
 from towerlab.search.goal import Aim, Goal
 from towerlab.search.history import Generation, GenerationStats, Played, SearchResult, TopGenome
+from towerlab.search.judge import Evidence, Judgement
 from towerlab.search.pruners import Ladder, Pruner, make_pruner
 from towerlab.search.plan import crowning_epochs, generations_of, planned_trainings, resolved_remeasure
 from towerlab.search.rounds import Rounds
@@ -259,6 +260,15 @@ class Search:
         store.records.update_setup(self.stored_id, merged)
         return replace(self, setup=merged)
 
+    def judgement(self, store: Store) -> Optional[Judgement]:
+        """How its pruner's judge sees its rungs on every generation it completed (None: it is not pruned)."""
+        if len(self.pruner.rungs) < 2:
+            return None
+        complete = sum(g.complete for g in store.records.generations(self.stored_id))
+        evidence = Evidence(self.ladder.epochs, self.ladder.hashes, self.goal)
+        evidence.add(store.records.own_history(self.stored_id, 0, complete))
+        return evidence.judge()
+
     @property
     def asynchronous(self) -> bool:
         """Whether it proposes one candidate at a time, as workers need them (`towerlab.search.game`)."""
@@ -285,7 +295,10 @@ class Search:
         search is read, not played."""
         assert self.id is not None and self.train_config_hash is not None, "play a search that is in a store"
         sampler = self.new_sampler()
-        rounds = Rounds(store, self.id, self.cfg, self.ladder, train)
+        # its pruner's judge reads the generations complete when each begins: the one before, where it still
+        # trains as the next begins, left out (`Rounds.judged`)
+        lag = 1 if sampler.overlaps and not sampler.elite else 0
+        rounds = Rounds(store, self.id, self.cfg, self.ladder, train, self.goal, lag)
         replay = store.records.finished(self.id)
         if self.asynchronous:
             return asynchronously(self.cfg, sampler, rounds, train, replay, on_generation)

@@ -216,6 +216,10 @@ class SearchJob(Job):
                           f"{space.name} "
                           f"({trains}, {self.workers} worker(s) on {self.run.device} -> {self.out}")
             reporter.line(format_plan(search.plan))
+            judgement = search.judgement(store)
+            if judgement is not None:
+                reporter.line(f"Pruning where a rung ranks as the last does, judged on the generations before: "
+                              f"{judgement.text()}")
             for note in self.notes:
                 reporter.line(note)
         return search

@@ -3,8 +3,7 @@ generation as it completes, generations.jsonl, the first training's estimate, a 
 terminal and otherwise a status line at least every `STATUS_EVERY` seconds); at the end, `write_record`
 writes best.json, the plots and summary.json from the store, whoever trained what. The output folder
 holds config.json, search.db (unless --store points elsewhere), generations.jsonl, best.json,
-fitness.png, accuracy_time.png, summary.json and, with --export-best, model.pt.
-"""
+fitness.png, accuracy_time.png, summary.json and, with --export-best, model.pt."""
 
 from __future__ import annotations
 
@@ -299,7 +298,8 @@ def write_record(search: Search, store: Store, result: SearchResult, reporter: R
               "trainings": result.trainings, "train_seconds": result.train_seconds, "cost": spent,
               "ended_by": result.ended, "numerics": used, "seconds": job.seconds, "workers": job.workers,
               "device_type": search.recorded("device"), "search_id": result.search_id, "generation_stats": stats,
-              "seed": cfg.seed, "torch_version": torch.__version__, "towerlab_version": towerlab.__version__}
+              "seed": cfg.seed, "torch_version": torch.__version__, "towerlab_version": towerlab.__version__,
+              "pruning": None if (judged := search.judgement(store)) is None else judged.to_json()}
     if data is None:
         goal_of = {"metric": search.goal.metric, "direction": search.goal.direction, "objective": search.aim.spec}
         if best is not None:

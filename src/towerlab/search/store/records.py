@@ -219,6 +219,13 @@ class Records:
         return int(self._rows.read("SELECT COALESCE(SUM(COALESCE(max_epochs, ?)), 0) AS n FROM evaluations"
                                    " WHERE search_id = ? AND generation < ?", (max_epochs, search_id, before))[0]["n"])
 
+    def own_history(self, search_id: int, since: int, before: int) -> list[Evaluation]:
+        """The search's own successful evaluations (replicate 0) of generations `since` to `before` (not
+        included), in the order they finished: what the pruner's judge learns from (`towerlab.search.judge`)."""
+        rows = self._rows.read("SELECT * FROM evaluations WHERE search_id = ? AND replicate = 0 AND status = 'ok'"
+                               " AND generation >= ? AND generation < ? ORDER BY id", (search_id, since, before))
+        return [self._rows.evaluation(r) for r in rows]
+
     def newest_evaluation(self) -> int:
         """The id of the newest evaluation (0 in an empty store)."""
         return int(self._rows.read("SELECT COALESCE(MAX(id), 0) AS n FROM evaluations")[0]["n"])

@@ -7,8 +7,8 @@ the search's generations hold, in the order they first appear, at the highest ru
 search ranks it): params with their distributions (a list gene categorical, a range Optuna's int or
 float distribution; a conditional gene inactive in the genome is neither, as Optuna records a
 parameter a trial did not suggest), the value and state (COMPLETE; PRUNED below a pruned search's last rung; FAIL),
-the value at each rung it trained as intermediate values (step = the rung's epochs; for an objective of yours,
-also its metric at each epoch of the curve it reported: step = the epoch), and in the
+the value at each rung it trained as intermediate values (step = the rung's epochs; also the searched metric at
+each epoch of the curve its training reported, your objective's or towerlab's own: step = the epoch), and in the
 user attributes its seed, where it came from (trained by this search, or served by the cache), its
 re-measures (`val_accuracies`, or your objective's `values`, and `seeds`: the evaluation's first), its
 test accuracy when the search tested it, every metric your objective returned (`metrics`), and why it

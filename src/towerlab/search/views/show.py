@@ -250,6 +250,9 @@ def _format_one(store: Store, row: SearchRow) -> str:
         if running:
             lines.append(f"  workers: {workers_now(store, search)}")
     lines += _provenances(store.records.provenances(row.id))
+    judgement = search.judgement(store)
+    if judgement is not None:  # how the next generation prunes: on the curves and rungs of those complete
+        lines.append(f"  pruning, judged on its complete generations: {judgement.text()}")
     if top:
         lines.append(f"  top {len(top)}:" if row.finished else f"  top {len(top)} so far (measured once):")
         # An objective of yours has its metric and no test accuracy: towerlab tests nothing of it.

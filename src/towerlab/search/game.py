@@ -23,7 +23,7 @@ only read. It is played one of two ways, as its sampler's shape says (`Shape.asy
   was made quickly, the workers busy and idle, the proposal's seconds), and a proposal is a function of
   those inputs and the seed alone (samplers carry no state from one proposal to the next), so the same
   inputs give the same candidate. Once the budget is spent, the workers that free up while the last
-  trainings run re-measure the networks certain to be crowned (`Rounds.crown_ahead`), rather than wait
+  trainings run re-measure the networks certain to be crowned (`Crowning.crown_ahead`), rather than wait
   for the end to start crowning.
 
 No torch, no clock but the proposals' durations (recorded, never read back): the counts are defined in
@@ -66,7 +66,7 @@ def in_generations(cfg: SearchConfig, sampler: Sampler, rounds: Rounds, replay: 
             ended = "max_evaluations"
             break
         if history and sampler.elite:
-            history[-1] = rounds.crowned(history[-1], sampler.elite)
+            history[-1] = rounds.crowning.crowned(history[-1], sampler.elite)
         queued = ahead is not None  # its first rung is on the queue already
         if ahead is not None:  # begun within the budgets as they stood then: it is played whole
             current, ahead = ahead, None
@@ -107,7 +107,7 @@ def in_generations(cfg: SearchConfig, sampler: Sampler, rounds: Rounds, replay: 
         history.append(generation)
         if on_generation is not None:
             on_generation(generation.stats)
-    return Played(history, rounds.top(history, cfg.top), ended)
+    return Played(history, rounds.crowning.top(history, cfg.top), ended)
 
 
 class _Flight:
@@ -182,13 +182,13 @@ def asynchronously(cfg: SearchConfig, sampler: Sampler, rounds: Rounds, train: T
             pacing.doing(f"ending: the budget is spent, {len(flight.new)} training(s) still running")
             if not replay and (in_flight := flight.in_flight()) is not None:
                 # the workers that free up meanwhile re-measure the top that is certain already
-                rounds.crown_ahead(told, cfg.top, len(in_flight.genomes), number - 1)
+                rounds.crowning.crown_ahead(told, cfg.top, len(in_flight.genomes), number - 1)
         if pacing is not None and not ready and not proposed:
             pacing.wait()
     history = sorted(told, key=lambda g: g.generation)
     if pacing is not None and cfg.remeasure and not replay:
         pacing.doing("crowning: its top is re-measured")
-    return Played(history, rounds.top(history, cfg.top), limit)
+    return Played(history, rounds.crowning.top(history, cfg.top), limit)
 
 
 def _limit(cfg: SearchConfig, rounds: Rounds, told: list[Generation], flight: _Flight, number: int,

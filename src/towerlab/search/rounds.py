@@ -19,24 +19,21 @@ first rungs that --budget-epochs leaves it (`begin`, `epochs_left`); a generatio
 the members it was recorded with, and is never proposed again (`recorded`): the store's members are the
 generation's, whoever proposed them and whatever another process would propose now.
 
-Re-measuring (`--remeasure K`): a network about to be crowned (the genetic algorithm's elite, the
-final top) is trained again with K fresh seeds (`remeasure_seed`) at its rung and ranked by the
-mean of its K + 1 fitnesses; if any of them failed, it ranks as failed. Crowning races: the best
-n by score are re-measured, the order recomputed, and again, until the best n are all re-measured.
+Re-measuring the networks about to be crowned: `towerlab.search.crowning` (`Rounds.crowning`).
 """
 
 from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
 from typing import Optional, Sequence
 
 from towerlab.config import SearchConfig
-from towerlab.search.candidates import Candidate, remeasure_seed
+from towerlab.search.candidates import Candidate
 from towerlab.search.climb import Climb, Key, Recorder, key_of
+from towerlab.search.crowning import Crowning
 from towerlab.search.goal import Goal
-from towerlab.search.history import Generation, GenerationStats, Member, TopGenome, mean, rank_key, statistics_of
+from towerlab.search.history import Generation, GenerationStats, Member, statistics_of
 from towerlab.search.judge import Evidence, Judgement
 from towerlab.search.plan import crowning_epochs
 from towerlab.search.pruners import Ladder
@@ -44,19 +41,6 @@ from towerlab.search.store.rows import Evaluation, GenerationRow
 from towerlab.search.space import genome_hash
 from towerlab.search.store import Store
 from towerlab.search.trainers import Prefetching, Trainer
-
-
-@dataclass(frozen=True)
-class _Measurement:
-    fitnesses: tuple[Optional[float], ...]  # the evaluation's, then each re-measure's (None: failed)
-    seeds: tuple[int, ...]
-
-    @property
-    def score(self) -> Optional[float]:
-        known = [f for f in self.fitnesses if f is not None]
-        if len(known) < len(self.fitnesses):
-            return None
-        return mean(known)
 
 
 class Rounds:
@@ -68,15 +52,15 @@ class Rounds:
     def __init__(self, store: Store, search_id: int, cfg: SearchConfig, ladder: Ladder, train: Trainer,
                  goal: Goal = Goal(), lag: int = 0) -> None:
         self.records, self.where = store.records, store.path
-        self.search_id, self.seed, self.remeasure, self.train = search_id, cfg.seed, cfg.remeasure, train
+        self.search_id, self.seed, self.train = search_id, cfg.seed, train
         self.ladder = ladder
+        self.crowning = Crowning(cfg.remeasure, ladder, self._serve, train)
         self.budget_epochs = None if cfg.budget_epochs is None else cfg.budget_epochs - crowning_epochs(cfg)
         # What other searches' rows may serve each generation (and the re-measures after it): those up
         # to its watermark (None: any, as in generations recorded before watermarks), so that every
         # worker replaying the search, whenever it looks, serves it the same rows.
         self.watermarks: dict[int, Optional[int]] = {}
         self._begun: dict[int, tuple[GenerationRow, list[dict], list[str], float]] = {}
-        self._measured: dict[tuple[str, int], _Measurement] = {}
         # The generations the store holds, read once (a search of 100,000 generations is read in one query).
         self._stored = {row.generation: row for row in self.records.generations(search_id)}
         self._waiting: dict[int, list[tuple[str, str, int]]] = {}  # an asynchronous generation's unserved keys
@@ -213,7 +197,7 @@ class Rounds:
         stored, genomes, hashes, started = self._begun.pop(generation)
         self._waiting.pop(generation, None)
         if stored.complete:
-            members = [self._scored(Member(**m)) for m in stored.final_results]
+            members = [self.crowning.scored(Member(**m)) for m in stored.final_results]
             return Generation(generation, tuple(members), GenerationStats(**stored.final_stats, replayed=True))
 
         first: dict[str, int] = {}
@@ -235,7 +219,7 @@ class Rounds:
             rung, row = climb.reached(h)
             base = climb.rows[h, climb.used[0]]
             source = "evaluated" if (base.search_id, base.generation, base.index) == (*mine, index) else "cached"
-            members.append(self._scored(Member(index, dict(genome), h, row.status, row.fitness, row.val_loss,
+            members.append(self.crowning.scored(Member(index, dict(genome), h, row.status, row.fitness, row.val_loss,
                                                row.epochs, row.seconds, row.seed, source, row.reason, rung)))
         stats = statistics_of(generation, members, math.fsum(train_seconds), time.perf_counter() - started)
         self.records.complete_generation(self.search_id, generation, [m.to_json() for m in members], stats.to_json())
@@ -272,86 +256,3 @@ class Rounds:
         row = self.served(genome_hash, rung, generation)
         return (row is not None and row.status == "ok"
                 and (row.search_id, row.generation) != (self.search_id, generation))
-
-    # -- crowning ---------------------------------------------------------------------------------
-
-    def _scored(self, member: Member) -> Member:
-        measured = self._measured.get((member.genome_hash, member.rung))
-        score = measured.score if measured is not None else member.fitness if member.ok else None
-        return Member(**{**member.__dict__, "score": score})
-
-    def crown(self, members: Sequence[Member], n: int, generation: int) -> None:
-        """Re-measure until the best `n` of `members` (by score) are all re-measured."""
-        if not self.remeasure:
-            return
-        unique: dict[str, Member] = {}
-        for m in members:
-            unique.setdefault(m.genome_hash, m)
-        while True:
-            scored = [self._scored(m) for m in unique.values()]
-            best = sorted(scored, key=lambda m: rank_key(m.genome, m.score, m.rung))[:n]
-            todo = [m for m in best if m.ok and (m.genome_hash, m.rung) not in self._measured]
-            if not todo:
-                return
-            epochs = {m.genome_hash: self.ladder.epochs[m.rung] for m in todo}
-            rows = self._serve(self._remeasures(todo, generation), f"the re-measures after generation {generation}")
-            for m in todo:
-                again = [rows[(m.genome_hash, epochs[m.genome_hash], r)] for r in range(1, self.remeasure + 1)]
-                self._measured[m.genome_hash, m.rung] = _Measurement(
-                    (m.fitness, *[r.fitness if r.status == "ok" else None for r in again]),
-                    (m.seed, *[r.seed for r in again]))
-
-    def _remeasures(self, members: Sequence[Member], generation: int) -> list[Candidate]:
-        """The re-measures that crowning `members` after `generation` trains: K fresh seeds each, at its rung."""
-        return [Candidate(generation, -1, m.genome, m.genome_hash, remeasure_seed(m.genome_hash, r),
-                          self.ladder.epochs[m.rung], r) for m in members for r in range(1, (self.remeasure or 0) + 1)]
-
-    @staticmethod
-    def _highest(history: Sequence[Generation]) -> tuple[dict[str, Member], dict[str, int]]:
-        """Each genome of the history at the highest rung it reached, and the generation it was first seen in."""
-        best: dict[str, Member] = {}
-        first_seen: dict[str, int] = {}
-        for gen in history:
-            for m in gen.members:
-                first_seen.setdefault(m.genome_hash, gen.generation)
-                if m.genome_hash not in best or m.rung > best[m.genome_hash].rung:
-                    best[m.genome_hash] = m
-        return best, first_seen
-
-    def crown_ahead(self, told: Sequence[Generation], n: int, in_flight: int, last: int) -> None:
-        """Put on the queue now, for a trainer that takes work ahead (`Prefetching`), the re-measures that
-        crowning the top after generation `last` (`top`) will train whatever the `in_flight` trainings still
-        give: those of the best `n` told so far that no training in flight can push out of the best `n`.
-        An asynchronous search's idle workers train them while its last trainings run; crowning then
-        finds their rows, which are the very ones it would have trained (the same seeds, generation and
-        rung), so the history and the store's rows are those of a search that waited."""
-        if not self.remeasure or not isinstance(self.train, Prefetching) or in_flight >= n:
-            return
-        ranked = sorted((self._scored(m) for m in self._highest(told)[0].values()),
-                        key=lambda m: rank_key(m.genome, m.score, m.rung))
-        sure = [m for m in ranked[:n - in_flight] if m.ok and (m.genome_hash, m.rung) not in self._measured]
-        for rung in sorted({m.rung for m in sure}):
-            self.train.prefetch(self._remeasures([m for m in sure if m.rung == rung], last), self.ladder.hash(rung))
-
-    def crowned(self, generation: Generation, n: int) -> Generation:
-        """The generation with its best `n` re-measured and every member's score brought up to date."""
-        self.crown(generation.members, n, generation.generation)
-        return Generation(generation.generation, tuple(self._scored(m) for m in generation.members),
-                          generation.stats)
-
-    def top(self, history: Sequence[Generation], n: int) -> list[TopGenome]:
-        """The best `n` successful genomes of the history, each at the highest rung it reached,
-        re-measured."""
-        best, first_seen = self._highest(history)
-        if history:
-            self.crown(list(best.values()), n, history[-1].generation)
-        ranked = sorted((self._scored(m) for m in best.values()), key=lambda m: rank_key(m.genome, m.score, m.rung))
-        top = []
-        for m in ranked[:n]:
-            if m.score is None:
-                break
-            measured = self._measured.get((m.genome_hash, m.rung), _Measurement((m.fitness,), (m.seed,)))
-            fitnesses = tuple(f for f in measured.fitnesses if f is not None)  # all of them: it has a score
-            top.append(TopGenome(m.genome, m.genome_hash, m.score, m.val_loss, m.epochs, m.seed,
-                                 first_seen[m.genome_hash], m.rung, fitnesses, measured.seeds, self.ladder.hash(m.rung)))
-        return top

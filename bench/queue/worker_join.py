@@ -64,6 +64,7 @@ def one(history: int, sleep: float) -> dict:
             while _count(db, "SELECT COUNT(*) FROM tasks WHERE generation >= ? AND state = 'claimed'", generations) == 0:
                 time.sleep(0.2)
             before = {w for (w,) in _rows(db, "SELECT id FROM workers")}
+            load_at_join = os.getloadavg()[0]  # the machine's load as the worker starts (1-minute average)
             joined_at = time.time()
             joining = towerlab("search", "worker", "out", "--objective", "f.py:f", "--devices", "1", cwd=here, env={"JOIN_SLEEP": str(sleep)},
                                wait=False)
@@ -83,7 +84,7 @@ def one(history: int, sleep: float) -> dict:
                 if process is not None:
                     process.wait(timeout=120)
     return {"history": history, "build_seconds": built,
-            "first_claim_seconds": None if claimed is None else claimed - joined_at,
+            "first_claim_seconds": None if claimed is None else claimed - joined_at, "load_at_join": load_at_join,
             "proposers_after_the_resume": sorted(p for (p,) in proposers if p is not None)}
 
 

@@ -122,7 +122,7 @@ def test_a_pruned_search_on_two_workers_trains_what_one_worker_trains(tmp_path, 
             "--max-epochs", "3", "--min-epochs", "1", "--prune-factor", "2"]
     assert main([*args, "--out", str(tmp_path / "one")]) == 0
     assert ("Pruning where a rung ranks as the last does, judged on the generations before: rung 1 (1 epoch): "
-            "0 pair(s) of fewer than 8 to judge by, skipped\n") in capsys.readouterr().out  # a new search: none yet
+            "0 of the 8 genomes it takes to judge, skipped\n") in capsys.readouterr().out  # a new search: none yet
     assert main([*args, "--devices", "2", "--out", str(tmp_path / "two")]) == 0
     one, two = _history(tmp_path / "one"), _history(tmp_path / "two")
     assert one[:2] == two[:2]

@@ -99,7 +99,7 @@ class Verdict:
         """"rung 1 (1 epoch): rank correlation 0.02 over 12 pairs, skipped" (rungs counted from 1)."""
         what = f"rung {self.rung + 1} ({self.epochs} epoch{'' if self.epochs == 1 else 's'}): "
         if self.pairs < MIN_PAIRS:
-            return what + f"{self.pairs} pair(s) of fewer than {MIN_PAIRS} to judge by, skipped"
+            return what + f"{self.pairs} of the {MIN_PAIRS} genomes it takes to judge, skipped"
         if self.correlation is None:
             return what + f"no rank correlation over {self.pairs} pairs (all alike), skipped"
         return what + (f"rank correlation {self.correlation:.2f} over {self.pairs} pairs, "

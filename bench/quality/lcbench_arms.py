@@ -166,7 +166,10 @@ def towerlab_arm(settings: dict, gp_startup: int | None = None) -> Arm:
                     accuracy = ledger.train(surrogate, candidate.genome, epochs)
                 except Exception as e:  # the surrogate never fails a training: the bench's own bug
                     raise SurrogateFailed(f"{type(e).__name__}: {e}") from e
-            return Outcome.ok(fitness=accuracy / 100, epochs=epochs)
+            # its learning curve, as towerlab's own training reports one: what a pruned search's judge reads
+            curve = [{"epoch": e + 1, search.goal.metric: float(v) / 100}
+                     for e, v in enumerate(surrogate.curve(candidate.genome)[:epochs])]
+            return Outcome.ok(fitness=accuracy / 100, epochs=epochs, curve=curve)
 
         training, started = _Clock(), time.process_time()
         cfg = SearchConfig(**{"max_epochs": FULL, "generations": 10_000, "seed": seed, "budget_epochs": ledger.budget,
@@ -277,6 +280,10 @@ ARMS: dict[str, tuple[str, Arm]] = {
                      towerlab_arm({"sampler": "tpe"})),
     "towerlab": ("towerlab's default search (towerlab.api.search on its default 2 workers)", towerlab_api_arm({})),
     "towerlab-serial": ("towerlab's default search, played in one process", towerlab_arm({})),
+    "towerlab-m1": ("towerlab's default search pruned from 1 epoch (--min-epochs 1, its judge deciding the rungs), "
+                    "played in one process", towerlab_arm({"min_epochs": 1})),
+    "towerlab-m4": ("towerlab's default search pruned from 4 epochs (--min-epochs 4, its judge deciding the rungs), "
+                    "played in one process", towerlab_arm({"min_epochs": 4})),
     "towerlab-p2": ("towerlab's default with 2 a generation, played in one process", towerlab_arm({"population": 2})),
     # 2 a generation, and GPSampler's own start-up rule (10 complete trials, with a generation in flight: 12 random)
     "towerlab-before": ("towerlab's default before its start-up counted the trials in flight (2 a generation, the "

@@ -284,6 +284,10 @@ ARMS: dict[str, tuple[str, Arm]] = {
                     "played in one process", towerlab_arm({"min_epochs": 1})),
     "towerlab-m4": ("towerlab's default search pruned from 4 epochs (--min-epochs 4, its judge deciding the rungs), "
                     "played in one process", towerlab_arm({"min_epochs": 4})),
+    "towerlab-m1-gp": ("gp pruned from 1 epoch (--sampler gp --min-epochs 1, its judge deciding the rungs), played in "
+                       "one process", towerlab_arm({"min_epochs": 1, "sampler": "gp", "generations": 1000})),
+    "towerlab-m4-gp": ("gp pruned from 4 epochs (--sampler gp --min-epochs 4, its judge deciding the rungs), played in "
+                       "one process", towerlab_arm({"min_epochs": 4, "sampler": "gp", "generations": 1000})),
     "towerlab-p2": ("towerlab's default with 2 a generation, played in one process", towerlab_arm({"population": 2})),
     # 2 a generation, and GPSampler's own start-up rule (10 complete trials, with a generation in flight: 12 random)
     "towerlab-before": ("towerlab's default before its start-up counted the trials in flight (2 a generation, the "

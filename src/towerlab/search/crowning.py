@@ -44,6 +44,7 @@ class Crowning:
                  serve: Callable[[list[Candidate], str], dict[Key, Evaluation]], train: Trainer) -> None:
         self.remeasure, self.ladder, self.serve, self.train = remeasure, ladder, serve, train
         self._measured: dict[tuple[str, int], _Measurement] = {}
+        self._ahead: set[tuple[str, int]] = set()  # (genome hash, rung) whose re-measures `crown_ahead` queued
 
     def scored(self, member: Member) -> Member:
         """The member with its score: the mean of its re-measures' fitnesses once crowned, else its own."""
@@ -100,7 +101,9 @@ class Crowning:
             return
         ranked = sorted((self.scored(m) for m in self._highest(told)[0].values()),
                         key=lambda m: rank_key(m.genome, m.score, m.rung))
-        sure = [m for m in ranked[:n - in_flight] if m.ok and (m.genome_hash, m.rung) not in self._measured]
+        sure = [m for m in ranked[:n - in_flight] if m.ok and (m.genome_hash, m.rung) not in self._measured
+                and (m.genome_hash, m.rung) not in self._ahead]  # each queued once, not at every result
+        self._ahead.update((m.genome_hash, m.rung) for m in sure)
         for rung in sorted({m.rung for m in sure}):
             self.train.prefetch(self._remeasures([m for m in sure if m.rung == rung], last), self.ladder.hash(rung))
 

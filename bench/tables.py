@@ -62,7 +62,7 @@ HEADLINE = Table(
           Ref("quality/search-cpu-2026-11-22.json", "searches/mnist/best_test_accuracy", "pct"), "), CIFAR-10 ",
           Ref("quality/search-cpu-long-2026-11-22.json", "searches/cifar10/best_val_accuracy", "pct"), " (",
           Ref("quality/search-cpu-long-2026-11-22.json", "searches/cifar10/best_test_accuracy", "pct"), ")"), XEON),
-        ("pruning (`--min-epochs 1`) at the original's GA budget, MNIST seeds 0-2: training against the unpruned GA's; best",
+        ("pruning (`--min-epochs 1`, measured before its judge: every rung pruned at from the first generation) at the original's GA budget, MNIST seeds 0-2: training against the unpruned GA's; best",
          (Ref("quality/pruning/pruning-mnist-2026-11-23.json", "summary/train_seconds_ratio/mean", "x"), "; ",
           Ref("quality/pruning/pruning-mnist-2026-11-23.json", "summary/best_pruned", "pct_sd"), " against ",
           Ref("quality/pruning/pruning-mnist-2026-11-23.json", "summary/best_unpruned", "pct_sd")), EPYC),

@@ -44,7 +44,9 @@ from bench.common.record import RESULTS, script_command, write_json, write_recor
 
 RUNS = RESULTS / "lcbench-runs"
 POINTS = (0.25, 0.5, 1.0)
-SLOW = ("gp", "towerlab-serial", "towerlab-p2", "towerlab-before")  # a Gaussian process proposes
+# a Gaussian process proposes
+SLOW = ("gp", "towerlab-serial", "towerlab-p2", "towerlab-before", "towerlab-m1", "towerlab-m4")
+PRUNED = (1, 4)  # the pruned default's --min-epochs: arms towerlab-m1, towerlab-m4 (and -api, through its workers)
 _surrogates: dict[str, problem.Surrogate] = {}
 
 
@@ -128,6 +130,12 @@ def regrets(results: list[dict], reference: dict, budget: int, known: dict | Non
             **({"resolved": mine[0]["resolved"]} if "resolved" in mine[0] else {}),
         }
     return {"arms": out, "best_known": best_known, "same": same_history(results, at, budget),
+            # the pruned default (min_epochs 1 and 4) through its workers beside the same played in one process,
+            # and against the unpruned default on the same tasks and seeds
+            **{f"same_pruned_m{m}": same_history(results, at, budget, f"towerlab-m{m}-api", f"towerlab-m{m}")
+               for m in PRUNED},
+            **{f"pruned_m{m}_against_unpruned": paired(results, at, budget, f"towerlab-m{m}", "towerlab-serial")
+               for m in PRUNED},
             "against_before": paired(results, at, budget, "towerlab-serial", "towerlab-before"),
             "against_p2": paired(results, at, budget, "towerlab-serial", "towerlab-p2"),
             "against_gp": paired(results, at, budget, "towerlab-serial", "gp")}
@@ -148,14 +156,16 @@ def paired(results: list[dict], at: Callable[[dict, float], float], budget: int,
     return out
 
 
-def same_history(results: list[dict], at: Callable[[dict, float], float], budget: int) -> dict | None:
-    """The runs of the default through its workers (towerlab) beside the same task and seed played in one process
-    (towerlab-serial): how many, and on how many the genomes proposed, and the regrets at POINTS (`at`), are equal.
+def same_history(results: list[dict], at: Callable[[dict, float], float], budget: int, workers: str = "towerlab",
+                 serial: str = "towerlab-serial") -> dict | None:
+    """The runs of a search through its workers (`workers`: the default's, towerlab) beside the same task and seed
+    played in one process (`serial`: towerlab-serial): how many, and on how many the genomes proposed, and the
+    regrets at POINTS (`at`), are equal.
     (The workers' trace is their rows in the order they finished, the one process's in the order it trained
     them: two members of a generation may swap.)"""
-    played = {(r["task"], r["seed"]): r for r in results if r["arm"] == "towerlab-serial"}
+    played = {(r["task"], r["seed"]): r for r in results if r["arm"] == serial}
     pairs = [(r, played[r["task"], r["seed"]]) for r in results
-             if r["arm"] == "towerlab" and (r["task"], r["seed"]) in played]
+             if r["arm"] == workers and (r["task"], r["seed"]) in played]
     if not pairs:
         return None
     return {"runs": len(pairs), "same_genomes": sum(a["genomes"] == b["genomes"] for a, b in pairs),
@@ -182,6 +192,12 @@ def figures(measured: dict, prefix: str = "lcbench") -> list[dict]:
             best = min(anchors, key=lambda a: arms[a]["points"][p])
             out.append({"id": f"{prefix}_regret_best_anchor_{pct}", "value": arms[best]["points"][p],
                         "detail": {"anchor": best, "what": lcbench_arms.ARMS[best][0]}})
+    # The pruned default's (--min-epochs 1 and 4): its runs played in one process, as the default's
+    for arm, m in ((f"towerlab-m{m}", m) for m in PRUNED if f"towerlab-m{m}" in arms):
+        out += [{"id": f"{prefix}_regret_pruned_m{m}_{round(100 * float(p))}", "value": value,
+                 "detail": {"what": lcbench_arms.ARMS[arm][0], "arm": arm, "runs": arms[arm]["runs"],
+                            "same_as_its_workers": measured.get(f"same_pruned_m{m}"), **arms[arm].get("resolved", {})}}
+                for p, value in arms[arm]["points"].items()]
     return out
 
 

@@ -202,7 +202,9 @@ def towerlab_api_arm(settings: dict) -> Arm:
         from towerlab import api
         from towerlab.search.store import Store
 
-        def objective(epochs: int, **genes: Any) -> float:  # runs in the workers, forked with the surrogate
+        def objective(epochs: int, report: Callable[..., None], **genes: Any) -> float:  # runs in the workers,
+            for epoch, value in enumerate(surrogate.curve(genes)[:epochs], 1):  # forked with the surrogate
+                report(epoch, value=float(value) / 100)
             return surrogate.at(genes, epochs) / 100
 
         started = time.time()
@@ -280,6 +282,10 @@ ARMS: dict[str, tuple[str, Arm]] = {
                      towerlab_arm({"sampler": "tpe"})),
     "towerlab": ("towerlab's default search (towerlab.api.search on its default 2 workers)", towerlab_api_arm({})),
     "towerlab-serial": ("towerlab's default search, played in one process", towerlab_arm({})),
+    "towerlab-m1-api": ("towerlab's default search pruned from 1 epoch (towerlab.api.search with min_epochs=1 on its "
+                        "default 2 workers)", towerlab_api_arm({"min_epochs": 1})),
+    "towerlab-m4-api": ("towerlab's default search pruned from 4 epochs (towerlab.api.search with min_epochs=4 on its "
+                        "default 2 workers)", towerlab_api_arm({"min_epochs": 4})),
     "towerlab-m1": ("towerlab's default search pruned from 1 epoch (--min-epochs 1, its judge deciding the rungs), "
                     "played in one process", towerlab_arm({"min_epochs": 1})),
     "towerlab-m4": ("towerlab's default search pruned from 4 epochs (--min-epochs 4, its judge deciding the rungs), "
@@ -294,6 +300,6 @@ ARMS: dict[str, tuple[str, Arm]] = {
                         "model from the 13th training), played in one process",
                         towerlab_arm({"population": 2}, gp_startup=12)),
 }
-OWN_WORKERS = ("towerlab",)  # arms whose search starts its own worker processes
+OWN_WORKERS = ("towerlab", "towerlab-m1-api", "towerlab-m4-api")  # arms whose search starts its own worker processes
 ANCHORS = ("random", "tpe", "tpe-hyperband", "tpe-sha", "gp", "dehb", "ga", "smac-hpo", "smac-bb", "hebo")
 RECORDED = (*ANCHORS, "towerlab-tpe", "towerlab-before", "towerlab-p2", "towerlab-serial", "towerlab")

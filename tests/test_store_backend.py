@@ -33,8 +33,8 @@ class Recording:
     def write(self, work: Callable[[Any], Any], *, lock: Optional[int] = None) -> Any:
         return self.inner.write(lambda tx: work(_RecordingStatements(tx, self.settled)), lock=lock)
 
-    def open_schema(self, where: object, create: bool) -> None:
-        self.inner.open_schema(where, create)
+    def open_schema(self, where: object, create: bool, checked: bool = False) -> None:
+        self.inner.open_schema(where, create, checked)
 
     def close(self) -> None:
         self.inner.close()

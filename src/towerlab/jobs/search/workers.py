@@ -111,17 +111,19 @@ def slot_device(spec: WorkerSpec, slot: int) -> str:
 
 def work(slot: int, _slots: int, _reports: str, spec: WorkerSpec, data: Optional[Dataset] = None,
          fallback: Optional[bool] = None, function: Optional[Callable[..., Any]] = None) -> None:
-    """A Crew's worker process: slot `slot` on its device."""
-    run_worker(spec, torch.device(slot_device(spec, slot)), data, fallback, function, speaks=spec.speaks and slot == 0)
+    """A Crew's worker process: slot `slot` on its device (its parent opened and checked the store)."""
+    run_worker(spec, torch.device(slot_device(spec, slot)), data, fallback, function, speaks=spec.speaks and slot == 0,
+               checked=True)
 
 
 def run_worker(spec: WorkerSpec, device: torch.device, data: Optional[Dataset] = None,
                fallback: Optional[bool] = None, function: Optional[Callable[..., Any]] = None,
-               speaks: bool = False) -> int:
+               speaks: bool = False, checked: bool = False) -> int:
     """Work on the store's searches on `device` until none is left (or Ctrl-C / SIGTERM: the task in
     flight goes back on the queue). `data`, `fallback`, `function`: what the search's own job hands its
     workers (the data it loaded, or whether it fell back offline; its model function, or its objective
-    given from Python). Each search's tasks are trained by the objective its command names (`spec.named`)."""
+    given from Python). Each search's tasks are trained by the objective its command names (`spec.named`).
+    `checked`: this process's parent opened the store and checked it (`Store`)."""
     if device.type == "cuda":
         torch.cuda.set_device(device)
     optuna_lines()
@@ -129,7 +131,7 @@ def run_worker(spec: WorkerSpec, device: torch.device, data: Optional[Dataset] =
     times = worker_times.from_env()  # a benchmark's clock of this worker's time, where one is named
     # An edited row of the wrong form stops the worker in one line naming it (it was a traceback in every
     # worker process, then "worker processes died").
-    with StopFlag() as stop, Store(spec.store, create=False) as store, records_of(store):
+    with StopFlag() as stop, Store(spec.store, create=False, checked=checked) as store, records_of(store):
         def check_stop() -> None:
             if stop.signum:
                 raise Interrupted(stop.signum)

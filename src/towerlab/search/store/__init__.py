@@ -41,16 +41,19 @@ class Store:
     """A search store: an SQLite file at `target` (or `target`/search.db when `target` is a folder;
     created, with its folder, unless `create=False`), or the PostgreSQL database a postgresql:// URL
     names (its tables created unless `create=False`), as `location.opened` says; its `records` and its
-    `queue`. `backend` makes the backend of what it opens (`connect`; a test double, say)."""
+    `queue`. `backend` makes the backend of what it opens (`connect`; a test double, say). `checked`: this
+    process's parent opened the store and checked an SQLite file's pages then (a crew's worker process):
+    not again (`PRAGMA quick_check` reads the whole file, about 0.3 s at 100,000 trainings; damage met
+    later, by any read, is refused in the same line)."""
 
     def __init__(self, target: str | os.PathLike, *, create: bool = True,
-                 backend: Callable[[str | Path], Backend] = connect) -> None:
+                 backend: Callable[[str | Path], Backend] = connect, checked: bool = False) -> None:
         where = opened(target, create)
         self.url = where if isinstance(where, str) else None
         self.db = backend(where)
         self.path: Path | str = self.db.where if self.url else where
         try:
-            self.db.open_schema(self.path, create)
+            self.db.open_schema(self.path, create, checked)
         except BaseException:
             self.db.close()
             raise

@@ -105,10 +105,11 @@ class Backend(Protocol):
 
     def write(self, work: Callable[[Transaction], T], *, lock: Optional[int] = None) -> T: ...
 
-    def open_schema(self, where: object, create: bool) -> None:
+    def open_schema(self, where: object, create: bool, checked: bool = False) -> None:
         """Check the store's schema before anything is written (`towerlab.search.store.schema`): its tables made
         where `create` and the database is empty, an older store migrated, a damaged, foreign or newer one
-        refused (UserError; NoStore where there is no store yet and not `create`)."""
+        refused (UserError; NoStore where there is no store yet and not `create`). `checked`: this process's parent
+        checked its pages for damage when it opened it (`Store`)."""
 
     def close(self) -> None: ...
 
@@ -164,7 +165,7 @@ class Database(abc.ABC):
         """What to raise for a database error that no retry mends: usually a UserError."""
 
     @abc.abstractmethod
-    def open_schema(self, where: object, create: bool) -> None:
+    def open_schema(self, where: object, create: bool, checked: bool = False) -> None:
         """See `Backend.open_schema`."""
 
     # -- running statements --------------------------------------------------------------------------

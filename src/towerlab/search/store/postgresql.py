@@ -100,8 +100,8 @@ class PostgreSQL(Database):
     def _settle(self, connection: Any, table: str) -> None:
         connection.execute(f"LOCK TABLE {table} IN SHARE MODE")  # a table of the schema: never the user's text
 
-    def open_schema(self, where: object, create: bool) -> None:
-        open_postgresql(self, where, create)
+    def open_schema(self, where: object, create: bool, checked: bool = False) -> None:
+        open_postgresql(self, where, create)  # `checked` is an SQLite file's: its pages, read by quick_check
 
     def _lost(self, error: BaseException) -> bool:
         psycopg = self._psycopg

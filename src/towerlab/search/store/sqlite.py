@@ -87,8 +87,8 @@ class SQLite(Database):
     def _begin(self, connection: Any, lock: Optional[int]) -> None:
         connection.execute("BEGIN IMMEDIATE")
 
-    def open_schema(self, where: object, create: bool) -> None:
-        open_sqlite(self, where, create)
+    def open_schema(self, where: object, create: bool, checked: bool = False) -> None:
+        open_sqlite(self, where, create, checked)
 
     def close(self) -> None:
         if self._conn is not None and self.file.unwritable() is not None:
@@ -117,11 +117,12 @@ class SQLite(Database):
 # -- its schema: checked, created or migrated ------------------------------------------------------
 
 
-def open_sqlite(db: SQLite, where: object, create: bool) -> None:
-    """Check an SQLite store before anything is written: damage (quick_check), a newer schema or a foreign
-    file are UserErrors; an empty file gets today's tables, an older store is migrated."""
+def open_sqlite(db: SQLite, where: object, create: bool, checked: bool = False) -> None:
+    """Check an SQLite store before anything is written: damage (quick_check, unless this process's parent
+    `checked` it), a newer schema or a foreign file are UserErrors; an empty file gets today's
+    tables, an older store is migrated."""
     try:
-        problems = [r[0] for r in db.raw.execute("PRAGMA quick_check").fetchall()]
+        problems = ["ok"] if checked else [r[0] for r in db.raw.execute("PRAGMA quick_check").fetchall()]
         if problems != ["ok"]:
             raise damaged(where, "; ".join(problems[:2]))
         _check_sqlite(db, where, create)

@@ -5,7 +5,10 @@ worker's process, here (`Deadline`); a command's program is ended by `towerlab.o
 At the deadline, `TrialTimedOut` is raised in the thread that runs the trial: by SIGALRM in the main
 thread (a worker runs its trials there), which interrupts Python code and a blocking call (a sleep, a
 read, a wait) alike; from another thread, as an asynchronous exception, which Python code meets at its
-next line. A BaseException, so that an `except Exception` of the trial's does not swallow it. A trial
+next line. A BaseException, so that an `except Exception` of the trial's does not swallow it. Where it is
+swallowed all the same (met inside a finalizer, a `__del__` or a weakref callback, whose exceptions Python
+prints and ignores; or by the trial's own `except BaseException`) and the trial then ends, it still fails:
+the deadline raises it again as the trial's `with` ends. A trial
 still running GRACE seconds after that (stuck in native code that never returns to Python, or catching
 every exception) ends its worker's process, saying so on stderr: its task goes back on the queue, and
 a task that loses its workers that way three times fails (`towerlab.search.work.worker.MAX_ATTEMPTS`).
@@ -58,6 +61,7 @@ class Deadline:
         self._done = threading.Event()
         self._previous: Any = None
         self._alarm = False
+        self._expired = False  # the timeout passed while the trial ran: it fails, whatever became of the raise
 
     def __enter__(self) -> Deadline:
         if self.timeout is None:
@@ -65,21 +69,28 @@ class Deadline:
         thread = threading.current_thread()
         self._alarm = thread is threading.main_thread()
         if self._alarm:
-            self._previous = signal.signal(signal.SIGALRM, _raise)
+            self._previous = signal.signal(signal.SIGALRM, self._ring)
             signal.setitimer(signal.ITIMER_REAL, self.timeout)
         threading.Thread(target=self._watch, args=(thread.ident,), name="towerlab-trial-deadline", daemon=True).start()
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, kind: Any, *_: Any) -> None:
         self._done.set()
         if self._alarm:
             signal.setitimer(signal.ITIMER_REAL, 0)
             signal.signal(signal.SIGALRM, self._previous)
+        if self._expired and kind is None:  # the raise at the deadline was swallowed, and the trial ran on
+            raise TrialTimedOut
+
+    def _ring(self, _signum: int, _frame: Any) -> None:
+        self._expired = True
+        raise TrialTimedOut
 
     def _watch(self, ident: Optional[int]) -> None:
         assert self.timeout is not None
         if self._done.wait(self.timeout):
             return
+        self._expired = True
         if not self._alarm and ident is not None:
             ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident), ctypes.py_object(TrialTimedOut))
         if self._done.wait(self.grace):
@@ -91,6 +102,3 @@ class Deadline:
               file=sys.stderr, flush=True)
         _exit(EXIT_STUCK)
 
-
-def _raise(_signum: int, _frame: Any) -> None:
-    raise TrialTimedOut

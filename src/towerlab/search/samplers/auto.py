@@ -26,7 +26,8 @@ others train:
 `choice` says which and why, in words that `search run`'s first lines and `search show` print
 (`described`).
 
-The choice reads the space alone, which a resumed search keeps (its budget may grow): every worker and every resume of an auto search makes the same choice, from the store's record.
+The choice reads the space alone, which a resumed search keeps (its budget may grow): every worker
+and every resume of an auto search makes the same choice, from the store's record.
 """
 
 from __future__ import annotations

@@ -111,6 +111,43 @@ def test_a_candidates_curve_is_its_validation_accuracy_after_each_epoch():
     assert curve_of([]) is None and curve_of([{"epoch": 1, "val_accuracy": None, "val_loss": None}]) is None
 
 
+def test_a_candidates_cost_is_its_forward_flops_times_its_epochs():
+    from towerlab.objective.candidate import estimated_cost
+
+    genome = {"neurons": 64, "layers": 3, "activation": "relu"}  # 784 -> 64 -> 64 -> 64 -> 10, 2 FLOPs a weight
+    flops = 2 * (784 * 64 + 64 * 64 + 64 * 64 + 64 * 10)
+    assert estimated_cost(SearchConfig(), "mlp", genome, (1, 28, 28), 10, 3) == flops * 3
+    assert estimated_cost(SearchConfig(), "mlp", {**genome, "layers": 0}, (1, 28, 28), 10, 3) == 0.0  # cannot build
+
+
+def test_counting_a_candidates_flops_hooks_nothing_that_other_threads_run():
+    """A search worker's leader thread counts candidates while its main thread trains: the count must not
+    reach the modules the other thread runs (torch's FlopCounterMode registers global module hooks)."""
+    import threading
+
+    from torch.nn.modules import module
+    from towerlab.objective.candidate import estimated_cost
+
+    inside, release, costs = threading.Event(), threading.Event(), []
+
+    def blocking_model(input_shape, num_classes):
+        class Waits(torch.nn.Linear):
+            def forward(self, x):
+                inside.set()
+                release.wait(10)
+                return super().forward(x)
+        return torch.nn.Sequential(torch.nn.Flatten(), Waits(784, num_classes))
+
+    counting = threading.Thread(target=lambda: costs.append(
+        estimated_cost(SearchConfig(), blocking_model, {}, (1, 28, 28), 10, 1)))
+    counting.start()
+    assert inside.wait(10)
+    global_hooks = len(module._global_forward_pre_hooks) + len(module._global_forward_hooks)
+    release.set()
+    counting.join()
+    assert global_hooks == 0 and costs == [2 * 784 * 10]
+
+
 @pytest.mark.slow
 def test_a_pruned_search_on_two_workers_trains_what_one_worker_trains(tmp_path, space_file, capsys):
     """Two workers take a rung's certain places for the next rung while the rung still runs (the

@@ -20,6 +20,8 @@ import time
 from typing import Callable, Optional, Union
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.flop_counter import flop_registry
 
 from towerlab.config import CUSTOM_MODEL, SearchConfig, TrainConfig
 from towerlab.fields import to_flags
@@ -159,15 +161,37 @@ def estimated_cost(cfg: SearchConfig, model: CandidateModel, genome: dict, input
     """Forward FLOPs per example times epochs, counted on the meta device (nothing is allocated).
     Only used to hand the most expensive candidates out first, so that a generation does not end
     waiting for one big network that started last. 0 for a genome that cannot be built."""
-    from torch.utils.flop_counter import FlopCounterMode
-
     train_cfg = candidate_config(cfg, model, genome, 0, max_epochs)
     try:
-        with torch.device("meta"), FlopCounterMode(display=False) as counter:
+        with torch.device("meta"), _FlopCount() as counter:
             network(model, genome, input_shape, num_classes)(torch.zeros(1, *input_shape))
     except (Exception, SystemExit):  # noqa: BLE001 - the candidate will fail in training and be recorded so
         return 0.0
-    return float(counter.get_total_flops()) * train_cfg.epochs
+    return float(counter.total) * train_cfg.epochs
+
+
+class _FlopCount(TorchDispatchMode):
+    """The FLOPs of what runs under it in this thread, by torch's formulas (`flop_registry`), an operator
+    without one counted by what it decomposes into. Not torch's FlopCounterMode: that one also enters a
+    ModuleTracker, whose hooks are global, so that every thread's modules ran them; a search worker
+    counting a candidate in its leader thread while its main thread trained died of it (a segfault)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.total = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204 - torch's signature
+        kwargs = kwargs or {}
+        if func._overloadpacket not in flop_registry and func is not torch.ops.prim.device.default:
+            with self:
+                parts = func.decompose(*args, **kwargs)
+            if parts is not NotImplemented:
+                return parts
+        out = func(*args, **kwargs)
+        formula = flop_registry.get(func._overloadpacket)
+        if formula is not None:
+            self.total += formula(*args, **kwargs, out_val=out)
+        return out
 
 
 def network(model: CandidateModel, genome: dict, input_shape: tuple[int, int, int], num_classes: int) -> torch.nn.Module:

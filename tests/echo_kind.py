@@ -44,6 +44,7 @@ class Echo(Yours):
     setting: ClassVar[Optional[str]] = "objective"
     flag: ClassVar[str] = "--objective xN"
     runs: ClassVar[str] = "an echo"
+    torch_here: ClassVar[bool] = False
 
     @classmethod
     def runner(cls, search: Search, spec: str, function: Any) -> EchoRunner:

@@ -357,6 +357,24 @@ def test_the_page_s_example_runs_as_a_command_as_a_function_on_two_machines_and_
     assert any(text.startswith("id,search,sampler,") and "metric_accuracy" in text.splitlines()[0] for text in shown)
 
 
+def test_only_a_search_whose_trials_run_in_its_workers_imports_torch_s_compiler_before_forking_them(
+        tmp_path, monkeypatch):
+    """A command's trials are processes of their own: its job's workers start without waiting on the import
+    of torch's compiler front end that a function's (or towerlab's) trainings need."""
+    from towerlab.jobs.search import job
+
+    warmed: list[str] = []
+    monkeypatch.setattr(job, "warm_up", lambda real=job.warm_up: warmed.append("warm") or real())
+    monkeypatch.chdir(tmp_path)
+    Path("xs.toml").write_text("[genes]\nx = [1, 2]\n")
+    Path("f.py").write_text("def f(x):\n    return x\n")
+    echo = shlex.join([sys.executable, "-c", "import sys; print(sys.argv[1])", "{x}"])
+    assert main(["grid", "--command", echo, "--space", "xs.toml", "--remeasure", "0", *ONE_CPU, "--out", "c"]) == 0
+    assert warmed == []
+    assert main(["grid", "--objective", "f.py:f", "--space", "xs.toml", "--remeasure", "0", *ONE_CPU, "--out", "f"]) == 0
+    assert warmed == ["warm"]
+
+
 def test_grid_runs_a_command_and_a_trial_past_its_timeout_fails_alone(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     Path("naps.toml").write_text("[genes]\nnap = [0, 30]\n")

@@ -260,6 +260,7 @@ class Command(Yours):
     setting: ClassVar[Optional[str]] = "trial_command"
     flag: ClassVar[str] = "--command '...'"
     runs: ClassVar[str] = "a command"
+    torch_here: ClassVar[bool] = False  # each trial is a process of its own
 
     @classmethod
     def runner(cls, search: Search, spec: str, function: object) -> CommandObjective:

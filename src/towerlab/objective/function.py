@@ -250,6 +250,7 @@ class Function(Yours):
     setting: ClassVar[Optional[str]] = "objective"
     flag: ClassVar[str] = "--objective FILE.py:FUNCTION"
     runs: ClassVar[str] = "a function"
+    torch_here: ClassVar[bool] = True  # most build a torch optimizer; which ones cannot be known
 
     @classmethod
     def runner(cls, search: Search, spec: str, function: Optional[Callable[..., Any]]) -> FunctionObjective:

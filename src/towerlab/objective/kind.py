@@ -111,7 +111,9 @@ class Kind(Protocol):
     """A kind of objective (see the module's docstring). Its class: `name` (its line in KINDS), `setting` (the
     SearchConfig field whose value names one, its spec: None for the kind of a search that names none),
     `flag` (how a command line names it, for a message), `data` (whether it trains on the search's
-    --dataset, which its job loads once and hands its workers), `goal(cfg)`, `settings(cfg, model_function)`
+    --dataset, which its job loads once and hands its workers), `torch_here` (whether its trials train with
+    torch in the worker's own process, so that its job imports torch's compiler front end once before
+    forking its workers: `towerlab.jobs.search.workers.warm_up`), `goal(cfg)`, `settings(cfg, model_function)`
     (the settings as it takes them, each it refuses a UserError), `check(search, function)` (a new search
     checked before anything is written: its warnings), `check_worker(named, trials)` (a worker's command,
     before any worker starts); for a refusal's line, `runs` (what a worker of it runs) and `searches(search)`
@@ -122,6 +124,7 @@ class Kind(Protocol):
     flag: ClassVar[str]
     runs: ClassVar[str]
     data: ClassVar[bool]
+    torch_here: ClassVar[bool]
     here: Here
     search: Search
     threads: Optional[int]  # the CPU threads of its trials here (None: it sets none)

@@ -56,6 +56,7 @@ class Training:
     setting: ClassVar[Optional[str]] = None
     flag: ClassVar[str] = ""
     data: ClassVar[bool] = True
+    torch_here: ClassVar[bool] = True
     runs: ClassVar[str] = "towerlab's training"  # what a worker of it runs, as a refusal says
 
     @classmethod

@@ -50,7 +50,7 @@ TRAINING_ONLY = ("dataset", "val_size", "image_size", "test_size", "patience", "
 
 class Yours:
     """A kind of objective of your code (see the module's docstring); a subclass says its `name`, `setting`,
-    `flag` and `runs`, builds its trial runner (`runner`), says when a search's epochs are lost on it
+    `flag`, `runs` and `torch_here`, builds its trial runner (`runner`), says when a search's epochs are lost on it
     (`epochs_ignored`) and how long after its timeout a trial is surely over (`lapses`)."""
 
     name: ClassVar[str]
@@ -58,6 +58,7 @@ class Yours:
     flag: ClassVar[str]
     runs: ClassVar[str]  # what a worker of it runs, as a refusal says
     data: ClassVar[bool] = False
+    torch_here: ClassVar[bool]
 
     @classmethod
     def goal(cls, cfg: SearchConfig) -> Goal:

@@ -127,7 +127,7 @@ class SearchJob(Job):
             return self._rank()
         reporter = Reporter(None, progress=self.run.progress)
         optuna_lines()  # the record's play of the search asks its sampler too
-        warming = warm_up() if self.start_method == "fork" else None  # joined before the workers fork
+        warming = warm_up() if self.start_method == "fork" and self.trains.torch_here else None  # joined before forking
         # A database out of reach is refused before the data is read; a file is made once the data is
         # found (bad data leaves no store behind).
         first = open_store(self.target) if is_url(self.target) else None

@@ -304,6 +304,7 @@ def test_the_best_curve_counts_every_rung_in_the_seconds_and_reads_a_budget_back
     assert search_runs.best_by(curve, 139) == 0.5 and search_runs.best_by(curve, 140) == 0.6
 
 
+@pytest.mark.slow
 def test_a_pick_retrained_with_the_searchs_seed_gets_the_searchs_accuracy_and_a_cache_is_read_back(tmp_path):
     """bench/quality/search_runs.retrain trains a network as the search trained it: with the seed the search
     gave it, the same validation accuracy, to the last digit. A cache holding the same pick, settings
@@ -332,6 +333,7 @@ def test_a_pick_retrained_with_the_searchs_seed_gets_the_searchs_accuracy_and_a_
     assert 0 <= other["val_accuracy"] <= 1 and json.loads(cache.read_text())["key"]["seeds"] == [best["seed"] + 1]
 
 
+@pytest.mark.slow
 def test_retrain_refuses_a_genome_it_cannot_read_and_reuse_trains_only_what_its_record_lacks(tmp_path):
     """bench/quality/retrain.py: a genome it cannot read is one line and exit 2, nothing written; with
     --reuse, a genome today's record holds (same settings, seeds, threads) is read back, and only
@@ -440,6 +442,7 @@ def test_the_gpu_session_script_prepares_the_pieces_and_runs_every_part_dry_on_a
     assert early["airbench94_muon"]["runs"] == detail["airbench94_muon"]["runs"]
 
 
+@pytest.mark.slow
 def test_the_gpu_session_cifar_part_names_missing_pieces_and_refuses_a_wrong_digest(tmp_path, session_data):
     data, digest = session_data
     dest = tmp_path / "gpu"

@@ -48,6 +48,7 @@ def test_errors_from_the_real_command_line_have_no_traceback(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.slow
 def test_two_replicas_report_a_user_error_once(tmp_path):
     result = run_cli("train", *TINY, "--devices", "2", "--batch-size", "1000", "--out", str(tmp_path / "run"))
     assert result.returncode == 2

@@ -138,6 +138,7 @@ class ArrayLogs:
         return "".join(log.read_text() for log in self.files.values())
 
 
+@pytest.mark.slow
 def test_the_docs_job_array_of_workers_runs_a_search_through_a_cancel_and_a_requeue(
         tmp_path, reference, postgres_url, slurm_cluster):
     """The job array of docs/distributed-search.md (3 tasks of one CPU worker each here), submitted before
@@ -195,6 +196,7 @@ def test_the_docs_job_array_of_workers_runs_a_search_through_a_cancel_and_a_requ
     assert "Traceback" not in logs.text()
 
 
+@pytest.mark.slow
 def test_the_docs_cpu_node_script_finds_towerlab_its_data_and_password_as_written(
         tmp_path, postgres_server, slurm_cluster, monkeypatch):
     """Issue 65, defect 18: the recipe worked on GPU nodes only, and said nowhere where a worker finds towerlab,
@@ -245,6 +247,7 @@ def test_the_docs_cpu_node_script_finds_towerlab_its_data_and_password_as_writte
     assert len({(e.provenance["data"], e.provenance["code"]) for e in rows}) == 1
 
 
+@pytest.mark.slow
 def test_the_docs_torchrun_script_trains_over_slurm(tmp_path, slurm_cluster):
     """docs/training.md's Slurm script (one torchrun agent per node, the first node the rendezvous) on the
     one node here, two CPU processes training LeNet-5 on synthetic data for an epoch: it had never run."""

@@ -103,6 +103,7 @@ def test_a_torn_or_corrupt_checkpoint_is_refused_and_the_previous_one_loads(tmp_
         checkpoint.load(path)
 
 
+@pytest.mark.slow
 def test_a_huge_checkpoint_is_refused_unread_by_its_size_and_resume_says_so_in_one_line(tmp_path):
     """A 30 GB (sparse) checkpoint.pt, resumed under a 4 GiB address space: refused by its size (more
     than the run's model can need) before a byte is read; once the whole file was read first."""

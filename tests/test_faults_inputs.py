@@ -81,6 +81,7 @@ def test_a_model_file_asking_for_a_huge_network_is_one_line(command, run, tmp_pa
     ("expanded", "tensor net.1.weight claims 15,680,000,000 elements over 4 bytes (an expanded view, not weights)"),
     ("sparse", "holds a sparse_coo tensor (net.1.weight)"),
 ])
+@pytest.mark.slow
 def test_a_model_file_whose_tensors_are_not_dense_weights_is_one_line(command, case, fragment, run, tmp_path):
     """issue 50: 3 KB of stride-0 views claiming neurons=20000000 passed the shape check, then the network
     was built for real (63 GB); a sparse tensor was a traceback from load_state_dict."""

@@ -70,6 +70,7 @@ def _cut_works() -> str | None:
     return None if done.returncode == 0 else f"no network namespace with nftables here: {done.stderr.strip()}"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("moment", ["sending", "waiting"])
 def test_a_store_whose_network_goes_silent_mid_transaction_is_lost_within_a_bound(moment):
     why = _cut_works()

@@ -153,6 +153,7 @@ def test_a_search_id_past_64_bits_is_no_such_search(tmp_path):
     ("UPDATE searches SET config = '[1,2]'", "search 1's settings are a list"),
     ("UPDATE tasks SET genome = '[1,2,3]' WHERE id = {task}", "task {task}'s genome is a list"),
 ])
+@pytest.mark.slow
 def test_a_row_of_the_wrong_form_stops_every_worker_in_one_line(tmp_path, finished, edit, named):
     """It was a 90-line traceback in every worker process, then "4 worker processes died"."""
     folder = reopened(finished, tmp_path, (edit, ()))
@@ -249,6 +250,7 @@ def test_an_sqlite_store_locked_by_a_stopped_process_says_so(tmp_path, monkeypat
 # -- 2: the store lost while a worker asks it ----------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_store_lost_while_a_worker_asks_it_stops_the_worker_and_fails_no_network(postgres_server, postgres_url,
                                                                                  monkeypatch):
     """The database goes away past the retry window just as a worker asks for the bar of its search's top

@@ -257,6 +257,7 @@ def test_torchrun_restarts_a_search_whose_worker_died_and_it_ends_as_uninterrupt
     assert_nothing_lost_or_repeated(out, reference, kept)
 
 
+@pytest.mark.slow
 def test_a_candidate_too_deep_to_build_fails_and_the_grid_goes_on(tmp_path):
     """issue 41: 50,000 mlp layers once crashed the coordinator (SIGSEGV, in the cost estimate's
     FLOP count, after minutes); now such a genome is refused before anything is built, its

@@ -154,6 +154,7 @@ def finished_search(tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["zeroed page", "random bytes"])
 def test_a_damaged_store_is_one_line_naming_the_file(tmp_path, finished_search, how):
     out = tmp_path / "evo"

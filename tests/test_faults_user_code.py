@@ -68,6 +68,7 @@ def test_a_model_function_that_exits_or_raises_ends_train_with_one_line(width, f
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_sys_exit_in_a_forward_during_training_is_a_failure(model_file, tmp_path):
     model_file.write_text(MODEL.replace("EXIT_IN_FORWARD = RAISE", "EXIT_IN_FORWARD = True\nRAISE"))
     result = run_cli("train", *TINY, "--steps", "2", "--model", f"{model_file}:make", "--out", str(tmp_path / "run"),
@@ -78,6 +79,7 @@ def test_sys_exit_in_a_forward_during_training_is_a_failure(model_file, tmp_path
     assert not (tmp_path / "run" / "summary.json").exists()
 
 
+@pytest.mark.slow
 def test_a_search_records_a_model_function_that_exits_as_a_failed_candidate(model_file, tmp_path):
     space = tmp_path / "space.toml"
     space.write_text('model = "custom"\n[genes]\nwidth = [8, 13, 14]\n')
@@ -111,6 +113,7 @@ def test_evaluate_and_predict_say_in_one_line_what_a_network_of_yours_raised(mod
     assert not (tmp_path / "p.npz").exists()
 
 
+@pytest.mark.slow
 def test_an_optuna_py_beside_the_model_file_is_not_towerlabs_optuna(model_file, tmp_path):
     """The model file's folder went first on sys.path, so towerlab's own `import optuna` took the file."""
     (model_file.parent / "optuna.py").write_text("import pathlib\npathlib.Path(__file__).with_name('HIJACKED')"

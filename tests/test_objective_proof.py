@@ -59,6 +59,7 @@ LATE = {"f.py": "def f(x):\n    import helper2\n    return x + helper2.ADD\n", "
         "space.toml": "[genes]\nx = [1, 2, 3]\n"}
 
 
+@pytest.mark.slow
 def test_a_module_imported_inside_the_function_is_proven_and_its_edit_is_no_cache_hit(tmp_path):
     """A worker whose helper2.py adds 100 joined and recorded its rows; after helper2.py was edited, a new
     search on the same store served the old code's results from the cache ("evaluated 0, cached 3")."""
@@ -146,6 +147,7 @@ def test_a_file_a_trial_names_is_checked_as_it_runs(tmp_path, monkeypatch):
         "(a file the program writes belongs in its trial's folder, {folder})")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("edited, differs", [("cfg/b.json", "cfg/b.json differs"), ("lib/config.py", "lib.config "
                                              "differs"), ("helper.py", "helper differs")])
 def test_a_command_search_refuses_a_worker_whose_chosen_or_imported_files_differ(tmp_path, edited, differs):
@@ -159,6 +161,7 @@ def test_a_command_search_refuses_a_worker_whose_chosen_or_imported_files_differ
              f"its objective's code differs here: {differs}")
 
 
+@pytest.mark.slow
 def test_a_file_edited_while_a_command_search_runs_records_nothing_of_that_trial(tmp_path):
     """9 of 12 rows came from the edited file, under the first proof. Here the first trial's program edits
     the module its script imports: its result is dropped, the worker stops in one line."""
@@ -185,6 +188,7 @@ def f(x, folder):
 """
 
 
+@pytest.mark.slow
 def test_trial_folders_are_absolute_whatever_a_function_does_with_the_process_s_folder(tmp_path):
     """A function that does os.chdir(folder) nested every later trial's folder inside the one before."""
     folder = write(tmp_path, {"f.py": CHDIR, "space.toml": "[genes]\nx = [1, 2, 3, 4]\n"})
@@ -206,6 +210,7 @@ print(json.dumps({"value": float(sys.argv[1]), "resumed_from": 1.0 if found == {
 """
 
 
+@pytest.mark.slow
 def test_two_stores_searches_share_no_trial_folder_and_a_trial_tried_again_finds_its_own(tmp_path, monkeypatch):
     """Two stores whose searches have the same space and seed, their trials under one folder: search B's
     trials found A's checkpoint.json and recorded A's values."""
@@ -265,6 +270,7 @@ def finished(tmp_path_factory) -> Path:
     ({"x": "a", "n": 2.0}, "its n is 2.0, not one of the space's values"),
     ("same hash, another genome", "it is not the genome its hash names"),
 ])
+@pytest.mark.slow
 def test_a_genome_edited_in_the_store_fails_its_trial_and_never_runs(tmp_path, finished, genome, reason):
     """{"x": "--evil=/etc/shadow"} became `tr.py --x --evil=/etc/shadow`, and was recorded as ok under the
     original genome's hash, so that the cache answered for a genome never trained."""
@@ -298,6 +304,7 @@ def f(x):
 """
 
 
+@pytest.mark.slow
 def test_a_function_drawing_from_the_global_generators_gives_the_same_rows_on_1_and_2_workers(tmp_path):
     """Both workers' streams started alike (forked), and went on from trial to trial: other rows on 2 workers
     than on 1."""

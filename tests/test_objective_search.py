@@ -120,6 +120,7 @@ def reference(request, tmp_path_factory) -> tuple[str, Path, list[tuple]]:
     return request.param, folder, first
 
 
+@pytest.mark.slow
 def test_an_objective_searches_30_trainings_whose_rows_carry_its_metric(reference):
     kind, folder, found = reference
     out = folder / "a"
@@ -164,6 +165,7 @@ def test_the_views_name_the_metric_and_its_direction(reference, capsys, monkeypa
     assert (record["metric"], record["direction"], record["value"]) == ("loss", "minimize", record["metrics"]["loss"])
 
 
+@pytest.mark.slow
 def test_a_worker_on_a_second_machine_joins_and_writes_the_rows_of_one_process(reference, tmp_path):
     """The job and a `search worker` started in another folder with a HOME of its own and its own copy of the
     objective's files, each trial slowed so that both take some: the rows are the one-process run's."""
@@ -189,6 +191,7 @@ def test_a_worker_on_a_second_machine_joins_and_writes_the_rows_of_one_process(r
     assert "nothing left to do" in (tmp_path / "worker.log").read_text()
 
 
+@pytest.mark.slow
 def test_an_objective_search_resumes_to_the_rows_of_one_run(reference, tmp_path):
     kind, _, found = reference
     folder = machine(tmp_path / "one")

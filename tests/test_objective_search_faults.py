@@ -180,6 +180,7 @@ def train(x):
 '''
 
 
+@pytest.mark.slow
 def test_a_trial_at_work_is_shown_with_how_long_it_has_run(tmp_path):
     (tmp_path / "hang.py").write_text(HANG)
     (tmp_path / "space.toml").write_text("[genes]\nx = [1]\n")

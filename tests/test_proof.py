@@ -13,6 +13,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from towerlab.proof import Proof
 
 # Loads FILE.py:NAME as a worker would, calls it, and prints what it returned and the proof before and after.
@@ -61,6 +63,7 @@ def test_the_proof_is_the_file_and_every_module_of_yours_it_imports(tmp_path):
                                "pkg.util": sha(tmp_path / "pkg/util.py")}
 
 
+@pytest.mark.slow
 def test_a_changed_neighbour_changes_the_proof_and_is_named(tmp_path):
     write(tmp_path, MODEL)
     before = Proof(load(f"{tmp_path / 'net.py'}:make")["before"])
@@ -73,6 +76,7 @@ def test_a_changed_neighbour_changes_the_proof_and_is_named(tmp_path):
     assert load(f"{tmp_path / 'net.py'}:make")["before"] == after["before"]
 
 
+@pytest.mark.slow
 def test_the_same_files_elsewhere_give_the_same_proof(tmp_path):
     write(tmp_path / "here", MODEL)
     shutil.copytree(tmp_path / "here", tmp_path / "another machine")

@@ -258,6 +258,7 @@ def f(x, y, seed):
 '''
 
 
+@pytest.mark.slow
 def test_a_default_search_on_four_workers_trains_four_at_once(tmp_path):
     """The default sampler on 4 workers (`search run --devices 4`, a budget alone) has 4 trainings in flight
     (it had 2, whatever the number of workers), and `search show` says the workers' state."""

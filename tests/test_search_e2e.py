@@ -253,6 +253,7 @@ def test_retraining_the_winner_from_best_json_reproduces_its_accuracy(tmp_path, 
     assert best["val_accuracy"] == pytest.approx(sum(best["val_accuracies"]) / 3)
 
 
+@pytest.mark.slow
 def test_the_top_is_tested_as_it_trains_and_only_the_rest_is_retrained(tmp_path, space_file):
     """A network that ends its training among the best so far is scored on the test split then, so the
     top needs no retraining at the end; a top network that this search did not train (the store's

@@ -173,6 +173,7 @@ def test_an_export_that_fails_midway_leaves_nothing_and_a_retry_succeeds(tmp_pat
         assert capsys.readouterr().out.startswith("study my-search: ")
 
 
+@pytest.mark.slow
 def test_a_real_full_disk_under_an_export_leaves_no_file(tmp_path, searched):
     folder, _ = searched
     empty = tmp_path / "empty.db"

@@ -127,6 +127,7 @@ def test_gp_never_proposes_a_genome_twice_and_ends_when_the_space_is_used_up(tmp
     assert len(proposed) == len(set(proposed)) == 12 and result.cache_hits == 0 and result.generations == 12
 
 
+@pytest.mark.slow
 def test_gp_resumes_mid_generation_to_the_uninterrupted_history(tmp_path):
     reference = search(tmp_path / "ref.db", gp_config(generations=14, population=2))
     trained = []

@@ -126,6 +126,7 @@ def worker(out: Path, *flags: str, data: Path, python: str | None = None, env: d
     ("import towerlab.objective.admission as i; i.code_digest = lambda: 'sha256:0ther'",
      "towerlab's code here differs from the search's (digest 0ther, the search's "),
 ])
+@pytest.mark.slow
 def test_a_worker_on_other_software_is_refused_and_trains_nothing(tmp_path, python, said):
     """A worker whose towerlab was 0.2.0 joined and trained 2 candidates."""
     data = mnist_files(tmp_path / "data")

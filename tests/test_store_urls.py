@@ -78,6 +78,7 @@ def test_a_store_towerlab_cannot_keep_a_search_in_is_refused(given, why):
     assert "pw" not in str(caught.value)
 
 
+@pytest.mark.slow
 def test_the_command_line_takes_an_sqlite_url_as_its_file_and_refuses_another_database(tmp_path):
     """`--store sqlite:///x/a.db` became the folder ./sqlite:/x/a.db; `--store mysql://...` a local file
     the user believed was on a server."""
@@ -103,6 +104,7 @@ def test_the_command_line_takes_an_sqlite_url_as_its_file_and_refuses_another_da
     assert sorted(p.name for p in tmp_path.iterdir()) == ["s", "space.toml", "stores"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("password", ["Zqv1/Xjw2", "Zqv1#Xjw2", "Zqv1?Xjw2", "Zqv1 Xjw2", "Zqv1@Xjw2/8"])
 def test_a_password_with_odd_characters_never_reaches_an_error_line(tmp_path, password):
     """A password typed `se#cret` was printed whole, and with `se/cret` the whole URL."""

@@ -48,12 +48,3 @@ def every_rung_ranks(monkeypatch):
     from towerlab.search.judge import Verdict
 
     monkeypatch.setattr(Verdict, "used", property(lambda verdict: True))
-
-
-@pytest.hookimpl(trylast=True)
-def pytest_collection_modifyitems(items):
-    """The files that hold slow tests first, each whole and in its order (its module fixtures made once a
-    worker): pytest-xdist hands tests out in this order, so that a run ends on quick tests, not on a long one
-    while the other workers' cores sit idle."""
-    slow_files = {item.path for item in items if item.get_closest_marker("slow") is not None}
-    items.sort(key=lambda item: item.path not in slow_files)

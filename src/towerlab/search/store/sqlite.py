@@ -122,9 +122,10 @@ def open_sqlite(db: SQLite, where: object, create: bool, checked: bool = False) 
     `checked` it), a newer schema or a foreign file are UserErrors; an empty file gets today's
     tables, an older store is migrated."""
     try:
-        problems = ["ok"] if checked else [r[0] for r in db.raw.execute("PRAGMA quick_check").fetchall()]
-        if problems != ["ok"]:
-            raise damaged(where, "; ".join(problems[:2]))
+        if not checked:
+            problems = [r[0] for r in db.raw.execute("PRAGMA quick_check").fetchall()]
+            if problems != ["ok"]:
+                raise damaged(where, "; ".join(problems[:2]))
         _check_sqlite(db, where, create)
         db.configure()
     except sqlite3.DatabaseError as e:

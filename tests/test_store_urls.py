@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from towerlab.cli import main
 from towerlab.errors import UserError
 from towerlab.search.store.location import redacted, shows_a_password, store_location, with_password
 from util import SEARCH_BASE, run_cli, small_space_file
@@ -79,9 +80,9 @@ def test_a_store_towerlab_cannot_keep_a_search_in_is_refused(given, why):
 
 
 @pytest.mark.slow
-def test_the_command_line_takes_an_sqlite_url_as_its_file_and_refuses_another_database(tmp_path):
+def test_the_command_line_takes_an_sqlite_url_as_its_file_and_refuses_another_database(tmp_path, capsys, monkeypatch):
     """`--store sqlite:///x/a.db` became the folder ./sqlite:/x/a.db; `--store mysql://...` a local file
-    the user believed was on a server."""
+    the user believed was on a server. (The refusals run in this process: each fails before it starts.)"""
     space = small_space_file(tmp_path)
     done = run_cli("search", "run", "--sampler", "random", "--population", "2", "--generations", "1", "--top", "1",
                    *SEARCH_BASE, "--space", space, "--store", "sqlite:///stores/a.db", "--out", str(tmp_path / "s"),
@@ -94,20 +95,23 @@ def test_the_command_line_takes_an_sqlite_url_as_its_file_and_refuses_another_da
                      "--out", str(tmp_path / "m")],
                     ["search", "show", "mysql://u:pw@h/db"], ["search", "worker", "mysql://u:pw@h/db"],
                     ["search", "export", "postgresql+mysql:/x", "--optuna", "sqlite:///o.db"]):
-        done = run_cli(*command, cwd=tmp_path)
+        monkeypatch.chdir(tmp_path)
+        status = main(command)
+        err = capsys.readouterr().err
         if command[1] == "export":  # postgresql+mysql:/x is no URL at all: a file that is not there
-            assert done.returncode == 2 and "no search store" in done.stderr, done.stderr
+            assert status == 2 and "no search store" in err, err
             continue
-        lines = [line for line in done.stderr.splitlines() if "warning" not in line]
-        assert done.returncode == 2 and len(lines) == 1 and "not in mysql" in lines[0], done.stderr
-        assert "pw" not in done.stderr.replace("password", "")
+        lines = [line for line in err.splitlines() if "warning" not in line]
+        assert status == 2 and len(lines) == 1 and "not in mysql" in lines[0], err
+        assert "pw" not in err.replace("password", "")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["s", "space.toml", "stores"]
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("password", ["Zqv1/Xjw2", "Zqv1#Xjw2", "Zqv1?Xjw2", "Zqv1 Xjw2", "Zqv1@Xjw2/8"])
-def test_a_password_with_odd_characters_never_reaches_an_error_line(tmp_path, password):
-    """A password typed `se#cret` was printed whole, and with `se/cret` the whole URL."""
+def test_a_password_with_odd_characters_never_reaches_an_error_line(tmp_path, password, capsys):
+    """A password typed `se#cret` was printed whole, and with `se/cret` the whole URL. (The command line
+    in this process: each command fails before it trains, and what it prints is all that is checked.)"""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]  # nobody listens there once the socket closes
@@ -115,10 +119,11 @@ def test_a_password_with_odd_characters_never_reaches_an_error_line(tmp_path, pa
     for command in (["search", "show", url], ["search", "worker", url, "--device", "cpu"],
                     ["search", "run", *SEARCH_BASE, "--space", small_space_file(tmp_path), "--store", url,
                      "--out", str(tmp_path / "s")]):
-        done = run_cli(*command)
-        assert done.returncode == 2, done.stderr
-        lines = done.stderr.splitlines()
+        status = main(command)
+        out, err = capsys.readouterr()
+        assert status == 2, err
+        lines = err.splitlines()
         assert lines[0].startswith("towerlab: warning: the password in a URL on the command line"), lines
         assert len(lines) == 2 and lines[1].startswith("towerlab: error:"), lines
-        assert "Zqv1" not in done.stderr and "Xjw2" not in done.stderr, done.stderr
+        assert "Zqv1" not in out + err and "Xjw2" not in out + err, err
         assert not Path(tmp_path / "s").exists()

@@ -114,7 +114,7 @@ def _pruning_record(seed: int, best: float) -> dict:
     side = {"command": ["towerlab", "evolve"], "best": best, "trained_to_the_end": 2, "train_seconds": 40.0,
             "trainings": 2, "evaluations": 2, "wall_seconds": 25.0, "parts": 1, "best_test_accuracy": 0.5}
     return {"date": "2026-11-23 10:00:00", "dataset": "synthetic",
-            "budget": {"population": 9, "generations": 2, "max_epochs": 3, "patience": 3},
+            "budget": {"population": 6, "generations": 2, "max_epochs": 3, "patience": 3},
             "seeds": [{"seed": seed, "noise": 0.01, "unpruned": side, "pruned": side,
                        "curves": {"unpruned": [[10.0, best / 2, 1], [30.0, best, 2]], "pruned": []}}]}
 

@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dataset", default="mnist")
     parser.add_argument("--seeds", nargs="*", type=int, default=[0, 1, 2])
-    parser.add_argument("--smoke", action="store_true", help="synthetic data, population 9, 2 generations, 1 seed")
+    parser.add_argument("--smoke", action="store_true", help="synthetic data, population 6, 2 generations, 1 seed")
     parser.add_argument("--prune-places", choices=("all", "new"), default="all",
                         help="the pruned search's --prune-places")
     parser.add_argument("--sampler", choices=("ga", "tpe", "random"), default="ga",
@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     budget = dict(BUDGET)
     if args.smoke:
         args.dataset, args.seeds = "synthetic", args.seeds[:1]
-        budget.update(population=9, generations=2, max_epochs=3, patience=3)
+        budget.update(population=6, generations=2, max_epochs=3, patience=3)
         args.retrain = min(args.retrain, 2)
     if args.generations is not None and args.generations < 1:
         parser.error(f"--generations {args.generations}: a search has at least 1 generation")

@@ -91,11 +91,11 @@ def test_the_command_line_takes_an_sqlite_url_as_its_file_and_refuses_another_da
     assert (tmp_path / "stores" / "a.db").is_file() and not (tmp_path / "sqlite:").exists()
     shown = run_cli("search", "show", f"sqlite:///{tmp_path / 'stores' / 'a.db'}")
     assert shown.returncode == 0 and "finished" in shown.stdout, shown.stderr
+    monkeypatch.chdir(tmp_path)
     for command in (["search", "run", *SEARCH_BASE, "--space", space, "--store", "mysql://u:pw@h/db",
                      "--out", str(tmp_path / "m")],
                     ["search", "show", "mysql://u:pw@h/db"], ["search", "worker", "mysql://u:pw@h/db"],
                     ["search", "export", "postgresql+mysql:/x", "--optuna", "sqlite:///o.db"]):
-        monkeypatch.chdir(tmp_path)
         status = main(command)
         err = capsys.readouterr().err
         if command[1] == "export":  # postgresql+mysql:/x is no URL at all: a file that is not there
@@ -107,7 +107,6 @@ def test_the_command_line_takes_an_sqlite_url_as_its_file_and_refuses_another_da
     assert sorted(p.name for p in tmp_path.iterdir()) == ["s", "space.toml", "stores"]
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("password", ["Zqv1/Xjw2", "Zqv1#Xjw2", "Zqv1?Xjw2", "Zqv1 Xjw2", "Zqv1@Xjw2/8"])
 def test_a_password_with_odd_characters_never_reaches_an_error_line(tmp_path, password, capsys):
     """A password typed `se#cret` was printed whole, and with `se/cret` the whole URL. (The command line

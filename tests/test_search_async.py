@@ -42,9 +42,10 @@ def trainer(search):
     return train
 
 
-def workers(path, search_id, names, **options):
-    """Worker threads on the search until it is finished: the workers, once joined."""
-    made = [Worker(Store(path), name, "cpu", trainer, WorkerOptions(search_ids=[search_id], lease=30.0, **options))
+def workers(path, search_id, names, train=trainer, **options):
+    """Worker threads on the search until it is finished (training as `train` makes their objective): the
+    workers, once joined."""
+    made = [Worker(Store(path), name, "cpu", train, WorkerOptions(search_ids=[search_id], lease=30.0, **options))
             for name in names]
     threads = [threading.Thread(target=w.run) for w in made]
     for t in threads:
@@ -125,13 +126,7 @@ def test_idle_workers_re_measure_the_certain_top_while_the_last_training_runs(tm
         return train
 
     search = created(tmp_path / "s.db", cfg)
-    made = [Worker(Store(tmp_path / "s.db"), f"w{i}", "cpu", last_waits,
-                   WorkerOptions(search_ids=[search.id], lease=30.0)) for i in range(3)]
-    threads = [threading.Thread(target=w.run) for w in made]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=300)
+    workers(tmp_path / "s.db", search.id, ["w0", "w1", "w2"], last_waits)
     assert waited == [True]
 
     def rows(path, search_id):
@@ -180,6 +175,38 @@ def test_a_process_that_would_propose_otherwise_never_stops_the_search(tmp_path,
 
         played = Search.open(store, search.id).play(store, nothing)
     assert [[m.genome for m in g.members] for g in played.history] == stored
+
+
+def test_a_worker_waiting_for_a_proposal_gets_the_model_s_where_trainings_are_long(tmp_path):
+    """The leader weighs a proposal against a training's length, as its search tells the outcomes: trainings of
+    ten minutes (as recorded) leave time for the Gaussian process's proposal, so an idle worker gets it, not a
+    quick one. The pacer never learnt the lengths of an asynchronous search's trainings, and gave every idle
+    worker TPE's quick proposal: on LCBench with 8 workers, 19 of the first 48 proposals."""
+    def ten_minutes(search):
+        def train(assignment):
+            time.sleep(0.02 + 0.03 * (assignment.candidate.seed % 3))
+            outcome = bowl(assignment.candidate)
+            return Outcome.ok(outcome.fitness, epochs=1, seconds=600.0)
+        return train
+
+    search = created(tmp_path / "s.db", SearchConfig(max_evaluations=16, remeasure=0, top=2, seed=6))
+    workers(tmp_path / "s.db", search.id, ["w0", "w1", "w2"], ten_minutes)
+    with Store(tmp_path / "s.db") as store:
+        modelled = [g.proposed for g in store.records.generations(search.id) if g.generation >= 10]
+    assert len(modelled) == 6
+    assert any(p["workers"]["idle"] > p["waiting"] for p in modelled)  # a worker waited for each of these
+    assert not any(p["quickly"] for p in modelled)
+
+
+def test_trainings_shorter_than_a_proposal_keep_at_most_one_spare_a_worker(tmp_path):
+    """Trainings of 10 ms (as recorded) finish by the dozen while one proposal is made and noticed: the leader
+    keeps one spare candidate a worker ready, not the dozens that would be proposed from ever fewer outcomes."""
+    search = created(tmp_path / "s.db", SearchConfig(sampler="random", max_evaluations=30, remeasure=0, top=2, seed=7))
+    workers(tmp_path / "s.db", search.id, ["w0", "w1"])
+    with Store(tmp_path / "s.db") as store:
+        paced = [g.proposed for g in store.records.generations(search.id)][1:]  # the first knows no training
+    assert all(p["spare"] <= max(1, p["workers"]["busy"] + p["workers"]["idle"]) for p in paced)
+    assert max(p["spare"] for p in paced) == 2
 
 
 def test_a_worker_that_joins_trains_at_once_and_proposes_nothing_while_another_leads(tmp_path):

@@ -138,6 +138,8 @@ def asynchronously(cfg: SearchConfig, sampler: Sampler, rounds: Rounds, train: T
         ready, missing = rounds.waiting(sorted(flight.new)) if pacing else (set(flight.new), 0)
         for g in sorted(ready):
             generation = rounds.finish(g)  # (with no workers, trained here)
+            if pacing is not None:  # how long a training takes, which a proposal's pace weighs
+                pacing.trained([m.seconds for m in generation.members if m.ok and m.source == "evaluated"])
             sampler.tell(generation)
             told.append(generation)
             del flight.new[g]

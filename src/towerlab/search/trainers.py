@@ -29,7 +29,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Callable, Protocol, runtime_checkable
+from typing import Callable, Protocol, Sequence, runtime_checkable
 
 from towerlab.errors import UserError
 from towerlab.search.candidates import Candidate, Outcome, raised
@@ -93,6 +93,9 @@ class Pacing(Prefetching, Protocol):
 
     def proposed(self, seconds: float) -> None:
         """A proposal took `seconds` (what `pace` weighs against a training's length)."""
+
+    def trained(self, seconds: Sequence[float]) -> None:
+        """The search's latest trainings, as told, took `seconds` each (a training's length, for `pace`)."""
 
     def doing(self, activity: str) -> None:
         """What the search is doing now, for whoever watches it."""

@@ -10,10 +10,11 @@ store holds (never proposing them again) and goes on from there.
 
 In an asynchronous search the trainer paces the proposals (`QueueTrainer.pace`): one for each idle
 worker, and a spare few ready for the workers about to free up, as many as finish while a proposal is
-made (none where a worker waits less than SPARE_SHARE of a training for its next candidate, so that each
-proposal is made with every outcome there is); and a worker that has nothing to take all the same has its
-candidate proposed quickly (`Sampler.propose_quickly`) where the next proposal would keep it waiting more
-than QUICK_SHARE of a training (`Pace.quickly`). A pruned rung's sure promotions go on the queue as
+made, at most one a worker (none where a worker waits less than SPARE_SHARE of a training for its next
+candidate, so that each proposal is made with every outcome there is); and a worker that has nothing to
+take all the same has its candidate proposed quickly (`Sampler.propose_quickly`) where the next proposal
+would keep it waiting more than QUICK_SHARE of a training (`Pace.quickly`). A training's length is the
+mean of the latest the search told (`QueueTrainer.trained`), a proposal's a running mean of its own. A pruned rung's sure promotions go on the queue as
 results come in. When the search's top is crowned, the retrainings that give it its test accuracy go on
 the queue too (`towerlab.search.testing`), and the leader, once they are done, writes the summary: the
 search is finished.
@@ -105,8 +106,10 @@ class QueueTrainer:
     def _spare(self, workers: int) -> int:
         """The candidates to keep ready beyond the idle workers: as many as finish their training while the
         next proposal is made and noticed (their expected count and its spread, as for a Poisson count: at
-        least one), or none where waiting for it costs a worker less than SPARE_SHARE of a training. One
-        until both lengths are known."""
+        least one, at most one a worker: where trainings are shorter than a proposal, a surrogate's query,
+        more would be proposed from ever fewer outcomes, and the workers wait for proposals all the same),
+        or none where waiting for it costs a worker less than SPARE_SHARE of a training. One until both
+        lengths are known."""
         if self._proposal is None or not self._trainings:
             return 1
         training = max(sum(self._trainings) / len(self._trainings), 1e-3)
@@ -114,7 +117,7 @@ class QueueTrainer:
         if lag < SPARE_SHARE * training:
             return 0
         finishing = workers * lag / training
-        return max(1, math.ceil(finishing + math.sqrt(finishing)))
+        return max(1, min(workers, math.ceil(finishing + math.sqrt(finishing))))
 
     def wait(self) -> None:
         self._poll.wait()
@@ -122,6 +125,9 @@ class QueueTrainer:
     def proposed(self, seconds: float) -> None:
         self._proposal = seconds if self._proposal is None else 0.7 * self._proposal + 0.3 * seconds
         self._poll.found()
+
+    def trained(self, seconds: Sequence[float]) -> None:
+        self._trainings.extend(seconds)
 
     def doing(self, activity: str) -> None:
         if activity != self._doing:
@@ -157,7 +163,6 @@ class QueueTrainer:
                 candidate, row = ready.pop(0)
                 record.served(candidate, row)
                 if row.search_id == search_id and row.status == "ok":
-                    self._trainings.append(row.seconds)
                     self._poll.found()
                 ready.extend(add(record.more()))
             if not pending:

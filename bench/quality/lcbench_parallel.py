@@ -64,7 +64,9 @@ ARMS = {
 ANCHORS = ("gp-parallel", "tpe-parallel", "random")
 # kept runs of an earlier towerlab, for the record's comparison: this script runs only the arms above
 KEPT = {"towerlab-int": "towerlab's default before gp took an int range of more than 32 values as floats "
-                        "(each int gene modelled value by value), the same command"}
+                        "(each int gene modelled value by value), the same command",
+        "towerlab-quick": "towerlab's default before its leader knew how long a training takes (it gave every "
+                          "worker that waited TPE's quick proposal: a fifth of the proposals), the same command"}
 
 
 def objective(batch_size: int, learning_rate: float, max_dropout: float, max_units: int, momentum: float,
@@ -121,7 +123,8 @@ def towerlab_run(task: str, seed: int, workers: int, scale: float, budget: int) 
     in_flight = [len(p["in_flight"]) for p in proposed[10:]]
     return {"spent": spent, "trainings": len(rows), "trace": trace, "wall_seconds": wall,
             "in_flight_at_proposal": statistics.fmean(in_flight) if in_flight else None,
-            "proposal_seconds": statistics.fmean(p["seconds"] for p in proposed) if proposed else None}
+            "proposal_seconds": statistics.fmean(p["seconds"] for p in proposed) if proposed else None,
+            "quick_proposals": sum(bool(p.get("quickly")) for p in proposed)}
 
 
 def _optuna_worker(arm: str, storage: str, name: str, seed: int, task: str, scale: float, trials: int) -> None:
@@ -238,6 +241,8 @@ def measure(results: list[dict], reference: dict, budget: int) -> dict:
             "trainings": statistics.fmean(r["trainings"] for r in mine),
             **({"in_flight_at_proposal": statistics.fmean(r["in_flight_at_proposal"] for r in mine)}
                if key[0].startswith("towerlab") else {}),
+            **({"quick_proposals": statistics.fmean(r["quick_proposals"] for r in mine)}
+               if all("quick_proposals" in r for r in mine) else {}),
         }
     return {"arms": out, "best_known": best_known}
 

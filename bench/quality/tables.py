@@ -143,5 +143,5 @@ TABLES: dict[str, Table] = {
     "lcbench-anchors": _lcbench("quality/lcbench-anchors-2026-12-06.json", issue=False),
     "lcbench-pruned": _lcbench("quality/lcbench-pruned-default-2026-12-06.json", issue=False),
     "rbv2": _rbv2("quality/rbv2-xgboost-2026-12-06.json"),
-    "lcbench-parallel": _lcbench_parallel("quality/lcbench-parallel-2026-12-06.json"),
+    "lcbench-parallel": _lcbench_parallel("quality/lcbench-parallel-2026-12-06-b.json"),
 }

@@ -254,6 +254,27 @@ def test_a_trial_tried_again_in_its_folder_waits_for_the_last_try_s_processes(tm
     assert log.read_text().split() == ["first", "second"]
 
 
+def test_a_stop_whose_signal_kills_the_keeper_as_it_starts_stops_the_trial_rather_than_fail_it(tmp_path, monkeypatch):
+    """A stop's signal sent to the worker's process group reaches a keeper being started before it is in a
+    session of its own, and it dies without a word: a search killed with SIGTERM recorded that trial failed
+    ("its keeper process ended before it started it"), and its resume did not train it. Where the worker is
+    told to stop, the trial stops as on any stop; where it is not, it still fails, saying so."""
+    import towerlab.objective.process as process
+    from towerlab.distributed.signals import Interrupted
+
+    keeper = tmp_path / "keeper.py"
+    keeper.write_text("import os, signal\nos.kill(os.getpid(), signal.SIGTERM)\n")  # dies as the stop's signal kills it
+    monkeypatch.setattr(process, "KEEPER", keeper)
+    objective = CommandObjective("echo 2", [])
+    with pytest.raises(Interrupted) as stopped:
+        objective.run(trial(tmp_path, stop=lambda: signal.SIGTERM))
+    assert stopped.value.exit_status == 143
+    for stop in (None, lambda: 0):
+        lost = objective.run(trial(tmp_path, stop=stop))
+        assert (lost.status, lost.reason) == ("failed", "cannot start 'echo': its keeper process ended before it "
+                                                        "started it")
+
+
 # -- item 13: os._exit in a function -------------------------------------------------------------------------
 
 

@@ -25,7 +25,8 @@ non-zero exit, a signal, or no result fails the trial with the tail of stderr; s
 the timeout (--trial-timeout). The program runs in a session of its own, and every process of it is
 ended with it: on a timeout, on Ctrl-C (KeyboardInterrupt here) and on a worker's stop (`Trial.stop`),
 with SIGTERM (SIGINT on a Ctrl-C), then SIGKILL after GRACE seconds; and whatever it leaves running once
-it exits. Its device is given as programs expect it: CUDA_VISIBLE_DEVICES is the one GPU of a cuda
+it exits. A stop whose signal, sent to the worker's process group, killed the program's keeper as it was
+being started (`KeeperLost`) stops the trial too, rather than fail it. Its device is given as programs expect it: CUDA_VISIBLE_DEVICES is the one GPU of a cuda
 trial (an index into the worker's own CUDA_VISIBLE_DEVICES where that is set), empty for any other;
 TOWERLAB_SEED, TOWERLAB_EPOCHS, TOWERLAB_DEVICE and TOWERLAB_FOLDER say the rest, and the environment is
 otherwise the worker's.
@@ -45,14 +46,14 @@ import time
 from pathlib import Path
 from typing import Any, ClassVar, Mapping, Optional, Sequence
 
-from towerlab.distributed.signals import signal_name
+from towerlab.distributed.signals import Interrupted, signal_name
 from towerlab.errors import UserError, did_you_mean
 from towerlab.objective.result import Goal, Result, failed, read_result
 from towerlab.objective.trial import EXTRAS, Trial
 from towerlab.objective.yours import Yours
 from towerlab.objective.files import command_proof, unproven
 from towerlab.objective.deadline import check_timeout, timed_out
-from towerlab.objective.process import ENDED, start
+from towerlab.objective.process import ENDED, KeeperLost, start, stop_seen
 from towerlab.objective.stdout import Unreadable, read_stdout
 from towerlab.proof import Proof
 from towerlab.search import Search
@@ -218,6 +219,8 @@ class CommandObjective:
         try:
             child = start(argv, self.environment(trial), out, err)
         except (OSError, ValueError) as exc:  # ValueError: a NUL in an argument (an edited genome)
+            if isinstance(exc, KeeperLost) and (signum := stop_seen(trial.stop)):
+                raise Interrupted(signum) from None  # the worker's stop: its trial is not over, it is put back
             return failed(f"cannot start {argv[0]!r}: {getattr(exc, 'strerror', None) or exc}",
                                     seconds=time.perf_counter() - started)
         ended = child.finish(self.timeout, trial.stop)

@@ -29,6 +29,7 @@ from towerlab.distributed.signals import Interrupted
 GRACE = 5.0  # seconds a program has to end on SIGTERM (SIGINT) before SIGKILL
 ENDED = GRACE + 30.0  # seconds within which a program told to end is gone, its keeper's word included
 STOP_POLL = 0.2  # seconds between looks at a worker's stop while a program runs
+STOPPING = 1.0  # seconds a worker's stop may take to be seen after its signal killed a keeper as it started
 WAITING = 60.0  # seconds a trial waits for the processes of an earlier try in its folder to be gone
 LOCK = ".towerlab-trial.lock"  # in the trial's folder: held by the keeper while any process of the trial lives
 KEEPER = Path(__file__).with_name("keeper.py")
@@ -55,11 +56,31 @@ def start(argv: list[str], env: dict[str, str], stdout: Path, stderr: Path) -> C
                               stdout=subprocess.PIPE, env=keeper_env, start_new_session=True)
     child = Child(keeper)
     word, _, rest = child.said(None).partition(" ")
+    if word == "lost":
+        child.close()
+        raise KeeperLost(0, "its keeper process ended before it started it")
     if word != "started":
         child.close()
         errno, _, text = rest.partition(" ")
         raise OSError(int(errno) if errno.isdigit() else 0, text or "its keeper process ended before it started it")
     return child
+
+
+class KeeperLost(OSError):
+    """The keeper ended without a word before it started the program: killed. A stop's signal sent to the
+    worker's process group kills one that is being started, before it is in a session of its own."""
+
+
+def stop_seen(stop: Optional[Callable[[], int]], within: float = STOPPING) -> int:
+    """The signal's number a worker's `stop()` gives within `within` seconds (0: none, or no `stop`): a keeper
+    lost as it started was killed by the stop's signal where the worker is told to stop a moment later."""
+    until = time.monotonic() + within
+    while stop is not None:
+        signum = stop()
+        if signum or time.monotonic() >= until:
+            return signum
+        time.sleep(0.01)
+    return 0
 
 
 class Child:

@@ -26,10 +26,10 @@ the timeout (--trial-timeout). The program runs in a session of its own, and eve
 ended with it: on a timeout, on Ctrl-C (KeyboardInterrupt here) and on a worker's stop (`Trial.stop`),
 with SIGTERM (SIGINT on a Ctrl-C), then SIGKILL after GRACE seconds; and whatever it leaves running once
 it exits. A stop whose signal, sent to the worker's process group, killed the program's keeper as it was
-being started (`KeeperLost`) stops the trial too, rather than fail it. Its device is given as programs expect it: CUDA_VISIBLE_DEVICES is the one GPU of a cuda
-trial (an index into the worker's own CUDA_VISIBLE_DEVICES where that is set), empty for any other;
-TOWERLAB_SEED, TOWERLAB_EPOCHS, TOWERLAB_DEVICE and TOWERLAB_FOLDER say the rest, and the environment is
-otherwise the worker's.
+being started (`KeeperLost`) stops the trial too, rather than fail it. Its device is given as programs
+expect it: CUDA_VISIBLE_DEVICES is the one GPU of a cuda trial (an index into the worker's own
+CUDA_VISIBLE_DEVICES where that is set), empty for any other; TOWERLAB_SEED, TOWERLAB_EPOCHS,
+TOWERLAB_DEVICE and TOWERLAB_FOLDER say the rest, and the environment is otherwise the worker's.
 
 As a kind of objective (`Command`, "command", `towerlab.objective.yours.Yours`): a search's --command names it;
 its proof lists the values of each gene that can be listed (`listed`), the files its arguments may name.

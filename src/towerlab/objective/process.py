@@ -74,13 +74,12 @@ class KeeperLost(OSError):
 def stop_seen(stop: Optional[Callable[[], int]], within: float = STOPPING) -> int:
     """The signal's number a worker's `stop()` gives within `within` seconds (0: none, or no `stop`): a keeper
     lost as it started was killed by the stop's signal where the worker is told to stop a moment later."""
+    if stop is None:
+        return 0
     until = time.monotonic() + within
-    while stop is not None:
-        signum = stop()
-        if signum or time.monotonic() >= until:
-            return signum
+    while not (signum := stop()) and time.monotonic() < until:
         time.sleep(0.01)
-    return 0
+    return signum
 
 
 class Child:

@@ -14,10 +14,10 @@ made, at most one a worker (none where a worker waits less than SPARE_SHARE of a
 candidate, so that each proposal is made with every outcome there is); and a worker that has nothing to
 take all the same has its candidate proposed quickly (`Sampler.propose_quickly`) where the next proposal
 would keep it waiting more than QUICK_SHARE of a training (`Pace.quickly`). A training's length is the
-mean of the latest the search told (`QueueTrainer.trained`), a proposal's a running mean of its own. A pruned rung's sure promotions go on the queue as
-results come in. When the search's top is crowned, the retrainings that give it its test accuracy go on
-the queue too (`towerlab.search.testing`), and the leader, once they are done, writes the summary: the
-search is finished.
+mean of the latest the search told (`QueueTrainer.trained`), a proposal's a running mean of its own. A
+pruned rung's sure promotions go on the queue as results come in. When the search's top is crowned, the
+retrainings that give it its test accuracy go on the queue too (`towerlab.search.testing`), and the
+leader, once they are done, writes the summary: the search is finished.
 
 Every wait for the store, here and in the worker's own loop, is a `Poll`: woken at once by what this
 process wrote, else looking again after POLL[0] seconds, twice as long each time nothing came, up to

@@ -210,7 +210,7 @@ def test_auto_says_which_sampler_it_chose_and_why(tmp_path):
     # pruned too: on LCBench, TPE's regret was 2 to 20 times gp's (docs/benchmarks.md)
     assert described(SearchConfig(sampler="auto", min_epochs=1, max_epochs=3), numeric) == gaussian
     mixed = ("auto (chose gp: gene 'x' is a numeric range in every trial: a Gaussian process (listed genes its "
-             "categories, conditional ones drawn at random), TPE after 250 outcomes)")
+             "categories, conditional ones where they are active), TPE after 250 outcomes)")
     assert described(auto, conditional) == mixed
     assert described(auto, load_space(str(space_file(tmp_path)), objective=True)) == mixed.replace("'x'", "'alpha'")
     # no range that every trial holds: the Gaussian process would model categories alone
@@ -302,3 +302,26 @@ def test_a_command_gets_no_argument_nor_flag_for_an_inactive_gene(tmp_path, monk
         expected.append([*argv, json.dumps(g["alpha"])])
     assert sorted(run[:-2] for run in runs) == sorted(expected)
     assert all(run[-2] == "--seed" for run in runs)
+
+
+def test_gp_models_a_conditional_gene_where_it_is_active_rather_than_draw_it(tmp_path):
+    """gp tells its Gaussian process every gene, a stand-in where a genome lacks one: the model learns where a
+    conditional gene is best. Drawn at random, as GPSampler alone draws a gene not in every trial, the eta of
+    its model's proposals would lie 0.3 from the best on average (its mean gap over the uniform draw: 0.34)."""
+    pytest.importorskip("optuna")
+    pytest.importorskip("scipy")
+    space = space_of({"genes": {"booster": ["gblinear", "gbtree"], "alpha": {"low": 0.0, "high": 1.0},
+                                "eta": {"low": 0.0, "high": 1.0, "when": {"booster": "gbtree"}}}},
+                     "space", "test", objective=True)
+
+    def fitness(candidate):
+        g = candidate.genome
+        tree = -((g["eta"] - 0.8) ** 2) if "eta" in g else -0.5
+        return Outcome.ok(1 + tree - (g["alpha"] - 0.5) ** 2 / 4, val_loss=0.1, epochs=1, seconds=0.1)
+
+    cfg = SearchConfig(sampler="gp", seed=0, remeasure=0, generations=30)
+    with Store(tmp_path / "store") as store:
+        result = run_search(cfg, space, serial(fitness), store, "tch")
+    modelled = [m.genome for g in result.history[10:] for m in g.members]  # past the start-up's random 10
+    gaps = [abs(g["eta"] - 0.8) for g in modelled if "eta" in g]
+    assert len(gaps) >= 15 and sorted(gaps)[len(gaps) // 2] < 0.1

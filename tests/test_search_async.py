@@ -198,6 +198,24 @@ def test_a_worker_waiting_for_a_proposal_gets_the_model_s_where_trainings_are_lo
     assert not any(p["quickly"] for p in modelled)
 
 
+def test_trainings_shorter_than_a_proposal_get_the_model_s_proposals_not_quick_ones(tmp_path):
+    """Trainings of a millisecond (as recorded: a surrogate's query) keep no worker busy whatever proposes: once
+    the leader knows a training and a proposal, every candidate is the Gaussian process's, not TPE's quick one
+    (which took 137 of 150 proposals a run of rbv2_xgboost on 2 workers, and the search's budget with them)."""
+    def instant(search):
+        def train(assignment):
+            time.sleep(0.005)
+            return Outcome.ok(bowl(assignment.candidate).fitness, epochs=1, seconds=0.001)
+        return train
+
+    search = created(tmp_path / "s.db", SearchConfig(max_evaluations=24, remeasure=0, top=2, seed=8))
+    workers(tmp_path / "s.db", search.id, ["w0", "w1", "w2"], instant)
+    with Store(tmp_path / "s.db") as store:
+        proposed = [g.proposed for g in store.records.generations(search.id)]
+    assert len(proposed) == 24
+    assert not any(p["quickly"] for p in proposed[12:])  # the model's first proposals tell the leader their time
+
+
 def test_trainings_shorter_than_a_proposal_keep_at_most_one_spare_a_worker(tmp_path):
     """Trainings of 10 ms (as recorded) finish by the dozen while one proposal is made and noticed: the leader
     keeps one spare candidate a worker ready, not the dozens that would be proposed from ever fewer outcomes."""

@@ -13,7 +13,8 @@ worker, and a spare few ready for the workers about to free up, as many as finis
 made, at most one a worker (none where a worker waits less than SPARE_SHARE of a training for its next
 candidate, so that each proposal is made with every outcome there is); and a worker that has nothing to
 take all the same has its candidate proposed quickly (`Sampler.propose_quickly`) where the next proposal
-would keep it waiting more than QUICK_SHARE of a training (`Pace.quickly`). A training's length is the
+would keep it waiting more than QUICK_SHARE of a training (`Pace.quickly`), but not where a training is
+shorter than a proposal (nothing keeps the workers busy there: the model proposes all). A training's length is the
 mean of the latest the search told (`QueueTrainer.trained`), a proposal's a running mean of its own. A
 pruned rung's sure promotions go on the queue as results come in. When the search's top is crowned, the
 retrainings that give it its test accuracy go on the queue too (`towerlab.search.testing`), and the
@@ -98,10 +99,14 @@ class QueueTrainer:
 
     def _slow(self) -> bool:
         """Whether a worker with nothing to take would wait long for the next proposal: more than QUICK_SHARE
-        of a training (or the lengths are not known yet)."""
+        of a training (or the lengths are not known yet), where a training takes longer than a proposal. A
+        training shorter than the model's proposal (a surrogate's query, a model fitted in milliseconds) keeps
+        no worker busy whatever proposes, and a quick proposal would spend the search's budget on TPE's
+        guesses to save seconds: there the model proposes every candidate, at its own pace."""
         if self._proposal is None or not self._trainings:
             return True
-        return self._proposal + PACE_POLL > QUICK_SHARE * sum(self._trainings) / len(self._trainings)
+        training = sum(self._trainings) / len(self._trainings)
+        return self._proposal <= training and self._proposal + PACE_POLL > QUICK_SHARE * training
 
     def _spare(self, workers: int) -> int:
         """The candidates to keep ready beyond the idle workers: as many as finish their training while the

@@ -163,14 +163,16 @@ ARMS: dict[str, tuple[str, Arm]] = {
     "hebo": ("HEBO", hebo),
     "towerlab": ("towerlab's default search (search run --objective, its default workers; auto -> gp)",
                  towerlab_cli(says="auto (chose gp")),
+    "towerlab-code-before": ("towerlab's default search, the same command run on the code before this record's "
+                             "(PYTHONPATH naming a checkout of it)", towerlab_cli(says="auto (chose gp")),
     "towerlab-tpe": ("towerlab's search run with its former default (auto -> tpe for a listed gene), its default "
                      "workers", towerlab_cli(("--sampler", "tpe"))),
     "towerlab-sampler-tpe": ("towerlab's search run --sampler tpe (the former default's choice) on the default's "
                              "code, its default workers", towerlab_cli(("--sampler", "tpe"), says="search run: tpe over")),
     "towerlab-serial": ("towerlab's tpe (the former default), played in one process",
                         towerlab_serial({"sampler": "tpe"})),
-    "towerlab-serial-gp": ("towerlab's gp (Optuna's GPSampler: the conditional genes drawn at random), played in "
-                           "one process", towerlab_serial({"sampler": "gp"})),
+    "towerlab-serial-gp": ("towerlab's gp (Optuna's GPSampler told every gene, a stand-in where one is inactive), "
+                           "played in one process", towerlab_serial({"sampler": "gp"})),
     "towerlab-serial-endpoints": ("towerlab's tpe with Optuna's TPE consider_endpoints=True, played in one process",
                                   towerlab_serial({"sampler": "tpe"}, _tpe_patched_with({"consider_endpoints": True}))),
     "towerlab-serial-joint": ("towerlab's tpe with Optuna's multivariate TPE, group=True, played in one process",
@@ -180,7 +182,7 @@ ARMS: dict[str, tuple[str, Arm]] = {
                                 towerlab_serial({"sampler": "tpe"},
                                                 _tpe_patched_with({"multivariate": True, "group": False}))),
 }
-OWN_WORKERS = ("towerlab", "towerlab-tpe", "towerlab-sampler-tpe")  # arms whose search starts processes of its own
+OWN_WORKERS = ("towerlab", "towerlab-code-before", "towerlab-tpe", "towerlab-sampler-tpe")  # arms whose search starts processes of its own
 ANCHORS = ("random", "tpe", "tpe-mv", "gp", "smac-hpo", "smac-bb", "hebo")
 RECORDED = (*ANCHORS, "towerlab-serial", "towerlab-serial-joint", "towerlab-serial-gp", "towerlab-tpe", "towerlab-sampler-tpe",
             "towerlab")

@@ -38,6 +38,15 @@ REFERENCE = RESULTS / "quality" / "rbv2-xgboost-random-20000.json"
 RANDOM_CONFIGS, RANDOM_SEED = 20_000, 20_000
 
 
+def held_out(n: int) -> tuple[str, ...]:
+    """`n` of the surrogate's tasks kept out of every choice (not in TASKS), drawn once (seed 73): an
+    independent check of what was measured on the open ones."""
+    space = json.loads((data_dir() / "rbv2_xgboost" / "config_space.json").read_text())
+    tasks = next(h["choices"] for h in space["hyperparameters"] if h["name"] == "task_id")
+    others = sorted((t for t in tasks if t not in TASKS), key=int)
+    return tuple(np.random.Generator(np.random.PCG64(73)).choice(others, size=n, replace=False).tolist())
+
+
 def data_dir() -> Path:
     """The shared data folder that holds rbv2_xgboost/ (beside the repository)."""
     return (REPO.parent / "shared" / "data").resolve()

@@ -10,6 +10,8 @@ of the record; reported after 25%, 50% and 100% of the budget, as the mean over 
     python bench/quality/rbv2_xgboost.py --arms towerlab --jobs 1      # the default on its workers, one run at a time
     python bench/quality/rbv2_xgboost.py --kept-only                   # the record of the kept runs
     python bench/quality/rbv2_xgboost.py --smoke                       # one task, one seed, 15 trainings: the plumbing
+    python bench/quality/rbv2_xgboost.py --arms towerlab --kept-only --carry rbv2-xgboost-2026-12-06   # with its anchors
+    python bench/quality/rbv2_xgboost.py --held-out 10 --seeds 0 --arms random tpe towerlab   # on kept-out tasks
 
 Runs go --jobs at a time, each on one thread; an arm whose search starts workers of its own (towerlab) runs in
 this process, one run at a time, beside --jobs - 1 others. Each run is kept in bench/results/rbv2-runs/
@@ -95,10 +97,12 @@ def run_all(arms: list[str], tasks: tuple[str, ...], seeds: list[int], budget: i
     return [json.loads(_path(runs, *j[:3]).read_text()) for j in wanted]
 
 
-def regrets(results: list[dict], reference: dict, budget: int) -> dict:
-    """Each arm's regret at POINTS and its curve (every 5 trainings), mean over its runs; best known per task."""
+def regrets(results: list[dict], reference: dict, budget: int, carried: dict | None = None) -> dict:
+    """Each arm's regret at POINTS and its curve (every 5 trainings), mean over its runs; best known per task.
+    `carried`: an earlier record whose arms are taken as it measured them (one run now too as "ARM-before"),
+    and whose best known normalises every arm (a run beyond it scores below 0), so that they compare."""
     best_known = {t: max([reference[t]["best"]] + [a for r in results if r["task"] == t for _, a in r["trace"]])
-                  for t in reference}
+                  for t in reference} if carried is None else carried["best_known"]
 
     def at(run: dict, trainings: float) -> float:
         ref = reference[run["task"]]
@@ -133,6 +137,9 @@ def regrets(results: list[dict], reference: dict, budget: int) -> dict:
             **({"said": sorted({line.split(" over space ")[0] for r in mine for line in r["first_line"]})}
                if "first_line" in mine[0] else {}),
         }
+    if carried is not None:
+        out.update(_carried_arms(carried, set(out)))
+    out = {arm: out[arm] for arm in sorted(out, key=lambda arm: arm not in rbv2_arms.ANCHORS)}  # the anchors first
     anchors = [a for a in rbv2_arms.ANCHORS if a in out]
     paired = {}
     # the default, and the former default's runs, each against every anchor and the default against its
@@ -142,7 +149,24 @@ def regrets(results: list[dict], reference: dict, budget: int) -> dict:
         for other in others:
             if arm in out and other in out:
                 paired[f"{arm} vs {other}"] = _paired(results, at, budget, arm, other)
-    return {"arms": out, "best_known": best_known, "paired": {k: v for k, v in paired.items() if v}}
+    # a carried normalisation's best known, where a run now went beyond it: the task's best acc now
+    beyond = {t: best for t in best_known if (best := max((a for r in results if r["task"] == t for _, a in r["trace"]),
+                                                         default=best_known[t])) > best_known[t]}
+    return {"arms": out, "best_known": best_known, **({"beyond_best_known": beyond} if carried else {}),
+            "paired": {k: v for k, v in paired.items() if v}}
+
+
+def _carried_arms(carried: dict, measured_now: set[str]) -> dict[str, dict]:
+    """The arms of the `carried` record as it measured them (its own carried ones left out); one measured now
+    too as "ARM-before"."""
+    out = {}
+    for arm, measured in carried["arms"].items():
+        if "carried" not in measured and not arm.endswith("-before"):
+            again = arm in measured_now
+            out[f"{arm}-before" if again else arm] = {
+                **measured, "carried": carried["name"],
+                **({"what": f"{measured['what']}: before, as {carried['name']} measured it"} if again else {})}
+    return out
 
 
 def _paired(results: list[dict], at: Callable[[dict, float], float], budget: int, arm: str,
@@ -165,12 +189,12 @@ def _seeds(arm: dict) -> str:
     return ", ".join(arm["per_seed"]["1.0"])
 
 
-def figures(measured: dict) -> list[dict]:
+def figures(measured: dict, prefix: str = "rbv2") -> list[dict]:
     """Every arm's regret at POINTS; the default's (`towerlab`), the former default's (`towerlab-tpe`), the best
     anchor's at 50% and 100% among the anchors run on every task and seed the default was (those run on fewer
     named in its detail), and the default's gap to it: the goal is a gap of at most GOAL."""
     arms = measured["arms"]
-    out = [{"id": f"rbv2_regret_{arm.replace('-', '_')}_{round(100 * float(p))}", "value": value,
+    out = [{"id": f"{prefix}_regret_{arm.replace('-', '_')}_{round(100 * float(p))}", "value": value,
             "detail": {"what": arms[arm]["what"], "per_seed": arms[arm]["per_seed"][p],
                        "standard_error": arms[arm]["standard_error"][p], "runs": arms[arm]["runs"]}}
            for arm in arms for p, value in arms[arm]["points"].items()]
@@ -185,18 +209,18 @@ def figures(measured: dict) -> list[dict]:
                                ("towerlab-tpe", "former_default", "towerlab's former default (auto -> tpe for a "
                                                                   "listed gene), on its default workers")):
             if arm in arms:
-                out.append({"id": f"rbv2_regret_{fid}_{pct}", "value": arms[arm]["points"][p],
+                out.append({"id": f"{prefix}_regret_{fid}_{pct}", "value": arms[arm]["points"][p],
                             "detail": {"what": what, "arm": arm, "runs": arms[arm]["runs"], "seeds": _seeds(arms[arm]),
                                        "standard_error": arms[arm]["standard_error"][p],
                                        "said": arms[arm].get("said"), **arms[arm].get("resolved", {})}})
         if complete and p != "0.25":
             best = min(complete, key=lambda a: arms[a]["points"][p])
-            out.append({"id": f"rbv2_regret_best_anchor_{pct}", "value": arms[best]["points"][p],
+            out.append({"id": f"{prefix}_regret_best_anchor_{pct}", "value": arms[best]["points"][p],
                         "detail": {"anchor": best, "what": arms[best]["what"], "runs": arms[best]["runs"],
                                    "seeds": _seeds(arms[best]), "counted": complete, "not_counted": not_counted}})
             if default is not None:
                 gap = default["points"][p] - arms[best]["points"][p]
-                out.append({"id": f"rbv2_default_minus_best_anchor_{pct}", "value": gap,
+                out.append({"id": f"{prefix}_default_minus_best_anchor_{pct}", "value": gap,
                             "detail": {"anchor": best, "goal": f"at most {GOAL} (at or below the best anchor, or "
                                                                f"within {GOAL})", "met": gap <= GOAL}})
     return out
@@ -223,14 +247,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--notes", default="", help="what the record should say of how it was measured")
     parser.add_argument("--record", default=None, help="the record's name (default rbv2-xgboost-<date>)")
     parser.add_argument("--smoke", action="store_true", help="task 12, seed 0, 15 trainings; no record")
+    parser.add_argument("--held-out", type=int, default=None, metavar="N",
+                        help="N of the tasks kept out of every choice instead of the open ones (an independent check)")
+    parser.add_argument("--carry", default=None, help="an earlier record (bench/results/quality/NAME.json): its "
+                        "arms not run now are taken as it measured them, normalised by its best known")
     args = parser.parse_args(argv)
     budget = BUDGET // 10 if args.smoke else BUDGET
     if args.smoke:
         args.tasks, args.seeds = [TASKS[0]], [0]
+    if args.held_out:
+        args.tasks = list(problem.held_out(args.held_out))
     reference = problem.reference(tuple(args.tasks))
     results = run_all(args.arms, tuple(args.tasks), args.seeds, budget, args.jobs,
                       RUNS / ("smoke" if args.smoke else ""), set(args.rerun), args.kept_only)
-    measured = regrets(results, reference, budget)
+    carried = None
+    if args.carry:
+        carried = {"name": args.carry, **json.loads((RESULTS / "quality" / f"{args.carry}.json").read_text())}
+    measured = regrets(results, reference, budget, carried)
     print(table(measured))
     if args.smoke or args.no_record:
         return 0
@@ -240,8 +273,9 @@ def main(argv: list[str] | None = None) -> int:
     record = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "machine": describe(),
               "command": script_command(__file__, argv), "tasks": args.tasks, "seeds": args.seeds,
               "budget_trainings": budget, "fidelity": problem.FIDELITY, "space": "bench/quality/rbv2_xgboost.toml",
-              "points": list(POINTS), "notes": args.notes, "reference": reference, **measured,
-              "figures": figures(measured)}
+              "points": list(POINTS), "notes": args.notes, "reference": reference, "carried_from": args.carry,
+              **measured,
+              "figures": figures(measured, "rbv2_held_out" if args.held_out else "rbv2")}
     write_record(RESULTS / "quality", f"{name}.json", record)
     print(f"wrote bench/results/quality/{name}.json")
     return 0

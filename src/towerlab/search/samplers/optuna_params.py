@@ -57,4 +57,3 @@ def own_distributions(distributions: Mapping[str, Any], genome: Mapping[str, Any
     """The distributions of the genes `genome` holds (an inactive gene has none, as a parameter a trial
     did not suggest), in the space's order."""
     return {name: d for name, d in distributions.items() if name in genome}
-

@@ -161,7 +161,7 @@ def _carried_arms(carried: dict, measured_now: set[str]) -> dict[str, dict]:
     too as "ARM-before"."""
     out = {}
     for arm, measured in carried["arms"].items():
-        if "carried" not in measured and not arm.endswith("-before"):
+        if "carried" not in measured:
             again = arm in measured_now
             out[f"{arm}-before" if again else arm] = {
                 **measured, "carried": carried["name"],
@@ -250,7 +250,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--held-out", type=int, default=None, metavar="N",
                         help="N of the tasks kept out of every choice instead of the open ones (an independent check)")
     parser.add_argument("--carry", default=None, help="an earlier record (bench/results/quality/NAME.json): its "
-                        "arms not run now are taken as it measured them, normalised by its best known")
+                        "arms are taken as it measured them (one run now too as ARM-before), every arm normalised "
+                        "by its best known")
     args = parser.parse_args(argv)
     budget = BUDGET // 10 if args.smoke else BUDGET
     if args.smoke:

@@ -56,7 +56,7 @@ from towerlab.errors import UserError
 from towerlab.search.candidates import sampler_rng
 from towerlab.search.history import Generation
 from towerlab.search.samplers import InFlight, Sampler, Shape, budget_left, draw_gene, generation_number
-from towerlab.search.samplers.tpe import asked_anew, distribution, optuna_module, prepared, study_of
+from towerlab.search.samplers.tpe import as_it_is, asked_anew, distribution, optuna_module, prepared, study_of
 from towerlab.search.space import Range, Space, genome_hash
 
 DIGITS = 8
@@ -129,7 +129,7 @@ class GPSampler(Sampler):
         engine = self._engine(number, complete, quickly)
         joint = isinstance(engine, self._optuna.samplers.GPSampler)  # TPE models a conditional gene by its branch
         study = study_of(self._optuna, engine, self._distributions, self.rungs, history, in_flight,
-                         self._filled if joint and self.space.conditional else None)
+                         self._filled if joint and self.space.conditional else as_it_is)
         budget = budget_left(self.cfg, history, in_flight)
         return asked_anew(study, self.space, self._distributions, self.proposed(history, in_flight),
                           sampler_rng(self.cfg.seed, "gp", 2, number),
@@ -193,4 +193,3 @@ def modelled(optuna: Any, gene: Any) -> Any:
     if isinstance(gene, Range) and gene.kind == "int" and gene.step is None and gene.high - gene.low + 1 > RELAXED:
         return optuna.distributions.FloatDistribution(gene.low, gene.high, log=gene.log)
     return distribution(optuna, gene)
-

@@ -34,7 +34,7 @@ from towerlab.search.samplers import InFlight, Sampler, budget_left, generation_
 from towerlab.search.samplers.optuna_params import ask_genome, own_distributions
 from towerlab.search.space import Gene, Range, Space, genome_hash
 
-Fill = Optional[Callable[[Mapping[str, Any]], Mapping[str, Any]]]  # a genome as a study is told it (`told`)
+Fill = Callable[[Mapping[str, Any]], Mapping[str, Any]]  # a genome as a study is told it (`told`)
 REPEATS, DRAWS = 3, 1000  # a repeated genome asked again, then drawn at random (`asked_anew`)
 STARTUP = 10  # the trials Optuna's TPESampler draws at random (n_startup_trials' default)
 
@@ -137,12 +137,17 @@ def prepared(optuna: Any, sampler: Any) -> None:
         study.ask(distributions)
 
 
-def told(optuna: Any, member: Member, distributions: dict, rungs: int, fill: Fill = None) -> Any:
+def as_it_is(genome: Mapping[str, Any]) -> Mapping[str, Any]:
+    """A genome told to a study as it is (its active genes): `told`'s usual `fill`."""
+    return genome
+
+
+def told(optuna: Any, member: Member, distributions: dict, rungs: int, fill: Fill = as_it_is) -> Any:
     """The trial a member of the history is to an Optuna sampler: FAIL where it failed, PRUNED (with its
     score at the rung it reached) where a pruned search stopped it early, else COMPLETE with its score;
-    its genome as `fill` completes it (None: as it is)."""
+    its genome as `fill` completes it."""
     states, create = optuna.trial.TrialState, optuna.trial.create_trial
-    genome = member.genome if fill is None else fill(member.genome)
+    genome = fill(member.genome)
     distributions = own_distributions(distributions, genome)
     if not member.ok:
         return create(params=genome, distributions=distributions, state=states.FAIL)
@@ -153,7 +158,7 @@ def told(optuna: Any, member: Member, distributions: dict, rungs: int, fill: Fil
 
 
 def study_of(optuna: Any, sampler: Any, distributions: dict, rungs: int, history: Sequence[Generation],
-             in_flight: Optional[InFlight], fill: Fill = None) -> Any:
+             in_flight: Optional[InFlight], fill: Fill = as_it_is) -> Any:
     """A study in memory that holds a proposal's inputs: every member of the history told (`told`, the
     generations in their order, whatever order they completed in), then the genomes in flight as running
     trials, each genome as `fill` completes it (`told`); asked through `sampler`."""
@@ -161,7 +166,7 @@ def study_of(optuna: Any, sampler: Any, distributions: dict, rungs: int, history
     running = optuna.trial.TrialState.RUNNING
     trials = [told(optuna, m, distributions, rungs, fill)
               for generation in sorted(history, key=lambda g: g.generation) for m in generation.members]
-    flying = [g if fill is None else fill(g) for g in (in_flight.genomes if in_flight else ())]
+    flying = [fill(g) for g in (in_flight.genomes if in_flight else ())]
     trials += [optuna.trial.create_trial(params=g, distributions=own_distributions(distributions, g), state=running)
                for g in flying]
     study.add_trials(trials)

@@ -14,9 +14,9 @@ made, at most one a worker (none where a worker waits less than SPARE_SHARE of a
 candidate, so that each proposal is made with every outcome there is); and a worker that has nothing to
 take all the same has its candidate proposed quickly (`Sampler.propose_quickly`) where the next proposal
 would keep it waiting more than QUICK_SHARE of a training (`Pace.quickly`), but not where a training is
-shorter than a proposal (nothing keeps the workers busy there: the model proposes all). A training's length is the
-mean of the latest the search told (`QueueTrainer.trained`), a proposal's a running mean of its own. A
-pruned rung's sure promotions go on the queue as results come in. When the search's top is crowned, the
+shorter than a proposal (nothing keeps the workers busy there: the model proposes all). A training's length
+is the mean of the latest the search told (`QueueTrainer.trained`), a proposal's a running mean of its own.
+A pruned rung's sure promotions go on the queue as results come in. When the search's top is crowned, the
 retrainings that give it its test accuracy go on the queue too (`towerlab.search.testing`), and the
 leader, once they are done, writes the summary: the search is finished.
 
@@ -103,9 +103,9 @@ class QueueTrainer:
         training shorter than the model's proposal (a surrogate's query, a model fitted in milliseconds) keeps
         no worker busy whatever proposes, and a quick proposal would spend the search's budget on TPE's
         guesses to save seconds: there the model proposes every candidate, at its own pace."""
-        if self._proposal is None or not self._trainings:
+        training = self._training()
+        if self._proposal is None or training is None:
             return True
-        training = sum(self._trainings) / len(self._trainings)
         return self._proposal <= training and self._proposal + PACE_POLL > QUICK_SHARE * training
 
     def _spare(self, workers: int) -> int:
@@ -115,14 +115,19 @@ class QueueTrainer:
         more would be proposed from ever fewer outcomes, and the workers wait for proposals all the same),
         or none where waiting for it costs a worker less than SPARE_SHARE of a training. One until both
         lengths are known."""
-        if self._proposal is None or not self._trainings:
+        training = self._training()
+        if self._proposal is None or training is None:
             return 1
-        training = max(sum(self._trainings) / len(self._trainings), 1e-3)
+        training = max(training, 1e-3)
         lag = self._proposal + PACE_POLL
         if lag < SPARE_SHARE * training:
             return 0
         finishing = workers * lag / training
         return max(1, min(workers, math.ceil(finishing + math.sqrt(finishing))))
+
+    def _training(self) -> Optional[float]:
+        """A training's length as the leader takes it: the mean of the latest told (None: none yet)."""
+        return sum(self._trainings) / len(self._trainings) if self._trainings else None
 
     def wait(self) -> None:
         self._poll.wait()

@@ -120,10 +120,10 @@ def test_a_bad_report_fails_the_trial(tmp_path):
      "takes no gene 'depth' (its parameters: lr): add it as a parameter, or take **genes"),
     ("def train(lr, width):\n    return lr\n", ["lr"],
      "its parameter 'width' is neither a gene of the space (lr) nor what the search gives (seed, epochs, device, "
-     "folder, report): give it a default, or add the gene to the space"),
+     "folder, start, report): give it a default, or add the gene to the space"),
     ("def train(lr, seed):\n    return lr\n", ["lr", "seed"],
      "the space's gene 'seed' has the name of what the search gives every trial (seed, epochs, device, folder, "
-     "report): rename the gene"),
+     "start, report): rename the gene"),
     ("def train(lr, /):\n    return lr\n", ["lr"],
      "its parameter 'lr' is positional-only, and a trial gives everything by name: make it a keyword parameter"),
     ("def train(lr, dept):\n    return lr\n", ["lr", "depth"], "takes no gene 'depth' (did you mean 'dept'?)"),

@@ -177,7 +177,7 @@ def test_ctrl_c_ends_the_program_too(tmp_path):
 
 @pytest.mark.parametrize("command, message", [
     ("python train.py --lr {lr} --depth {dept}", "--command: {dept} names neither a gene of the space (lr, depth) nor "
-                                                 "what the search gives (seed, epochs, device, folder, genes) "
+                                                 "what the search gives (seed, epochs, device, folder, start, genes) "
                                                  "(did you mean 'depth'?)"),
     ("python train.py --lr {lr}", "--command: the gene 'depth' reaches the program nowhere: add {depth} to the "
                                   "command, or {genes} (every gene as one JSON object)"),

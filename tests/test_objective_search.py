@@ -390,3 +390,63 @@ def test_grid_runs_a_command_and_a_trial_past_its_timeout_fails_alone(tmp_path, 
     assert by_nap[0] == ("ok", None) and by_nap[30][0] == "failed"
     assert by_nap[30][1].startswith("timed out after 2 s, and was stopped")
     assert json.loads(Path("out/summary.json").read_text())["best_value"] == 1.5
+
+
+CONTINUING = '''import argparse, json
+from pathlib import Path
+
+
+def train(x, width, epochs, folder, start, report):
+    """Continues what it left in its folder: its result says from which epoch it went on, and its start."""
+    state = Path(folder) / "state.json"
+    found = json.loads(state.read_text())["epochs"] if state.exists() else 0
+    for epoch in range(found + 1, epochs + 1):  # every epoch ranks the genomes as the last does
+        report(epoch, acc=1 - (x - 0.3) ** 2 - 0.01 * width - 0.5 / epoch)
+    state.write_text(json.dumps({"epochs": epochs}))
+    return {"acc": 1 - (x - 0.3) ** 2 - 0.01 * width - 0.5 / epochs, "found": found, "start": start}
+
+
+if __name__ == "__main__":
+    p = argparse.ArgumentParser()
+    for name in ("--x", "--width", "--epochs", "--folder", "--start"):
+        p.add_argument(name)
+    a = p.parse_args()
+    curve = []
+    result = train(float(a.x), int(a.width), int(a.epochs), a.folder, int(a.start),
+                   lambda epoch, **m: print(json.dumps({"epoch": epoch, **m})))
+    print(json.dumps(result))
+'''
+CONTINUES = {"function": ["--objective", "cont.py:train"],
+             "command": ["--command", shlex.join([sys.executable, "cont.py", "--x", "{x}", "--width", "{width}",
+                                                  "--epochs", "{epochs}", "--folder", "{folder}", "--start", "{start}"])]}
+
+
+@pytest.mark.parametrize("kind", sorted(CONTINUES))
+def test_a_promotion_continues_in_its_lower_rung_s_folder_and_is_charged_the_rest(tmp_path, kind):
+    """Issue 73: a pruned search's promoted trial runs in the folder its lower rung left (the genome's and
+    seed's), is told the epochs it starts from, and its row records them as continued, which --budget-epochs
+    does not charge again."""
+    folder = machine(tmp_path / "m")
+    (folder / "cont.py").write_text(CONTINUING)
+    flags = [*SEARCH, *CONTINUES[kind], "--metric", "acc", "--direction", "maximize", "--max-epochs", "9",
+             "--min-epochs", "1", "--out", "s"]
+    done = run_cli(*flags, cwd=folder)
+    assert done.returncode == 0, done.stderr
+    with contextlib.closing(sqlite3.connect(folder / "s" / "search.db")) as db:
+        found = db.execute("SELECT generation, genome_hash, seed, max_epochs, continued, metrics FROM evaluations"
+                           " WHERE replicate = 0").fetchall()
+        curves = db.execute("SELECT max_epochs, curve FROM evaluations WHERE replicate = 0").fetchall()
+    # a continued trial reports the epochs it trained: its row's curve is the whole training's
+    assert all([p["epoch"] for p in json.loads(curve)] == list(range(1, epochs + 1)) for epochs, curve in curves)
+    trained = {(g, h, seed, e) for g, h, seed, e, _, _ in found}
+    continued = [(g, h, seed, e, c) for g, h, seed, e, c, _ in found if c]
+    assert len(continued) >= 3 and all(e > c for *_, e, c in continued)
+    assert all((g, h, seed, c) in trained for g, h, seed, e, c in continued)  # its lower rung, this generation's
+    for *_, c, metrics in found:  # what each trial found in its folder is what it was told, and recorded
+        told = json.loads(metrics)
+        assert told["found"] == told["start"] == c
+    folders = {p.name for p in (folder / "s" / "trials").glob("search-1-*/*")}
+    assert folders == {f"{h[:12]}-seed{seed}" for _, h, seed, _ in trained}
+    with contextlib.closing(sqlite3.connect(folder / "s" / "search.db")) as db:
+        given = db.execute("SELECT SUM(max_epochs - continued), SUM(max_epochs) FROM evaluations").fetchone()
+    assert given[0] == sum(e for *_, e in trained) - sum(c for *_, c in continued) < given[1]

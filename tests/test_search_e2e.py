@@ -1,5 +1,6 @@
 """The search with real training: parallel workers, outputs, resume and bad input."""
 
+import contextlib
 import json
 import sqlite3
 
@@ -166,7 +167,8 @@ def test_a_pruned_search_on_two_workers_trains_what_one_worker_trains(tmp_path, 
 
     def trainings(out):
         with sqlite3.connect(out / "search.db") as db:
-            rows = sorted(db.execute("SELECT generation, idx, replicate, max_epochs, status, fitness FROM evaluations"))
+            rows = sorted(db.execute("SELECT generation, idx, replicate, max_epochs, status, fitness, continued"
+                                     " FROM evaluations"))
         db.close()
         return rows
 
@@ -182,18 +184,58 @@ def test_a_pruned_search_on_two_workers_trains_what_one_worker_trains(tmp_path, 
         evidence = Evidence(search.ladder.epochs, search.ladder.hashes, search.goal)
         evidence.add(store.records.own_history(1, 0, 1))
         judged = search.judgement(store)  # on both generations
-    assert {epochs for generation, *_, epochs, _, _ in rows if generation == 0} == {3}
+    assert {epochs for generation, _, _, epochs, *_ in rows if generation == 0} == {3}
     # towerlab's own training reports its curve, the judge's evidence: the validation accuracy after each epoch
     with sqlite3.connect(tmp_path / "two" / "search.db") as db:
         curves = db.execute("SELECT fitness, curve FROM evaluations WHERE status = 'ok' AND generation = 0").fetchall()
     db.close()
     assert curves and all([p["epoch"] for p in json.loads(c)] == [1, 2, 3]
                           and f in [p["val_accuracy"] for p in json.loads(c)] for f, c in curves)
-    assert {epochs for generation, *_, epochs, _, _ in rows if generation == 1} <= \
+    assert {epochs for generation, _, _, epochs, *_ in rows if generation == 1} <= \
         {search.ladder.epochs[r] for r in evidence.judge().used}
     pruning = json.loads((tmp_path / "two" / "summary.json").read_text())["pruning"]
     assert judged is not None and pruning == judged.to_json() and [(p["rung"], p["epochs"]) for p in pruning] == [(0, 1)]
     assert pruning[0]["pairs"] > 0 and set(pruning[0]) == {"rung", "epochs", "correlation", "pairs", "used"}
+
+
+RANKED = """
+model = "mlp"
+[genes]
+neurons = [8, 16, 32, 64]
+layers = [1]
+optimizer = ["adam", "sgd"]
+lr = [0.00001, 0.00003, 0.0001, 0.0003, 0.001, 0.003, 0.01]
+"""  # learning rates far apart: 1 epoch ranks as 3 do, and the judge prunes there from the third generation
+
+
+@pytest.mark.slow
+def test_a_pruned_search_s_promotions_continue_their_checkpoints_on_one_worker_or_two(tmp_path):
+    """Issue 73: towerlab's own training continues a promotion from the checkpoint its lower rung left in the
+    trial folder (test_search_continued.py: to what a restart gives), its row says so, the budget counts its
+    epochs once, and one worker or two write the same rows."""
+    import sqlite3
+
+    (tmp_path / "space.toml").write_text(RANKED)
+    args = ["search", "run", "--sampler", "random", *BASE, "--space", str(tmp_path / "space.toml"), "--population",
+            "8", "--generations", "3", "--seed", "7", "--max-epochs", "3", "--min-epochs", "1", "--prune-factor", "2",
+            "--remeasure", "0"]
+    for out, devices in (("one", "1"), ("two", "2")):
+        assert main([*args, "--devices", devices, "--out", str(tmp_path / out)]) == 0
+
+    def rows(out):
+        with contextlib.closing(sqlite3.connect(tmp_path / out / "search.db")) as db:
+            return sorted(db.execute("SELECT generation, idx, max_epochs, seed, genome_hash, fitness, continued"
+                                     " FROM evaluations"))
+
+    assert rows("one") == rows("two")
+    promoted = [(g, i, seed, h) for g, i, epochs, seed, h, _, c in rows("one") if c == 1 and epochs == 3]
+    assert len(promoted) >= 2 and all(c == 0 for *_, epochs, _, _, _, c in rows("one") if epochs == 1)
+    assert all((g, i, 1) in {r[:3] for r in rows("one")} for g, i, _, _ in promoted)
+    trials = next((tmp_path / "one" / "trials").glob("search-1-*"))
+    for *_, seed, h in promoted:  # the last rung keeps no checkpoint: nothing will continue it
+        assert (trials / f"{h[:12]}-seed{seed}").is_dir() and not list((trials / f"{h[:12]}-seed{seed}").iterdir())
+    cost = json.loads((tmp_path / "one" / "summary.json").read_text())["cost"]["search"]
+    assert cost["epochs"] == sum(epochs - c for _, _, epochs, *_, c in rows("one"))
 
 
 def test_grid_writes_its_record_and_exports_the_winner(tmp_path, space_file, capsys):

@@ -8,6 +8,7 @@ replay or a resume. Fake fitness with a curve: no torch."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 from collections import Counter
@@ -238,3 +239,33 @@ def test_a_generation_begun_while_the_one_before_trains_is_budgeted_in_its_own_f
     result = search(path, cfg, serial(objective("ranks")))
     assert result.ended == "budget_epochs" and [len(g.members) for g in result.history] == [8, 8, 6]
     assert Counter(trained(path)) == {(0, 9): 8, (1, 9): 8, (2, 1): 6, (2, 3): 2, (2, 9): 1}
+
+
+def test_a_promotion_continues_its_lower_rung_and_a_budget_charges_its_epochs_once(tmp_path):
+    """A promoted candidate starts from the epochs its genome trained at the rung below in this very generation
+    (its seed's training: a held rung's was another), and a training that says it continued (`continued`) is
+    charged the rest by --budget-epochs: the same budget trains more genomes than one that starts again."""
+    base = objective("ranks")
+    told: list[tuple[int, str, int, int]] = []
+
+    def continuing(candidate):
+        told.append((candidate.generation, candidate.genome_hash, candidate.max_epochs, candidate.starts))
+        return dataclasses.replace(base(candidate), continued=candidate.starts)
+
+    cfg = pruned(sampler="random", generations=100, budget_epochs=300)
+    again = search(tmp_path / "again.db", cfg, serial(base))
+    result = search(tmp_path / "on.db", cfg, serial(continuing))
+    below = {}
+    for generation, h, epochs, starts in told:
+        assert starts == below.get((generation, h), 0)
+        below[generation, h] = epochs
+    assert sum(starts > 0 for *_, starts in told) >= 5
+    with Store(tmp_path / "on.db") as store:
+        rows = store.records.evaluations()
+        assert store.records.epochs_given(1, 1000, 9) == sum(r.max_epochs - r.continued for r in rows)
+    assert sum(r.continued for r in rows) == sum(starts for *_, starts in told)
+    assert result.ended == again.ended == "budget_epochs"
+    with Store(tmp_path / "again.db") as store:
+        restarted = store.records.evaluations()
+    assert sum(r.continued for r in restarted) == 0
+    assert len({r.genome_hash for r in rows}) > len({r.genome_hash for r in restarted})

@@ -323,8 +323,8 @@ def test_a_worker_with_other_data_is_refused_and_the_search_ends_as_on_sqlite(tm
 
 def old_postgresql_store(url: str, version: int, dropped: tuple[str, ...]) -> tuple[int, dict]:
     """A store at `url` holding one search and its row (fitness 0.5), made to look as towerlab of schema
-    `version` wrote it (its `dropped` columns of evaluations dropped, and schema 7's): the search's id and the
-    row's genome."""
+    `version` wrote it (its `dropped` columns of evaluations dropped, and schema 7's and 8's): the search's id
+    and the row's genome."""
     import psycopg
 
     from towerlab.config import SearchConfig
@@ -337,7 +337,8 @@ def old_postgresql_store(url: str, version: int, dropped: tuple[str, ...]) -> tu
         store.records.record(Candidate(0, 0, genome, genome_hash(genome), 1), Outcome.ok(0.5, worker="w"), "tch", sid)
     with psycopg.connect(url, autocommit=True) as db:
         for table, column in (("searches", "leader"), ("searches", "leader_until"), ("searches", "activity"),
-                              ("generations", "proposed"), *(("evaluations", column) for column in dropped)):
+                              ("generations", "proposed"), ("evaluations", "continued"), ("tasks", "starts"),
+                              *(("evaluations", column) for column in dropped)):
             db.execute(f"ALTER TABLE {table} DROP COLUMN {column}")
         db.execute(f"UPDATE towerlab_schema SET version = {version}")
     return sid, genome
@@ -360,7 +361,7 @@ def test_a_postgresql_store_of_schema_4_gains_provenance_and_keeps_its_rows(post
                                      "tch", sid)
         assert again.provenance == where
     with psycopg.connect(postgres_url) as db:
-        assert db.execute("SELECT version FROM towerlab_schema").fetchall() == [(SCHEMA_VERSION,)] == [(7,)]
+        assert db.execute("SELECT version FROM towerlab_schema").fetchall() == [(SCHEMA_VERSION,)] == [(8,)]
 
 
 def test_a_schema_5_store_gains_an_objective_s_metrics_and_keeps_its_rows(postgres_url):
@@ -380,4 +381,4 @@ def test_a_schema_5_store_gains_an_objective_s_metrics_and_keeps_its_rows(postgr
                                      "tch", sid)
         assert (again.metrics, again.curve) == ({"loss": 0.2}, [{"epoch": 1, "loss": 0.3}])
     with psycopg.connect(postgres_url) as db:
-        assert db.execute("SELECT version FROM towerlab_schema").fetchall() == [(7,)]
+        assert db.execute("SELECT version FROM towerlab_schema").fetchall() == [(8,)]

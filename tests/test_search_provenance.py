@@ -309,7 +309,7 @@ def resumed_as_today(tmp_path: Path, schema: int) -> tuple[Path, tuple, str]:
     decisive = "SELECT generation, idx, replicate, genome_hash, seed, status, fitness FROM evaluations ORDER BY 1, 2, 3"
     with sqlite3.connect(old / "search.db") as a, sqlite3.connect(tmp_path / "today" / "search.db") as b:
         assert a.execute(decisive).fetchall() == b.execute(decisive).fetchall()
-        assert a.execute("PRAGMA user_version").fetchone()[0] == 7  # today's
+        assert a.execute("PRAGMA user_version").fetchone()[0] == 8  # today's
     return old, stored, resumed.stdout
 
 

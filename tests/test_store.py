@@ -112,8 +112,12 @@ def test_an_evaluation_keeps_the_numerics_it_was_trained_with(store):
 
 
 def downgrade(path, version: int) -> None:
-    """Make the store at `path` look as the towerlab of schema `version` (2 to 6) wrote it."""
+    """Make the store at `path` look as the towerlab of schema `version` (2 to 7) wrote it."""
     with contextlib.closing(sqlite3.connect(path)) as db, db:
+        db.executescript("ALTER TABLE evaluations DROP COLUMN continued; ALTER TABLE tasks DROP COLUMN starts")
+        if version == 7:
+            db.execute("PRAGMA user_version = 7")
+            return
         db.executescript("ALTER TABLE searches DROP COLUMN leader; ALTER TABLE searches DROP COLUMN leader_until;"
                          "ALTER TABLE searches DROP COLUMN activity; ALTER TABLE generations DROP COLUMN proposed")
         if version <= 5:
@@ -142,7 +146,7 @@ def test_a_version_3_store_gains_the_queue_and_keeps_its_rows_and_searches(tmp_p
         s.queue.enqueue(sid, "train", [(candidate({"b": 1}), TCH)])
         assert s.queue.claim("w", [sid], lease=30, max_attempts=3).candidate.genome == {"b": 1}
     with contextlib.closing(sqlite3.connect(path)) as db:
-        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 7
+        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 8
 
 
 def old_store(tmp_path, version: int) -> tuple:
@@ -164,7 +168,7 @@ def test_a_version_4_store_gains_provenance_and_keeps_its_rows(tmp_path):
             0.9, None)
         assert s.records.record(candidate({"b": 1}), Outcome.ok(0.5, provenance=where), TCH, sid).provenance == where
     with contextlib.closing(sqlite3.connect(path)) as db:
-        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 7
+        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 8
 
 
 def test_a_version_5_store_gains_metrics_and_keeps_its_rows(tmp_path):
@@ -176,7 +180,7 @@ def test_a_version_5_store_gains_metrics_and_keeps_its_rows(tmp_path):
                                                                curve=[{"epoch": 1, "loss": 0.5}]), TCH, sid)
         assert (new.fitness, new.metrics, new.curve) == (-0.25, {"loss": 0.25, "acc": None}, [{"epoch": 1, "loss": 0.5}])
     with contextlib.closing(sqlite3.connect(path)) as db:
-        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 7
+        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 8
 
 
 def test_a_version_6_store_gains_its_leader_and_each_generation_s_inputs_and_keeps_its_rows(tmp_path):
@@ -188,7 +192,25 @@ def test_a_version_6_store_gains_its_leader_and_each_generation_s_inputs_and_kee
         row = s.records.begin_generation(sid, 0, [{"b": 1}], [genome_hash({"b": 1})], {"in_flight": []})
         assert row.proposed == {"in_flight": []}
     with contextlib.closing(sqlite3.connect(path)) as db:
-        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 7
+        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 8
+
+
+def test_a_version_7_store_gains_what_a_promotion_continues_and_charges_its_rows_whole(tmp_path):
+    """Schema 8: a task says the epochs its training continues from, a row the epochs it did not train again
+    (never more than its candidate could continue), and the epochs a search gave its trainings leave those out;
+    a row written before is charged whole."""
+    path, sid = old_store(tmp_path, 7)
+    with Store(path) as s:
+        assert s.records.lookup(genome_hash({"a": 1}), TCH).continued == 0
+        promoted = Candidate(0, 1, {"b": 1}, genome_hash({"b": 1}), 1234, max_epochs=9, starts=3)
+        s.queue.enqueue(sid, "train", [(promoted, "rung-9")])
+        assert s.queue.claim("w", [sid], lease=30, max_attempts=3).candidate == promoted
+        assert s.records.record(promoted, Outcome.ok(0.5, continued=3), "rung-9", sid).continued == 3
+        too_much = Candidate(0, 2, {"c": 1}, genome_hash({"c": 1}), 1234, max_epochs=9, starts=3)
+        assert s.records.record(too_much, Outcome.ok(0.5, continued=9), "rung-9", sid).continued == 3
+        assert s.records.epochs_given(sid, 1, max_epochs=10) == 10 + (9 - 3) + (9 - 3)
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 8
 
 
 def test_a_version_2_store_gains_the_numerics_column_and_keeps_its_rows(tmp_path):
@@ -199,7 +221,7 @@ def test_a_version_2_store_gains_the_numerics_column_and_keeps_its_rows(tmp_path
         assert s.records.record(candidate({"b": 1}), Outcome.ok(0.5, numerics={"threads": 1}), TCH, sid).numerics == {
             "threads": 1}
     with sqlite3.connect(path) as db:
-        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 7
+        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 8
     db.close()
 
 

@@ -17,14 +17,16 @@ import inspect
 import math
 import shlex
 import time
-from typing import Callable, Optional, Union
+from pathlib import Path
+from typing import Callable, NamedTuple, Optional, Union
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import flop_registry
 
 from towerlab.config import CUSTOM_MODEL, SearchConfig, TrainConfig
-from towerlab.fields import to_flags
+from towerlab.errors import UserError
+from towerlab.fields import to_dict, to_flags
 from towerlab.data.load import Dataset
 from towerlab.distributed.env import device_name
 from towerlab.distributed.group import Context
@@ -36,6 +38,7 @@ from towerlab.search import Outcome, genome_hash
 from towerlab.search.candidates import raised
 from towerlab.training.optim import DEFAULT_LR
 from towerlab.training.divergence import Diverged
+from towerlab.training import checkpoint
 from towerlab.training.loop import LoopOptions, TrainResult, train
 from towerlab.training.network import check_setup
 
@@ -49,6 +52,7 @@ DEFAULT_BATCH = {"cifar10": 64}  # the original's; 128 for the MNIST-like sets
 # fitnesses that today's code would not reproduce. A recipe's own settings are in its family's training
 # settings (`training_settings`): a changed recipe changes that family's cache alone.
 FITNESS_VERSION = 2
+CHECKPOINT = "checkpoint.pt"  # what a lower rung leaves in its trial folder for its promotion
 RECIPES = {"whitenet": "cifar-94"}  # model family -> the preset its candidates train with
 # What a recipe does not decide for a candidate: the search's own settings and the genome do.
 _NOT_FROM_RECIPE = ("model", "dataset", "val_size", "epochs", "steps", "seed", "patience", "target_accuracy")
@@ -199,25 +203,53 @@ def network(model: CandidateModel, genome: dict, input_shape: tuple[int, int, in
     return model_function(model)(input_shape, num_classes, **model_genes(genome))
 
 
+class Rung(NamedTuple):
+    """What a candidate trains: its `epochs` (a pruned search's rung's; None: the search's --max-epochs) and, in
+    a pruned search, the `folder` it keeps its checkpoint in from rung to rung (its trial folder: the genome's
+    and seed's) and the epochs it `starts` from (`towerlab.search.candidates.Candidate.starts`)."""
+
+    epochs: Optional[int] = None
+    folder: Optional[Path] = None
+    starts: int = 0
+
+
 def train_candidate(cfg: SearchConfig, model: CandidateModel, genome: dict, seed: int, data: Dataset,
                     device: torch.device, *, test_from: Optional[float] = None, stop: StopFlag | None = None,
-                    max_epochs: int | None = None) -> tuple[Outcome, Optional[TrainResult]]:
+                    rung: Rung = Rung()) -> tuple[Outcome, Optional[TrainResult]]:
     """Train one genome on this process's device. Returns its Outcome and the TrainResult; a candidate that
     diverges, runs out of memory or whose code raises is a failed Outcome with its reason (`failure`), not a
     crash. Its test accuracy is in the Outcome where its validation accuracy reaches `test_from` (-inf:
-    whatever it reaches; a worker's bar for a network that may enter its search's top; None: never)."""
+    whatever it reaches; a worker's bar for a network that may enter its search's top; None: never).
+
+    It trains for its `rung`'s epochs. Given the rung's folder (a pruned search's trial folder), a training
+    whose course does not depend on its length (`continuable`) continues: one below the search's --max-epochs
+    leaves its checkpoint in the folder, and a promotion (`starts` > 0) goes on from the checkpoint it finds,
+    else from scratch, to the same result; its Outcome says it `continued` `starts` epochs either way (what
+    --budget-epochs charges: the same whoever trained it)."""
     started = time.perf_counter()
     numbers: Optional[dict] = None
+    continued = 0
     try:
         # A genome's values are checked here, as its network is: one that no training takes fails alone.
+        max_epochs = rung.epochs
         train_cfg = candidate_config(cfg, model, genome, seed, max_epochs)
         numbers = numerics(train_cfg, device)
         # the function itself with its arguments (not a lambda), so that its failure names it
         source = functools.partial(model, data.input_shape, data.num_classes, **model_genes(genome)) \
             if callable(model) else None
         check_setup(train_cfg, 1, data, source)
+        kept = rung.folder / CHECKPOINT if rung.folder is not None and continuable(train_cfg) else None
+        continued = rung.starts if kept is not None else 0
+        lower = kept is not None and max_epochs is not None and max_epochs < cfg.max_epochs  # a rung below the last
+        if kept is not None and lower:
+            kept.parent.mkdir(parents=True, exist_ok=True)
         result = train(train_cfg, Context(device=device), data,
-                       LoopOptions(test=False, test_from=test_from, stop=stop, setup_apart=False), source=source)
+                       LoopOptions(test=False, test_from=test_from, stop=stop, setup_apart=False,
+                                   checkpoint_path=kept if lower else None),
+                       source=source, resume_state=_left(kept, train_cfg) if kept is not None and continued else None)
+        if kept is not None and not lower:  # the last rung: nothing will continue it
+            for path in checkpoint.candidates(kept):
+                path.unlink(missing_ok=True)
     except Interrupted:
         raise
     except torch.cuda.OutOfMemoryError:
@@ -227,7 +259,28 @@ def train_candidate(cfg: SearchConfig, model: CandidateModel, genome: dict, seed
         return Outcome.failed(failure(exc), seconds=time.perf_counter() - started, numerics=numbers), None
     return Outcome("ok", fitness=result.val_accuracy, val_loss=result.val_loss, epochs=math.ceil(result.epochs),
                    seconds=time.perf_counter() - started, numerics=numbers, test_accuracy=result.test_accuracy,
-                   curve=curve_of(result.history)), result
+                   curve=curve_of(result.history), continued=continued), result
+
+
+def continuable(cfg: TrainConfig) -> bool:
+    """Whether a training's first epochs are those of any longer training of the same settings: none of its
+    course depends on its length (a constant learning rate, no --lookahead averaging, a budget in epochs)."""
+    return cfg.schedule == "constant" and not cfg.lookahead and cfg.steps is None
+
+
+def _left(path: Path, cfg: TrainConfig) -> Optional[dict]:
+    """The checkpoint a lower rung left at `path`, where it is one of `cfg`'s training but for its length
+    (None: none there, unreadable, or another training's: the promotion starts from scratch)."""
+    if not checkpoint.exists(path):
+        return None
+    try:
+        state = checkpoint.load(path, log=lambda line: None)
+    except UserError:
+        return None
+    mine, theirs = to_dict(cfg), state.get("config")
+    if not isinstance(theirs, dict) or {**theirs, "epochs": mine["epochs"]} != mine or theirs["epochs"] > cfg.epochs:
+        return None
+    return state
 
 
 def curve_of(history: list[dict]) -> Optional[list[dict]]:

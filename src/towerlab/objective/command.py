@@ -29,7 +29,8 @@ it exits. A stop whose signal, sent to the worker's process group, killed the pr
 being started (`KeeperLost`) stops the trial too, rather than fail it. Its device is given as programs
 expect it: CUDA_VISIBLE_DEVICES is the one GPU of a cuda trial (an index into the worker's own
 CUDA_VISIBLE_DEVICES where that is set), empty for any other; TOWERLAB_SEED, TOWERLAB_EPOCHS,
-TOWERLAB_DEVICE and TOWERLAB_FOLDER say the rest, and the environment is otherwise the worker's.
+TOWERLAB_DEVICE, TOWERLAB_FOLDER and TOWERLAB_START say the rest (a command continues a lower rung's training
+where it names `{start}`), and the environment is otherwise the worker's.
 
 As a kind of objective (`Command`, "command", `towerlab.objective.yours.Yours`): a search's --command names it;
 its proof lists the values of each gene that can be listed (`listed`), the files its arguments may name.
@@ -167,6 +168,7 @@ class CommandObjective:
         check_timeout(timeout)
         self.spec, self.goal, self.timeout = command, goal, timeout
         self.arguments = parse(command, list(genes), conditional)
+        self.continues = "start" in {name for pieces in self.arguments for _, name in pieces}
         self.conditional = frozenset(conditional)
         self.values = dict(values or {})
         self._proved: Optional[Proof] = None
@@ -205,7 +207,7 @@ class CommandObjective:
         env.update(CUDA_VISIBLE_DEVICES=_cuda_visible(trial.device, os.environ.get("CUDA_VISIBLE_DEVICES")),
                    TOWERLAB_SEED=str(trial.seed), TOWERLAB_EPOCHS=str(trial.epochs),
                    TOWERLAB_DEVICE=_device_given(trial.device),
-                   TOWERLAB_FOLDER=str(trial.folder))
+                   TOWERLAB_FOLDER=str(trial.folder), TOWERLAB_START=str(trial.start))
         return env
 
     def run(self, trial: Trial) -> Result:

@@ -1,7 +1,7 @@
 """A function of yours as the objective (`--objective FILE.py:FUNCTION`, or the function itself from
 Python): it gets a trial's genes as keyword arguments and, where it takes them by name, `seed`, `epochs`,
-`device` (a string: "cpu", "cuda:0"), `folder` (a pathlib.Path of its own, made before it is called) and
-`report`, a function to report a learning curve with: `report(epoch, **metrics)`, each metric a number.
+`device` (a string: "cpu", "cuda:0"), `folder` (a pathlib.Path of its own, made before it is called),
+`start` (the epochs its training continues from: `towerlab.objective.trial.EXTRAS`) and `report`, a function to report a learning curve with: `report(epoch, **metrics)`, each metric a number.
 
 Checked before any trial runs, each a UserError of one line: the function exists, it takes every gene of
 the space by name (or **kwargs), no gene is named as what the search gives, every parameter it
@@ -46,7 +46,7 @@ GIVEN = (*EXTRAS, "report")
 
 
 class FunctionObjective:
-    """`function(**genes, [seed=, epochs=, device=, folder=, report=])` (see the module's docstring);
+    """`function(**genes, [seed=, epochs=, device=, folder=, start=, report=])` (see the module's docstring);
     `function` is FILE.py:FUNCTION, loaded here, or the function itself. Each trial starts with the global
     random generators seeded from its seed (`seed_globals`): a function that draws from them without taking
     `seed` gives the same values whoever runs the trial, and after whichever trials."""
@@ -66,6 +66,7 @@ class FunctionObjective:
             self.function, where = function, f"your objective {getattr(function, '__qualname__', self.spec)}"
         self.goal = goal
         self.given = _check(self.function, list(genes), where, conditional)
+        self.continues = "start" in self.given
 
     _proved: Optional[Proof] = None  # its proof, taken once (`proof`)
     _mark = 0  # how many modules towerlab.proof's loader had compiled when it was taken

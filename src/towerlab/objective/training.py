@@ -39,10 +39,11 @@ from towerlab.data.load import Dataset, search_data
 from towerlab.errors import UserError
 from towerlab.models.custom import FROM_PYTHON, function_file, function_proof, function_spec
 from towerlab.objective.admission import row_provenance
-from towerlab.objective.candidate import (TRAINING_GENES, CandidateModel, estimated_cost, model_function,
-                                          train_candidate, train_config_hash)
+from towerlab.objective.candidate import (TRAINING_GENES, CandidateModel, Rung, estimated_cost,
+                                          model_function, train_candidate, train_config_hash)
 from towerlab.objective.deadline import Deadline, TrialTimedOut, lapses, timed_out
 from towerlab.objective.kind import Here, Item, Named
+from towerlab.objective.yours import trial_name, trials_folder
 from towerlab.proof import Proof, file_digest, short
 from towerlab.report import discard_line
 from towerlab.search import Candidate, Outcome, Search, Space, Store
@@ -214,6 +215,8 @@ class Training:
         started = time.perf_counter()
         device = self.here.device
         self._ready = (self.data_read().to(device), self.model(), row_provenance(device, self.digest()))
+        if self.search.cfg.min_epochs is not None:  # a pruned search: a lower rung leaves its promotion a checkpoint
+            self._trials = trials_folder(self.search, self.here.trials or Path("trials"), self.here.store)
         if self.here.times is not None:
             self.here.times.data(self.data_seconds + time.perf_counter() - started)
 
@@ -230,13 +233,23 @@ class Training:
             with Deadline(timeout):
                 outcome, result = train_candidate(self.search.cfg, model, c.genome, c.seed, data, self.here.device,
                                                   test_from=assignment.test_from, stop=self.here.stop,
-                                                  max_epochs=c.max_epochs)
+                                                  rung=self._rung(c))
         except TrialTimedOut:
             assert timeout is not None, "a deadline only where there is a timeout"
             outcome, result = Outcome.failed(timed_out(timeout), seconds=time.perf_counter() - started), None
         if self.here.times is not None:
             self.here.times.candidate(outcome.seconds, result)
         return dataclasses.replace(outcome, worker=self.here.name, provenance=provenance)
+
+    _trials: Optional[Path] = None  # where a pruned search's trials keep their folders here
+
+    def _rung(self, c: Candidate) -> Rung:
+        """The candidate's epochs and, in a pruned search, its trial folder (its genome's and seed's, from rung
+        to rung, as an objective of yours has: `towerlab.objective.yours`; none for a re-measure) and the
+        epochs it starts from."""
+        if self._trials is None or c.replicate:
+            return Rung(c.max_epochs)
+        return Rung(c.max_epochs, self._trials / trial_name(c), c.starts)
 
     def priority(self, candidate: Candidate) -> float:
         """Largest first: a generation then ends on small candidates, not on a big one that started last

@@ -15,14 +15,17 @@ from towerlab.proof import Proof
 
 # What a search gives every trial besides its genes, by these names (a function's parameters, a command's
 # placeholders): the trial's seed, its epochs (its rung's budget in a pruned search, the full budget
-# otherwise), its device ("cpu", "cuda:0", ...) and a folder of its own (for checkpoints and output).
-EXTRAS = ("seed", "epochs", "device", "folder")
+# otherwise), its device ("cpu", "cuda:0", ...), a folder of its own (for checkpoints and output: the
+# genome's and seed's, kept from rung to rung) and the epochs it starts from (a promotion in a pruned search
+# continues the training its lower rung left in that folder; 0 otherwise). A trial that takes `start`
+# continues, and a budget in epochs charges it `epochs - start`; one that does not trains from scratch.
+EXTRAS = ("seed", "epochs", "device", "folder", "start")
 
 
 @dataclass(frozen=True)
 class Trial:
-    """One training of a candidate: its `genes` (JSON values by name), `seed`, `epochs`, `device` and
-    `folder` (see EXTRAS); `stop`, where given, says at any moment whether the worker was asked to stop
+    """One training of a candidate: its `genes` (JSON values by name), `seed`, `epochs`, `device`, `folder`
+    and `start` (see EXTRAS); `stop`, where given, says at any moment whether the worker was asked to stop
     (the signal's number, else 0), for an objective that waits on something it must end first."""
 
     genes: Mapping[str, Any]
@@ -31,10 +34,12 @@ class Trial:
     device: str
     folder: Path
     stop: Optional[Callable[[], int]] = None
+    start: int = 0
 
     def extras(self) -> dict[str, Any]:
         """EXTRAS by name."""
-        return {"seed": self.seed, "epochs": self.epochs, "device": self.device, "folder": self.folder}
+        return {"seed": self.seed, "epochs": self.epochs, "device": self.device, "folder": self.folder,
+                "start": self.start}
 
 
 class TrialRunner(Protocol):
@@ -44,7 +49,8 @@ class TrialRunner(Protocol):
     (FILE.py:FUNCTION, the command's text) say what it is, `goal` what its results are ranked by, `proof()`
     what runs (for a worker to compare with a search's before it joins: taken once, when first asked), and
     `unproven(trial)` whether what a trial runs, or ran, is still what that proof holds (None), or what
-    differs, in words (its worker records no result of it)."""
+    differs, in words (its worker records no result of it). A runner whose trials take `start` (EXTRAS) and
+    continue from it says so with `continues = True` (none: they start again)."""
 
     kind: str
     spec: str

@@ -216,9 +216,10 @@ class Yours:
         c = assignment.candidate
         epochs = c.max_epochs or self.search.cfg.max_epochs
         stop = self.here.stop
+        # one folder for the genome and seed, from rung to rung: a promotion continues there (`start`)
         trial = Trial(dict(c.genome), c.seed, epochs, str(self.here.device),
-                      self._trials / f"{c.genome_hash[:12]}-e{epochs}-seed{c.seed}",
-                      stop=None if stop is None else (lambda: stop.signum))
+                      self._trials / trial_name(c),
+                      stop=None if stop is None else (lambda: stop.signum), start=c.starts)
         self._still_proven(trial, "the trial was not run")
         started = time.perf_counter()
         try:
@@ -230,7 +231,8 @@ class Yours:
         if self.here.times is not None:
             self.here.times.candidate(time.perf_counter() - started, None)
         return outcome(result, epochs, self.here.name, {"device": device_name(self.here.device),
-                                                         "threads": self.threads}, self._provenance)
+                                                         "threads": self.threads}, self._provenance,
+                       trial.start if getattr(self.built, "continues", False) else 0)
 
     def priority(self, candidate: Candidate) -> float:
         """Longest first: a trial's budget of epochs is all that is known of its cost."""
@@ -247,11 +249,13 @@ class Yours:
                             "started with, or start a new search with these")
 
 
-def outcome(result: Result, epochs: int, worker: str, numerics: dict, provenance: dict) -> Outcome:
-    """The search's Outcome of a trial's Result (a failed trial's with its reason), the one conversion."""
+def outcome(result: Result, epochs: int, worker: str, numerics: dict, provenance: dict, continued: int = 0) -> Outcome:
+    """The search's Outcome of a trial's Result (a failed trial's with its reason), the one conversion;
+    `continued`, the epochs it did not train again (its `start`, where it takes it)."""
     return Outcome(result.status, fitness=result.fitness, epochs=epochs, seconds=result.seconds, worker=worker,
                    reason=result.reason, numerics=numerics, provenance=provenance,
-                   metrics=dict(result.metrics) or None, curve=[dict(p) for p in result.curve] or None)
+                   metrics=dict(result.metrics) or None, curve=[dict(p) for p in result.curve] or None,
+                   continued=continued)
 
 
 def trials_folder(search: Search, folder: Path, store: Optional[Store]) -> Path:
@@ -264,6 +268,12 @@ def trials_folder(search: Search, folder: Path, store: Optional[Store]) -> Path:
     token = row.token if row is not None and row.token else \
         hashlib.sha256(f"{search.where}\0{search.stored_id}".encode()).hexdigest()
     return Path(os.path.abspath(folder)) / f"search-{search.stored_id}-{token[:12]}"
+
+
+def trial_name(candidate: Candidate) -> str:
+    """A trial's folder in its search's (`trials_folder`): GENOME-seedSEED, the genome's and seed's, so that a
+    pruned search's promotion runs where its lower rung ran."""
+    return f"{candidate.genome_hash[:12]}-seed{candidate.seed}"
 
 
 def check_trials_folder(path: str) -> None:

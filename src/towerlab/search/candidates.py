@@ -61,7 +61,9 @@ def remeasure_seed(genome_hash: str, replicate: int) -> int:
 @dataclass(frozen=True)
 class Candidate:
     """A genome to train: its place in the search, the seed and the epochs to train it with, and
-    which measurement it is (replicate 0: the evaluation, 1..: re-measures with fresh seeds)."""
+    which measurement it is (replicate 0: the evaluation, 1..: re-measures with fresh seeds). A pruned
+    search's promotion continues the training of the genome's lower rung, with the same seed: it
+    `starts` from that rung's epochs (0: from scratch), in the lower rung's trial folder."""
 
     generation: int
     index: int
@@ -70,6 +72,7 @@ class Candidate:
     seed: int
     max_epochs: Optional[int] = None
     replicate: int = 0
+    starts: int = 0
 
     def __hash__(self) -> int:
         return hash((self.generation, self.index, self.genome_hash, self.max_epochs, self.replicate))
@@ -84,7 +87,9 @@ class Outcome:
     result depends on besides the training's settings and seed (device, threads, precision, torch),
     as the worker that trained it saw it; `provenance`: where it was trained (host, versions, device,
     the data's digest); JSON objects. An objective of yours gives its `metrics` by name (the fitness is
-    the searched one, negated where it is minimized) and the `curve` it reported."""
+    the searched one, negated where it is minimized) and the `curve` it reported. `continued`: the epochs
+    it did not train because it continued its lower rung's training (its candidate's `starts`, where
+    the objective takes it), which a budget in epochs does not charge again."""
 
     status: str
     fitness: Optional[float] = None
@@ -98,6 +103,7 @@ class Outcome:
     test_accuracy: Optional[float] = field(default=None, compare=False)  # not what a search ranks by
     metrics: Optional[dict] = field(default=None, compare=False)
     curve: Optional[list] = field(default=None, compare=False)
+    continued: int = 0
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
@@ -112,6 +118,7 @@ class Outcome:
             loss = float(self.val_loss)
             object.__setattr__(self, "val_loss", loss if math.isfinite(loss) else None)
         object.__setattr__(self, "epochs", int(self.epochs))
+        object.__setattr__(self, "continued", int(self.continued))
         object.__setattr__(self, "seconds", float(self.seconds))
 
     @classmethod

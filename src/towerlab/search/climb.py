@@ -93,6 +93,7 @@ class Played(Protocol):
 
     seed: int
     ladder: Ladder
+    search_id: int
 
     def served(self, genome_hash: str, rung: int, generation: int) -> Optional[Evaluation]:
         """The row the store serves the genome at `rung` in `generation` (None: to train)."""
@@ -123,7 +124,18 @@ class Climb:
     def candidate(self, h: str, rung: int) -> Candidate:
         index = self.first[h]
         return Candidate(self.generation, index, dict(self.genomes[index]), h,
-                         candidate_seed(self.rounds.seed, self.generation, index), self.rounds.ladder.epochs[rung])
+                         candidate_seed(self.rounds.seed, self.generation, index), self.rounds.ladder.epochs[rung],
+                         starts=self._starts(h, rung))
+
+    def _starts(self, h: str, rung: int) -> int:
+        """The epochs a training of `h` at `rung` continues from: its row at the rung used below, where this
+        very generation trained it (the same seed: a held or cached row's training was another), else 0."""
+        below = [r for r in self.used if r < rung]
+        row = self.rows.get((h, below[-1])) if below else None
+        if row is None or row.status != "ok" or row.replicate != 0 or \
+                (row.search_id, row.generation, row.index) != (self.rounds.search_id, self.generation, self.first[h]):
+            return 0
+        return self.rounds.ladder.epochs[below[-1]]
 
     def recorded(self, candidate: Candidate, row: Evaluation) -> None:
         rung = self.rounds.ladder.rung(candidate.max_epochs)

@@ -22,7 +22,7 @@ from towerlab.checks import dataset_label
 from towerlab.data.load import Dataset
 from towerlab.distributed.signals import StopFlag
 from towerlab.errors import UserError
-from towerlab.objective.candidate import CandidateModel, candidate_config, retrain_command, train_candidate
+from towerlab.objective.candidate import CandidateModel, Rung, candidate_config, retrain_command, train_candidate
 from towerlab.jobs.search.first_results import FIRST_RESULTS, stop_if_failed_alike
 from towerlab.models.files import save_model
 from towerlab.plots import plot_accuracy_time, plot_fitness, pyplot
@@ -198,10 +198,9 @@ def test_results(result: SearchResult, store: Store, has_test: bool, reporter: R
 
 
 def cost(store: Store, search: Search, tested: list[float]) -> dict:
-    """The trainings the search made, by purpose, each with its seconds of training and the epochs it
-    was given (--budget-epochs' count): the search's own (every rung of every candidate it trained), the
-    re-measures of the networks it was about to crown, and the retrainings that gave the top networks
-    their test accuracy."""
+    """The trainings the search made, by purpose, each with its seconds of training and the epochs it was given
+    (--budget-epochs' count): the search's own (every rung of each candidate, a continued promotion the epochs it
+    added), the re-measures of the networks it was about to crown, and the retrainings for the top's test accuracy."""
     rows = store.records.evaluations(search.stored_id)
     tests = [t.candidate.max_epochs or search.cfg.max_epochs for t in store.queue.tasks(search.stored_id, "test")
              if t.state == "done" and t.result]
@@ -211,7 +210,8 @@ def cost(store: Store, search: Search, tested: list[float]) -> dict:
                 "epochs": sum(e or search.cfg.max_epochs for e in epochs)}
 
     searched, remeasured = [e for e in rows if e.replicate == 0], [e for e in rows if e.replicate > 0]
-    return {"search": part([e.seconds for e in searched], [e.max_epochs for e in searched]),
+    given: list[Optional[int]] = [(e.max_epochs or search.cfg.max_epochs) - e.continued for e in searched]
+    return {"search": part([e.seconds for e in searched], given),
             "remeasure": part([e.seconds for e in remeasured], [e.max_epochs for e in remeasured]),
             "test": part(tested, list(tests))}
 
@@ -340,7 +340,7 @@ def export_best(search: Search, model: CandidateModel, best: dict, data: Dataset
     cfg = search.cfg
     reporter.line("Exporting the best network (retraining it) ...")
     outcome, result = train_candidate(cfg, model, best["genome"], best["seed"], data, device, test_from=-math.inf,
-                                      stop=stop, max_epochs=best["max_epochs"])
+                                      stop=stop, rung=Rung(best["max_epochs"]))
     if result is None or outcome.status != "ok":
         raise UserError(f"retraining the best network failed ({outcome.reason}): model.pt not written")
     assert result.model is not None, "a training returns its network"

@@ -16,7 +16,7 @@ from towerlab.errors import UserError
 from towerlab.search.store.database import Database, Transaction
 from towerlab.search.store.location import password_spans, redacted
 from towerlab.search.store.schema import (SCHEMA_VERSION, TABLES, NoStore, create_tables, refuse_newer, upgrade_from_4,
-                                          upgrade_from_5, upgrade_from_6)
+                                          upgrade_from_5, upgrade_from_6, upgrade_from_7)
 
 # Bounds on every wait inside a PostgreSQL transaction (seconds), set on each session towerlab opens: a
 # transaction left open by a process that froze (stopped, swapped out, cut off by the network) is ended
@@ -175,12 +175,14 @@ def open_postgresql(db: PostgreSQL, where: object, create: bool) -> None:
     def migrate(tx: Transaction) -> int:
         found = version(tx)
         assert found is not None, "a store's schema table, once read, stays"
-        if found in (4, 5, 6):  # another process may have migrated it meanwhile: read again under the lock
+        if found in (4, 5, 6, 7):  # another process may have migrated it meanwhile: read again under the lock
             if found == 4:
                 upgrade_from_4(tx)
             if found <= 5:
                 upgrade_from_5(tx)
-            upgrade_from_6(tx)
+            if found <= 6:
+                upgrade_from_6(tx)
+            upgrade_from_7(tx)
             tx.run("UPDATE towerlab_schema SET version = ?", (SCHEMA_VERSION,))
             return SCHEMA_VERSION
         return found
@@ -188,6 +190,6 @@ def open_postgresql(db: PostgreSQL, where: object, create: bool) -> None:
     found = db.write(version)
     if found is None:
         found = db.write(make, lock=SCHEMA_LOCK)
-    if found in (4, 5, 6):
+    if found in (4, 5, 6, 7):
         found = db.write(migrate, lock=SCHEMA_LOCK)
     refuse_newer(found, where)

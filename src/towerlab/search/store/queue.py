@@ -59,12 +59,12 @@ class TaskQueue:
             new = {}
             for c, training_hash in candidates:
                 row = tx.one("INSERT INTO tasks (search_id, kind, genome_hash, train_config_hash, replicate, generation,"
-                             " idx, genome, seed, max_epochs, priority, state, created)"
-                             " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 0, 'open', {now})"
+                             " idx, genome, seed, max_epochs, starts, priority, state, created)"
+                             " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 0, 'open', {now})"
                              " ON CONFLICT (search_id, kind, genome_hash, train_config_hash, replicate) DO NOTHING"
                              " RETURNING id",
                              (search_id, kind, c.genome_hash, training_hash, c.replicate, c.generation, c.index,
-                              json.dumps(c.genome), c.seed, c.max_epochs))
+                              json.dumps(c.genome), c.seed, c.max_epochs, c.starts))
                 if row is not None:
                     new[int(row["id"])] = c
             return new

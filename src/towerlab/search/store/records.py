@@ -215,8 +215,9 @@ class Records:
 
     def epochs_given(self, search_id: int, before: int, max_epochs: int) -> int:
         """The epochs the search's own trainings of generations before `before` were given (each the budget it
-        trained under, `max_epochs` where a row predates budgets: every rung and re-measure counted)."""
-        return int(self._rows.read("SELECT COALESCE(SUM(COALESCE(max_epochs, ?)), 0) AS n FROM evaluations"
+        trained under, `max_epochs` where a row predates budgets: every rung and re-measure counted), less those
+        a promotion continued from its lower rung rather than train again."""
+        return int(self._rows.read("SELECT COALESCE(SUM(COALESCE(max_epochs, ?) - continued), 0) AS n FROM evaluations"
                                    " WHERE search_id = ? AND generation < ?", (max_epochs, search_id, before))[0]["n"])
 
     def own_history(self, search_id: int, since: int, before: int) -> list[Evaluation]:

@@ -96,6 +96,7 @@ class Evaluation:
     provenance: Optional[dict] = None
     metrics: Optional[dict] = None
     curve: Optional[list] = None
+    continued: int = 0  # the epochs it did not train again: it continued its lower rung's training
 
 
 @dataclass(frozen=True)
@@ -169,7 +170,7 @@ class Rows:
         if not isinstance(genome, dict):  # an edited row: never trained (`integrity.records_of` names it)
             raise TypeError(f"task {row['id']}'s genome is a {type(genome).__name__}, not an object")
         candidate = Candidate(row["generation"], row["idx"], genome, row["genome_hash"],
-                              int(row["seed"]), row["max_epochs"], row["replicate"])
+                              int(row["seed"]), row["max_epochs"], row["replicate"], int(row["starts"]))
         seconds = (row["finished"] - row["claimed"]) if row.get("finished") and row.get("claimed") else None
         return Task(row["id"], row["search_id"], row["kind"], candidate, row["train_config_hash"], row["state"],
                     row["worker"], row["attempts"], row["lost"], self.json(row["result"]), seconds)
@@ -190,16 +191,39 @@ def serving(genome_hash: str, train_config_hash: str, search_id: Optional[int], 
             (genome_hash, train_config_hash, replicate, search_id, *bound, search_id))
 
 
+def _whole_curve(lower: Optional[str], own: Optional[list], starts: int) -> Optional[list]:
+    """A continued training's curve (`own`, from its epoch `starts` on) after its lower rung's (`lower`, as
+    stored) up to `starts`, where it reported none of those epochs itself."""
+    try:
+        before = json.loads(lower) if lower else None
+    except ValueError:
+        before = None
+    if not isinstance(before, list):
+        return own
+    reported = {p.get("epoch") for p in own or ()}
+    earlier = [p for p in before if isinstance(p, dict) and isinstance(p.get("epoch"), int)
+               and p["epoch"] <= starts and p["epoch"] not in reported]
+    return sorted([*earlier, *(own or ())], key=lambda p: p["epoch"]) or None
+
+
 def insert_evaluation(tx: Transaction, candidate: Candidate, outcome: Outcome, train_config_hash: str,
                       search_id: int) -> dict:
     """Write one training's row in `tx`, unless the search has a row for its key already (another process
     got there first: that one stays); the row."""
     fitness = outcome.fitness if outcome.status == "ok" else None
     val_loss = outcome.val_loss if outcome.val_loss is None or math.isfinite(outcome.val_loss) else None
+    continued = min(outcome.continued, candidate.starts)  # never more than it could continue
+    curve = outcome.curve
+    if continued:  # the curve of the whole training: its lower rung's points, then those it reported
+        lower = tx.one("SELECT curve FROM evaluations WHERE search_id = ? AND generation = ? AND idx = ? AND"
+                       " genome_hash = ? AND replicate = ? AND max_epochs = ?",
+                       (search_id, candidate.generation, candidate.index, candidate.genome_hash, candidate.replicate,
+                        candidate.starts))
+        curve = _whole_curve(lower["curve"] if lower else None, curve, continued)
     tx.run("INSERT INTO evaluations (genome_hash, train_config_hash, genome, status, fitness, val_loss,"
            " test_accuracy, epochs, seconds, worker, reason, search_id, generation, idx, seed, finished_at,"
-           " max_epochs, replicate, numerics, provenance, metrics, curve)"
-           " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, {stamp}, ?, ?, ?, ?, ?, ?)"
+           " max_epochs, replicate, numerics, provenance, metrics, curve, continued)"
+           " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, {stamp}, ?, ?, ?, ?, ?, ?, ?)"
            " ON CONFLICT (search_id, genome_hash, train_config_hash, replicate) DO NOTHING",
            (candidate.genome_hash, train_config_hash, json.dumps(candidate.genome), outcome.status, fitness,
             val_loss, None, outcome.epochs, outcome.seconds, outcome.worker, outcome.reason, search_id,
@@ -207,7 +231,7 @@ def insert_evaluation(tx: Transaction, candidate: Candidate, outcome: Outcome, t
             candidate.replicate,
             None if outcome.numerics is None else json.dumps(outcome.numerics, sort_keys=True),
             *(None if value is None else json.dumps(value, sort_keys=True)
-              for value in (outcome.provenance, outcome.metrics, outcome.curve))))
+              for value in (outcome.provenance, outcome.metrics, curve)), continued))
     row = tx.one("SELECT * FROM evaluations WHERE search_id = ? AND genome_hash = ? AND train_config_hash = ?"
                  " AND replicate = ?", (search_id, candidate.genome_hash, train_config_hash, candidate.replicate))
     assert row is not None

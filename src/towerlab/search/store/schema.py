@@ -1,12 +1,12 @@
 """The search store's schema, version SCHEMA_VERSION, in the SQL that SQLite and PostgreSQL both read,
 and the migrations of older stores to it: 1, before samplers; 2, before numerics; 3, before the queue; 4,
 before each evaluation's provenance; 5, before an objective's metrics; 6, before a search's proposer and
-each generation's inputs; each in one transaction. Each
+each generation's inputs; 7, before a promotion continued its lower rung; each in one transaction. Each
 backend keeps the version its own way and checks it when a store opens (`Backend.open_schema`: SQLite's
 `PRAGMA user_version`, PostgreSQL's `towerlab_schema` table): an empty database gets today's tables, an
 older store is migrated in place, a damaged, foreign or newer one is a UserError that names it and what
 to do. Stores of versions 1 to 3 are SQLite files (their own migrations are
-`towerlab.search.store.sqlite`'s); the migrations from 3, 4, 5 and 6 speak what both databases read. The
+`towerlab.search.store.sqlite`'s); the migrations from 3, 4, 5, 6 and 7 speak what both databases read. The
 tables:
 
 searches     id, sampler (its name), config (SearchConfig JSON), space (JSON: name, model, genes),
@@ -30,7 +30,9 @@ evaluations  one row per training: genome_hash, train_config_hash (of a pruned s
              (the data's digest); NULL before schema 5), metrics (JSON: an objective's numbers by name, the
              searched one among them, as it returned them; `fitness` is that one as higher-is-better, negated
              where it is minimized) and curve (JSON list: the points it reported on the way, each
-             {"epoch": N, name: value, ...}), NULL for towerlab's own trainings and before schema 6. Unique
+             {"epoch": N, name: value, ...}), NULL for towerlab's own trainings and before schema 6, and
+             continued (the epochs it did not train again: a promotion that continued its lower rung's
+             training, `towerlab.search.candidates.Outcome`; 0 before schema 8). Unique
              per (search_id, genome_hash, train_config_hash, replicate): writing a row a search already has is a no-op
              that returns the row.
 generations  (search_id, generation) key, members (JSON list of {genome_hash, genome} in population
@@ -41,7 +43,8 @@ generations  (search_id, generation) key, members (JSON list of {genome_hash, ge
              NULL before schema 7 and where nobody proposed it (a resumed search's first)), results (JSON
              per-member records) and stats (JSON), written with complete = 1 when it ends; started, finished.
 tasks        the queue: one row per training a search needs and no evaluation serves (kind 'train':
-             an evaluation, a higher rung, a re-measure) or per retraining of a top network for its
+             an evaluation, a higher rung, a re-measure; `starts`, the epochs of the lower rung a
+             promotion continues, 0 before schema 8) or per retraining of a top network for its
              test accuracy (kind 'test'), unique per (search_id, kind, genome_hash,
              train_config_hash, replicate); state 'open', 'claimed' (by `worker`, until
              `lease_until` on the database's clock) or 'done'; attempts (claims so far), lost (why the
@@ -57,7 +60,7 @@ from __future__ import annotations
 from towerlab.errors import UserError
 from towerlab.search.store.database import Transaction
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 
 
 class NoStore(UserError):
@@ -116,7 +119,8 @@ CREATE TABLE evaluations (
     numerics TEXT,
     provenance TEXT,
     metrics TEXT,
-    curve TEXT
+    curve TEXT,
+    continued INTEGER NOT NULL DEFAULT 0
 );""" + EVALUATION_INDEXES + """;
 CREATE TABLE generations (
     search_id BIGINT NOT NULL REFERENCES searches (id),
@@ -183,6 +187,10 @@ def create_tables(tx: Transaction) -> None:
     """An empty store of this schema (the caller records its version)."""
     for statement in statements(SCHEMA + ";" + QUEUE):
         tx.run(statement)
+    tx.run(TASKS_STARTS)
+
+
+TASKS_STARTS = "ALTER TABLE tasks ADD COLUMN starts INTEGER NOT NULL DEFAULT 0"  # version 8's, on version 4's queue
 
 
 def upgrade_from_3(tx: Transaction) -> None:
@@ -218,6 +226,14 @@ def upgrade_from_6(tx: Transaction) -> None:
     tx.run("ALTER TABLE searches ADD COLUMN leader_until DOUBLE PRECISION")
     tx.run("ALTER TABLE searches ADD COLUMN activity TEXT")
     tx.run("ALTER TABLE generations ADD COLUMN proposed TEXT")
+
+
+def upgrade_from_7(tx: Transaction) -> None:
+    """Version 7 to 8: a task gains the epochs its training continues from (`starts`), an evaluation the epochs
+    it did not train again (`continued`); 0 in what was written before, where every training started from
+    scratch."""
+    tx.run("ALTER TABLE evaluations ADD COLUMN continued INTEGER NOT NULL DEFAULT 0")
+    tx.run(TASKS_STARTS)
 
 
 def upgrade_from_2(tx: Transaction) -> None:

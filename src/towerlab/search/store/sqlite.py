@@ -21,7 +21,7 @@ from towerlab.errors import UserError
 from towerlab.search.store.database import Database, Transaction, damaged
 from towerlab.search.store.schema import (EVALUATION_INDEXES, OLD_TABLES, SCHEMA_VERSION, TABLES, V3_SEARCHES, NoStore,
                                     create_tables, refuse_newer, statements, upgrade_from_2, upgrade_from_3,
-                                    upgrade_from_4, upgrade_from_5, upgrade_from_6)
+                                    upgrade_from_4, upgrade_from_5, upgrade_from_6, upgrade_from_7)
 from towerlab.search.store.sqlite_file import KernelClock, StoreFile, never_close
 
 # How long an SQLite statement waits for another process's write lock before it is tried again (a
@@ -146,12 +146,14 @@ def _check_sqlite(db: SQLite, where: object, create: bool) -> None:
     refuse_newer(version, where)
     if version == SCHEMA_VERSION and TABLES <= tables:
         return
-    if version in (4, 5, 6) and TABLES <= tables:
+    if version in (4, 5, 6, 7) and TABLES <= tables:
         if version == 4:
             _migrate(db, 4, upgrade_from_4)
         if version <= 5:
             _migrate(db, 5, upgrade_from_5)
-        _migrate(db, 6, upgrade_from_6)
+        if version <= 6:
+            _migrate(db, 6, upgrade_from_6)
+        _migrate(db, 7, upgrade_from_7)
         return
     if version in (1, 2, 3) and OLD_TABLES <= tables:
         if version == 1:
@@ -162,6 +164,7 @@ def _check_sqlite(db: SQLite, where: object, create: bool) -> None:
         _migrate(db, 4, upgrade_from_4)
         _migrate(db, 5, upgrade_from_5)
         _migrate(db, 6, upgrade_from_6)
+        _migrate(db, 7, upgrade_from_7)
         return
     if version == 0 and not tables and not create:  # made, and its tables not yet (a search just starting)
         raise NoStore(f"{where} holds no search yet: an empty database (a search that is starting writes its "

@@ -140,7 +140,8 @@ def dehb(surrogate: Surrogate, seed: int, ledger: Ledger) -> dict:
 def towerlab_arm(settings: dict, gp_startup: int | None = None) -> Arm:
     """towerlab's search with `settings` (SearchConfig's fields and its sampler's own; the rest at their
     defaults), its candidates trained by the surrogate: `fitness(candidate)` trains the candidate's
-    epochs (a pruned rung's, else the full 52), charged to the ledger, which ends the search when the
+    epochs (a pruned rung's, else the full 52; a promotion continues from its lower rung's, as
+    `candidate.starts` says, and is charged the rest), charged to the ledger, which ends the search when the
     budget is spent (as --budget-epochs will). One function, so that once a user's objective can enter
     a search it is `towerlab.api.search(objective=..., budget_epochs=...)` over the real workers."""
     from towerlab.config import SearchConfig
@@ -163,13 +164,13 @@ def towerlab_arm(settings: dict, gp_startup: int | None = None) -> Arm:
             epochs = candidate.max_epochs or FULL
             with training:
                 try:
-                    accuracy = ledger.train(surrogate, candidate.genome, epochs)
+                    accuracy = ledger.train(surrogate, candidate.genome, epochs, candidate.starts)
                 except Exception as e:  # the surrogate never fails a training: the bench's own bug
                     raise SurrogateFailed(f"{type(e).__name__}: {e}") from e
             # its learning curve, as towerlab's own training reports one: what a pruned search's judge reads
             curve = [{"epoch": e + 1, search.goal.metric: float(v) / 100}
                      for e, v in enumerate(surrogate.curve(candidate.genome)[:epochs])]
-            return Outcome.ok(fitness=accuracy / 100, epochs=epochs, curve=curve)
+            return Outcome.ok(fitness=accuracy / 100, epochs=epochs, curve=curve, continued=candidate.starts)
 
         training, started = _Clock(), time.process_time()
         cfg = SearchConfig(**{"max_epochs": FULL, "generations": 10_000, "seed": seed, "budget_epochs": ledger.budget,
@@ -193,18 +194,21 @@ def towerlab_api_arm(settings: dict) -> Arm:
     """towerlab's search run as a user runs it: `towerlab.api.search(GENES, objective=...,
     budget_epochs=..., max_epochs=52, seed=..., generations=10_000)`, every other setting at its
     default, on its default workers (2 CPU processes here, forked, each playing the search through
-    the store). The objective is the surrogate queried at the `epochs` the search gives it.
+    the store). The objective is the surrogate queried at the `epochs` the search gives it, continuing a
+    promotion from `start` (it reports the epochs after it).
     --generations is the only setting raised: its default (10) would end the search long before
     the budget. The trace is read back from the store: every row in the order it finished, charged
-    the epochs it was given."""
+    the epochs it was given less those it continued."""
 
     def run(surrogate: Surrogate, seed: int, ledger: Ledger) -> dict:
         from towerlab import api
         from towerlab.search.store import Store
 
-        def objective(epochs: int, report: Callable[..., None], **genes: Any) -> float:  # runs in the workers,
-            for epoch, value in enumerate(surrogate.curve(genes)[:epochs], 1):  # forked with the surrogate
-                report(epoch, value=float(value) / 100)
+        def objective(epochs: int, start: int, report: Callable[..., None], **genes: Any) -> float:  # runs in the
+            # workers, forked with the surrogate; a promotion continues its lower rung's training from `start`
+            for epoch, value in enumerate(surrogate.curve(genes)[:epochs], 1):
+                if epoch > start:
+                    report(epoch, value=float(value) / 100)
             return surrogate.at(genes, epochs) / 100
 
         started = time.time()
@@ -215,7 +219,7 @@ def towerlab_api_arm(settings: dict) -> Arm:
             with Store(found.out) as store:
                 rows = store.records.evaluations()
         for row in rows:
-            ledger.spent += row.max_epochs or FULL
+            ledger.spent += (row.max_epochs or FULL) - row.continued
             ledger.trainings += 1
             if (row.max_epochs or FULL) == FULL and row.status == "ok" and row.fitness is not None:
                 ledger.trace.append((ledger.spent, 100 * row.fitness))

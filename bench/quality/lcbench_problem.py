@@ -100,8 +100,8 @@ class BudgetSpent(BaseException):
 class Ledger:
     """The epochs a run has given its trainings, and each full training's accuracy at the moment it
     finished (`trace`: (epochs spent, accuracy)). A training is charged all the epochs it trains (a
-    training restarted at a higher fidelity pays its whole length again); one that would go past
-    the budget is not started (BudgetSpent)."""
+    training restarted at a higher fidelity pays its whole length again, one that continues from
+    `start` epochs the rest); one that would go past the budget is not started (BudgetSpent)."""
 
     def __init__(self, budget: int = BUDGET) -> None:
         self.budget, self.spent, self.trainings = budget, 0, 0
@@ -112,9 +112,9 @@ class Ledger:
             raise BudgetSpent
         self.spent += epochs
 
-    def train(self, surrogate: Surrogate, config: dict, epochs: int) -> float:
-        """The accuracy of `config` trained `epochs` epochs from scratch, charged."""
-        self.charge(epochs)
+    def train(self, surrogate: Surrogate, config: dict, epochs: int, start: int = 0) -> float:
+        """The accuracy of `config` trained `epochs` epochs, from scratch or continued from `start`, charged."""
+        self.charge(epochs - start)
         self.trainings += 1
         accuracy = surrogate.at(config, epochs)
         if epochs == FULL:

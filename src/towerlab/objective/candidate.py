@@ -240,14 +240,15 @@ def train_candidate(cfg: SearchConfig, model: CandidateModel, genome: dict, seed
         check_setup(train_cfg, 1, data, source)
         kept = rung.folder / CHECKPOINT if rung.folder is not None and continuable(train_cfg) else None
         continued = rung.starts if kept is not None else 0
-        lower = kept is not None and max_epochs is not None and max_epochs < cfg.max_epochs  # a rung below the last
-        if kept is not None and lower:
-            kept.parent.mkdir(parents=True, exist_ok=True)
+        last = max_epochs is None or max_epochs >= cfg.max_epochs  # the last rung: nothing will continue it
+        leaves = None if last else kept  # the checkpoint it leaves its promotion
+        if leaves is not None:
+            leaves.parent.mkdir(parents=True, exist_ok=True)
         result = train(train_cfg, Context(device=device), data,
                        LoopOptions(test=False, test_from=test_from, stop=stop, setup_apart=False,
-                                   checkpoint_path=kept if lower else None),
+                                   checkpoint_path=leaves),
                        source=source, resume_state=_left(kept, train_cfg) if kept is not None and continued else None)
-        if kept is not None and not lower:  # the last rung: nothing will continue it
+        if kept is not None and last:
             for path in checkpoint.candidates(kept):
                 path.unlink(missing_ok=True)
     except Interrupted:
@@ -271,8 +272,6 @@ def continuable(cfg: TrainConfig) -> bool:
 def _left(path: Path, cfg: TrainConfig) -> Optional[dict]:
     """The checkpoint a lower rung left at `path`, where it is one of `cfg`'s training but for its length
     (None: none there, unreadable, or another training's: the promotion starts from scratch)."""
-    if not checkpoint.exists(path):
-        return None
     try:
         state = checkpoint.load(path, log=lambda line: None)
     except UserError:

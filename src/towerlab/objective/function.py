@@ -1,7 +1,8 @@
 """A function of yours as the objective (`--objective FILE.py:FUNCTION`, or the function itself from
 Python): it gets a trial's genes as keyword arguments and, where it takes them by name, `seed`, `epochs`,
 `device` (a string: "cpu", "cuda:0"), `folder` (a pathlib.Path of its own, made before it is called),
-`start` (the epochs its training continues from: `towerlab.objective.trial.EXTRAS`) and `report`, a function to report a learning curve with: `report(epoch, **metrics)`, each metric a number.
+`start` (the epochs its training continues from: `towerlab.objective.trial.EXTRAS`) and `report`, a
+function to report a learning curve with: `report(epoch, **metrics)`, each metric a number.
 
 Checked before any trial runs, each a UserError of one line: the function exists, it takes every gene of
 the space by name (or **kwargs), no gene is named as what the search gives, every parameter it

@@ -132,7 +132,7 @@ class Climb:
         very generation trained it (the same seed: a held or cached row's training was another), else 0."""
         below = [r for r in self.used if r < rung]
         row = self.rows.get((h, below[-1])) if below else None
-        if row is None or row.status != "ok" or row.replicate != 0 or \
+        if row is None or row.status != "ok" or \
                 (row.search_id, row.generation, row.index) != (self.rounds.search_id, self.generation, self.first[h]):
             return 0
         return self.rounds.ladder.epochs[below[-1]]

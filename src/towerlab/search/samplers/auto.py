@@ -12,7 +12,8 @@ others train:
   (XGBoost's 14 hyperparameters, 2 listed and 8 conditional, 150 trainings) it reached a quarter of
   TPE's regret at half the budget and was ahead of SMAC3's random forest at all of it (docs/benchmarks.md,
   rbv2_xgboost), where TPE, one density a gene, kept drawing the first booster that scored well. A pruned
-  search (--min-epochs) runs it too, 2 a generation racing through the rungs its judge keeps (towerlab.search.judge): the Gaussian process reads only the trainings
+  search (--min-epochs) runs it too, 2 a generation racing through the rungs its judge keeps
+  (towerlab.search.judge): the Gaussian process reads only the trainings
   that reached the last rung, TPE the pruned ones too, yet on LCBench pruned from 1 epoch and from 4
   TPE's regret was 2 to 20 times gp's at every point of the budget (docs/benchmarks.md, pruning). Its
   cost grows with the cube of the outcomes (CPU seconds a proposal: about 0.7 at 100 outcomes, see

@@ -450,3 +450,32 @@ def test_a_promotion_continues_in_its_lower_rung_s_folder_and_is_charged_the_res
     with contextlib.closing(sqlite3.connect(folder / "s" / "search.db")) as db:
         given = db.execute("SELECT SUM(max_epochs - continued), SUM(max_epochs) FROM evaluations").fetchone()
     assert given[0] == sum(e for *_, e in trained) - sum(c for *_, c in continued) < given[1]
+
+
+def test_a_pruned_search_of_an_objective_without_a_curve_probes_its_rungs_then_prunes(tmp_path):
+    """Issue 73: an objective that returns its score alone gives its judge no curve; its rungs are probed (two
+    generations trained at every rung, proposed before any probe was judged) and, where they rank as the
+    last does, pruned at from then on. summary.json's `pruning` says how each rung was judged."""
+    folder = machine(tmp_path / "m")
+    (folder / "final.py").write_text("def train(x, width, epochs):\n"
+                                     "    return {'acc': 1 - (x - 0.3) ** 2 - 0.01 * width - 0.5 / epochs}\n")
+    flags = [*SEARCH, "--objective", "final.py:train", "--metric", "acc", "--direction", "maximize",
+             "--max-epochs", "9", "--min-epochs", "1", "--out", "s"]
+    (folder / "ranged.toml").write_text("[genes]\nx = {low = 0.0, high = 1.0}\nwidth = [1, 2, 3]\n")
+    for flag, value in (("--population", "8"), ("--generations", "5"), ("--space", "ranged.toml")):
+        flags[flags.index(flag) + 1] = value
+    done = run_cli(*flags, cwd=folder)
+    assert done.returncode == 0, done.stderr
+    with contextlib.closing(sqlite3.connect(folder / "s" / "search.db")) as db:
+        rows = db.execute("SELECT generation, max_epochs, COUNT(*) FROM evaluations WHERE replicate = 0"
+                          " GROUP BY generation, max_epochs").fetchall()
+    trained = {(g, e): n for g, e, n in rows}
+    assert {e for g, e in trained if g < 2} == {9}  # no evidence yet: unpruned
+    for g in (2, 3):  # probed: every member at every rung
+        assert trained[g, 1] == trained[g, 3] == trained[g, 9] == 8
+    assert trained[4, 1] == 8 and trained[4, 3] == 3 and trained[4, 9] == 1  # successive halving, factor 3
+    pruning = json.loads((folder / "s" / "summary.json").read_text())["pruning"]
+    assert [(v["rung"], v["used"], v["probed"]) for v in pruning] == [(0, True, False), (1, True, False)]
+    assert all(v["pairs"] >= 16 and v["correlation"] == 1.0 for v in pruning)
+    shown = run_cli("search", "show", "s", cwd=folder)
+    assert shown.returncode == 0 and "rung 1 (1 epoch): rank correlation 1.00 over " in shown.stdout

@@ -83,3 +83,19 @@ def test_the_plan_and_default_remeasuring_keep_to_the_budget():
     assert held.cfg.remeasure == 2
     # the epochs kept for crowning the top (2 seeds x top 2 x 9 = 36) are not the search's: 364 first rungs
     assert held.plan["search"] == 364 and held.plan["remeasure"] >= 4
+
+
+def test_a_budget_alone_sets_the_generations_a_search_in_generations_may_take(tmp_path):
+    """Without --generations, a search in generations runs its sampler's default, or as many as its budget may
+    take where that is more (every member at its shortest rung): the budget is spent, where 10 generations
+    stopped a pruned search's --budget-epochs short and refused --max-evaluations 100 in generations of 4."""
+    pruned = SearchConfig(sampler="random", population=4, budget_epochs=400, max_epochs=9, min_epochs=1, remeasure=0)
+    counted = SearchConfig(sampler="tpe", population=4, max_evaluations=100, remeasure=0)
+    assert [Search.resolve(cfg, SPACE).cfg.generations for cfg in (pruned, counted)] == [100, 25]
+    assert Search.resolve(dataclasses.replace(counted, max_evaluations=12), SPACE).cfg.generations == 10
+    with Store(tmp_path / "s.db") as store:
+        spent = run_search(pruned, SPACE, serial(fitness), store, TCH)
+        counted_out = run_search(counted, SPACE, serial(fitness), store, TCH)
+        epochs = sum(e for _, e in given(store, spent.search_id))
+    assert spent.ended == "budget_epochs" and spent.generations > 10 and 400 - 36 <= epochs <= 400 + 36
+    assert counted_out.evaluations == 100 and counted_out.generations == 25  # the two budgets end it alike

@@ -84,8 +84,8 @@ def test_search_run_with_a_sampler_writes_its_record_and_every_evaluation_comes_
     (["--sampler", "random", "--limit", "3"], "--limit does nothing in a random search: only the grid sampler reads it"),
     # pruning's factor without its first rung: the search would not be pruned
     (["--prune-factor", "4"], "--prune-factor 4 does nothing without --min-epochs: the search is not pruned"),
-    # in generations of 4, 10 generations cannot reach 100 trainings (without --population, a budget alone does)
-    (["--sampler", "tpe", "--population", "4", "--max-evaluations", "100"],
+    # in generations of 4, 10 generations cannot reach 100 trainings (without --generations, a budget alone does)
+    (["--sampler", "tpe", "--population", "4", "--generations", "10", "--max-evaluations", "100"],
      "--max-evaluations 100 is more than 10 generations of 4 can train: pass --generations 25 (or more) with it"),
 ])
 def test_bad_search_settings_are_one_line_and_leave_nothing(args, fragment, tmp_path, capsys):

@@ -46,6 +46,12 @@ def objective(early: str):
     return train
 
 
+def without_curve(early: str):
+    """`objective(early)` reporting its last value alone, as an objective that returns its score does."""
+    train = objective(early)
+    return lambda candidate: dataclasses.replace(train(candidate), curve=None)
+
+
 def pruned(**settings):
     return SearchConfig(**{"sampler": "ga", "population": 12, "generations": 3, "max_epochs": 9, "min_epochs": 1,
                            "prune_factor": 3, "remeasure": 0, "seed": 5, **settings})
@@ -124,6 +130,56 @@ def test_too_few_pairs_judge_nothing(tmp_path):
     path = tmp_path / "s.db"
     search(path, pruned(population=MIN_PAIRS - 2, generations=2), serial(objective("ranks")))
     assert {epochs for _, epochs in trained(path)} == {9}
+
+
+@pytest.mark.parametrize("early", ["ranks", "reversed"])
+def test_rungs_no_curve_reaches_are_probed_then_judged_on_their_own_trainings(tmp_path, early):
+    """Without curves, the second generation is probed: its members trained at every rung, all going on; the
+    judge then reads its pairs from those trainings, and the third generation prunes where they rank and trains
+    each member once where they do not. The plan counts the probing."""
+    cfg = pruned(generations=3)
+    path = tmp_path / "s.db"
+    result = search(path, cfg, serial(without_curve(early)))
+    epochs = Counter(trained(path))
+    assert {e for g, e in epochs if g == 0} == {9}
+    # the probe: every member at every rung (the GA's elite, holding the last from generation 0, below it)
+    assert epochs[1, 1] == epochs[1, 3] == 12 and epochs[1, 9] >= MIN_PAIRS
+    assert all(m.rung == 2 for m in result.history[1].members)
+    with Store(path) as store:
+        rows = [e for e in store.records.evaluations() if e.generation == 1]
+        judged = Search.open(store, result.search_id).judgement(store)
+    assert all(e.status == "ok" for e in rows)
+    if early == "ranks":
+        assert judged.used == [0, 1, 2] and not judged.probed
+        assert epochs[2, 1] > epochs[2, 3] >= epochs[2, 9] and epochs[2, 1] + epochs[2, 9] < 12
+    else:
+        assert judged.used == [2] and [v.correlation for v in judged.verdicts] == [-1.0, -1.0]
+        assert {e for g, e in epochs if g == 2} == {9}
+    resolved = Search.resolve(cfg, SPACE)
+    plan = planned_trainings(resolved.cfg, resolved.shape, probes=True)
+    assert sum(e * n for (_, e), n in epochs.items()) <= plan["epochs"] - plan["test"] * cfg.max_epochs
+    assert result.trainings <= plan["search"] + plan["rungs"] + plan["remeasure"]
+    assert planned_trainings(resolved.cfg, resolved.shape)["epochs"] < plan["epochs"]
+
+
+def test_probing_stops_once_min_pairs_genomes_were_tried_whatever_they_gave(tmp_path):
+    """A rung whose trainings fail gives no pairs: it is probed until MIN_PAIRS genomes were trained there, then
+    skipped (the search does not probe for ever), and the judgement says which it is. Rung 2, which nobody
+    reached from the failed rung 1, is probed in the next generation."""
+    base = without_curve("ranks")
+
+    def failing_early(candidate):
+        return Outcome.failed("out of memory") if candidate.max_epochs < 9 else base(candidate)
+
+    path = tmp_path / "s.db"
+    search(path, pruned(generations=4), serial(failing_early))
+    epochs = Counter(trained(path))
+    assert epochs[1, 1] >= MIN_PAIRS and epochs[1, 3] == 0  # nobody went on from a failed rung
+    assert epochs[2, 1] == 0 and epochs[2, 3] >= MIN_PAIRS
+    assert not any(e < 9 for g, e in epochs if g == 3)
+    shown = format_search(path)
+    assert f"rung 1 (1 epoch): 0 of the {MIN_PAIRS} genomes it takes to judge, skipped; " \
+           f"rung 2 (3 epochs): 0 of the {MIN_PAIRS} genomes it takes to judge, skipped" in shown
 
 
 def mixed_workers(seed: int):
@@ -222,7 +278,9 @@ def test_the_evidence_prefers_the_curve_and_falls_back_on_the_rungs_trainings():
     # the curves rank rung 1 backwards; the rung-2 trainings (no curve reaches 3 epochs here) rank like the last
     evidence.add([row(h, 2, i / 10, [{"epoch": e, "val_accuracy": None if e == 3 else 1 - i / 10} for e in range(1, 10)])
                   for i, h in enumerate(genomes)])
-    assert evidence.judge().used == [2]
+    judged = evidence.judge()  # no curve reaches rung 2: it is probed (trained, every member going on)
+    assert judged.used == [1, 2] and judged.probed == {1}
+    assert "rung 2 (3 epochs): no learning curve reaches it, trained to see how it ranks (0 of the " in judged.text()
     evidence.add([row(h, 1, i / 20) for i, h in enumerate(genomes)])
     judged = evidence.judge()
     assert [v.correlation for v in judged.verdicts] == [-1.0, 1.0] and judged.used == [1, 2]

@@ -142,7 +142,8 @@ def test_a_search_prints_only_what_it_reads_and_the_file_resolves_to_it(command,
 
 @pytest.mark.parametrize("command, fragment", [
     (["evolve", "--limit", "5"], "--limit does nothing in a ga search: only the grid sampler reads it"),
-    (["search", "run", "--sampler", "tpe", "--population", "4", "--max-evaluations", "100"],
+    (["search", "run", "--sampler", "tpe", "--population", "4", "--generations", "10",
+      "--max-evaluations", "100"],
      "--max-evaluations 100 is more than"),
     (["grid", "--space", "no-such-space"], "no-such-space"),
 ])

@@ -17,6 +17,7 @@ from typing import Callable, Optional, Protocol, Sequence
 
 from towerlab.search.candidates import Candidate, Outcome, candidate_seed
 from towerlab.search.history import rank_key
+from towerlab.search.judge import Judgement
 from towerlab.search.pruners import Ladder
 from towerlab.search.store.records import Records
 from towerlab.search.store.rows import Evaluation
@@ -101,8 +102,9 @@ class Played(Protocol):
     def holds(self, genome_hash: str, rung: int, generation: int) -> bool:
         """Whether the genome holds `rung` from before `generation`, at no cost."""
 
-    def used(self, generation: int) -> list[int]:
-        """The rungs `generation` trains at, rising (the pruner's judge's: the last always)."""
+    def judged(self, generation: int) -> Judgement:
+        """How the pruner's judge sees the rungs in `generation`: the rungs it trains at (`used`: the last
+        always) and those of them that promote every member (`probed`)."""
 
 
 class Climb:
@@ -110,11 +112,12 @@ class Climb:
     decided when all of its results are in, exactly as rung by rung; before that, a genome whose
     place is certain (`_certain`) is handed out for the next rung already. `first`: each distinct
     genome's first index in the generation. It climbs the rungs its judge uses (`used`) alone: from
-    one, the promoted go on to the next one used."""
+    one, the promoted go on to the next one used (from a probed one, every member that succeeded)."""
 
     def __init__(self, rounds: Played, generation: int, genomes: Sequence[dict], first: dict[str, int]) -> None:
         self.rounds, self.generation, self.genomes, self.first = rounds, generation, genomes, first
-        self.used = rounds.used(generation)
+        judged = rounds.judged(generation)
+        self.used, self.probed = judged.used, judged.probed
         self.rung, self.alive = self.used[0], list(first)
         self.rows: dict[tuple[str, int], Evaluation] = {}  # (genome hash, rung) -> its row
         self.handed: set[tuple[str, int]] = set()  # handed out for training, not recorded yet
@@ -192,12 +195,14 @@ class Climb:
         `running` give, and that must train for it (not held)."""
         done = [h for h in self.alive if h not in running]
         ok = self._ranked([h for h in done if self.rows[h, self.rung].status == "ok"])
+        if self.rung in self.probed:  # every member goes on
+            return [h for h in ok if h not in self._holding()]
         return self.rounds.ladder.pruner.sure(ok, len(done), running, self._holding())
 
     def _promote(self) -> None:
         """Decide the current rung on all its results and move to the next."""
         ok = self._ranked([h for h in self.alive if self.rows[h, self.rung].status == "ok"])
-        promoted = self.rounds.ladder.pruner.promoted(ok, self._holding())
+        promoted = set(ok) if self.rung in self.probed else self.rounds.ladder.pruner.promoted(ok, self._holding())
         following = self._next
         early = {h for (h, rung) in (*self.rows, *self.handed) if rung == following}
         if not early <= promoted:

@@ -13,7 +13,14 @@ The rule: rung r is used (its members trained there and the best 1/--prune-facto
 halving does) where at least MIN_PAIRS pairs show a Spearman rank correlation of at least MIN_CORRELATION;
 otherwise it is skipped, and its members go on to the next rung used. The last rung is always trained. A
 generation without evidence (the first) skips every rung below the last: an unpruned generation, whose
-curves are the evidence for the next. No numpy, no torch.
+curves are the evidence for the next.
+
+Where no curve reaches rung r (the last rung's trainings reported none, or none that long: an objective that
+returns its score alone, or a fidelity that is no training's length, such as a share of the data), the pairs
+can come only from trainings at the rung: rung r is probed, its members trained there and every one of them
+going on, until MIN_PAIRS genomes were (the evidence then judges it as above). A probed genome costs the
+rung's training more where its training starts again at the next rung, nothing where it continues.
+No numpy, no torch.
 """
 
 from __future__ import annotations
@@ -84,12 +91,14 @@ def curve_fitness(row: Evaluation, epochs: int, goal: Goal) -> Optional[float]:
 @dataclass(frozen=True)
 class Verdict:
     """How the judge sees one rung below the last: its `rung` (0: the first) and `epochs`, the rank
-    `correlation` of its pairs with the last rung (None: too few to tell) over `pairs` of them."""
+    `correlation` of its pairs with the last rung (None: too few to tell) over `pairs` of them; `probed`,
+    whether the generation trains it to gather pairs that no curve gives (every member going on)."""
 
     rung: int
     epochs: int
     correlation: Optional[float]
     pairs: int
+    probed: bool = False
 
     @property
     def used(self) -> bool:
@@ -98,6 +107,9 @@ class Verdict:
     def text(self) -> str:
         """"rung 1 (1 epoch): rank correlation 0.02 over 12 pairs, skipped" (rungs counted from 1)."""
         what = f"rung {self.rung + 1} ({self.epochs} epoch{'' if self.epochs == 1 else 's'}): "
+        if self.probed and not self.used:
+            return what + (f"no learning curve reaches it, trained to see how it ranks ({self.pairs} of the "
+                           f"{MIN_PAIRS} genomes it takes to judge), none pruned")
         if self.pairs < MIN_PAIRS:
             return what + f"{self.pairs} of the {MIN_PAIRS} genomes it takes to judge, skipped"
         if self.correlation is None:
@@ -107,7 +119,7 @@ class Verdict:
 
     def to_json(self) -> dict:
         return {"rung": self.rung, "epochs": self.epochs, "correlation": self.correlation, "pairs": self.pairs,
-                "used": self.used}
+                "used": self.used, "probed": self.probed and not self.used}
 
 
 @dataclass(frozen=True)
@@ -118,14 +130,20 @@ class Judgement:
 
     @property
     def used(self) -> list[int]:
-        """The rungs a generation trains at, rising: those shown to rank, and the last."""
-        return [v.rung for v in self.verdicts if v.used] + [len(self.verdicts)]
+        """The rungs a generation trains at, rising: those shown to rank, those probed, and the last."""
+        return [v.rung for v in self.verdicts if v.used or v.probed] + [len(self.verdicts)]
+
+    @property
+    def probed(self) -> set[int]:
+        """The rungs a generation trains at that promote every member (probed, not shown to rank)."""
+        return {v.rung for v in self.verdicts if v.probed and not v.used}
 
     def text(self) -> str:
         return "; ".join(v.text() for v in self.verdicts)
 
     def to_json(self) -> list[dict]:
-        """As summary.json records it ("pruning"): each verdict's rung (from 0), epochs, correlation, pairs, used."""
+        """As summary.json records it ("pruning"): each verdict's rung (from 0), epochs, correlation, pairs, used,
+        probed."""
         return [v.to_json() for v in self.verdicts]
 
 
@@ -138,15 +156,19 @@ class Evidence:
         self.final: dict[str, float] = {}  # genome hash -> fitness at the last rung
         self.curves: dict[str, list[Optional[float]]] = {}  # ... at each lower rung's epochs, by its curve
         self.trained: dict[tuple[str, int], float] = {}  # (genome hash, rung) -> the rung's training's fitness
+        self.tried: list[set[str]] = [set() for _ in self.epochs[:-1]]  # each rung's genomes trained there, any end
 
     def add(self, rows: Iterable[Evaluation]) -> None:
-        """The search's own successful evaluations (replicate 0), any order."""
+        """The search's own evaluations (replicate 0; the successful ones are evidence), any order."""
         last = len(self.epochs) - 1
         for row in rows:
-            if row.status != "ok" or row.fitness is None or row.replicate != 0 \
-                    or row.train_config_hash not in self.hashes:
+            if row.replicate != 0 or row.train_config_hash not in self.hashes:
                 continue
             rung = self.hashes.index(row.train_config_hash)
+            if rung < last:
+                self.tried[rung].add(row.genome_hash)
+            if row.status != "ok" or row.fitness is None:
+                continue
             if rung == last:
                 self.final[row.genome_hash] = row.fitness
                 self.curves[row.genome_hash] = [curve_fitness(row, e, self.goal) for e in self.epochs[:-1]]
@@ -168,5 +190,11 @@ class Evidence:
         verdicts = []
         for rung, epochs in enumerate(self.epochs[:-1]):
             pairs = self.pairs(rung)
-            verdicts.append(Verdict(rung, epochs, spearman(pairs), len(pairs)))
+            verdicts.append(Verdict(rung, epochs, spearman(pairs), len(pairs), self._probed(rung)))
         return Judgement(tuple(verdicts))
+
+    def _probed(self, rung: int) -> bool:
+        """Whether `rung` is probed: the last rung was trained, no curve of it reaches the rung, and fewer than
+        MIN_PAIRS genomes were trained at the rung."""
+        return bool(self.final) and all(self.curves[h][rung] is None for h in self.final) \
+            and len(self.tried[rung]) < MIN_PAIRS

@@ -12,6 +12,7 @@ from dataclasses import replace
 from typing import Optional
 
 from towerlab.config import SearchConfig
+from towerlab.search.judge import MIN_PAIRS
 from towerlab.search.pruners import make_pruner
 from towerlab.search.samplers import Shape
 
@@ -23,7 +24,7 @@ DEFAULT_REMEASURE = 2
 REMEASURE_SHARE = 0.25
 
 
-def planned_trainings(cfg: SearchConfig, shape: Shape, tests: bool = True) -> dict:
+def planned_trainings(cfg: SearchConfig, shape: Shape, tests: bool = True, probes: bool = False) -> dict:
     """The most trainings the search's budget holds, by purpose, and their epochs: `search`, members
     trained for the first time (population x generations, or --max-evaluations, or as many first rungs
     as --budget-epochs holds); `rungs`, a pruned search's promotions to its higher rungs (as many as its
@@ -31,9 +32,18 @@ def planned_trainings(cfg: SearchConfig, shape: Shape, tests: bool = True) -> di
     generation's elite; `test`, the top once each (none where it `tests` nothing). A store that serves
     some of them, early stopping and failures make fewer. A pruned search's generations train at the
     rungs its judge uses (`towerlab.search.judge`: the last, and those below it shown to rank), which no
-    plan can know: the counts are those of every rung used, the epochs the most any choice of rungs takes."""
-    plans = [_planned(cfg, shape, tests, first) for first in range(len(make_pruner(cfg).rungs))]
-    return {**plans[0], "epochs": max(plan["epochs"] for plan in plans)}
+    plan can know: the counts are those of every rung used, the epochs the most any choice of rungs takes.
+    `probes`: its trainings may report no learning curve (an objective of yours), so its judge may probe its
+    rungs, each probed genome trained at every rung: fewer than MIN_PAIRS genomes, and the generations
+    that begin before their trainings are judged on (two at most), more (`towerlab.search.judge`)."""
+    ladder = make_pruner(cfg).rungs
+    plans = [_planned(cfg, shape, tests, first) for first in range(len(ladder))]
+    plan = {**plans[0], "epochs": max(plan["epochs"] for plan in plans)}
+    if probes and len(ladder) > 1:
+        probed = min(plan["search"], MIN_PAIRS - 1 + 2 * shape.population)
+        plan["rungs"] += probed * (len(ladder) - 1)
+        plan["epochs"] += probed * sum(ladder[1:])
+    return plan
 
 
 def _planned(cfg: SearchConfig, shape: Shape, tests: bool, first: int) -> dict:

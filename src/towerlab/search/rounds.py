@@ -3,16 +3,15 @@
 crowned. No torch here; the counts are defined in `towerlab.search.history`.
 
 Every unique genome of a generation trains for the first rung's epochs that the pruner's judge uses
-(`used`: the rungs the search's own earlier generations showed to rank as the last does,
-`towerlab.search.judge`; the last always); the pruner promotes some of them to the next rung used, and
-so on up to `--max-epochs`. A genome the store already holds at the next rung goes on at no cost, so it
-keeps the rung it reached in an earlier generation.
-A higher rung trains the genome again from scratch, with the same seed, for more epochs. That
-costs the lower rungs' epochs once more for the few promoted (about 1/prune_factor extra under
-successive halving), and buys exactness: a rung's result is the very training an unpruned search
-with that many epochs makes, whichever worker runs it, so it is cached and replayed like any other
-evaluation and no weights travel between workers or sit in the store. Each rung's trainings are
-stored under their own training-config hash (`towerlab.search.pruners.Ladder`).
+(`used`: the rungs the search's own earlier generations showed to rank as the last does, and those it
+probes, `towerlab.search.judge`; the last always); the pruner promotes some of them to the next rung used
+(at a probed rung, all), and so on up to `--max-epochs`. A genome the store already holds at the next rung
+goes on at no cost, so it keeps the rung it reached in an earlier generation.
+A higher rung is the training with the same seed for more epochs, continued from the rung below where it
+can be (`Candidate.starts`), to the numbers a training started again gives: a rung's result is the very
+training an unpruned search with that many epochs makes, whichever worker runs it, so it is cached and
+replayed like any other evaluation and no weights travel between workers or sit in the store. Each rung's
+trainings are stored under their own training-config hash (`towerlab.search.pruners.Ladder`).
 
 A generation's members are cut where --max-evaluations' budget of new trainings is reached, or the
 first rungs that --budget-epochs leaves it (`begin`, `epochs_left`); a generation the store holds keeps
@@ -239,7 +238,7 @@ class Rounds:
         return self._judged[generation]
 
     def used(self, generation: int) -> list[int]:
-        """The rungs `generation` trains at, rising: those its judge showed to rank, and the last."""
+        """The rungs `generation` trains at, rising: those its judge showed to rank or probes, and the last."""
         return self.judged(generation).used
 
     def served(self, genome_hash: str, rung: int, generation: int) -> Optional[Evaluation]:

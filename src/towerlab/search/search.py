@@ -143,7 +143,7 @@ class Search:
     @functools.cached_property
     def plan(self) -> dict:
         """`planned_trainings` of this search."""
-        return planned_trainings(self.cfg, self.shape, self.tests_top)
+        return planned_trainings(self.cfg, self.shape, self.tests_top, probes=self.own)
 
     @property
     def generations(self) -> int:

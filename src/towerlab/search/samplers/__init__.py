@@ -134,7 +134,12 @@ class Sampler:
         asynchronous search's generations are one candidate each."""
         if cls.asynchronous(cfg, settings):
             return Shape(1, 0, cls.one_generation, asynchronous=True)
-        return Shape(cfg.population or cls.default_population, 0, cls.one_generation)
+        return Shape(cls.generation_size(cfg), 0, cls.one_generation)
+
+    @classmethod
+    def generation_size(cls, cfg: SearchConfig) -> int:
+        """The members of each of its generations, in a search in generations: --population, or its default."""
+        return cfg.population or cls.default_population
 
     @classmethod
     def needs(cls, cfg: SearchConfig, space: Space) -> None:
@@ -155,15 +160,20 @@ class Sampler:
         """The generations a search of `space` under `cfg` runs at most: --generations, or its own default.
         An asynchronous search's generations are its candidates: as many as its budget holds
         (--max-evaluations, or the trainings --budget-epochs pays for), else its own default's
-        trainings (population x generations)."""
+        trainings (population x generations). A search in generations runs its default's, or as many as
+        its budget may take where that is more (each generation's members trained at its shortest rung
+        alone): a budget is spent, not cut short by a default it never named."""
         if cfg.generations is not None:
             return cfg.generations
+        shortest = cfg.min_epochs or cfg.max_epochs
+        budgets = [b for b in (cfg.max_evaluations,
+                               None if cfg.budget_epochs is None else -(-cfg.budget_epochs // shortest))
+                   if b is not None]
         if cls.asynchronous(cfg, cls.own(cfg)):
-            budgets = [b for b in (cfg.max_evaluations,
-                                   None if cfg.budget_epochs is None else -(-cfg.budget_epochs // cfg.max_epochs))
-                       if b is not None]
             return min(budgets) if budgets else cls.default_population * cls.default_generations
-        return cls.default_generations
+        if not budgets:
+            return cls.default_generations
+        return max(cls.default_generations, -(-min(budgets) // cls.generation_size(cfg)))
 
     @classmethod
     def reads(cls) -> tuple[str, ...]:

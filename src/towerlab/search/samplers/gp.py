@@ -47,7 +47,6 @@ auto hands such searches to TPE after 250 outcomes.
 
 from __future__ import annotations
 
-import dataclasses
 import warnings
 from typing import Any, Mapping, Optional, Sequence
 
@@ -93,10 +92,14 @@ class GPSampler(Sampler):
     tpe_after: Optional[int] = None
 
     @classmethod
+    def generation_size(cls, cfg: SearchConfig) -> int:
+        if cfg.population is None and cfg.min_epochs is not None:  # a pruned generation's members race each other
+            return 2
+        return super().generation_size(cfg)
+
+    @classmethod
     def shape(cls, cfg: SearchConfig, space: Space, settings: SamplerSettings) -> Shape:
         shape = super().shape(cfg, space, settings)
-        if cfg.population is None and cfg.min_epochs is not None:  # a pruned generation's members race each other
-            shape = dataclasses.replace(shape, population=2)
         generations = cls.generations(cfg, space)
         planned = shape.population * generations
         planned = planned if cfg.max_evaluations is None else min(planned, cfg.max_evaluations)

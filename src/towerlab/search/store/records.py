@@ -221,9 +221,10 @@ class Records:
                                    " WHERE search_id = ? AND generation < ?", (max_epochs, search_id, before))[0]["n"])
 
     def own_history(self, search_id: int, since: int, before: int) -> list[Evaluation]:
-        """The search's own successful evaluations (replicate 0) of generations `since` to `before` (not
-        included), in the order they finished: what the pruner's judge learns from (`towerlab.search.judge`)."""
-        rows = self._rows.read("SELECT * FROM evaluations WHERE search_id = ? AND replicate = 0 AND status = 'ok'"
+        """The search's own evaluations (replicate 0) of generations `since` to `before` (not included), in
+        the order they finished: what the pruner's judge learns from (`towerlab.search.judge`: the successful
+        ones, and where it probed)."""
+        rows = self._rows.read("SELECT * FROM evaluations WHERE search_id = ? AND replicate = 0"
                                " AND generation >= ? AND generation < ? ORDER BY id", (search_id, since, before))
         return [self._rows.evaluation(r) for r in rows]
 

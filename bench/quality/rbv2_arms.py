@@ -28,9 +28,12 @@ from typing import Any, Callable
 
 from bench.common.record import REPO
 from bench.quality import anchors
-from bench.quality.rbv2_problem import SPACE, SPACE_FILE, BudgetSpent, Ledger, Surrogate
+from bench.quality.rbv2_problem import FULL_EPOCHS, SPACE, SPACE_FILE, BudgetSpent, Ledger, Surrogate
 
 Arm = Callable[[Surrogate, int, Ledger], dict]
+# The re-measures the default search makes after its 150 trainings (2 fresh seeds for each of its top 5), which
+# a search under --budget-epochs makes within it: the pruned arm's budget holds them besides the 150.
+DEFAULT_REMEASURES = 10
 
 
 def optuna_arm(make_sampler: Callable[[Any, int], Any]) -> Arm:
@@ -51,25 +54,32 @@ def hebo(surrogate: Surrogate, seed: int, ledger: Ledger) -> dict:
     return anchors.hebo_run(SPACE, lambda c: ledger.train(surrogate, c), ledger.budget, seed)
 
 
-def towerlab_cli(options: tuple[str, ...] = (), says: str | None = None) -> Arm:
+def towerlab_cli(options: tuple[str, ...] = (), says: str | None = None, pruned: bool = False) -> Arm:
     """towerlab's search through its command line with `options` beside the budget and seed (none: its
     default), on its default workers; the ledger charged its rows in the order they finished (re-measures
-    included: they come after the search's 150). `says`: what its first line must hold (the sampler `auto`
-    chose), or the run is refused."""
+    included: they come after the search's 150), each the share of a full training it trained, its accuracy
+    in the trace where it is a full training. `says`: what its first line must hold (the sampler `auto`
+    chose), or the run is refused. `pruned`: the search prunes on the share of the training data
+    (`objective_trainsize`, --max-epochs FULL_EPOCHS), its budget --budget-epochs: the 150 trainings and the
+    epochs it keeps for re-measuring its top, which the default search spends after its 150."""
 
     def run(surrogate: Surrogate, seed: int, ledger: Ledger) -> dict:
-        return _towerlab_cli(surrogate, seed, ledger, options, says)
+        return _towerlab_cli(surrogate, seed, ledger, options, says, pruned)
 
     return run
 
 
-def _towerlab_cli(surrogate: Surrogate, seed: int, ledger: Ledger, options: tuple[str, ...], says: str | None) -> dict:
+def _towerlab_cli(surrogate: Surrogate, seed: int, ledger: Ledger, options: tuple[str, ...], says: str | None,
+                  pruned: bool) -> dict:
     problem_file = Path(__file__).resolve().parent / "rbv2_problem.py"
+    budget = (("--objective", f"{problem_file}:objective_trainsize", "--max-epochs", str(FULL_EPOCHS),
+               "--budget-epochs", str((ledger.budget + DEFAULT_REMEASURES) * FULL_EPOCHS))
+              if pruned else ("--objective", f"{problem_file}:objective", "--max-evaluations", str(ledger.budget)))
     with tempfile.TemporaryDirectory() as folder:
         started = time.time()
         done = subprocess.run(
-            [sys.executable, "-m", "towerlab", "search", "run", "--objective", f"{problem_file}:objective",
-             "--space", str(SPACE_FILE), "--metric", "acc", "--max-evaluations", str(ledger.budget), "--seed", str(seed),
+            [sys.executable, "-m", "towerlab", "search", "run", *budget,
+             "--space", str(SPACE_FILE), "--metric", "acc", "--seed", str(seed),
              *options, "--no-progress", "--out", "out"],
             cwd=folder, capture_output=True, text=True,
             env={**os.environ, "RBV2_TASK": surrogate.task,
@@ -81,16 +91,21 @@ def _towerlab_cli(surrogate: Surrogate, seed: int, ledger: Ledger, options: tupl
         if says is not None and not any(says in line for line in first_line):
             raise RuntimeError(f"towerlab on task {surrogate.task} seed {seed} did not say {says!r}: {first_line}")
         with sqlite3.connect(Path(folder, "out", "search.db")) as db:
-            rows = db.execute("SELECT status, fitness, replicate, genome FROM evaluations ORDER BY id").fetchall()
+            rows = db.execute("SELECT status, fitness, replicate, genome, max_epochs, continued FROM evaluations"
+                              " ORDER BY id").fetchall()
             proposed = [json.loads(p) for (p,) in db.execute("SELECT proposed FROM generations WHERE proposed IS NOT"
                                                              " NULL ORDER BY generation")]
         config = json.loads(Path(folder, "out", "config.json").read_text())
-    for status, fitness, _, _ in rows:
-        ledger.trainings += 1
-        if status == "ok" and fitness is not None:
+        summary = json.loads(Path(folder, "out", "summary.json").read_text())
+    full = config["search"]["max_epochs"]
+    for status, fitness, _, _, epochs, continued in rows:
+        ledger.trainings += (epochs - continued) / full
+        if status == "ok" and fitness is not None and epochs == full:
             ledger.trace.append((ledger.trainings, fitness))
     return {"sampler_seconds": None, "search_wall_seconds": wall, "first_line": first_line,
             "remeasures": sum(r[2] > 0 for r in rows), "genomes": [json.loads(r[3]) for r in rows if r[2] == 0],
+            **({"rows_by_epochs": {str(e): sum(r[4] == e for r in rows) for e in sorted({r[4] for r in rows})},
+                "pruning": summary.get("pruning")} if pruned else {}),
             "quick_proposals": sum(bool(p.get("quickly")) for p in proposed),
             "in_flight_at_proposal": [len(p.get("in_flight", [])) for p in proposed],
             "resolved": {k: config.get("search", {}).get(k) for k in ("sampler", "population", "remeasure")}}
@@ -163,6 +178,10 @@ ARMS: dict[str, tuple[str, Arm]] = {
     "hebo": ("HEBO", hebo),
     "towerlab": ("towerlab's default search (search run --objective, its default workers; auto -> gp)",
                  towerlab_cli(says="auto (chose gp")),
+    "towerlab-pruned": ("towerlab's default search pruned on the share of the training data (search run --objective "
+                        "with trainsize = epochs / 27, --max-epochs 27 --min-epochs 1, its judge deciding the rungs; "
+                        "its default workers)", towerlab_cli(("--min-epochs", "1", "--generations", "1000"), says="auto (chose gp",
+                                                    pruned=True)),
     "towerlab-code-before": ("towerlab's default search, the same command run on the code before this record's "
                              "(PYTHONPATH naming a checkout of it)", towerlab_cli(says="auto (chose gp")),
     "towerlab-tpe": ("towerlab's search run with its former default (auto -> tpe for a listed gene), its default "
@@ -182,7 +201,7 @@ ARMS: dict[str, tuple[str, Arm]] = {
                                 towerlab_serial({"sampler": "tpe"},
                                                 _tpe_patched_with({"multivariate": True, "group": False}))),
 }
-OWN_WORKERS = ("towerlab", "towerlab-code-before", "towerlab-tpe", "towerlab-sampler-tpe")  # arms whose search starts processes of its own
+OWN_WORKERS = ("towerlab", "towerlab-pruned", "towerlab-code-before", "towerlab-tpe", "towerlab-sampler-tpe")  # arms whose search starts processes of its own
 ANCHORS = ("random", "tpe", "tpe-mv", "gp", "smac-hpo", "smac-bb", "hebo")
 RECORDED = (*ANCHORS, "towerlab-serial", "towerlab-serial-joint", "towerlab-serial-gp", "towerlab-tpe", "towerlab-sampler-tpe",
             "towerlab")

@@ -8,7 +8,9 @@ random configurations, cached in bench/results/quality/rbv2-xgboost-random-20000
 The 10 tasks of ../shared/data/rbv2_xgboost/OPEN.md are measured and tuned on (`TASKS`); the other 109 are
 kept for an independent check. The surrogate (yahpo-gym, onnxruntime) is a benchmark dependency, not
 towerlab's: its module is imported where a task is opened. `objective` is the surrogate as a user's function
-objective (`towerlab search run --objective bench/quality/rbv2_problem.py:objective`, the task in $RBV2_TASK).
+objective (`towerlab search run --objective bench/quality/rbv2_problem.py:objective`, the task in $RBV2_TASK);
+`objective_trainsize` the same with the share of the training data as its fidelity, for a pruned search: a
+training of `epochs` is the surrogate at trainsize epochs / FULL_EPOCHS, and costs that share of a training.
 """
 
 from __future__ import annotations
@@ -32,6 +34,10 @@ HERE = Path(__file__).resolve().parent
 TASKS = ("12", "1501", "16", "40499", "1067", "1461", "1590", "31", "40983", "4534")
 BUDGET = 150  # trainings a run may do, each at the full fidelity
 FIDELITY = {"trainsize": 1.0, "repl": 10}
+# A pruned search's --max-epochs: `objective_trainsize` reads a training of e epochs at trainsize e / 27, so
+# that --min-epochs 1 and the default --prune-factor 3 give rungs of trainsize 1/27, 1/9, 1/3 and 1 (the
+# surrogate's range is 0.03 to 1; Hyperband's brackets with eta 3).
+FULL_EPOCHS = 27
 SPACE_FILE = HERE / "rbv2_xgboost.toml"
 SPACE = load_space(SPACE_FILE, objective=True)
 REFERENCE = RESULTS / "quality" / "rbv2-xgboost-random-20000.json"
@@ -69,11 +75,11 @@ class Surrogate:
         self.task = task
         self._seen: dict[str, float] = {}
 
-    def _row(self, config: Mapping[str, Any]) -> dict:
-        return {**active(config), **FIDELITY, "task_id": self.task}
+    def _row(self, config: Mapping[str, Any], trainsize: float = 1.0) -> dict:
+        return {**active(config), **FIDELITY, "trainsize": trainsize, "task_id": self.task}
 
-    def acc(self, config: Mapping[str, Any]) -> float:
-        row = self._row(config)
+    def acc(self, config: Mapping[str, Any], trainsize: float = 1.0) -> float:
+        row = self._row(config, trainsize)
         key = json.dumps(row, sort_keys=True)
         if key not in self._seen:
             self._seen[key] = float(self._bench.objective_function([row], multithread=False)[0]["acc"])
@@ -93,11 +99,11 @@ class BudgetSpent(BaseException):
 
 class Ledger:
     """The trainings a run has done and, after each, its accuracy (`trace`: (trainings, acc)); one past the
-    budget is not done (BudgetSpent)."""
+    budget is not done (BudgetSpent). A training on a share of the data counts as that share of one."""
 
     def __init__(self, budget: int = BUDGET) -> None:
-        self.budget, self.trainings = budget, 0
-        self.trace: list[tuple[int, float]] = []
+        self.budget, self.trainings = budget, 0.0
+        self.trace: list[tuple[float, float]] = []
 
     def train(self, surrogate: Surrogate, config: Mapping[str, Any]) -> float:
         if self.trainings >= self.budget:
@@ -108,7 +114,7 @@ class Ledger:
         return accuracy
 
 
-def incumbent(trace: list[tuple[int, float]], trainings: float) -> float | None:
+def incumbent(trace: list[tuple[float, float]], trainings: float) -> float | None:
     """The best accuracy among the first `trainings` (None: none yet)."""
     found = [a for n, a in trace if n <= trainings]
     return max(found) if found else None
@@ -159,3 +165,12 @@ def objective(**genes: Any) -> dict:
     if task not in _surrogates:
         _surrogates[task] = Surrogate(task)
     return {"acc": _surrogates[task].acc(genes)}
+
+
+def objective_trainsize(epochs: int, **genes: Any) -> dict:
+    """`objective` trained on the share epochs / FULL_EPOCHS of the task's training data (a pruned search's rung
+    is a share of the data, and reports no learning curve)."""
+    task = os.environ["RBV2_TASK"]
+    if task not in _surrogates:
+        _surrogates[task] = Surrogate(task)
+    return {"acc": _surrogates[task].acc(genes, epochs / FULL_EPOCHS)}

@@ -145,7 +145,7 @@ def regrets(results: list[dict], reference: dict, budget: int, carried: dict | N
     # the default, and the former default's runs, each against every anchor and the default against its
     # former runs and its former sampler on the same code ("ARM vs OTHER")
     for arm, others in (("towerlab", (*anchors, "towerlab-tpe", "towerlab-sampler-tpe", "towerlab-serial-gp")),
-                        ("towerlab-tpe", (*anchors, "towerlab-sampler-tpe"))):
+                        ("towerlab-tpe", (*anchors, "towerlab-sampler-tpe")), ("towerlab-pruned", ("towerlab",))):
         for other in others:
             if arm in out and other in out:
                 paired[f"{arm} vs {other}"] = _paired(results, at, budget, arm, other)
@@ -207,7 +207,9 @@ def figures(measured: dict, prefix: str = "rbv2") -> list[dict]:
         pct = round(100 * float(p))
         for arm, fid, what in (("towerlab", "default", "towerlab's default search, on its default workers"),
                                ("towerlab-tpe", "former_default", "towerlab's former default (auto -> tpe for a "
-                                                                  "listed gene), on its default workers")):
+                                                                  "listed gene), on its default workers"),
+                               ("towerlab-pruned", "pruned", "towerlab's default search pruned on trainsize (each "
+                                                             "evaluation charged its trainsize), on its default workers")):
             if arm in arms:
                 out.append({"id": f"{prefix}_regret_{fid}_{pct}", "value": arms[arm]["points"][p],
                             "detail": {"what": what, "arm": arm, "runs": arms[arm]["runs"], "seeds": _seeds(arms[arm]),

@@ -182,6 +182,17 @@ def test_probing_stops_once_min_pairs_genomes_were_tried_whatever_they_gave(tmp_
            f"rung 2 (3 epochs): 0 of the {MIN_PAIRS} genomes it takes to judge, skipped" in shown
 
 
+def test_a_budget_in_epochs_charges_a_probed_generation_every_rung_its_members_train(tmp_path):
+    """A probed generation's members each train every rung up to the first one pruned at or the last (13 epochs
+    here, not the first rung's 1): --budget-epochs counts them so, and the search stops within one member of it."""
+    cfg = pruned(sampler="random", population=MIN_PAIRS, generations=100, budget_epochs=300)
+    path = tmp_path / "s.db"
+    result = search(path, cfg, serial(without_curve("reversed")))
+    epochs = Counter(trained(path))
+    assert result.ended == "budget_epochs" and epochs[2, 1] == epochs[2, 3] > 0  # generation 2 probed
+    assert 300 - 13 < sum(e * n for (_, e), n in epochs.items()) <= 300 + 13
+
+
 def mixed_workers(seed: int):
     """An evaluator that emulates 3 workers finishing in a random order, asking for the work that unlocks
     after every result (as the queue's driver does)."""

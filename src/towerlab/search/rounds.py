@@ -113,14 +113,25 @@ class Rounds:
         the generations before were charged (each the epochs it was given, its whole rung whatever it
         trained: every rung and re-measure) and, where the generation before is still `in_flight`, its
         `in_flight` new first rungs, in first rungs (the last one may pass the budget). `following`: for the
-        generation after `generation`, which is the one still in flight. A first rung is the first that
-        its generation trains (`used`)."""
+        generation after `generation`, which is the one still in flight. A first rung is what each new member
+        of its generation is sure to train (`_sure`)."""
         if self.budget_epochs is None:
             return None
-        first = self.ladder.epochs[self.used(generation + 1 if following else generation)[0]]
-        charged = self.ladder.epochs[self.used(generation if following else max(0, generation - 1))[0]]
+        first = self._sure(generation + 1 if following else generation)
+        charged = self._sure(generation if following else max(0, generation - 1))
         given = self.records.epochs_given(self.search_id, generation, self.ladder.epochs[-1]) + in_flight * charged
         return max(0, -(-(self.budget_epochs - given) // first))
+
+    def _sure(self, generation: int) -> int:
+        """The epochs each new member of `generation` trains whatever its results: the first rung it trains,
+        and each one after a probed rung (every member goes on from one: `towerlab.search.judge`)."""
+        judged = self.judged(generation)
+        sure = 0
+        for rung in judged.used:
+            sure += self.ladder.epochs[rung]
+            if rung not in judged.probed:
+                return sure
+        return sure
 
     # -- a generation -----------------------------------------------------------------------------
 

@@ -479,3 +479,7 @@ def test_a_pruned_search_of_an_objective_without_a_curve_probes_its_rungs_then_p
     assert all(v["pairs"] >= 16 and v["correlation"] == 1.0 for v in pruning)
     shown = run_cli("search", "show", "s", cwd=folder)
     assert shown.returncode == 0 and "rung 1 (1 epoch): rank correlation 1.00 over " in shown.stdout
+    # search run says each new decision of the judge as the generations complete, and only those
+    said = [line for line in done.stdout.splitlines() if line.startswith("Pruning, judged on the generations so far: ")]
+    assert len(said) == 2 and "rung 1 (1 epoch): no learning curve reaches it, trained to see how it ranks (" \
+        in said[0] and "rung 2 (3 epochs): rank correlation 1.00 over " in said[1] and said[1].endswith("pruning")

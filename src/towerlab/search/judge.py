@@ -138,6 +138,11 @@ class Judgement:
         """The rungs a generation trains at that promote every member (probed, not shown to rank)."""
         return {v.rung for v in self.verdicts if v.probed and not v.used}
 
+    @property
+    def decided(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """What it decides, its counts aside: the rungs trained at, and those of them probed."""
+        return tuple(self.used), tuple(sorted(self.probed))
+
     def text(self) -> str:
         return "; ".join(v.text() for v in self.verdicts)
 

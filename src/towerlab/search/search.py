@@ -260,11 +260,13 @@ class Search:
         store.records.update_setup(self.stored_id, merged)
         return replace(self, setup=merged)
 
-    def judgement(self, store: Store) -> Optional[Judgement]:
-        """How its pruner's judge sees its rungs on every generation it completed (None: it is not pruned)."""
+    def judgement(self, store: Store, generations: Optional[int] = None) -> Optional[Judgement]:
+        """How its pruner's judge sees its rungs on every generation it completed, or on its first `generations`
+        (None: it is not pruned)."""
         if len(self.pruner.rungs) < 2:
             return None
-        complete = sum(g.complete for g in store.records.generations(self.stored_id))
+        complete = generations if generations is not None else \
+            sum(g.complete for g in store.records.generations(self.stored_id))
         evidence = Evidence(self.ladder.epochs, self.ladder.hashes, self.goal)
         evidence.add(store.records.own_history(self.stored_id, 0, complete))
         return evidence.judge()

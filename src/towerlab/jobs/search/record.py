@@ -7,7 +7,6 @@ fitness.png, accuracy_time.png, summary.json and, with --export-best, model.pt."
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from dataclasses import dataclass
@@ -30,7 +29,7 @@ from towerlab.report import Reporter, format_cost, format_estimate, format_gener
 from towerlab.search import Search, SearchResult, evaluation_records
 from towerlab.search.history import GenerationStats
 from towerlab.search.testing import top_tests
-from towerlab.search.views.show import workers_now
+from towerlab.search.views.show import numerics_text, numerics_used, workers_now
 from towerlab.search.store import Store
 
 STATUS_EVERY = 30.0  # seconds without a line after which a job without a progress bar says where it stands
@@ -63,6 +62,7 @@ class Watch:
         self.plotted: set[int] = set()
         self.best: Optional[float] = None
         self.judged = not search.own or search.plan["search"] <= FIRST_RESULTS  # stopped on its first results?
+        self.pruning = None if (judged := search.judgement(store)) is None else judged.decided  # as last said
 
     def step(self) -> bool:
         try:  # `rm -rf` mid-search: one line here, not a traceback at a write into the folder
@@ -98,6 +98,10 @@ class Watch:
                 break
             stats = self.search.shown(GenerationStats(**gen.final_stats, replayed=gen.generation in self.replayed))
             self._line(format_generation(stats, self.search.generations))
+            judged = self.search.judgement(self.store, stats.generation + 1)
+            if judged is not None and judged.decided != self.pruning:  # the pruner's judge decides anew
+                self.pruning = judged.decided
+                self._line(f"Pruning, judged on the generations so far: {judged.text()}")
             if self.tb is not None:
                 for key in ("best", "mean", "worst", "evaluated", "cached", "failed", "seconds"):
                     if getattr(stats, key) is not None:
@@ -214,21 +218,6 @@ def cost(store: Store, search: Search, tested: list[float]) -> dict:
     return {"search": part([e.seconds for e in searched], given),
             "remeasure": part([e.seconds for e in remeasured], [e.max_epochs for e in remeasured]),
             "test": part(tested, list(tests))}
-
-
-def numerics_used(store: Store, result: SearchResult) -> list[dict]:
-    """The distinct numerics (device, threads, precision, torch) of the trainings this search made
-    and of those the store served its top from (another search's, in a shared store); unknown
-    ones (rows from before they were recorded) left out."""
-    rows = [*store.records.evaluations(result.search_id),
-            *(store.records.lookup(t.genome_hash, t.train_config_hash, result.search_id) for t in result.top)]
-    used = {json.dumps(r.numerics, sort_keys=True) for r in rows if r is not None and r.numerics}
-    return [json.loads(n) for n in sorted(used)]
-
-
-def numerics_text(numerics: dict) -> str:
-    return (f"{numerics.get('device')}, {numerics.get('threads')} thread(s), {numerics.get('precision')}, "
-            f"torch {numerics.get('torch')}")
 
 
 def all_failed(result: SearchResult, out: Path) -> str:

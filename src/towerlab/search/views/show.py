@@ -2,7 +2,8 @@
 its spread), or every evaluation as records (`--csv`, `--json`) to take elsewhere. A search of your own
 objective is shown by its metric's name and direction: its values as your objective returned them (the
 fitness, higher is better, is the metric negated where it is minimized), and every other metric it
-returned (`metric_<name>` columns in CSV)."""
+returned (`metric_<name>` columns in CSV). `numerics_used`: the numerics a search's trainings ran with, which
+its record names where they differ."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from typing import Callable, Optional, TypeVar
 
 from towerlab.report import duration, printable
 from towerlab.search.store.location import store_path
-from towerlab.search.history import spread as sd
+from towerlab.search.history import SearchResult, spread as sd
 from towerlab.search.search import Search
 from towerlab.search.samplers.auto import described
 from towerlab.search.store import SearchRow, Store
@@ -302,3 +303,18 @@ def _provenances(kinds: dict[str, int]) -> list[str]:
 def _short(value: object) -> str:
     text = str(value)
     return text.removeprefix("sha256:")[:12] if text.startswith("sha256:") else text
+
+
+def numerics_used(store: Store, result: SearchResult) -> list[dict]:
+    """The distinct numerics (device, threads, precision, torch) of the trainings this search made
+    and of those the store served its top from (another search's, in a shared store); unknown
+    ones (rows from before they were recorded) left out."""
+    rows = [*store.records.evaluations(result.search_id),
+            *(store.records.lookup(t.genome_hash, t.train_config_hash, result.search_id) for t in result.top)]
+    used = {json.dumps(r.numerics, sort_keys=True) for r in rows if r is not None and r.numerics}
+    return [json.loads(n) for n in sorted(used)]
+
+
+def numerics_text(numerics: dict) -> str:
+    return (f"{numerics.get('device')}, {numerics.get('threads')} thread(s), {numerics.get('precision')}, "
+            f"torch {numerics.get('torch')}")

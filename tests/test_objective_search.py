@@ -483,3 +483,7 @@ def test_a_pruned_search_of_an_objective_without_a_curve_probes_its_rungs_then_p
     said = [line for line in done.stdout.splitlines() if line.startswith("Pruning, judged on the generations so far: ")]
     assert len(said) == 2 and "rung 1 (1 epoch): no learning curve reaches it, trained to see how it ranks (" \
         in said[0] and "rung 2 (3 epochs): rank correlation 1.00 over " in said[1] and said[1].endswith("pruning")
+    again = run_cli("search", "run", "--resume", "s", cwd=folder)  # a resume shows them again, in order
+    assert again.returncode == 0, again.stderr
+    assert [line for line in again.stdout.splitlines() if line.startswith("Pruning, judged on the generations so far: ")] \
+        == said

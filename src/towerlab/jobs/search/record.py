@@ -62,7 +62,8 @@ class Watch:
         self.plotted: set[int] = set()
         self.best: Optional[float] = None
         self.judged = not search.own or search.plan["search"] <= FIRST_RESULTS  # stopped on its first results?
-        self.pruning = None if (judged := search.judgement(store)) is None else judged.decided  # as last said
+        # the judge's decisions, said again as the generations are shown (a resume shows them all again)
+        self.pruning = None if (judged := search.judgement(store, 0)) is None else judged.decided
 
     def step(self) -> bool:
         try:  # `rm -rf` mid-search: one line here, not a traceback at a write into the folder

@@ -25,6 +25,7 @@ No numpy, no torch.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Iterable, Optional, Sequence
@@ -92,7 +93,8 @@ def curve_fitness(row: Evaluation, epochs: int, goal: Goal) -> Optional[float]:
 class Verdict:
     """How the judge sees one rung below the last: its `rung` (0: the first) and `epochs`, the rank
     `correlation` of its pairs with the last rung (None: too few to tell) over `pairs` of them; `probed`,
-    whether the generation trains it to gather pairs that no curve gives (every member going on)."""
+    whether the generation trains it to gather pairs that no curve gives (every member going on; never a
+    rung it uses)."""
 
     rung: int
     epochs: int
@@ -107,7 +109,7 @@ class Verdict:
     def text(self) -> str:
         """"rung 1 (1 epoch): rank correlation 0.02 over 12 pairs, skipped" (rungs counted from 1)."""
         what = f"rung {self.rung + 1} ({self.epochs} epoch{'' if self.epochs == 1 else 's'}): "
-        if self.probed and not self.used:
+        if self.probed:
             return what + (f"no learning curve reaches it, trained to see how it ranks ({self.pairs} of the "
                            f"{MIN_PAIRS} genomes it takes to judge), none pruned")
         if self.pairs < MIN_PAIRS:
@@ -119,7 +121,7 @@ class Verdict:
 
     def to_json(self) -> dict:
         return {"rung": self.rung, "epochs": self.epochs, "correlation": self.correlation, "pairs": self.pairs,
-                "used": self.used, "probed": self.probed and not self.used}
+                "used": self.used, "probed": self.probed}
 
 
 @dataclass(frozen=True)
@@ -136,7 +138,7 @@ class Judgement:
     @property
     def probed(self) -> set[int]:
         """The rungs a generation trains at that promote every member (probed, not shown to rank)."""
-        return {v.rung for v in self.verdicts if v.probed and not v.used}
+        return {v.rung for v in self.verdicts if v.probed}
 
     @property
     def decided(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -195,7 +197,8 @@ class Evidence:
         verdicts = []
         for rung, epochs in enumerate(self.epochs[:-1]):
             pairs = self.pairs(rung)
-            verdicts.append(Verdict(rung, epochs, spearman(pairs), len(pairs), self._probed(rung)))
+            verdict = Verdict(rung, epochs, spearman(pairs), len(pairs))
+            verdicts.append(dataclasses.replace(verdict, probed=not verdict.used and self._probed(rung)))
         return Judgement(tuple(verdicts))
 
     def _probed(self, rung: int) -> bool:

@@ -260,14 +260,16 @@ class Search:
         store.records.update_setup(self.stored_id, merged)
         return replace(self, setup=merged)
 
-    def judgement(self, store: Store, generations: Optional[int] = None) -> Optional[Judgement]:
-        """How its pruner's judge sees its rungs on every generation it completed, or on its first `generations`
-        (None: it is not pruned)."""
-        if len(self.pruner.rungs) < 2:
+    def evidence(self) -> Optional[Evidence]:
+        """Its pruner's judge's evidence, empty, to `add` its evaluations to and `judge` (None: it is not pruned)."""
+        return Evidence(self.ladder.epochs, self.ladder.hashes, self.goal) if len(self.pruner.rungs) > 1 else None
+
+    def judgement(self, store: Store) -> Optional[Judgement]:
+        """How its pruner's judge sees its rungs on every generation it completed (None: it is not pruned)."""
+        evidence = self.evidence()
+        if evidence is None:
             return None
-        complete = generations if generations is not None else \
-            sum(g.complete for g in store.records.generations(self.stored_id))
-        evidence = Evidence(self.ladder.epochs, self.ladder.hashes, self.goal)
+        complete = sum(g.complete for g in store.records.generations(self.stored_id))
         evidence.add(store.records.own_history(self.stored_id, 0, complete))
         return evidence.judge()
 

@@ -62,8 +62,10 @@ class Watch:
         self.plotted: set[int] = set()
         self.best: Optional[float] = None
         self.judged = not search.own or search.plan["search"] <= FIRST_RESULTS  # stopped on its first results?
-        # the judge's decisions, said again as the generations are shown (a resume shows them all again)
-        self.pruning = None if (judged := search.judgement(store, 0)) is None else judged.decided
+        # the judge's evidence, read as the generations are shown (a resume shows them all again), and what it
+        # decided on them, said again when that changes
+        self.evidence = search.evidence()
+        self.pruning = None if self.evidence is None else self.evidence.judge().decided
 
     def step(self) -> bool:
         try:  # `rm -rf` mid-search: one line here, not a traceback at a write into the folder
@@ -99,10 +101,13 @@ class Watch:
                 break
             stats = self.search.shown(GenerationStats(**gen.final_stats, replayed=gen.generation in self.replayed))
             self._line(format_generation(stats, self.search.generations))
-            judged = self.search.judgement(self.store, stats.generation + 1)
-            if judged is not None and judged.decided != self.pruning:  # the pruner's judge decides anew
-                self.pruning = judged.decided
-                self._line(f"Pruning, judged on the generations so far: {judged.text()}")
+            if self.evidence is not None:
+                self.evidence.add(self.store.records.own_history(self.search.stored_id, stats.generation,
+                                                                 stats.generation + 1))
+                judged = self.evidence.judge()
+                if judged.decided != self.pruning:  # the pruner's judge decides anew
+                    self.pruning = judged.decided
+                    self._line(f"Pruning, judged on the generations so far: {judged.text()}")
             if self.tb is not None:
                 for key in ("best", "mean", "worst", "evaluated", "cached", "failed", "seconds"):
                     if getattr(stats, key) is not None:

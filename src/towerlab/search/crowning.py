@@ -7,7 +7,10 @@ mean of its K + 1 fitnesses; if any of them failed, it ranks as failed. Crowning
 n by score are re-measured, the order recomputed, and again, until the best n are all re-measured.
 
 An asynchronous search re-measures ahead (`crown_ahead`): once its budget is spent, the networks certain to
-be crowned whatever its last trainings give are re-measured while those run, by the workers that free up.
+be crowned whatever its last trainings give are re-measured while those run, by the workers that free up; and a
+worker that has nothing else to take re-measures the next of the best so far, which a training still running
+may yet push out (its re-measures are then rows that crowning never reads: `search show` lists them, and
+summary.json's cost counts them).
 """
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ class Crowning:
                  serve: Callable[[list[Candidate], str], dict[Key, Evaluation]], train: Trainer) -> None:
         self.remeasure, self.ladder, self.serve, self.train = remeasure, ladder, serve, train
         self._measured: dict[tuple[str, int], _Measurement] = {}
-        self._ahead: set[tuple[str, int]] = set()  # (genome hash, rung) whose re-measures `crown_ahead` queued
+        self._ahead: set[tuple[str, int, int]] = set()  # (genome hash, rung, replicate) `crown_ahead` queued
 
     def scored(self, member: Member) -> Member:
         """The member with its score: the mean of its re-measures' fitnesses once crowned, else its own."""
@@ -90,22 +93,32 @@ class Crowning:
                     best[m.genome_hash] = m
         return best, first_seen
 
-    def crown_ahead(self, told: Sequence[Generation], n: int, in_flight: int, last: int) -> None:
+    def crown_ahead(self, told: Sequence[Generation], n: int, in_flight: int, last: int, idle: int = 0) -> None:
         """Put on the queue now, for a trainer that takes work ahead (`Prefetching`), the re-measures that
         crowning the top after generation `last` (`top`) will train whatever the `in_flight` trainings still
-        give: those of the best `n` told so far that no training in flight can push out of the best `n`.
-        An asynchronous search's idle workers train them while its last trainings run; crowning then
-        finds their rows, which are the very ones it would have trained (the same seeds, generation and
-        rung), so the history and the store's rows are those of a search that waited."""
-        if not self.remeasure or not isinstance(self.train, Prefetching) or in_flight >= n:
+        give: those of the best `n` told so far that no training in flight can push out of the best `n`; and,
+        one for each of the `idle` workers that have nothing else to take, those of the next of the best `n`,
+        best first, which a training in flight may still push out. An asynchronous search's idle workers train
+        them while its last trainings run; crowning then finds their rows, which are the very ones it would
+        have trained (the same seeds, generation and rung), so the history and its top are those of a search
+        that waited. A network pushed out keeps its rows, which crowning never reads: trained by workers that
+        would have waited, they cost the search no time."""
+        if not self.remeasure or not isinstance(self.train, Prefetching):
             return
         ranked = sorted((self.scored(m) for m in self._highest(told)[0].values()),
                         key=lambda m: rank_key(m.genome, m.score, m.rung))
-        sure = [m for m in ranked[:n - in_flight] if m.ok and (m.genome_hash, m.rung) not in self._measured
-                and (m.genome_hash, m.rung) not in self._ahead]  # each queued once, not at every result
-        self._ahead.update((m.genome_hash, m.rung) for m in sure)
-        for rung in sorted({m.rung for m in sure}):
-            self.train.prefetch(self._remeasures([m for m in sure if m.rung == rung], last), self.ladder.hash(rung))
+        best = [m for m in ranked[:n] if m.ok and (m.genome_hash, m.rung) not in self._measured]
+        sure = {m.genome_hash for m in ranked[:max(0, n - in_flight)]}
+        ahead = []
+        for m in best:
+            for candidate in self._remeasures([m], last):
+                key = (m.genome_hash, m.rung, candidate.replicate)
+                if key not in self._ahead and (m.genome_hash in sure or idle > 0):  # each queued once
+                    idle -= m.genome_hash not in sure
+                    self._ahead.add(key)
+                    ahead.append((m.rung, candidate))
+        for rung in sorted({rung for rung, _ in ahead}):
+            self.train.prefetch([c for r, c in ahead if r == rung], self.ladder.hash(rung))
 
     def crowned(self, generation: Generation, n: int) -> Generation:
         """The generation with its best `n` re-measured and every member's score brought up to date."""

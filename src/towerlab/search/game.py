@@ -23,8 +23,8 @@ only read. It is played one of two ways, as its sampler's shape says (`Shape.asy
   was made quickly, the workers busy and idle, the proposal's seconds), and a proposal is a function of
   those inputs and the seed alone (samplers carry no state from one proposal to the next), so the same
   inputs give the same candidate. Once the budget is spent, the workers that free up while the last
-  trainings run re-measure the networks certain to be crowned (`Crowning.crown_ahead`), rather than wait
-  for the end to start crowning.
+  trainings run re-measure the networks certain to be crowned, and then those likely to be (`Crowning.crown_ahead`),
+  rather than wait for the end to start crowning.
 
 No torch, no clock but the proposals' durations (recorded, never read back): the counts are defined in
 `towerlab.search.history`, the budgets in `towerlab.search.samplers` and `towerlab.search.rounds`.
@@ -183,8 +183,11 @@ def asynchronously(cfg: SearchConfig, sampler: Sampler, rounds: Rounds, train: T
         elif pacing is not None:
             pacing.doing(f"ending: the budget is spent, {len(flight.new)} training(s) still running")
             if not replay and (in_flight := flight.in_flight()) is not None:
-                # the workers that free up meanwhile re-measure the top that is certain already
-                rounds.crowning.crown_ahead(told, cfg.top, len(in_flight.genomes), number - 1)
+                # the workers that free up meanwhile re-measure the top that is certain already, and those
+                # with nothing else to take the likely top
+                pace = pacing.pace()
+                rounds.crowning.crown_ahead(told, cfg.top, len(in_flight.genomes), number - 1,
+                                            max(0, pace.idle - pace.waiting))
         if pacing is not None and not ready and not proposed:
             pacing.wait()
     history = sorted(told, key=lambda g: g.generation)

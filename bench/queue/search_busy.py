@@ -8,7 +8,9 @@ there the search runs on 16 and a `towerlab search worker` joins it with 16 more
 would (bench/common/crew.py); that worker's start is inside the span.
 
 busy = the seconds the trainings slept, summed / (workers x the span from the first training's start to the
-last one's end); `busy_while_budget` counts only up to the last search training's start (after it, the
+last one's end); `busy_used` counts only the trainings the search's result reads (its own, and the re-measures
+of the networks it crowned: not those of a network re-measured ahead and then pushed out of the top,
+`remeasures_unused`); `busy_while_budget` counts only up to the last search training's start (after it, the
 search has no budget left to give an idle worker: the last trainings and the re-measures of the top run
 out); `ideal` is what the same trainings would give with no time between one and the next on each worker
 (the tail alone: 200 trainings of 3 s +- 50% on 32 workers cannot keep them busier, whatever proposes).
@@ -69,14 +71,19 @@ def towerlab(workers: int, seed: int) -> dict:
         if done.returncode != 0:
             raise RuntimeError(done.stderr[-3000:])
         with sqlite3.connect(Path(folder, "out", "search.db")) as db:
-            tasks = db.execute("SELECT t.claimed, t.finished, e.metrics, e.replicate FROM tasks t JOIN evaluations e"
+            tasks = db.execute("SELECT t.claimed, t.finished, e.metrics, e.replicate, e.genome_hash FROM tasks t"
+                               " JOIN evaluations e"
                                " ON e.search_id = t.search_id AND e.genome_hash = t.genome_hash AND e.train_config_hash ="
                                " t.train_config_hash AND e.replicate = t.replicate WHERE t.kind = 'train'").fetchall()
             quick = db.execute("SELECT COUNT(*) FROM generations WHERE proposed LIKE '%\"quickly\": true%'").fetchone()[0]
             proposals = [json.loads(p)["seconds"] for (p,) in db.execute("SELECT proposed FROM generations")]
+        crowned = {t["genome_hash"] for t in json.loads(Path(folder, "out", "summary.json").read_text())["top"]}
     trainings = [(claimed, finished, json.loads(metrics)["slept"], replicate == 0)
-                 for claimed, finished, metrics, replicate in tasks]
-    return {**busy(trainings, workers), "wall_seconds": wall, "quick_proposals": quick,
+                 for claimed, finished, metrics, replicate, _ in tasks]
+    unused = [json.loads(metrics)["slept"] for _, _, metrics, replicate, h in tasks if replicate and h not in crowned]
+    measured = busy(trainings, workers)
+    return {**measured, "busy_used": measured["busy"] * (1 - sum(unused) / sum(t[2] for t in trainings)),
+            "remeasures_unused": len(unused), "wall_seconds": wall, "quick_proposals": quick,
             "proposal_seconds_mean": statistics.fmean(proposals)}
 
 
@@ -160,8 +167,9 @@ def main(argv: list[str] | None = None) -> int:
         for workers in (args.workers if arm == "towerlab" else args.optuna_workers):
             run = towerlab(workers, args.seed) if arm == "towerlab" else optuna_run(arm, workers, args.seed)
             rows.append({"arm": arm, "workers": workers, **run})
-            print(f"{arm} on {workers}: busy {run['busy']:.3f} (while budget {run['busy_while_budget']:.3f}, ideal "
-                  f"{run['ideal']:.3f}), {run['trainings']} trainings, wall {run['wall_seconds']:.0f} s", flush=True)
+            print(f"{arm} on {workers}: busy {run['busy']:.3f} (used {run.get('busy_used', run['busy']):.3f}, while "
+                  f"budget {run['busy_while_budget']:.3f}, ideal {run['ideal']:.3f}), {run['trainings']} trainings, "
+                  f"wall {run['wall_seconds']:.0f} s", flush=True)
     ids = {"towerlab": "busy_default", "optuna-gp": "busy_optuna_gp", "optuna-tpe": "busy_optuna_tpe"}
     figures = [{"id": f"{ids[r['arm']]}_w{r['workers']}", "value": r["busy"],
                 "detail": {k: v for k, v in r.items() if k not in ("arm", "busy")}} for r in rows]

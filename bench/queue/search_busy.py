@@ -3,7 +3,7 @@ function objective, a budget alone: `--max-evaluations 200`, every other setting
 and 32 worker slots, every training sleeping 3 s +- 50% (uniform from 1.5 to 4.5 s, drawn from its seed),
 beside the same work done by Optuna's GPSampler and TPESampler (constant liar) with as many processes on
 one storage (a JournalFileBackend file, `study.optimize` with `MaxTrialsCallback(200)`, as Optuna's docs
-run parallel studies). 32 workers are more processes than one command may start on a 2-core machine (16):
+run parallel studies: a `python` process each, or, `-forked`, forked from one that imported Optuna). 32 workers are more processes than one command may start on a 2-core machine (16):
 there the search runs on 16 and a `towerlab search worker` joins it with 16 more, as a second machine
 would (bench/common/crew.py); that worker's start is inside the span.
 
@@ -31,6 +31,7 @@ import os
 import random
 import sqlite3
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -45,6 +46,8 @@ from bench.common.machine import describe
 from bench.common.record import REPO, RESULTS, script_command, write_record
 
 TRAININGS = 200
+FIGURES = {"towerlab": "busy_default", "optuna-gp": "busy_optuna_gp", "optuna-tpe": "busy_optuna_tpe",
+           "optuna-gp-forked": "busy_optuna_gp_forked", "optuna-tpe-forked": "busy_optuna_tpe_forked"}
 
 
 def slept(seed: int) -> float:
@@ -112,19 +115,33 @@ def _journal(path: str) -> Any:
 
 
 def optuna_run(arm: str, workers: int, seed: int) -> dict:
+    """Optuna's side: `workers` processes on one journal file, started as its users start them (`python` each,
+    importing Optuna and loading the study: `optuna-gp`, `optuna-tpe`), or forked from this process once it
+    imported Optuna and made the study (`...-forked`: their start is outside the wall time)."""
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    sampler = arm.removesuffix("-forked")
     with tempfile.TemporaryDirectory() as folder:
         storage = str(Path(folder) / "journal.log")
-        optuna.create_study(study_name="busy", storage=_journal(storage), direction="maximize")
         started = time.time()
-        ctx = multiprocessing.get_context("fork")
-        processes = [ctx.Process(target=_optuna_process, args=(arm, storage, seed * 1000 + i)) for i in range(workers)]
-        for p in processes:
-            p.start()
-        for p in processes:
-            p.join()
+        if arm.endswith("-forked"):
+            optuna.create_study(study_name="busy", storage=_journal(storage), direction="maximize")
+            started = time.time()
+            ctx = multiprocessing.get_context("fork")
+            processes = [ctx.Process(target=_optuna_process, args=(sampler, storage, seed * 1000 + i))
+                         for i in range(workers)]
+            for p in processes:
+                p.start()
+            for p in processes:
+                p.join()
+        else:
+            made = subprocess.run([sys.executable, __file__, "--optuna-study", storage], check=True)
+            assert made.returncode == 0
+            started_processes = [subprocess.Popen([sys.executable, __file__, "--optuna-process", sampler, storage,
+                                                   str(seed * 1000 + i)]) for i in range(workers)]
+            if any(p.wait() != 0 for p in started_processes):
+                raise RuntimeError(f"an {arm} process failed")
         wall = time.time() - started
         trials = optuna.load_study(study_name="busy", storage=_journal(storage)).get_trials()
     done = [t for t in trials if t.datetime_complete is not None]
@@ -157,11 +174,23 @@ def ideal(seconds: list[float], workers: int) -> float:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workers", nargs="*", type=int, default=[4, 16, 32])
-    parser.add_argument("--arms", nargs="*", default=["towerlab", "optuna-gp", "optuna-tpe"])
+    parser.add_argument("--arms", nargs="*", default=["towerlab", "optuna-gp", "optuna-tpe", "optuna-gp-forked",
+                                                      "optuna-tpe-forked"])
     parser.add_argument("--optuna-workers", nargs="*", type=int, default=[32])
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--record", default=None)
+    parser.add_argument("--optuna-study", help=argparse.SUPPRESS)  # one of Optuna's processes (optuna_run)
+    parser.add_argument("--optuna-process", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.optuna_study:
+        import optuna
+
+        optuna.create_study(study_name="busy", storage=_journal(args.optuna_study), direction="maximize")
+        return 0
+    if args.optuna_process:
+        arm, storage, seed = args.optuna_process
+        _optuna_process(arm, storage, int(seed))
+        return 0
     rows = []
     for arm in args.arms:
         for workers in (args.workers if arm == "towerlab" else args.optuna_workers):
@@ -170,8 +199,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{arm} on {workers}: busy {run['busy']:.3f} (used {run.get('busy_used', run['busy']):.3f}, while "
                   f"budget {run['busy_while_budget']:.3f}, ideal {run['ideal']:.3f}), {run['trainings']} trainings, "
                   f"wall {run['wall_seconds']:.0f} s", flush=True)
-    ids = {"towerlab": "busy_default", "optuna-gp": "busy_optuna_gp", "optuna-tpe": "busy_optuna_tpe"}
-    figures = [{"id": f"{ids[r['arm']]}_w{r['workers']}", "value": r["busy"],
+    figures = [{"id": f"{FIGURES[r['arm']]}_w{r['workers']}", "value": r["busy"],
                 "detail": {k: v for k, v in r.items() if k not in ("arm", "busy")}} for r in rows]
     name = args.record or f"search-busy-{time.strftime('%Y-%m-%d')}.json"
     write_record(RESULTS / "queue", name, {
@@ -179,7 +207,10 @@ def main(argv: list[str] | None = None) -> int:
         "command": script_command(__file__), "trainings": TRAININGS, "rows": rows,
         "notes": "towerlab's default measured as a user runs it: `towerlab search run --objective ... "
                  "--max-evaluations 200` through the command line, every other setting at its default (beyond what "
-                 "one command may start here, a joining `towerlab search worker`: bench/common/crew.py)",
+                 "one command may start here, a joining `towerlab search worker`: bench/common/crew.py); Optuna's as "
+                 "its users run a parallel study, a `python` process a worker on one journal file, each importing "
+                 "Optuna (busy_optuna_*), and forked from one process that imported it and made the study, their "
+                 "start outside the wall time (busy_optuna_*_forked, as records before 2026-12-07 measured them)",
         "figures": figures})
     print(f"wrote bench/results/queue/{name}")
     return 0

@@ -150,6 +150,46 @@ def test_idle_workers_re_measure_the_likely_top_while_the_last_trainings_run(tmp
     assert {r[0] for r in remeasures} >= {t[0] for t in top}
 
 
+class _Ahead:
+    """A trainer that takes work ahead and keeps what it was given (`Prefetching`)."""
+
+    def __init__(self):
+        self.queued = []
+
+    def __call__(self, candidates, record):
+        raise AssertionError("crown_ahead only queues")
+
+    def prefetch(self, candidates, train_config_hash):
+        self.queued += [(c.genome_hash, c.replicate) for c in candidates]
+
+
+def test_crown_ahead_queues_the_certain_top_then_the_likely_one_for_idle_workers_alone():
+    """With 3 trainings in flight and the top 2 to crown, no network is certain (each may be pushed out): an
+    idle worker gets the best's first re-measure, and so on best first, one task a worker, each once; once
+    a single training is in flight, the best is certain and all of its re-measures go on, idle or not."""
+    from towerlab.search.crowning import Crowning
+    from towerlab.search.pruners import Ladder, make_pruner
+
+    ladder = Ladder(make_pruner(SearchConfig(max_epochs=1)), "tch")
+    trainer = _Ahead()
+    crowning = Crowning(2, ladder, lambda candidates, what: {}, trainer)
+    members = tuple(Member(i, {"x": i / 10}, f"a{i}", "ok", f, None, 1, 1.0, i, "evaluated", score=f)
+                    for i, f in enumerate([0.5, 0.9, 0.7, 0.1]))
+    told = [Generation(0, members, GenerationStats(0, 4, 4, 0, 0, 0.9, 0.55, 0.1, 4.0))]
+    crowning.crown_ahead(told, 2, 3, 5)
+    assert trainer.queued == []  # nothing certain, no idle worker
+    crowning.crown_ahead(told, 2, 3, 5, idle=3)
+    assert trainer.queued == [("a1", 1), ("a1", 2), ("a2", 1)]
+    crowning.crown_ahead(told, 2, 3, 5, idle=1)
+    assert trainer.queued[3:] == [("a2", 2)]
+    crowning.crown_ahead(told, 2, 1, 5, idle=4)
+    assert len(trainer.queued) == 4  # each once
+
+    fresh = _Ahead()
+    Crowning(2, ladder, lambda candidates, what: {}, fresh).crown_ahead(told, 2, 1, 5)
+    assert fresh.queued == [("a1", 1), ("a1", 2)]  # certain: the best stays in the top 2 whatever one training gives
+
+
 class Restless(RandomSampler):
     """A sampler that proposes otherwise in every process that plays the search (as two thread counts' numerics
     did at the 85th generation of a search of LCBench): its genomes carry the number of its instance."""

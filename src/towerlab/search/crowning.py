@@ -103,7 +103,7 @@ class Crowning:
         have trained (the same seeds, generation and rung), so the history and its top are those of a search
         that waited. A network pushed out keeps its rows, which crowning never reads: trained by workers that
         would have waited, they cost the search no time."""
-        if not self.remeasure or not isinstance(self.train, Prefetching):
+        if not self.remeasure or not isinstance(self.train, Prefetching) or (in_flight >= n and idle <= 0):
             return
         ranked = sorted((self.scored(m) for m in self._highest(told)[0].values()),
                         key=lambda m: rank_key(m.genome, m.score, m.rung))

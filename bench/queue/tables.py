@@ -118,20 +118,30 @@ OBJECTIVE_OVERHEAD_FIXES = Table(
     ),
 )
 
-BUSY = "queue/search-busy-pacer-2026-12-06.json"
+BUSY = "queue/search-busy-2026-12-07.json"
 _BUSY_ARMS = {"busy_default": "towerlab's default (`search run`, a budget alone)",
-              "busy_optuna_gp": "Optuna GPSampler, a process a worker on one journal file",
-              "busy_optuna_tpe": "Optuna TPESampler (constant liar), a process a worker on one journal file"}
+              "busy_optuna_gp": "Optuna GPSampler, a `python` process a worker on one journal file",
+              "busy_optuna_tpe": "Optuna TPESampler (constant liar), a `python` process a worker on one journal file",
+              "busy_optuna_gp_forked": "Optuna GPSampler, the processes forked from one that imported Optuna",
+              "busy_optuna_tpe_forked": "Optuna TPESampler (constant liar), the processes forked from one that "
+                                        "imported Optuna"}
+
+
+def _busy_row(f: dict) -> tuple[Cell, ...]:
+    ours = f["id"].startswith("busy_default")
+
+    def cell(field: str, fmt: str) -> Ref:
+        return Ref(BUSY, f"figures/{f['id']}/{field}", fmt)
+    return (_BUSY_ARMS[f["id"].rpartition("_w")[0]], cell("detail/workers", "int"), cell("value", "r3"),
+            cell("detail/busy_used", "r3") if ours else "", cell("detail/busy_while_budget", "r3"),
+            cell("detail/ideal", "r3"), cell("detail/wall_seconds", "s0"),
+            cell("detail/quick_proposals", "int") if ours else "")
+
+
 SEARCH_BUSY = Table(
-    ("200 trainings of 3 s +- 50%", "workers", "busy", "busy while budget is left", "ideal (the tail alone)",
-     "wall s", "quick proposals"),
-    tuple(
-        (_BUSY_ARMS[f["id"].rpartition("_w")[0]], Ref(BUSY, f"figures/{f['id']}/detail/workers", "int"),
-         Ref(BUSY, f"figures/{f['id']}/value", "r3"), Ref(BUSY, f"figures/{f['id']}/detail/busy_while_budget", "r3"),
-         Ref(BUSY, f"figures/{f['id']}/detail/ideal", "r3"), Ref(BUSY, f"figures/{f['id']}/detail/wall_seconds", "s0"),
-         Ref(BUSY, f"figures/{f['id']}/detail/quick_proposals", "int") if f["id"].startswith("busy_default") else "")
-        for f in lookup(BUSY, "figures")
-    ),
+    ("200 trainings of 3 s +- 50%", "workers", "busy", "busy, the trainings its result reads",
+     "busy while budget is left", "ideal (the tail alone)", "wall s", "quick proposals"),
+    tuple(_busy_row(f) for f in lookup(BUSY, "figures")),
 )
 
 TABLES: dict[str, Table] = {"queue": QUEUE_TABLE, "search-workers": SEARCH_WORKERS, "search-busy": SEARCH_BUSY,

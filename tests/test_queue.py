@@ -216,6 +216,20 @@ def test_a_task_whose_workers_are_lost_again_and_again_is_recorded_failed(target
         assert "was killed by SIGKILL" in failed.reason
 
 
+def test_a_worker_lost_while_training_a_finished_search_s_task_held_nothing_anyone_needs(target):
+    """A worker stopped as its search ended, while it trained a re-measure of a network the last trainings left
+    out of the top (an idle worker's, trained ahead): releasing it counts no task, so `search run` says no
+    "its task is back on the queue" at a search's normal end; a task of a search still running counts."""
+    ended, running = new_search(target, SEARCHES["random"]), new_search(target, SEARCHES["random"])
+    with Store(target) as store:
+        for search_id in (ended, running):
+            store.queue.enqueue(search_id, "train", [(Candidate(4, -1, {"neurons": 1}, "a", 1, 3, 1), "tch")])
+            assert store.queue.claim(f"w{search_id}", [search_id], lease=30, max_attempts=MAX_ATTEMPTS) is not None
+        assert store.records.finish_search(ended, {"done": True})
+        assert store.queue.release(f"w{ended}", "was stopped (SIGTERM)") == 0
+        assert store.queue.release(f"w{running}", "was stopped (SIGTERM)") == 1
+
+
 def test_a_task_put_back_on_interrupt_is_not_a_loss(target):
     search_id = new_search(target, SEARCHES["random"])
     with Store(target) as store:

@@ -166,13 +166,17 @@ class TaskQueue:
 
     def release(self, worker: str, reason: str) -> int:
         """A worker is gone (its process ended, `reason` says how): the tasks it held are open again at
-        once, the loss counted, and the searches it led are free to lead; returns how many tasks."""
+        once, the loss counted, and the searches it led are free to lead; returns how many tasks of
+        searches not finished (a finished search's task was moot: a re-measure an idle worker trained ahead
+        for a network the search's last trainings left out of its top, stopped when the search ended)."""
         def free(tx: Transaction) -> int:
-            n = tx.run("UPDATE tasks SET state = 'open', lease_until = NULL, lost = ?"
-                       " WHERE worker = ? AND state = 'claimed'", (f"worker {worker} {reason}", worker))
+            live = tx.one("SELECT COUNT(*) AS n FROM tasks WHERE worker = ? AND state = 'claimed' AND search_id IN"
+                          " (SELECT id FROM searches WHERE finished IS NULL)", (worker,))
+            tx.run("UPDATE tasks SET state = 'open', lease_until = NULL, lost = ?"
+                   " WHERE worker = ? AND state = 'claimed'", (f"worker {worker} {reason}", worker))
             tx.run("UPDATE workers SET left_at = {now}, task = NULL WHERE id = ? AND left_at IS NULL", (worker,))
             tx.run("UPDATE searches SET leader = NULL, leader_until = NULL WHERE leader = ?", (worker,))
-            return n
+            return int(live["n"]) if live is not None else 0
         return self.db.write(free)
 
     # -- leading a search -------------------------------------------------------------------------

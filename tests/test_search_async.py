@@ -277,6 +277,31 @@ def test_trainings_shorter_than_a_proposal_keep_at_most_one_spare_a_worker(tmp_p
     assert max(p["spare"] for p in paced) == 2
 
 
+def test_the_model_proposes_only_while_enough_candidates_wait_for_the_workers_that_free_up_meanwhile():
+    """On 32 workers of trainings of 3 s, the model's proposal takes 0.4 s: 6 workers finish meanwhile (32 x
+    0.65 / 3, with the leader's look). With 2 candidates waiting and no worker idle, the model proposed, and 4
+    of them waited for it (more than half the trainings started a third of a second late); now the next is
+    proposed quickly until 6 wait. On 4 workers none frees up meanwhile: quick only for an idle worker, as
+    before; and never where a proposal is short beside a training."""
+    from types import SimpleNamespace
+
+    from towerlab.search.work.driver import QueueTrainer
+
+    def leader(busy, idle, waiting, training, proposal=0.4):
+        queue = SimpleNamespace(pace=lambda search_id, within: (busy, idle, waiting))
+        driver = SimpleNamespace(wake=threading.Event(), stopping=threading.Event(), lost=threading.Event(),
+                                 lease=30.0, worker="w0")
+        trainer = QueueTrainer(SimpleNamespace(queue=queue), SimpleNamespace(id=1), lambda c: 0.0, driver)
+        trainer.trained([training] * 5)
+        trainer.proposed(proposal)
+        return trainer.pace()
+
+    assert leader(32, 0, 2, 3.0).quickly and leader(32, 0, 5, 3.0).quickly
+    assert not leader(32, 0, 6, 3.0).quickly
+    assert not leader(4, 0, 0, 3.0).quickly and leader(3, 1, 0, 3.0).quickly
+    assert not leader(32, 4, 0, 600.0).quickly
+
+
 def test_a_worker_that_joins_trains_at_once_and_proposes_nothing_while_another_leads(tmp_path):
     """A worker joining a search in progress claims a task without replaying its history (its driver stands
     by while another leads: it replayed every generation first, 50 to 115 s at 100,000 trainings)."""

@@ -70,7 +70,8 @@ class Pace:
     """How many more candidates a `Pacing` trainer could start now (`wanted`): its idle workers, and
     `spare` more kept ready so that a worker that frees up finds one at once, less the candidates already
     `waiting` for a worker; the workers `busy` and `idle` when it looked; and whether the next proposal
-    should be made `quickly` (`Sampler.propose_quickly`), for a worker that has nothing to take now."""
+    should be made `quickly` (`Sampler.propose_quickly`), for a worker that has nothing to take now or will
+    have nothing by the time the model's proposal is made."""
 
     wanted: int
     busy: int = 0
@@ -78,7 +79,7 @@ class Pace:
     waiting: int = 0
     spare: int = 0
     by: str = ""  # who looked: the worker whose driver proposes
-    quickly: bool = False  # a worker waits now, and would wait long for the next proposal: make it quickly
+    quickly: bool = False  # a worker would wait long for the model's next proposal: make it quickly
 
 
 @runtime_checkable

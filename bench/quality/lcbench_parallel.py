@@ -66,7 +66,10 @@ ANCHORS = ("gp-parallel", "tpe-parallel", "random")
 KEPT = {"towerlab-int": "towerlab's default before gp took an int range of more than 32 values as floats "
                         "(each int gene modelled value by value), the same command",
         "towerlab-quick": "towerlab's default before its leader knew how long a training takes (it gave every "
-                          "worker that waited TPE's quick proposal: a fifth of the proposals), the same command"}
+                          "worker that waited TPE's quick proposal: a fifth of the proposals), the same command",
+        "towerlab-before-pacing": "towerlab's default before its leader proposed quickly for the workers that "
+                                  "finish during the model's proposal (only for one idle when it looked), the same "
+                                  "command"}
 
 
 def objective(batch_size: int, learning_rate: float, max_dropout: float, max_units: int, momentum: float,

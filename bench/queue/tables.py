@@ -118,7 +118,7 @@ OBJECTIVE_OVERHEAD_FIXES = Table(
     ),
 )
 
-BUSY = "queue/search-busy-2026-12-07.json"
+BUSY = "queue/search-busy-2026-12-07-b.json"
 _BUSY_ARMS = {"busy_default": "towerlab's default (`search run`, a budget alone)",
               "busy_optuna_gp": "Optuna GPSampler, a `python` process a worker on one journal file",
               "busy_optuna_tpe": "Optuna TPESampler (constant liar), a `python` process a worker on one journal file",

@@ -14,17 +14,17 @@ only read. It is played one of two ways, as its sampler's shape says (`Shape.asy
   whenever the trainer can start one (`Pacing.pace`: a worker is idle, or a spare one should wait for
   the next worker to free up), from every outcome in hand, with every training still in flight told as
   running; the start-up design's random candidates go on the queue at once (`Sampler.startup`). A
-  proposal for a worker that has nothing to take now, where the next would keep it waiting long
-  (`Pace.quickly`), is made quickly (`Sampler.propose_quickly`: gp's is TPE's, a hundredth of its time),
-  the others as the sampler makes them.
+  proposal for a worker that has nothing to take now, or will have nothing before the model's next one,
+  where that would keep it waiting long (`Pace.quickly`), is made quickly (`Sampler.propose_quickly`: gp's
+  is TPE's, a hundredth of its time), the others as the sampler makes them.
   So every worker trains whenever the search has budget left, however many join and whenever, and nobody
   waits for a proposal but the worker it is for, and not long. Which outcomes a proposal read depends on
   when they came in: the generation records it (`proposed`: the generations in flight then, whether it
   was made quickly, the workers busy and idle, the proposal's seconds), and a proposal is a function of
   those inputs and the seed alone (samplers carry no state from one proposal to the next), so the same
   inputs give the same candidate. Once the budget is spent, the workers that free up while the last
-  trainings run re-measure the networks certain to be crowned, and then those likely to be (`Crowning.crown_ahead`),
-  rather than wait for the end to start crowning.
+  trainings run re-measure the networks certain to be crowned, and then those likely to be
+  (`Crowning.crown_ahead`), rather than wait for the end to start crowning.
 
 No torch, no clock but the proposals' durations (recorded, never read back): the counts are defined in
 `towerlab.search.history`, the budgets in `towerlab.search.samplers` and `towerlab.search.rounds`.
@@ -155,7 +155,7 @@ def asynchronously(cfg: SearchConfig, sampler: Sampler, rounds: Rounds, train: T
             # gets a quick one), but the start-up's random candidates all at once.
             wanted = min(max(pace.wanted, sampler.startup - number), max(1, sampler.startup - number)) if pacing \
                 else pace.wanted
-            quickly = pace.quickly and number >= sampler.startup  # a worker has nothing to take, and would wait
+            quickly = pace.quickly and number >= sampler.startup  # a worker would wait for the model's
             while proposed < wanted and not exhausted and _limit(cfg, rounds, told, flight, number, missing) is None:
                 in_flight = flight.in_flight()
                 budget = least(budget_left(cfg, told, in_flight), rounds.epochs_left(number, missing))

@@ -15,8 +15,8 @@ candidate, so that each proposal is made with every outcome there is); and where
 than the workers idle now and those that free up while the model proposes, the next one is proposed
 quickly (`Sampler.propose_quickly`) if the model's would keep a worker waiting more than QUICK_SHARE of a
 training (`Pace.quickly`), but not where a training is shorter than a proposal (nothing keeps the workers
-busy there: the model proposes all). A training's length
-is the mean of the latest the search told (`QueueTrainer.trained`), a proposal's a running mean of its own.
+busy there: the model proposes all). A training's length is the mean of the latest the search told
+(`QueueTrainer.trained`), a proposal's a running mean of its own.
 A pruned rung's sure promotions go on the queue as results come in. When the search's top is crowned, the
 retrainings that give it its test accuracy go on the queue too (`towerlab.search.testing`), and the
 leader, once they are done, writes the summary: the search is finished.

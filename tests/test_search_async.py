@@ -108,6 +108,31 @@ def test_two_workers_propose_once_each_generation_and_every_proposal_is_its_inpu
         assert again(told, flying if proposed["in_flight"] else None) == genomes
 
 
+def test_under_a_budget_in_epochs_idle_workers_re_measure_only_the_certain_top(tmp_path):
+    """--budget-epochs counts every re-measure, so a network that a last training may still push out of the
+    top is not re-measured ahead (its re-measures would pass the budget): while the last two trainings run,
+    no re-measure is trained."""
+    cfg = SearchConfig(sampler="random", budget_epochs=10, max_epochs=1, remeasure=1, top=2, seed=3)
+    remeasured, waited = threading.Event(), []
+
+    def last_wait(search):
+        def train(assignment):
+            c = assignment.candidate
+            if c.replicate:
+                remeasured.set()
+            elif c.generation >= 6:
+                waited.append(remeasured.wait(timeout=3))
+            return bowl(c)
+        return train
+
+    search = created(tmp_path / "s.db", cfg)
+    workers(tmp_path / "s.db", search.id, ["w0", "w1", "w2"], last_wait)
+    with Store(tmp_path / "s.db") as store:
+        rows = store.records.evaluations(search.id)
+    assert sum(r.replicate == 0 for r in rows) == 8 and waited == [False, False]
+    assert sum(r.max_epochs or 1 for r in rows) <= 10
+
+
 def test_idle_workers_re_measure_the_likely_top_while_the_last_trainings_run(tmp_path):
     """Once the budget is spent, a worker that frees up re-measures a network likely to be crowned while the
     search's last two trainings still run, though either may push it out of the top 2 (only networks certain

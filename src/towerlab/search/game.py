@@ -184,8 +184,9 @@ def asynchronously(cfg: SearchConfig, sampler: Sampler, rounds: Rounds, train: T
             pacing.doing(f"ending: the budget is spent, {len(flight.new)} training(s) still running")
             if not replay and (in_flight := flight.in_flight()) is not None:
                 # the workers that free up meanwhile re-measure the top that is certain already, and those
-                # with nothing else to take the likely top
-                pace = pacing.pace()
+                # with nothing else to take the likely top (not under --budget-epochs, which counts every
+                # re-measure: one of a network pushed out would pass it)
+                pace = pacing.pace() if cfg.budget_epochs is None else Pace(0)
                 rounds.crowning.crown_ahead(told, cfg.top, len(in_flight.genomes), number - 1,
                                             max(0, pace.idle - pace.waiting))
         if pacing is not None and not ready and not proposed:

@@ -108,12 +108,10 @@ def test_two_workers_propose_once_each_generation_and_every_proposal_is_its_inpu
         assert again(told, flying if proposed["in_flight"] else None) == genomes
 
 
-def test_under_a_budget_in_epochs_idle_workers_re_measure_only_the_certain_top(tmp_path):
-    """--budget-epochs counts every re-measure, so a network that a last training may still push out of the
-    top is not re-measured ahead (its re-measures would pass the budget): while the last two trainings run,
-    no re-measure is trained."""
-    cfg = SearchConfig(sampler="random", budget_epochs=10, max_epochs=1, remeasure=1, top=2, seed=3)
-    remeasured, waited = threading.Event(), []
+def last_two_wait(waited: list, timeout: float):
+    """A trainer of 8 trainings whose last two (generations 6 and 7) end once a re-measure was trained, or
+    after `timeout` s: whether each saw one, in `waited`."""
+    remeasured = threading.Event()
 
     def last_wait(search):
         def train(assignment):
@@ -121,15 +119,24 @@ def test_under_a_budget_in_epochs_idle_workers_re_measure_only_the_certain_top(t
             if c.replicate:
                 remeasured.set()
             elif c.generation >= 6:
-                waited.append(remeasured.wait(timeout=3))
+                waited.append(remeasured.wait(timeout=timeout))
             return bowl(c)
         return train
+    return last_wait
 
+
+def test_under_a_budget_in_epochs_idle_workers_re_measure_only_the_certain_top(tmp_path):
+    """--budget-epochs counts every re-measure, so a network that a last training may still push out of the
+    top is not re-measured ahead (its re-measures would pass the budget): while the last two trainings run,
+    no re-measure is trained, though a worker is idle."""
+    cfg = SearchConfig(sampler="random", budget_epochs=10, max_epochs=1, remeasure=1, top=2, seed=3)
+    waited: list[bool] = []
     search = created(tmp_path / "s.db", cfg)
-    workers(tmp_path / "s.db", search.id, ["w0", "w1", "w2"], last_wait)
+    workers(tmp_path / "s.db", search.id, ["w0", "w1", "w2"], last_two_wait(waited, 3))
     with Store(tmp_path / "s.db") as store:
         rows = store.records.evaluations(search.id)
-    assert sum(r.replicate == 0 for r in rows) == 8 and waited == [False, False]
+    # the first of the two to end saw none (the other may: with one training left, the best is certain)
+    assert sum(r.replicate == 0 for r in rows) == 8 and len(waited) == 2 and waited[0] is False
     assert sum(r.max_epochs or 1 for r in rows) <= 10
 
 
@@ -140,20 +147,9 @@ def test_idle_workers_re_measure_the_likely_top_while_the_last_trainings_run(tmp
     workers, a round of 31 idle ones did too). The search's rows and its crowned top are those of the same
     search played in one process, which waited; a network pushed out keeps its re-measure as a row of its own."""
     cfg = SearchConfig(sampler="random", max_evaluations=8, remeasure=1, top=2, seed=3)
-    remeasured, waited = threading.Event(), []
-
-    def last_wait(search):
-        def train(assignment):
-            c = assignment.candidate
-            if c.replicate:
-                remeasured.set()
-            elif c.generation >= 6:  # the last two trainings end once a re-measure was trained (or after 20 s)
-                waited.append(remeasured.wait(timeout=20))
-            return bowl(c)
-        return train
-
+    waited: list[bool] = []
     search = created(tmp_path / "s.db", cfg)
-    workers(tmp_path / "s.db", search.id, ["w0", "w1", "w2"], last_wait)
+    workers(tmp_path / "s.db", search.id, ["w0", "w1", "w2"], last_two_wait(waited, 20))
     assert waited == [True, True]
 
     def nothing(candidates, record):

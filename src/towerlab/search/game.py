@@ -186,9 +186,11 @@ def asynchronously(cfg: SearchConfig, sampler: Sampler, rounds: Rounds, train: T
                 # the workers that free up meanwhile re-measure the top that is certain already, and those
                 # with nothing else to take the likely top (not under --budget-epochs, which counts every
                 # re-measure: one of a network pushed out would pass it)
-                pace = pacing.pace() if cfg.budget_epochs is None else Pace(0)
-                rounds.crowning.crown_ahead(told, cfg.top, len(in_flight.genomes), number - 1,
-                                            max(0, pace.idle - pace.waiting))
+                idle = 0
+                if cfg.budget_epochs is None:
+                    pace = pacing.pace()
+                    idle = max(0, pace.idle - pace.waiting)
+                rounds.crowning.crown_ahead(told, cfg.top, len(in_flight.genomes), number - 1, idle)
         if pacing is not None and not ready and not proposed:
             pacing.wait()
     history = sorted(told, key=lambda g: g.generation)

@@ -103,10 +103,8 @@ class QueueTrainer:
         the leader notices (none while the lengths are not known): with fewer candidates waiting, a proposal
         of the model would keep them waiting for it. (On 32 workers of trainings of 3 s, the model's proposals
         took 0.4 s with 32 in flight: more than half the trainings started a third of a second late.)"""
-        training = self._training()
-        if self._proposal is None or training is None:
-            return 0
-        return math.floor(busy * (self._proposal + PACE_POLL) / max(training, 1e-3))
+        lag = self._lag()
+        return 0 if lag is None else math.floor(busy * lag)
 
     def _slow(self) -> bool:
         """Whether a worker with nothing to take would wait long for the next proposal: more than QUICK_SHARE
@@ -126,15 +124,21 @@ class QueueTrainer:
         more would be proposed from ever fewer outcomes, and the workers wait for proposals all the same),
         or none where waiting for it costs a worker less than SPARE_SHARE of a training. One until both
         lengths are known."""
+        lag = self._lag()
+        if lag is None:
+            return 1
+        if lag < SPARE_SHARE:
+            return 0
+        finishing = workers * lag
+        return max(1, min(workers, math.ceil(finishing + math.sqrt(finishing))))
+
+    def _lag(self) -> Optional[float]:
+        """The share of a training that the model's next proposal and the leader's look at the store take: how
+        many trainings a busy worker finishes meanwhile (None: a length is not known yet)."""
         training = self._training()
         if self._proposal is None or training is None:
-            return 1
-        training = max(training, 1e-3)
-        lag = self._proposal + PACE_POLL
-        if lag < SPARE_SHARE * training:
-            return 0
-        finishing = workers * lag / training
-        return max(1, min(workers, math.ceil(finishing + math.sqrt(finishing))))
+            return None
+        return (self._proposal + PACE_POLL) / max(training, 1e-3)
 
     def _training(self) -> Optional[float]:
         """A training's length as the leader takes it: the mean of the latest told (None: none yet)."""

@@ -2,6 +2,7 @@
 the search commands refuse, with real (tiny, synthetic) training."""
 
 import csv
+import dataclasses
 import io
 import json
 import re
@@ -201,11 +202,16 @@ def test_the_budget_counts_the_promotions_of_the_generations_max_evaluations_rea
     from towerlab.search import Search, load_space
 
     # tpe's 4 a generation: 12 trainings are 3 generations of the 10, each promoting ceil(4 / 3) = 2 to 3 epochs
-    cfg = SearchConfig(sampler="tpe", max_evaluations=12, min_epochs=1, max_epochs=3, remeasure=0, top=2)
+    cfg = SearchConfig(sampler="tpe", population=4, max_evaluations=12, min_epochs=1, max_epochs=3, remeasure=0, top=2)
     plan = Search.resolve(cfg, load_space("mlp")).plan
     assert (plan["search"], plan["rungs"], plan["test"]) == (12, 6, 2)
     # the epochs: the most of either choice of rungs, pruned at the first (12 x 1 + 6 x 3) or not (12 x 3)
     assert plan["epochs"] == max(12 * 1 + 6 * 3, 12 * 3) + 2 * 3
+    # without --population, asynchronously: each candidate is promoted against the trainings before it, and
+    # the first ones, with none before them, all are: at most one promotion a candidate
+    plan = Search.resolve(dataclasses.replace(cfg, population=None), load_space("mlp")).plan
+    assert (plan["search"], plan["rungs"], plan["test"]) == (12, 12, 2)
+    assert plan["epochs"] == 12 * 1 + 12 * 3 + 2 * 3
 
 
 def test_a_typed_space_searches_from_the_command_line(tmp_path, capsys):

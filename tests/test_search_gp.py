@@ -18,6 +18,7 @@ from towerlab.config import SearchConfig
 from towerlab.errors import UserError
 from towerlab.search import Outcome, Search, Store, genome_hash, load_space, make_sampler, run_search, serial
 from towerlab.search.history import Generation, GenerationStats, Member
+from towerlab.search.samplers import Shape
 from towerlab.search.work.worker import Worker, WorkerOptions
 
 pytest.importorskip("optuna")
@@ -210,10 +211,11 @@ def test_a_gp_search_larger_than_its_model_affords_is_refused_in_one_line_and_au
     assert Search.resolve(gp_config(sampler="auto", generations=5000), NUMERIC).shape.population == 1
 
 
-def test_gp_runs_20_trainings_by_default_and_2_a_generation_when_pruned_and_one_is_refused_there():
+def test_gp_runs_20_trainings_by_default_and_one_a_generation_when_pruned_but_a_population_of_1_is_refused():
     """One a generation: --generations' default is then the sampler's 20 (the start-up's 10 and 10 of
-    the model's), as many trainings as 10 generations of 2. A pruned generation's members race each
-    other: 2 by default there, and a --population of 1 is refused in one line."""
+    the model's), as many trainings as 10 generations of 2. Pruned too, asynchronously (each candidate
+    promoted against the trainings before it: issue 73); but generations of a --population of 1 would have
+    nobody to prune against, and are refused in one line."""
     unset = dict(generations=None)
     assert Search.resolve(gp_config(**unset), NUMERIC).cfg.generations == 20
     assert Search.resolve(gp_config(sampler="auto", **unset), NUMERIC).cfg.generations == 20
@@ -221,9 +223,10 @@ def test_gp_runs_20_trainings_by_default_and_2_a_generation_when_pruned_and_one_
     assert Search.resolve(gp_config(sampler="auto", **unset), LISTED).cfg.generations == 40  # tpe's 4 x 10 trainings
     assert Search.resolve(gp_config(generations=7), NUMERIC).cfg.generations == 7
     pruned = dict(max_epochs=3, min_epochs=1)
-    assert Search.resolve(gp_config(**pruned), NUMERIC).shape.population == 2
+    assert Search.resolve(gp_config(**pruned), NUMERIC).shape == Shape(1, 0, False, asynchronous=True)
     with pytest.raises(UserError, match=r"^--min-epochs prunes the members of a generation against each other: it "
-                                        r"needs a --population of 2 or more, got 1$"):
+                                        r"needs a --population of 2 or more, got 1 \(or none: then each candidate "
+                                        r"is pruned against the trainings before it\)$"):
         Search.resolve(gp_config(population=1, **pruned), NUMERIC)
 
 

@@ -106,6 +106,10 @@ class Played(Protocol):
         """How the pruner's judge sees the rungs in `generation`: the rungs it trains at (`used`: the last
         always) and those of them that promote every member (`probed`)."""
 
+    def peers(self, generation: int, rung: int) -> Optional[list[Evaluation]]:
+        """The trainings at `rung` of other generations that `generation`'s members are ranked against there
+        (None: none, its own members alone)."""
+
 
 class Climb:
     """One generation's rungs as work that unlocks as results come in. A rung's promotions are
@@ -200,9 +204,19 @@ class Climb:
         return self.rounds.ladder.pruner.sure(ok, len(done), running, self._holding())
 
     def _promote(self) -> None:
-        """Decide the current rung on all its results and move to the next."""
+        """Decide the current rung on all its results and move to the next: among its members, or where the
+        generation has peers (an asynchronous one), among them and its members, who alone go on."""
         ok = self._ranked([h for h in self.alive if self.rows[h, self.rung].status == "ok"])
-        promoted = set(ok) if self.rung in self.probed else self.rounds.ladder.pruner.promoted(ok, self._holding())
+        peers = self.rounds.peers(self.generation, self.rung)
+        if self.rung in self.probed:
+            promoted = set(ok)
+        elif peers is None:
+            promoted = self.rounds.ladder.pruner.promoted(ok, self._holding())
+        else:
+            keys = {**{h: rank_key(self.genomes[self.first[h]], self.rows[h, self.rung].fitness) for h in ok},
+                    **{f"peer {row.id}": rank_key(row.genome, row.fitness) for row in peers}}
+            ranked = sorted(keys, key=keys.__getitem__)
+            promoted = self.rounds.ladder.pruner.promoted(ranked, self._holding()) & set(ok)
         following = self._next
         early = {h for (h, rung) in (*self.rows, *self.handed) if rung == following}
         if not early <= promoted:

@@ -158,7 +158,7 @@ def asynchronously(cfg: SearchConfig, sampler: Sampler, rounds: Rounds, train: T
             quickly = pace.quickly and number >= sampler.startup  # a worker would wait for the model's
             while proposed < wanted and not exhausted and _limit(cfg, rounds, told, flight, number, missing) is None:
                 in_flight = flight.in_flight()
-                budget = least(budget_left(cfg, told, in_flight), rounds.epochs_left(number, missing))
+                budget = least(budget_left(cfg, told, in_flight), rounds.epochs_left(number, flying=missing))
                 if pacing is not None and not quickly and slow:
                     pacing.doing(f"proposing generation {number + 1}")
                 started = time.perf_counter()
@@ -171,7 +171,7 @@ def asynchronously(cfg: SearchConfig, sampler: Sampler, rounds: Rounds, train: T
                     "in_flight": sorted(flight.new), "seconds": round(seconds, 4), "quickly": quickly, "by": pace.by,
                     "workers": {"busy": pace.busy, "idle": pace.idle}, "waiting": pace.waiting, "spare": pace.spare})
                 flight.new[number] = new
-                missing += new
+                missing += new * rounds.sure(number)
                 rounds.prefetch(number)
                 number += 1
                 proposed += 1
@@ -205,7 +205,7 @@ def _limit(cfg: SearchConfig, rounds: Rounds, told: list[Generation], flight: _F
     --max-evaluations, --budget-epochs, or its generations (which, not given, such a budget decides)."""
     if budget_left(cfg, told, flight.in_flight()) == 0:
         return "max_evaluations"
-    if rounds.epochs_left(number, missing) == 0:
+    if rounds.epochs_left(number, flying=missing) == 0:
         return "budget_epochs"
     if number >= generations_of(cfg):
         return "generations"

@@ -46,10 +46,12 @@ class Rounds:
     """A search's generations and re-measures, played against its store: search `search_id` of `store`,
     with `cfg`'s seed and re-measures, over `ladder` (its rungs), training through `train`; its rungs judged by
     `goal` (what it ranks by) on its generations up to `lag` before each (1 where the next generation begins
-    while the one before still trains: only complete generations are judged on, whatever the timing)."""
+    while the one before still trains: only complete generations are judged on, whatever the timing), or,
+    `asynchronous`, on those complete before the first one in flight when it was proposed (`_before`), whose
+    rows are also the peers its one member is promoted against (`peers`)."""
 
     def __init__(self, store: Store, search_id: int, cfg: SearchConfig, ladder: Ladder, train: Trainer,
-                 goal: Goal = Goal(), lag: int = 0) -> None:
+                 goal: Goal = Goal(), lag: int = 0, asynchronous: bool = False) -> None:
         self.records, self.where = store.records, store.path
         self.search_id, self.seed, self.train = search_id, cfg.seed, train
         self.ladder = ladder
@@ -63,8 +65,12 @@ class Rounds:
         # The generations the store holds, read once (a search of 100,000 generations is read in one query).
         self._stored = {row.generation: row for row in self.records.generations(search_id)}
         self._waiting: dict[int, list[tuple[str, str, int]]] = {}  # an asynchronous generation's unserved keys
-        self.lag, self._judged = lag, dict[int, Judgement]()
+        # an asynchronous pruned generation's climb, and the candidates it handed out that `_waiting` waits for
+        self._climbs: dict[int, tuple[Climb, list[Candidate]]] = {}
+        self.lag, self.asynchronous, self._befores = lag, asynchronous, dict[int, int]()
+        self._judged = dict[int, Judgement]()  # by the generations judged on (`_before`)
         self._evidence, self._read = Evidence(ladder.epochs, ladder.hashes, goal), 0  # read generations < _read
+        self._rows: list[Evaluation] = []  # those rows, where asynchronous and pruned: the peers
 
     # -- serving ----------------------------------------------------------------------------------
 
@@ -107,22 +113,25 @@ class Rounds:
                 new.add(h)
         return len(hashes)
 
-    def epochs_left(self, generation: int, in_flight: int = 0, following: bool = False) -> Optional[int]:
+    def epochs_left(self, generation: int, in_flight: int = 0, following: bool = False,
+                    flying: int = 0) -> Optional[int]:
         """How many new first rungs --budget-epochs leaves `generation` (None: no such budget): what is
         left of it, less what crowning the top takes (`crowning_epochs`), once the search's own trainings of
         the generations before were charged (each the epochs it was given, its whole rung whatever it
         trained: every rung and re-measure) and, where the generation before is still `in_flight`, its
-        `in_flight` new first rungs, in first rungs (the last one may pass the budget). `following`: for the
-        generation after `generation`, which is the one still in flight. A first rung is what each new member
-        of its generation is sure to train (`_sure`)."""
+        `in_flight` new first rungs, in first rungs (the last one may pass the budget), and the `flying` epochs of
+        the asynchronous trainings still waited for (`waiting`). `following`: for the generation after
+        `generation`, which is the one still in flight. A first rung is what each new member of its generation
+        is sure to train (`sure`)."""
         if self.budget_epochs is None:
             return None
-        first = self._sure(generation + 1 if following else generation)
-        charged = self._sure(generation if following else max(0, generation - 1))
+        first = self.sure(generation + 1 if following else generation)
+        charged = self.sure(generation if following else max(0, generation - 1))
         given = self.records.epochs_given(self.search_id, generation, self.ladder.epochs[-1]) + in_flight * charged
+        given += flying
         return max(0, -(-(self.budget_epochs - given) // first))
 
-    def _sure(self, generation: int) -> int:
+    def sure(self, generation: int) -> int:
         """The epochs each new member of `generation` trains whatever its results: the first rung it trains,
         and each one after a probed rung (every member goes on from one: `towerlab.search.judge`)."""
         judged = self.judged(generation)
@@ -159,44 +168,84 @@ class Rounds:
             stored = self.records.begin_generation(self.search_id, generation, [dict(g) for g in genomes[:n]],
                                                    hashes[:n], proposed)
         self.watermarks[generation] = stored.watermark
+        if self.asynchronous:  # judged on the generations complete before the first then in flight
+            in_flight = (stored.proposed or {}).get("in_flight", list(self._begun))
+            self._befores[generation] = min([*in_flight, generation])
         self._begun[generation] = (stored, [dict(m["genome"]) for m in stored.members],
                                    [m["genome_hash"] for m in stored.members], started)
         if stored.complete:
             return int(stored.final_stats["evaluated"])
         first = self._first_rung(generation)
-        start = self.ladder.hash(self.used(generation)[0])
-        self._waiting[generation] = [(c.genome_hash, start, c.replicate) for c, row in first if row is None]
+        if self.asynchronous and len(self.ladder.epochs) > 1:  # it climbs as its results come in (`waiting`)
+            self._climb(generation, Climb(self, generation, *self._begun[generation][1:2], self._firsts(generation)))
+        else:
+            start = self.ladder.hash(self.used(generation)[0])
+            self._waiting[generation] = [(c.genome_hash, start, c.replicate) for c, row in first if row is None]
         return sum(row is None or (row.search_id, row.generation) == (self.search_id, generation) for _, row in first)
+
+    def _climb(self, generation: int, climb: Climb) -> None:
+        """Hand out what `climb` can train now (deciding the rungs whose results are in), and wait for it."""
+        handed = climb.unlock()
+        self._climbs[generation] = (climb, handed)
+        self._waiting[generation] = [self._key(c) for c in handed]
+
+    def _key(self, c: Candidate) -> tuple[str, str, int]:
+        return c.genome_hash, self.ladder.hash_of(c.max_epochs), c.replicate
 
     def members(self, generation: int) -> list[dict]:
         """A begun generation's members, as the store holds them."""
         return self._begun[generation][1]
 
     def waiting(self, generations: Sequence[int]) -> tuple[set[int], int]:
-        """Of these begun generations (each one rung: an asynchronous search's), those whose every first
-        training the store holds now (a complete one: at once), and how many trainings the others still
-        wait for (one query for them all)."""
+        """Of these begun generations (an asynchronous search's), those whose every training the store holds
+        now (a complete one: at once), and the epochs of the trainings the others still wait for (one query
+        for them all). A pruned one climbs on the way: each rung decided as its result comes in, and its
+        member's next rung handed to the trainer (`Prefetching`) at once."""
         keys = [key for g in generations for key in self._waiting.get(g, ())]
         found = self.records.own_rows(self.search_id, keys) if keys else {}
-        ready = {g for g in generations if all(key in found for key in self._waiting.get(g, ()))}
-        return ready, len(keys) - len(found)
+        ready = set()
+        for g in generations:
+            if any(key not in found for key in self._waiting.get(g, ())):
+                continue
+            if g not in self._climbs:
+                ready.add(g)
+                continue
+            climb, handed = self._climbs[g]
+            for c in handed:
+                climb.recorded(c, found[self._key(c)])
+            self._climb(g, climb)
+            if not self._climbs[g][1]:
+                ready.add(g)
+            elif isinstance(self.train, Prefetching):
+                self.train.prefetch(self._climbs[g][1], self._waiting[g][0][1])
+        flying = [key for g in generations for key in self._waiting.get(g, ()) if key not in found]
+        return ready, sum(self.ladder.epochs[self.ladder.hashes.index(h)] for _, h, _ in flying)
+
+    def _firsts(self, generation: int) -> dict[str, int]:
+        """Each distinct genome of a begun generation, and its first index there."""
+        first: dict[str, int] = {}
+        for index, h in enumerate(self._begun[generation][2]):
+            first.setdefault(h, index)
+        return first
 
     def _first_rung(self, generation: int) -> list[tuple[Candidate, Optional[Evaluation]]]:
         """Each genome's first candidate of the generation's first rung, and the row the store serves it
         (None: to train)."""
-        _, genomes, hashes, _ = self._begun[generation]
-        first: dict[str, int] = {}
-        for index, h in enumerate(hashes):
-            first.setdefault(h, index)
-        climb = Climb(self, generation, genomes, first)
+        first = self._firsts(generation)
+        climb = Climb(self, generation, self._begun[generation][1], first)
         start = climb.used[0]
         return [(climb.candidate(h, start), self.served(h, start, generation)) for h in first]
 
     def prefetch(self, generation: int) -> None:
         """Hand the generation's first rung to a trainer that can start work before it is asked to wait
-        for it (`Prefetching`), while the generation before still trains."""
+        for it (`Prefetching`), while the generation before still trains (a climbing one: what it handed out)."""
         stored = self._begun[generation][0]
         if isinstance(self.train, Prefetching) and not stored.complete:
+            if generation in self._climbs:
+                handed = self._climbs[generation][1]
+                if handed:
+                    self.train.prefetch(handed, self._waiting[generation][0][1])
+                return
             self.train.prefetch([c for c, row in self._first_rung(generation) if row is None],
                                 self.ladder.hash(self.used(generation)[0]))
 
@@ -206,6 +255,7 @@ class Rounds:
         only the rest are trained."""
         stored, genomes, hashes, started = self._begun.pop(generation)
         self._waiting.pop(generation, None)
+        self._climbs.pop(generation, None)
         if stored.complete:
             members = [self.crowning.scored(Member(**m)) for m in stored.final_results]
             return Generation(generation, tuple(members), GenerationStats(**stored.final_stats, replayed=True))
@@ -237,16 +287,47 @@ class Rounds:
 
     def judged(self, generation: int) -> Judgement:
         """How the pruner's judge sees the rungs in `generation`: on the search's own evaluations of the
-        generations before it (`lag` before: complete when it begins, whatever the timing), read once."""
-        if generation not in self._judged:
-            before = max(0, generation - self.lag)
-            if before < self._read:  # asked out of order: read again from the start
-                self._evidence, self._read = Evidence(self.ladder.epochs, self.ladder.hashes, self._evidence.goal), 0
-            if len(self.ladder.epochs) > 1 and before > self._read:
-                self._evidence.add(self.records.own_history(self.search_id, self._read, before))
-                self._read = before
-            self._judged[generation] = self._evidence.judge()
-        return self._judged[generation]
+        generations before it (`_before`: complete when it begins, whatever the timing), read once."""
+        before = self._before(generation)
+        if before not in self._judged:
+            self._read_to(before)
+            self._judged[before] = self._evidence.judge()
+        return self._judged[before]
+
+    def _before(self, generation: int) -> int:
+        """The generations `generation` is judged on are those before this one: `lag` before it, or where
+        asynchronous, the first in flight when it was proposed (as recorded; not begun yet, those in flight now)."""
+        if not self.asynchronous:
+            return max(0, generation - self.lag)
+        if generation not in self._befores:
+            return min([*self._begun, generation])
+        return self._befores[generation]
+
+    def _read_to(self, before: int) -> None:
+        """Read the search's own evaluations of the generations before `before` into the judge's evidence
+        (and, asynchronous, `_rows`)."""
+        if before < self._read:  # asked out of order: read again from the start
+            self._evidence, self._read = Evidence(self.ladder.epochs, self.ladder.hashes, self._evidence.goal), 0
+            self._rows = []
+        if len(self.ladder.epochs) > 1 and before > self._read:
+            rows = self.records.own_history(self.search_id, self._read, before)
+            self._evidence.add(rows)
+            if self.asynchronous:
+                self._rows.extend(rows)
+            self._read = before
+
+    def peers(self, generation: int, rung: int) -> Optional[list[Evaluation]]:
+        """What the member of an asynchronous generation is ranked against at `rung` (None: in generations,
+        its generation's other members alone): the successful trainings at that rung of the generations it
+        is judged on (`_before`), complete when it was proposed, so that every process decides alike."""
+        if not self.asynchronous:
+            return None
+        before = self._before(generation)
+        if before > self._read:
+            self._read_to(before)
+        h = self.ladder.hash(rung)
+        return [row for row in self._rows if row.generation < before and row.train_config_hash == h
+                and row.status == "ok"]
 
     def used(self, generation: int) -> list[int]:
         """The rungs `generation` trains at, rising: those its judge showed to rank or probes, and the last."""

@@ -82,9 +82,10 @@ class Search:
         sampler = sampler_class(cfg.sampler)
         cfg = replace(cfg, generations=sampler.generations(cfg, space))
         shape = sampler_shape(cfg, space, sampler)
-        if cfg.min_epochs is not None and shape.population < 2 and not shape.one_generation:
+        if cfg.min_epochs is not None and shape.population < 2 and not (shape.one_generation or shape.asynchronous):
             raise UserError(f"--min-epochs prunes the members of a generation against each other: it needs a "
-                            f"--population of 2 or more, got {shape.population}")
+                            f"--population of 2 or more, got {shape.population} (or none: then each candidate "
+                            f"is pruned against the trainings before it)")
         cfg = resolved_remeasure(cfg, shape)
         if cfg.budget_epochs is not None and cfg.budget_epochs <= crowning_epochs(cfg):
             raise UserError(f"--budget-epochs {cfg.budget_epochs} leaves the search nothing once its top is "
@@ -302,7 +303,7 @@ class Search:
         # its pruner's judge reads the generations complete when each begins: the one before, where it still
         # trains as the next begins, left out (`Rounds.judged`)
         lag = 1 if sampler.overlaps and not sampler.elite else 0
-        rounds = Rounds(store, self.id, self.cfg, self.ladder, train, self.goal, lag)
+        rounds = Rounds(store, self.id, self.cfg, self.ladder, train, self.goal, lag, self.asynchronous)
         replay = store.records.finished(self.id)
         if self.asynchronous:
             return asynchronously(self.cfg, sampler, rounds, train, replay, on_generation)

@@ -150,10 +150,10 @@ class Sampler:
     def asynchronous(cls, cfg: SearchConfig, settings: SamplerSettings) -> bool:
         """Whether its search of `cfg` proposes asynchronously: one candidate at a time, whenever a worker
         needs one, with every training then in flight told as running (what `can_wait_less` samplers do
-        without --population, in a search that is not pruned: a pruned generation's members race each
-        other). Its history then depends on when the outcomes came in, and is recorded with each proposal's
+        without --population; a pruned one's member is promoted against the trainings of the generations
+        complete before it: `towerlab.search.rounds.Rounds.peers`). Its history then depends on when the outcomes came in, and is recorded with each proposal's
         inputs; with --population, generations of that size are the same however many workers train them."""
-        return cls.can_wait_less and cfg.population is None and cfg.min_epochs is None
+        return cls.can_wait_less and cfg.population is None
 
     @classmethod
     def generations(cls, cfg: SearchConfig, space: Space) -> int:

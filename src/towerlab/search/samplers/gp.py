@@ -37,8 +37,10 @@ branch again and again (its proposal of the inactive gene is not what it is then
 proposals (TPE) are told genomes as they are: TPE models a conditional gene from the trials that hold it.
 auto runs gp on a conditional space that has a range in every trial (towerlab.search.samplers.auto:
 measured on rbv2_xgboost). A
-failed candidate is told FAIL, one a pruned search stopped early PRUNED (the model reads only the
-trainings that reached the last rung). Each proposal fits the model to every outcome again and
+failed candidate is told FAIL. One a pruned search stopped early is told TPE as PRUNED, and the Gaussian
+process (which reads complete trials alone) as complete at the worst score of those that reached the last
+rung: told nothing of it, a model that had settled proposed beside it again and again, each proposal
+pruned in turn (an asynchronous pruned search in one process, where nothing in flight steers it away). Each proposal fits the model to every outcome again and
 optimises its acquisition: on one core about 0.1 to 0.4 s at 100 outcomes (more with more trainings in
 flight), 1.9 s at 1,000 and 4.7 s at 2,000 (bench/quality/lcbench_gp.py cpu), paid once per proposal, by the
 worker that proposes for the search. A search that plans more than MOST_TRAININGS trainings is refused:
@@ -47,6 +49,7 @@ auto hands such searches to TPE after 250 outcomes.
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from typing import Any, Mapping, Optional, Sequence
 
@@ -92,12 +95,6 @@ class GPSampler(Sampler):
     tpe_after: Optional[int] = None
 
     @classmethod
-    def generation_size(cls, cfg: SearchConfig) -> int:
-        if cfg.population is None and cfg.min_epochs is not None:  # a pruned generation's members race each other
-            return 2
-        return super().generation_size(cfg)
-
-    @classmethod
     def shape(cls, cfg: SearchConfig, space: Space, settings: SamplerSettings) -> Shape:
         shape = super().shape(cfg, space, settings)
         generations = cls.generations(cfg, space)
@@ -131,7 +128,8 @@ class GPSampler(Sampler):
         complete = sum(m.ok and m.rung == self.rungs - 1 for generation in history for m in generation.members)
         engine = self._engine(number, complete, quickly)
         joint = isinstance(engine, self._optuna.samplers.GPSampler)  # TPE models a conditional gene by its branch
-        study = study_of(self._optuna, engine, self._distributions, self.rungs, history, in_flight,
+        study = study_of(self._optuna, engine, self._distributions, self.rungs,
+                         self._imputed(history) if joint else history, in_flight,
                          self._filled if joint and self.space.conditional else as_it_is)
         budget = budget_left(self.cfg, history, in_flight)
         return asked_anew(study, self.space, self._distributions, self.proposed(history, in_flight),
@@ -168,6 +166,17 @@ class GPSampler(Sampler):
             return optuna.samplers.GPSampler(seed=int(sampler_rng(self.cfg.seed, "gp", 3, number).integers(2**32)),
                                              n_startup_trials=startup,
                                              warn_independent_sampling=False)  # conditional genes: see above
+
+    def _imputed(self, history: Sequence[Generation]) -> Sequence[Generation]:
+        """`history` as the Gaussian process is told it: a member a pruned search stopped early as complete, at
+        the worst score a complete one has (see the module's docstring; as it is where none is complete)."""
+        worst = min((m.score for g in history for m in g.members if m.ok and m.rung == self.rungs - 1
+                     and m.score is not None), default=None)
+        if worst is None:
+            return history
+        return [dataclasses.replace(g, members=tuple(
+            dataclasses.replace(m, rung=self.rungs - 1, score=worst) if m.ok and m.rung < self.rungs - 1 else m
+            for m in g.members)) for g in history]
 
     def _filled(self, genome: Mapping[str, Any]) -> Mapping[str, Any]:
         """`genome` with a stand-in for each gene it lacks (inactive there), drawn from the gene's distribution by

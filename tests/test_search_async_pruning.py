@@ -12,9 +12,12 @@ import math
 import threading
 import time
 
+import pytest
+
 from towerlab.config import SearchConfig
 from towerlab.search import Outcome, Search, Store, load_space, run_search, serial
 from towerlab.search.history import rank_key
+from towerlab.search.rounds import Rounds
 from towerlab.search.work.worker import Worker, WorkerOptions
 
 SPACE = load_space(json.dumps({"model": "objective", "genes": {"x": {"low": 0.0, "high": 1.0},
@@ -113,3 +116,43 @@ def test_in_one_process_the_model_told_of_its_pruned_candidates_proposes_better_
     assert all(g.proposed["in_flight"] == [] and len(g.members) == 1 for g in generations)
     last = {g.generation: g.final_results[0]["fitness"] for g in generations if g.final_results[0]["rung"] == 2}
     assert sum(g >= 10 for g in last) >= 15 and max(last.values()) >= 0.94
+
+
+class _Ahead:
+    """A trainer that takes work ahead (`Prefetching`) and keeps what it was given."""
+
+    def __init__(self):
+        self.queued = []
+
+    def __call__(self, candidates, record):
+        raise AssertionError("only queued")
+
+    def prefetch(self, candidates, train_config_hash):
+        self.queued += [(c.generation, c.max_epochs, c.starts) for c in candidates]
+
+
+class _Stopped(BaseException):  # not a failed training: the process stops
+    pass
+
+
+def test_a_resumed_climb_queues_the_next_rung_its_stopped_process_had_decided(tmp_path):
+    """A process stops once a candidate's first rung is recorded and promoted, before its next rung is queued
+    (the window is the leader's whole look at the store, not a moment): whoever plays the search next queues
+    that rung as it begins the generation, continuing from the first (it waited for a training nobody would
+    ever start)."""
+    def stopping(candidate):
+        if candidate.max_epochs == 3 and candidate.generation >= 10:
+            raise _Stopped(candidate.generation)
+        return fit(candidate)
+
+    search = Search.resolve(cfg(max_evaluations=30), SPACE)
+    with Store(tmp_path / "s.db") as store:
+        search = search.create(store, TCH, {"test": False})
+        with pytest.raises(_Stopped) as stopped:
+            search.run(store, serial(stopping))
+        stopped_at = stopped.value.args[0]
+        ahead = _Ahead()
+        rounds = Rounds(store, search.id, search.cfg, search.ladder, ahead, search.goal, asynchronous=True)
+        for g in range(stopped_at + 1):
+            rounds.begin(g, [])
+    assert ahead.queued == [(stopped_at, 3, 1)]

@@ -6,14 +6,16 @@ follow the one history the store holds, and pay for none of its proposals twice.
 only read. It is played one of two ways, as its sampler's shape says (`Shape.asynchronous`):
 
 - in generations (`in_generations`: --population given, or a sampler that breeds generations, ga, or
-  proposes everything at once, grid; and every pruned search): each generation is proposed from the
+  proposes everything at once, grid): each generation is proposed from the
   outcomes of those before it and, where the sampler overlaps, while the one before still trains (its
   genomes in flight). The history is the same however many workers train it, and resuming it proposes
   the same generations from the seed (the pinned histories, tests/test_search_pinned.py).
 - asynchronously (`asynchronously`: the default of gp, tpe, random and auto): one candidate is proposed
   whenever the trainer can start one (`Pacing.pace`: a worker is idle, or a spare one should wait for
   the next worker to free up), from every outcome in hand, with every training still in flight told as
-  running; the start-up design's random candidates go on the queue at once (`Sampler.startup`). A
+  running; the start-up design's random candidates go on the queue at once (`Sampler.startup`). A pruned
+  one climbs its rungs as its results come in, each promotion decided against the trainings before it
+  (`towerlab.search.rounds.Rounds.waiting`, `Rounds.peers`). A
   proposal for a worker that has nothing to take now, or will have nothing before the model's next one,
   where that would keep it waiting long (`Pace.quickly`), is made quickly (`Sampler.propose_quickly`: gp's
   is TPE's, a hundredth of its time), the others as the sampler makes them.

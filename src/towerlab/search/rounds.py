@@ -5,7 +5,9 @@ crowned. No torch here; the counts are defined in `towerlab.search.history`.
 Every unique genome of a generation trains for the first rung's epochs that the pruner's judge uses
 (`used`: the rungs the search's own earlier generations showed to rank as the last does, and those it
 probes, `towerlab.search.judge`; the last always); the pruner promotes some of them to the next rung used
-(at a probed rung, all), and so on up to `--max-epochs`. A genome the store already holds at the next rung
+(at a probed rung, all), and so on up to `--max-epochs`. An asynchronous generation's one member is ranked
+against the trainings at its rung of the generations complete before the first one in flight when it was
+proposed (`peers`, as its store records them), and climbs as its results come in (`waiting`). A genome the store already holds at the next rung
 goes on at no cost, so it keeps the rung it reached in an earlier generation.
 A higher rung is the training with the same seed for more epochs, continued from the rung below where it
 can be (`Candidate.starts`), to the numbers a training started again gives: a rung's result is the very
@@ -169,8 +171,7 @@ class Rounds:
                                                    hashes[:n], proposed)
         self.watermarks[generation] = stored.watermark
         if self.asynchronous:  # judged on the generations complete before the first then in flight
-            in_flight = (stored.proposed or {}).get("in_flight", list(self._begun))
-            self._befores[generation] = min([*in_flight, generation])
+            self._befores[generation] = min([*(stored.proposed or {}).get("in_flight", self._begun), generation])
         self._begun[generation] = (stored, [dict(m["genome"]) for m in stored.members],
                                    [m["genome_hash"] for m in stored.members], started)
         if stored.complete:
@@ -184,10 +185,15 @@ class Rounds:
         return sum(row is None or (row.search_id, row.generation) == (self.search_id, generation) for _, row in first)
 
     def _climb(self, generation: int, climb: Climb) -> None:
-        """Hand out what `climb` can train now (deciding the rungs whose results are in), and wait for it."""
+        """Hand out what `climb` can train now (deciding the rungs whose results are in), at once to a trainer
+        that takes work ahead (`Prefetching`: a resumed climb's next rung too, whose queueing a process that
+        stopped may never have done), and wait for it."""
         handed = climb.unlock()
         self._climbs[generation] = (climb, handed)
         self._waiting[generation] = [self._key(c) for c in handed]
+        if isinstance(self.train, Prefetching):
+            for h in sorted({key[1] for key in self._waiting[generation]}):
+                self.train.prefetch([c for c in handed if self._key(c)[1] == h], h)
 
     def _key(self, c: Candidate) -> tuple[str, str, int]:
         return c.genome_hash, self.ladder.hash_of(c.max_epochs), c.replicate
@@ -216,8 +222,6 @@ class Rounds:
             self._climb(g, climb)
             if not self._climbs[g][1]:
                 ready.add(g)
-            elif isinstance(self.train, Prefetching):
-                self.train.prefetch(self._climbs[g][1], self._waiting[g][0][1])
         flying = [key for g in generations for key in self._waiting.get(g, ()) if key not in found]
         return ready, sum(self.ladder.epochs[self.ladder.hashes.index(h)] for _, h, _ in flying)
 
@@ -238,14 +242,9 @@ class Rounds:
 
     def prefetch(self, generation: int) -> None:
         """Hand the generation's first rung to a trainer that can start work before it is asked to wait
-        for it (`Prefetching`), while the generation before still trains (a climbing one: what it handed out)."""
+        for it (`Prefetching`), while the generation before still trains (a climbing one's went at once)."""
         stored = self._begun[generation][0]
-        if isinstance(self.train, Prefetching) and not stored.complete:
-            if generation in self._climbs:
-                handed = self._climbs[generation][1]
-                if handed:
-                    self.train.prefetch(handed, self._waiting[generation][0][1])
-                return
+        if isinstance(self.train, Prefetching) and not stored.complete and generation not in self._climbs:
             self.train.prefetch([c for c, row in self._first_rung(generation) if row is None],
                                 self.ladder.hash(self.used(generation)[0]))
 

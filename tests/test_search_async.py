@@ -287,6 +287,26 @@ def test_trainings_shorter_than_a_proposal_get_the_model_s_proposals_not_quick_o
     assert not any(p["quickly"] for p in proposed[12:])  # the model's first proposals tell the leader their time
 
 
+def test_the_model_s_first_proposal_tells_the_leader_its_time_not_the_start_up_s_draws(tmp_path):
+    """Trainings of 20 ms (as recorded: LCBench's surrogate through a function objective) are longer than a
+    start-up draw (milliseconds) and shorter than the Gaussian process's proposal: the leader took the draws'
+    time for the model's, made every later proposal quickly, and never learnt the model's (a quick proposal
+    tells nothing of it): TPE proposed every candidate of LCBench's runs on 2 workers. Now the start-up's draws
+    are not counted, and the model proposes once before its time is known."""
+    def twenty_ms(search):
+        def train(assignment):
+            time.sleep(0.005)
+            return Outcome.ok(bowl(assignment.candidate).fitness, epochs=1, seconds=0.02)
+        return train
+
+    search = created(tmp_path / "s.db", SearchConfig(max_evaluations=24, remeasure=0, top=2, seed=8))
+    workers(tmp_path / "s.db", search.id, ["w0", "w1"], twenty_ms)
+    with Store(tmp_path / "s.db") as store:
+        proposed = [g.proposed for g in store.records.generations(search.id)]
+    assert len(proposed) == 24
+    assert not any(p["quickly"] for p in proposed)
+
+
 def test_trainings_shorter_than_a_proposal_keep_at_most_one_spare_a_worker(tmp_path):
     """Trainings of 10 ms (as recorded) finish by the dozen while one proposal is made and noticed: the leader
     keeps one spare candidate a worker ready, not the dozens that would be proposed from ever fewer outcomes."""

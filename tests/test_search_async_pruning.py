@@ -78,7 +78,7 @@ def test_a_pruned_default_search_keeps_every_worker_busy_and_promotes_as_results
             with lock:
                 running[0] += 1
                 most[0] = max(most[0], running[0])
-            time.sleep(0.05 + 0.02 * (assignment.candidate.seed % 3))  # results come back out of order
+            time.sleep(0.2 + 0.05 * (assignment.candidate.seed % 3))  # results come back out of order
             with lock:
                 running[0] -= 1
             return fit(assignment.candidate)

@@ -177,7 +177,7 @@ def asynchronously(cfg: SearchConfig, sampler: Sampler, rounds: Rounds, train: T
                 rounds.prefetch(number)
                 number += 1
                 proposed += 1
-                if pacing is not None and not quickly:
+                if pacing is not None and not quickly and number > sampler.startup:  # the model's, not a draw
                     pacing.proposed(seconds)
                     slow = seconds >= SLOW_PROPOSAL
             if pacing is not None:

@@ -108,12 +108,16 @@ class QueueTrainer:
 
     def _slow(self) -> bool:
         """Whether a worker with nothing to take would wait long for the next proposal: more than QUICK_SHARE
-        of a training (or the lengths are not known yet), where a training takes longer than a proposal. A
-        training shorter than the model's proposal (a surrogate's query, a model fitted in milliseconds) keeps
+        of a training (or a training's length is not known yet), where a training takes longer than a proposal.
+        A training shorter than the model's proposal (a surrogate's query, a model fitted in milliseconds) keeps
         no worker busy whatever proposes, and a quick proposal would spend the search's budget on TPE's
-        guesses to save seconds: there the model proposes every candidate, at its own pace."""
+        guesses to save seconds: there the model proposes every candidate, at its own pace. Not while the
+        model's proposal has not been timed: only the model's proposals tell it (a quick one tells nothing, and
+        the start-up's draws, milliseconds, are not counted), so the model proposes once to tell it."""
         training = self._training()
-        if self._proposal is None or training is None:
+        if self._proposal is None:
+            return False
+        if training is None:
             return True
         return self._proposal <= training and self._proposal + PACE_POLL > QUICK_SHARE * training
 

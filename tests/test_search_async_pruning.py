@@ -103,7 +103,7 @@ def test_a_pruned_default_search_keeps_every_worker_busy_and_promotes_as_results
 
 def test_in_one_process_the_model_told_of_its_pruned_candidates_proposes_better_ones(tmp_path):
     """Nothing in flight: each generation is proposed from all those before it. The Gaussian process reads complete
-    trials alone: told a pruned candidate as complete at the worst score, its later proposals go on to the last
+    trials alone: told a pruned candidate as complete at its score at its rung, its later proposals go on to the last
     rung (told nothing of them, 2 of this search's 30 model proposals did: the others proposed beside pruned
     ones, and were pruned in turn). Trainings that report no curve: the judge probes the rungs first."""
     def scored(candidate):

@@ -38,9 +38,12 @@ proposals (TPE) are told genomes as they are: TPE models a conditional gene from
 auto runs gp on a conditional space that has a range in every trial (towerlab.search.samplers.auto:
 measured on rbv2_xgboost). A
 failed candidate is told FAIL. One a pruned search stopped early is told TPE as PRUNED, and the Gaussian
-process (which reads complete trials alone) as complete at the worst score of those that reached the last
-rung: told nothing of it, a model that had settled proposed beside it again and again, each proposal
-pruned in turn (an asynchronous pruned search in one process, where nothing in flight steers it away). Each proposal fits the model to every outcome again and
+process (which reads complete trials alone) as complete at its score at the rung it reached: told nothing
+of it, a model that had settled proposed beside it again and again, each proposal pruned in turn (an
+asynchronous pruned search in one process, where nothing in flight steers it away). A shorter training
+scores lower than the last rung would (a learning curve rises), so the score is a pessimistic one that
+keeps the order its rung gave; the worst complete score instead told the model that the region of the
+best networks, where most late proposals are pruned, was the worst (on LCBench, far worse runs). Each proposal fits the model to every outcome again and
 optimises its acquisition: on one core about 0.1 to 0.4 s at 100 outcomes (more with more trainings in
 flight), 1.9 s at 1,000 and 4.7 s at 2,000 (bench/quality/lcbench_gp.py cpu), paid once per proposal, by the
 worker that proposes for the search. A search that plans more than MOST_TRAININGS trainings is refused:
@@ -168,15 +171,11 @@ class GPSampler(Sampler):
                                              warn_independent_sampling=False)  # conditional genes: see above
 
     def _imputed(self, history: Sequence[Generation]) -> Sequence[Generation]:
-        """`history` as the Gaussian process is told it: a member a pruned search stopped early as complete, at
-        the worst score a complete one has (see the module's docstring; as it is where none is complete)."""
-        worst = min((m.score for g in history for m in g.members if m.ok and m.rung == self.rungs - 1
-                     and m.score is not None), default=None)
-        if worst is None:
-            return history
-        return [dataclasses.replace(g, members=tuple(
-            dataclasses.replace(m, rung=self.rungs - 1, score=worst) if m.ok and m.rung < self.rungs - 1 else m
-            for m in g.members)) for g in history]
+        """`history` as the Gaussian process is told it: a member a pruned search stopped early as complete, at its
+        score at the rung it reached (see the module's docstring)."""
+        last = self.rungs - 1
+        return [dataclasses.replace(g, members=tuple(dataclasses.replace(m, rung=last) if m.ok and m.rung < last
+                                                     else m for m in g.members)) for g in history]
 
     def _filled(self, genome: Mapping[str, Any]) -> Mapping[str, Any]:
         """`genome` with a stand-in for each gene it lacks (inactive there), drawn from the gene's distribution by

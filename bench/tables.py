@@ -74,7 +74,7 @@ TABLES: dict[str, Table] = {"headline": HEADLINE, **speed.TABLES, **gpu.TABLES, 
 PAGES: dict[str, tuple[str, ...]] = {
     "README.md": ("headline",),
     "docs/benchmarks.md": ("cpu-suite", "changes", "image-folders", "gpu", "gpu-step", "samplers-mnist",
-                           "samplers-cifar10", "lcbench", "lcbench-held-out", "lcbench-anchors", "lcbench-pruned", "rbv2",
+                           "samplers-cifar10", "lcbench", "lcbench-held-out", "lcbench-anchors", "lcbench-pruned", "lcbench-pruned-async", "rbv2",
                            "search-headline", "seed-examples", "pruning",
                            "objective-overhead", "objective-overhead-store", "objective-overhead-fixes", "search-busy",
                            "lcbench-parallel"),

@@ -35,7 +35,8 @@ def planned_trainings(cfg: SearchConfig, shape: Shape, tests: bool = True, probe
     plan can know: the counts are those of every rung used, the epochs the most any choice of rungs takes.
     `probes`: its trainings may report no learning curve (an objective of yours), so its judge may probe its
     rungs, each probed genome trained at every rung: fewer than MIN_PAIRS genomes, and those of the (at
-    most two) generations that begin before their trainings are judged (`towerlab.search.judge`)."""
+    most two) generations that begin before their trainings are judged (`towerlab.search.judge`; asynchronously,
+    one a generation, those proposed while they train: one a worker, which no plan knows, counted as two)."""
     ladder = make_pruner(cfg).rungs
     plans = [_planned(cfg, shape, tests, first) for first in range(len(ladder))]
     plan = {**plans[0], "epochs": max(plan["epochs"] for plan in plans)}

@@ -20,7 +20,7 @@ from towerlab.search.history import Generation, GenerationStats, Member
 from towerlab.search.samplers import InFlight
 from towerlab.search.samplers.random import RandomSampler
 from towerlab.search.work.worker import Worker, WorkerOptions
-from util import run_cli
+from util import Ahead, run_cli
 
 pytest.importorskip("optuna")
 pytest.importorskip("scipy")
@@ -171,17 +171,8 @@ def test_idle_workers_re_measure_the_likely_top_while_the_last_trainings_run(tmp
     assert {r[0] for r in remeasures} >= {t[0] for t in top}
 
 
-class _Ahead:
-    """A trainer that takes work ahead and keeps what it was given (`Prefetching`)."""
-
-    def __init__(self):
-        self.queued = []
-
-    def __call__(self, candidates, record):
-        raise AssertionError("crown_ahead only queues")
-
-    def prefetch(self, candidates, train_config_hash):
-        self.queued += [(c.genome_hash, c.replicate) for c in candidates]
+def queued(trainer: Ahead) -> list[tuple[str, int]]:
+    return [(c.genome_hash, c.replicate) for c in trainer.queued]
 
 
 def test_crown_ahead_queues_the_certain_top_then_the_likely_one_for_idle_workers_alone():
@@ -192,23 +183,23 @@ def test_crown_ahead_queues_the_certain_top_then_the_likely_one_for_idle_workers
     from towerlab.search.pruners import Ladder, make_pruner
 
     ladder = Ladder(make_pruner(SearchConfig(max_epochs=1)), "tch")
-    trainer = _Ahead()
+    trainer = Ahead()
     crowning = Crowning(2, ladder, lambda candidates, what: {}, trainer)
     members = tuple(Member(i, {"x": i / 10}, f"a{i}", "ok", f, None, 1, 1.0, i, "evaluated", score=f)
                     for i, f in enumerate([0.5, 0.9, 0.7, 0.1]))
     told = [Generation(0, members, GenerationStats(0, 4, 4, 0, 0, 0.9, 0.55, 0.1, 4.0))]
     crowning.crown_ahead(told, 2, 3, 5)
-    assert trainer.queued == []  # nothing certain, no idle worker
+    assert queued(trainer) == []  # nothing certain, no idle worker
     crowning.crown_ahead(told, 2, 3, 5, idle=3)
-    assert trainer.queued == [("a1", 1), ("a1", 2), ("a2", 1)]
+    assert queued(trainer) == [("a1", 1), ("a1", 2), ("a2", 1)]
     crowning.crown_ahead(told, 2, 3, 5, idle=1)
-    assert trainer.queued[3:] == [("a2", 2)]
+    assert queued(trainer)[3:] == [("a2", 2)]
     crowning.crown_ahead(told, 2, 1, 5, idle=4)
-    assert len(trainer.queued) == 4  # each once
+    assert len(queued(trainer)) == 4  # each once
 
-    fresh = _Ahead()
+    fresh = Ahead()
     Crowning(2, ladder, lambda candidates, what: {}, fresh).crown_ahead(told, 2, 1, 5)
-    assert fresh.queued == [("a1", 1), ("a1", 2)]  # certain: the best stays in the top 2 whatever one training gives
+    assert queued(fresh) == [("a1", 1), ("a1", 2)]  # certain: the best stays in the top 2 whatever one training gives
 
 
 class Restless(RandomSampler):
@@ -269,42 +260,28 @@ def test_a_worker_waiting_for_a_proposal_gets_the_model_s_where_trainings_are_lo
     assert not any(p["quickly"] for p in modelled)
 
 
-def test_trainings_shorter_than_a_proposal_get_the_model_s_proposals_not_quick_ones(tmp_path):
+@pytest.mark.parametrize("seconds, names, after", [(0.001, ["w0", "w1", "w2"], 12), (0.02, ["w0", "w1"], 0)])
+def test_trainings_shorter_than_a_proposal_get_the_model_s_proposals_not_quick_ones(tmp_path, seconds, names, after):
     """Trainings of a millisecond (as recorded: a surrogate's query) keep no worker busy whatever proposes: once
     the leader knows a training and a proposal, every candidate is the Gaussian process's, not TPE's quick one
-    (which took 137 of 150 proposals a run of rbv2_xgboost on 2 workers, and the search's budget with them)."""
-    def instant(search):
+    (which took 137 of 150 proposals a run of rbv2_xgboost on 2 workers, and the search's budget with them).
+    Trainings of 20 ms (LCBench's surrogate through a function objective) are longer than a start-up draw
+    (milliseconds) and shorter than the model's proposal: the leader took the draws' time for the model's,
+    made every later proposal quickly, and never learnt the model's (a quick proposal tells nothing of it):
+    TPE proposed every candidate of LCBench's runs on 2 workers. Now the start-up's draws are not counted,
+    and the model proposes once before its time is known: no proposal is quick."""
+    def short(search):
         def train(assignment):
             time.sleep(0.005)
-            return Outcome.ok(bowl(assignment.candidate).fitness, epochs=1, seconds=0.001)
+            return Outcome.ok(bowl(assignment.candidate).fitness, epochs=1, seconds=seconds)
         return train
 
     search = created(tmp_path / "s.db", SearchConfig(max_evaluations=24, remeasure=0, top=2, seed=8))
-    workers(tmp_path / "s.db", search.id, ["w0", "w1", "w2"], instant)
+    workers(tmp_path / "s.db", search.id, names, short)
     with Store(tmp_path / "s.db") as store:
         proposed = [g.proposed for g in store.records.generations(search.id)]
     assert len(proposed) == 24
-    assert not any(p["quickly"] for p in proposed[12:])  # the model's first proposals tell the leader their time
-
-
-def test_the_model_s_first_proposal_tells_the_leader_its_time_not_the_start_up_s_draws(tmp_path):
-    """Trainings of 20 ms (as recorded: LCBench's surrogate through a function objective) are longer than a
-    start-up draw (milliseconds) and shorter than the Gaussian process's proposal: the leader took the draws'
-    time for the model's, made every later proposal quickly, and never learnt the model's (a quick proposal
-    tells nothing of it): TPE proposed every candidate of LCBench's runs on 2 workers. Now the start-up's draws
-    are not counted, and the model proposes once before its time is known."""
-    def twenty_ms(search):
-        def train(assignment):
-            time.sleep(0.005)
-            return Outcome.ok(bowl(assignment.candidate).fitness, epochs=1, seconds=0.02)
-        return train
-
-    search = created(tmp_path / "s.db", SearchConfig(max_evaluations=24, remeasure=0, top=2, seed=8))
-    workers(tmp_path / "s.db", search.id, ["w0", "w1"], twenty_ms)
-    with Store(tmp_path / "s.db") as store:
-        proposed = [g.proposed for g in store.records.generations(search.id)]
-    assert len(proposed) == 24
-    assert not any(p["quickly"] for p in proposed)
+    assert not any(p["quickly"] for p in proposed[after:])
 
 
 def test_trainings_shorter_than_a_proposal_keep_at_most_one_spare_a_worker(tmp_path):

@@ -18,7 +18,8 @@ from towerlab.config import SearchConfig
 from towerlab.search import Outcome, Search, Store, load_space, run_search, serial
 from towerlab.search.history import rank_key
 from towerlab.search.rounds import Rounds
-from towerlab.search.work.worker import Worker, WorkerOptions
+from test_search_async import workers
+from util import Ahead
 
 SPACE = load_space(json.dumps({"model": "objective", "genes": {"x": {"low": 0.0, "high": 1.0},
                                                                 "y": {"low": 0.0, "high": 1.0}}}))
@@ -84,14 +85,7 @@ def test_a_pruned_default_search_keeps_every_worker_busy_and_promotes_as_results
             return fit(assignment.candidate)
         return train
 
-    made = [Worker(Store(tmp_path / "s.db"), f"w{i}", "cpu", trainer, WorkerOptions(search_ids=[search.id], lease=30.0))
-            for i in range(6)]
-    threads = [threading.Thread(target=w.run) for w in made]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=300)
-    assert not any(t.is_alive() for t in threads)
+    workers(tmp_path / "s.db", search.id, [f"w{i}" for i in range(6)], trainer)
     assert most[0] >= 5
     with Store(tmp_path / "s.db") as store:
         assert store.records.search(search.id).finished is not None
@@ -118,19 +112,6 @@ def test_in_one_process_the_model_told_of_its_pruned_candidates_proposes_better_
     assert sum(g >= 10 for g in last) >= 15 and max(last.values()) >= 0.94
 
 
-class _Ahead:
-    """A trainer that takes work ahead (`Prefetching`) and keeps what it was given."""
-
-    def __init__(self):
-        self.queued = []
-
-    def __call__(self, candidates, record):
-        raise AssertionError("only queued")
-
-    def prefetch(self, candidates, train_config_hash):
-        self.queued += [(c.generation, c.max_epochs, c.starts) for c in candidates]
-
-
 class _Stopped(BaseException):  # not a failed training: the process stops
     pass
 
@@ -151,8 +132,8 @@ def test_a_resumed_climb_queues_the_next_rung_its_stopped_process_had_decided(tm
         with pytest.raises(_Stopped) as stopped:
             search.run(store, serial(stopping))
         stopped_at = stopped.value.args[0]
-        ahead = _Ahead()
+        ahead = Ahead()
         rounds = Rounds(store, search.id, search.cfg, search.ladder, ahead, search.goal, asynchronous=True)
         for g in range(stopped_at + 1):
             rounds.begin(g, [])
-    assert ahead.queued == [(stopped_at, 3, 1)]
+    assert [(c.generation, c.max_epochs, c.starts) for c in ahead.queued] == [(stopped_at, 3, 1)]

@@ -164,3 +164,16 @@ def interrupt(args: list[str], out: Path, monkeypatch) -> None:
         patch.setattr(towerlab.jobs.train, "StopFlag", StopAtRead)
         assert main(["train", *args, "--out", str(out)]) == 130
     assert not (out / "summary.json").exists()
+
+
+class Ahead:
+    """A trainer that takes work ahead (`Prefetching`) and keeps the candidates it was given, in order."""
+
+    def __init__(self):
+        self.queued = []
+
+    def __call__(self, candidates, record):
+        raise AssertionError("it only takes work ahead")
+
+    def prefetch(self, candidates, train_config_hash):
+        self.queued += candidates

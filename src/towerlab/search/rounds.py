@@ -7,8 +7,9 @@ Every unique genome of a generation trains for the first rung's epochs that the 
 probes, `towerlab.search.judge`; the last always); the pruner promotes some of them to the next rung used
 (at a probed rung, all), and so on up to `--max-epochs`. An asynchronous generation's one member is ranked
 against the trainings at its rung of the generations complete before the first one in flight when it was
-proposed (`peers`, as its store records them), and climbs as its results come in (`waiting`). A genome the store already holds at the next rung
-goes on at no cost, so it keeps the rung it reached in an earlier generation.
+proposed (`peers`, as its store records them), and climbs as its results come in (`waiting`). A genome
+the store already holds at the next rung goes on at no cost, so it keeps the rung it reached in an
+earlier generation.
 A higher rung is the training with the same seed for more epochs, continued from the rung below where it
 can be (`Candidate.starts`), to the numbers a training started again gives: a rung's result is the very
 training an unpruned search with that many epochs makes, whichever worker runs it, so it is cached and
@@ -178,7 +179,7 @@ class Rounds:
             return int(stored.final_stats["evaluated"])
         first = self._first_rung(generation)
         if self.asynchronous and len(self.ladder.epochs) > 1:  # it climbs as its results come in (`waiting`)
-            self._climb(generation, Climb(self, generation, *self._begun[generation][1:2], self._firsts(generation)))
+            self._climb(generation, Climb(self, generation, self.members(generation), self._firsts(generation)))
         else:
             start = self.ladder.hash(self.used(generation)[0])
             self._waiting[generation] = [(c.genome_hash, start, c.replicate) for c, row in first if row is None]

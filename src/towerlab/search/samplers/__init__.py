@@ -151,8 +151,9 @@ class Sampler:
         """Whether its search of `cfg` proposes asynchronously: one candidate at a time, whenever a worker
         needs one, with every training then in flight told as running (what `can_wait_less` samplers do
         without --population; a pruned one's member is promoted against the trainings of the generations
-        complete before it: `towerlab.search.rounds.Rounds.peers`). Its history then depends on when the outcomes came in, and is recorded with each proposal's
-        inputs; with --population, generations of that size are the same however many workers train them."""
+        complete before it: `towerlab.search.rounds.Rounds.peers`). Its history then depends on when the
+        outcomes came in, and is recorded with each proposal's inputs; with --population, generations of
+        that size are the same however many workers train them."""
         return cls.can_wait_less and cfg.population is None
 
     @classmethod

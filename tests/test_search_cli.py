@@ -214,6 +214,22 @@ def test_the_budget_counts_the_promotions_of_the_generations_max_evaluations_rea
     assert plan["epochs"] == 12 * 1 + 12 * 3 + 2 * 3
 
 
+
+def test_under_a_budget_in_epochs_the_plan_says_that_budget_not_every_first_rungs_promotions():
+    from towerlab.search import Search, load_space
+
+    # LCBench's shape: 5,200 epochs of trainings up to 52, pruned from 1. Every first rung that budget
+    # holds, each promoted to every rung above, made the plan say 338,104 epochs; the budget charges every
+    # training but the tests and begins no member once it is spent
+    cfg = SearchConfig(budget_epochs=5200, min_epochs=1, max_epochs=52, remeasure=0, top=2, generations=10000)
+    plan = Search.resolve(cfg, load_space("mlp")).plan
+    assert plan["search"] == 5200 and plan["test"] == 2
+    assert plan["epochs"] == 5200 + 2 * 52
+    # a budget the search cannot reach leaves the plan's own bound
+    small = Search.resolve(dataclasses.replace(cfg, max_evaluations=12), load_space("mlp")).plan
+    assert small["epochs"] < 5200 and small["epochs"] == Search.resolve(
+        dataclasses.replace(cfg, max_evaluations=12, budget_epochs=None), load_space("mlp")).plan["epochs"]
+
 def test_a_typed_space_searches_from_the_command_line(tmp_path, capsys):
     pytest.importorskip("optuna")
     space = tmp_path / "typed.toml"

@@ -36,7 +36,10 @@ def planned_trainings(cfg: SearchConfig, shape: Shape, tests: bool = True, probe
     `probes`: its trainings may report no learning curve (an objective of yours), so its judge may probe its
     rungs, each probed genome trained at every rung: fewer than MIN_PAIRS genomes, and those of the (at
     most two) generations that begin before their trainings are judged (`towerlab.search.judge`; asynchronously,
-    one a generation, those proposed while they train: one a worker, which no plan knows, counted as two)."""
+    one a generation, those proposed while they train: one a worker, which no plan knows, counted as two).
+    Under --budget-epochs the epochs are at most that budget and the tests': it charges every other training,
+    and no new member begins once it is spent (those begun before may still be promoted, a few epochs past it:
+    the plan's "about"), where the most that every first rung's promotions take would be tens of times over it."""
     ladder = make_pruner(cfg).rungs
     plans = [_planned(cfg, shape, tests, first) for first in range(len(ladder))]
     plan = {**plans[0], "epochs": max(plan["epochs"] for plan in plans)}
@@ -44,6 +47,8 @@ def planned_trainings(cfg: SearchConfig, shape: Shape, tests: bool = True, probe
         probed = min(plan["search"], MIN_PAIRS - 1 + 2 * shape.population)
         plan["rungs"] += probed * (len(ladder) - 1)
         plan["epochs"] += probed * sum(ladder[1:])
+    if cfg.budget_epochs is not None:  # it charges every training but the tests; see the docstring
+        plan["epochs"] = min(plan["epochs"], cfg.budget_epochs + plan["test"] * cfg.max_epochs)
     return plan
 
 

@@ -299,6 +299,34 @@ def test_the_evidence_prefers_the_curve_and_falls_back_on_the_rungs_trainings():
                              f"rung 2 (3 epochs): rank correlation 1.00 over {MIN_PAIRS} pairs, pruning")
 
 
+def test_a_rung_that_tells_good_from_bad_but_not_the_best_from_the_good_is_skipped():
+    """The lower half of the genomes (by their last rung) rank at rung 1 as at the last; the better half, which a
+    promotion chooses among, in blocks of four turned round. Over every pair the rung ranks (0.97), over the better
+    half not (0.79): once that half holds MIN_PAIRS pairs, the rung is skipped."""
+    ladder, hashes, goal = [1, 9], ["r0", "last"], Goal("val_accuracy")
+
+    def row(i, early):
+        return Evaluation(1, f"g{i:02d}", "last", {}, "ok", i / 100, None, None, 9, 1.0, "w", None, 1, 0, 0, 0, "",
+                          9, 0, curve=[{"epoch": e, "val_accuracy": early if e == 1 else None} for e in range(1, 10)])
+
+    def judged(n):
+        evidence = Evidence(ladder, hashes, goal)
+        half = n // 2
+        early = list(range(half)) + [half + 4 * (k // 4) + 3 - k % 4 for k in range(n - half)]  # blocks turned round
+        evidence.add([row(i, e / 100) for i, e in enumerate(early)])
+        return evidence.judge().verdicts[0]
+
+    verdict = judged(3 * MIN_PAIRS)
+    assert round(verdict.correlation, 2) == 0.97 and round(verdict.better, 2) == 0.79 and not verdict.used
+    assert verdict.text() == (f"rung 1 (1 epoch): rank correlation 0.97 over {3 * MIN_PAIRS} pairs, 0.79 over their "
+                              f"better half, skipped")
+    assert verdict.to_json()["better_half_correlation"] == verdict.better
+    # fewer pairs than that half needs: judged on them all, as before
+    verdict = judged(2 * MIN_PAIRS - 2)
+    assert verdict.better is None and verdict.correlation >= MIN_CORRELATION and verdict.used
+    assert verdict.text().endswith(f"over {2 * MIN_PAIRS - 2} pairs, pruning")
+
+
 def test_a_generation_begun_while_the_one_before_trains_is_budgeted_in_its_own_first_rung(tmp_path):
     """random proposes generation 3 while generation 2 trains: it is judged on generation 1 alone (complete by
     then), prunes at 1 epoch, and the 150 epochs less generation 1's 72 and generation 2's 72 in flight leave

@@ -195,7 +195,8 @@ def test_a_pruned_search_on_two_workers_trains_what_one_worker_trains(tmp_path, 
         {search.ladder.epochs[r] for r in evidence.judge().used}
     pruning = json.loads((tmp_path / "two" / "summary.json").read_text())["pruning"]
     assert judged is not None and pruning == judged.to_json() and [(p["rung"], p["epochs"]) for p in pruning] == [(0, 1)]
-    assert pruning[0]["pairs"] > 0 and set(pruning[0]) == {"rung", "epochs", "correlation", "pairs", "used", "probed"}
+    assert pruning[0]["pairs"] > 0 and set(pruning[0]) == {"rung", "epochs", "correlation", "pairs",
+                                                                "better_half_correlation", "used", "probed"}
     assert not pruning[0]["probed"]  # its curves are the evidence
 
 

@@ -20,7 +20,7 @@ from towerlab.search.history import Generation, GenerationStats, Member
 from towerlab.search.samplers import InFlight
 from towerlab.search.samplers.random import RandomSampler
 from towerlab.search.work.worker import Worker, WorkerOptions
-from util import Ahead, run_cli
+from util import Ahead, Stopped, run_cli
 
 pytest.importorskip("optuna")
 pytest.importorskip("scipy")
@@ -237,6 +237,38 @@ def test_a_process_that_would_propose_otherwise_never_stops_the_search(tmp_path,
 
         played = Search.open(store, search.id).play(store, nothing)
     assert [[m.genome for m in g.members] for g in played.history] == stored
+
+
+def test_a_generation_recorded_by_a_process_that_stopped_before_queueing_it_goes_on_the_queue_on_resume(
+        tmp_path, monkeypatch):
+    """The process that plays the search stops between recording a generation and putting its training on the
+    queue: whoever plays the search next queues it as it reads the generation back (workers would otherwise wait
+    for a training nobody was given)."""
+    from towerlab.search.rounds import Rounds
+
+    search = created(tmp_path / "s.db", SearchConfig(sampler="random", max_evaluations=20, remeasure=0, top=2, seed=3))
+    queueing = Rounds.prefetch
+
+    def stopping(rounds, generation):
+        if generation == 12:
+            raise Stopped
+        queueing(rounds, generation)
+
+    with Store(tmp_path / "s.db") as store:
+        monkeypatch.setattr(Rounds, "prefetch", stopping)
+        with pytest.raises(Stopped):
+            search.run(store, serial(bowl))
+        monkeypatch.setattr(Rounds, "prefetch", queueing)
+        assert [g.generation for g in store.records.generations(search.id) if not g.complete] == [12]
+
+        class Resumed(Ahead):  # queues what it is handed ahead, and stops the search at its first wait
+            def __call__(self, candidates, record):
+                raise Stopped
+
+        resumed = Resumed()
+        with pytest.raises(Stopped):
+            Search.open(store, search.id).run(store, resumed)
+    assert [(c.generation, c.index) for c in resumed.queued] == [(12, 0)]
 
 
 def test_a_worker_waiting_for_a_proposal_gets_the_model_s_where_trainings_are_long(tmp_path):

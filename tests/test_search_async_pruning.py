@@ -19,7 +19,7 @@ from towerlab.search import Outcome, Search, Store, load_space, run_search, seri
 from towerlab.search.history import rank_key
 from towerlab.search.rounds import Rounds
 from test_search_async import workers
-from util import Ahead
+from util import Ahead, Stopped
 
 SPACE = load_space(json.dumps({"model": "objective", "genes": {"x": {"low": 0.0, "high": 1.0},
                                                                 "y": {"low": 0.0, "high": 1.0}}}))
@@ -112,10 +112,6 @@ def test_in_one_process_the_model_told_of_its_pruned_candidates_proposes_better_
     assert sum(g >= 10 for g in last) >= 15 and max(last.values()) >= 0.94
 
 
-class _Stopped(BaseException):  # not a failed training: the process stops
-    pass
-
-
 def test_a_resumed_climb_queues_the_next_rung_its_stopped_process_had_decided(tmp_path):
     """A process stops once a candidate's first rung is recorded and promoted, before its next rung is queued
     (the window is the leader's whole look at the store, not a moment): whoever plays the search next queues
@@ -123,13 +119,13 @@ def test_a_resumed_climb_queues_the_next_rung_its_stopped_process_had_decided(tm
     ever start)."""
     def stopping(candidate):
         if candidate.max_epochs == 3 and candidate.generation >= 10:
-            raise _Stopped(candidate.generation)
+            raise Stopped(candidate.generation)
         return fit(candidate)
 
     search = Search.resolve(cfg(max_evaluations=30), SPACE)
     with Store(tmp_path / "s.db") as store:
         search = search.create(store, TCH, {"test": False})
-        with pytest.raises(_Stopped) as stopped:
+        with pytest.raises(Stopped) as stopped:
             search.run(store, serial(stopping))
         stopped_at = stopped.value.args[0]
         ahead = Ahead()

@@ -166,6 +166,10 @@ def interrupt(args: list[str], out: Path, monkeypatch) -> None:
     assert not (out / "summary.json").exists()
 
 
+class Stopped(BaseException):
+    """Not a failed training: the process that plays the search stops (a test's stand-in for a kill)."""
+
+
 class Ahead:
     """A trainer that takes work ahead (`Prefetching`) and keeps the candidates it was given, in order."""
 

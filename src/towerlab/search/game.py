@@ -134,6 +134,7 @@ def asynchronously(cfg: SearchConfig, sampler: Sampler, rounds: Rounds, train: T
     number = 0  # the next generation's
     while (recorded := rounds.recorded(number)) is not None:
         flight.new[number] = rounds.begin(number, recorded)
+        rounds.prefetch(number)  # a process stopped between recording it and queueing it left it off the queue
         number += 1
     exhausted = slow = False
     while True:

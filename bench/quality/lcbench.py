@@ -136,6 +136,9 @@ def regrets(results: list[dict], reference: dict, budget: int, known: dict | Non
                for m in PRUNED},
             **{f"pruned_m{m}_against_unpruned": paired(results, at, budget, f"towerlab-m{m}", "towerlab-serial")
                for m in PRUNED},
+            # ... and as a user runs both, each on its default workers
+            **{f"pruned_m{m}_api_against_unpruned_api": paired(results, at, budget, f"towerlab-m{m}-api", "towerlab")
+               for m in PRUNED},
             "against_before": paired(results, at, budget, "towerlab-serial", "towerlab-before"),
             "against_p2": paired(results, at, budget, "towerlab-serial", "towerlab-p2"),
             "against_gp": paired(results, at, budget, "towerlab-serial", "gp")}
@@ -192,8 +195,11 @@ def figures(measured: dict, prefix: str = "lcbench") -> list[dict]:
             best = min(anchors, key=lambda a: arms[a]["points"][p])
             out.append({"id": f"{prefix}_regret_best_anchor_{pct}", "value": arms[best]["points"][p],
                         "detail": {"anchor": best, "what": lcbench_arms.ARMS[best][0]}})
-    # The pruned default's (--min-epochs 1 and 4): its runs played in one process, as the default's
-    for arm, m in ((f"towerlab-m{m}", m) for m in PRUNED if f"towerlab-m{m}" in arms):
+    # The pruned default's (--min-epochs 1 and 4): its runs on its default workers where measured so (an
+    # asynchronous pruned search's history depends on what was in flight: one process has none), else those
+    # played in one process
+    for arm, m in ((f"towerlab-m{m}-api" if f"towerlab-m{m}-api" in arms else f"towerlab-m{m}", m) for m in PRUNED
+                   if f"towerlab-m{m}" in arms or f"towerlab-m{m}-api" in arms):
         out += [{"id": f"{prefix}_regret_pruned_m{m}_{round(100 * float(p))}", "value": value,
                  "detail": {"what": lcbench_arms.ARMS[arm][0], "arm": arm, "runs": arms[arm]["runs"],
                             "same_as_its_workers": measured.get(f"same_pruned_m{m}"), **arms[arm].get("resolved", {})}}

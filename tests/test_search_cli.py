@@ -214,7 +214,6 @@ def test_the_budget_counts_the_promotions_of_the_generations_max_evaluations_rea
     assert plan["epochs"] == 12 * 1 + 12 * 3 + 2 * 3
 
 
-
 def test_under_a_budget_in_epochs_the_plan_says_that_budget_not_every_first_rungs_promotions():
     from towerlab.search import Search, load_space
 
@@ -229,6 +228,7 @@ def test_under_a_budget_in_epochs_the_plan_says_that_budget_not_every_first_rung
     small = Search.resolve(dataclasses.replace(cfg, max_evaluations=12), load_space("mlp")).plan
     assert small["epochs"] < 5200 and small["epochs"] == Search.resolve(
         dataclasses.replace(cfg, max_evaluations=12, budget_epochs=None), load_space("mlp")).plan["epochs"]
+
 
 def test_a_typed_space_searches_from_the_command_line(tmp_path, capsys):
     pytest.importorskip("optuna")

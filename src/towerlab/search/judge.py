@@ -109,9 +109,14 @@ class Verdict:
     better: Optional[float] = None
 
     @property
+    def halves(self) -> bool:
+        """Whether the better half of its pairs is judged too: MIN_PAIRS or more of them."""
+        return self.pairs // 2 >= MIN_PAIRS
+
+    @property
     def used(self) -> bool:
         return (self.pairs >= MIN_PAIRS and self.correlation is not None and self.correlation >= MIN_CORRELATION
-                and (self.pairs // 2 < MIN_PAIRS or self.better is not None and self.better >= MIN_CORRELATION))
+                and (not self.halves or self.better is not None and self.better >= MIN_CORRELATION))
 
     def text(self) -> str:
         """"rung 1 (1 epoch): rank correlation 0.02 over 12 pairs, skipped" (rungs counted from 1)."""
@@ -123,7 +128,7 @@ class Verdict:
             return what + f"{self.pairs} of the {MIN_PAIRS} genomes it takes to judge, skipped"
         if self.correlation is None:
             return what + f"no rank correlation over {self.pairs} pairs (all alike), skipped"
-        better = ("" if self.pairs // 2 < MIN_PAIRS else f", {self.better:.2f} over their better half"
+        better = ("" if not self.halves else f", {self.better:.2f} over their better half"
                   if self.better is not None else ", none over their better half (all alike)")
         return what + (f"rank correlation {self.correlation:.2f} over {self.pairs} pairs{better}, "
                        f"{'pruning' if self.used else 'skipped'}")
@@ -206,9 +211,10 @@ class Evidence:
         verdicts = []
         for rung, epochs in enumerate(self.epochs[:-1]):
             pairs = self.pairs(rung)
-            better = sorted(pairs, key=lambda pair: pair[1], reverse=True)[:len(pairs) // 2]
-            verdict = Verdict(rung, epochs, spearman(pairs), len(pairs),
-                              better=spearman(better) if len(better) >= MIN_PAIRS else None)
+            verdict = Verdict(rung, epochs, spearman(pairs), len(pairs))
+            if verdict.halves:  # the better half, by the last rung
+                better = sorted(pairs, key=lambda pair: pair[1], reverse=True)[:len(pairs) // 2]
+                verdict = dataclasses.replace(verdict, better=spearman(better))
             verdicts.append(dataclasses.replace(verdict, probed=not verdict.used and self._probed(rung)))
         return Judgement(tuple(verdicts))
 

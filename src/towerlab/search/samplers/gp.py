@@ -46,8 +46,8 @@ keeps the order its rung gave (the worst complete score instead would tell the m
 the best networks, where most late proposals are pruned, is the worst). Each proposal fits the model to
 every outcome again and optimises its acquisition: on one core about 0.1 to 0.4 s at 100 outcomes (more
 with more trainings in flight), 1.9 s at 1,000 and 4.7 s at 2,000 (bench/quality/lcbench_gp.py cpu), paid
-once per proposal, by the worker that proposes for the search. A search that plans more than MOST_TRAININGS trainings is refused:
-auto hands such searches to TPE after 250 outcomes.
+once per proposal, by the worker that proposes for the search. A search that plans more than
+MOST_TRAININGS trainings is refused: auto hands such searches to TPE after 250 outcomes.
 """
 
 from __future__ import annotations

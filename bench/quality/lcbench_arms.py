@@ -6,10 +6,12 @@ whole search engine's, its SQLite store included).
 The anchors ask one trial at a time and train it before the next is asked, as the anchors' own
 defaults do. towerlab's arms drive towerlab's search core in this process (`towerlab_arm`): a
 `Search` resolved from a `SearchConfig` and played with a `serial` trainer over an SQLite store in a
-temporary folder. Its history is the one its default workers (2 CPU processes) would give: the
-engine asks the sampler for each generation while the one before is in flight whoever trains them
-(towerlab.search.samplers), so the order of asks and tells, and so every proposal, is the same on 1
-worker or on 100.
+temporary folder: one worker, so that each candidate is proposed with nothing in flight, knowing every
+outcome before it, as the anchors' are. An asynchronous search's history (the default's, and a pruned
+one's without --population) depends on what was in flight at each proposal: on its workers it is
+another history than this one, which `towerlab_api_arm` plays as a user runs it. A search in
+generations (--population) is asked for each generation while the one before is in flight whoever
+trains them (towerlab.search.samplers): its history is the same here as on 1 worker or on 100.
 """
 
 from __future__ import annotations
@@ -137,27 +139,28 @@ def dehb(surrogate: Surrogate, seed: int, ledger: Ledger) -> dict:
             return {"sampler_seconds": clock.seconds}
 
 
-def towerlab_arm(settings: dict, gp_startup: int | None = None) -> Arm:
+def towerlab_arm(settings: dict, gp: dict | None = None) -> Arm:
     """towerlab's search with `settings` (SearchConfig's fields and its sampler's own; the rest at their
     defaults), its candidates trained by the surrogate: `fitness(candidate)` trains the candidate's
     epochs (a pruned rung's, else the full 52; a promotion continues from its lower rung's, as
     `candidate.starts` says, and is charged the rest), charged to the ledger, which ends the search when the
     budget is spent (as --budget-epochs will). One function, so that once a user's objective can enter
-    a search it is `towerlab.api.search(objective=..., budget_epochs=...)` over the real workers."""
+    a search it is `towerlab.api.search(objective=..., budget_epochs=...)` over the real workers.
+    `gp`: constants of towerlab.search.samplers.gp set for the run (an earlier default's: STARTUP, the random
+    trials before the model proposes; RELAXED, the int ranges the Gaussian process takes as float ones)."""
     from towerlab.config import SearchConfig
     from towerlab.search import Candidate, Outcome, Search, serial
     from towerlab.search.store import Store
 
     def run(surrogate: Surrogate, seed: int, ledger: Ledger) -> dict:
-        from towerlab.search.samplers import gp
+        from towerlab.search.samplers import gp as module
 
-        before = gp.STARTUP
-        if gp_startup is not None:  # the random trials before the model proposes (towerlab.search.samplers.gp)
-            gp.STARTUP = gp_startup
+        before = {name: getattr(module, name) for name in gp or {}}
+        vars(module).update(gp or {})
         try:
             return _play(settings, surrogate, seed, ledger)
         finally:
-            gp.STARTUP = before
+            vars(module).update(before)
 
     def _play(settings: dict, surrogate: Surrogate, seed: int, ledger: Ledger) -> dict:
         def fitness(candidate: Candidate) -> Outcome:
@@ -302,7 +305,11 @@ ARMS: dict[str, tuple[str, Arm]] = {
     # 2 a generation, and GPSampler's own start-up rule (10 complete trials, with a generation in flight: 12 random)
     "towerlab-before": ("towerlab's default before its start-up counted the trials in flight (2 a generation, the "
                         "model from the 13th training), played in one process",
-                        towerlab_arm({"population": 2}, gp_startup=12)),
+                        towerlab_arm({"population": 2}, gp={"STARTUP": 12})),
+    # every int range modelled value by value, as gp did before b4405be (an int range of more than 32 values a float one)
+    "towerlab-serial-int": ("towerlab's default with gp modelling every int range value by value (as before it took "
+                            "one of more than 32 values as a float range), played in one process",
+                            towerlab_arm({}, gp={"RELAXED": 10**9})),
 }
 OWN_WORKERS = ("towerlab", "towerlab-m1-api", "towerlab-m4-api")  # arms whose search starts its own worker processes
 ANCHORS = ("random", "tpe", "tpe-hyperband", "tpe-sha", "gp", "dehb", "ga", "smac-hpo", "smac-bb", "hebo")

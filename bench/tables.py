@@ -75,6 +75,7 @@ PAGES: dict[str, tuple[str, ...]] = {
     "README.md": ("headline",),
     "docs/benchmarks.md": ("cpu-suite", "changes", "image-folders", "gpu", "gpu-step", "samplers-mnist",
                            "samplers-cifar10", "lcbench", "lcbench-held-out", "lcbench-default",
+                           "lcbench-default-held-out",
                            "lcbench-anchors", "lcbench-pruned",
                            "lcbench-pruned-async", "lcbench-pruned-better-half", "rbv2",
                            "search-headline", "seed-examples", "pruning",

@@ -141,6 +141,7 @@ TABLES: dict[str, Table] = {
     "lcbench": _lcbench("quality/lcbench-2026-11-28.json", issue=True),
     "lcbench-held-out": _lcbench("quality/lcbench-held-out-2026-11-28.json", issue=False),
     "lcbench-default": _lcbench("quality/lcbench-default-2026-12-07.json", issue=False),
+    "lcbench-default-held-out": _lcbench("quality/lcbench-held-out-2026-12-07.json", issue=False),
     "lcbench-anchors": _lcbench("quality/lcbench-anchors-2026-12-06.json", issue=False),
     "lcbench-pruned": _lcbench("quality/lcbench-pruned-continued-2026-12-07.json", issue=False),
     "lcbench-pruned-async": _lcbench("quality/lcbench-pruned-async-2026-12-07.json", issue=False),

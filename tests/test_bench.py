@@ -371,6 +371,31 @@ def test_the_waits_of_a_runs_workers_are_counted_inside_and_between_generations(
     assert search_runs.waiting(records) == {"workers": 2, "inside_generations": 14.0, "between_generations": 32.0}
 
 
+
+@pytest.mark.parametrize("workers_runs, serial_runs, expected", [(30, 30, "api"), (10, 30, "serial"), (30, None, "api"),
+                                                                 (None, 10, "serial")])
+def test_lcbench_takes_the_default_and_the_pruned_default_from_their_workers_unless_one_process_ran_more(
+        workers_runs, serial_runs, expected):
+    """bench/quality/lcbench.py: the default's figures and the pruned default's are chosen by one rule: the arm on its
+    workers (towerlab.api.search) unless the arm played in one process has more runs."""
+    from bench.quality import lcbench
+
+    def arm(runs, value):
+        return {"runs": runs, "points": {"0.25": value, "0.5": value, "1.0": value},
+                "per_seed": {p: {"0": value} for p in ("0.25", "0.5", "1.0")}, "sampler_seconds": None}
+
+    arms = {}
+    for api, serial in (("towerlab", "towerlab-serial"), ("towerlab-m1-api", "towerlab-m1")):
+        if workers_runs is not None:
+            arms[api] = arm(workers_runs, 0.1)
+        if serial_runs is not None:
+            arms[serial] = arm(serial_runs, 0.2)
+    figures = {f["id"]: f for f in lcbench.figures({"arms": arms})}
+    value = {"api": 0.1, "serial": 0.2}[expected]
+    assert figures["lcbench_regret_default_50"]["value"] == value
+    assert figures["lcbench_regret_pruned_m1_100"]["value"] == value
+    assert "lcbench_regret_pruned_m4_100" not in figures
+
 @pytest.mark.slow
 def test_the_image_folder_bench_records_the_peak_rss_of_both_sides(tmp_path):
     """bench/speed/image_folder.py large on a tiny folder: it writes the folder, decodes it, trains twice in

@@ -187,16 +187,10 @@ def figures(measured: dict, prefix: str = "lcbench") -> list[dict]:
                        "sampler_seconds_per_run": arms[arm]["sampler_seconds"]}}
            for arm in arms for p, value in arms[arm]["points"].items()]
     anchors = [a for a in lcbench_arms.ANCHORS if a in arms]
-    # The default's figure: its runs as a user runs it, on its default workers (towerlab), where the record has them:
-    # an asynchronous search's history depends on what was in flight at each proposal, and one process has nothing
-    # in flight; else (or where it has fewer runs) its runs played in one process (towerlab-serial; before the default
-    # was asynchronous, the history of its workers too: `same` says on how many runs the two were compared and found
-    # equal).
-    runs = {arm: arms[arm]["runs"] for arm in ("towerlab", "towerlab-serial") if arm in arms}
-    default = max(runs, key=lambda arm: (runs[arm], arm == "towerlab"), default="towerlab")
+    default = _as_run(arms, "towerlab", "towerlab-serial")
     for p in ("0.5", "1.0"):
         pct = round(100 * float(p))
-        if default in arms:
+        if default is not None:
             out.append({"id": f"{prefix}_regret_default_{pct}", "value": arms[default]["points"][p],
                         "detail": {"what": "towerlab's default search", "arm": default, "runs": arms[default]["runs"],
                                    "same_as_its_workers": measured.get("same"), **arms[default].get("resolved", {})}})
@@ -204,16 +198,23 @@ def figures(measured: dict, prefix: str = "lcbench") -> list[dict]:
             best = min(anchors, key=lambda a: arms[a]["points"][p])
             out.append({"id": f"{prefix}_regret_best_anchor_{pct}", "value": arms[best]["points"][p],
                         "detail": {"anchor": best, "what": lcbench_arms.ARMS[best][0]}})
-    # The pruned default's (--min-epochs 1 and 4): its runs on its default workers where measured so (an
-    # asynchronous pruned search's history depends on what was in flight: one process has none), else those
-    # played in one process
-    for arm, m in ((f"towerlab-m{m}-api" if f"towerlab-m{m}-api" in arms else f"towerlab-m{m}", m) for m in PRUNED
-                   if f"towerlab-m{m}" in arms or f"towerlab-m{m}-api" in arms):
+    # The pruned default's (--min-epochs 1 and 4), chosen as the default's is
+    for arm, m in ((arm, m) for m in PRUNED if (arm := _as_run(arms, f"towerlab-m{m}-api", f"towerlab-m{m}"))):
         out += [{"id": f"{prefix}_regret_pruned_m{m}_{round(100 * float(p))}", "value": value,
                  "detail": {"what": lcbench_arms.ARMS[arm][0], "arm": arm, "runs": arms[arm]["runs"],
                             "same_as_its_workers": measured.get(f"same_pruned_m{m}"), **arms[arm].get("resolved", {})}}
                 for p, value in arms[arm]["points"].items()]
     return out
+
+
+def _as_run(arms: dict, workers: str, serial: str) -> str | None:
+    """Which arm gives a towerlab search's figure: its runs as a user runs it, on its default workers (`workers`),
+    where the record has at least as many of them as of its runs played in one process (`serial`): an asynchronous
+    search's history depends on what was in flight at each proposal, and one process has nothing in flight (the
+    record's `same` entries say on how many runs the two were compared and found equal); else `serial`; None where
+    the record has neither."""
+    runs = {arm: arms[arm]["runs"] for arm in (workers, serial) if arm in arms}
+    return max(runs, key=lambda arm: (runs[arm], arm == workers), default=None)
 
 
 def table(measured: dict) -> str:

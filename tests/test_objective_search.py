@@ -378,6 +378,23 @@ def test_only_a_search_whose_trials_run_in_its_workers_imports_torch_s_compiler_
     assert warmed == ["warm"]
 
 
+
+def test_a_search_whose_re_measures_repeat_its_values_says_that_re_measuring_it_is_wasted(tmp_path, capsys, monkeypatch):
+    """An objective that answers the same whatever the seed: every re-measure of the top gives its network's value
+    again, and the search says so once, at its end, with what would have saved them; one whose values follow the
+    seed does not hear it."""
+    monkeypatch.chdir(tmp_path)
+    Path("xs.toml").write_text("[genes]\nx = [1, 2, 3]\n")
+    Path("f.py").write_text("def same(x):\n    return x / 10\n\n\ndef seeded(x, seed):\n    return x / 10 + seed % 7 / 1000\n")
+    grid = ["grid", "--space", "xs.toml", "--remeasure", "2", "--top", "2", *ONE_CPU]
+    assert main([*grid, "--objective", "f.py:same", "--out", "same"]) == 0
+    said = capsys.readouterr().out
+    assert said.count("towerlab: note: each of the top's 4 re-measures gave its network's value again") == 1
+    assert "--remeasure 0 would have saved them" in said
+    assert [t["values"] for t in json.loads(Path("same/summary.json").read_text())["top"]] == [[0.3] * 3, [0.2] * 3]
+    assert main([*grid, "--objective", "f.py:seeded", "--out", "seeded"]) == 0
+    assert "re-measures gave" not in capsys.readouterr().out
+
 def test_grid_runs_a_command_and_a_trial_past_its_timeout_fails_alone(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     Path("naps.toml").write_text("[genes]\nnap = [0, 30]\n")

@@ -25,7 +25,7 @@ import dataclasses
 import math
 import statistics
 from dataclasses import dataclass, field
-from typing import NamedTuple, Optional
+from typing import NamedTuple, Optional, Sequence
 
 from towerlab.search.space import canonical
 
@@ -163,6 +163,14 @@ class TopGenome:
         return {"genome_hash": self.genome_hash, "genome": self.genome, "fitness": self.fitness,
                 "fitnesses": list(self.fitnesses), "seeds": list(self.seeds), "rung": self.rung,
                 "train_config_hash": self.train_config_hash}
+
+
+def repeated_remeasures(top: Sequence[TopGenome]) -> int:
+    """How many re-measures `top` holds where every one gave its network's first fitness again, to the last bit:
+    an objective that answers the same whatever the seed, which re-measuring tells nothing (0 where one
+    gave another, or none was made)."""
+    again = [(t.fitnesses[0], f) for t in top for f in t.fitnesses[1:]]
+    return len(again) if all(first == f for first, f in again) else 0
 
 
 @dataclass(frozen=True)

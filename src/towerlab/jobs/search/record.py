@@ -27,7 +27,7 @@ from towerlab.models.files import save_model
 from towerlab.plots import plot_accuracy_time, plot_fitness, pyplot
 from towerlab.report import Reporter, format_cost, format_estimate, format_generation, format_top, require_tensorboard
 from towerlab.search import Search, SearchResult, evaluation_records
-from towerlab.search.history import GenerationStats
+from towerlab.search.history import GenerationStats, repeated_remeasures
 from towerlab.search.testing import top_tests
 from towerlab.search.views.show import numerics_text, numerics_used, workers_now
 from towerlab.search.store import Store
@@ -276,6 +276,9 @@ def write_record(search: Search, store: Store, result: SearchResult, reporter: R
             reporter.line(format_top(top))
     spent = cost(store, search, tested)
     reporter.line(format_cost(spent))
+    if repeated := repeated_remeasures(result.top):
+        reporter.line(f"towerlab: note: each of the top's {repeated} re-measures gave its network's value again: this "
+                      f"objective answers the same whatever the seed, so --remeasure 0 would have saved them")
     used = numerics_used(store, result)
     if len(used) > 1:
         reporter.line(f"towerlab: warning: this search's results were computed on {len(used)} kinds of "

@@ -396,6 +396,18 @@ def test_lcbench_takes_the_default_and_the_pruned_default_from_their_workers_unl
     assert figures["lcbench_regret_pruned_m1_100"]["value"] == value
     assert "lcbench_regret_pruned_m4_100" not in figures
 
+
+def test_rbv2_carries_every_arm_of_a_record_naming_the_record_that_measured_it():
+    """bench/quality/rbv2_xgboost.py --carry: the arms the carried record took from an earlier one come along too,
+    each naming the record that ran it; an arm run again now is the carried one's "ARM-before"."""
+    from bench.quality import rbv2_xgboost
+
+    carried = {"name": "r2", "arms": {"tpe": {"what": "TPE", "carried": "r1"}, "gp": {"what": "GP", "carried": "r1"},
+                                      "towerlab": {"what": "default"}}}
+    assert rbv2_xgboost._carried_arms(carried, {"gp"}) == {
+        "tpe": {"what": "TPE", "carried": "r1"}, "gp-before": {"what": "GP: before, as r1 measured it", "carried": "r1"},
+        "towerlab": {"what": "default", "carried": "r2"}}
+
 @pytest.mark.slow
 def test_the_image_folder_bench_records_the_peak_rss_of_both_sides(tmp_path):
     """bench/speed/image_folder.py large on a tiny folder: it writes the folder, decodes it, trains twice in

@@ -157,15 +157,15 @@ def regrets(results: list[dict], reference: dict, budget: int, carried: dict | N
 
 
 def _carried_arms(carried: dict, measured_now: set[str]) -> dict[str, dict]:
-    """The arms of the `carried` record as it measured them (its own carried ones left out); one measured now
+    """The arms of the `carried` record as the record that ran them measured them (`carried` names it: the
+    carried record, or the one it carried them from, whose best known it normalised by too); one measured now
     too as "ARM-before"."""
     out = {}
     for arm, measured in carried["arms"].items():
-        if "carried" not in measured:
-            again = arm in measured_now
-            out[f"{arm}-before" if again else arm] = {
-                **measured, "carried": carried["name"],
-                **({"what": f"{measured['what']}: before, as {carried['name']} measured it"} if again else {})}
+        again, source = arm in measured_now, measured.get("carried", carried["name"])
+        out[f"{arm}-before" if again else arm] = {
+            **measured, "carried": source, **({"what": f"{measured['what']}: before, as {source} measured it"}
+                                               if again else {})}
     return out
 
 

@@ -142,11 +142,11 @@ TABLES: dict[str, Table] = {
     "lcbench-held-out": _lcbench("quality/lcbench-held-out-2026-11-28.json", issue=False),
     "lcbench-default": _lcbench("quality/lcbench-default-2026-12-07.json", issue=False),
     "lcbench-default-held-out": _lcbench("quality/lcbench-held-out-2026-12-07.json", issue=False),
-    "lcbench-anchors": _lcbench("quality/lcbench-anchors-2026-12-06.json", issue=False),
+    "lcbench-anchors": _lcbench("quality/lcbench-anchors-2026-12-08.json", issue=False),
     "lcbench-pruned": _lcbench("quality/lcbench-pruned-continued-2026-12-07.json", issue=False),
     "lcbench-pruned-async": _lcbench("quality/lcbench-pruned-async-2026-12-07.json", issue=False),
     "lcbench-pruned-better-half": _lcbench("quality/lcbench-pruned-better-half-2026-12-07.json", issue=False),
     "lcbench-pruned-held-out": _lcbench("quality/lcbench-pruned-held-out-2026-12-07.json", issue=False),
-    "rbv2": _rbv2("quality/rbv2-xgboost-2026-12-07.json"),
+    "rbv2": _rbv2("quality/rbv2-xgboost-2026-12-08.json"),
     "lcbench-parallel": _lcbench_parallel("quality/lcbench-parallel-2026-12-06-b.json"),
 }

@@ -378,7 +378,6 @@ def test_only_a_search_whose_trials_run_in_its_workers_imports_torch_s_compiler_
     assert warmed == ["warm"]
 
 
-
 def test_a_search_whose_re_measures_repeat_its_values_says_that_re_measuring_it_is_wasted(tmp_path, capsys, monkeypatch):
     """An objective that answers the same whatever the seed: every re-measure of the top gives its network's value
     again, and the search says so once, at its end, with what would have saved them; one whose values follow the
@@ -394,6 +393,7 @@ def test_a_search_whose_re_measures_repeat_its_values_says_that_re_measuring_it_
     assert [t["values"] for t in json.loads(Path("same/summary.json").read_text())["top"]] == [[0.3] * 3, [0.2] * 3]
     assert main([*grid, "--objective", "f.py:seeded", "--out", "seeded"]) == 0
     assert "re-measures gave" not in capsys.readouterr().out
+
 
 def test_grid_runs_a_command_and_a_trial_past_its_timeout_fails_alone(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)

@@ -371,7 +371,6 @@ def test_the_waits_of_a_runs_workers_are_counted_inside_and_between_generations(
     assert search_runs.waiting(records) == {"workers": 2, "inside_generations": 14.0, "between_generations": 32.0}
 
 
-
 @pytest.mark.parametrize("workers_runs, serial_runs, expected", [(30, 30, "api"), (10, 30, "serial"), (30, None, "api"),
                                                                  (None, 10, "serial")])
 def test_lcbench_takes_the_default_and_the_pruned_default_from_their_workers_unless_one_process_ran_more(
@@ -407,6 +406,7 @@ def test_rbv2_carries_every_arm_of_a_record_naming_the_record_that_measured_it()
     assert rbv2_xgboost._carried_arms(carried, {"gp"}) == {
         "tpe": {"what": "TPE", "carried": "r1"}, "gp-before": {"what": "GP: before, as r1 measured it", "carried": "r1"},
         "towerlab": {"what": "default", "carried": "r2"}}
+
 
 @pytest.mark.slow
 def test_the_image_folder_bench_records_the_peak_rss_of_both_sides(tmp_path):

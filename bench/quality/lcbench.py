@@ -198,8 +198,9 @@ def figures(measured: dict, prefix: str = "lcbench") -> list[dict]:
             best = min(anchors, key=lambda a: arms[a]["points"][p])
             out.append({"id": f"{prefix}_regret_best_anchor_{pct}", "value": arms[best]["points"][p],
                         "detail": {"anchor": best, "what": lcbench_arms.ARMS[best][0]}})
-    # The pruned default's (--min-epochs 1 and 4), chosen as the default's is
-    for arm, m in ((arm, m) for m in PRUNED if (arm := _as_run(arms, f"towerlab-m{m}-api", f"towerlab-m{m}"))):
+    for m in PRUNED:  # the pruned default's (--min-epochs 1 and 4), chosen as the default's is
+        if (arm := _as_run(arms, f"towerlab-m{m}-api", f"towerlab-m{m}")) is None:
+            continue
         out += [{"id": f"{prefix}_regret_pruned_m{m}_{round(100 * float(p))}", "value": value,
                  "detail": {"what": lcbench_arms.ARMS[arm][0], "arm": arm, "runs": arms[arm]["runs"],
                             "same_as_its_workers": measured.get(f"same_pruned_m{m}"), **arms[arm].get("resolved", {})}}

@@ -162,10 +162,12 @@ def _carried_arms(carried: dict, measured_now: set[str]) -> dict[str, dict]:
     too as "ARM-before"."""
     out = {}
     for arm, measured in carried["arms"].items():
-        again, source = arm in measured_now, measured.get("carried", carried["name"])
-        out[f"{arm}-before" if again else arm] = {
-            **measured, "carried": source, **({"what": f"{measured['what']}: before, as {source} measured it"}
-                                               if again else {})}
+        source = measured.get("carried", carried["name"])
+        if arm in measured_now:
+            out[f"{arm}-before"] = {**measured, "carried": source,
+                                    "what": f"{measured['what']}: before, as {source} measured it"}
+        else:
+            out[arm] = {**measured, "carried": source}
     return out
 
 
